@@ -1,0 +1,18 @@
+# Warnings and sanitizers shared by every rubato C++ target.
+add_library(rubato_compile_options INTERFACE)
+target_compile_options(rubato_compile_options INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${RUBATO_WERROR}>>:-Werror>)
+target_include_directories(rubato_compile_options INTERFACE ${PROJECT_SOURCE_DIR})
+
+if(RUBATO_SANITIZE)
+  if(NOT RUBATO_SANITIZE MATCHES "^(address,undefined|undefined,address|address|undefined|thread)$")
+    message(FATAL_ERROR "RUBATO_SANITIZE='${RUBATO_SANITIZE}': expected address,undefined or thread")
+  endif()
+  set(RUBATO_SANITIZE_FLAGS -fsanitize=${RUBATO_SANITIZE} -fno-omit-frame-pointer)
+  if(RUBATO_SANITIZE MATCHES "undefined")
+    list(APPEND RUBATO_SANITIZE_FLAGS -fno-sanitize-recover=undefined)
+  endif()
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:${RUBATO_SANITIZE_FLAGS}>)
+  add_link_options(${RUBATO_SANITIZE_FLAGS})
+endif()
