@@ -41,9 +41,10 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   int max_position_embeddings = 0;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;  // Qwen2: always; Llama: `attention_bias`; Qwen3: `attention_bias`
-  bool qk_norm = false;   // Qwen3: RMSNorm over head_dim on q and k before RoPE
-  int bos_token_id = -1;  // -1: none
+  bool qkv_bias = false;     // Qwen2: always; Llama: `attention_bias`; Qwen3: `attention_bias`
+  bool o_proj_bias = false;  // Llama/Qwen3 `attention_bias` also puts a bias on o_proj
+  bool qk_norm = false;      // Qwen3: RMSNorm over head_dim on q and k before RoPE
+  int bos_token_id = -1;     // -1: none
   std::vector<int> eos_token_ids;
   DType torch_dtype = DType::kBF16;
 
