@@ -1,0 +1,92 @@
+// Greedy and filtered sampling (see sampling.h).
+#include "kernels/cpu/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <numeric>
+
+namespace rubato {
+
+int ArgMax(std::span<const float> logits) {
+  int best = 0;
+  bool found = false;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float value = logits[i];
+    if (std::isnan(value)) continue;
+    if (!found || value > logits[static_cast<size_t>(best)]) {
+      best = static_cast<int>(i);
+      found = true;
+    }
+  }
+  return best;
+}
+
+void FilteredDistribution(std::span<const float> logits, const SamplingFilter& filter,
+                          SamplingWorkspace& workspace) {
+  std::vector<int>& candidates = workspace.candidates;
+  std::vector<double>& probs = workspace.probabilities;
+  const int vocab = static_cast<int>(logits.size());
+  candidates.resize(static_cast<size_t>(vocab));
+  std::iota(candidates.begin(), candidates.end(), 0);
+
+  // Higher logit first, lower id first among equal logits.
+  const auto more_probable = [&logits](int a, int b) {
+    const float la = logits[static_cast<size_t>(a)];
+    const float lb = logits[static_cast<size_t>(b)];
+    return la > lb || (la == lb && a < b);
+  };
+  int kept = vocab;
+  if (filter.top_k > 0 && filter.top_k < vocab) {
+    kept = filter.top_k;
+    std::partial_sort(candidates.begin(), candidates.begin() + kept, candidates.end(),
+                      more_probable);
+  } else if (filter.top_p < 1.0f) {
+    std::sort(candidates.begin(), candidates.end(), more_probable);
+  }
+  candidates.resize(static_cast<size_t>(kept));
+
+  // Softmax of logits / temperature over the kept tokens, in double for the cumulative sums.
+  float max_scaled = -INFINITY;
+  for (int id : candidates) {
+    max_scaled = std::max(max_scaled, logits[static_cast<size_t>(id)] / filter.temperature);
+  }
+  probs.resize(candidates.size());
+  double total = 0.0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const float scaled = logits[static_cast<size_t>(candidates[i])] / filter.temperature;
+    probs[i] = std::exp(static_cast<double>(scaled) - static_cast<double>(max_scaled));
+    total += probs[i];
+  }
+  for (double& p : probs) p /= total;
+
+  if (filter.top_p < 1.0f) {
+    // Candidates are sorted here (top-k sorted its prefix, or the full sort above).
+    double cumulative = 0.0;
+    size_t nucleus = 0;
+    while (nucleus < probs.size()) {
+      cumulative += probs[nucleus++];
+      if (cumulative >= static_cast<double>(filter.top_p)) break;
+    }
+    candidates.resize(nucleus);
+    probs.resize(nucleus);
+    for (double& p : probs) p /= cumulative;
+  }
+}
+
+int SampleToken(std::span<const float> logits, const SamplingFilter& filter,
+                std::mt19937_64& rng, SamplingWorkspace& workspace) {
+  FilteredDistribution(logits, filter, workspace);
+  // One 53-bit uniform in [0, 1) per token, independent of the standard library's
+  // distribution implementations.
+  const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+  double cumulative = 0.0;
+  const std::vector<double>& probs = workspace.probabilities;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    cumulative += probs[i];
+    if (u < cumulative) return workspace.candidates[i];
+  }
+  return workspace.candidates.back();  // u within rounding of 1
+}
+
+}  // namespace rubato

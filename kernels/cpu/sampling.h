@@ -1,0 +1,48 @@
+// Next-token selection from one row of logits: greedy argmax, or temperature + top-k + top-p
+// sampling with a caller-owned RNG.
+//
+// Each request owns its std::mt19937_64 (seeded from the request's seed) and every sampled
+// token consumes exactly one draw, so a request's tokens never depend on which other requests
+// share its batch. Greedy consumes no draw.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace rubato {
+
+// Index of the largest logit; the lowest index among equal maxima. NaN entries are never
+// chosen unless every entry is NaN (then 0). logits.size() >= 1.
+int ArgMax(std::span<const float> logits);
+
+// Filters applied, in this order, to logits / temperature (as transformers' logits warpers):
+//   top_k > 0:  keep the top_k largest (ties broken toward the lower token id); 0 = off
+//   top_p < 1:  keep the smallest set of most probable tokens whose probability (after top-k)
+//               sums to >= top_p; always at least one token; 1 = off
+struct SamplingFilter {
+  float temperature = 1.0f;  // > 0 (greedy is ArgMax, not a temperature of 0)
+  int top_k = 0;
+  float top_p = 1.0f;  // in (0, 1]
+};
+
+// Reusable buffers so that sampling allocates nothing per token once warm.
+struct SamplingWorkspace {
+  std::vector<int> candidates;      // [vocab] token ids, most probable first after filtering
+  std::vector<double> probabilities;  // [vocab] unnormalized probabilities of the candidates
+};
+
+// Draws one token id from softmax(filtered logits / temperature) with one draw of `rng`.
+// logits: [vocab], f32, no NaN, at least one finite entry (-inf entries are never drawn).
+// Filter values must be valid (the engine validates requests).
+int SampleToken(std::span<const float> logits, const SamplingFilter& filter,
+                std::mt19937_64& rng, SamplingWorkspace& workspace);
+
+// The candidate set SampleToken draws from: token ids in decreasing probability (lower id
+// first on ties) with their normalized probabilities. Exposed for tests and for callers that
+// report top alternatives.
+void FilteredDistribution(std::span<const float> logits, const SamplingFilter& filter,
+                          SamplingWorkspace& workspace);
+
+}  // namespace rubato

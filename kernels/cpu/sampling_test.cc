@@ -1,0 +1,135 @@
+// Tests for greedy and filtered sampling: tie breaking, top-k / top-p sets, temperature,
+// seeded determinism and the empirical distribution of draws.
+#include "kernels/cpu/sampling.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <vector>
+
+namespace rubato {
+namespace {
+
+TEST(ArgMax, PicksLowestIndexAmongTiesAndSkipsNaN) {
+  EXPECT_EQ(ArgMax(std::vector<float>{1, 3, 2, 3}), 1);
+  EXPECT_EQ(ArgMax(std::vector<float>{-INFINITY, -5}), 1);
+  EXPECT_EQ(ArgMax(std::vector<float>{NAN, 0.5f, NAN, 2}), 3);
+  EXPECT_EQ(ArgMax(std::vector<float>{7}), 0);
+}
+
+TEST(SampleToken, SameSeedSameTokensDifferentSeedDifferentTokens) {
+  std::vector<float> logits(50);
+  for (int i = 0; i < 50; ++i) logits[i] = std::sin(i * 0.7f);
+  const SamplingFilter filter{0.8f, 20, 0.95f};
+  SamplingWorkspace workspace;
+  auto draw = [&](uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<int> tokens;
+    for (int i = 0; i < 64; ++i) tokens.push_back(SampleToken(logits, filter, rng, workspace));
+    return tokens;
+  };
+  EXPECT_EQ(draw(42), draw(42));
+  EXPECT_NE(draw(42), draw(43));
+}
+
+TEST(SampleToken, TopKNeverLeavesTheKBest) {
+  std::mt19937_64 data_rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> logits(97);
+  for (float& x : logits) x = normal(data_rng);
+  std::vector<int> order(97);
+  for (int i = 0; i < 97; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  const std::set<int> best5(order.begin(), order.begin() + 5);
+
+  std::mt19937_64 rng(1);
+  SamplingWorkspace workspace;
+  std::set<int> seen;
+  for (int i = 0; i < 3000; ++i) {
+    // A high temperature flattens the distribution so that every allowed token shows up.
+    const int token = SampleToken(logits, SamplingFilter{5.0f, 5, 1.0f}, rng, workspace);
+    ASSERT_TRUE(best5.count(token)) << "token " << token << " is not among the 5 best";
+    seen.insert(token);
+  }
+  EXPECT_EQ(seen, best5);
+}
+
+TEST(SampleToken, TopKBreaksTiesTowardLowerIds) {
+  const std::vector<float> logits = {1, 2, 2, 2, 0};
+  SamplingWorkspace workspace;
+  FilteredDistribution(logits, SamplingFilter{1.0f, 2, 1.0f}, workspace);
+  EXPECT_EQ(workspace.candidates, (std::vector<int>{1, 2}));
+}
+
+TEST(SampleToken, TopPKeepsTheSmallestNucleus) {
+  // Probabilities 0.5, 0.3, 0.15, 0.05 (ids 2, 0, 3, 1).
+  const std::vector<float> logits = {std::log(0.3f), std::log(0.05f), std::log(0.5f),
+                                     std::log(0.15f)};
+  SamplingWorkspace workspace;
+  FilteredDistribution(logits, SamplingFilter{1.0f, 0, 0.75f}, workspace);
+  EXPECT_EQ(workspace.candidates, (std::vector<int>{2, 0}));
+  ASSERT_EQ(workspace.probabilities.size(), 2u);
+  EXPECT_NEAR(workspace.probabilities[0], 0.625, 1e-6);
+  EXPECT_NEAR(workspace.probabilities[1], 0.375, 1e-6);
+
+  FilteredDistribution(logits, SamplingFilter{1.0f, 0, 0.85f}, workspace);
+  EXPECT_EQ(workspace.candidates, (std::vector<int>{2, 0, 3}));
+
+  // A tiny top_p still keeps the most probable token.
+  FilteredDistribution(logits, SamplingFilter{1.0f, 0, 1e-6f}, workspace);
+  EXPECT_EQ(workspace.candidates, (std::vector<int>{2}));
+  std::mt19937_64 rng(9);
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(SampleToken(logits, SamplingFilter{1.0f, 0, 1e-6f}, rng, workspace), 2);
+  }
+
+  // top-k first, then top-p over the renormalized top-k set: {2: 0.625, 0: 0.375} with top_p
+  // 0.6 keeps only id 2.
+  FilteredDistribution(logits, SamplingFilter{1.0f, 2, 0.6f}, workspace);
+  EXPECT_EQ(workspace.candidates, (std::vector<int>{2}));
+}
+
+TEST(SampleToken, DrawFrequenciesFollowSoftmaxOfLogitsOverTemperature) {
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f};
+  SamplingWorkspace workspace;
+  for (float temperature : {1.0f, 2.0f}) {
+    std::vector<double> expected(3);
+    double z = 0;
+    for (int i = 0; i < 3; ++i) z += (expected[i] = std::exp(logits[i] / temperature));
+    std::mt19937_64 rng(11);
+    std::vector<int> counts(3, 0);
+    const int draws = 20000;
+    for (int i = 0; i < draws; ++i) {
+      ++counts[SampleToken(logits, SamplingFilter{temperature, 0, 1.0f}, rng, workspace)];
+    }
+    for (int i = 0; i < 3; ++i) {
+      // Binomial standard deviation is below 0.0036 here; 0.015 is more than 4 sigma.
+      EXPECT_NEAR(double(counts[i]) / draws, expected[i] / z, 0.015)
+          << "token " << i << " temperature " << temperature;
+    }
+  }
+}
+
+TEST(SampleToken, VeryLowTemperatureIsGreedy) {
+  const std::vector<float> logits = {0.1f, 0.3f, 0.2f};
+  SamplingWorkspace workspace;
+  std::mt19937_64 rng(2);
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(SampleToken(logits, SamplingFilter{0.005f, 0, 1.0f}, rng, workspace), 1);
+  }
+}
+
+TEST(SampleToken, NegativeInfinityIsNeverDrawn) {
+  const std::vector<float> logits = {-INFINITY, 0.0f, -INFINITY, 0.0f};
+  SamplingWorkspace workspace;
+  std::mt19937_64 rng(4);
+  for (int i = 0; i < 500; ++i) {
+    const int token = SampleToken(logits, SamplingFilter{1.0f, 0, 1.0f}, rng, workspace);
+    ASSERT_TRUE(token == 1 || token == 3) << token;
+  }
+}
+
+}  // namespace
+}  // namespace rubato

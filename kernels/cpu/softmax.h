@@ -1,0 +1,10 @@
+// Numerically stable softmax over one row, fp32.
+#pragma once
+
+namespace rubato {
+
+// x: [count], f32, replaced by softmax(x): exp(x - max) / sum. count >= 1. Entries equal to
+// -inf become 0 (masking); at least one entry must be finite.
+void SoftmaxInPlace(float* x, int count);
+
+}  // namespace rubato
