@@ -16,11 +16,10 @@ namespace rubato {
 
 template <typename Expected>
 ::testing::AssertionResult AllClose(const std::string& what, std::span<const float> actual,
-                                    std::span<const Expected> expected, double atol,
-                                    double rtol) {
+                                    std::span<const Expected> expected, double atol, double rtol) {
   if (actual.size() != expected.size()) {
-    return ::testing::AssertionFailure() << what << ": " << actual.size() << " values, expected "
-                                         << expected.size();
+    return ::testing::AssertionFailure()
+           << what << ": " << actual.size() << " values, expected " << expected.size();
   }
   double max_error = 0.0;
   size_t max_error_at = 0;
@@ -41,8 +40,8 @@ template <typename Expected>
             << " elements\n";
   if (failures == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
-         << what << ": " << failures << " of " << actual.size() << " elements outside atol "
-         << atol << " + rtol " << rtol << " * |ref|; first at " << first_failure << " (got "
+         << what << ": " << failures << " of " << actual.size() << " elements outside atol " << atol
+         << " + rtol " << rtol << " * |ref|; first at " << first_failure << " (got "
          << actual[first_failure] << ", want " << static_cast<double>(expected[first_failure])
          << "), max |error| " << max_error << " at " << max_error_at;
 }

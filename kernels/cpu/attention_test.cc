@@ -79,8 +79,8 @@ class PagedSequence {
     values_.assign(pool, NAN);
   }
   PagedKvView View() {
-    return PagedKvView{keys_.data(), values_.data(), table_.data(), shape_.block_tokens,
-                       shape_.num_kv_heads, shape_.head_dim};
+    return PagedKvView{keys_.data(),        values_.data(),      table_.data(),
+                       shape_.block_tokens, shape_.num_kv_heads, shape_.head_dim};
   }
 
  private:
@@ -105,21 +105,20 @@ TEST(CausalAttention, MatchesNaiveReferenceForChunkedQueries) {
     std::vector<float> scratch(s.positions);
     for (int start = 0; start < s.positions; start += 5) {
       const int tokens = std::min(5, s.positions - start);
-      AppendToPagedKv(keys.data() + start * kv_row, values.data() + start * kv_row, tokens,
-                      start, kv);
+      AppendToPagedKv(keys.data() + start * kv_row, values.data() + start * kv_row, tokens, start,
+                      kv);
       const size_t q_offset = size_t(start) * s.num_heads * s.head_dim;
-      CausalAttentionArgs args{q.data() + q_offset, output.data() + q_offset, tokens, start,
-                               s.num_heads, kv};
+      CausalAttentionArgs args{
+          q.data() + q_offset, output.data() + q_offset, tokens, start, s.num_heads, kv};
       ASSERT_LE(CausalAttentionScratchSize(args), int(scratch.size()));
       CausalAttention(args, scratch.data());
     }
     const std::string name = "attention heads " + std::to_string(s.num_heads) + "/" +
-                             std::to_string(s.num_kv_heads) + " dim " +
-                             std::to_string(s.head_dim) + " block " +
-                             std::to_string(s.block_tokens) + " positions " +
+                             std::to_string(s.num_kv_heads) + " dim " + std::to_string(s.head_dim) +
+                             " block " + std::to_string(s.block_tokens) + " positions " +
                              std::to_string(s.positions);
-    EXPECT_TRUE(AllClose(name, output, ReferenceAttention(s, q, keys, values, 0, s.positions),
-                         1e-6, 1e-5));
+    EXPECT_TRUE(
+        AllClose(name, output, ReferenceAttention(s, q, keys, values, 0, s.positions), 1e-6, 1e-5));
   }
 }
 

@@ -77,8 +77,8 @@ TEST(RmsNorm, EpsilonDominatesTinyInputs) {
   RmsNorm(x.data(), w.data(), 1, 3, 1e-2f, out.data());
   // mean(x^2) = 1e-8 is negligible against eps = 1e-2: out = w * x / sqrt(0.01 + 1e-8).
   const double inv = 1.0 / std::sqrt(1e-2 + 1e-8);
-  EXPECT_TRUE(AllClose("rmsnorm eps", out,
-                       std::vector<double>{1e-4 * inv, -2e-4 * inv, 3e-4 * inv}, 0, 1e-6));
+  EXPECT_TRUE(AllClose("rmsnorm eps", out, std::vector<double>{1e-4 * inv, -2e-4 * inv, 3e-4 * inv},
+                       0, 1e-6));
 }
 
 TEST(QkNorm, NormalizesEveryHeadSeparately) {
@@ -107,8 +107,8 @@ TEST(Softmax, SumsToOneAndHandlesLargeAndMaskedValues) {
   std::vector<float> x = {1000.0f, 999.0f, -INFINITY, 998.0f, 1000.0f};
   SoftmaxInPlace(x.data(), static_cast<int>(x.size()));
   const double e1 = std::exp(-1.0), e2 = std::exp(-2.0), z = 2 + e1 + e2;
-  EXPECT_TRUE(AllClose("softmax", x, std::vector<double>{1 / z, e1 / z, 0, e2 / z, 1 / z}, 1e-7,
-                       1e-6));
+  EXPECT_TRUE(
+      AllClose("softmax", x, std::vector<double>{1 / z, e1 / z, 0, e2 / z, 1 / z}, 1e-7, 1e-6));
   for (int n : {1, 13, 1000}) {
     std::vector<float> v = RandomVector(n, n, 5.0f);
     SoftmaxInPlace(v.data(), n);
@@ -130,8 +130,8 @@ TEST(KvAppend, WritesThroughTheBlockTable) {
   const size_t pool_size = size_t(num_blocks) * kv_heads * block_tokens * head_dim;
   std::vector<float> keys_pool(pool_size, 0.0f), values_pool(pool_size, 0.0f);
   const std::vector<int32_t> table = {4, 1, 5};  // positions 0-3 -> block 4, 4-7 -> 1, 8-11 -> 5
-  PagedKvView kv{keys_pool.data(), values_pool.data(), table.data(), block_tokens, kv_heads,
-                 head_dim};
+  PagedKvView kv{keys_pool.data(), values_pool.data(), table.data(),
+                 block_tokens,     kv_heads,           head_dim};
   // Two appends: positions [0, 6) then [6, 11).
   const std::vector<float> k1 = RandomVector(6 * kv_heads * head_dim, 1);
   const std::vector<float> v1 = RandomVector(6 * kv_heads * head_dim, 2);

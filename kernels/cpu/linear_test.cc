@@ -24,8 +24,8 @@ TEST(Linear, MatchesDoubleReferenceWithAndWithoutBias) {
   struct Case {
     int rows, in, out;
   };
-  for (const Case& c : {Case{1, 1, 1}, Case{1, 67, 33}, Case{5, 64, 96}, Case{37, 129, 17},
-                        Case{3, 255, 511}}) {
+  for (const Case& c :
+       {Case{1, 1, 1}, Case{1, 67, 33}, Case{5, 64, 96}, Case{37, 129, 17}, Case{3, 255, 511}}) {
     const std::vector<float> x = RandomVector(size_t(c.rows) * c.in, c.in);
     const std::vector<float> w = RandomVector(size_t(c.out) * c.in, c.out);
     const std::vector<float> b = RandomVector(c.out, 99);
@@ -41,8 +41,8 @@ TEST(Linear, MatchesDoubleReferenceWithAndWithoutBias) {
         }
       }
       // fp32 accumulation of `in` products of magnitude <= 1: allow 1e-7 per term.
-      EXPECT_TRUE(AllClose("linear " + std::to_string(c.rows) + "x" + std::to_string(c.in) +
-                               "->" + std::to_string(c.out) + (with_bias ? " +bias" : ""),
+      EXPECT_TRUE(AllClose("linear " + std::to_string(c.rows) + "x" + std::to_string(c.in) + "->" +
+                               std::to_string(c.out) + (with_bias ? " +bias" : ""),
                            y, expected, 1e-7 * c.in, 1e-6));
     }
   }

@@ -41,8 +41,8 @@ float Llama3ScaledInverseFrequency(float inv_freq, const RopeScaling& scaling) {
        static_cast<float>(scaling.low_freq_factor)) /
       static_cast<float>(scaling.high_freq_factor - scaling.low_freq_factor);
   // smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
-  const float smoothed = (1.0f - smooth_factor) * inv_freq_llama / factor +
-                         smooth_factor * inv_freq_llama;
+  const float smoothed =
+      (1.0f - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama;
   const bool is_medium_freq = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
   return is_medium_freq ? smoothed : inv_freq_llama;
 }

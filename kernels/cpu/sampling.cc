@@ -74,8 +74,8 @@ void FilteredDistribution(std::span<const float> logits, const SamplingFilter& f
   }
 }
 
-int SampleToken(std::span<const float> logits, const SamplingFilter& filter,
-                std::mt19937_64& rng, SamplingWorkspace& workspace) {
+int SampleToken(std::span<const float> logits, const SamplingFilter& filter, std::mt19937_64& rng,
+                SamplingWorkspace& workspace) {
   FilteredDistribution(logits, filter, workspace);
   // One 53-bit uniform in [0, 1) per token, independent of the standard library's
   // distribution implementations.

@@ -29,15 +29,15 @@ struct SamplingFilter {
 
 // Reusable buffers so that sampling allocates nothing per token once warm.
 struct SamplingWorkspace {
-  std::vector<int> candidates;      // [vocab] token ids, most probable first after filtering
+  std::vector<int> candidates;        // [vocab] token ids, most probable first after filtering
   std::vector<double> probabilities;  // [vocab] unnormalized probabilities of the candidates
 };
 
 // Draws one token id from softmax(filtered logits / temperature) with one draw of `rng`.
 // logits: [vocab], f32, no NaN, at least one finite entry (-inf entries are never drawn).
 // Filter values must be valid (the engine validates requests).
-int SampleToken(std::span<const float> logits, const SamplingFilter& filter,
-                std::mt19937_64& rng, SamplingWorkspace& workspace);
+int SampleToken(std::span<const float> logits, const SamplingFilter& filter, std::mt19937_64& rng,
+                SamplingWorkspace& workspace);
 
 // The candidate set SampleToken draws from: token ids in decreasing probability (lower id
 // first on ties) with their normalized probabilities. Exposed for tests and for callers that

@@ -37,10 +37,10 @@ class ThreadPool {
   std::condition_variable work_ready_;
   std::condition_variable work_done_;
   const std::function<void(int, int)>* job_ = nullptr;  // guarded by mutex_
-  int job_count_ = 0;                                    // guarded by mutex_
-  uint64_t generation_ = 0;                              // guarded by mutex_; one per job
-  int busy_workers_ = 0;                                 // guarded by mutex_
-  bool stopping_ = false;                                // guarded by mutex_
+  int job_count_ = 0;                                   // guarded by mutex_
+  uint64_t generation_ = 0;                             // guarded by mutex_; one per job
+  int busy_workers_ = 0;                                // guarded by mutex_
+  bool stopping_ = false;                               // guarded by mutex_
   std::atomic<int> next_item_{0};
 };
 
