@@ -1,0 +1,318 @@
+// The rubato YAML config: schema, validation and formatting (see config.h).
+//
+// Each section has one Read* function listing its keys with their ranges; YamlMapReader does
+// the type checks and writes the messages. yaml-cpp reports syntax errors by exception: they
+// are caught in ParseConfig and returned with the line and column.
+#include "common/config.h"
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <cstdint>
+#include <utility>
+
+#include "common/text_file.h"
+
+namespace rubato {
+namespace {
+
+template <typename Enum>
+using EnumName = std::pair<std::string_view, Enum>;
+
+constexpr EnumName<EngineSection::Backend> kBackends[] = {{"cpu", EngineSection::Backend::kCpu},
+                                                          {"cuda", EngineSection::Backend::kCuda}};
+constexpr EnumName<DType> kDTypes[] = {
+    {"f32", DType::kF32}, {"bf16", DType::kBF16}, {"f16", DType::kF16}};
+constexpr EnumName<TopologySection::Mode> kModes[] = {
+    {"colocated", TopologySection::Mode::kColocated},
+    {"disaggregated", TopologySection::Mode::kDisaggregated}};
+constexpr EnumName<TopologySection::Transport> kTransports[] = {
+    {"loopback", TopologySection::Transport::kLoopback},
+    {"ucx", TopologySection::Transport::kUcx},
+    {"nccl", TopologySection::Transport::kNccl}};
+constexpr EnumName<RankSpec::Role> kRoles[] = {{"inference", RankSpec::Role::kInference},
+                                               {"cache", RankSpec::Role::kCache}};
+constexpr EnumName<std::string_view> kLogLevels[] = {{"trace", "trace"}, {"debug", "debug"},
+                                                     {"info", "info"},   {"warn", "warn"},
+                                                     {"error", "error"}, {"off", "off"}};
+
+template <typename Enum, size_t N>
+std::string_view NameOf(const EnumName<Enum> (&table)[N], Enum value) {
+  for (const auto& [name, entry] : table) {
+    if (entry == value) return name;
+  }
+  return "?";
+}
+
+constexpr int kMaxContextTokens = 16'777'216;
+
+Status ReadModel(YamlMapReader& reader, ModelSection* model) {
+  RUBATO_RETURN_IF_ERROR(reader.ReadNonEmptyString("path", &model->path));
+  RUBATO_RETURN_IF_ERROR(reader.ReadBool("random_weights", &model->random_weights));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("seed", 0, INT64_MAX, &model->seed));
+  return reader.Finish();
+}
+
+Status ReadEngine(YamlMapReader& reader, EngineSection* engine) {
+  RUBATO_RETURN_IF_ERROR(reader.ReadEnum("backend", kBackends, &engine->backend));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("device", 0, 1023, &engine->device));
+  RUBATO_RETURN_IF_ERROR(reader.ReadEnum("dtype", kDTypes, &engine->dtype));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("max_batch", 1, 4096, &engine->max_batch));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("max_context", 0, kMaxContextTokens, &engine->max_context));
+  if (engine->max_context != 0 && engine->max_context < 16) {
+    return reader.Error("max_context",
+                        fmt::format("must be 0 (the model's max_position_embeddings) or in [16, "
+                                    "{}], got {}",
+                                    kMaxContextTokens, engine->max_context));
+  }
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("block_size", INT_MIN, INT_MAX, &engine->block_size));
+  if (engine->block_size != 16 && engine->block_size != 64) {
+    return reader.Error("block_size", fmt::format("must be 16 or 64, got {}", engine->block_size));
+  }
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("prefill_chunk", 1, 1 << 20, &engine->prefill_chunk));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("threads", 0, 1024, &engine->threads));
+  return reader.Finish();
+}
+
+Status ReadPolicy(YamlMapReader& reader, PolicySection* policy) {
+  policy->source = reader.source();
+  policy->key_path = reader.key_path();
+  const bool has_name = reader.Has("name");
+  RUBATO_RETURN_IF_ERROR(reader.ReadNonEmptyString("name", &policy->name));
+  policy->params = reader.TakeRemaining();
+  if (!has_name && policy->params.size() > 0) {
+    std::string keys;
+    for (auto it = policy->params.begin(); it != policy->params.end(); ++it) {
+      keys += (keys.empty() ? "" : ", ") + it->first.Scalar();
+    }
+    return reader.Error("name",
+                        "missing; it is required when the section sets policy "
+                        "parameters (" +
+                            keys + ")");
+  }
+  return Status::Ok();
+}
+
+// "host:port" with a non-empty host and a port in [1, 65535].
+bool IsHostPort(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) return false;
+  int port = 0;
+  for (size_t i = colon + 1; i < endpoint.size(); ++i) {
+    if (endpoint[i] < '0' || endpoint[i] > '9' || port > 65535) return false;
+    port = port * 10 + (endpoint[i] - '0');
+  }
+  return port >= 1 && port <= 65535;
+}
+
+Status ReadTopology(YamlMapReader& reader, TopologySection* topology) {
+  RUBATO_RETURN_IF_ERROR(reader.ReadEnum("mode", kModes, &topology->mode));
+  RUBATO_RETURN_IF_ERROR(reader.ReadEnum("transport", kTransports, &topology->transport));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("pack_layers", 1, 1024, &topology->pack_layers));
+  RUBATO_RETURN_IF_ERROR(reader.ReadStringList("cache_endpoints", &topology->cache_endpoints));
+  for (size_t i = 0; i < topology->cache_endpoints.size(); ++i) {
+    if (!IsHostPort(topology->cache_endpoints[i])) {
+      return reader.Error(fmt::format("cache_endpoints[{}]", i),
+                          "expected host:port with a port in [1, 65535], got '" +
+                              topology->cache_endpoints[i] + "'");
+    }
+  }
+  RUBATO_ASSIGN_OR_RETURN(std::vector<YamlMapReader> rank_readers, reader.ReadMapList("ranks"));
+  topology->ranks.clear();
+  for (YamlMapReader& entry : rank_readers) {
+    RankSpec spec;
+    for (const char* key : {"rank", "role"}) {
+      if (!entry.Has(key)) {
+        return entry.Error(key, "missing; every entry needs rank and role");
+      }
+    }
+    RUBATO_RETURN_IF_ERROR(entry.ReadInt("rank", 0, INT_MAX, &spec.rank));
+    RUBATO_RETURN_IF_ERROR(entry.ReadEnum("role", kRoles, &spec.role));
+    RUBATO_RETURN_IF_ERROR(entry.Finish());
+    for (size_t j = 0; j < topology->ranks.size(); ++j) {
+      if (topology->ranks[j].rank == spec.rank) {
+        return entry.Error("rank", fmt::format("rank {} is already listed in {}.ranks[{}]",
+                                               spec.rank, reader.key_path(), j));
+      }
+    }
+    topology->ranks.push_back(spec);
+  }
+  return reader.Finish();
+}
+
+Status ReadServer(YamlMapReader& reader, ServerSection* server) {
+  RUBATO_RETURN_IF_ERROR(reader.ReadNonEmptyString("host", &server->host));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("port", 1, 65535, &server->port));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("metrics_port", 0, 65535, &server->metrics_port));
+  if (server->metrics_port == server->port) {
+    return reader.Error("metrics_port", fmt::format("must differ from {} ({})",
+                                                    reader.KeyPath("port"), server->port));
+  }
+  return reader.Finish();
+}
+
+Status ReadLimits(YamlMapReader& reader, const EngineSection& engine, LimitsSection* limits) {
+  RUBATO_RETURN_IF_ERROR(
+      reader.ReadInt("max_prompt_tokens", 0, kMaxContextTokens, &limits->max_prompt_tokens));
+  if (engine.max_context != 0 && limits->max_prompt_tokens > engine.max_context) {
+    return reader.Error("max_prompt_tokens",
+                        fmt::format("{} exceeds engine.max_context ({})", limits->max_prompt_tokens,
+                                    engine.max_context));
+  }
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("max_queue", 1, 1'000'000, &limits->max_queue));
+  RUBATO_RETURN_IF_ERROR(reader.ReadDouble("request_timeout_s",
+                                           DoubleRange{0, 86400, /*min_inclusive=*/false, true},
+                                           &limits->request_timeout_s));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("rpc_timeout_ms", 1, 600'000, &limits->rpc_timeout_ms));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("heartbeat_ms", 1, 600'000, &limits->heartbeat_ms));
+  return reader.Finish();
+}
+
+Status ReadLogging(YamlMapReader& reader, LoggingSection* logging) {
+  std::string_view level = logging->level;
+  RUBATO_RETURN_IF_ERROR(reader.ReadEnum("level", kLogLevels, &level));
+  logging->level = std::string(level);
+  return reader.Finish();
+}
+
+Result<RubatoConfig> ReadConfig(const YAML::Node& root, const std::string& source) {
+  RubatoConfig config;
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader top, YamlMapReader::Open(root, "", source));
+  // Sections in file order of the schema; the limits check against the engine's max_context.
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader model, top.ReadMap("model"));
+  RUBATO_RETURN_IF_ERROR(ReadModel(model, &config.model));
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader engine, top.ReadMap("engine"));
+  RUBATO_RETURN_IF_ERROR(ReadEngine(engine, &config.engine));
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader policy, top.ReadMap("policy"));
+  RUBATO_RETURN_IF_ERROR(ReadPolicy(policy, &config.policy));
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader topology, top.ReadMap("topology"));
+  RUBATO_RETURN_IF_ERROR(ReadTopology(topology, &config.topology));
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader server, top.ReadMap("server"));
+  RUBATO_RETURN_IF_ERROR(ReadServer(server, &config.server));
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader limits, top.ReadMap("limits"));
+  RUBATO_RETURN_IF_ERROR(ReadLimits(limits, config.engine, &config.limits));
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader logging, top.ReadMap("logging"));
+  RUBATO_RETURN_IF_ERROR(ReadLogging(logging, &config.logging));
+  RUBATO_RETURN_IF_ERROR(top.Finish());
+  return config;
+}
+
+}  // namespace
+
+Result<YamlMapReader> PolicySection::ParamsReader() const {
+  return YamlMapReader::Open(params, key_path, source);
+}
+
+bool PolicySection::operator==(const PolicySection& other) const {
+  return name == other.name && YAML::Dump(params) == YAML::Dump(other.params);
+}
+
+RubatoConfig DefaultConfig() { return RubatoConfig(); }
+
+Result<RubatoConfig> ParseConfig(std::string_view yaml_text, const std::string& source) {
+  try {
+    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml_text));
+    if (documents.size() > 1) {
+      return InvalidArgumentError(fmt::format(
+          "{}: expected one YAML document, found {} (separated by ---)", source, documents.size()));
+    }
+    return ReadConfig(documents.empty() ? YAML::Node() : documents[0], source);
+  } catch (const YAML::ParserException& e) {
+    return InvalidArgumentError(fmt::format("{}: line {}, column {}: YAML syntax error: {}", source,
+                                            e.mark.line + 1, e.mark.column + 1, e.msg));
+  } catch (const std::exception& e) {  // yaml-cpp misuse or allocation failure: still a value
+    return InternalError(source + ": unexpected error while reading the config: " + e.what());
+  }
+}
+
+Result<RubatoConfig> LoadConfigFile(const std::filesystem::path& path) {
+  RUBATO_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  return ParseConfig(text, path.string());
+}
+
+std::string_view ConfigEnumName(EngineSection::Backend backend) {
+  return NameOf(kBackends, backend);
+}
+std::string_view ConfigEnumName(TopologySection::Mode mode) { return NameOf(kModes, mode); }
+std::string_view ConfigEnumName(TopologySection::Transport transport) {
+  return NameOf(kTransports, transport);
+}
+std::string_view ConfigEnumName(RankSpec::Role role) { return NameOf(kRoles, role); }
+
+std::string FormatConfigYaml(const RubatoConfig& config) {
+  YAML::Emitter out;
+  auto key = [&out](const char* name) -> YAML::Emitter& {
+    return out << YAML::Key << name << YAML::Value;
+  };
+  auto text = [](std::string_view value) { return std::string(value); };
+  out << YAML::BeginMap;
+
+  key("model") << YAML::BeginMap;
+  key("path") << YAML::DoubleQuoted << config.model.path;
+  key("random_weights") << config.model.random_weights;
+  key("seed") << config.model.seed;
+  out << YAML::EndMap;
+
+  const EngineSection& engine = config.engine;
+  key("engine") << YAML::BeginMap;
+  key("backend") << text(ConfigEnumName(engine.backend));
+  key("device") << engine.device;
+  key("dtype") << text(NameOf(kDTypes, engine.dtype));
+  key("max_batch") << engine.max_batch;
+  key("max_context") << engine.max_context;
+  key("block_size") << engine.block_size;
+  key("prefill_chunk") << engine.prefill_chunk;
+  key("threads") << engine.threads;
+  out << YAML::EndMap;
+
+  key("policy") << YAML::BeginMap;
+  key("name") << YAML::DoubleQuoted << config.policy.name;
+  for (auto it = config.policy.params.begin(); it != config.policy.params.end(); ++it) {
+    out << YAML::Key << it->first << YAML::Value << it->second;
+  }
+  out << YAML::EndMap;
+
+  const TopologySection& topology = config.topology;
+  key("topology") << YAML::BeginMap;
+  key("mode") << text(ConfigEnumName(topology.mode));
+  key("transport") << text(ConfigEnumName(topology.transport));
+  key("pack_layers") << topology.pack_layers;
+  key("cache_endpoints") << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& endpoint : topology.cache_endpoints)
+    out << YAML::DoubleQuoted << endpoint;
+  out << YAML::EndSeq;
+  // An empty block sequence would print as "ranks:\n    []"; a flow one prints "ranks: []".
+  key("ranks") << (topology.ranks.empty() ? YAML::Flow : YAML::Block) << YAML::BeginSeq;
+  for (const RankSpec& spec : topology.ranks) {
+    out << YAML::Flow << YAML::BeginMap;
+    key("rank") << spec.rank;
+    key("role") << text(ConfigEnumName(spec.role));
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+  out << YAML::EndMap;
+
+  key("server") << YAML::BeginMap;
+  key("host") << YAML::DoubleQuoted << config.server.host;
+  key("port") << config.server.port;
+  key("metrics_port") << config.server.metrics_port;
+  out << YAML::EndMap;
+
+  const LimitsSection& limits = config.limits;
+  key("limits") << YAML::BeginMap;
+  key("max_prompt_tokens") << limits.max_prompt_tokens;
+  key("max_queue") << limits.max_queue;
+  key("request_timeout_s") << fmt::format("{}", limits.request_timeout_s);
+  key("rpc_timeout_ms") << limits.rpc_timeout_ms;
+  key("heartbeat_ms") << limits.heartbeat_ms;
+  out << YAML::EndMap;
+
+  key("logging") << YAML::BeginMap;
+  key("level") << config.logging.level;
+  out << YAML::EndMap;
+
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace rubato
