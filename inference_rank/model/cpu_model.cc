@@ -1,0 +1,346 @@
+// The CPU reference model's load and forward pass (see cpu_model.h).
+#include "inference_rank/model/cpu_model.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <new>
+#include <string>
+#include <thread>
+
+#include "common/logging.h"
+#include "kernels/cpu/add.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/kv_append.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/qk_norm.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
+
+namespace rubato {
+namespace {
+
+int ResolveThreads(int num_threads) {
+  if (num_threads > 0) return num_threads;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// Grows `buffer` to at least `size` elements; never shrinks (no reallocation once warm).
+template <typename T>
+void Grow(std::vector<T>& buffer, size_t size) {
+  if (buffer.size() < size) buffer.resize(size);
+}
+
+const float* OrNull(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+
+}  // namespace
+
+std::span<const float> ForwardResult::EntryLogits(int entry) const {
+  const size_t e = static_cast<size_t>(entry);
+  return std::span<const float>(logits).subspan(
+      static_cast<size_t>(entry_first_row[e]) * vocab_size,
+      static_cast<size_t>(entry_row_count[e]) * vocab_size);
+}
+
+std::span<const float> ForwardResult::LastLogits(int entry) const {
+  const std::span<const float> rows = EntryLogits(entry);
+  if (rows.empty()) return rows;
+  return rows.subspan(rows.size() - static_cast<size_t>(vocab_size));
+}
+
+// ---- construction -------------------------------------------------------------------------
+
+CpuModel::CpuModel(ModelConfig config, ModelWeights weights, const ModelLoadOptions& options)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      inv_freq_(
+          RopeInverseFrequencies(config_.head_dim, config_.rope_theta, config_.rope_scaling)) {
+  SetNumThreads(options.num_threads);
+}
+
+Result<std::unique_ptr<CpuModel>> CpuModel::Create(ModelConfig config, ModelWeights weights,
+                                                   const ModelLoadOptions& options) {
+  if (config.head_dim % 2 != 0) {
+    return UnsupportedError("model: head_dim " + std::to_string(config.head_dim) +
+                            " is odd; rotary embeddings need an even head_dim");
+  }
+  RUBATO_RETURN_IF_ERROR(CheckWeightSizes(config, weights));
+  return std::unique_ptr<CpuModel>(new CpuModel(std::move(config), std::move(weights), options));
+}
+
+Result<std::unique_ptr<CpuModel>> CpuModel::Load(const std::filesystem::path& model_dir,
+                                                 const ModelLoadOptions& options) {
+  const std::string context = "loading model " + model_dir.string();
+  Result<ModelConfig> config = LoadModelConfig(model_dir);
+  if (!config.ok()) return config.status().WithContext(context);
+  auto load_weights = [&]() -> Result<ModelWeights> {
+    if (options.random_weights) return RandomWeights(*config, options.seed);
+    Result<SafetensorsCheckpoint> checkpoint = SafetensorsCheckpoint::OpenDirectory(model_dir);
+    if (!checkpoint.ok()) return checkpoint.status().WithContext(context);
+    return LoadWeights(*config, *checkpoint, model_dir.string());
+  };
+  Result<ModelWeights> weights = load_weights();
+  if (!weights.ok()) return weights.status();
+  RUBATO_LOG_INFO("model", "{}: {} ({} layers, hidden {}), {} parameters, {} MiB fp32{}",
+                  model_dir.string(), config->architecture, config->num_layers, config->hidden_size,
+                  ParameterCount(*config), WeightBytes(*config) >> 20,
+                  options.random_weights ? ", random weights" : "");
+  return Create(std::move(config).value(), std::move(weights).value(), options);
+}
+
+Result<std::unique_ptr<PagedKvCache>> CpuModel::CreateKvCache(int block_tokens,
+                                                              int num_blocks) const {
+  return PagedKvCache::Create(KvCacheShape{config_.num_layers, config_.num_kv_heads,
+                                           config_.head_dim, block_tokens, num_blocks});
+}
+
+void CpuModel::SetNumThreads(int num_threads) {
+  const int threads = ResolveThreads(num_threads);
+  openblas_set_num_threads(threads);
+  if (thread_pool_ && thread_pool_->num_workers() == threads) return;
+  thread_pool_ = std::make_unique<ThreadPool>(threads);
+  attention_scratch_.resize(static_cast<size_t>(threads));
+}
+
+// ---- forward --------------------------------------------------------------------------------
+
+Status CpuModel::ValidateBatch(std::span<const ForwardEntry> batch,
+                               const PagedKvCache& cache) const {
+  const KvCacheShape& shape = cache.shape();
+  if (shape.num_layers != config_.num_layers || shape.num_kv_heads != config_.num_kv_heads ||
+      shape.head_dim != config_.head_dim) {
+    return InvalidArgumentError("forward: the KV cache is shaped for " +
+                                std::to_string(shape.num_layers) + " layers x " +
+                                std::to_string(shape.num_kv_heads) + " KV heads x head_dim " +
+                                std::to_string(shape.head_dim) + ", not for this model");
+  }
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const ForwardEntry& entry = batch[e];
+    const std::string where = "forward: batch entry " + std::to_string(e);
+    if (entry.sequence == nullptr) return InvalidArgumentError(where + " has no sequence");
+    if (entry.tokens.empty()) return InvalidArgumentError(where + " has no tokens");
+    if (entry.start_position < 0 || entry.start_position > entry.sequence->num_tokens) {
+      return InvalidArgumentError(
+          where + " starts at position " + std::to_string(entry.start_position) +
+          " but its sequence holds " + std::to_string(entry.sequence->num_tokens) + " tokens");
+    }
+    for (size_t i = 0; i < entry.tokens.size(); ++i) {
+      const int id = entry.tokens[i];
+      if (id < 0 || id >= config_.vocab_size) {
+        return InvalidArgumentError(where + ": token id " + std::to_string(id) + " at index " +
+                                    std::to_string(i) + " is outside the vocabulary [0, " +
+                                    std::to_string(config_.vocab_size) + ")");
+      }
+    }
+    for (size_t other = 0; other < e; ++other) {
+      if (batch[other].sequence == entry.sequence) {
+        return InvalidArgumentError(where + " uses the same sequence as entry " +
+                                    std::to_string(other));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status CpuModel::ReserveBlocks(std::span<const ForwardEntry> batch, PagedKvCache& cache) const {
+  int needed = 0;
+  for (const ForwardEntry& entry : batch) {
+    const int total = entry.start_position + static_cast<int>(entry.tokens.size());
+    needed +=
+        std::max(0, cache.BlocksFor(total) - static_cast<int>(entry.sequence->block_table.size()));
+  }
+  if (needed > cache.free_blocks()) {
+    return ResourceExhaustedError("forward: the batch needs " + std::to_string(needed) +
+                                  " more KV blocks but only " +
+                                  std::to_string(cache.free_blocks()) + " of " +
+                                  std::to_string(cache.shape().num_blocks) + " are free");
+  }
+  for (const ForwardEntry& entry : batch) {
+    RUBATO_RETURN_IF_ERROR(cache.Reserve(
+        *entry.sequence, entry.start_position + static_cast<int>(entry.tokens.size())));
+  }
+  return Status::Ok();
+}
+
+void CpuModel::PlanBatch(std::span<const ForwardEntry> batch) {
+  plan_.clear();
+  total_tokens_ = 0;
+  int max_keys = 0;
+  for (const ForwardEntry& entry : batch) {
+    const int tokens = static_cast<int>(entry.tokens.size());
+    plan_.push_back(EntryPlan{total_tokens_, tokens, entry.start_position, entry.sequence});
+    total_tokens_ += tokens;
+    max_keys = std::max(max_keys, entry.start_position + tokens);
+  }
+  EnsureWorkspace(total_tokens_, max_keys);
+  for (const ForwardEntry& entry : batch) {
+    const EntryPlan& p = plan_[static_cast<size_t>(&entry - batch.data())];
+    for (int i = 0; i < p.tokens; ++i) {
+      token_ids_[static_cast<size_t>(p.first_token + i)] = entry.tokens[static_cast<size_t>(i)];
+      positions_[static_cast<size_t>(p.first_token + i)] = p.start_position + i;
+    }
+  }
+}
+
+void CpuModel::EnsureWorkspace(int total_tokens, int max_keys) {
+  const size_t t = static_cast<size_t>(total_tokens);
+  Grow(token_ids_, t);
+  Grow(positions_, t);
+  Grow(hidden_, t * config_.hidden_size);
+  Grow(normed_, t * config_.hidden_size);
+  Grow(q_, t * config_.q_dim());
+  Grow(k_, t * config_.kv_dim());
+  Grow(v_, t * config_.kv_dim());
+  Grow(attention_, t * config_.q_dim());
+  Grow(projected_, t * config_.hidden_size);
+  Grow(gate_, t * config_.intermediate_size);
+  Grow(up_, t * config_.intermediate_size);
+  Grow(rope_cos_, t * (config_.head_dim / 2));
+  Grow(rope_sin_, t * (config_.head_dim / 2));
+  for (std::vector<float>& scratch : attention_scratch_) {
+    Grow(scratch, static_cast<size_t>(max_keys));
+  }
+}
+
+Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache,
+                         ForwardResult& result) {
+  result.vocab_size = config_.vocab_size;
+  result.logits.clear();
+  result.entry_first_row.assign(batch.size(), 0);
+  result.entry_row_count.assign(batch.size(), 0);
+  if (batch.empty()) return Status::Ok();
+  RUBATO_RETURN_IF_ERROR(ValidateBatch(batch, cache));
+  RUBATO_RETURN_IF_ERROR(ReserveBlocks(batch, cache));
+  try {
+    PlanBatch(batch);
+    const int hidden = config_.hidden_size;
+    RUBATO_RETURN_IF_ERROR(
+        EmbeddingLookup(weights_.embed_tokens.data(), config_.vocab_size, hidden,
+                        std::span<const int>(token_ids_.data(), static_cast<size_t>(total_tokens_)),
+                        hidden_.data()));
+    // One cos/sin table per forward: every layer rotates the same positions.
+    RopeCosSin(std::span<const int>(positions_.data(), static_cast<size_t>(total_tokens_)),
+               inv_freq_, rope_cos_.data(), rope_sin_.data());
+    for (int layer = 0; layer < config_.num_layers; ++layer) DecoderLayer(layer, cache);
+    for (const ForwardEntry& entry : batch) {
+      entry.sequence->num_tokens = entry.start_position + static_cast<int>(entry.tokens.size());
+    }
+    ComputeLogits(batch, result);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError("forward: out of memory for the activations of " +
+                                  std::to_string(total_tokens_) + " tokens");
+  }
+  return Status::Ok();
+}
+
+void CpuModel::DecoderLayer(int layer, PagedKvCache& cache) {
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+  const int tokens = total_tokens_;
+  const int hidden = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const int64_t count = static_cast<int64_t>(tokens) * hidden;
+
+  RmsNorm(hidden_.data(), w.input_norm.data(), tokens, hidden, eps, normed_.data());
+  SelfAttention(layer, cache);
+  AddInPlace(hidden_.data(), projected_.data(), count);
+
+  RmsNorm(hidden_.data(), w.post_attention_norm.data(), tokens, hidden, eps, normed_.data());
+  Mlp(layer);
+  AddInPlace(hidden_.data(), projected_.data(), count);
+}
+
+void CpuModel::SelfAttention(int layer, PagedKvCache& cache) {
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+  const int tokens = total_tokens_;
+  const int hidden = config_.hidden_size;
+  const int heads = config_.num_heads;
+  const int kv_heads = config_.num_kv_heads;
+  const int head_dim = config_.head_dim;
+  const int q_dim = config_.q_dim();
+  const int kv_dim = config_.kv_dim();
+
+  Linear(normed_.data(), w.q_proj.data(), OrNull(w.q_bias), tokens, hidden, q_dim, q_.data());
+  Linear(normed_.data(), w.k_proj.data(), OrNull(w.k_bias), tokens, hidden, kv_dim, k_.data());
+  Linear(normed_.data(), w.v_proj.data(), OrNull(w.v_bias), tokens, hidden, kv_dim, v_.data());
+  if (config_.qk_norm) {
+    const float eps = static_cast<float>(config_.rms_norm_eps);
+    HeadRmsNormInPlace(q_.data(), w.q_norm.data(), tokens, heads, head_dim, eps);
+    HeadRmsNormInPlace(k_.data(), w.k_norm.data(), tokens, kv_heads, head_dim, eps);
+  }
+  ApplyRope(q_.data(), tokens, heads, head_dim, rope_cos_.data(), rope_sin_.data());
+  ApplyRope(k_.data(), tokens, kv_heads, head_dim, rope_cos_.data(), rope_sin_.data());
+
+  for (const EntryPlan& p : plan_) {
+    const size_t offset = static_cast<size_t>(p.first_token) * kv_dim;
+    AppendToPagedKv(k_.data() + offset, v_.data() + offset, p.tokens, p.start_position,
+                    cache.LayerView(layer, *p.sequence));
+  }
+  // One work item per (entry, KV head); items write disjoint rows of attention_.
+  const int items = static_cast<int>(plan_.size()) * kv_heads;
+  thread_pool_->ParallelFor(items, [&](int item, int worker) {
+    const EntryPlan& p = plan_[static_cast<size_t>(item / kv_heads)];
+    const size_t offset = static_cast<size_t>(p.first_token) * q_dim;
+    CausalAttentionArgs args{q_.data() + offset,
+                             attention_.data() + offset,
+                             p.tokens,
+                             p.start_position,
+                             heads,
+                             cache.LayerView(layer, *p.sequence)};
+    CausalAttentionForKvHead(args, item % kv_heads,
+                             attention_scratch_[static_cast<size_t>(worker)].data());
+  });
+  Linear(attention_.data(), w.o_proj.data(), OrNull(w.o_bias), tokens, q_dim, hidden,
+         projected_.data());
+}
+
+void CpuModel::Mlp(int layer) {
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+  const int tokens = total_tokens_;
+  const int hidden = config_.hidden_size;
+  const int intermediate = config_.intermediate_size;
+  Linear(normed_.data(), w.gate_proj.data(), nullptr, tokens, hidden, intermediate, gate_.data());
+  Linear(normed_.data(), w.up_proj.data(), nullptr, tokens, hidden, intermediate, up_.data());
+  SwiGlu(gate_.data(), up_.data(), static_cast<int64_t>(tokens) * intermediate, gate_.data());
+  Linear(gate_.data(), w.down_proj.data(), nullptr, tokens, intermediate, hidden,
+         projected_.data());
+}
+
+void CpuModel::ComputeLogits(std::span<const ForwardEntry> batch, ForwardResult& result) {
+  const size_t hidden = static_cast<size_t>(config_.hidden_size);
+  // Gather the rows whose logits are wanted; RMSNorm is per row, so norm-then-gather equals
+  // gather-then-norm and the lm_head runs only on the wanted rows.
+  int rows = 0;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const EntryPlan& p = plan_[e];
+    int first = 0, count = 0;
+    switch (batch[e].logits) {
+      case LogitsWanted::kNone:
+        break;
+      case LogitsWanted::kLast:
+        first = p.first_token + p.tokens - 1;
+        count = 1;
+        break;
+      case LogitsWanted::kAll:
+        first = p.first_token;
+        count = p.tokens;
+        break;
+    }
+    result.entry_first_row[e] = rows;
+    result.entry_row_count[e] = count;
+    Grow(logit_rows_, static_cast<size_t>(rows + count) * hidden);
+    std::copy(hidden_.begin() + static_cast<ptrdiff_t>(first * hidden),
+              hidden_.begin() + static_cast<ptrdiff_t>((first + count) * hidden),
+              logit_rows_.begin() + static_cast<ptrdiff_t>(rows * hidden));
+    rows += count;
+  }
+  if (rows == 0) return;
+  RmsNorm(logit_rows_.data(), weights_.final_norm.data(), rows, config_.hidden_size,
+          static_cast<float>(config_.rms_norm_eps), logit_rows_.data());
+  result.logits.resize(static_cast<size_t>(rows) * config_.vocab_size);
+  Linear(logit_rows_.data(), weights_.output_projection().data(), nullptr, rows,
+         config_.hidden_size, config_.vocab_size, result.logits.data());
+}
+
+}  // namespace rubato

@@ -1,0 +1,151 @@
+// The CPU reference model: a Llama / Qwen2 / Qwen3 decoder in fp32 that follows transformers'
+// modelling code op for op, running batches of prefill chunks and decode tokens against a
+// paged KV cache.
+//
+// A forward takes a batch of entries, each one sequence's new tokens (a prefill chunk or one
+// decode token) at its next positions. The tokens of all entries are concatenated into one
+// [tokens][hidden] activation so that every linear layer is one sgemm over the whole batch;
+// attention runs per entry against that entry's paged K/V (causal within the chunk). Feeding a
+// prompt in chunks gives the same logits as feeding it at once, to fp32 rounding.
+//
+// Typical use (what the golden test does):
+//   RUBATO_ASSIGN_OR_RETURN(auto model, CpuModel::Load(dir, {}));
+//   RUBATO_ASSIGN_OR_RETURN(auto cache, model->CreateKvCache(/*block_tokens=*/16, blocks));
+//   KvSequence sequence;
+//   ForwardResult result;
+//   ForwardEntry chunk{&sequence, span(prompt).subspan(0, 37), /*start_position=*/0,
+//                      LogitsWanted::kAll};
+//   RUBATO_RETURN_IF_ERROR(model->Forward({&chunk, 1}, *cache, result));
+//   ... result.EntryLogits(0) is [37][vocab]; then the next chunk at start_position 37 ...
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/hf_config.h"
+#include "common/status.h"
+#include "inference_rank/kv/paged_kv_cache.h"
+#include "inference_rank/model/model_weights.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace rubato {
+
+struct ModelLoadOptions {
+  bool random_weights = false;  // build the weights from config.json alone (no checkpoint read)
+  uint64_t seed = 0;            // seed of random_weights
+  int num_threads = 0;          // CPU threads for GEMMs and attention; 0 = all cores
+};
+
+// Which logits a batch entry needs.
+enum class LogitsWanted {
+  kNone,  // none (a prefill chunk that does not end the prompt): skips the lm_head
+  kLast,  // the entry's last token only (decode, the last prefill chunk)
+  kAll,   // every token of the entry (scoring, golden tests)
+};
+
+struct ForwardEntry {
+  KvSequence* sequence = nullptr;  // its block table; blocks are reserved by Forward as needed
+  std::span<const int> tokens;     // new token ids: a prefill chunk or one decode token
+  int start_position = 0;          // position of tokens[0]; <= sequence->num_tokens (equal
+                                   // when continuing; smaller rewinds and overwrites)
+  LogitsWanted logits = LogitsWanted::kLast;
+};
+
+// Output of a forward. Reused across calls, so that a steady decode loop does not allocate.
+struct ForwardResult {
+  int vocab_size = 0;
+  std::vector<float> logits;         // [rows][vocab], f32, entries' rows in batch order
+  std::vector<int> entry_first_row;  // [entries] first row of each entry
+  std::vector<int> entry_row_count;  // [entries] 0 (kNone), 1 (kLast) or tokens (kAll)
+
+  // [entry_row_count[entry]][vocab] logits of one entry.
+  std::span<const float> EntryLogits(int entry) const;
+  // [vocab] logits of the entry's last token; empty for a kNone entry.
+  std::span<const float> LastLogits(int entry) const;
+};
+
+class CpuModel {
+ public:
+  // Reads model_dir/config.json and, unless options.random_weights, the safetensors checkpoint
+  // in model_dir (single file or sharded), converting every weight to fp32.
+  static Result<std::unique_ptr<CpuModel>> Load(const std::filesystem::path& model_dir,
+                                                const ModelLoadOptions& options);
+
+  // From weights already in memory; their sizes are checked against `config`.
+  static Result<std::unique_ptr<CpuModel>> Create(ModelConfig config, ModelWeights weights,
+                                                  const ModelLoadOptions& options);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  int64_t parameter_count() const { return ParameterCount(config_); }
+  size_t weight_bytes() const { return WeightBytes(config_); }
+
+  // A KV cache shaped for this model.
+  Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) const;
+
+  // Threads for attention and (process-wide: OpenBLAS has one setting) GEMMs; 0 = all cores.
+  void SetNumThreads(int num_threads);
+
+  // Runs one batch. For each entry, reserves KV blocks for its new positions (all entries or
+  // none: ResourceExhausted when the cache is full), writes the new K/V of every layer, and
+  // sets sequence->num_tokens = start_position + tokens.size(). Errors (InvalidArgument) name
+  // the entry: empty tokens, a token id outside the vocabulary, a start position past the
+  // sequence's cached tokens, a sequence appearing twice in one batch.
+  Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache, ForwardResult& result);
+
+ private:
+  CpuModel(ModelConfig config, ModelWeights weights, const ModelLoadOptions& options);
+
+  // Where one entry's tokens sit in the batch activations.
+  struct EntryPlan {
+    int first_token = 0;  // row of its first token in the [tokens][...] activations
+    int tokens = 0;
+    int start_position = 0;
+    const KvSequence* sequence = nullptr;
+  };
+
+  Status ValidateBatch(std::span<const ForwardEntry> batch, const PagedKvCache& cache) const;
+  Status ReserveBlocks(std::span<const ForwardEntry> batch, PagedKvCache& cache) const;
+  void PlanBatch(std::span<const ForwardEntry> batch);
+  void EnsureWorkspace(int total_tokens, int max_keys);
+
+  // The per-layer step: norm -> attention -> residual -> norm -> MLP -> residual.
+  void DecoderLayer(int layer, PagedKvCache& cache);
+  // normed -> projected: q,k,v proj [+bias] -> [q/k norm] -> rope -> KV append -> attention
+  // -> o proj [+bias].
+  void SelfAttention(int layer, PagedKvCache& cache);
+  // normed -> projected: down(silu(gate(x)) * up(x)).
+  void Mlp(int layer);
+  // final norm -> lm_head (or tied embedding) for the rows the entries want.
+  void ComputeLogits(std::span<const ForwardEntry> batch, ForwardResult& result);
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::vector<float> inv_freq_;              // [head_dim / 2], f32, RoPE inverse frequencies
+  std::unique_ptr<ThreadPool> thread_pool_;  // attention workers
+
+  // Per-forward state. Buffers only grow, so steady decoding does not allocate.
+  std::vector<EntryPlan> plan_;
+  int total_tokens_ = 0;
+  std::vector<int> token_ids_;     // [tokens]
+  std::vector<int> positions_;     // [tokens]
+  std::vector<float> hidden_;      // [tokens][hidden], f32, the residual stream
+  std::vector<float> normed_;      // [tokens][hidden], f32, RMSNorm output
+  std::vector<float> q_;           // [tokens][num_heads][head_dim], f32
+  std::vector<float> k_;           // [tokens][num_kv_heads][head_dim], f32
+  std::vector<float> v_;           // [tokens][num_kv_heads][head_dim], f32
+  std::vector<float> attention_;   // [tokens][num_heads][head_dim], f32, attention output
+  std::vector<float> projected_;   // [tokens][hidden], f32, o_proj / down_proj output
+  std::vector<float> gate_;        // [tokens][intermediate], f32, then silu(gate) * up
+  std::vector<float> up_;          // [tokens][intermediate], f32
+  std::vector<float> rope_cos_;    // [tokens][head_dim / 2], f32
+  std::vector<float> rope_sin_;    // [tokens][head_dim / 2], f32
+  std::vector<float> logit_rows_;  // [logit rows][hidden], f32, final-normed rows for lm_head
+  std::vector<std::vector<float>> attention_scratch_;  // [workers][max keys], f32
+};
+
+}  // namespace rubato
