@@ -1,0 +1,227 @@
+// The generation engine: validation, FCFS admission, mixed prefill/decode steps, sampling and
+// retirement (see engine.h).
+#include "inference_rank/engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "common/logging.h"
+
+namespace rubato {
+namespace {
+
+constexpr const char* kLogSubsystem = "engine";
+
+Status CheckPositive(int value, const char* name) {
+  if (value >= 1) return Status::Ok();
+  return InvalidArgumentError(std::string(name) + " must be at least 1, got " +
+                              std::to_string(value));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<CpuModel> model,
+                                               const EngineOptions& options) {
+  if (model == nullptr) return InvalidArgumentError("engine: no model");
+  const ModelConfig& config = model->config();
+  EngineOptions resolved = options;
+  RUBATO_RETURN_IF_ERROR(CheckPositive(options.max_batch, "engine.max_batch"));
+  RUBATO_RETURN_IF_ERROR(CheckPositive(options.prefill_chunk, "engine.prefill_chunk"));
+  if (options.block_size != 16 && options.block_size != 64) {
+    return InvalidArgumentError("engine.block_size must be 16 or 64, got " +
+                                std::to_string(options.block_size));
+  }
+  if (options.num_threads < 0) {
+    return InvalidArgumentError("engine.num_threads must be >= 0 (0 = all cores), got " +
+                                std::to_string(options.num_threads));
+  }
+  if (options.max_context < 0 || options.max_context > config.max_position_embeddings) {
+    return InvalidArgumentError(
+        "engine.max_context must be between 1 and the model's max_position_embeddings (" +
+        std::to_string(config.max_position_embeddings) + "), or 0 for that value; got " +
+        std::to_string(options.max_context));
+  }
+  if (resolved.max_context == 0) resolved.max_context = config.max_position_embeddings;
+  if (options.max_kv_blocks < 0) {
+    return InvalidArgumentError("engine.max_kv_blocks must be >= 0 (0 = automatic), got " +
+                                std::to_string(options.max_kv_blocks));
+  }
+  if (resolved.max_kv_blocks == 0) {
+    const int64_t blocks_per_sequence =
+        (resolved.max_context + resolved.block_size - 1) / resolved.block_size;
+    const int64_t blocks = blocks_per_sequence * resolved.max_batch;
+    if (blocks > INT32_MAX) {
+      return InvalidArgumentError("engine: max_batch x max_context needs " +
+                                  std::to_string(blocks) +
+                                  " KV blocks; lower them or set engine.max_kv_blocks");
+    }
+    resolved.max_kv_blocks = static_cast<int>(blocks);
+  }
+  model->SetNumThreads(resolved.num_threads);
+  Result<std::unique_ptr<PagedKvCache>> cache =
+      model->CreateKvCache(resolved.block_size, resolved.max_kv_blocks);
+  if (!cache.ok()) return cache.status().WithContext("engine");
+  RUBATO_LOG_INFO(kLogSubsystem,
+                  "max_batch {}, max_context {}, {} KV blocks of {} tokens ({} MiB), "
+                  "prefill chunk {}",
+                  resolved.max_batch, resolved.max_context, resolved.max_kv_blocks,
+                  resolved.block_size, (*cache)->pool_bytes() >> 20, resolved.prefill_chunk);
+  return std::unique_ptr<Engine>(new Engine(std::move(model), std::move(cache).value(), resolved));
+}
+
+Engine::Engine(std::unique_ptr<CpuModel> model, std::unique_ptr<PagedKvCache> kv_cache,
+               const EngineOptions& options)
+    : model_(std::move(model)), kv_cache_(std::move(kv_cache)), options_(options) {}
+
+int Engine::ReservedTokens(const GenerationRequest& request) const {
+  const int64_t prompt = static_cast<int64_t>(request.prompt_ids.size());
+  const int64_t longest = std::min<int64_t>(prompt + request.max_new_tokens, options_.max_context);
+  return static_cast<int>(longest - 1);
+}
+
+Result<uint64_t> Engine::Submit(GenerationRequest request) {
+  const int vocab = model_->config().vocab_size;
+  const SamplingParams& sampling = request.sampling;
+  if (request.prompt_ids.empty()) return InvalidArgumentError("request: the prompt is empty");
+  for (size_t i = 0; i < request.prompt_ids.size(); ++i) {
+    const int id = request.prompt_ids[i];
+    if (id < 0 || id >= vocab) {
+      return InvalidArgumentError("request: prompt token " + std::to_string(i) + " is " +
+                                  std::to_string(id) + ", outside the vocabulary [0, " +
+                                  std::to_string(vocab) + ")");
+    }
+  }
+  for (int id : request.stop_token_ids) {
+    if (id < 0 || id >= vocab) {
+      return InvalidArgumentError("request: stop token " + std::to_string(id) +
+                                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  if (!(sampling.temperature >= 0.0f) || std::isinf(sampling.temperature)) {
+    return InvalidArgumentError("request: temperature must be a finite number >= 0, got " +
+                                std::to_string(sampling.temperature));
+  }
+  if (!(sampling.top_p > 0.0f && sampling.top_p <= 1.0f)) {
+    return InvalidArgumentError("request: top_p must be in (0, 1], got " +
+                                std::to_string(sampling.top_p));
+  }
+  if (sampling.top_k < 0) {
+    return InvalidArgumentError("request: top_k must be >= 0 (0 = off), got " +
+                                std::to_string(sampling.top_k));
+  }
+  if (request.max_new_tokens < 1) {
+    return InvalidArgumentError("request: max_new_tokens must be at least 1, got " +
+                                std::to_string(request.max_new_tokens));
+  }
+  const int prompt_tokens = static_cast<int>(request.prompt_ids.size());
+  if (prompt_tokens >= options_.max_context) {
+    return OutOfRangeError("prompt has " + std::to_string(prompt_tokens) +
+                           " tokens but the context limit is " +
+                           std::to_string(options_.max_context) + " (engine.max_context)");
+  }
+  const int blocks = kv_cache_->BlocksFor(ReservedTokens(request));
+  if (blocks > kv_cache_->shape().num_blocks) {
+    return ResourceExhaustedError(
+        "request: prompt (" + std::to_string(prompt_tokens) + " tokens) + max_new_tokens (" +
+        std::to_string(request.max_new_tokens) + ") needs " + std::to_string(blocks) +
+        " KV blocks but the cache has " + std::to_string(kv_cache_->shape().num_blocks) +
+        " (engine.max_kv_blocks); lower max_new_tokens or raise engine.max_kv_blocks");
+  }
+  if (request.stop_token_ids.empty()) request.stop_token_ids = model_->config().eos_token_ids;
+
+  Request queued;
+  queued.id = next_id_++;
+  queued.rng.seed(sampling.seed);
+  queued.params = std::move(request);
+  waiting_.push_back(std::move(queued));
+  return waiting_.back().id;
+}
+
+Status Engine::AdmitWaiting() {
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_batch) {
+    Request& next = waiting_.front();
+    const int tokens = ReservedTokens(next.params);
+    if (kv_cache_->BlocksFor(tokens) > kv_cache_->free_blocks()) break;  // FCFS: wait
+    RUBATO_RETURN_IF_ERROR(kv_cache_->Reserve(next.kv, tokens));
+    RUBATO_LOG_DEBUG(kLogSubsystem, "admit request {} ({} prompt tokens, {} KV blocks)", next.id,
+                     next.params.prompt_ids.size(), next.kv.block_table.size());
+    running_.push_back(std::move(next));
+    waiting_.pop_front();
+  }
+  return Status::Ok();
+}
+
+int Engine::SampleNext(Request& request, std::span<const float> logits) {
+  const SamplingParams& sampling = request.params.sampling;
+  if (sampling.temperature == 0.0f) return ArgMax(logits);
+  const SamplingFilter filter{sampling.temperature, sampling.top_k, sampling.top_p};
+  return SampleToken(logits, filter, request.rng, sampling_workspace_);
+}
+
+FinishReason Engine::FinishAfter(const Request& request, int token) const {
+  const std::vector<int>& stops = request.params.stop_token_ids;
+  if (std::find(stops.begin(), stops.end(), token) != stops.end()) return FinishReason::kStop;
+  if (request.generated >= request.params.max_new_tokens) return FinishReason::kLength;
+  const int total = static_cast<int>(request.params.prompt_ids.size()) + request.generated;
+  if (total >= options_.max_context) return FinishReason::kLength;
+  return FinishReason::kNone;
+}
+
+Result<std::vector<TokenEvent>> Engine::Step() {
+  std::vector<TokenEvent> events;
+  RUBATO_RETURN_IF_ERROR(AdmitWaiting());
+
+  batch_.clear();
+  batch_requests_.clear();
+  int prefill_budget = options_.prefill_chunk;
+  for (Request& request : running_) {
+    const std::vector<int>& prompt = request.params.prompt_ids;
+    const int prompt_left = static_cast<int>(prompt.size()) - request.prompt_done;
+    if (prompt_left > 0) {
+      const int chunk = std::min(prompt_left, prefill_budget);
+      if (chunk == 0) continue;  // budget spent: this prompt continues next step
+      prefill_budget -= chunk;
+      const bool last_chunk = chunk == prompt_left;
+      batch_.push_back(ForwardEntry{
+          &request.kv, std::span<const int>(prompt).subspan(request.prompt_done, chunk),
+          request.prompt_done, last_chunk ? LogitsWanted::kLast : LogitsWanted::kNone});
+    } else {
+      batch_.push_back(ForwardEntry{&request.kv, std::span<const int>(&request.last_token, 1),
+                                    request.kv.num_tokens, LogitsWanted::kLast});
+    }
+    batch_requests_.push_back(&request);
+  }
+  if (batch_.empty()) return events;
+
+  Status forward = model_->Forward(batch_, *kv_cache_, forward_result_);
+  if (!forward.ok()) return forward.WithContext("engine step");
+
+  for (size_t e = 0; e < batch_.size(); ++e) {
+    Request& request = *batch_requests_[e];
+    if (request.prompt_done < static_cast<int>(request.params.prompt_ids.size())) {
+      request.prompt_done += static_cast<int>(batch_[e].tokens.size());
+    }
+    if (batch_[e].logits == LogitsWanted::kNone) continue;
+    const int token = SampleNext(request, forward_result_.LastLogits(static_cast<int>(e)));
+    request.last_token = token;
+    ++request.generated;
+    request.finish = FinishAfter(request, token);
+    events.push_back(TokenEvent{request.id, token, request.finish});
+  }
+
+  // Retire finished requests; their blocks go back to the free list for the next admission.
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (it->finish == FinishReason::kNone) {
+      ++it;
+      continue;
+    }
+    RUBATO_RETURN_IF_ERROR(kv_cache_->Release(it->kv));
+    RUBATO_LOG_DEBUG(kLogSubsystem, "request {} finished after {} tokens", it->id, it->generated);
+    it = running_.erase(it);
+  }
+  return events;
+}
+
+}  // namespace rubato

@@ -1,0 +1,134 @@
+// The generation engine of an inference rank: requests in, tokens out, one scheduler step at a
+// time. Used by the CLI and the HTTP server.
+//
+// Scheduling is first-come first-served continuous batching. Each Step():
+//   1. admits waiting requests, oldest first, while fewer than max_batch run and the KV cache
+//      can hold the admitted request's whole sequence (prompt + max_new_tokens, capped by
+//      max_context). Reserving the worst case at admission means a running request never runs
+//      out of KV blocks mid-generation (no preemption needed); a request that does not fit yet
+//      waits, and later ones wait behind it;
+//   2. runs one forward over a batch that mixes one decode token for every request that is
+//      generating and prefill chunks of requests still reading their prompt (at most
+//      prefill_chunk prompt tokens in total per step, oldest request first);
+//   3. samples the next token of every request whose prompt is complete, and retires requests
+//      that finished (stop token, max_new_tokens, or max_context reached), freeing their blocks.
+//
+// A request's tokens do not depend on the other requests in its batch: attention and sampling
+// are per request (each request owns an RNG seeded from its seed), and every linear layer
+// computes each row independently of the others up to fp32 rounding.
+//
+// Not thread-safe: one thread drives Submit / Step.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/status.h"
+#include "inference_rank/kv/paged_kv_cache.h"
+#include "inference_rank/model/cpu_model.h"
+#include "kernels/cpu/sampling.h"
+
+namespace rubato {
+
+struct SamplingParams {
+  float temperature = 0.f;  // 0 = greedy (argmax, lowest id on ties)
+  int top_k = 0;            // 0 = off
+  float top_p = 1.f;        // in (0, 1]; 1 = off
+  uint64_t seed = 0;        // seeds this request's own RNG
+};
+
+struct GenerationRequest {
+  std::vector<int> prompt_ids;
+  SamplingParams sampling;
+  int max_new_tokens = 128;
+  std::vector<int> stop_token_ids;  // empty: the model's eos ids (config.json eos_token_id)
+};
+
+struct EngineOptions {
+  int max_batch = 8;
+  int max_context = 0;      // prompt + generated tokens; 0 = model max_position_embeddings
+  int block_size = 16;      // KV block tokens: 16 or 64
+  int prefill_chunk = 512;  // prompt tokens per step, over all requests
+  int num_threads = 0;      // 0 = all cores; sets OpenBLAS threads (process-wide)
+  int max_kv_blocks = 0;    // 0 = enough for max_batch x max_context
+};
+
+enum class FinishReason {
+  kNone,    // more tokens follow
+  kStop,    // the token is a stop token (it is reported; callers usually do not print it)
+  kLength,  // max_new_tokens generated, or prompt + generated reached max_context
+};
+
+struct TokenEvent {
+  uint64_t request_id;
+  int token;
+  FinishReason finish;
+};
+
+class Engine {
+ public:
+  // Validates `options` (positive sizes, block_size 16 or 64, max_context within the model's
+  // max_position_embeddings) and creates the KV cache.
+  static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<CpuModel> model,
+                                                const EngineOptions& options);
+
+  // Queues a request and returns its id (1, 2, ...). InvalidArgument for an empty prompt, ids
+  // outside [0, vocab), temperature < 0, top_p outside (0, 1], top_k < 0, max_new_tokens < 1;
+  // OutOfRange for a prompt of max_context tokens or more; ResourceExhausted when the request's
+  // sequence could never fit in the KV cache.
+  Result<uint64_t> Submit(GenerationRequest request);
+
+  // One scheduler step (see the file comment). Returns the tokens generated in this step, at
+  // most one per running request, in admission order; empty when only prefill chunks ran or
+  // there is no work.
+  Result<std::vector<TokenEvent>> Step();
+
+  bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
+  const CpuModel& model() const { return *model_; }
+
+  // For metrics and tests.
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  const PagedKvCache& kv_cache() const { return *kv_cache_; }
+  const EngineOptions& options() const { return options_; }  // with defaults resolved
+
+ private:
+  struct Request {
+    uint64_t id = 0;
+    GenerationRequest params;  // stop_token_ids resolved to the model's eos ids when empty
+    std::mt19937_64 rng;
+    KvSequence kv;
+    int prompt_done = 0;  // prompt tokens already in the KV cache
+    int generated = 0;
+    int last_token = -1;  // newest generated token: the input of the next decode step
+    FinishReason finish = FinishReason::kNone;
+  };
+
+  Engine(std::unique_ptr<CpuModel> model, std::unique_ptr<PagedKvCache> kv_cache,
+         const EngineOptions& options);
+
+  // Positions of a request's KV that may ever be written (prompt + generated - 1, the last
+  // sampled token is never fed back).
+  int ReservedTokens(const GenerationRequest& request) const;
+  Status AdmitWaiting();
+  int SampleNext(Request& request, std::span<const float> logits);
+  FinishReason FinishAfter(const Request& request, int token) const;
+
+  std::unique_ptr<CpuModel> model_;
+  std::unique_ptr<PagedKvCache> kv_cache_;
+  EngineOptions options_;
+  uint64_t next_id_ = 1;
+  std::deque<Request> waiting_;
+  std::deque<Request> running_;  // admission order
+
+  // Per-step state reused across steps.
+  std::vector<ForwardEntry> batch_;
+  std::vector<Request*> batch_requests_;  // [batch entries]
+  ForwardResult forward_result_;
+  SamplingWorkspace sampling_workspace_;
+};
+
+}  // namespace rubato
