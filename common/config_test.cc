@@ -98,7 +98,8 @@ TEST(Config, DefaultYamlFileEqualsDefaultConfig) {
 std::set<std::string> KeyPaths(const YAML::Node& root) {
   std::set<std::string> paths;
   for (auto section = root.begin(); section != root.end(); ++section) {
-    for (auto key = section->second.begin(); key != section->second.end(); ++key) {
+    const YAML::Node keys = section->second;
+    for (auto key = keys.begin(); key != keys.end(); ++key) {
       paths.insert(section->first.Scalar() + "." + key->first.Scalar());
     }
   }

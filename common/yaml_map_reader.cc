@@ -84,9 +84,11 @@ Result<YamlMapReader> YamlMapReader::Open(const YAML::Node& map, std::string key
                                 (line > 0 ? " (line " + std::to_string(line) + ")" : ""));
   }
   for (auto it = map.begin(); it != map.end(); ++it) {
-    const YAML::Node& key = it->first;
+    // Copies, not references: `it->` returns a temporary that owns the pair of handles.
+    const YAML::Node key = it->first;
+    const YAML::Node value = it->second;
     // Keys of maps built in code (PolicySection::params) carry no position; their values do.
-    const int line = LineOf(key) > 0 ? LineOf(key) : LineOf(it->second);
+    const int line = LineOf(key) > 0 ? LineOf(key) : LineOf(value);
     if (!key.IsScalar()) {
       return reader.ErrorAtLine(DescribeYamlValue(key), "keys must be plain names", line);
     }
@@ -97,7 +99,7 @@ Result<YamlMapReader> YamlMapReader::Open(const YAML::Node& map, std::string key
             line);
       }
     }
-    reader.entries_.push_back({key.Scalar(), it->second, line});
+    reader.entries_.push_back({key.Scalar(), value, line});
   }
   return reader;
 }
