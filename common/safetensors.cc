@@ -15,7 +15,9 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "common/text_file.h"
@@ -44,7 +46,7 @@ std::string ShortJson(const OrderedJson& value) {
   return text;
 }
 
-// Parses `text` as JSON without throwing. Duplicate keys at the top level (two entries for one
+// Parses `text` as JSON; parse errors come back as a Status. Duplicate keys at the top level (two entries for one
 // tensor) are an error: the JSON library would silently keep the last one.
 Result<OrderedJson> ParseHeaderJson(std::string_view text, const std::string& file) {
   std::string duplicate;

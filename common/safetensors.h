@@ -38,7 +38,9 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// One tensor of a checkpoint. `view.data` points into the mapping of `file`.
+// One tensor of a checkpoint. `view.data` points into the mapping of `file`. It is aligned only
+// as far as the file makes it: the reference writer (and WriteSafetensors) start the data section
+// at a multiple of 8 bytes, but a foreign file may not, so read through memcpy or ConvertToF32.
 struct SafetensorsTensor {
   std::string name;
   TensorView view;
