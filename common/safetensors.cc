@@ -46,8 +46,8 @@ std::string ShortJson(const OrderedJson& value) {
   return text;
 }
 
-// Parses `text` as JSON; parse errors come back as a Status. Duplicate keys at the top level (two entries for one
-// tensor) are an error: the JSON library would silently keep the last one.
+// Parses `text` as JSON; parse errors come back as a Status. Duplicate keys at the top level (two
+// entries for one tensor) are an error: the JSON library would silently keep the last one.
 Result<OrderedJson> ParseHeaderJson(std::string_view text, const std::string& file) {
   std::string duplicate;
   auto reject_duplicates = [&, seen = std::set<std::string>()](int depth,
