@@ -1,0 +1,146 @@
+// `rubato generate` (see generate_command.h): config -> policy check -> tokenizer -> model ->
+// engine, then streams tokens to stdout as the engine produces them and prints one stats line.
+#include "inference_rank/cli/generate_command.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/tokenizer/stream_decoder.h"
+#include "common/tokenizer/tokenizer.h"
+#include "inference_rank/engine/engine.h"
+#include "inference_rank/model/cpu_model.h"
+#include "inference_rank/policies/policy_registry.h"
+
+namespace rubato {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MillisecondsBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// The config file (or the defaults) with the command-line overrides applied.
+Result<RubatoConfig> ResolveConfig(const GenerateArgs& args) {
+  RubatoConfig config = DefaultConfig();
+  if (args.config_file) {
+    RUBATO_ASSIGN_OR_RETURN(config, LoadConfigFile(*args.config_file));
+  }
+  if (args.model_dir) config.model.path = *args.model_dir;
+  if (args.policy) {
+    config.policy.name = *args.policy;
+    if (!args.config_file) config.policy.source = "command line";
+  }
+  if (args.threads) config.engine.threads = *args.threads;
+  return config;
+}
+
+// Backends and topologies that later issues bring; rejected clearly until then.
+Status CheckSupportedByThisBuild(const RubatoConfig& config) {
+  if (config.engine.backend != EngineSection::Backend::kCpu) {
+    return UnsupportedError("engine.backend: '" +
+                            std::string(ConfigEnumName(config.engine.backend)) +
+                            "' is not available in this build yet; use 'cpu'");
+  }
+  if (config.topology.mode != TopologySection::Mode::kColocated) {
+    return UnsupportedError("topology.mode: '" + std::string(ConfigEnumName(config.topology.mode)) +
+                            "' is not available in this build yet; use 'colocated'");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer, const GenerateArgs& args) {
+  if (!args.chat) {
+    // Like `tokenizer(prompt)` in transformers: the post-processor adds BOS where the model
+    // has one (Llama-3), nothing for Qwen.
+    return tokenizer.Encode(args.prompt, /*add_special_tokens=*/true);
+  }
+  const std::vector<ChatMessage> messages = {{"user", args.prompt}};
+  RUBATO_ASSIGN_OR_RETURN(std::string text, tokenizer.ApplyChatTemplate(messages));
+  // The template already holds every special token (Llama-3's BOS included).
+  return tokenizer.Encode(text, /*add_special_tokens=*/false);
+}
+
+void Print(const std::string& text) {
+  if (text.empty()) return;
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+Status RunGenerate(const GenerateArgs& args) {
+  RUBATO_ASSIGN_OR_RETURN(RubatoConfig config, ResolveConfig(args));
+  RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
+  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
+  RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
+
+  const std::filesystem::path model_dir = config.model.path;
+  if (!std::filesystem::is_directory(model_dir)) {
+    return NotFoundError("model directory '" + model_dir.string() + "' does not exist");
+  }
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                          Tokenizer::LoadFromDirectory(model_dir));
+  RUBATO_ASSIGN_OR_RETURN(std::vector<int> prompt_ids, EncodePrompt(*tokenizer, args));
+  const int max_prompt = config.limits.max_prompt_tokens;
+  if (max_prompt > 0 && static_cast<int>(prompt_ids.size()) > max_prompt) {
+    return OutOfRangeError("prompt has " + std::to_string(prompt_ids.size()) +
+                           " tokens but limits.max_prompt_tokens is " + std::to_string(max_prompt));
+  }
+
+  ModelLoadOptions load_options;
+  load_options.random_weights = config.model.random_weights;
+  load_options.seed = config.model.seed;
+  load_options.num_threads = config.engine.threads;
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<CpuModel> model, CpuModel::Load(model_dir, load_options));
+  RUBATO_LOG_INFO("cli", "model {}: {} parameters, {} bytes of fp32 weights, policy {}",
+                  model_dir.string(), model->parameter_count(), model->weight_bytes(),
+                  policy.name);
+
+  EngineOptions engine_options;
+  engine_options.max_batch = config.engine.max_batch;
+  engine_options.max_context = config.engine.max_context;
+  engine_options.block_size = config.engine.block_size;
+  engine_options.prefill_chunk = config.engine.prefill_chunk;
+  engine_options.num_threads = config.engine.threads;
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                          Engine::Create(std::move(model), engine_options));
+
+  GenerationRequest request;
+  request.prompt_ids = prompt_ids;
+  request.sampling = {args.temperature, args.top_k, args.top_p, args.seed};
+  request.max_new_tokens = args.max_tokens;
+  RUBATO_RETURN_IF_ERROR(engine->Submit(std::move(request)).status());
+
+  StreamDecoder decoder(*tokenizer, /*skip_special_tokens=*/true);
+  const Clock::time_point start = Clock::now();
+  Clock::time_point first_token_time = start;
+  Clock::time_point last_token_time = start;
+  int generated = 0;
+  while (engine->HasWork()) {
+    RUBATO_ASSIGN_OR_RETURN(std::vector<TokenEvent> events, engine->Step());
+    for (const TokenEvent& event : events) {
+      last_token_time = Clock::now();
+      if (generated++ == 0) first_token_time = last_token_time;
+      if (event.finish != FinishReason::kStop) Print(decoder.Push(event.token));
+    }
+  }
+  Print(decoder.Flush());
+
+  const double prefill_ms = MillisecondsBetween(start, first_token_time);
+  const double decode_s = MillisecondsBetween(first_token_time, last_token_time) / 1000.0;
+  const double decode_tok_s = generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0;
+  std::printf("\n[rubato] prompt_tokens=%zu generated_tokens=%d prefill_ms=%.1f "
+              "decode_tok_s=%.1f policy=%s\n",
+              prompt_ids.size(), generated, prefill_ms, decode_tok_s, policy.name.c_str());
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+}  // namespace rubato

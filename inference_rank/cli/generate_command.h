@@ -1,0 +1,30 @@
+// `rubato generate`: load a model, encode a prompt, stream generated text to stdout and end
+// with one stats line. Every failure comes back as a Status for main() to print as one line.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+
+namespace rubato {
+
+struct GenerateArgs {
+  std::optional<std::string> model_dir;    // overrides config model.path
+  std::string prompt;
+  bool chat = false;                       // wrap the prompt in the model's chat template
+  int max_tokens = 128;
+  float temperature = 0.f;                 // 0: greedy
+  float top_p = 1.f;
+  int top_k = 0;                           // 0: off
+  uint64_t seed = 0;
+  std::optional<std::string> policy;       // overrides config policy.name
+  std::optional<std::string> config_file;  // YAML config (DESIGN §6)
+  std::optional<int> threads;              // overrides config engine.threads
+};
+
+// Runs the command. Text goes to stdout as it is generated; errors are returned.
+Status RunGenerate(const GenerateArgs& args);
+
+}  // namespace rubato

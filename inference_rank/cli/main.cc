@@ -1,0 +1,72 @@
+// The `rubato` command. Subcommands:
+//   rubato generate --model DIR --prompt TEXT [--max-tokens N --temperature T --top-p P
+//                   --top-k K --seed S --policy NAME --config FILE --chat --threads N]
+// Every error ends the process with one line on stderr ("rubato: error: ...") and exit 1;
+// command-line syntax errors exit 2.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "inference_rank/cli/generate_command.h"
+
+namespace {
+
+int PrintError(const std::string& message, int exit_code) {
+  std::fprintf(stderr, "rubato: error: %s\n", message.c_str());
+  return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"rubato: long-context LLM decoding runtime"};
+  app.set_version_flag("--version", "rubato 0.1.0");
+  app.require_subcommand(1);
+
+  rubato::GenerateArgs gen;
+  CLI::App* generate = app.add_subcommand("generate", "Generate text from a prompt");
+  generate->add_option("--model", gen.model_dir, "Hugging Face model directory (overrides "
+                       "model.path of the config)");
+  generate->add_option("--prompt", gen.prompt, "Prompt text")->required();
+  generate->add_flag("--chat", gen.chat, "Wrap the prompt as a user turn in the model's chat "
+                     "template (ChatML or Llama-3)");
+  generate->add_option("--max-tokens", gen.max_tokens, "Tokens to generate at most")
+      ->check(CLI::Range(1, 1 << 24));
+  generate->add_option("--temperature", gen.temperature, "Sampling temperature; 0 = greedy")
+      ->check(CLI::Range(0.0f, 100.0f));
+  generate->add_option("--top-p", gen.top_p, "Nucleus sampling mass in (0, 1]")
+      ->check(CLI::Range(1e-6f, 1.0f));
+  generate->add_option("--top-k", gen.top_k, "Sample among the k most likely tokens; 0 = off")
+      ->check(CLI::NonNegativeNumber);
+  generate->add_option("--seed", gen.seed, "Sampling seed (same seed, same text)");
+  generate->add_option("--policy", gen.policy, "Attention policy (overrides policy.name)");
+  generate->add_option("--config", gen.config_file, "YAML config file");
+  generate->add_option("--threads", gen.threads, "CPU threads (overrides engine.threads)")
+      ->check(CLI::Range(0, 1024));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return PrintError(e.what(), 2);
+  }
+
+  try {
+    if (*generate) {
+      const rubato::Status status = rubato::RunGenerate(gen);
+      if (!status.ok()) return PrintError(status.message(), 1);
+    }
+  } catch (const std::exception& e) {
+    // Library code reports errors as values; an exception here is a bug, still reported as
+    // one line rather than a crash.
+    return PrintError(std::string("internal error: ") + e.what(), 1);
+  }
+  return 0;
+}

@@ -1,0 +1,256 @@
+// Bad input through the `rubato generate` command: each case must end with exactly one line on
+// stderr naming the problem and a non-zero exit, never a crash or a hang (issue #2 point 8).
+// Each case copies the bundled tiny model into a temporary directory and breaks one thing.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/test_temp_dir.h"
+#include "tests/cli_runner.h"
+
+namespace rubato {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::NonEmptyLines;
+using testing::ProcessResult;
+using testing::RunProcess;
+
+const char* const kModel = "models/tiny-qwen3-random";
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteFile(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A safetensors file split into its JSON header and its data section, editable and
+// re-serialisable (data offsets are relative to the data section, so edits to the header
+// keep them valid).
+struct SafetensorsParts {
+  nlohmann::json header;
+  std::string data;
+
+  static SafetensorsParts Read(const fs::path& path) {
+    const std::string bytes = ReadFile(path);
+    uint64_t header_len = 0;
+    std::memcpy(&header_len, bytes.data(), 8);
+    SafetensorsParts parts;
+    parts.header = nlohmann::json::parse(bytes.substr(8, header_len));
+    parts.data = bytes.substr(8 + header_len);
+    return parts;
+  }
+
+  void Write(const fs::path& path) const {
+    std::string text = header.dump();
+    while (text.size() % 8 != 0) text += ' ';
+    const uint64_t header_len = text.size();
+    std::string bytes(8, '\0');
+    std::memcpy(bytes.data(), &header_len, 8);
+    WriteFile(path, bytes + text + data);
+  }
+};
+
+class CliBadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty());
+    model_ = dir_.path() / "model";
+    fs::create_directories(model_);
+    for (const auto& entry : fs::directory_iterator(kModel)) {
+      fs::copy_file(entry.path(), model_ / entry.path().filename());
+    }
+  }
+
+  // Runs `rubato generate --model <copy> --prompt hello --max-tokens 2 extra...`.
+  ProcessResult Generate(const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"generate", "--model", model_.string(), "--prompt",
+                                     "hello",    "--max-tokens", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunProcess(RUBATO_BINARY, args);
+  }
+
+  // Asserts the process failed cleanly with one stderr line containing every `needle`.
+  static void ExpectCleanFailure(const ProcessResult& r, const std::vector<std::string>& needles) {
+    ASSERT_FALSE(r.signaled) << "rubato was killed by signal " << r.signal << "\n" << r.err;
+    EXPECT_NE(r.exit_code, 0);
+    const std::vector<std::string> lines = NonEmptyLines(r.err);
+    ASSERT_EQ(lines.size(), 1u) << "expected one line on stderr, got:\n" << r.err;
+    for (const std::string& needle : needles) {
+      EXPECT_NE(lines[0].find(needle), std::string::npos)
+          << "stderr line does not mention '" << needle << "': " << lines[0];
+    }
+  }
+
+  fs::path Weights() const { return model_ / "model.safetensors"; }
+
+  void EditConfig(const std::string& key, const nlohmann::json& value) {
+    nlohmann::json config = nlohmann::json::parse(ReadFile(model_ / "config.json"));
+    config[key] = value;
+    WriteFile(model_ / "config.json", config.dump(2));
+  }
+
+  fs::path WriteYaml(const std::string& text) {
+    const fs::path path = dir_.path() / "rubato.yaml";
+    WriteFile(path, text);
+    return path;
+  }
+
+  TestTempDir dir_{"cli"};
+  fs::path model_;
+};
+
+TEST_F(CliBadInputTest, BaselineSucceeds) {
+  const ProcessResult r = Generate({});
+  ASSERT_FALSE(r.signaled);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("prompt_tokens="), std::string::npos) << r.out;
+}
+
+TEST_F(CliBadInputTest, TruncatedSafetensors) {
+  const std::string bytes = ReadFile(Weights());
+  WriteFile(Weights(), bytes.substr(0, bytes.size() / 2));
+  ExpectCleanFailure(Generate({}), {"model.safetensors"});
+}
+
+TEST_F(CliBadInputTest, TruncatedSafetensorsHeaderLength) {
+  WriteFile(Weights(), std::string("\x10\x00\x00", 3));
+  ExpectCleanFailure(Generate({}), {"model.safetensors"});
+}
+
+TEST_F(CliBadInputTest, HeaderClaimsBytesPastTheEnd) {
+  SafetensorsParts parts = SafetensorsParts::Read(Weights());
+  auto& entry = parts.header["model.norm.weight"];
+  const uint64_t size = entry["data_offsets"][1].get<uint64_t>() -
+                        entry["data_offsets"][0].get<uint64_t>();
+  const uint64_t begin = parts.data.size() - size / 2;
+  entry["data_offsets"] = {begin, begin + size};
+  parts.Write(Weights());
+  ExpectCleanFailure(Generate({}), {"model.safetensors", "model.norm.weight"});
+}
+
+TEST_F(CliBadInputTest, OverlappingTensors) {
+  SafetensorsParts parts = SafetensorsParts::Read(Weights());
+  // Both are [hidden] bf16: give the final norm the byte range of layer 0's input norm.
+  parts.header["model.norm.weight"]["data_offsets"] =
+      parts.header["model.layers.0.input_layernorm.weight"]["data_offsets"];
+  parts.Write(Weights());
+  ExpectCleanFailure(Generate({}), {"model.safetensors", "overlap"});
+}
+
+TEST_F(CliBadInputTest, UnknownDtype) {
+  SafetensorsParts parts = SafetensorsParts::Read(Weights());
+  parts.header["model.norm.weight"]["dtype"] = "Q7";
+  parts.Write(Weights());
+  ExpectCleanFailure(Generate({}), {"model.safetensors", "Q7"});
+}
+
+TEST_F(CliBadInputTest, MissingTensor) {
+  SafetensorsParts parts = SafetensorsParts::Read(Weights());
+  parts.header.erase("model.layers.2.mlp.up_proj.weight");
+  parts.Write(Weights());
+  ExpectCleanFailure(Generate({}), {"model.layers.2.mlp.up_proj.weight"});
+}
+
+TEST_F(CliBadInputTest, ShapeDisagreesWithConfig) {
+  EditConfig("intermediate_size", 320);  // the checkpoint's MLP is 384 wide
+  ExpectCleanFailure(Generate({}), {"shape", "mlp"});
+}
+
+TEST_F(CliBadInputTest, HeadsNotDivisibleByKvHeads) {
+  EditConfig("num_key_value_heads", 3);  // 8 query heads
+  ExpectCleanFailure(Generate({}), {"config.json", "num_key_value_heads"});
+}
+
+TEST_F(CliBadInputTest, UnsupportedArchitecture) {
+  EditConfig("architectures", nlohmann::json::array({"MistralForCausalLM"}));
+  ExpectCleanFailure(Generate({}), {"MistralForCausalLM"});
+}
+
+TEST_F(CliBadInputTest, MalformedTokenizerJson) {
+  WriteFile(model_ / "tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": [");
+  ExpectCleanFailure(Generate({}), {"tokenizer.json"});
+}
+
+TEST_F(CliBadInputTest, MissingModelDirectory) {
+  fs::remove_all(model_);
+  ExpectCleanFailure(Generate({}), {model_.string()});
+}
+
+TEST_F(CliBadInputTest, YamlUnknownKey) {
+  const fs::path yaml = WriteYaml("engine:\n  blocksize: 16\n");
+  ExpectCleanFailure(Generate({"--config", yaml.string()}), {"rubato.yaml", "engine.blocksize"});
+}
+
+TEST_F(CliBadInputTest, YamlWrongType) {
+  const fs::path yaml = WriteYaml("server:\n  port: abc\n");
+  ExpectCleanFailure(Generate({"--config", yaml.string()}), {"rubato.yaml", "server.port"});
+}
+
+TEST_F(CliBadInputTest, YamlOutOfRange) {
+  const fs::path yaml = WriteYaml("engine:\n  max_batch: 0\n");
+  ExpectCleanFailure(Generate({"--config", yaml.string()}), {"rubato.yaml", "engine.max_batch"});
+}
+
+TEST_F(CliBadInputTest, YamlSyntaxError) {
+  const fs::path yaml = WriteYaml("engine: [max_batch: 1\n");
+  ExpectCleanFailure(Generate({"--config", yaml.string()}), {"rubato.yaml"});
+}
+
+TEST_F(CliBadInputTest, MissingConfigFile) {
+  ExpectCleanFailure(Generate({"--config", (dir_.path() / "absent.yaml").string()}),
+                     {"absent.yaml"});
+}
+
+TEST_F(CliBadInputTest, UnknownPolicyFlag) {
+  ExpectCleanFailure(Generate({"--policy", "sfi2"}), {"unknown policy 'sfi2'", "dense"});
+}
+
+TEST_F(CliBadInputTest, UnknownPolicyInYaml) {
+  const fs::path yaml = WriteYaml("policy:\n  name: quest9\n");
+  ExpectCleanFailure(Generate({"--config", yaml.string()}), {"unknown policy 'quest9'"});
+}
+
+TEST_F(CliBadInputTest, UnknownPolicyParameter) {
+  const fs::path yaml = WriteYaml("policy:\n  name: dense\n  budget: 10\n");
+  ExpectCleanFailure(Generate({"--config", yaml.string()}), {"policy.budget"});
+}
+
+TEST_F(CliBadInputTest, PromptLongerThanModelContext) {
+  // The model's max_position_embeddings is 4096; this prompt is several thousand tokens.
+  std::string prompt;
+  for (int i = 0; i < 3000; ++i) prompt += "lighthouse keeper " + std::to_string(i) + ". ";
+  std::vector<std::string> args = {"generate", "--model",      model_.string(),
+                                   "--prompt", prompt,         "--max-tokens", "2"};
+  ExpectCleanFailure(RunProcess(RUBATO_BINARY, args), {"prompt has", "context"});
+}
+
+TEST_F(CliBadInputTest, PromptLongerThanConfiguredContext) {
+  const fs::path yaml = WriteYaml("engine:\n  max_context: 16\n");
+  std::vector<std::string> args = {
+      "generate", "--model",      model_.string(), "--config", yaml.string(), "--prompt",
+      "one two three four five six seven eight nine ten eleven twelve thirteen fourteen",
+      "--max-tokens", "2"};
+  ExpectCleanFailure(RunProcess(RUBATO_BINARY, args), {"prompt has", "16"});
+}
+
+TEST_F(CliBadInputTest, BadSamplingFlags) {
+  ExpectCleanFailure(Generate({"--top-p", "1.5"}), {"top-p"});
+  ExpectCleanFailure(Generate({"--temperature", "-1"}), {"temperature"});
+}
+
+}  // namespace
+}  // namespace rubato
