@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
+#include <functional>
 #include <map>
 
 #include "common/dtype.h"
