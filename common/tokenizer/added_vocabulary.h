@@ -10,9 +10,8 @@
 // approximated from utf8proc categories (L, M, Nd, Nl, Pc, ZWJ/ZWNJ, circled/squared letters).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <array>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>

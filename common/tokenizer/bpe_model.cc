@@ -37,31 +37,42 @@ struct MergeOrder {
 
 Status BpeModel::LoadVocab(const nlohmann::json& vocab, const JsonReader& reader) {
   if (!vocab.is_object()) return reader.TypeError("model.vocab", "an object {token: id}", vocab);
-  vocab_.reserve(vocab.size());
-  int max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const std::string path = fmt::format("model.vocab[\"{}\"]", it.key());
-    RUBATO_ASSIGN_OR_RETURN(int id, reader.TokenId(it.value(), path));
-    vocab_.emplace(it.key(), id);
-    max_id = std::max(max_id, id);
-  }
-  id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
-  id_present_.assign(static_cast<size_t>(max_id + 1), false);
-  for (const auto& [token, id] : vocab_) {
+    const nlohmann::json& value = it.value();
+    // Fast path for the common case; TokenId() produces the error message otherwise.
+    int id = -1;
+    if (value.is_number_unsigned() && value.get<uint64_t>() <= INT32_MAX) {
+      id = static_cast<int>(value.get<uint64_t>());
+    } else {
+      RUBATO_ASSIGN_OR_RETURN(id,
+                              reader.TokenId(value, fmt::format("model.vocab[\"{}\"]", it.key())));
+    }
+    if (static_cast<size_t>(id) >= id_to_token_.size()) {
+      const size_t size = std::max<size_t>(id + 1, id_to_token_.size() * 3 / 2);
+      id_to_token_.resize(size);
+      id_present_.resize(size, false);
+    }
     if (id_present_[id]) {
-      return reader.Error(StatusCode::kDataLoss, "model.vocab",
-                          fmt::format("tokens '{}' and '{}' both have id {}", id_to_token_[id],
-                                      token, id));
+      return reader.Error(
+          StatusCode::kDataLoss, "model.vocab",
+          fmt::format("tokens '{}' and '{}' both have id {}", id_to_token_[id], it.key(), id));
     }
     id_present_[id] = true;
-    id_to_token_[id] = token;
+    id_to_token_[id] = it.key();
   }
+  // Trim to one past the largest id.
+  size_t limit = id_present_.size();
+  while (limit > 0 && !id_present_[limit - 1]) --limit;
+  id_to_token_.resize(limit);
+  id_present_.resize(limit);
+  id_to_token_.shrink_to_fit();
+  vocab_.Build(&id_to_token_, id_present_);  // keys of a JSON object are unique
   return Status::Ok();
 }
 
 Status BpeModel::LoadMerges(const nlohmann::json& merges, const JsonReader& reader) {
   RUBATO_RETURN_IF_ERROR(reader.ExpectArray(merges, "model.merges"));
-  merges_.reserve(merges.size());
+  merges_.Reserve(merges.size());
   std::string merged;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const nlohmann::json& entry = merges[rank];
@@ -72,9 +83,9 @@ Status BpeModel::LoadMerges(const nlohmann::json& merges, const JsonReader& read
       const std::string& text = entry.get_ref<const std::string&>();
       const size_t space = text.find(' ');
       if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
-        return reader.Error(StatusCode::kDataLoss, path,
-                            fmt::format("merge \"{}\" is not two tokens separated by one space",
-                                        text));
+        return reader.Error(
+            StatusCode::kDataLoss, path,
+            fmt::format("merge \"{}\" is not two tokens separated by one space", text));
       }
       left = std::string_view(text).substr(0, space);
       right = std::string_view(text).substr(space + 1);
@@ -85,13 +96,13 @@ Status BpeModel::LoadMerges(const nlohmann::json& merges, const JsonReader& read
     } else {
       return reader.TypeError(path, "a merge \"a b\" or a pair [\"a\", \"b\"]", entry);
     }
-    const auto left_it = vocab_.find(left);
-    const auto right_it = vocab_.find(right);
-    if (left_it == vocab_.end() || right_it == vocab_.end()) {
+    const int left_id = FindId(left);
+    const int right_id = FindId(right);
+    if (left_id < 0 || right_id < 0) {
       return reader.Error(StatusCode::kDataLoss, path,
                           fmt::format("merge of '{}' and '{}' refers to '{}', which is not in "
                                       "model.vocab",
-                                      left, right, left_it == vocab_.end() ? left : right));
+                                      left, right, left_id < 0 ? left : right));
     }
     if (right.size() < continuing_subword_prefix_.size()) {
       return reader.Error(StatusCode::kDataLoss, path,
@@ -101,16 +112,15 @@ Status BpeModel::LoadMerges(const nlohmann::json& merges, const JsonReader& read
     }
     merged.assign(left);
     merged.append(right.substr(continuing_subword_prefix_.size()));
-    const auto merged_it = vocab_.find(merged);
-    if (merged_it == vocab_.end()) {
+    const int merged_id = FindId(merged);
+    if (merged_id < 0) {
       return reader.Error(StatusCode::kDataLoss, path,
                           fmt::format("merge of '{}' and '{}' makes '{}', which is not in "
                                       "model.vocab",
                                       left, right, merged));
     }
     // A repeated pair keeps its last rank, as HF's HashMap collect does.
-    merges_[PairKey(left_it->second, right_it->second)] =
-        MergeResult{static_cast<int>(rank), merged_it->second};
+    merges_.Insert(left_id, right_id, {static_cast<int32_t>(rank), merged_id});
   }
   return Status::Ok();
 }
@@ -144,20 +154,20 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& model
   RUBATO_ASSIGN_OR_RETURN(std::string unk_token,
                           reader.OptionalString(model, "unk_token", "model", ""));
   if (!unk_token.empty()) {
-    const auto it = bpe->vocab_.find(unk_token);
-    if (it == bpe->vocab_.end()) {
+    const int unk_id = bpe->FindId(unk_token);
+    if (unk_id < 0) {
       return reader.Error(StatusCode::kDataLoss, "model.unk_token",
                           fmt::format("unk_token '{}' is not in model.vocab", unk_token));
     }
-    bpe->unk_id_ = it->second;
+    bpe->unk_id_ = unk_id;
   }
   return bpe;
 }
 
 std::optional<int> BpeModel::TokenToId(std::string_view token) const {
-  const auto it = vocab_.find(token);
-  if (it == vocab_.end()) return std::nullopt;
-  return it->second;
+  const int id = FindId(token);
+  if (id < 0) return std::nullopt;
+  return id;
 }
 
 const std::string* BpeModel::IdToToken(int id) const {
@@ -188,20 +198,20 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int>* ids) const {
     if (is_last) piece.append(end_of_word_suffix_);
     pos += length;
 
-    if (const auto it = vocab_.find(piece); it != vocab_.end()) {
+    if (const int id = FindId(piece); id >= 0) {
       if (pending_unk >= 0) {
         add_symbol(pending_unk);
         pending_unk = -1;
       }
-      add_symbol(it->second);
+      add_symbol(id);
       continue;
     }
     if (byte_fallback_) {
       std::vector<int> byte_ids;
       for (const char c : piece) {
-        const auto it = vocab_.find(fmt::format("<0x{:02X}>", static_cast<uint8_t>(c)));
-        if (it == vocab_.end()) break;
-        byte_ids.push_back(it->second);
+        const int id = FindId(fmt::format("<0x{:02X}>", static_cast<uint8_t>(c)));
+        if (id < 0) break;
+        byte_ids.push_back(id);
       }
       if (byte_ids.size() == piece.size()) {
         for (const int id : byte_ids) add_symbol(id);
@@ -218,12 +228,9 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int>* ids) const {
 
   // Merge loop (HF Word::merge_all without dropout).
   std::priority_queue<QueuedMerge, std::vector<QueuedMerge>, MergeOrder> queue;
-  auto find_merge = [this](int left, int right) -> const MergeResult* {
-    const auto it = merges_.find(PairKey(left, right));
-    return it == merges_.end() ? nullptr : &it->second;
-  };
+  auto find_merge = [this](int left, int right) { return merges_.Find(left, right); };
   for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-    if (const MergeResult* m = find_merge(symbols[i].id, symbols[i + 1].id)) {
+    if (const MergeIndex::Merge* m = find_merge(symbols[i].id, symbols[i + 1].id)) {
       queue.push({static_cast<int>(i), m->rank, m->new_id});
     }
   }
@@ -235,7 +242,7 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int>* ids) const {
     const int next_pos = current.next;
     const Symbol right = symbols[next_pos];
     // Skip entries made stale by earlier merges.
-    const MergeResult* still_valid = find_merge(current.id, right.id);
+    const MergeIndex::Merge* still_valid = find_merge(current.id, right.id);
     if (still_valid == nullptr || still_valid->new_id != top.new_id) continue;
 
     current.id = top.new_id;
@@ -244,12 +251,12 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int>* ids) const {
     if (right.next != -1) symbols[right.next].prev = top.pos;
 
     if (current.prev != -1) {
-      if (const MergeResult* m = find_merge(symbols[current.prev].id, current.id)) {
+      if (const MergeIndex::Merge* m = find_merge(symbols[current.prev].id, current.id)) {
         queue.push({current.prev, m->rank, m->new_id});
       }
     }
     if (current.next != -1) {
-      if (const MergeResult* m = find_merge(current.id, symbols[current.next].id)) {
+      if (const MergeIndex::Merge* m = find_merge(current.id, symbols[current.next].id)) {
         queue.push({top.pos, m->rank, m->new_id});
       }
     }
@@ -262,8 +269,8 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int>* ids) const {
 void BpeModel::Tokenize(std::string_view word, std::vector<int>* ids) const {
   if (word.empty()) return;
   if (ignore_merges_) {
-    if (const auto it = vocab_.find(word); it != vocab_.end()) {
-      ids->push_back(it->second);
+    if (const int id = FindId(word); id >= 0) {
+      ids->push_back(id);
       return;
     }
   }

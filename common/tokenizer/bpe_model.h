@@ -9,31 +9,28 @@
 // deterministic). Results for short words are cached; the cache is thread-safe.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
 #include "common/tokenizer/json_reader.h"
 #include "common/tokenizer/string_map.h"
+#include "common/tokenizer/vocab_index.h"
 
 namespace rubato {
-
-using TokenIdMap = StringMap<int>;
 
 class BpeModel {
  public:
   // `model` is the tokenizer.json "model" object (already checked to be of type BPE).
   static Result<std::unique_ptr<BpeModel>> FromJson(const nlohmann::json& model,
-                                                     const JsonReader& reader);
+                                                    const JsonReader& reader);
 
   // Appends the ids of one pre-tokenized word.
   void Tokenize(std::string_view word, std::vector<int>* ids) const;
@@ -43,27 +40,21 @@ class BpeModel {
   const std::string* IdToToken(int id) const;
   // One past the largest vocab id.
   int id_limit() const { return static_cast<int>(id_to_token_.size()); }
-  const TokenIdMap& vocab() const { return vocab_; }
 
  private:
-  struct MergeResult {
-    int rank;
-    int new_id;
-  };
-  static uint64_t PairKey(int left, int right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-           static_cast<uint32_t>(right);
-  }
-
   Status LoadVocab(const nlohmann::json& vocab, const JsonReader& reader);
   Status LoadMerges(const nlohmann::json& merges, const JsonReader& reader);
   // Splits `word` into vocab symbols and applies the merges (HF BPE::merge_word).
   void MergeWord(std::string_view word, std::vector<int>* ids) const;
 
-  TokenIdMap vocab_;
+  int FindId(std::string_view token) const { return vocab_.Find(token); }
+
   std::vector<std::string> id_to_token_;  // [id] -> token; "" where the vocab has a hole
   std::vector<bool> id_present_;          // [id] -> whether the vocab has this id
-  std::unordered_map<uint64_t, MergeResult> merges_;  // (left id, right id) -> rank, merged id
+  // token -> id; refers to id_to_token_, so BpeModel is neither copied nor moved (it lives
+  // behind a unique_ptr, and the cache mutex forbids both anyway).
+  TokenIndex vocab_;
+  MergeIndex merges_;  // (left id, right id) -> rank, merged id
   std::optional<int> unk_id_;
   bool fuse_unk_ = false;
   bool byte_fallback_ = false;

@@ -61,17 +61,16 @@ class ChatTemplate {
  private:
   Result<std::string> RenderChatMl(std::span<const ChatMessage> messages,
                                    bool add_generation_prompt, bool enable_thinking) const;
-  std::string RenderLlama3(std::span<const ChatMessage> messages,
-                           bool add_generation_prompt) const;
+  std::string RenderLlama3(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
 
   ChatTemplateKind kind_ = ChatTemplateKind::kNone;
   std::string bos_token_;
   std::string config_file_ = "tokenizer_config.json";
   bool config_present_ = false;
   std::optional<std::string> default_system_prompt_;  // ChatML: used when no system message
-  bool handles_think_ = false;              // ChatML: template processes </think> (Qwen3)
-  bool knows_enable_thinking_ = false;      // ChatML: template reads enable_thinking
-  bool generation_prompt_always_ = false;   // Llama-3: template ignores add_generation_prompt
+  bool handles_think_ = false;                        // ChatML: template processes </think> (Qwen3)
+  bool knows_enable_thinking_ = false;                // ChatML: template reads enable_thinking
+  bool generation_prompt_always_ = false;  // Llama-3: template ignores add_generation_prompt
 };
 
 // Python's str.strip() (Jinja's `trim`): removes leading/trailing characters for which

@@ -106,9 +106,9 @@ Result<int> JsonReader::TokenId(const nlohmann::json& value, std::string_view pa
   if (!value.is_number_integer()) return TypeError(path, "a token id (integer)", value);
   const int64_t id = value.get<int64_t>();
   if (id < 0 || id > std::numeric_limits<int>::max()) {
-    return Error(StatusCode::kDataLoss, path,
-                 fmt::format("token id {} is outside [0, {}]", id,
-                             std::numeric_limits<int>::max()));
+    return Error(
+        StatusCode::kDataLoss, path,
+        fmt::format("token id {} is outside [0, {}]", id, std::numeric_limits<int>::max()));
   }
   return static_cast<int>(id);
 }

@@ -22,10 +22,10 @@ Result<PostProcessor::Template> PostProcessor::ParseTemplate(const nlohmann::jso
     RUBATO_RETURN_IF_ERROR(reader.ExpectObject(item, item_path));
     if (const nlohmann::json* sequence = reader.OptionalField(item, "Sequence")) {
       const std::string sequence_path = JsonPathJoin(item_path, "Sequence");
-      RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* id, reader.Field(*sequence, "id",
-                                                                     sequence_path));
-      RUBATO_ASSIGN_OR_RETURN(std::string name, reader.String(*id, JsonPathJoin(sequence_path,
-                                                                                "id")));
+      RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* id,
+                              reader.Field(*sequence, "id", sequence_path));
+      RUBATO_ASSIGN_OR_RETURN(std::string name,
+                              reader.String(*id, JsonPathJoin(sequence_path, "id")));
       if (name != "A") {
         return reader.Error(StatusCode::kDataLoss, sequence_path,
                             fmt::format("the single-sequence template can only refer to "
@@ -46,9 +46,9 @@ Result<PostProcessor::Template> PostProcessor::ParseTemplate(const nlohmann::jso
     const nlohmann::json* entry =
         specials == nullptr ? nullptr : reader.OptionalField(*specials, name);
     if (entry == nullptr) {
-      return reader.Error(StatusCode::kDataLoss, special_path,
-                          fmt::format("special token '{}' is not defined in {}", name,
-                                      specials_path));
+      return reader.Error(
+          StatusCode::kDataLoss, special_path,
+          fmt::format("special token '{}' is not defined in {}", name, specials_path));
     }
     const std::string entry_path = fmt::format("{}[\"{}\"]", specials_path, name);
     RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* ids, reader.Field(*entry, "ids", entry_path));
@@ -90,8 +90,8 @@ Status PostProcessor::AppendTemplates(const nlohmann::json& spec, const JsonRead
                                   type));
 }
 
-Result<PostProcessor> PostProcessor::FromJson(const nlohmann::json* spec,
-                                              const JsonReader& reader, std::string_view path) {
+Result<PostProcessor> PostProcessor::FromJson(const nlohmann::json* spec, const JsonReader& reader,
+                                              std::string_view path) {
   PostProcessor processor;
   if (spec == nullptr || spec->is_null()) return processor;
   RUBATO_RETURN_IF_ERROR(AppendTemplates(*spec, reader, path, &processor.templates_));

@@ -21,10 +21,10 @@ Result<SplitBehavior> ParseBehavior(std::string_view name) {
   if (name == "Contiguous") return SplitBehavior::kContiguous;
   if (name == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
   if (name == "MergedWithNext") return SplitBehavior::kMergedWithNext;
-  return UnsupportedError(fmt::format(
-      "Split behavior '{}' is not known (expected Isolated, Removed, Contiguous, "
-      "MergedWithPrevious or MergedWithNext)",
-      name));
+  return UnsupportedError(
+      fmt::format("Split behavior '{}' is not known (expected Isolated, Removed, Contiguous, "
+                  "MergedWithPrevious or MergedWithNext)",
+                  name));
 }
 
 // HF NormalizedString::split: turns the (range, is_match) cover of a piece into
@@ -88,10 +88,9 @@ Result<PreTokenizer::SplitStep> PreTokenizer::ParseSplit(const nlohmann::json& s
                         "expected exactly one of {\"Regex\": ...} or {\"String\": ...}");
   }
   const bool literal = literal_text != nullptr;
-  RUBATO_ASSIGN_OR_RETURN(
-      std::string text,
-      reader.String(literal ? *literal_text : *regex_text,
-                    JsonPathJoin(pattern_path, literal ? "String" : "Regex")));
+  RUBATO_ASSIGN_OR_RETURN(std::string text,
+                          reader.String(literal ? *literal_text : *regex_text,
+                                        JsonPathJoin(pattern_path, literal ? "String" : "Regex")));
   Result<UnicodeRegex> regex = UnicodeRegex::Compile(text, literal);
   if (!regex.ok()) {
     return reader.Error(StatusCode::kDataLoss, pattern_path, regex.status().message());
@@ -227,4 +226,3 @@ void PreTokenizer::Split(std::string_view text, std::vector<std::string>* words)
 }
 
 }  // namespace rubato
-

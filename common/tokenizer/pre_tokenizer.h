@@ -9,7 +9,6 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-
 #include <optional>
 #include <string>
 #include <string_view>
@@ -50,8 +49,8 @@ class PreTokenizer {
                             std::string_view path, std::vector<Step>* steps);
   static Result<SplitStep> ParseSplit(const nlohmann::json& spec, const JsonReader& reader,
                                       std::string_view path);
-  static Result<ByteLevelStep> ParseByteLevel(const nlohmann::json& spec,
-                                              const JsonReader& reader, std::string_view path);
+  static Result<ByteLevelStep> ParseByteLevel(const nlohmann::json& spec, const JsonReader& reader,
+                                              std::string_view path);
   static void ApplySplit(const SplitStep& step, std::string_view piece,
                          std::vector<std::string>* out);
   static void ApplyByteLevel(const ByteLevelStep& step, std::string_view piece,

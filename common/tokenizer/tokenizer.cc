@@ -19,14 +19,13 @@ std::string FileLabel(const std::string& source, std::string_view file) {
 
 }  // namespace
 
-Result<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromDirectory(
-    const std::filesystem::path& dir) {
+Result<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromDirectory(const std::filesystem::path& dir) {
   Result<std::string> tokenizer_json = ReadTextFile(dir / "tokenizer.json");
   if (!tokenizer_json.ok()) {
     if (tokenizer_json.status().code() == StatusCode::kNotFound) {
-      return NotFoundError(fmt::format(
-          "{}: not found; a model directory needs the Hugging Face tokenizer.json",
-          (dir / "tokenizer.json").string()));
+      return NotFoundError(
+          fmt::format("{}: not found; a model directory needs the Hugging Face tokenizer.json",
+                      (dir / "tokenizer.json").string()));
     }
     return tokenizer_json.status();
   }
@@ -35,8 +34,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromDirectory(
   Result<std::string> config = ReadTextFile(config_path);
   if (config.ok()) {
     if (config->empty()) {
-      return DataLossError(fmt::format("{}: the file is empty (expected a JSON object)",
-                                       config_path.string()));
+      return DataLossError(
+          fmt::format("{}: the file is empty (expected a JSON object)", config_path.string()));
     }
     config_json = std::move(config).value();
   } else if (config.status().code() != StatusCode::kNotFound) {
@@ -94,23 +93,23 @@ Status Tokenizer::Build(std::string_view tokenizer_json, std::string_view tokeni
   RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* model_type, reader.Field(*model, "type", "model"));
   RUBATO_ASSIGN_OR_RETURN(std::string type, reader.String(*model_type, "model.type"));
   if (type != "BPE") {
-    return reader.Error(StatusCode::kUnsupported, "model.type",
-                        fmt::format("model type '{}' is not supported (rubato supports BPE)",
-                                    type));
+    return reader.Error(
+        StatusCode::kUnsupported, "model.type",
+        fmt::format("model type '{}' is not supported (rubato supports BPE)", type));
   }
   RUBATO_ASSIGN_OR_RETURN(model_, BpeModel::FromJson(*model, reader));
-  RUBATO_ASSIGN_OR_RETURN(normalizer_, Normalizer::FromJson(reader.OptionalField(json,
-                                                                                 "normalizer"),
-                                                            reader, "normalizer"));
-  RUBATO_ASSIGN_OR_RETURN(pre_tokenizer_,
-                          PreTokenizer::FromJson(reader.OptionalField(json, "pre_tokenizer"),
-                                                 reader, "pre_tokenizer"));
-  RUBATO_ASSIGN_OR_RETURN(added_vocabulary_,
-                          AddedVocabulary::FromJson(reader.OptionalField(json, "added_tokens"),
-                                                    reader, normalizer_));
-  RUBATO_ASSIGN_OR_RETURN(post_processor_,
-                          PostProcessor::FromJson(reader.OptionalField(json, "post_processor"),
-                                                  reader, "post_processor"));
+  RUBATO_ASSIGN_OR_RETURN(
+      normalizer_,
+      Normalizer::FromJson(reader.OptionalField(json, "normalizer"), reader, "normalizer"));
+  RUBATO_ASSIGN_OR_RETURN(
+      pre_tokenizer_,
+      PreTokenizer::FromJson(reader.OptionalField(json, "pre_tokenizer"), reader, "pre_tokenizer"));
+  RUBATO_ASSIGN_OR_RETURN(
+      added_vocabulary_,
+      AddedVocabulary::FromJson(reader.OptionalField(json, "added_tokens"), reader, normalizer_));
+  RUBATO_ASSIGN_OR_RETURN(
+      post_processor_, PostProcessor::FromJson(reader.OptionalField(json, "post_processor"), reader,
+                                               "post_processor"));
   RUBATO_RETURN_IF_ERROR(CheckDecoder(reader.OptionalField(json, "decoder"), reader));
 
   vocab_size_ = model_->id_limit();
@@ -120,9 +119,9 @@ Status Tokenizer::Build(std::string_view tokenizer_json, std::string_view tokeni
   BuildDecodeTable();
 
   const std::string config_file = FileLabel(source, "tokenizer_config.json");
-  RUBATO_ASSIGN_OR_RETURN(TokenizerConfig config,
-                          TokenizerConfig::FromJson(tokenizer_config_json,
-                                                    JsonReader(config_file)));
+  RUBATO_ASSIGN_OR_RETURN(
+      TokenizerConfig config,
+      TokenizerConfig::FromJson(tokenizer_config_json, JsonReader(config_file)));
   auto resolve = [&](const std::optional<std::string>& token, std::string_view field,
                      std::optional<int>* id) {
     if (!token.has_value()) return;

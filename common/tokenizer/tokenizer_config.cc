@@ -6,8 +6,7 @@ namespace rubato {
 namespace {
 
 Result<std::optional<std::string>> ReadTokenField(const nlohmann::json& config,
-                                                  std::string_view key,
-                                                  const JsonReader& reader) {
+                                                  std::string_view key, const JsonReader& reader) {
   const nlohmann::json* field = reader.OptionalField(config, key);
   if (field == nullptr) return std::optional<std::string>();
   if (field->is_string()) return std::optional<std::string>(field->get<std::string>());
@@ -33,7 +32,8 @@ Result<std::optional<std::string>> ReadChatTemplate(const nlohmann::json& config
     const nlohmann::json& entry = (*field)[i];
     const std::string path = JsonPathIndex("chat_template", i);
     RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* name, reader.Field(entry, "name", path));
-    RUBATO_ASSIGN_OR_RETURN(std::string name_text, reader.String(*name, JsonPathJoin(path, "name")));
+    RUBATO_ASSIGN_OR_RETURN(std::string name_text,
+                            reader.String(*name, JsonPathJoin(path, "name")));
     if (name_text != "default") continue;
     RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* text, reader.Field(entry, "template", path));
     RUBATO_ASSIGN_OR_RETURN(std::string template_text,
@@ -45,8 +45,7 @@ Result<std::optional<std::string>> ReadChatTemplate(const nlohmann::json& config
 
 }  // namespace
 
-Result<TokenizerConfig> TokenizerConfig::FromJson(std::string_view text,
-                                                  const JsonReader& reader) {
+Result<TokenizerConfig> TokenizerConfig::FromJson(std::string_view text, const JsonReader& reader) {
   TokenizerConfig config;
   if (text.empty()) return config;
   config.present = true;

@@ -115,8 +115,8 @@ TEST_P(TokenizerParityTest, MatchesHuggingFace) {
     const std::string round_trip = tokenizer.Decode(plain);
     const std::string expected_round_trip = nfc ? NfcNormalize(text) : text;
     if (round_trip != expected_round_trip && ++round_trip_mismatches <= kMaxReported) {
-      ADD_FAILURE() << name << " decode(encode(s)) differs for string " << i << " "
-                    << Escaped(text) << ": got " << Escaped(round_trip);
+      ADD_FAILURE() << name << " decode(encode(s)) differs for string " << i << " " << Escaped(text)
+                    << ": got " << Escaped(round_trip);
     }
   }
   const double encode_seconds =
@@ -129,8 +129,7 @@ TEST_P(TokenizerParityTest, MatchesHuggingFace) {
               name.c_str(), load_seconds, data.strings.size(), encode_seconds);
 }
 
-INSTANTIATE_TEST_SUITE_P(RealTokenizers, TokenizerParityTest,
-                         ::testing::Values("qwen3", "llama3"),
+INSTANTIATE_TEST_SUITE_P(RealTokenizers, TokenizerParityTest, ::testing::Values("qwen3", "llama3"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

@@ -79,19 +79,17 @@ std::string TranslateOnigurumaWhitespace(std::string_view pattern) {
 void UnicodeRegex::CodeDeleter::operator()(void* code) const { pcre2_code_free(Code(code)); }
 
 Result<UnicodeRegex> UnicodeRegex::Compile(std::string_view pattern, bool literal) {
-  const std::string translated = literal ? std::string(pattern)
-                                         : TranslateOnigurumaWhitespace(pattern);
-  uint32_t options = PCRE2_UTF | PCRE2_UCP;
-  if (literal) options |= PCRE2_LITERAL;
+  const std::string translated =
+      literal ? std::string(pattern) : TranslateOnigurumaWhitespace(pattern);
+  // PCRE2_LITERAL admits only a few other options, and UCP means nothing for a literal.
+  const uint32_t options = literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP);
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options,
-                    &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()),
+                                   translated.size(), options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     return InvalidArgumentError(fmt::format("regex '{}' does not compile (PCRE2, at offset {}): {}",
-                                            pattern, error_offset,
-                                            Pcre2ErrorMessage(error_code)));
+                                            pattern, error_offset, Pcre2ErrorMessage(error_code)));
   }
   // JIT is an optimisation only: when unavailable, pcre2_match interprets the pattern.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
@@ -109,18 +107,17 @@ std::vector<UnicodeRegex::Match> UnicodeRegex::FindAll(std::string_view text) co
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t offset = 0;
   while (offset <= text.size()) {
-    int rc = pcre2_match(Code(code_.get()), subject, text.size(), offset,
-                         PCRE2_NO_UTF_CHECK, match_data.get(), nullptr);
+    int rc = pcre2_match(Code(code_.get()), subject, text.size(), offset, PCRE2_NO_UTF_CHECK,
+                         match_data.get(), nullptr);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
       // The JIT stack is small; the interpreter keeps its backtracking state on the heap.
       rc = pcre2_match(Code(code_.get()), subject, text.size(), offset,
-                       PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match_data.get(),
-                       nullptr);
+                       PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match_data.get(), nullptr);
     }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
-      RUBATO_LOG_WARN("tokenizer", "regex '{}' gave up at byte {} of a {}-byte text: {}",
-                      pattern_, offset, text.size(), Pcre2ErrorMessage(rc));
+      RUBATO_LOG_WARN("tokenizer", "regex '{}' gave up at byte {} of a {}-byte text: {}", pattern_,
+                      offset, text.size(), Pcre2ErrorMessage(rc));
       break;
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match_data.get());
