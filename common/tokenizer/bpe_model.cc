@@ -47,6 +47,11 @@ Status BpeModel::LoadVocab(const nlohmann::json& vocab, const JsonReader& reader
       RUBATO_ASSIGN_OR_RETURN(id,
                               reader.TokenId(value, fmt::format("model.vocab[\"{}\"]", it.key())));
     }
+    if (static_cast<size_t>(id) >= vocab.size() + kMaxIdGap) {
+      return reader.Error(
+          StatusCode::kDataLoss, fmt::format("model.vocab[\"{}\"]", it.key()),
+          fmt::format("id {} is far beyond the {} tokens of the vocab", id, vocab.size()));
+    }
     if (static_cast<size_t>(id) >= id_to_token_.size()) {
       const size_t size = std::max<size_t>(id + 1, id_to_token_.size() * 3 / 2);
       id_to_token_.resize(size);

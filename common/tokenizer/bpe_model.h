@@ -28,6 +28,10 @@ namespace rubato {
 
 class BpeModel {
  public:
+  // Ids may leave holes, but an id this far beyond the number of tokens is taken for a broken
+  // file (tables are indexed by id).
+  static constexpr size_t kMaxIdGap = size_t{1} << 20;
+
   // `model` is the tokenizer.json "model" object (already checked to be of type BPE).
   static Result<std::unique_ptr<BpeModel>> FromJson(const nlohmann::json& model,
                                                     const JsonReader& reader);

@@ -113,7 +113,13 @@ Status Tokenizer::Build(std::string_view tokenizer_json, std::string_view tokeni
   RUBATO_RETURN_IF_ERROR(CheckDecoder(reader.OptionalField(json, "decoder"), reader));
 
   vocab_size_ = model_->id_limit();
+  const size_t id_bound = vocab_size_ + added_vocabulary_.tokens().size() + BpeModel::kMaxIdGap;
   for (const AddedToken& token : added_vocabulary_.tokens()) {
+    if (static_cast<size_t>(token.id) >= id_bound) {
+      return reader.Error(StatusCode::kDataLoss, "added_tokens",
+                          fmt::format("token '{}' has id {}, far beyond the {} ids of the vocab",
+                                      token.content, token.id, model_->id_limit()));
+    }
     vocab_size_ = std::max(vocab_size_, token.id + 1);
   }
   BuildDecodeTable();
