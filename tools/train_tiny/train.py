@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""Trains rubato's bundled tiny model: a Qwen3-architecture decoder that really depends on
+long-range attention, for the accuracy suite (bench/accuracy) and the embedded default.
+
+Data (a pure function of --seed and the row index, so a resumed run sees exactly the rows a
+single run would have seen):
+  * natural text: .cache/corpus/train.txt(.gz) from tools/train_tiny/extract_corpus.sh
+    (Debian's bible-kjv and fortunes; the accuracy suite's filler is held out);
+  * synthetic long-context instances from bench/accuracy/tasks.py (passkey, multi-key needle
+    with distractors, key-value recall, variable tracking) with that natural-text filler,
+    target lengths 128-8000 tokens and depths uniform in [0, 1].
+Each training row is 8192 (+1) tokens packed with documents, each ending in <|endoftext|>.
+Loss: mean cross-entropy over all tokens plus the mean over answer tokens (weight
+--answer-weight), so that the few answer tokens of a long instance still teach retrieval.
+
+Model: Qwen3ForCausalLM (transformers), GQA 8 query / 2 KV heads, head_dim 32, hidden 256,
+6 layers, tied embeddings, vocab 4096 (byte-level BPE trained here with `tokenizers`),
+context 8192, rope_theta 100000. bf16 autocast, fp32 master weights, AdamW.
+
+Resumable: each call trains until --time-budget-s, then writes a checkpoint (model fp32,
+AdamW moments bf16, step) split into <= 15 MB parts under --out; pass that folder back as
+--resume on the next call. When --steps are done it exports the Hugging Face checkpoint
+(config.json, model.safetensors bf16, tokenizer.json, tokenizer_config.json) to --out/model/
+and runs a quick GPU accuracy check. Run it through scripts/gpu/train_tiny.sh.
+"""
+import argparse
+import gzip
+import io
+import json
+import math
+import os
+import random
+import sys
+import time
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import processors, trainers
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "accuracy"))
+import tasks  # noqa: E402
+
+SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+         r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+ROW_TOKENS = 8192
+TASK_WEIGHTS = {"passkey": 0.2, "multikey": 0.3, "kv_recall": 0.25, "vartrack": 0.25}
+CHARS_PER_TOKEN_GUESS = 3.5  # only sizes filler; rows are cut to exact token counts
+
+
+def read_lines(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f if line.strip()]
+
+
+def train_tokenizer(lines, words, vocab_size, seed):
+    filler = tasks.FillerText(lines)
+    rng = random.Random(f"{seed}/tokenizer")
+    counter = tasks.chars_counter(CHARS_PER_TOKEN_GUESS)
+    samples = [tasks.make_instance(t, rng, filler, words, 256, rng.random(), counter)["prompt"]
+               for t in tasks.TASKS for _ in range(500)]
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(lines + samples, trainer)
+    return tok
+
+
+class RowStream(torch.utils.data.IterableDataset):
+    """Yields (tokens [B][ROW+1] int64, weights [B][ROW+1] uint8) for batches start, start+1, ...
+    Weight 0: padding (never used: rows are filled), 1: text, 2: answer token."""
+
+    def __init__(self, tokenizer_json, lines, words, args, start_batch):
+        self.tokenizer_json, self.lines, self.words = tokenizer_json, lines, words
+        self.seed, self.batch_size, self.start_batch = args.seed, args.batch_size, start_batch
+        self.task_share, self.short_share = args.task_share, args.short_share
+        # Phase 1 rows are seeded "{seed}/row/{r}"; later phases add their name.
+        self.row_prefix = f"{args.seed}/{args.phase}/row" if args.phase else f"{args.seed}/row"
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info else (1, 0)
+        tok = Tokenizer.from_str(self.tokenizer_json)
+        filler = tasks.FillerText(self.lines)
+        eos = tok.token_to_id("<|endoftext|>")
+        b = self.start_batch + worker
+        while True:
+            rows = [self.make_row(tok, filler, eos, b * self.batch_size + i)
+                    for i in range(self.batch_size)]
+            yield (torch.tensor([r[0] for r in rows], dtype=torch.int64),
+                   torch.tensor([r[1] for r in rows], dtype=torch.uint8))
+            b += workers
+
+    def make_row(self, tok, filler, eos, row_index):
+        rng = random.Random(f"{self.row_prefix}/{row_index}")
+        counter = tasks.chars_counter(CHARS_PER_TOKEN_GUESS)
+        ids, weights, need = [], [], ROW_TOKENS + 1
+        while len(ids) < need:
+            room = need - len(ids)
+            if room >= 160 and rng.random() < self.task_share:
+                task = rng.choices(list(TASK_WEIGHTS), weights=list(TASK_WEIGHTS.values()))[0]
+                if rng.random() < self.short_share:
+                    target = int(math.exp(rng.uniform(math.log(128), math.log(2048))))
+                else:
+                    target = rng.randint(2048, 8000)
+                target = min(target, int(room * 0.9))
+                inst = tasks.make_instance(task, rng, filler, self.words, target, rng.random(),
+                                           counter)
+                prompt = tok.encode(inst["prompt"]).ids
+                answer = tok.encode(" " + inst["answer"] + ".").ids
+                if len(prompt) + len(answer) + 1 > room:
+                    # The character estimate overshot: cut the front of the prompt, keeping
+                    # the question and the answer (a fact cut away makes it unanswerable, so
+                    # drop the answer weight then).
+                    keep = room - len(answer) - 1
+                    cut = len(prompt) - keep
+                    prompt = prompt[cut:]
+                    answer_weight = 1
+                else:
+                    answer_weight = 2
+                ids += prompt + answer + [eos]
+                weights += [1] * len(prompt) + [answer_weight] * len(answer) + [1]
+            else:
+                start = rng.randrange(len(self.lines))
+                text = " ".join(self.lines[start:start + 64])
+                doc = tok.encode(text).ids[:room - 1] + [eos]
+                ids += doc
+                weights += [1] * len(doc)
+        return ids[:need], weights[:need]
+
+
+def model_config(vocab_size, eos_id):
+    return Qwen3Config(
+        vocab_size=vocab_size, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=32, hidden_act="silu",
+        max_position_embeddings=ROW_TOKENS, rms_norm_eps=1e-6, rope_theta=100000.0,
+        tie_word_embeddings=True, attention_bias=False, use_sliding_window=False,
+        bos_token_id=None, eos_token_id=eos_id, pad_token_id=eos_id)
+
+
+def lr_at(step, total, peak, warmup):
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def save_checkpoint(out_dir, model, optimizer, step, tokenizer_json):
+    """model fp32 + AdamW moments bf16 + step, split into <= 15 MB files ckpt.partN."""
+    state = {"step": step, "model": model.state_dict(), "tokenizer": tokenizer_json,
+             "optimizer": {"state": {}, "param_groups": optimizer.state_dict()["param_groups"]}}
+    for k, v in optimizer.state_dict()["state"].items():
+        state["optimizer"]["state"][k] = {
+            name: (t.to(torch.bfloat16) if torch.is_tensor(t) and t.dim() > 0 else t)
+            for name, t in v.items()}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data, part = buf.getvalue(), 15 * 1024 * 1024
+    for old in os.listdir(out_dir):
+        if old.startswith("ckpt.part"):
+            os.remove(os.path.join(out_dir, old))
+    for i in range(0, len(data), part):
+        with open(os.path.join(out_dir, f"ckpt.part{i // part}"), "wb") as f:
+            f.write(data[i:i + part])
+    print(f"checkpoint at step {step}: {len(data) / 1e6:.1f} MB in "
+          f"{math.ceil(len(data) / part)} parts", flush=True)
+
+
+def load_checkpoint(resume_dir):
+    parts = sorted((p for p in os.listdir(resume_dir) if p.startswith("ckpt.part")),
+                   key=lambda p: int(p[len("ckpt.part"):]))
+    data = b"".join(open(os.path.join(resume_dir, p), "rb").read() for p in parts)
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def export(model, tok, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    cfg = model.config.to_dict()
+    config = {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "vocab_size": cfg["vocab_size"], "hidden_size": cfg["hidden_size"],
+        "intermediate_size": cfg["intermediate_size"],
+        "num_hidden_layers": cfg["num_hidden_layers"],
+        "num_attention_heads": cfg["num_attention_heads"],
+        "num_key_value_heads": cfg["num_key_value_heads"], "head_dim": cfg["head_dim"],
+        "hidden_act": "silu", "rms_norm_eps": cfg["rms_norm_eps"],
+        "rope_theta": 100000.0, "rope_scaling": None,
+        "max_position_embeddings": cfg["max_position_embeddings"],
+        "tie_word_embeddings": True, "attention_bias": False, "use_sliding_window": False,
+        "sliding_window": None, "max_window_layers": cfg["num_hidden_layers"],
+        "torch_dtype": "bfloat16", "bos_token_id": None,
+        "eos_token_id": tok.token_to_id("<|endoftext|>"), "use_cache": True,
+    }
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    weights = {k: v.detach().to(torch.bfloat16).contiguous().cpu()
+               for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(weights, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
+                   "model_max_length": ROW_TOKENS, "bos_token": None,
+                   "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+                   "chat_template": CHATML_TEMPLATE, "clean_up_tokenization_spaces": False},
+                  f, indent=2)
+
+
+@torch.no_grad()
+def quick_accuracy(model, tok, filler_path, words, seed):
+    """Greedy exact match on held-out filler, 10 instances per task x length (GPU, bf16)."""
+    filler = tasks.FillerText.from_file(filler_path)
+    count = lambda text: len(tok.encode(text).ids)  # noqa: E731
+    results = {}
+    model.eval()
+    for task in tasks.TASKS:
+        for length in (2048, 4096, 7800):
+            correct = 0
+            for i in range(10):
+                depth = i / 9
+                inst = tasks.make_instance(task, tasks.instance_rng(seed, task, length, depth, i),
+                                           filler, words, length, depth, count)
+                ids = torch.tensor([tok.encode(inst["prompt"]).ids], device="cuda")
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = model.generate(ids, max_new_tokens=24, do_sample=False,
+                                         pad_token_id=tok.token_to_id("<|endoftext|>"))
+                text = tok.decode(out[0, ids.shape[1]:].tolist())
+                correct += tasks.score(text, inst["answer"])
+            results[f"{task}@{length}"] = correct / 10
+    model.train()
+    return results
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpus", default=".cache/corpus/train.txt.gz")
+    p.add_argument("--words", default="bench/accuracy/data/words.txt")
+    p.add_argument("--eval-filler", default="bench/accuracy/data/filler.txt")
+    p.add_argument("--out", required=True)
+    p.add_argument("--resume", default=None, help="folder holding ckpt.part* of a previous call")
+    p.add_argument("--seed", type=int, default=20261121)
+    p.add_argument("--steps", type=int, default=2400)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--answer-weight", type=float, default=1.0)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--time-budget-s", type=float, default=480)
+    p.add_argument("--task-share", type=float, default=0.8,
+                   help="probability that the next document of a row is a task instance")
+    p.add_argument("--short-share", type=float, default=0.5,
+                   help="share of instances with 128-2048 tokens (the rest 2048-8000)")
+    p.add_argument("--phase", default="", help="names a later training phase (seeds its rows)")
+    p.add_argument("--init-from", default=None,
+                   help="start from an exported model folder (weights + tokenizer), fresh AdamW")
+    args = p.parse_args()
+    t0 = time.time()
+    os.makedirs(args.out, exist_ok=True)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    lines = read_lines(args.corpus)
+    words = [w for w in open(args.words).read().split() if w]
+
+    state = load_checkpoint(args.resume) if args.resume else None
+    if state:
+        tok = Tokenizer.from_str(state["tokenizer"])
+    elif args.init_from:
+        tok = Tokenizer.from_file(os.path.join(args.init_from, "tokenizer.json"))
+    else:
+        tok = train_tokenizer(lines, words, args.vocab, args.seed)
+    tokenizer_json = tok.to_str()
+    print(f"corpus {len(lines)} lines; tokenizer {tok.get_vocab_size()} tokens "
+          f"({time.time() - t0:.0f}s)", flush=True)
+
+    model = Qwen3ForCausalLM(model_config(args.vocab, tok.token_to_id("<|endoftext|>")))
+    model.config._attn_implementation = "sdpa"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
+                                  weight_decay=0.1, eps=1e-8)
+    step = 0
+    if state:
+        model.load_state_dict(state["model"])
+        step = state["step"]
+    elif args.init_from:
+        weights = load_file(os.path.join(args.init_from, "model.safetensors"))
+        missing, unexpected = model.load_state_dict(
+            {k: v.float() for k, v in weights.items()}, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        model.tie_weights()
+    model.cuda().train()
+    if state:
+        opt_state = state["optimizer"]
+        for v in opt_state["state"].values():
+            for name, t in v.items():
+                if torch.is_tensor(t) and t.dim() > 0:
+                    v[name] = t.float()
+        optimizer.load_state_dict(opt_state)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model {n_params / 1e6:.2f} M parameters; starting at step {step}/{args.steps}",
+          flush=True)
+
+    stream = RowStream(tokenizer_json, lines, words, args, step)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
+                                         prefetch_factor=4, persistent_workers=False)
+    tokens_seen, t_train = 0, time.time()
+    for batch, weights in loader:
+        if step >= args.steps or time.time() - t0 > args.time_budget_s:
+            break
+        batch, weights = batch.cuda(non_blocking=True), weights.cuda(non_blocking=True)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(input_ids=batch[:, :-1]).logits
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                             batch[:, 1:].reshape(-1), reduction="none")
+        w = weights[:, 1:].reshape(-1)
+        lm_loss = ce[w > 0].mean()
+        answer = w == 2
+        answer_loss = ce[answer].mean() if answer.any() else torch.zeros((), device=ce.device)
+        loss = lm_loss + args.answer_weight * answer_loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        tokens_seen += batch.shape[0] * ROW_TOKENS
+        if step % 25 == 0 or step == 1:
+            rate = tokens_seen / (time.time() - t_train)
+            print(f"step {step} lm {lm_loss.item():.3f} answer {answer_loss.item():.3f} "
+                  f"lr {optimizer.param_groups[0]['lr']:.2e} {rate / 1e3:.0f}k tok/s "
+                  f"t={time.time() - t0:.0f}s", flush=True)
+
+    if step < args.steps:
+        save_checkpoint(args.out, model, optimizer, step, tokenizer_json)
+        print(f"RESUME: {step}/{args.steps} steps done", flush=True)
+        return
+    export(model, tok, os.path.join(args.out, "model"))
+    acc = quick_accuracy(model, tok, args.eval_filler, words, args.seed)
+    print("quick accuracy (bf16, GPU, 10 each):", json.dumps(acc), flush=True)
+    with open(os.path.join(args.out, "model", "training_log.json"), "w") as f:
+        json.dump({"steps": step, "seed": args.seed, "batch_size": args.batch_size,
+                   "row_tokens": ROW_TOKENS, "lr": args.lr, "answer_weight": args.answer_weight,
+                   "phase": args.phase, "init_from": args.init_from,
+                   "task_share": args.task_share, "short_share": args.short_share,
+                   "parameters": n_params, "quick_accuracy": acc,
+                   "torch": torch.__version__}, f, indent=1)
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()
