@@ -1,6 +1,8 @@
 // The `rubato` command. Subcommands:
 //   rubato generate --model DIR --prompt TEXT [--max-tokens N --temperature T --top-p P
 //                   --top-k K --seed S --policy NAME --config FILE --chat --threads N]
+//   rubato tokenize --model DIR [--count --add-special-tokens]
+//                   (stdin: one JSON string per line; stdout: ids or counts, one line each)
 // Every error ends the process with one line on stderr ("rubato: error: ...") and exit 1;
 // command-line syntax errors exit 2.
 #include <CLI/CLI.hpp>
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "inference_rank/cli/generate_command.h"
+#include "inference_rank/cli/tokenize_command.h"
 
 namespace {
 
@@ -46,6 +49,14 @@ int main(int argc, char** argv) {
   generate->add_option("--threads", gen.threads, "CPU threads (overrides engine.threads)")
       ->check(CLI::Range(0, 1024));
 
+  rubato::TokenizeArgs tok;
+  CLI::App* tokenize = app.add_subcommand(
+      "tokenize", "Token ids (or counts) of JSON strings read from stdin, one per line");
+  tokenize->add_option("--model", tok.model_dir, "Hugging Face model directory")->required();
+  tokenize->add_flag("--count", tok.count_only, "Print the number of tokens, not the ids");
+  tokenize->add_flag("--add-special-tokens", tok.add_special_tokens,
+                     "Run the post-processor (adds BOS where the model has one)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -61,6 +72,10 @@ int main(int argc, char** argv) {
   try {
     if (*generate) {
       const rubato::Status status = rubato::RunGenerate(gen);
+      if (!status.ok()) return PrintError(status.message(), 1);
+    }
+    if (*tokenize) {
+      const rubato::Status status = rubato::RunTokenize(tok, stdin, stdout);
       if (!status.ok()) return PrintError(status.message(), 1);
     }
   } catch (const std::exception& e) {
