@@ -1,11 +1,12 @@
 // The accuracy suite's instance reader and scoring: scoring must agree with tasks.score in
 // bench/accuracy/tasks.py (the cases below were checked against it), and bad instance files
-// must end in errors that name the file and line.
+// must end in errors that name the file and line; instances that cannot run are named too.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <string>
 
+#include "bench/accuracy/accuracy_eval.h"
 #include "bench/accuracy/accuracy_instance.h"
 #include "common/test_temp_dir.h"
 
@@ -90,6 +91,38 @@ TEST_F(AccuracyInstanceFile, ErrorsNameFileAndLine) {
         << instances.status().message();
   }
   EXPECT_FALSE(LoadAccuracyInstances(dir_.path() / "absent.jsonl").ok());
+}
+
+AccuracyInstance InstanceWithPrompt(std::string prompt) {
+  AccuracyInstance instance;
+  instance.id = "passkey/8192/0/0";
+  instance.task = "passkey";
+  instance.length = 8192;
+  instance.prompt = std::move(prompt);
+  instance.answer = "1";
+  return instance;
+}
+
+TEST(AccuracyEvalErrors, InstanceLongerThanTheContextIsNamed) {
+  RubatoConfig config = DefaultConfig();
+  config.model.path = "models/tiny-qwen3-longctx";  // 8192-token context
+  std::string prompt;
+  for (int i = 0; i < 8200; ++i) prompt += " 7";  // at least one token per repetition
+  const std::vector<AccuracyInstance> instances = {InstanceWithPrompt(prompt)};
+  const auto result = RunAccuracyEval(config, instances, AccuracyEvalOptions{});
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(result.status().message().find("instance 'passkey/8192/0/0' has"), std::string::npos)
+      << result.status().message();
+}
+
+TEST(AccuracyEvalErrors, MissingModelDirectory) {
+  RubatoConfig config = DefaultConfig();
+  config.model.path = "/nonexistent/model";
+  const std::vector<AccuracyInstance> instances = {InstanceWithPrompt("x")};
+  const auto result = RunAccuracyEval(config, instances, AccuracyEvalOptions{});
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().message(), "model directory '/nonexistent/model' does not exist");
 }
 
 }  // namespace
