@@ -106,8 +106,14 @@ void CpuModel::SetNumThreads(int num_threads) {
 
 // ---- forward --------------------------------------------------------------------------------
 
-Status CpuModel::ValidateBatch(std::span<const ForwardEntry> batch,
-                               const PagedKvCache& cache) const {
+Status CpuModel::ValidateBatch(std::span<const ForwardEntry> batch, const PagedKvCache& cache,
+                               const AttentionWindow& window) const {
+  if (window.sink_tokens < 0 || window.recent_tokens < 1) {
+    return InvalidArgumentError("forward: attention window with sink " +
+                                std::to_string(window.sink_tokens) + " and recent " +
+                                std::to_string(window.recent_tokens) +
+                                "; sink must be >= 0 and recent >= 1");
+  }
   const KvCacheShape& shape = cache.shape();
   if (shape.num_layers != config_.num_layers || shape.num_kv_heads != config_.num_kv_heads ||
       shape.head_dim != config_.head_dim) {
@@ -167,14 +173,20 @@ Status CpuModel::ReserveBlocks(std::span<const ForwardEntry> batch, PagedKvCache
 void CpuModel::PlanBatch(std::span<const ForwardEntry> batch) {
   plan_.clear();
   total_tokens_ = 0;
-  int max_keys = 0;
+  int scratch_floats = 0;
   for (const ForwardEntry& entry : batch) {
     const int tokens = static_cast<int>(entry.tokens.size());
     plan_.push_back(EntryPlan{total_tokens_, tokens, entry.start_position, entry.sequence});
     total_tokens_ += tokens;
-    max_keys = std::max(max_keys, entry.start_position + tokens);
+    CausalAttentionArgs shape_only;  // the scratch size depends on sizes only
+    shape_only.tokens = tokens;
+    shape_only.start_position = entry.start_position;
+    shape_only.num_heads = config_.num_heads;
+    shape_only.kv.num_kv_heads = config_.num_kv_heads;
+    shape_only.kv.head_dim = config_.head_dim;
+    scratch_floats = std::max(scratch_floats, CausalAttentionScratchSize(shape_only));
   }
-  EnsureWorkspace(total_tokens_, max_keys);
+  EnsureWorkspace(total_tokens_, scratch_floats);
   for (const ForwardEntry& entry : batch) {
     const EntryPlan& p = plan_[static_cast<size_t>(&entry - batch.data())];
     for (int i = 0; i < p.tokens; ++i) {
@@ -184,7 +196,7 @@ void CpuModel::PlanBatch(std::span<const ForwardEntry> batch) {
   }
 }
 
-void CpuModel::EnsureWorkspace(int total_tokens, int max_keys) {
+void CpuModel::EnsureWorkspace(int total_tokens, int attention_scratch_floats) {
   const size_t t = static_cast<size_t>(total_tokens);
   Grow(token_ids_, t);
   Grow(positions_, t);
@@ -200,18 +212,18 @@ void CpuModel::EnsureWorkspace(int total_tokens, int max_keys) {
   Grow(rope_cos_, t * (config_.head_dim / 2));
   Grow(rope_sin_, t * (config_.head_dim / 2));
   for (std::vector<float>& scratch : attention_scratch_) {
-    Grow(scratch, static_cast<size_t>(max_keys));
+    Grow(scratch, static_cast<size_t>(attention_scratch_floats));
   }
 }
 
 Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache,
-                         ForwardResult& result) {
+                         ForwardResult& result, const AttentionWindow& window) {
   result.vocab_size = config_.vocab_size;
   result.logits.clear();
   result.entry_first_row.assign(batch.size(), 0);
   result.entry_row_count.assign(batch.size(), 0);
   if (batch.empty()) return Status::Ok();
-  RUBATO_RETURN_IF_ERROR(ValidateBatch(batch, cache));
+  RUBATO_RETURN_IF_ERROR(ValidateBatch(batch, cache, window));
   RUBATO_RETURN_IF_ERROR(ReserveBlocks(batch, cache));
   try {
     PlanBatch(batch);
@@ -223,7 +235,7 @@ Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cach
     // One cos/sin table per forward: every layer rotates the same positions.
     RopeCosSin(std::span<const int>(positions_.data(), static_cast<size_t>(total_tokens_)),
                inv_freq_, rope_cos_.data(), rope_sin_.data());
-    for (int layer = 0; layer < config_.num_layers; ++layer) DecoderLayer(layer, cache);
+    for (int layer = 0; layer < config_.num_layers; ++layer) DecoderLayer(layer, cache, window);
     for (const ForwardEntry& entry : batch) {
       entry.sequence->num_tokens = entry.start_position + static_cast<int>(entry.tokens.size());
     }
@@ -235,7 +247,7 @@ Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cach
   return Status::Ok();
 }
 
-void CpuModel::DecoderLayer(int layer, PagedKvCache& cache) {
+void CpuModel::DecoderLayer(int layer, PagedKvCache& cache, const AttentionWindow& window) {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
   const int tokens = total_tokens_;
   const int hidden = config_.hidden_size;
@@ -243,7 +255,7 @@ void CpuModel::DecoderLayer(int layer, PagedKvCache& cache) {
   const int64_t count = static_cast<int64_t>(tokens) * hidden;
 
   RmsNorm(hidden_.data(), w.input_norm.data(), tokens, hidden, eps, normed_.data());
-  SelfAttention(layer, cache);
+  SelfAttention(layer, cache, window);
   AddInPlace(hidden_.data(), projected_.data(), count);
 
   RmsNorm(hidden_.data(), w.post_attention_norm.data(), tokens, hidden, eps, normed_.data());
@@ -251,7 +263,7 @@ void CpuModel::DecoderLayer(int layer, PagedKvCache& cache) {
   AddInPlace(hidden_.data(), projected_.data(), count);
 }
 
-void CpuModel::SelfAttention(int layer, PagedKvCache& cache) {
+void CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWindow& window) {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
   const int tokens = total_tokens_;
   const int hidden = config_.hidden_size;
@@ -287,7 +299,8 @@ void CpuModel::SelfAttention(int layer, PagedKvCache& cache) {
                              p.tokens,
                              p.start_position,
                              heads,
-                             cache.LayerView(layer, *p.sequence)};
+                             cache.LayerView(layer, *p.sequence),
+                             window};
     CausalAttentionForKvHead(args, item % kv_heads,
                              attention_scratch_[static_cast<size_t>(worker)].data());
   });

@@ -5,8 +5,9 @@
 // A forward takes a batch of entries, each one sequence's new tokens (a prefill chunk or one
 // decode token) at its next positions. The tokens of all entries are concatenated into one
 // [tokens][hidden] activation so that every linear layer is one sgemm over the whole batch;
-// attention runs per entry against that entry's paged K/V (causal within the chunk). Feeding a
-// prompt in chunks gives the same logits as feeding it at once, to fp32 rounding.
+// attention runs per entry against that entry's paged K/V (causal within the chunk, restricted to
+// the batch's attention window). Feeding a prompt in chunks gives the same logits as feeding it
+// at once, to fp32 rounding.
 //
 // Typical use (what the golden test does):
 //   RUBATO_ASSIGN_OR_RETURN(auto model, CpuModel::Load(dir, {}));
@@ -30,6 +31,7 @@
 #include "common/status.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/model_weights.h"
+#include "kernels/cpu/attention_window.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace rubato {
@@ -94,8 +96,15 @@ class CpuModel {
   // none: ResourceExhausted when the cache is full), writes the new K/V of every layer, and
   // sets sequence->num_tokens = start_position + tokens.size(). Errors (InvalidArgument) name
   // the entry: empty tokens, a token id outside the vocabulary, a start position past the
-  // sequence's cached tokens, a sequence appearing twice in one batch.
-  Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache, ForwardResult& result);
+  // sequence's cached tokens, a sequence appearing twice in one batch; an attention window with
+  // sink < 0 or recent < 1 is InvalidArgument too.
+  //
+  // `window` restricts the keys every query of the batch attends, in every layer, prefill and
+  // decode alike (attention_window.h): dense by default; a StreamingLLM window (sink + recent)
+  // masks the rest. The window is per batch because the engine runs one policy; the KV cache
+  // still holds every position (the CPU reference masks, it never evicts).
+  Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache, ForwardResult& result,
+                 const AttentionWindow& window = AttentionWindow());
 
  private:
   CpuModel(ModelConfig config, ModelWeights weights, const ModelLoadOptions& options);
@@ -108,16 +117,17 @@ class CpuModel {
     const KvSequence* sequence = nullptr;
   };
 
-  Status ValidateBatch(std::span<const ForwardEntry> batch, const PagedKvCache& cache) const;
+  Status ValidateBatch(std::span<const ForwardEntry> batch, const PagedKvCache& cache,
+                       const AttentionWindow& window) const;
   Status ReserveBlocks(std::span<const ForwardEntry> batch, PagedKvCache& cache) const;
   void PlanBatch(std::span<const ForwardEntry> batch);
-  void EnsureWorkspace(int total_tokens, int max_keys);
+  void EnsureWorkspace(int total_tokens, int attention_scratch_floats);
 
   // The per-layer step: norm -> attention -> residual -> norm -> MLP -> residual.
-  void DecoderLayer(int layer, PagedKvCache& cache);
+  void DecoderLayer(int layer, PagedKvCache& cache, const AttentionWindow& window);
   // normed -> projected: q,k,v proj [+bias] -> [q/k norm] -> rope -> KV append -> attention
   // -> o proj [+bias].
-  void SelfAttention(int layer, PagedKvCache& cache);
+  void SelfAttention(int layer, PagedKvCache& cache, const AttentionWindow& window);
   // normed -> projected: down(silu(gate(x)) * up(x)).
   void Mlp(int layer);
   // final norm -> lm_head (or tied embedding) for the rows the entries want.
@@ -145,7 +155,8 @@ class CpuModel {
   std::vector<float> rope_cos_;    // [tokens][head_dim / 2], f32
   std::vector<float> rope_sin_;    // [tokens][head_dim / 2], f32
   std::vector<float> logit_rows_;  // [logit rows][hidden], f32, final-normed rows for lm_head
-  std::vector<std::vector<float>> attention_scratch_;  // [workers][max keys], f32
+  // [workers][CausalAttentionScratchSize of the batch's largest entry], f32
+  std::vector<std::vector<float>> attention_scratch_;
 };
 
 }  // namespace rubato

@@ -1,13 +1,22 @@
 // Causal grouped-query attention of a chunk of new query tokens of one sequence against that
-// sequence's paged K/V (which already holds the chunk's own keys and values).
+// sequence's paged K/V (which already holds the chunk's own keys and values), restricted to an
+// attention window (attention_window.h; dense by default).
 //
-// Query token t sits at position start_position + t and attends positions
-// [0, start_position + t]: scores = q·k / sqrt(head_dim), softmax in fp32 with the max
-// subtracted, output = sum of probabilities x values. Query head h reads KV head
+// Query token t sits at position p = start_position + t and attends the positions
+// window.Attends(p, ·) accepts (dense: [0, p]): scores = q·k / sqrt(head_dim), softmax in fp32
+// with the max subtracted, output = sum of probabilities x values. Query head h reads KV head
 // h / (num_heads / num_kv_heads), as transformers' repeat_kv. The same op serves prefill
 // chunks (tokens > 1) and decode (tokens == 1).
+//
+// Two implementations with the same contract (equal to fp32 rounding):
+//   * rows:  one query row at a time, plain loops; the reference, and the decode path.
+//   * tiled: per KV head, tiles of (query tokens x GQA group) rows against tiles of keys
+//            gathered from the paged blocks, scores and probs x V as cblas_sgemm calls, online
+//            softmax across key tiles (attention_tiled.cc); the prefill path.
+// CausalAttentionForKvHead picks one by the chunk size.
 #pragma once
 
+#include "kernels/cpu/attention_window.h"
 #include "kernels/cpu/paged_kv_view.h"
 
 namespace rubato {
@@ -18,17 +27,27 @@ struct CausalAttentionArgs {
   int tokens = 0;
   int start_position = 0;  // position of query token 0; the sequence holds >= start + tokens
   int num_heads = 0;       // query heads; a multiple of kv.num_kv_heads
-  PagedKvView kv;
+  PagedKvView kv;          // only its shape fields matter to the *ScratchSize functions
+  AttentionWindow window;  // which keys each query attends; dense by default
 };
 
-// Scratch floats one call needs: the scores of one query row.
-inline int CausalAttentionScratchSize(const CausalAttentionArgs& args) {
-  return args.start_position + args.tokens;
-}
+// Chunks of at least this many tokens take the tiled path.
+inline constexpr int kTiledAttentionMinTokens = 4;
 
-// Computes the output of the query heads that read KV head `kv_head` (the GQA group), for all
+// Scratch floats one call of the rows path needs: the scores of one query row.
+int RowsAttentionScratchSize(const CausalAttentionArgs& args);
+// Scratch floats one call of the tiled path needs: query, key, value, score and accumulator
+// tiles (independent of the context length).
+int TiledAttentionScratchSize(const CausalAttentionArgs& args);
+// Scratch floats CausalAttentionForKvHead / CausalAttention need (the larger of the two).
+int CausalAttentionScratchSize(const CausalAttentionArgs& args);
+
+// Compute the output of the query heads that read KV head `kv_head` (the GQA group), for all
 // tokens. Groups write disjoint outputs, so different kv_heads may run on different threads.
-//   scratch: [CausalAttentionScratchSize(args)], f32, owned by the calling thread
+//   scratch: [the matching *ScratchSize(args)], f32, owned by the calling thread
+void RowsAttentionForKvHead(const CausalAttentionArgs& args, int kv_head, float* scratch);
+void TiledAttentionForKvHead(const CausalAttentionArgs& args, int kv_head, float* scratch);
+// The tiled path for tokens >= kTiledAttentionMinTokens, else the rows path.
 void CausalAttentionForKvHead(const CausalAttentionArgs& args, int kv_head, float* scratch);
 
 // All KV heads, one after the other.

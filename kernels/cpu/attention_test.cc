@@ -1,5 +1,6 @@
-// Tests for causal paged GQA attention against a naive double-precision reference that reads
-// contiguous K/V, over odd sizes, scattered block tables and chunked queries.
+// Tests for causal paged GQA attention (rows and tiled paths) against a naive double-precision
+// reference that reads contiguous K/V and masks by the attention window, over odd sizes,
+// scattered block tables, chunked queries and sink / recent windows.
 #include "kernels/cpu/attention.h"
 
 #include <gtest/gtest.h>
@@ -31,17 +32,22 @@ struct Shape {
 
 // Naive attention of query tokens at positions [start, start + tokens) over contiguous
 //   keys, values: [positions][kv_heads][head_dim]
+// Keys outside the window are masked out, written from the definition (k < sink or
+// k > p - recent) independently of AttentionWindow's helpers.
 std::vector<double> ReferenceAttention(const Shape& s, const std::vector<float>& q,
                                        const std::vector<float>& keys,
-                                       const std::vector<float>& values, int start, int tokens) {
+                                       const std::vector<float>& values, int start, int tokens,
+                                       int sink = 0, int recent = AttentionWindow::kUnbounded) {
   std::vector<double> out(size_t(tokens) * s.num_heads * s.head_dim, 0.0);
   const int group = s.num_heads / s.num_kv_heads;
   for (int t = 0; t < tokens; ++t) {
     for (int h = 0; h < s.num_heads; ++h) {
       const int kvh = h / group;
       const int n = start + t + 1;
-      std::vector<double> scores(n);
+      const int position = start + t;
+      std::vector<double> scores(n, -INFINITY);
       for (int p = 0; p < n; ++p) {
+        if (!(p < sink || int64_t{p} > int64_t{position} - recent)) continue;  // masked
         double dot = 0;
         for (int d = 0; d < s.head_dim; ++d) {
           dot += double(q[(size_t(t) * s.num_heads + h) * s.head_dim + d]) *
@@ -89,37 +95,171 @@ class PagedSequence {
   std::vector<float> keys_, values_;
 };
 
-TEST(CausalAttention, MatchesNaiveReferenceForChunkedQueries) {
-  for (const Shape& s : {Shape{4, 2, 16, 16, 37}, Shape{6, 2, 10, 4, 23}, Shape{3, 3, 8, 64, 70},
-                         Shape{8, 1, 6, 16, 1}}) {
+using AttentionPath = void (*)(const CausalAttentionArgs&, int, float*);
+
+struct NamedPath {
+  const char* name;
+  AttentionPath run;
+  int (*scratch_size)(const CausalAttentionArgs&);
+};
+
+const NamedPath kPaths[] = {{"rows", RowsAttentionForKvHead, RowsAttentionScratchSize},
+                            {"tiled", TiledAttentionForKvHead, TiledAttentionScratchSize},
+                            {"dispatch", CausalAttentionForKvHead, CausalAttentionScratchSize}};
+
+std::string Describe(const Shape& s, const char* path, int chunk, const AttentionWindow& w) {
+  return std::string(path) + " attention heads " + std::to_string(s.num_heads) + "/" +
+         std::to_string(s.num_kv_heads) + " dim " + std::to_string(s.head_dim) + " block " +
+         std::to_string(s.block_tokens) + " positions " + std::to_string(s.positions) +
+         " chunk " + std::to_string(chunk) + " sink " + std::to_string(w.sink_tokens) +
+         " recent " +
+         (w.recent_tokens == AttentionWindow::kUnbounded ? "all" : std::to_string(w.recent_tokens));
+}
+
+// Appends K/V and runs `path` chunk by chunk over every position; returns the outputs of all
+// query tokens, [positions][num_heads][head_dim].
+std::vector<float> RunChunked(const Shape& s, const NamedPath& path, int chunk,
+                              const AttentionWindow& window, const std::vector<float>& q,
+                              const std::vector<float>& keys, const std::vector<float>& values) {
+  PagedSequence sequence(s, 7);
+  const PagedKvView kv = sequence.View();
+  const size_t kv_row = size_t(s.num_kv_heads) * s.head_dim;
+  std::vector<float> output(q.size(), NAN);
+  std::vector<float> scratch;
+  for (int start = 0; start < s.positions; start += chunk) {
+    const int tokens = std::min(chunk, s.positions - start);
+    AppendToPagedKv(keys.data() + start * kv_row, values.data() + start * kv_row, tokens, start,
+                    kv);
+    const size_t q_offset = size_t(start) * s.num_heads * s.head_dim;
+    const CausalAttentionArgs args{q.data() + q_offset, output.data() + q_offset, tokens, start,
+                                   s.num_heads, kv, window};
+    // Exactly the advertised size, NaN-filled: reading scratch before writing it shows up.
+    scratch.assign(size_t(path.scratch_size(args)), NAN);
+    for (int h = 0; h < s.num_kv_heads; ++h) path.run(args, h, scratch.data());
+  }
+  return output;
+}
+
+// Odd sizes; block tables shuffled; group sizes 1, 2, 3, 8 (8 with 64-key tiles, several per
+// context); 301 positions exceed every key tile.
+const Shape kShapes[] = {{4, 2, 16, 16, 37},  {6, 2, 10, 4, 23},   {3, 3, 8, 64, 70},
+                         {8, 1, 6, 16, 1},    {8, 1, 12, 16, 301}, {6, 2, 10, 64, 200},
+                         {2, 2, 32, 16, 133}};
+
+TEST(CausalAttention, DenseMatchesNaiveReferenceForChunkedQueries) {
+  for (const Shape& s : kShapes) {
     const size_t kv_row = size_t(s.num_kv_heads) * s.head_dim;
     const std::vector<float> keys = RandomVector(s.positions * kv_row, 1, 1.0f);
     const std::vector<float> values = RandomVector(s.positions * kv_row, 2, 1.0f);
     const std::vector<float> q =
         RandomVector(size_t(s.positions) * s.num_heads * s.head_dim, 3, 2.0f);
-    PagedSequence sequence(s, 7);
-    const PagedKvView kv = sequence.View();
-
-    // Queries arrive in chunks of 5 (prefill chunks, then 1-token chunks look the same).
-    std::vector<float> output(q.size(), NAN);
-    std::vector<float> scratch(s.positions);
-    for (int start = 0; start < s.positions; start += 5) {
-      const int tokens = std::min(5, s.positions - start);
-      AppendToPagedKv(keys.data() + start * kv_row, values.data() + start * kv_row, tokens, start,
-                      kv);
-      const size_t q_offset = size_t(start) * s.num_heads * s.head_dim;
-      CausalAttentionArgs args{
-          q.data() + q_offset, output.data() + q_offset, tokens, start, s.num_heads, kv};
-      ASSERT_LE(CausalAttentionScratchSize(args), int(scratch.size()));
-      CausalAttention(args, scratch.data());
+    const std::vector<double> expected = ReferenceAttention(s, q, keys, values, 0, s.positions);
+    // Chunks of 1 (decode), 5 (one query tile), 37 (three query tiles, the last partial) and
+    // the whole prompt.
+    for (const int chunk : {1, 5, 37, s.positions}) {
+      for (const NamedPath& path : kPaths) {
+        const AttentionWindow dense;
+        EXPECT_TRUE(AllClose(Describe(s, path.name, chunk, dense),
+                             RunChunked(s, path, chunk, dense, q, keys, values), expected, 1e-6,
+                             1e-5));
+      }
     }
-    const std::string name = "attention heads " + std::to_string(s.num_heads) + "/" +
-                             std::to_string(s.num_kv_heads) + " dim " + std::to_string(s.head_dim) +
-                             " block " + std::to_string(s.block_tokens) + " positions " +
-                             std::to_string(s.positions);
-    EXPECT_TRUE(
-        AllClose(name, output, ReferenceAttention(s, q, keys, values, 0, s.positions), 1e-6, 1e-5));
   }
+}
+
+TEST(CausalAttention, WindowMatchesMaskedNaiveReference) {
+  for (const Shape& s : kShapes) {
+    const size_t kv_row = size_t(s.num_kv_heads) * s.head_dim;
+    const std::vector<float> keys = RandomVector(s.positions * kv_row, 4, 1.0f);
+    const std::vector<float> values = RandomVector(s.positions * kv_row, 5, 1.0f);
+    const std::vector<float> q =
+        RandomVector(size_t(s.positions) * s.num_heads * s.head_dim, 6, 2.0f);
+    for (const int sink : {0, 1, 4}) {
+      for (const int recent : {1, 5, 64}) {
+        const AttentionWindow window{sink, recent};
+        const std::vector<double> expected =
+            ReferenceAttention(s, q, keys, values, 0, s.positions, sink, recent);
+        for (const int chunk : {1, 7, 37}) {
+          for (const NamedPath& path : kPaths) {
+            EXPECT_TRUE(AllClose(Describe(s, path.name, chunk, window),
+                                 RunChunked(s, path, chunk, window, q, keys, values), expected,
+                                 1e-6, 1e-5));
+          }
+        }
+      }
+    }
+  }
+}
+
+// A window that covers every position is dense (bit for bit on the rows path).
+TEST(CausalAttention, WindowCoveringTheContextIsDense) {
+  const Shape s{6, 2, 10, 16, 90};
+  const size_t kv_row = size_t(s.num_kv_heads) * s.head_dim;
+  const std::vector<float> keys = RandomVector(s.positions * kv_row, 8, 1.0f);
+  const std::vector<float> values = RandomVector(s.positions * kv_row, 9, 1.0f);
+  const std::vector<float> q = RandomVector(size_t(s.positions) * s.num_heads * s.head_dim, 10, 2.f);
+  for (const NamedPath& path : kPaths) {
+    const std::vector<float> dense = RunChunked(s, path, 11, {}, q, keys, values);
+    for (const AttentionWindow window : {AttentionWindow{0, 90}, AttentionWindow{4, 86},
+                                         AttentionWindow{90, 1}, AttentionWindow{45, 45}}) {
+      const std::vector<float> windowed = RunChunked(s, path, 11, window, q, keys, values);
+      if (path.run == RowsAttentionForKvHead) {
+        EXPECT_EQ(windowed, dense) << Describe(s, path.name, 11, window);
+      } else {  // the tiled path may cut key tiles at the sink boundary: rounding differs
+        EXPECT_TRUE(AllClose(Describe(s, path.name, 11, window), windowed, dense, 1e-6, 1e-5));
+      }
+    }
+  }
+}
+
+// Keys no query of the chunk attends are never read: they are NaN here.
+TEST(CausalAttention, KeysOutsideTheWindowAreNeverRead) {
+  const Shape s{4, 2, 8, 16, 120};
+  const AttentionWindow window{3, 20};
+  const size_t kv_row = size_t(s.num_kv_heads) * s.head_dim;
+  std::vector<float> keys = RandomVector(s.positions * kv_row, 11, 1.0f);
+  std::vector<float> values = RandomVector(s.positions * kv_row, 12, 1.0f);
+  const std::vector<float> q = RandomVector(size_t(s.positions) * s.num_heads * s.head_dim, 13, 2.f);
+  // The last 10 queries (positions 110..119) attend [0, 3) and [91, 119].
+  const int start = 110;
+  const int tokens = 10;
+  const std::vector<double> expected =
+      ReferenceAttention(s, q, keys, values, 0, s.positions, 3, 20);
+  std::fill(keys.begin() + 3 * kv_row, keys.begin() + 91 * kv_row, NAN);
+  std::fill(values.begin() + 3 * kv_row, values.begin() + 91 * kv_row, NAN);
+  PagedSequence sequence(s, 3);
+  const PagedKvView kv = sequence.View();
+  AppendToPagedKv(keys.data(), values.data(), s.positions, 0, kv);
+  for (const NamedPath& path : kPaths) {
+    std::vector<float> output(size_t(tokens) * s.num_heads * s.head_dim, NAN);
+    const size_t q_offset = size_t(start) * s.num_heads * s.head_dim;
+    const CausalAttentionArgs args{q.data() + q_offset, output.data(), tokens, start,
+                                   s.num_heads, kv, window};
+    std::vector<float> scratch(size_t(path.scratch_size(args)));
+    for (int h = 0; h < s.num_kv_heads; ++h) path.run(args, h, scratch.data());
+    EXPECT_TRUE(AllClose(std::string(path.name) + " poisoned keys outside the window", output,
+                         std::vector<double>(expected.begin() + q_offset, expected.end()), 1e-6,
+                         1e-5));
+  }
+}
+
+TEST(AttentionWindow, SegmentsAndVisibleKeys) {
+  const AttentionWindow dense;
+  EXPECT_TRUE(dense.IsDense());
+  EXPECT_EQ(dense.VisibleKeys(0), 1);
+  EXPECT_EQ(dense.VisibleKeys(4999), 5000);
+  const AttentionWindow streaming{4, 256};
+  EXPECT_FALSE(streaming.IsDense());
+  EXPECT_EQ(streaming.VisibleKeys(2), 3);      // inside the sink
+  EXPECT_EQ(streaming.VisibleKeys(259), 260);  // sink + recent touch: everything
+  EXPECT_EQ(streaming.VisibleKeys(260), 260);  // key 4 drops out
+  EXPECT_EQ(streaming.VisibleKeys(5002), 260);
+  EXPECT_TRUE(streaming.Attends(5002, 3));
+  EXPECT_FALSE(streaming.Attends(5002, 4));
+  EXPECT_FALSE(streaming.Attends(5002, 4746));
+  EXPECT_TRUE(streaming.Attends(5002, 4747));
+  EXPECT_FALSE(streaming.Attends(10, 11));  // causal
+  EXPECT_EQ((AttentionWindow{0, 1}.VisibleKeys(77)), 1);
 }
 
 TEST(CausalAttention, FirstTokenAttendsOnlyToItself) {
@@ -131,7 +271,7 @@ TEST(CausalAttention, FirstTokenAttendsOnlyToItself) {
   const std::vector<float> q = {9, 9, 9, 9, -3, 1, 0, 2};
   std::vector<float> out(8);
   std::vector<float> scratch(1);
-  CausalAttention({q.data(), out.data(), 1, 0, 2, kv}, scratch.data());
+  CausalAttention({q.data(), out.data(), 1, 0, 2, kv, {}}, scratch.data());
   EXPECT_EQ(out, (std::vector<float>{0.5f, -1, 2, 7, 0.5f, -1, 2, 7}));
 }
 

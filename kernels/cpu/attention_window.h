@@ -1,0 +1,48 @@
+// Which keys a query may attend: the two-segment plan of DESIGN §3 reduced to positions.
+//
+// A query at position p attends the keys in
+//     [0, min(sink, p + 1))  ∪  [max(sink, p - recent + 1), p]
+// i.e. a sink segment (the first `sink_tokens` positions, StreamingLLM's attention sinks) and a
+// recent segment (the last `recent_tokens` positions up to and including p). The two segments
+// never overlap; a key in both ranges is counted once. Dense causal attention is the special
+// case sink = 0, recent = unbounded ("recent = everything").
+//
+// The window applies to prefill and decode alike: every token only ever sees its sink + recent
+// keys (StreamingLLM, DESIGN §4.7). The CPU reference keeps the whole paged KV and masks; it
+// never evicts.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+
+namespace rubato {
+
+struct AttentionWindow {
+  static constexpr int kUnbounded = INT_MAX;
+
+  int sink_tokens = 0;              // >= 0
+  int recent_tokens = kUnbounded;   // >= 1; kUnbounded = every position up to the query
+
+  bool IsDense() const { return sink_tokens == 0 && recent_tokens == kUnbounded; }
+
+  // End (exclusive) of the sink segment seen by the query at `position`.
+  int SinkEnd(int position) const { return std::min(sink_tokens, position + 1); }
+  // First position of the recent segment seen by the query at `position`; the segment is
+  // [RecentBegin, position], empty when RecentBegin > position.
+  int RecentBegin(int position) const {
+    // position - recent_tokens + 1 cannot overflow: position >= 0 and recent_tokens >= 1.
+    return std::max(sink_tokens, position - recent_tokens + 1);
+  }
+  bool Attends(int query_position, int key_position) const {
+    return key_position <= query_position &&
+           (key_position < sink_tokens || key_position >= RecentBegin(query_position));
+  }
+  // How many keys the query at `position` attends (of the position + 1 causal ones).
+  int VisibleKeys(int position) const {
+    return SinkEnd(position) + std::max(0, position - RecentBegin(position) + 1);
+  }
+
+  bool operator==(const AttentionWindow&) const = default;
+};
+
+}  // namespace rubato
