@@ -5,7 +5,7 @@
 //
 //   q_tile = gather(queries) * scale                       [rows][head_dim]
 //   for each key tile of the keys some row of the tile attends (sink segment, then recent):
-//     k_tile, v_tile = gather(paged K/V)                   [keys][head_dim]
+//     k_tile^T, v_tile = gather(paged K/V)                 [head_dim][keys], [keys][head_dim]
 //     scores = q_tile k_tile^T                             cblas_sgemm, [rows][keys]
 //     per row: mask to the row's window, online softmax (running max m, running sum l;
 //              earlier contributions rescaled by exp(m_old - m_new)), scores -> exp(s - m)
@@ -51,7 +51,9 @@ struct TileShape {
 // Views into one thread's scratch.
 struct TileScratch {
   float* queries;      // [max_rows][head_dim], scaled queries of the tile
-  float* keys;         // [max_keys][head_dim], gathered keys of the key tile
+  float* keys;         // [head_dim][max_keys used: count], gathered keys of the key tile,
+                       // transposed so that the score sgemm is NN (OpenBLAS's small-matrix
+                       // kernels skip packing for NN, not for NT)
   float* values;       // [max_keys][head_dim], gathered values of the key tile
   float* scores;       // [max_rows][max_keys], scores, then unnormalized probabilities
   float* accumulator;  // [max_rows][head_dim], sum of probabilities x values so far
@@ -76,8 +78,17 @@ struct TileScratch {
   }
 };
 
+// The row loops below are compiled for AVX-512, AVX2 and baseline x86-64, picked at load time.
+// Their results do not depend on the clone: the reductions' order is fixed by the eight
+// partials and contraction into FMAs is off.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define RUBATO_ROW_LOOP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define RUBATO_ROW_LOOP_CLONES
+#endif
+
 // Max of x[0, n), n >= 1, with eight partial maxima (vectorizes; the result is exact).
-float MaxOf(const float* x, int n) {
+RUBATO_ROW_LOOP_CLONES float MaxOf(const float* x, int n) {
   float partial[8];
   std::fill(partial, partial + 8, x[0]);
   int i = 0;
@@ -89,7 +100,7 @@ float MaxOf(const float* x, int n) {
 }
 
 // x[i] = exp(x[i] - max) for i in [0, n); returns their sum (eight partial sums).
-float ExpInPlaceAndSum(float* x, int n, float max) {
+RUBATO_ROW_LOOP_CLONES float ExpInPlaceAndSum(float* x, int n, float max) {
   for (int i = 0; i < n; ++i) x[i] = ExpApprox(x[i] - max);
   float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int i = 0;
@@ -101,18 +112,24 @@ float ExpInPlaceAndSum(float* x, int n, float max) {
          ((partial[4] + partial[5]) + (partial[6] + partial[7]));
 }
 
-// Copies K and V rows of positions [first, first + count) of `kv_head` into contiguous
-// [count][head_dim] tiles, one memcpy per block run.
-void GatherKeyTile(const PagedKvView& kv, int kv_head, int first, int count, float* keys,
+// Gathers positions [first, first + count) of `kv_head`: keys transposed into
+// [head_dim][count], values as [count][head_dim] (one memcpy per block run).
+void GatherKeyTile(const PagedKvView& kv, int kv_head, int first, int count, float* keys_t,
                    float* values) {
-  const size_t row_bytes = static_cast<size_t>(kv.head_dim) * sizeof(float);
+  const int head_dim = kv.head_dim;
+  const size_t row_bytes = static_cast<size_t>(head_dim) * sizeof(float);
   for (int done = 0; done < count;) {
     const int position = first + done;
     const int rows = std::min(count - done, kv.block_tokens - position % kv.block_tokens);
     const size_t source = kv.Offset(position, kv_head);
-    const size_t target = static_cast<size_t>(done) * kv.head_dim;
-    std::memcpy(keys + target, kv.keys + source, rows * row_bytes);
-    std::memcpy(values + target, kv.values + source, rows * row_bytes);
+    const float* keys = kv.keys + source;  // [rows][head_dim]
+    for (int r = 0; r < rows; ++r) {
+      for (int d = 0; d < head_dim; ++d) {
+        keys_t[static_cast<size_t>(d) * count + done + r] = keys[r * head_dim + d];
+      }
+    }
+    std::memcpy(values + static_cast<size_t>(done) * head_dim, kv.values + source,
+                rows * row_bytes);
     done += rows;
   }
 }
@@ -122,8 +139,8 @@ void GatherKeyTile(const PagedKvView& kv, int kv_head, int first, int count, flo
 void AttendKeyTile(const CausalAttentionArgs& args, const TileShape& shape, int rows,
                    int position0, bool sink_segment, int first, int count, TileScratch& tiles) {
   const int head_dim = shape.head_dim;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, count, head_dim, 1.0f, tiles.queries,
-              head_dim, tiles.keys, head_dim, 0.0f, tiles.scores, count);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, count, head_dim, 1.0f,
+              tiles.queries, head_dim, tiles.keys, count, 0.0f, tiles.scores, count);
   for (int r = 0; r < rows; ++r) {
     const int position = position0 + r / shape.group;
     // The row's attended keys in this tile: [begin, end) in tile columns.
