@@ -1,19 +1,39 @@
 // Policy names and parameter validation (see policy_registry.h).
 #include "inference_rank/policies/policy_registry.h"
 
+#include <limits>
+
 #include "common/yaml_map_reader.h"
 
 namespace rubato {
+namespace {
 
-std::vector<std::string> KnownPolicyNames() { return {"dense"}; }
+// Dense attention has no parameters: any key is a mistake worth reporting.
+Result<PolicyChoice> ResolveDense(const PolicySection& section) {
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader params, section.ParamsReader());
+  RUBATO_RETURN_IF_ERROR(params.Finish());
+  return PolicyChoice{PolicyKind::kDense, section.name, AttentionWindow()};
+}
+
+// StreamingLLM: every query attends the first sink_tokens positions and the last
+// recent_window positions up to itself (AttentionWindow).
+Result<PolicyChoice> ResolveStreamingLlm(const PolicySection& section) {
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader params, section.ParamsReader());
+  constexpr int64_t kMax = std::numeric_limits<int>::max();  // recent = kUnbounded is dense
+  AttentionWindow window{kDefaultSinkTokens, kDefaultRecentWindow};
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("sink_tokens", 0, kMax, &window.sink_tokens));
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("recent_window", 1, kMax, &window.recent_tokens));
+  RUBATO_RETURN_IF_ERROR(params.Finish());
+  return PolicyChoice{PolicyKind::kStreamingLlm, section.name, window};
+}
+
+}  // namespace
+
+std::vector<std::string> KnownPolicyNames() { return {"dense", "streaming_llm"}; }
 
 Result<PolicyChoice> ResolvePolicy(const PolicySection& section) {
-  if (section.name == "dense") {
-    // Dense attention has no parameters: any key is a mistake worth reporting.
-    RUBATO_ASSIGN_OR_RETURN(YamlMapReader params, section.ParamsReader());
-    RUBATO_RETURN_IF_ERROR(params.Finish());
-    return PolicyChoice{PolicyKind::kDense, section.name};
-  }
+  if (section.name == "dense") return ResolveDense(section);
+  if (section.name == "streaming_llm") return ResolveStreamingLlm(section);
   std::string known;
   for (const std::string& name : KnownPolicyNames()) known += (known.empty() ? "" : ", ") + name;
   return InvalidArgumentError(section.source + ": " + section.key_path + ".name: unknown policy '" +

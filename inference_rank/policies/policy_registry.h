@@ -1,8 +1,9 @@
 // The attention policies rubato knows, and validation of the config's `policy` section.
 //
-// Today only `dense` exists; the sparse policies of DESIGN §4 register here as they land.
-// Validation happens once at start so that a typo ends the process with a clear message
-// ("policy: unknown policy 'sfi2' (known: dense)") before any weights are loaded.
+// Registered today: `dense` (DESIGN §4.1) and `streaming_llm` (DESIGN §4.7, the sink + recent
+// window baseline); the sparse policies of DESIGN §4 register here as they land. Validation
+// happens once at start so that a typo ends the process with a clear message
+// ("policy: unknown policy 'sfi2' (known: dense, streaming_llm)") before any weights are loaded.
 #pragma once
 
 #include <string>
@@ -10,22 +11,31 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "kernels/cpu/attention_window.h"
 
 namespace rubato {
 
-enum class PolicyKind { kDense };
+enum class PolicyKind { kDense, kStreamingLlm };
+
+// Parameters of `streaming_llm` and their defaults.
+inline constexpr int kDefaultSinkTokens = 4;       // policy.sink_tokens, >= 0
+inline constexpr int kDefaultRecentWindow = 256;   // policy.recent_window, >= 1
 
 // A validated policy choice with its parameters.
 struct PolicyChoice {
   PolicyKind kind = PolicyKind::kDense;
   std::string name;
+  // The keys every query attends (the engine passes it to each forward): dense for `dense`;
+  // {sink_tokens, recent_window} for `streaming_llm`.
+  AttentionWindow window;
 };
 
 // Names accepted by `policy.name` / `--policy`.
 std::vector<std::string> KnownPolicyNames();
 
 // Checks the name and every parameter key of the `policy` section; errors name the section's
-// source file and key path ("rubato.yaml: policy.budget: unknown key").
+// source file and key path ("rubato.yaml: policy.budget: unknown key",
+// "rubato.yaml: policy.recent_window: must be in [1, ...], got 0").
 Result<PolicyChoice> ResolvePolicy(const PolicySection& section);
 
 }  // namespace rubato
