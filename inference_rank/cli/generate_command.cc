@@ -109,6 +109,7 @@ Status RunGenerate(const GenerateArgs& args) {
   engine_options.block_size = config.engine.block_size;
   engine_options.prefill_chunk = config.engine.prefill_chunk;
   engine_options.num_threads = config.engine.threads;
+  engine_options.attention_window = policy.window;
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           Engine::Create(std::move(model), engine_options));
 
@@ -123,9 +124,11 @@ Status RunGenerate(const GenerateArgs& args) {
   Clock::time_point first_token_time = start;
   Clock::time_point last_token_time = start;
   int generated = 0;
+  double retained_kv = 1.0;  // of the last query, as the finishing event reports it
   while (engine->HasWork()) {
     RUBATO_ASSIGN_OR_RETURN(std::vector<TokenEvent> events, engine->Step());
     for (const TokenEvent& event : events) {
+      retained_kv = event.retained_kv_ratio;
       last_token_time = Clock::now();
       if (generated++ == 0) first_token_time = last_token_time;
       if (event.finish != FinishReason::kStop) Print(decoder.Push(event.token));
@@ -137,8 +140,9 @@ Status RunGenerate(const GenerateArgs& args) {
   const double decode_s = MillisecondsBetween(first_token_time, last_token_time) / 1000.0;
   const double decode_tok_s = generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0;
   std::printf("\n[rubato] prompt_tokens=%zu generated_tokens=%d prefill_ms=%.1f "
-              "decode_tok_s=%.1f policy=%s\n",
-              prompt_ids.size(), generated, prefill_ms, decode_tok_s, policy.name.c_str());
+              "decode_tok_s=%.1f policy=%s retained_kv=%.3f\n",
+              prompt_ids.size(), generated, prefill_ms, decode_tok_s, policy.name.c_str(),
+              retained_kv);
   std::fflush(stdout);
   return Status::Ok();
 }

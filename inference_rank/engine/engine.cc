@@ -22,6 +22,10 @@ Status CheckPositive(int value, const char* name) {
 
 }  // namespace
 
+double RetainedKvRatio(const AttentionWindow& window, int context) {
+  return static_cast<double>(window.VisibleKeys(context - 1)) / context;
+}
+
 Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<CpuModel> model,
                                                const EngineOptions& options) {
   if (model == nullptr) return InvalidArgumentError("engine: no model");
@@ -44,6 +48,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<CpuModel> model,
         std::to_string(options.max_context));
   }
   if (resolved.max_context == 0) resolved.max_context = config.max_position_embeddings;
+  const AttentionWindow& window = options.attention_window;
+  if (window.sink_tokens < 0 || window.recent_tokens < 1) {
+    return InvalidArgumentError("engine: attention window sink_tokens must be >= 0 and "
+                                "recent_tokens >= 1, got " +
+                                std::to_string(window.sink_tokens) + " and " +
+                                std::to_string(window.recent_tokens));
+  }
   if (options.max_kv_blocks < 0) {
     return InvalidArgumentError("engine.max_kv_blocks must be >= 0 (0 = automatic), got " +
                                 std::to_string(options.max_kv_blocks));
@@ -65,9 +76,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<CpuModel> model,
   if (!cache.ok()) return cache.status().WithContext("engine");
   RUBATO_LOG_INFO(kLogSubsystem,
                   "max_batch {}, max_context {}, {} KV blocks of {} tokens ({} MiB), "
-                  "prefill chunk {}",
+                  "prefill chunk {}, attention {}",
                   resolved.max_batch, resolved.max_context, resolved.max_kv_blocks,
-                  resolved.block_size, (*cache)->pool_bytes() >> 20, resolved.prefill_chunk);
+                  resolved.block_size, (*cache)->pool_bytes() >> 20, resolved.prefill_chunk,
+                  window.IsDense() ? std::string("dense")
+                                   : "sink " + std::to_string(window.sink_tokens) + " + recent " +
+                                         std::to_string(window.recent_tokens));
   return std::unique_ptr<Engine>(new Engine(std::move(model), std::move(cache).value(), resolved));
 }
 
@@ -195,7 +209,8 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   }
   if (batch_.empty()) return events;
 
-  Status forward = model_->Forward(batch_, *kv_cache_, forward_result_);
+  Status forward =
+      model_->Forward(batch_, *kv_cache_, forward_result_, options_.attention_window);
   if (!forward.ok()) return forward.WithContext("engine step");
 
   for (size_t e = 0; e < batch_.size(); ++e) {
@@ -208,7 +223,8 @@ Result<std::vector<TokenEvent>> Engine::Step() {
     request.last_token = token;
     ++request.generated;
     request.finish = FinishAfter(request, token);
-    events.push_back(TokenEvent{request.id, token, request.finish});
+    events.push_back(TokenEvent{request.id, token, request.finish,
+                                RetainedKvRatio(options_.attention_window, request.kv.num_tokens)});
   }
 
   // Retire finished requests; their blocks go back to the free list for the next admission.

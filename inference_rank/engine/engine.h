@@ -12,6 +12,8 @@
 //      prefill_chunk prompt tokens in total per step, oldest request first);
 //   3. samples the next token of every request whose prompt is complete, and retires requests
 //      that finished (stop token, max_new_tokens, or max_context reached), freeing their blocks.
+// Every forward attends through options.attention_window (dense, or a policy's sink + recent
+// window), and each token event reports the share of the request's KV its query attended.
 //
 // A request's tokens do not depend on the other requests in its batch: attention and sampling
 // are per request (each request owns an RNG seeded from its seed), and every linear layer
@@ -54,6 +56,10 @@ struct EngineOptions {
   int prefill_chunk = 512;  // prompt tokens per step, over all requests
   int num_threads = 0;      // 0 = all cores; sets OpenBLAS threads (process-wide)
   int max_kv_blocks = 0;    // 0 = enough for max_batch x max_context
+  // Keys every query attends, prefill and decode (the policy's window, PolicyChoice::window):
+  // dense by default; sink_tokens >= 0, recent_tokens >= 1. The KV cache still stores every
+  // position (the CPU reference masks; it does not evict).
+  AttentionWindow attention_window;
 };
 
 enum class FinishReason {
@@ -66,12 +72,20 @@ struct TokenEvent {
   uint64_t request_id;
   int token;
   FinishReason finish;
+  // Fraction of the request's KV positions that the query which produced this token could
+  // attend: the last query's when finish != kNone. 1 for dense attention; for a StreamingLLM
+  // window, (sink + recent) / context once the context is longer than sink + recent.
+  double retained_kv_ratio = 1.0;
 };
+
+// VisibleKeys / context for the query at position context - 1 (context >= 1).
+double RetainedKvRatio(const AttentionWindow& window, int context);
 
 class Engine {
  public:
   // Validates `options` (positive sizes, block_size 16 or 64, max_context within the model's
-  // max_position_embeddings) and creates the KV cache.
+  // max_position_embeddings, an attention window with sink >= 0 and recent >= 1) and creates
+  // the KV cache.
   static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<CpuModel> model,
                                                 const EngineOptions& options);
 
