@@ -136,16 +136,16 @@ void GatherKeyTile(const PagedKvView& kv, int kv_head, int first, int count, flo
 
 // One key tile [first, first + count) of segment `sink_segment` against the query tile whose
 // token 0 sits at `position0`: scores, masked online softmax, accumulation.
-void AttendKeyTile(const CausalAttentionArgs& args, const TileShape& shape, int rows,
-                   int position0, bool sink_segment, int first, int count, TileScratch& tiles) {
+void AttendKeyTile(const AttentionWindow& window, const TileShape& shape, int rows, int position0,
+                   bool sink_segment, int first, int count, TileScratch& tiles) {
   const int head_dim = shape.head_dim;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, count, head_dim, 1.0f,
               tiles.queries, head_dim, tiles.keys, count, 0.0f, tiles.scores, count);
   for (int r = 0; r < rows; ++r) {
     const int position = position0 + r / shape.group;
     // The row's attended keys in this tile: [begin, end) in tile columns.
-    const int segment_begin = sink_segment ? 0 : args.window.RecentBegin(position);
-    const int segment_end = sink_segment ? args.window.SinkEnd(position) : position + 1;
+    const int segment_begin = sink_segment ? 0 : window.RecentBegin(position);
+    const int segment_end = sink_segment ? window.SinkEnd(position) : position + 1;
     const int begin = std::clamp(segment_begin - first, 0, count);
     const int end = std::clamp(segment_end - first, begin, count);
     float* row = tiles.scores + static_cast<size_t>(r) * count;
@@ -203,15 +203,20 @@ void TiledAttentionForKvHead(const CausalAttentionArgs& args, int kv_head, float
 
     // Keys some row attends: the sink segment of the tile's last query and the recent segment
     // from the first query's window start to the last query (both bounds grow with position).
+    // When even the last query sees its whole causal range (sink + recent reach back to
+    // position 0), the tile is dense: one segment, the same key tiles and so the same bits as
+    // dense attention (the "budget >= context equals dense" invariant holds exactly).
     const int first_position = args.start_position + t0;
     const int last_position = first_position + tile_tokens - 1;
-    const int segments[2][2] = {{0, args.window.SinkEnd(last_position)},
-                                {args.window.RecentBegin(first_position), last_position + 1}};
+    const bool whole_range = args.window.VisibleKeys(last_position) == last_position + 1;
+    const AttentionWindow window = whole_range ? AttentionWindow() : args.window;
+    const int segments[2][2] = {{0, window.SinkEnd(last_position)},
+                                {window.RecentBegin(first_position), last_position + 1}};
     for (int s = 0; s < 2; ++s) {
       for (int first = segments[s][0]; first < segments[s][1]; first += shape.max_keys) {
         const int count = std::min(shape.max_keys, segments[s][1] - first);
         GatherKeyTile(args.kv, kv_head, first, count, tiles.keys, tiles.values);
-        AttendKeyTile(args, shape, rows, first_position, /*sink_segment=*/s == 0, first, count,
+        AttendKeyTile(window, shape, rows, first_position, /*sink_segment=*/s == 0, first, count,
                       tiles);
       }
     }
