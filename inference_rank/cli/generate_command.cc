@@ -139,10 +139,10 @@ Status RunGenerate(const GenerateArgs& args) {
   const double prefill_ms = MillisecondsBetween(start, first_token_time);
   const double decode_s = MillisecondsBetween(first_token_time, last_token_time) / 1000.0;
   const double decode_tok_s = generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0;
-  std::printf("\n[rubato] prompt_tokens=%zu generated_tokens=%d prefill_ms=%.1f "
-              "decode_tok_s=%.1f policy=%s retained_kv=%.3f\n",
-              prompt_ids.size(), generated, prefill_ms, decode_tok_s, policy.name.c_str(),
-              retained_kv);
+  std::printf(
+      "\n[rubato] prompt_tokens=%zu generated_tokens=%d prefill_ms=%.1f "
+      "decode_tok_s=%.1f policy=%s retained_kv=%.3f\n",
+      prompt_ids.size(), generated, prefill_ms, decode_tok_s, policy.name.c_str(), retained_kv);
   std::fflush(stdout);
   return Status::Ok();
 }

@@ -50,10 +50,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<CpuModel> model,
   if (resolved.max_context == 0) resolved.max_context = config.max_position_embeddings;
   const AttentionWindow& window = options.attention_window;
   if (window.sink_tokens < 0 || window.recent_tokens < 1) {
-    return InvalidArgumentError("engine: attention window sink_tokens must be >= 0 and "
-                                "recent_tokens >= 1, got " +
-                                std::to_string(window.sink_tokens) + " and " +
-                                std::to_string(window.recent_tokens));
+    return InvalidArgumentError(
+        "engine: attention window sink_tokens must be >= 0 and recent_tokens >= 1, got " +
+        std::to_string(window.sink_tokens) + " and " + std::to_string(window.recent_tokens));
   }
   if (options.max_kv_blocks < 0) {
     return InvalidArgumentError("engine.max_kv_blocks must be >= 0 (0 = automatic), got " +
@@ -209,8 +208,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   }
   if (batch_.empty()) return events;
 
-  Status forward =
-      model_->Forward(batch_, *kv_cache_, forward_result_, options_.attention_window);
+  Status forward = model_->Forward(batch_, *kv_cache_, forward_result_, options_.attention_window);
   if (!forward.ok()) return forward.WithContext("engine step");
 
   for (size_t e = 0; e < batch_.size(); ++e) {

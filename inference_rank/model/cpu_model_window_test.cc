@@ -78,9 +78,9 @@ TEST_P(CpuModelWindowTest, WindowCoveringTheContextGivesExactlyDenseLogits) {
   const std::vector<int> prompt = TestPrompt(45, 1);
   const std::vector<float> dense = Run(prompt, 7, 12, AttentionWindow());
   ASSERT_EQ(dense.size(), 57u * kVocab);
-  for (const AttentionWindow window : {AttentionWindow{4, 53}, AttentionWindow{0, 57},
-                                       AttentionWindow{4, 256}, AttentionWindow{57, 1},
-                                       AttentionWindow{30, 27}}) {
+  for (const AttentionWindow window :
+       {AttentionWindow{4, 53}, AttentionWindow{0, 57}, AttentionWindow{4, 256},
+        AttentionWindow{57, 1}, AttentionWindow{30, 27}}) {
     EXPECT_EQ(Run(prompt, 7, 12, window), dense)
         << TinyModelName(GetParam()) << " sink " << window.sink_tokens << " recent "
         << window.recent_tokens;

@@ -18,8 +18,8 @@ namespace rubato {
 enum class PolicyKind { kDense, kStreamingLlm };
 
 // Parameters of `streaming_llm` and their defaults.
-inline constexpr int kDefaultSinkTokens = 4;       // policy.sink_tokens, >= 0
-inline constexpr int kDefaultRecentWindow = 256;   // policy.recent_window, >= 1
+inline constexpr int kDefaultSinkTokens = 4;      // policy.sink_tokens, >= 0
+inline constexpr int kDefaultRecentWindow = 256;  // policy.recent_window, >= 1
 
 // A validated policy choice with its parameters.
 struct PolicyChoice {

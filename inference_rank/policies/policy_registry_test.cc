@@ -32,7 +32,6 @@ TEST(PolicyRegistry, UnknownNameListsKnownOnes) {
             "p.yaml: policy.name: unknown policy 'quest9' (known: dense, streaming_llm)");
 }
 
-
 Result<PolicyChoice> Resolve(const std::string& yaml) {
   auto config = ParseConfig(yaml, "s.yaml");
   if (!config.ok()) return config.status();

@@ -110,9 +110,8 @@ const NamedPath kPaths[] = {{"rows", RowsAttentionForKvHead, RowsAttentionScratc
 std::string Describe(const Shape& s, const char* path, int chunk, const AttentionWindow& w) {
   return std::string(path) + " attention heads " + std::to_string(s.num_heads) + "/" +
          std::to_string(s.num_kv_heads) + " dim " + std::to_string(s.head_dim) + " block " +
-         std::to_string(s.block_tokens) + " positions " + std::to_string(s.positions) +
-         " chunk " + std::to_string(chunk) + " sink " + std::to_string(w.sink_tokens) +
-         " recent " +
+         std::to_string(s.block_tokens) + " positions " + std::to_string(s.positions) + " chunk " +
+         std::to_string(chunk) + " sink " + std::to_string(w.sink_tokens) + " recent " +
          (w.recent_tokens == AttentionWindow::kUnbounded ? "all" : std::to_string(w.recent_tokens));
 }
 
@@ -131,8 +130,8 @@ std::vector<float> RunChunked(const Shape& s, const NamedPath& path, int chunk,
     AppendToPagedKv(keys.data() + start * kv_row, values.data() + start * kv_row, tokens, start,
                     kv);
     const size_t q_offset = size_t(start) * s.num_heads * s.head_dim;
-    const CausalAttentionArgs args{q.data() + q_offset, output.data() + q_offset, tokens, start,
-                                   s.num_heads, kv, window};
+    const CausalAttentionArgs args{
+        q.data() + q_offset, output.data() + q_offset, tokens, start, s.num_heads, kv, window};
     // Exactly the advertised size, NaN-filled: reading scratch before writing it shows up.
     scratch.assign(size_t(path.scratch_size(args)), NAN);
     for (int h = 0; h < s.num_kv_heads; ++h) path.run(args, h, scratch.data());
@@ -142,8 +141,8 @@ std::vector<float> RunChunked(const Shape& s, const NamedPath& path, int chunk,
 
 // Odd sizes; block tables shuffled; group sizes 1, 2, 3, 8 (8 with 64-key tiles, several per
 // context); 301 positions exceed every key tile.
-const Shape kShapes[] = {{4, 2, 16, 16, 37},  {6, 2, 10, 4, 23},   {3, 3, 8, 64, 70},
-                         {8, 1, 6, 16, 1},    {8, 1, 12, 16, 301}, {6, 2, 10, 64, 200},
+const Shape kShapes[] = {{4, 2, 16, 16, 37}, {6, 2, 10, 4, 23},   {3, 3, 8, 64, 70},
+                         {8, 1, 6, 16, 1},   {8, 1, 12, 16, 301}, {6, 2, 10, 64, 200},
                          {2, 2, 32, 16, 133}};
 
 TEST(CausalAttention, DenseMatchesNaiveReferenceForChunkedQueries) {
@@ -232,8 +231,8 @@ TEST(CausalAttention, KeysOutsideTheWindowAreNeverRead) {
   for (const NamedPath& path : kPaths) {
     std::vector<float> output(size_t(tokens) * s.num_heads * s.head_dim, NAN);
     const size_t q_offset = size_t(start) * s.num_heads * s.head_dim;
-    const CausalAttentionArgs args{q.data() + q_offset, output.data(), tokens, start,
-                                   s.num_heads, kv, window};
+    const CausalAttentionArgs args{
+        q.data() + q_offset, output.data(), tokens, start, s.num_heads, kv, window};
     std::vector<float> scratch(size_t(path.scratch_size(args)));
     for (int h = 0; h < s.num_kv_heads; ++h) path.run(args, h, scratch.data());
     EXPECT_TRUE(AllClose(std::string(path.name) + " poisoned keys outside the window", output,

@@ -36,9 +36,9 @@ constexpr int kMinKeyTile = 16;
 
 // Sizes of one KV head's tiles.
 struct TileShape {
-  int group = 0;      // query heads per KV head
-  int max_rows = 0;   // kQueryTileTokens * group
-  int max_keys = 0;   // keys per key tile
+  int group = 0;     // query heads per KV head
+  int max_rows = 0;  // kQueryTileTokens * group
+  int max_keys = 0;  // keys per key tile
   int head_dim = 0;
 
   explicit TileShape(const CausalAttentionArgs& args)
@@ -51,11 +51,11 @@ struct TileShape {
 // Views into one thread's scratch.
 struct TileScratch {
   float* queries;      // [max_rows][head_dim], scaled queries of the tile
-  float* keys;         // [head_dim][max_keys used: count], gathered keys of the key tile,
+  float* keys;         // [head_dim][count <= max_keys], gathered keys of the key tile,
                        // transposed so that the score sgemm is NN (OpenBLAS's small-matrix
                        // kernels skip packing for NN, not for NT)
-  float* values;       // [max_keys][head_dim], gathered values of the key tile
-  float* scores;       // [max_rows][max_keys], scores, then unnormalized probabilities
+  float* values;       // [count <= max_keys][head_dim], gathered values of the key tile
+  float* scores;       // [rows][count], scores, then unnormalized probabilities
   float* accumulator;  // [max_rows][head_dim], sum of probabilities x values so far
   float* row_max;      // [max_rows], running max of each row's scores
   float* row_sum;      // [max_rows], running sum of each row's exp(score - row_max)
@@ -139,8 +139,8 @@ void GatherKeyTile(const PagedKvView& kv, int kv_head, int first, int count, flo
 void AttendKeyTile(const AttentionWindow& window, const TileShape& shape, int rows, int position0,
                    bool sink_segment, int first, int count, TileScratch& tiles) {
   const int head_dim = shape.head_dim;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, count, head_dim, 1.0f,
-              tiles.queries, head_dim, tiles.keys, count, 0.0f, tiles.scores, count);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, count, head_dim, 1.0f, tiles.queries,
+              head_dim, tiles.keys, count, 0.0f, tiles.scores, count);
   for (int r = 0; r < rows; ++r) {
     const int position = position0 + r / shape.group;
     // The row's attended keys in this tile: [begin, end) in tile columns.
@@ -168,8 +168,8 @@ void AttendKeyTile(const AttentionWindow& window, const TileShape& shape, int ro
     }
     tiles.row_sum[r] += tile_sum;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, head_dim, count, 1.0f,
-              tiles.scores, count, tiles.values, head_dim, 1.0f, tiles.accumulator, head_dim);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, head_dim, count, 1.0f, tiles.scores,
+              count, tiles.values, head_dim, 1.0f, tiles.accumulator, head_dim);
 }
 
 }  // namespace

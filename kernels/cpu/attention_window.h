@@ -20,8 +20,8 @@ namespace rubato {
 struct AttentionWindow {
   static constexpr int kUnbounded = INT_MAX;
 
-  int sink_tokens = 0;              // >= 0
-  int recent_tokens = kUnbounded;   // >= 1; kUnbounded = every position up to the query
+  int sink_tokens = 0;             // >= 0
+  int recent_tokens = kUnbounded;  // >= 1; kUnbounded = every position up to the query
 
   bool IsDense() const { return sink_tokens == 0 && recent_tokens == kUnbounded; }
 
