@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/all_close_for_test.h"
+#include "kernels/cpu/exp_approx.h"
 #include "kernels/cpu/kv_append.h"
 
 namespace rubato {
@@ -139,8 +141,8 @@ std::vector<float> RunChunked(const Shape& s, const NamedPath& path, int chunk,
   return output;
 }
 
-// Odd sizes; block tables shuffled; group sizes 1, 2, 3, 8 (8 with 64-key tiles, several per
-// context); 301 positions exceed every key tile.
+// Odd sizes; block tables shuffled; group sizes 1, 2, 3, 8. The tiled path runs several key
+// tiles for 301 positions at group 8 (64-key tiles) and 200 at group 3 (170-key tiles).
 const Shape kShapes[] = {{4, 2, 16, 16, 37}, {6, 2, 10, 4, 23},   {3, 3, 8, 64, 70},
                          {8, 1, 6, 16, 1},   {8, 1, 12, 16, 301}, {6, 2, 10, 64, 200},
                          {2, 2, 32, 16, 133}};
@@ -239,6 +241,22 @@ TEST(CausalAttention, KeysOutsideTheWindowAreNeverRead) {
                          std::vector<double>(expected.begin() + q_offset, expected.end()), 1e-6,
                          1e-5));
   }
+}
+
+// The tiled path's exp: within 2 ulp of the double-precision exp over the softmax range (and
+// beyond), and a tiny positive number below it.
+TEST(ExpApprox, WithinTwoUlpOfExp) {
+  double max_ulps = 0;
+  for (float x = -87.3f; x <= 88.3f; x += 0.000731f) {
+    const double exact = std::exp(double(x));
+    const double ulp = std::nextafter(float(exact), INFINITY) - float(exact);
+    max_ulps = std::max(max_ulps, std::fabs(ExpApprox(x) - exact) / ulp);
+  }
+  std::cout << "[ max error ] ExpApprox: " << max_ulps << " ulp\n";
+  EXPECT_LE(max_ulps, 2.0);
+  EXPECT_EQ(ExpApprox(0.0f), 1.0f);
+  EXPECT_GT(ExpApprox(-1000.0f), 0.0f);
+  EXPECT_LT(ExpApprox(-1000.0f), 1.3e-38f);
 }
 
 TEST(AttentionWindow, SegmentsAndVisibleKeys) {
