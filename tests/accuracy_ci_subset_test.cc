@@ -17,6 +17,8 @@ namespace {
 
 const char* const kModel = "models/tiny-qwen3-longctx";
 const char* const kSubset = "tests/data/accuracy/ci_subset.jsonl";
+const char* const kStreamingConfig = "configs/policies/streaming_llm_256.yaml";
+constexpr int kRecentWindow = 256;  // recent_window of kStreamingConfig
 
 struct Tally {
   int n = 0;
@@ -56,19 +58,46 @@ Result<AccuracyEvalResult> Evaluate(RubatoConfig config,
 
 bool IsPasskey(const InstanceOutcome& outcome) { return outcome.instance->task == "passkey"; }
 
-TEST(AccuracyCiSubset, DenseRecallsPasskeyAndMultikey) {
+// One test for both policies: the StreamingLLM assertion compares with dense on the same
+// instances, and running dense once keeps the test near one minute per policy on two cores.
+TEST(AccuracyCiSubset, DenseRecallsAndStreamingLlmForgetsOutsideItsWindow) {
   const auto instances = LoadAccuracyInstances(kSubset);
   ASSERT_TRUE(instances.ok()) << instances.status().message();
   ASSERT_GE(instances->size(), 40u);
+
   const auto dense = Evaluate(DefaultConfig(), *instances);
   ASSERT_TRUE(dense.ok()) << dense.status().message();
   PrintOutcomes(*dense);
-
-  const Tally passkey = Count(*dense, IsPasskey);
-  ASSERT_GE(passkey.n, 20);
-  EXPECT_GE(passkey.accuracy(), 0.9) << passkey.correct << "/" << passkey.n;
+  const Tally dense_passkey = Count(*dense, IsPasskey);
+  ASSERT_GE(dense_passkey.n, 20);
+  EXPECT_GE(dense_passkey.accuracy(), 0.9) << dense_passkey.correct << "/" << dense_passkey.n;
   for (const InstanceOutcome& outcome : dense->outcomes) {
     EXPECT_EQ(outcome.retained_kv_ratio, 1.0) << outcome.instance->id;
+  }
+
+  const auto streaming_config = LoadConfigFile(kStreamingConfig);
+  ASSERT_TRUE(streaming_config.ok()) << streaming_config.status().message();
+  const auto streaming = Evaluate(*streaming_config, *instances);
+  ASSERT_TRUE(streaming.ok()) << streaming.status().message();
+  PrintOutcomes(*streaming);
+  ASSERT_EQ(streaming->policy, "streaming_llm");
+  // Facts farther from the end of the prompt than the recent window are out of its reach (the
+  // 4 sink tokens hold at most the start of a depth-0 fact, never its number).
+  const auto outside_window = [](const InstanceOutcome& outcome) {
+    return outcome.asked_token_distance > kRecentWindow;
+  };
+  const Tally streaming_outside = Count(*streaming, outside_window);
+  const Tally dense_outside = Count(*dense, outside_window);
+  ASSERT_GE(streaming_outside.n, 30) << "the subset must keep its facts outside the window";
+  EXPECT_LE(streaming_outside.accuracy(), 0.3)
+      << streaming_outside.correct << "/" << streaming_outside.n;
+  EXPECT_GE(dense_outside.accuracy() - streaming_outside.accuracy(), 0.3)
+      << "dense " << dense_outside.correct << "/" << dense_outside.n << ", streaming_llm "
+      << streaming_outside.correct << "/" << streaming_outside.n;
+  for (const InstanceOutcome& outcome : streaming->outcomes) {
+    // (4 sink + 256 recent) of at least ~1900 positions.
+    EXPECT_LT(outcome.retained_kv_ratio, 0.15) << outcome.instance->id;
+    EXPECT_GT(outcome.retained_kv_ratio, 0.0) << outcome.instance->id;
   }
 }
 

@@ -25,8 +25,10 @@ Result<int> AskedTokenPosition(const Tokenizer& tokenizer, const AccuracyInstanc
   return static_cast<int>(tokenizer.Encode(prefix, /*add_special_tokens=*/true).size());
 }
 
-EngineOptions EngineOptionsFrom(const RubatoConfig& config, const AccuracyEvalOptions& options) {
+EngineOptions EngineOptionsFrom(const RubatoConfig& config, const PolicyChoice& policy,
+                                const AccuracyEvalOptions& options) {
   EngineOptions engine_options;
+  engine_options.attention_window = policy.window;
   engine_options.max_batch = options.batch;
   engine_options.max_context = config.engine.max_context;
   engine_options.block_size = config.engine.block_size;
@@ -99,7 +101,7 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
   }
 
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                          Engine::Create(std::move(model), EngineOptionsFrom(config, options)));
+                          Engine::Create(std::move(model), EngineOptionsFrom(config, policy, options)));
   std::unordered_map<uint64_t, size_t> instance_of_request;
   for (size_t i = 0; i < instances.size(); ++i) {
     GenerationRequest request;
@@ -119,8 +121,7 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
       outcome.continuation = tokenizer->Decode(generated[i], /*skip_special_tokens=*/true);
       outcome.prediction = ExtractPrediction(outcome.continuation);
       outcome.correct = ScoreContinuation(outcome.continuation, instances[i].answer);
-      // Dense attention keeps every token's KV.
-      outcome.retained_kv_ratio = 1.0;
+      outcome.retained_kv_ratio = event.retained_kv_ratio;  // of the last query
     }
   }
   return result;

@@ -27,7 +27,8 @@ struct InstanceOutcome {
   int prompt_tokens = 0;
   int asked_token_position = 0;  // index of the asked fact's first token in the prompt
   int asked_token_distance = 0;  // prompt_tokens - asked_token_position
-  double retained_kv_ratio = 1.0;  // KV the policy kept / KV of the sequence (1 = dense)
+  // Share of the sequence's KV positions the policy let the last query attend (1 = dense).
+  double retained_kv_ratio = 1.0;
 };
 
 struct AccuracyEvalResult {
