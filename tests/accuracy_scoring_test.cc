@@ -62,8 +62,7 @@ TEST_F(AccuracyInstanceFile, ReadsInstances) {
   EXPECT_EQ(first.length, 2048);
   EXPECT_DOUBLE_EQ(first.depth, 0.5);
   EXPECT_EQ(first.answer, "1");
-  EXPECT_EQ(first.prompt.substr(*Utf8ByteOffset(first.prompt, first.asked_char_offset), 3),
-            "The");
+  EXPECT_EQ(first.prompt.substr(*Utf8ByteOffset(first.prompt, first.asked_char_offset), 3), "The");
 }
 
 TEST_F(AccuracyInstanceFile, ErrorsNameFileAndLine) {

@@ -3,10 +3,9 @@
 // line that is not a JSON string must end in a one-line error.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -73,14 +72,14 @@ TEST(AccuracyTokenizeCli, RejectsLinesThatAreNotJsonStrings) {
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().message();
   TestTempDir dir;
   const std::string input_file = dir.WriteFile("in.txt", "\"fine\"\nnot quoted\n").string();
-  const ShellResult result = RunTokenize(std::string("--model ") + kModel + " --count",
-                                         input_file);
+  const ShellResult result = RunTokenize(std::string("--model ") + kModel + " --count", input_file);
   EXPECT_NE(result.exit_status, 0);
   const std::vector<std::string> lines = testing::NonEmptyLines(result.out);
   ASSERT_EQ(lines.size(), 2u) << result.out;
   EXPECT_EQ(lines[0], std::to_string((*tokenizer)->Encode("fine").size()));
-  EXPECT_EQ(lines[1], "rubato: error: tokenize: stdin line 2 is not a JSON string (write each "
-                      "text as \"...\" with JSON escapes)");
+  EXPECT_EQ(lines[1],
+            "rubato: error: tokenize: stdin line 2 is not a JSON string (write each "
+            "text as \"...\" with JSON escapes)");
 }
 
 TEST(AccuracyTokenizeCli, MissingModelIsOneLineError) {

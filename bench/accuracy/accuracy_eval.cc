@@ -75,9 +75,8 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
   load_options.seed = config.model.seed;
   load_options.num_threads = config.engine.threads;
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<CpuModel> model, CpuModel::Load(model_dir, load_options));
-  const int max_context = config.engine.max_context > 0
-                              ? config.engine.max_context
-                              : model->config().max_position_embeddings;
+  const int max_context = config.engine.max_context > 0 ? config.engine.max_context
+                                                        : model->config().max_position_embeddings;
 
   AccuracyEvalResult result;
   result.policy = policy.name;
@@ -90,18 +89,18 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
     outcome.instance = &instance;
     outcome.prompt_tokens = static_cast<int>(prompts[i].size());
     if (outcome.prompt_tokens + options.max_new_tokens > max_context) {
-      return OutOfRangeError("accuracy: instance '" + instance.id + "' has " +
-                             std::to_string(outcome.prompt_tokens) + " prompt tokens; with " +
-                             std::to_string(options.max_new_tokens) +
-                             " new tokens it exceeds the context of " +
-                             std::to_string(max_context) + " tokens");
+      return OutOfRangeError(
+          "accuracy: instance '" + instance.id + "' has " + std::to_string(outcome.prompt_tokens) +
+          " prompt tokens; with " + std::to_string(options.max_new_tokens) +
+          " new tokens it exceeds the context of " + std::to_string(max_context) + " tokens");
     }
     RUBATO_ASSIGN_OR_RETURN(outcome.asked_token_position, AskedTokenPosition(*tokenizer, instance));
     outcome.asked_token_distance = outcome.prompt_tokens - outcome.asked_token_position;
   }
 
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                          Engine::Create(std::move(model), EngineOptionsFrom(config, policy, options)));
+  RUBATO_ASSIGN_OR_RETURN(
+      std::unique_ptr<Engine> engine,
+      Engine::Create(std::move(model), EngineOptionsFrom(config, policy, options)));
   std::unordered_map<uint64_t, size_t> instance_of_request;
   for (size_t i = 0; i < instances.size(); ++i) {
     GenerationRequest request;

@@ -32,7 +32,7 @@ struct InstanceOutcome {
 };
 
 struct AccuracyEvalResult {
-  std::string policy;  // the policy's name
+  std::string policy;                     // the policy's name
   std::vector<InstanceOutcome> outcomes;  // in the order of the instances
 };
 

@@ -3,7 +3,6 @@
 #include "bench/accuracy/accuracy_instance.h"
 
 #include <nlohmann/json.hpp>
-
 #include <sstream>
 
 #include "common/text_file.h"
@@ -75,13 +74,13 @@ Result<std::vector<AccuracyInstance>> LoadAccuracyInstances(const std::filesyste
   std::string line;
   for (int line_number = 1; std::getline(lines, line); ++line_number) {
     if (StripWhitespace(line).empty()) continue;
-    RUBATO_ASSIGN_OR_RETURN(
-        AccuracyInstance instance,
-        ParseInstance(line, path.string() + ":" + std::to_string(line_number)));
+    RUBATO_ASSIGN_OR_RETURN(AccuracyInstance instance,
+                            ParseInstance(line, path.string() + ":" + std::to_string(line_number)));
     instances.push_back(std::move(instance));
   }
   if (instances.empty()) {
-    return InvalidArgumentError(path.string() + ": no instances (expected one JSON object per "
+    return InvalidArgumentError(path.string() +
+                                ": no instances (expected one JSON object per "
                                 "line, as bench/accuracy/generate.py writes)");
   }
   return instances;

@@ -2,6 +2,7 @@
 // JSON object per line) and their scoring, which matches tasks.score in tasks.py exactly.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -12,12 +13,12 @@
 namespace rubato {
 
 struct AccuracyInstance {
-  std::string id;              // "passkey/4096/0.5/3": task/length/depth/index
-  std::string task;            // passkey | multikey | kv_recall | vartrack
-  int length = 0;              // length bucket in tokens (the prompt is a little shorter)
-  double depth = 0;            // where the asked fact sits, 0 = start of the context, 1 = end
-  std::string prompt;          // UTF-8, ends with the question
-  std::string answer;          // the string the continuation must start with, before '.'
+  std::string id;                 // "passkey/4096/0.5/3": task/length/depth/index
+  std::string task;               // passkey | multikey | kv_recall | vartrack
+  int length = 0;                 // length bucket in tokens (the prompt is a little shorter)
+  double depth = 0;               // where the asked fact sits, 0 = start of the context, 1 = end
+  std::string prompt;             // UTF-8, ends with the question
+  std::string answer;             // the string the continuation must start with, before '.'
   int64_t asked_char_offset = 0;  // code points into prompt where the asked fact starts
 };
 

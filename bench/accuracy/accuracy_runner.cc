@@ -10,12 +10,11 @@
 // "summary": [{task, length, accuracy, n, mean_retained_kv_ratio}], "instances": [...]}.
 // Every error is one line on stderr ("rubato_accuracy: error: ...") and exit status 1.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -82,20 +81,19 @@ Status WriteResults(const RunnerArgs& args, const RubatoConfig& config,
   }
   nlohmann::json instances = nlohmann::json::array();
   for (const InstanceOutcome& outcome : result.outcomes) instances.push_back(OutcomeJson(outcome));
-  const nlohmann::json output = {
-      {"label", args.label},
-      {"policy", result.policy},
-      {"config", args.config_file.value_or("(defaults)")},
-      {"config_yaml", FormatConfigYaml(config)},
-      {"model", config.model.path},
-      {"tasks_file", args.tasks_file},
-      {"max_new_tokens", args.eval.max_new_tokens},
-      {"batch", args.eval.batch},
-      {"threads", config.engine.threads},
-      {"device", CpuModelName()},
-      {"wall_seconds", wall_seconds},
-      {"summary", summary},
-      {"instances", instances}};
+  const nlohmann::json output = {{"label", args.label},
+                                 {"policy", result.policy},
+                                 {"config", args.config_file.value_or("(defaults)")},
+                                 {"config_yaml", FormatConfigYaml(config)},
+                                 {"model", config.model.path},
+                                 {"tasks_file", args.tasks_file},
+                                 {"max_new_tokens", args.eval.max_new_tokens},
+                                 {"batch", args.eval.batch},
+                                 {"threads", config.engine.threads},
+                                 {"device", CpuModelName()},
+                                 {"wall_seconds", wall_seconds},
+                                 {"summary", summary},
+                                 {"instances", instances}};
   std::ofstream out(args.out_file);
   out << output.dump(2) << "\n";
   out.close();
@@ -113,8 +111,7 @@ Status Run(const RunnerArgs& args) {
   RUBATO_ASSIGN_OR_RETURN(std::vector<AccuracyInstance> instances,
                           LoadAccuracyInstances(args.tasks_file));
   const auto start = std::chrono::steady_clock::now();
-  RUBATO_ASSIGN_OR_RETURN(AccuracyEvalResult result,
-                          RunAccuracyEval(config, instances, args.eval));
+  RUBATO_ASSIGN_OR_RETURN(AccuracyEvalResult result, RunAccuracyEval(config, instances, args.eval));
   const double wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return WriteResults(args, config, result, wall_seconds);
@@ -133,8 +130,7 @@ int main(int argc, char** argv) {
   CLI::App app{"rubato_accuracy: long-context accuracy suite for one config"};
   app.add_option("--tasks-file", args.tasks_file, "Instances (.jsonl from generate.py)")
       ->required();
-  app.add_option("--model", args.model_dir, "Model directory (overrides model.path)")
-      ->required();
+  app.add_option("--model", args.model_dir, "Model directory (overrides model.path)")->required();
   app.add_option("--config", args.config_file, "YAML config: policy, engine sizes");
   app.add_option("--label", args.label, "Name of this run in the results")->required();
   app.add_option("--out", args.out_file, "Results JSON file")->required();

@@ -12,8 +12,9 @@ Output lines: {"id", "task", "length", "depth", "index", "prompt", "answer",
 "asked_char_offset" (code points into prompt where the asked fact starts), "prompt_tokens"}.
 
 Example:
-  bench/accuracy/generate.py --model models/tiny-qwen3-longctx --rubato build/inference_rank/rubato \
-      --tasks passkey,multikey --lengths 2048,4096 --depths 0,0.5,1 --instances 2 --out tasks.jsonl
+  bench/accuracy/generate.py --model models/tiny-qwen3-longctx \
+      --rubato build/inference_rank/rubato --tasks passkey,multikey --lengths 2048,4096 \
+      --depths 0,0.5,1 --instances 2 --out tasks.jsonl
 """
 import argparse
 import json

@@ -2,10 +2,9 @@
 // string per input line.
 #include "inference_rank/cli/tokenize_command.h"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

@@ -11,8 +11,8 @@
 namespace rubato {
 
 struct TokenizeArgs {
-  std::string model_dir;        // Hugging Face model directory holding tokenizer.json
-  bool count_only = false;      // print the number of tokens instead of the ids
+  std::string model_dir;            // Hugging Face model directory holding tokenizer.json
+  bool count_only = false;          // print the number of tokens instead of the ids
   bool add_special_tokens = false;  // run the post-processor (BOS for Llama-3; nothing for Qwen)
 };
 
