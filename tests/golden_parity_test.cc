@@ -37,6 +37,8 @@ const GoldenCase kCases[] = {
     {"tiny-qwen2-random", "tests/data/models/tiny-qwen2-random"},
 };
 
+void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.name; }
+
 constexpr int kPrefillChunk = 37;
 constexpr double kRelativeTolerance = 1e-3;
 
