@@ -8,11 +8,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/test_temp_dir.h"
+#include "common/text_file.h"
 #include "tests/cli_runner.h"
 
 namespace rubato {
@@ -25,11 +25,11 @@ using testing::RunProcess;
 
 const char* const kModel = "models/tiny-qwen3-random";
 
+// The bytes of `path`, or "" when it cannot be read (the test then fails on the content).
 std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  Result<std::string> bytes = ReadTextFile(path);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().message();
+  return bytes.ok() ? *bytes : std::string();
 }
 
 void WriteFile(const fs::path& path, const std::string& bytes) {

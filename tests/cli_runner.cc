@@ -10,20 +10,20 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <thread>
+
+#include "common/text_file.h"
 
 extern char** environ;
 
 namespace rubato::testing {
 namespace {
 
+// The captured output; empty when the file cannot be read.
 std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  Result<std::string> bytes = ReadTextFile(path);
+  return bytes.ok() ? *bytes : std::string();
 }
 
 }  // namespace

@@ -12,12 +12,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/text_file.h"
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/model/cpu_model.h"
 
@@ -43,10 +42,9 @@ constexpr int kPrefillChunk = 37;
 constexpr double kRelativeTolerance = 1e-3;
 
 std::string ReadBytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  Result<std::string> bytes = ReadTextFile(path);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().message();
+  return bytes.ok() ? *bytes : std::string();
 }
 
 // [rows][vocab] little-endian f32.
