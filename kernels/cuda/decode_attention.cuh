@@ -1,0 +1,64 @@
+// Dense decode attention on the GPU: one new query token per sequence against its paged K/V,
+// split-K flash-decoding, GQA-aware. CPU twin: kernels/cpu/attention.h (the rows path, one
+// token) and kernels/cpu/attention_stats.h (log-sum-exp and pooled probabilities).
+//
+// Each sequence b attends the keys its window allows among positions [0, seq_lens[b]) (the
+// query's own key, at seq_lens[b] - 1, already appended): [0, min(sink, L)) ∪ [max(sink, L -
+// recent), L) with L = seq_lens[b]; dense is sink = 0, recent = unbounded. Keys are split into
+// chunks processed by separate thread blocks, each computing a partial softmax (max, sum,
+// weighted values); a second kernel merges the chunks. The grid depends only on batch, heads
+// and max_seq_len, not on the actual lengths, so the launch can be captured in a CUDA graph and
+// replayed while sequences grow (up to max_seq_len).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace rubato::cuda {
+
+struct DecodeAttentionParams {
+  // Query head h of sequence b at q + b * q_row_stride + h * head_dim, bf16 (after RoPE).
+  const __nv_bfloat16* q = nullptr;
+  int64_t q_row_stride = 0;
+  const __nv_bfloat16* key_pool = nullptr;    // [blocks][num_kv_heads][block_tokens][head_dim]
+  const __nv_bfloat16* value_pool = nullptr;  // [blocks][num_kv_heads][block_tokens][head_dim]
+  const int32_t* block_tables = nullptr;      // [batch][block_table_stride] physical block ids
+  int block_table_stride = 0;
+  const int32_t* seq_lens = nullptr;  // [batch], device: keys held, 1 <= L <= max_seq_len
+  int batch = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;      // 16, 32, 64, 128
+  int block_tokens = 0;  // 16 or 64
+  int max_seq_len = 0;   // upper bound of seq_lens; fixes the grid (graph-stable)
+  float scale = 0.f;     // usually 1 / sqrt(head_dim)
+  int sink_tokens = 0;
+  int recent_tokens = INT_MAX;
+  // Head h of sequence b written at out + b * out_row_stride + h * head_dim, bf16.
+  __nv_bfloat16* out = nullptr;
+  int64_t out_row_stride = 0;
+  // Optional: [batch][num_heads], f32, natural-log sum of exp(scale * q.k) over attended keys.
+  float* lse = nullptr;
+  // Optional: [batch][num_kv_heads][probs_stride], f32: for each key position, the attention
+  // probability averaged over the GQA group's query heads (0 where not attended); positions
+  // [L, probs_stride) are left untouched. probs_stride >= max_seq_len.
+  float* kv_head_probs = nullptr;
+  int64_t probs_stride = 0;
+  void* workspace = nullptr;  // DecodeAttentionWorkspaceBytes(...) bytes, device
+  size_t workspace_bytes = 0;
+};
+
+// Device scratch a launch with these shapes needs (partial outputs and statistics per split,
+// plus raw scores when probabilities are wanted).
+size_t DecodeAttentionWorkspaceBytes(int batch, int num_heads, int head_dim, int max_seq_len,
+                                     bool want_probs);
+
+Status DecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream);
+
+}  // namespace rubato::cuda

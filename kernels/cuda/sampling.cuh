@@ -1,0 +1,42 @@
+// Next-token selection on the GPU for a batch of logit rows: greedy, or temperature + top-k +
+// top-p with one caller-supplied uniform draw per row. CPU twin: kernels/cpu/sampling.h
+// (ArgMax / SampleTokenWithUniform): given the same logits and the same uniform, both pick the
+// same token (up to fp32 rounding of probabilities right at a boundary).
+//
+// The uniform comes from the request's own std::mt19937_64 on the host (one draw per sampled
+// token, none for greedy), so a request's tokens never depend on its batch and the CPU and CUDA
+// engines draw the same random numbers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace rubato::cuda {
+
+// How one row is sampled (device array of these, one per row).
+struct SamplingRow {
+  float temperature = 0.f;  // 0 = greedy (argmax, lowest id on ties); else > 0
+  int top_k = 0;            // 0 = off
+  float top_p = 1.f;        // in (0, 1]; 1 = off
+  float uniform = 0.f;      // in [0, 1): the row's draw (unused when greedy)
+};
+
+struct SampleParams {
+  const float* logits = nullptr;  // [rows][vocab_size], f32
+  int rows = 0;
+  int vocab_size = 0;
+  const SamplingRow* row_params = nullptr;  // [rows], device
+  int32_t* tokens = nullptr;                // [rows], device: the chosen ids
+  void* workspace = nullptr;                // SampleWorkspaceBytes(rows, vocab_size) bytes
+  size_t workspace_bytes = 0;
+};
+
+size_t SampleWorkspaceBytes(int rows, int vocab_size);
+
+Status SampleTokens(const SampleParams& params, cudaStream_t stream);
+
+}  // namespace rubato::cuda
