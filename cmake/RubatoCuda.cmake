@@ -15,6 +15,12 @@ if(NOT RUBATO_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 90)  # H100 / H200; override with -DCMAKE_CUDA_ARCHITECTURES
     endif()
     enable_language(CUDA)
+    # C++20 for device code too. CMake 3.25 (Debian 12) does not know nvcc's flag for it yet
+    # (nvcc >= 12 has it), so tell it.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
