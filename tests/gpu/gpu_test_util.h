@@ -51,7 +51,7 @@ inline std::vector<__nv_bfloat16> ToBf16(std::span<const float> values) {
   std::vector<__nv_bfloat16> out(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     const uint16_t bits = F32ToBf16(values[i]);
-    std::memcpy(&out[i], &bits, sizeof(bits));
+    std::memcpy(static_cast<void*>(&out[i]), &bits, sizeof(bits));  // __nv_bfloat16: raw bits
   }
   return out;
 }
