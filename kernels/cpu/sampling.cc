@@ -74,19 +74,28 @@ void FilteredDistribution(std::span<const float> logits, const SamplingFilter& f
   }
 }
 
-int SampleToken(std::span<const float> logits, const SamplingFilter& filter, std::mt19937_64& rng,
-                SamplingWorkspace& workspace) {
+double DrawUniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+int SampleTokenWithUniform(std::span<const float> logits, const SamplingFilter& filter,
+                           double uniform, SamplingWorkspace& workspace) {
   FilteredDistribution(logits, filter, workspace);
-  // One 53-bit uniform in [0, 1) per token, independent of the standard library's
-  // distribution implementations.
-  const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
   double cumulative = 0.0;
   const std::vector<double>& probs = workspace.probabilities;
   for (size_t i = 0; i < probs.size(); ++i) {
     cumulative += probs[i];
-    if (u < cumulative) return workspace.candidates[i];
+    if (uniform < cumulative) return workspace.candidates[i];
   }
-  return workspace.candidates.back();  // u within rounding of 1
+  // `uniform` within rounding of 1: the last candidate that can be drawn at all (never a
+  // candidate of probability 0, e.g. a -inf logit kept by top-k).
+  for (size_t i = probs.size(); i-- > 0;) {
+    if (probs[i] > 0.0) return workspace.candidates[i];
+  }
+  return workspace.candidates.front();
+}
+
+int SampleToken(std::span<const float> logits, const SamplingFilter& filter, std::mt19937_64& rng,
+                SamplingWorkspace& workspace) {
+  return SampleTokenWithUniform(logits, filter, DrawUniform(rng), workspace);
 }
 
 }  // namespace rubato

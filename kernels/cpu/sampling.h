@@ -2,8 +2,10 @@
 // sampling with a caller-owned RNG.
 //
 // Each request owns its std::mt19937_64 (seeded from the request's seed) and every sampled
-// token consumes exactly one draw, so a request's tokens never depend on which other requests
-// share its batch. Greedy consumes no draw.
+// token consumes exactly one draw (DrawUniform), so a request's tokens never depend on which
+// other requests share its batch. Greedy consumes no draw. SampleTokenWithUniform is the
+// deterministic part that the CUDA op (kernels/cuda/sampling.cuh) reproduces: the engine draws
+// the uniform on the host and both backends pick the same token for it.
 #pragma once
 
 #include <cstdint>
@@ -29,19 +31,30 @@ struct SamplingFilter {
 
 // Reusable buffers so that sampling allocates nothing per token once warm.
 struct SamplingWorkspace {
-  std::vector<int> candidates;        // [vocab] token ids, most probable first after filtering
+  std::vector<int> candidates;        // [<= vocab] token ids, in FilteredDistribution's order
   std::vector<double> probabilities;  // [vocab] unnormalized probabilities of the candidates
 };
 
-// Draws one token id from softmax(filtered logits / temperature) with one draw of `rng`.
-// logits: [vocab], f32, no NaN, at least one finite entry (-inf entries are never drawn).
-// Filter values must be valid (the engine validates requests).
+// One 53-bit uniform in [0, 1) from one draw of `rng`, independent of the standard library's
+// distribution implementations (so every platform and backend sees the same value).
+double DrawUniform(std::mt19937_64& rng);
+
+// The token that `uniform` (in [0, 1)) selects from softmax(filtered logits / temperature):
+// the first candidate, in FilteredDistribution's order, whose cumulative probability exceeds
+// `uniform`. If rounding leaves `uniform` at or above the last cumulative value, the last
+// candidate with a positive probability. logits: [vocab], f32, no NaN, at least one finite entry
+// (-inf entries are never chosen). Filter values must be valid (the engine validates requests).
+int SampleTokenWithUniform(std::span<const float> logits, const SamplingFilter& filter,
+                           double uniform, SamplingWorkspace& workspace);
+
+// SampleTokenWithUniform with DrawUniform(rng): consumes exactly one draw of `rng`.
 int SampleToken(std::span<const float> logits, const SamplingFilter& filter, std::mt19937_64& rng,
                 SamplingWorkspace& workspace);
 
-// The candidate set SampleToken draws from: token ids in decreasing probability (lower id
-// first on ties) with their normalized probabilities. Exposed for tests and for callers that
-// report top alternatives.
+// The candidate set SampleTokenWithUniform walks, with normalized probabilities. Order: when
+// top-k or top-p is active, decreasing probability (higher logit first, lower id first on equal
+// logits); with neither filter, plain token id order (no sort: the walk over ids picks from the
+// same distribution). Exposed for tests and for callers that report top alternatives.
 void FilteredDistribution(std::span<const float> logits, const SamplingFilter& filter,
                           SamplingWorkspace& workspace);
 

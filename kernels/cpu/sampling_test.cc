@@ -131,5 +131,58 @@ TEST(SampleToken, NegativeInfinityIsNeverDrawn) {
   }
 }
 
+TEST(SampleTokenWithUniform, SampleTokenIsDrawUniformThenSampleTokenWithUniform) {
+  std::mt19937_64 data_rng(21);
+  std::normal_distribution<float> normal;
+  std::vector<float> logits(301);
+  for (float& x : logits) x = 2.0f * normal(data_rng);
+  SamplingWorkspace workspace;
+  for (const SamplingFilter& filter :
+       {SamplingFilter{1.0f, 0, 1.0f}, SamplingFilter{0.7f, 40, 1.0f},
+        SamplingFilter{1.3f, 0, 0.9f}, SamplingFilter{0.9f, 25, 0.8f}}) {
+    std::mt19937_64 a(77), b(77);
+    for (int i = 0; i < 200; ++i) {
+      const int token = SampleToken(logits, filter, a, workspace);
+      const double u = DrawUniform(b);
+      ASSERT_GE(u, 0.0);
+      ASSERT_LT(u, 1.0);
+      ASSERT_EQ(token, SampleTokenWithUniform(logits, filter, u, workspace)) << "draw " << i;
+    }
+    EXPECT_EQ(a(), b()) << "both consumed exactly one draw per token";
+  }
+}
+
+TEST(SampleTokenWithUniform, UniformWalksTheCumulativeDistribution) {
+  // Probabilities 0.5, 0.3, 0.15, 0.05 (ids 2, 0, 3, 1).
+  const std::vector<float> logits = {std::log(0.3f), std::log(0.05f), std::log(0.5f),
+                                     std::log(0.15f)};
+  SamplingWorkspace workspace;
+  // top-p 0.99 sorts the candidates (2, 0, 3, 1) and keeps all four.
+  const SamplingFilter sorted{1.0f, 0, 0.99f};
+  EXPECT_EQ(SampleTokenWithUniform(logits, sorted, 0.0, workspace), 2);
+  EXPECT_EQ(SampleTokenWithUniform(logits, sorted, 0.49, workspace), 2);
+  EXPECT_EQ(SampleTokenWithUniform(logits, sorted, 0.51, workspace), 0);
+  EXPECT_EQ(SampleTokenWithUniform(logits, sorted, 0.81, workspace), 3);
+  EXPECT_EQ(SampleTokenWithUniform(logits, sorted, 0.96, workspace), 1);
+  EXPECT_EQ(SampleTokenWithUniform(logits, sorted, 1.0 - 0x1.0p-53, workspace), 1);
+  // Without filters the walk is in id order: 0.3 (id 0), 0.05 (id 1), 0.5 (id 2), 0.15 (id 3).
+  const SamplingFilter unfiltered{1.0f, 0, 1.0f};
+  EXPECT_EQ(SampleTokenWithUniform(logits, unfiltered, 0.29, workspace), 0);
+  EXPECT_EQ(SampleTokenWithUniform(logits, unfiltered, 0.31, workspace), 1);
+  EXPECT_EQ(SampleTokenWithUniform(logits, unfiltered, 0.36, workspace), 2);
+  EXPECT_EQ(SampleTokenWithUniform(logits, unfiltered, 0.86, workspace), 3);
+}
+
+TEST(SampleTokenWithUniform, UniformAtOneNeverPicksAZeroProbabilityCandidate) {
+  // top-k 3 keeps the two -inf entries after id 2; a uniform at (or, by rounding, above) the
+  // last cumulative value must still pick a drawable token.
+  const std::vector<float> logits = {-INFINITY, 0.5f, 1.0f, -INFINITY};
+  SamplingWorkspace workspace;
+  FilteredDistribution(logits, SamplingFilter{1.0f, 3, 1.0f}, workspace);
+  ASSERT_EQ(workspace.candidates, (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(SampleTokenWithUniform(logits, SamplingFilter{1.0f, 3, 1.0f}, 1.0, workspace), 1);
+  EXPECT_EQ(SampleTokenWithUniform(logits, SamplingFilter{1.0f, 0, 1.0f}, 1.0, workspace), 2);
+}
+
 }  // namespace
 }  // namespace rubato
