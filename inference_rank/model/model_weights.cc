@@ -151,12 +151,9 @@ size_t WeightBytes(const ModelConfig& config) {
   return static_cast<size_t>(ParameterCount(config)) * sizeof(float);
 }
 
-Result<ModelWeights> LoadWeights(const ModelConfig& config, const SafetensorsCheckpoint& checkpoint,
-                                 const std::string& source) {
-  ModelWeights weights;
-  const std::vector<WeightSlot> slots = ListWeights(config, &weights);
-
-  // Check names and shapes of everything before converting anything.
+Status CheckCheckpointTensors(const ModelConfig& config, const SafetensorsCheckpoint& checkpoint,
+                              const std::string& source) {
+  const std::vector<WeightSlot> slots = ListWeights(config, nullptr);
   std::vector<std::string> missing;
   std::set<std::string> listed;
   for (const WeightSlot& slot : slots) {
@@ -202,7 +199,15 @@ Result<ModelWeights> LoadWeights(const ModelConfig& config, const SafetensorsChe
         config.architecture + " with this config.json does not use: " + names +
         "; does config.json belong to this checkpoint?");
   }
+  return Status::Ok();
+}
 
+Result<ModelWeights> LoadWeights(const ModelConfig& config, const SafetensorsCheckpoint& checkpoint,
+                                 const std::string& source) {
+  // Check names and shapes of everything before converting anything.
+  RUBATO_RETURN_IF_ERROR(CheckCheckpointTensors(config, checkpoint, source));
+  ModelWeights weights;
+  const std::vector<WeightSlot> slots = ListWeights(config, &weights);
   try {
     for (const WeightSlot& slot : slots) {
       const SafetensorsTensor* tensor = checkpoint.Find(slot.name);

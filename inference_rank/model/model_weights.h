@@ -80,6 +80,12 @@ std::vector<WeightSlot> ListWeights(const ModelConfig& config, ModelWeights* wei
 int64_t ParameterCount(const ModelConfig& config);
 size_t WeightBytes(const ModelConfig& config);
 
+// Checks `checkpoint` against the list before anything is converted: the errors LoadWeights
+// describes below except ResourceExhausted. Also used by loaders that convert elsewhere (the
+// CUDA model streams each tensor to the device as bf16).
+Status CheckCheckpointTensors(const ModelConfig& config, const SafetensorsCheckpoint& checkpoint,
+                              const std::string& source);
+
 // Loads every listed tensor from `checkpoint`, converting to fp32. Errors name the tensor:
 //   NotFound         a listed tensor is absent
 //   InvalidArgument  a tensor's shape differs from what config.json implies, or the checkpoint
