@@ -1,5 +1,5 @@
-// The generation engine: validation, FCFS admission, mixed prefill/decode steps, sampling and
-// retirement (see engine.h).
+// The generation engine: validation, FCFS admission, mixed prefill/decode steps, sampling draws
+// and retirement (see engine.h).
 #include "inference_rank/engine/engine.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/logging.h"
+#include "kernels/cpu/sampling.h"
 
 namespace rubato {
 namespace {
@@ -26,7 +27,7 @@ double RetainedKvRatio(const AttentionWindow& window, int context) {
   return static_cast<double>(window.VisibleKeys(context - 1)) / context;
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<CpuModel> model,
+Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
                                                const EngineOptions& options) {
   if (model == nullptr) return InvalidArgumentError("engine: no model");
   const ModelConfig& config = model->config();
@@ -74,17 +75,18 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<CpuModel> model,
       model->CreateKvCache(resolved.block_size, resolved.max_kv_blocks);
   if (!cache.ok()) return cache.status().WithContext("engine");
   RUBATO_LOG_INFO(kLogSubsystem,
-                  "max_batch {}, max_context {}, {} KV blocks of {} tokens ({} MiB), "
+                  "backend {}, max_batch {}, max_context {}, {} KV blocks of {} tokens ({} MiB), "
                   "prefill chunk {}, attention {}",
-                  resolved.max_batch, resolved.max_context, resolved.max_kv_blocks,
-                  resolved.block_size, (*cache)->pool_bytes() >> 20, resolved.prefill_chunk,
+                  model->backend_name(), resolved.max_batch, resolved.max_context,
+                  resolved.max_kv_blocks, resolved.block_size, (*cache)->pool_bytes() >> 20,
+                  resolved.prefill_chunk,
                   window.IsDense() ? std::string("dense")
                                    : "sink " + std::to_string(window.sink_tokens) + " + recent " +
                                          std::to_string(window.recent_tokens));
   return std::unique_ptr<Engine>(new Engine(std::move(model), std::move(cache).value(), resolved));
 }
 
-Engine::Engine(std::unique_ptr<CpuModel> model, std::unique_ptr<PagedKvCache> kv_cache,
+Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<PagedKvCache> kv_cache,
                const EngineOptions& options)
     : model_(std::move(model)), kv_cache_(std::move(kv_cache)), options_(options) {}
 
@@ -166,11 +168,11 @@ Status Engine::AdmitWaiting() {
   return Status::Ok();
 }
 
-int Engine::SampleNext(Request& request, std::span<const float> logits) {
-  const SamplingParams& sampling = request.params.sampling;
-  if (sampling.temperature == 0.0f) return ArgMax(logits);
-  const SamplingFilter filter{sampling.temperature, sampling.top_k, sampling.top_p};
-  return SampleToken(logits, filter, request.rng, sampling_workspace_);
+TokenSampling Engine::NextSampling(Request& request) {
+  const SamplingParams& params = request.params.sampling;
+  TokenSampling sampling{params.temperature, params.top_k, params.top_p, 0.0};
+  if (params.temperature > 0.0f) sampling.uniform = DrawUniform(request.rng);
+  return sampling;
 }
 
 FinishReason Engine::FinishAfter(const Request& request, int token) const {
@@ -188,6 +190,8 @@ Result<std::vector<TokenEvent>> Engine::Step() {
 
   batch_.clear();
   batch_requests_.clear();
+  // Sized before any entry points into it: no reallocation while the batch is built.
+  batch_sampling_.resize(running_.size());
   int prefill_budget = options_.prefill_chunk;
   for (Request& request : running_) {
     const std::vector<int>& prompt = request.params.prompt_ids;
@@ -204,20 +208,36 @@ Result<std::vector<TokenEvent>> Engine::Step() {
       batch_.push_back(ForwardEntry{&request.kv, std::span<const int>(&request.last_token, 1),
                                     request.kv.num_tokens, LogitsWanted::kLast});
     }
+    if (batch_.back().logits != LogitsWanted::kNone) {
+      TokenSampling& sampling = batch_sampling_[batch_.size() - 1];
+      sampling = NextSampling(request);
+      batch_.back().sampling = &sampling;
+    }
     batch_requests_.push_back(&request);
   }
   if (batch_.empty()) return events;
 
   Status forward = model_->Forward(batch_, *kv_cache_, forward_result_, options_.attention_window);
   if (!forward.ok()) return forward.WithContext("engine step");
+  if (forward_result_.sampled_tokens.size() != batch_.size()) {
+    return InternalError("engine step: the " + std::string(model_->backend_name()) +
+                         " model returned " +
+                         std::to_string(forward_result_.sampled_tokens.size()) +
+                         " sampled tokens for a batch of " + std::to_string(batch_.size()));
+  }
 
   for (size_t e = 0; e < batch_.size(); ++e) {
     Request& request = *batch_requests_[e];
     if (request.prompt_done < static_cast<int>(request.params.prompt_ids.size())) {
       request.prompt_done += static_cast<int>(batch_[e].tokens.size());
     }
-    if (batch_[e].logits == LogitsWanted::kNone) continue;
-    const int token = SampleNext(request, forward_result_.LastLogits(static_cast<int>(e)));
+    if (batch_[e].sampling == nullptr) continue;
+    const int token = forward_result_.sampled_tokens[e];
+    if (token < 0 || token >= model_->config().vocab_size) {
+      return InternalError("engine step: the " + std::string(model_->backend_name()) +
+                           " model sampled token " + std::to_string(token) + " for request " +
+                           std::to_string(request.id));
+    }
     request.last_token = token;
     ++request.generated;
     request.finish = FinishAfter(request, token);

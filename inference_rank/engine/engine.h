@@ -10,14 +10,20 @@
 //   2. runs one forward over a batch that mixes one decode token for every request that is
 //      generating and prefill chunks of requests still reading their prompt (at most
 //      prefill_chunk prompt tokens in total per step, oldest request first);
-//   3. samples the next token of every request whose prompt is complete, and retires requests
-//      that finished (stop token, max_new_tokens, or max_context reached), freeing their blocks.
+//   3. takes the next token of every request whose prompt is complete (sampled by the model
+//      right after the forward, from a uniform the engine drew from the request's RNG), and
+//      retires requests that finished (stop token, max_new_tokens, or max_context reached),
+//      freeing their blocks.
 // Every forward attends through options.attention_window (dense, or a policy's sink + recent
 // window), and each token event reports the share of the request's KV its query attended.
 //
 // A request's tokens do not depend on the other requests in its batch: attention and sampling
-// are per request (each request owns an RNG seeded from its seed), and every linear layer
-// computes each row independently of the others up to fp32 rounding.
+// are per request (each request owns an RNG seeded from its seed and draws exactly one uniform
+// per sampled token, none when greedy), and every linear layer computes each row independently
+// of the others up to rounding.
+//
+// The engine is backend-neutral: it drives any Model (the CPU reference or the CUDA model) and
+// the KV cache that model creates.
 //
 // Not thread-safe: one thread drives Submit / Step.
 #pragma once
@@ -30,8 +36,7 @@
 
 #include "common/status.h"
 #include "inference_rank/kv/paged_kv_cache.h"
-#include "inference_rank/model/cpu_model.h"
-#include "kernels/cpu/sampling.h"
+#include "inference_rank/model/model.h"
 
 namespace rubato {
 
@@ -86,7 +91,7 @@ class Engine {
   // Validates `options` (positive sizes, block_size 16 or 64, max_context within the model's
   // max_position_embeddings, an attention window with sink >= 0 and recent >= 1) and creates
   // the KV cache.
-  static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<CpuModel> model,
+  static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<Model> model,
                                                 const EngineOptions& options);
 
   // Queues a request and returns its id (1, 2, ...). InvalidArgument for an empty prompt, ids
@@ -101,7 +106,7 @@ class Engine {
   Result<std::vector<TokenEvent>> Step();
 
   bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
-  const CpuModel& model() const { return *model_; }
+  const Model& model() const { return *model_; }
 
   // For metrics and tests.
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
@@ -121,17 +126,19 @@ class Engine {
     FinishReason finish = FinishReason::kNone;
   };
 
-  Engine(std::unique_ptr<CpuModel> model, std::unique_ptr<PagedKvCache> kv_cache,
+  Engine(std::unique_ptr<Model> model, std::unique_ptr<PagedKvCache> kv_cache,
          const EngineOptions& options);
 
   // Positions of a request's KV that may ever be written (prompt + generated - 1, the last
   // sampled token is never fed back).
   int ReservedTokens(const GenerationRequest& request) const;
   Status AdmitWaiting();
-  int SampleNext(Request& request, std::span<const float> logits);
+  // The TokenSampling of a request's next token: its filter, and one draw of its RNG unless
+  // greedy.
+  TokenSampling NextSampling(Request& request);
   FinishReason FinishAfter(const Request& request, int token) const;
 
-  std::unique_ptr<CpuModel> model_;
+  std::unique_ptr<Model> model_;
   std::unique_ptr<PagedKvCache> kv_cache_;
   EngineOptions options_;
   uint64_t next_id_ = 1;
@@ -140,9 +147,9 @@ class Engine {
 
   // Per-step state reused across steps.
   std::vector<ForwardEntry> batch_;
-  std::vector<Request*> batch_requests_;  // [batch entries]
+  std::vector<Request*> batch_requests_;       // [batch entries]
+  std::vector<TokenSampling> batch_sampling_;  // [batch entries]; what entries' sampling points to
   ForwardResult forward_result_;
-  SamplingWorkspace sampling_workspace_;
 };
 
 }  // namespace rubato

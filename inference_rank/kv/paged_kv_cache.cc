@@ -1,8 +1,9 @@
-// Paged KV cache: pools, free list and block tables (see paged_kv_cache.h).
+// Paged KV cache: host pools, free list and block tables (see paged_kv_cache.h).
 #include "inference_rank/kv/paged_kv_cache.h"
 
 #include <new>
 #include <string>
+#include <utility>
 
 namespace rubato {
 
@@ -12,7 +13,7 @@ size_t PagedKvCache::PoolBytes(const KvCacheShape& shape) {
          static_cast<size_t>(shape.block_tokens) * static_cast<size_t>(shape.head_dim);
 }
 
-Result<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvCacheShape& shape) {
+Status PagedKvCache::ValidateShape(const KvCacheShape& shape) {
   if (shape.block_tokens != 16 && shape.block_tokens != 64) {
     return InvalidArgumentError("KV cache: block size " + std::to_string(shape.block_tokens) +
                                 " is not supported (engine.block_size must be 16 or 64)");
@@ -27,6 +28,17 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvCacheShape& s
     return InvalidArgumentError("KV cache: the number of blocks must be positive, got " +
                                 std::to_string(shape.num_blocks) + " (engine.max_kv_blocks)");
   }
+  return Status::Ok();
+}
+
+void PagedKvCache::InitBlockAccounting() {
+  free_blocks_.reserve(static_cast<size_t>(shape_.num_blocks));
+  for (int block = shape_.num_blocks - 1; block >= 0; --block) free_blocks_.push_back(block);
+  block_in_use_.assign(static_cast<size_t>(shape_.num_blocks), 0);
+}
+
+Result<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvCacheShape& shape) {
+  RUBATO_RETURN_IF_ERROR(ValidateShape(shape));
   std::unique_ptr<PagedKvCache> cache(new PagedKvCache(shape));
   cache->layer_floats_ = static_cast<size_t>(shape.num_blocks) * shape.num_kv_heads *
                          shape.block_tokens * shape.head_dim;
@@ -39,11 +51,17 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvCacheShape& s
         std::to_string(shape.num_blocks) + " blocks of " + std::to_string(shape.block_tokens) +
         " tokens; lower engine.max_kv_blocks, engine.max_batch or engine.max_context");
   }
-  cache->free_blocks_.reserve(static_cast<size_t>(shape.num_blocks));
-  for (int block = shape.num_blocks - 1; block >= 0; --block) {
-    cache->free_blocks_.push_back(block);
-  }
-  cache->block_in_use_.assign(static_cast<size_t>(shape.num_blocks), 0);
+  cache->InitBlockAccounting();
+  return cache;
+}
+
+Result<std::unique_ptr<PagedKvCache>> PagedKvCache::CreateWithStorage(
+    const KvCacheShape& shape, std::unique_ptr<KvStorage> storage) {
+  RUBATO_RETURN_IF_ERROR(ValidateShape(shape));
+  if (storage == nullptr) return InvalidArgumentError("KV cache: no storage for the pools");
+  std::unique_ptr<PagedKvCache> cache(new PagedKvCache(shape));
+  cache->storage_ = std::move(storage);
+  cache->InitBlockAccounting();
   return cache;
 }
 
@@ -83,6 +101,7 @@ Status PagedKvCache::Release(KvSequence& sequence) {
 }
 
 PagedKvView PagedKvCache::LayerView(int layer, const KvSequence& sequence) const {
+  if (!keys_) return PagedKvView{};  // pools held by storage_, not on the host
   const size_t offset = layer_floats_ * static_cast<size_t>(layer);
   return PagedKvView{keys_.get() + offset, values_.get() + offset, sequence.block_table.data(),
                      shape_.block_tokens,  shape_.num_kv_heads,    shape_.head_dim};

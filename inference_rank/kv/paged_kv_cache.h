@@ -1,10 +1,16 @@
-// The paged KV cache of the CPU backend (DESIGN §3).
+// The paged KV cache of an inference rank (DESIGN §3): block accounting for every backend, and
+// the host pools of the CPU backend.
 //
 // For every layer, K and V live in pools of fixed-size blocks laid out
-//   [layer][block][kv_head][block_tokens][head_dim], f32
+//   [layer][block][kv_head][block_tokens][head_dim]
+// (f32 host pools for Create; a backend's own pools, e.g. bf16 on the GPU, for CreateWithStorage).
 // A sequence owns a block table (physical block ids in position order); position p of the
 // sequence is row p % block_tokens of block block_table[p / block_tokens]. Blocks come from one
 // free list shared by all layers: a block id names the same slot in every layer's pool.
+//
+// The free list, the block tables and Reserve / Release are the same CPU-side code whatever
+// holds the pools, so the engine's admission and the models' all-or-nothing reservation do not
+// depend on the backend.
 //
 // The cache never grows: running out of blocks is a ResourceExhausted error, never a crash.
 // The pools are allocated untouched (the OS maps pages on first write), so a cache sized for
@@ -36,11 +42,25 @@ struct KvSequence {
   int num_tokens = 0;                // positions [0, num_tokens) hold K/V in every layer
 };
 
+// Pools that a backend keeps outside this class (the CUDA model's device pools). The cache owns
+// it and hands it back through storage(); the backend downcasts to its own type.
+class KvStorage {
+ public:
+  virtual ~KvStorage() = default;
+  // Bytes of the K and V pools it holds (what pool_bytes() reports).
+  virtual size_t bytes() const = 0;
+};
+
 class PagedKvCache {
  public:
-  // Validates the shape (positive sizes, block_tokens 16 or 64) and allocates the pools;
+  // Validates the shape (positive sizes, block_tokens 16 or 64) and allocates f32 host pools;
   // ResourceExhausted when the allocation fails.
   static Result<std::unique_ptr<PagedKvCache>> Create(const KvCacheShape& shape);
+
+  // Same validation, no host pools: `storage` (not null) holds the pools for `shape`, and this
+  // cache only does the block accounting. LayerView must not be used on such a cache.
+  static Result<std::unique_ptr<PagedKvCache>> CreateWithStorage(
+      const KvCacheShape& shape, std::unique_ptr<KvStorage> storage);
 
   // Bytes of K and V pools for `shape` (what Create allocates).
   static size_t PoolBytes(const KvCacheShape& shape);
@@ -64,21 +84,32 @@ class PagedKvCache {
   }
 
   // What the CPU ops read and write for `layer` of `sequence`. Valid until the sequence's
-  // block table changes.
+  // block table changes. Host pools only: a cache made by CreateWithStorage has none and
+  // returns an empty view (null keys and values).
   PagedKvView LayerView(int layer, const KvSequence& sequence) const;
+
+  // The backend's pools of a CreateWithStorage cache; nullptr for a cache with host pools.
+  KvStorage* storage() { return storage_.get(); }
+  const KvStorage* storage() const { return storage_.get(); }
 
   const KvCacheShape& shape() const { return shape_; }
   int free_blocks() const { return static_cast<int>(free_blocks_.size()); }
   int used_blocks() const { return shape_.num_blocks - free_blocks(); }
-  size_t pool_bytes() const { return PoolBytes(shape_); }
+  // Bytes of the pools, wherever they are: the host pools, or storage()->bytes().
+  size_t pool_bytes() const { return storage_ ? storage_->bytes() : PoolBytes(shape_); }
 
  private:
   explicit PagedKvCache(const KvCacheShape& shape) : shape_(shape) {}
 
+  static Status ValidateShape(const KvCacheShape& shape);
+  void InitBlockAccounting();
+
   KvCacheShape shape_;
-  size_t layer_floats_ = 0;            // floats of one layer's pool: blocks x kv_heads x bt x hd
-  std::unique_ptr<float[]> keys_;      // [layer][block][kv_head][block_tokens][head_dim], f32
-  std::unique_ptr<float[]> values_;    // [layer][block][kv_head][block_tokens][head_dim], f32
+  std::unique_ptr<KvStorage> storage_;  // the backend's pools, or null for host pools
+  size_t layer_floats_ = 0;             // floats of one layer's pool: blocks x kv_heads x bt x hd
+  // Host pools (Create only): [layer][block][kv_head][block_tokens][head_dim], f32
+  std::unique_ptr<float[]> keys_;
+  std::unique_ptr<float[]> values_;
   std::vector<int32_t> free_blocks_;   // stack of free block ids; lowest ids handed out first
   std::vector<uint8_t> block_in_use_;  // [num_blocks] 1 while a sequence holds the block
 };

@@ -1,9 +1,11 @@
 // Tests for the paged KV cache: block accounting, all-or-nothing reservation, exhaustion as an
-// error, release and reuse, and that layer views of different layers and sequences never alias.
+// error, release and reuse, that layer views of different layers and sequences never alias, and
+// that a cache with a backend's storage does the same accounting without host pools.
 #include "inference_rank/kv/paged_kv_cache.h"
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <set>
 #include <vector>
 
@@ -124,6 +126,59 @@ TEST(PagedKvCache, LayersAndSequencesDoNotAlias) {
       }
     }
   }
+}
+
+// A backend's pools as the CUDA model would hold them; counts its own destruction.
+class FakeStorage : public KvStorage {
+ public:
+  explicit FakeStorage(bool* destroyed) : destroyed_(destroyed) {}
+  ~FakeStorage() override { *destroyed_ = true; }
+  size_t bytes() const override { return 12345; }
+
+ private:
+  bool* destroyed_;
+};
+
+TEST(PagedKvCache, ExternalStorageKeepsTheAccountingAndOwnsTheStorage) {
+  bool destroyed = false;
+  {
+    auto cache =
+        PagedKvCache::CreateWithStorage(SmallShape(3), std::make_unique<FakeStorage>(&destroyed));
+    ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+    PagedKvCache& kv = **cache;
+    ASSERT_NE(kv.storage(), nullptr);
+    EXPECT_NE(dynamic_cast<FakeStorage*>(kv.storage()), nullptr);
+    EXPECT_EQ(kv.pool_bytes(), 12345u);
+    KvSequence a, b;
+    ASSERT_TRUE(kv.Reserve(a, 20).ok());
+    EXPECT_EQ(kv.free_blocks(), 1);
+    EXPECT_EQ(kv.Reserve(b, 40).code(), StatusCode::kResourceExhausted);
+    EXPECT_TRUE(b.block_table.empty());
+    // No host pools: the view is empty rather than pointing at memory that is not there.
+    const PagedKvView view = kv.LayerView(0, a);
+    EXPECT_EQ(view.keys, nullptr);
+    EXPECT_EQ(view.values, nullptr);
+    ASSERT_TRUE(kv.Release(a).ok());
+    EXPECT_EQ(kv.free_blocks(), 3);
+    EXPECT_FALSE(destroyed);
+  }
+  EXPECT_TRUE(destroyed);
+}
+
+TEST(PagedKvCache, ExternalStorageValidatesTheShapeAndNeedsStorage) {
+  bool destroyed = false;
+  KvCacheShape shape = SmallShape(3);
+  shape.block_tokens = 8;
+  EXPECT_EQ(PagedKvCache::CreateWithStorage(shape, std::make_unique<FakeStorage>(&destroyed))
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(PagedKvCache::CreateWithStorage(SmallShape(3), nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+  // A host-pool cache has no backend storage.
+  auto host = PagedKvCache::Create(SmallShape(3));
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ((*host)->storage(), nullptr);
 }
 
 }  // namespace

@@ -37,19 +37,6 @@ const float* OrNull(const std::vector<float>& v) { return v.empty() ? nullptr : 
 
 }  // namespace
 
-std::span<const float> ForwardResult::EntryLogits(int entry) const {
-  const size_t e = static_cast<size_t>(entry);
-  return std::span<const float>(logits).subspan(
-      static_cast<size_t>(entry_first_row[e]) * vocab_size,
-      static_cast<size_t>(entry_row_count[e]) * vocab_size);
-}
-
-std::span<const float> ForwardResult::LastLogits(int entry) const {
-  const std::span<const float> rows = EntryLogits(entry);
-  if (rows.empty()) return rows;
-  return rows.subspan(rows.size() - static_cast<size_t>(vocab_size));
-}
-
 // ---- construction -------------------------------------------------------------------------
 
 CpuModel::CpuModel(ModelConfig config, ModelWeights weights, const ModelLoadOptions& options)
@@ -90,8 +77,7 @@ Result<std::unique_ptr<CpuModel>> CpuModel::Load(const std::filesystem::path& mo
   return Create(std::move(config).value(), std::move(weights).value(), options);
 }
 
-Result<std::unique_ptr<PagedKvCache>> CpuModel::CreateKvCache(int block_tokens,
-                                                              int num_blocks) const {
+Result<std::unique_ptr<PagedKvCache>> CpuModel::CreateKvCache(int block_tokens, int num_blocks) {
   return PagedKvCache::Create(KvCacheShape{config_.num_layers, config_.num_kv_heads,
                                            config_.head_dim, block_tokens, num_blocks});
 }
@@ -105,70 +91,6 @@ void CpuModel::SetNumThreads(int num_threads) {
 }
 
 // ---- forward --------------------------------------------------------------------------------
-
-Status CpuModel::ValidateBatch(std::span<const ForwardEntry> batch, const PagedKvCache& cache,
-                               const AttentionWindow& window) const {
-  if (window.sink_tokens < 0 || window.recent_tokens < 1) {
-    return InvalidArgumentError("forward: attention window with sink " +
-                                std::to_string(window.sink_tokens) + " and recent " +
-                                std::to_string(window.recent_tokens) +
-                                "; sink must be >= 0 and recent >= 1");
-  }
-  const KvCacheShape& shape = cache.shape();
-  if (shape.num_layers != config_.num_layers || shape.num_kv_heads != config_.num_kv_heads ||
-      shape.head_dim != config_.head_dim) {
-    return InvalidArgumentError("forward: the KV cache is shaped for " +
-                                std::to_string(shape.num_layers) + " layers x " +
-                                std::to_string(shape.num_kv_heads) + " KV heads x head_dim " +
-                                std::to_string(shape.head_dim) + ", not for this model");
-  }
-  for (size_t e = 0; e < batch.size(); ++e) {
-    const ForwardEntry& entry = batch[e];
-    const std::string where = "forward: batch entry " + std::to_string(e);
-    if (entry.sequence == nullptr) return InvalidArgumentError(where + " has no sequence");
-    if (entry.tokens.empty()) return InvalidArgumentError(where + " has no tokens");
-    if (entry.start_position < 0 || entry.start_position > entry.sequence->num_tokens) {
-      return InvalidArgumentError(
-          where + " starts at position " + std::to_string(entry.start_position) +
-          " but its sequence holds " + std::to_string(entry.sequence->num_tokens) + " tokens");
-    }
-    for (size_t i = 0; i < entry.tokens.size(); ++i) {
-      const int id = entry.tokens[i];
-      if (id < 0 || id >= config_.vocab_size) {
-        return InvalidArgumentError(where + ": token id " + std::to_string(id) + " at index " +
-                                    std::to_string(i) + " is outside the vocabulary [0, " +
-                                    std::to_string(config_.vocab_size) + ")");
-      }
-    }
-    for (size_t other = 0; other < e; ++other) {
-      if (batch[other].sequence == entry.sequence) {
-        return InvalidArgumentError(where + " uses the same sequence as entry " +
-                                    std::to_string(other));
-      }
-    }
-  }
-  return Status::Ok();
-}
-
-Status CpuModel::ReserveBlocks(std::span<const ForwardEntry> batch, PagedKvCache& cache) const {
-  int needed = 0;
-  for (const ForwardEntry& entry : batch) {
-    const int total = entry.start_position + static_cast<int>(entry.tokens.size());
-    needed +=
-        std::max(0, cache.BlocksFor(total) - static_cast<int>(entry.sequence->block_table.size()));
-  }
-  if (needed > cache.free_blocks()) {
-    return ResourceExhaustedError("forward: the batch needs " + std::to_string(needed) +
-                                  " more KV blocks but only " +
-                                  std::to_string(cache.free_blocks()) + " of " +
-                                  std::to_string(cache.shape().num_blocks) + " are free");
-  }
-  for (const ForwardEntry& entry : batch) {
-    RUBATO_RETURN_IF_ERROR(cache.Reserve(
-        *entry.sequence, entry.start_position + static_cast<int>(entry.tokens.size())));
-  }
-  return Status::Ok();
-}
 
 void CpuModel::PlanBatch(std::span<const ForwardEntry> batch) {
   plan_.clear();
@@ -222,9 +144,10 @@ Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cach
   result.logits.clear();
   result.entry_first_row.assign(batch.size(), 0);
   result.entry_row_count.assign(batch.size(), 0);
+  result.sampled_tokens.assign(batch.size(), -1);
   if (batch.empty()) return Status::Ok();
-  RUBATO_RETURN_IF_ERROR(ValidateBatch(batch, cache, window));
-  RUBATO_RETURN_IF_ERROR(ReserveBlocks(batch, cache));
+  RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
+  RUBATO_RETURN_IF_ERROR(ReserveForwardBlocks(batch, cache));
   try {
     PlanBatch(batch);
     const int hidden = config_.hidden_size;
@@ -240,6 +163,7 @@ Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cach
       entry.sequence->num_tokens = entry.start_position + static_cast<int>(entry.tokens.size());
     }
     ComputeLogits(batch, result);
+    SampleTokens(batch, result);
   } catch (const std::bad_alloc&) {
     return ResourceExhaustedError("forward: out of memory for the activations of " +
                                   std::to_string(total_tokens_) + " tokens");
@@ -354,6 +278,14 @@ void CpuModel::ComputeLogits(std::span<const ForwardEntry> batch, ForwardResult&
   result.logits.resize(static_cast<size_t>(rows) * config_.vocab_size);
   Linear(logit_rows_.data(), weights_.output_projection().data(), nullptr, rows,
          config_.hidden_size, config_.vocab_size, result.logits.data());
+}
+
+void CpuModel::SampleTokens(std::span<const ForwardEntry> batch, ForwardResult& result) {
+  for (size_t e = 0; e < batch.size(); ++e) {
+    if (batch[e].sampling == nullptr) continue;
+    result.sampled_tokens[e] = SampleOnHost(result.LastLogits(static_cast<int>(e)),
+                                            *batch[e].sampling, sampling_workspace_);
+  }
 }
 
 }  // namespace rubato

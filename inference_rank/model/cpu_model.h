@@ -9,6 +9,8 @@
 // the batch's attention window). Feeding a prompt in chunks gives the same logits as feeding it
 // at once, to fp32 rounding.
 //
+// Sampling (ForwardEntry::sampling) runs on the host from the last logits (SampleOnHost).
+//
 // Typical use (what the golden test does):
 //   RUBATO_ASSIGN_OR_RETURN(auto model, CpuModel::Load(dir, {}));
 //   RUBATO_ASSIGN_OR_RETURN(auto cache, model->CreateKvCache(/*block_tokens=*/16, blocks));
@@ -25,52 +27,21 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "common/hf_config.h"
 #include "common/status.h"
 #include "inference_rank/kv/paged_kv_cache.h"
+#include "inference_rank/model/model.h"
 #include "inference_rank/model/model_weights.h"
 #include "kernels/cpu/attention_window.h"
+#include "kernels/cpu/sampling.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace rubato {
 
-struct ModelLoadOptions {
-  bool random_weights = false;  // build the weights from config.json alone (no checkpoint read)
-  uint64_t seed = 0;            // seed of random_weights
-  int num_threads = 0;          // CPU threads for GEMMs and attention; 0 = all cores
-};
-
-// Which logits a batch entry needs.
-enum class LogitsWanted {
-  kNone,  // none (a prefill chunk that does not end the prompt): skips the lm_head
-  kLast,  // the entry's last token only (decode, the last prefill chunk)
-  kAll,   // every token of the entry (scoring, golden tests)
-};
-
-struct ForwardEntry {
-  KvSequence* sequence = nullptr;  // its block table; blocks are reserved by Forward as needed
-  std::span<const int> tokens;     // new token ids: a prefill chunk or one decode token
-  int start_position = 0;          // position of tokens[0]; <= sequence->num_tokens (equal
-                                   // when continuing; smaller rewinds and overwrites)
-  LogitsWanted logits = LogitsWanted::kLast;
-};
-
-// Output of a forward. Reused across calls, so that a steady decode loop does not allocate.
-struct ForwardResult {
-  int vocab_size = 0;
-  std::vector<float> logits;         // [rows][vocab], f32, entries' rows in batch order
-  std::vector<int> entry_first_row;  // [entries] first row of each entry
-  std::vector<int> entry_row_count;  // [entries] 0 (kNone), 1 (kLast) or tokens (kAll)
-
-  // [entry_row_count[entry]][vocab] logits of one entry.
-  std::span<const float> EntryLogits(int entry) const;
-  // [vocab] logits of the entry's last token; empty for a kNone entry.
-  std::span<const float> LastLogits(int entry) const;
-};
-
-class CpuModel {
+class CpuModel : public Model {
  public:
   // Reads model_dir/config.json and, unless options.random_weights, the safetensors checkpoint
   // in model_dir (single file or sharded), converting every weight to fp32.
@@ -81,30 +52,22 @@ class CpuModel {
   static Result<std::unique_ptr<CpuModel>> Create(ModelConfig config, ModelWeights weights,
                                                   const ModelLoadOptions& options);
 
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const override { return config_; }
+  std::string_view backend_name() const override { return "cpu"; }
+  size_t weight_bytes() const override { return WeightBytes(config_); }  // fp32
   const ModelWeights& weights() const { return weights_; }
-  int64_t parameter_count() const { return ParameterCount(config_); }
-  size_t weight_bytes() const { return WeightBytes(config_); }
 
-  // A KV cache shaped for this model.
-  Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) const;
+  // A KV cache shaped for this model, with f32 host pools.
+  Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override;
 
   // Threads for attention and (process-wide: OpenBLAS has one setting) GEMMs; 0 = all cores.
-  void SetNumThreads(int num_threads);
+  void SetNumThreads(int num_threads) override;
 
-  // Runs one batch. For each entry, reserves KV blocks for its new positions (all entries or
-  // none: ResourceExhausted when the cache is full), writes the new K/V of every layer, and
-  // sets sequence->num_tokens = start_position + tokens.size(). Errors (InvalidArgument) name
-  // the entry: empty tokens, a token id outside the vocabulary, a start position past the
-  // sequence's cached tokens, a sequence appearing twice in one batch; an attention window with
-  // sink < 0 or recent < 1 is InvalidArgument too.
-  //
-  // `window` restricts the keys every query of the batch attends, in every layer, prefill and
-  // decode alike (attention_window.h): dense by default; a StreamingLLM window (sink + recent)
-  // masks the rest. The window is per batch because the engine runs one policy; the KV cache
-  // still holds every position (the CPU reference masks, it never evicts).
+  // Model::Forward. The window is per batch because the engine runs one policy; the KV cache
+  // still holds every position (the CPU reference masks, it never evicts). Sampled entries
+  // keep their logits too.
   Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache, ForwardResult& result,
-                 const AttentionWindow& window = AttentionWindow());
+                 const AttentionWindow& window = AttentionWindow()) override;
 
  private:
   CpuModel(ModelConfig config, ModelWeights weights, const ModelLoadOptions& options);
@@ -117,9 +80,6 @@ class CpuModel {
     const KvSequence* sequence = nullptr;
   };
 
-  Status ValidateBatch(std::span<const ForwardEntry> batch, const PagedKvCache& cache,
-                       const AttentionWindow& window) const;
-  Status ReserveBlocks(std::span<const ForwardEntry> batch, PagedKvCache& cache) const;
   void PlanBatch(std::span<const ForwardEntry> batch);
   void EnsureWorkspace(int total_tokens, int attention_scratch_floats);
 
@@ -132,6 +92,8 @@ class CpuModel {
   void Mlp(int layer);
   // final norm -> lm_head (or tied embedding) for the rows the entries want.
   void ComputeLogits(std::span<const ForwardEntry> batch, ForwardResult& result);
+  // result.sampled_tokens for the entries with sampling set.
+  void SampleTokens(std::span<const ForwardEntry> batch, ForwardResult& result);
 
   ModelConfig config_;
   ModelWeights weights_;
@@ -157,6 +119,7 @@ class CpuModel {
   std::vector<float> logit_rows_;  // [logit rows][hidden], f32, final-normed rows for lm_head
   // [workers][CausalAttentionScratchSize of the batch's largest entry], f32
   std::vector<std::vector<float>> attention_scratch_;
+  SamplingWorkspace sampling_workspace_;
 };
 
 }  // namespace rubato

@@ -1,12 +1,14 @@
 // Tests for the CPU model's forward pass on tiny random Qwen3 / Qwen2 / Llama models: chunked
 // prefill equals one-shot prefill, a batch equals its entries run alone, rewinding a sequence,
-// checkpoint round trips, and bad batches / a full KV cache as errors.
+// checkpoint round trips, sampling after the forward (ForwardEntry::sampling), and bad batches /
+// a full KV cache as errors.
 #include "inference_rank/model/cpu_model.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <vector>
 
 #include "common/safetensors_writer.h"
@@ -288,6 +290,57 @@ TEST_F(CpuModelErrorsTest, BadEntriesAreNamed) {
   const ForwardEntry entry{&a, ok_tokens, 0, LogitsWanted::kLast};
   status = model_->Forward({&entry, 1}, **wrong_cache, result_);
   EXPECT_NE(status.message().find("not for this model"), std::string::npos) << status.message();
+}
+
+TEST_F(CpuModelErrorsTest, SamplesTheEntriesThatAskFromTheirLastLogits) {
+  const std::vector<int> prompt_a = TestPrompt(7, 3), prompt_b = TestPrompt(5, 4);
+  const std::vector<int> prompt_c = TestPrompt(4, 5);
+  KvSequence a, b, c;
+  const TokenSampling greedy;  // temperature 0
+  const TokenSampling hot{/*temperature=*/1.5f, /*top_k=*/20, /*top_p=*/0.9f, /*uniform=*/0.73};
+  const ForwardEntry batch[3] = {{&a, prompt_a, 0, LogitsWanted::kLast, &greedy},
+                                 {&b, prompt_b, 0, LogitsWanted::kAll, &hot},
+                                 {&c, prompt_c, 0, LogitsWanted::kLast}};
+  ASSERT_TRUE(model_->Forward(batch, *cache_, result_).ok());
+  ASSERT_EQ(result_.sampled_tokens.size(), 3u);
+  EXPECT_EQ(result_.sampled_tokens[0], ArgMax(result_.LastLogits(0)));
+  SamplingWorkspace workspace;
+  EXPECT_EQ(result_.sampled_tokens[1],
+            SampleTokenWithUniform(result_.LastLogits(1), SamplingFilter{1.5f, 20, 0.9f}, 0.73,
+                                   workspace));
+  EXPECT_EQ(result_.sampled_tokens[2], -1);                        // no sampling asked
+  EXPECT_EQ(result_.EntryLogits(1).size(), prompt_b.size() * 97);  // kAll keeps every row
+  // Different uniforms reach different tokens of a flat enough distribution.
+  std::set<int> tokens;
+  for (double u : {0.01, 0.3, 0.6, 0.99}) {
+    tokens.insert(SampleOnHost(result_.LastLogits(1), TokenSampling{5.f, 0, 1.f, u}, workspace));
+  }
+  EXPECT_GT(tokens.size(), 1u);
+}
+
+TEST_F(CpuModelErrorsTest, BadSamplingIsNamedAndReservesNothing) {
+  KvSequence a;
+  const std::vector<int> tokens = {1, 2};
+  const TokenSampling greedy;
+  const ForwardEntry no_logits{&a, tokens, 0, LogitsWanted::kNone, &greedy};
+  Status status = model_->Forward({&no_logits, 1}, *cache_, result_);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("batch entry 0 asks for sampling but wants no logits"),
+            std::string::npos)
+      << status.message();
+  const TokenSampling bad[] = {{-1.f, 0, 1.f, 0.5}, {1.f, -2, 1.f, 0.5}, {1.f, 0, 0.f, 0.5},
+                               {1.f, 0, 1.5f, 0.5}, {1.f, 0, 1.f, 1.0},  {1.f, 0, 1.f, -0.1}};
+  for (const TokenSampling& sampling : bad) {
+    const ForwardEntry entry{&a, tokens, 0, LogitsWanted::kLast, &sampling};
+    status = model_->Forward({&entry, 1}, *cache_, result_);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("sampling"), std::string::npos) << status.message();
+  }
+  // Greedy ignores the uniform.
+  const TokenSampling greedy_any_uniform{0.f, 0, 1.f, 7.0};
+  const ForwardEntry entry{&a, tokens, 0, LogitsWanted::kLast, &greedy_any_uniform};
+  EXPECT_TRUE(model_->Forward({&entry, 1}, *cache_, result_).ok());
+  EXPECT_EQ(result_.sampled_tokens[0], ArgMax(result_.LastLogits(0)));
 }
 
 }  // namespace
