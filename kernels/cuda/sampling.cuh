@@ -22,21 +22,31 @@ struct SamplingRow {
   float temperature = 0.f;  // 0 = greedy (argmax, lowest id on ties); else > 0
   int top_k = 0;            // 0 = off
   float top_p = 1.f;        // in (0, 1]; 1 = off
-  float uniform = 0.f;      // in [0, 1): the row's draw (unused when greedy)
+  double uniform = 0.0;     // in [0, 1): the row's draw, kernels/cpu DrawUniform's 53-bit value
+                            // (double so that the CPU twin sees the very same number); unused
+                            // when greedy
 };
 
+// The row parameters are device data, so the launcher cannot check them; the engine validates
+// requests. Outside the contract the kernel still writes a valid id: temperature <= 0 or NaN is
+// greedy, top_k outside (0, vocab_size) and top_p >= 1 (or NaN) are off, the uniform is clamped
+// to [0, 1], and a row without a finite logit (or with +inf) gets its argmax.
 struct SampleParams {
   const float* logits = nullptr;  // [rows][vocab_size], f32
   int rows = 0;
   int vocab_size = 0;
   const SamplingRow* row_params = nullptr;  // [rows], device
   int32_t* tokens = nullptr;                // [rows], device: the chosen ids
-  void* workspace = nullptr;                // SampleWorkspaceBytes(rows, vocab_size) bytes
+  void* workspace = nullptr;  // SampleWorkspaceBytes(rows, vocab_size) bytes, 16-byte aligned:
+                              // per row, f32 probabilities and int32 top-k ids [vocab]; no
+                              // contents carry over between calls
   size_t workspace_bytes = 0;
 };
 
 size_t SampleWorkspaceBytes(int rows, int vocab_size);
 
+// One thread block per row; no allocation, no synchronization (CUDA-graph capturable). rows == 0
+// is a no-op. vocab_size up to 2^26.
 Status SampleTokens(const SampleParams& params, cudaStream_t stream);
 
 }  // namespace rubato::cuda

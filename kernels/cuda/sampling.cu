@@ -1,0 +1,593 @@
+// Batched next-token sampling on the GPU (sampling.cuh): kernels, launcher, validation.
+//
+// One thread block per row. A greedy row is a block-wide argmax. A sampled row reproduces
+// kernels/cpu SampleTokenWithUniform without sorting the vocabulary:
+//   1. the largest logit (softmax's shift; always the first candidate in sorted order);
+//   2. top-k: a radix select over the logits' order-preserving bit patterns finds the k-th
+//      largest logit; the kept ids (on ties at the cut, the lowest ids) are compacted, in id
+//      order, into the workspace, and every later pass walks only them;
+//   3. the probabilities exp(l/T - max/T) of the candidates, computed in double as the CPU does
+//      and stored as f32 in the workspace, and their total;
+//   4. with neither top-k nor top-p the CPU walks the token ids in order: a block-wide prefix scan
+//      over ids (fp64) finds the first id whose cumulative mass exceeds uniform * total;
+//   5. otherwise the CPU walks the candidates by decreasing logit, lower id first on ties. A radix
+//      select by cumulative mass finds the logit of the candidate where the cumulative mass first
+//      reaches a target (top-p: top_p * total; the draw: uniform * nucleus mass), and a prefix
+//      scan over the candidates with that logit, in id order, finds the token.
+// The masses of step 5 are 64-bit fixed point scaled so that the total stays below 2^62: sums are
+// exact and independent of the order of the atomics (the result never depends on scheduling),
+// and every sorted prefix holds the largest probability, exp(0) = 1, so the rounding of at most
+// vocab * total * 2^-63 is below 1e-10 of any cumulative boundary. Versus the CPU, the f32
+// storage of the probabilities moves a cumulative boundary by at most ~1.2e-7 (relative): only a
+// uniform that close to a boundary can pick the neighbouring token.
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/sampling.cuh"
+
+namespace rubato::cuda {
+namespace {
+
+using u64 = unsigned long long;  // the 64-bit type CUDA's atomics and shuffles take
+
+constexpr int kThreads = 1024;  // one block per row: enough loads in flight for one SM
+constexpr int kWarps = kThreads / 32;
+constexpr int kPerThread = 4;                 // consecutive candidates per thread (16 bytes)
+constexpr int kTile = kPerThread * kThreads;  // candidates per block-wide step
+constexpr int kDigitBits = 8;                 // radix select: 4 passes over 32-bit keys
+constexpr int kBins = 1 << kDigitBits;
+constexpr int kBinsPerLane = kBins / 32;
+constexpr int kCopies = 8;  // histogram replicas (lane % 8): fewer atomics on one address
+constexpr int kMaxVocab = 1 << 26;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr uint32_t kNegInfKey = 0x007fffffu;  // OrderedKey(-inf)
+
+// ---- keys: floats as order-preserving unsigned integers -----------------------------------------
+
+// a > b  <=>  OrderedKey(a) > OrderedKey(b) for non-NaN floats; -0 maps like +0 because the CPU
+// compares values (-0 == +0: the lower id wins).
+__device__ __forceinline__ uint32_t OrderedKey(float x) {
+  uint32_t bits = __float_as_uint(x);
+  if ((bits & 0x7fffffffu) == 0) bits = 0;
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// The key sampling orders by: NaN (outside the contract) sorts as -inf.
+__device__ __forceinline__ uint32_t SampleKey(float x) {
+  return isnan(x) ? kNegInfKey : OrderedKey(x);
+}
+
+__device__ __forceinline__ float KeyValue(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// (key, id) packed so that the larger pack is the larger logit, then the lower id.
+__device__ __forceinline__ u64 PackKeyId(uint32_t key, int id) {
+  return (static_cast<u64>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
+}
+__device__ __forceinline__ int PackedId(u64 packed) {
+  return static_cast<int>(0xffffffffu - static_cast<uint32_t>(packed & 0xffffffffu));
+}
+
+// ---- shared state and block-wide primitives -----------------------------------------------------
+
+struct SharedState {
+  // Radix histogram [bin][copy]: weights of the candidates whose key has the selected prefix and
+  // `bin` as its next digit; copy = lane % kCopies.
+  u64 hist[kBins * kCopies];
+  u64 bins[kBins];  // [bin]: hist summed over the copies
+  // Per-warp partials of the block reductions and scans, one array per type.
+  u64 warp_u64[kWarps];
+  double warp_f64[kWarps];
+  int warp_int[kWarps];
+  // Broadcasts from one thread to the block.
+  u64 found_before;  // radix select: weight of the candidates above the selected bin
+  u64 found_target;  // radix select: the target, clamped to the total weight
+  int found_bin;
+  int hit_id;   // prefix scans: the token id at the hit ...
+  u64 hit_u64;  // ... and the inclusive prefix there
+  double hit_f64;
+};
+
+__device__ __forceinline__ u64* WarpScratch(SharedState& sh, u64) { return sh.warp_u64; }
+__device__ __forceinline__ double* WarpScratch(SharedState& sh, double) { return sh.warp_f64; }
+__device__ __forceinline__ int* WarpScratch(SharedState& sh, int) { return sh.warp_int; }
+__device__ __forceinline__ u64& HitSlot(SharedState& sh, u64) { return sh.hit_u64; }
+__device__ __forceinline__ double& HitSlot(SharedState& sh, double) { return sh.hit_f64; }
+
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a > b ? a : b;
+  }
+};
+struct MinOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a < b ? a : b;
+  }
+};
+
+// The reduction of `value` over the block; every thread gets the same bits (every thread combines
+// the warp partials in the same order).
+template <typename T, typename Op>
+__device__ T BlockReduce(T value, Op op, SharedState& sh) {
+  T* scratch = WarpScratch(sh, T{});
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value = op(value, __shfl_xor_sync(kFullMask, value, offset));
+  }
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = value;
+  __syncthreads();
+  T result = scratch[0];
+  for (int w = 1; w < kWarps; ++w) result = op(result, scratch[w]);
+  __syncthreads();  // the scratch is free again
+  return result;
+}
+
+// The sum of `value` over the threads before this one, and in `total` over the whole block.
+template <typename T>
+__device__ T BlockExclusiveScan(T value, T& total, SharedState& sh) {
+  T* scratch = WarpScratch(sh, T{});
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  T inclusive = value;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const T up = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += up;
+  }
+  T exclusive = __shfl_up_sync(kFullMask, inclusive, 1);
+  if (lane == 0) exclusive = T{};
+  if (lane == 31) scratch[warp] = inclusive;
+  __syncthreads();
+  T before{};
+  total = T{};
+  for (int w = 0; w < kWarps; ++w) {
+    if (w == warp) before = total;
+    total += scratch[w];
+  }
+  __syncthreads();
+  return before + exclusive;
+}
+
+// ---- candidates ---------------------------------------------------------------------------------
+
+// The tokens a pass walks, in increasing id order: the whole row, or after top-k the kept ids.
+struct Candidates {
+  const float* logits;  // [vocab] the row's logits, f32
+  const int* ids;       // [count] increasing token ids (workspace, 16-byte aligned), or nullptr
+                        // for ids 0..count-1
+  float* probs;         // [RoundUp(count, 4)] f32 probability of each candidate (workspace,
+                        // 16-byte aligned), written by the probability pass incl. the padding
+  int count;
+  bool logits_aligned;  // the row starts 16 bytes aligned: contiguous logits load as float4
+};
+
+// Candidates [e, e + 4): their token ids (-1 past the end) and logits.
+__device__ __forceinline__ void LoadCandidates(const Candidates& c, int e, int (&id)[4],
+                                               float (&logit)[4]) {
+  if (c.ids == nullptr) {
+    if (c.logits_aligned && e + 4 <= c.count) {
+      const float4 v = *reinterpret_cast<const float4*>(c.logits + e);
+      logit[0] = v.x, logit[1] = v.y, logit[2] = v.z, logit[3] = v.w;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) id[j] = e + j;
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) id[j] = e + j < c.count ? e + j : -1;
+  } else if (e + 4 <= c.count) {
+    const int4 v = *reinterpret_cast<const int4*>(c.ids + e);
+    id[0] = v.x, id[1] = v.y, id[2] = v.z, id[3] = v.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) id[j] = e + j < c.count ? c.ids[e + j] : -1;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) logit[j] = id[j] >= 0 ? c.logits[id[j]] : 0.f;
+}
+
+// Probabilities of candidates [e, e + 4); e < count (the padding past count reads as 0).
+__device__ __forceinline__ void LoadProbs(const Candidates& c, int e, float (&prob)[4]) {
+  const float4 v = *reinterpret_cast<const float4*>(c.probs + e);
+  prob[0] = v.x, prob[1] = v.y, prob[2] = v.z, prob[3] = v.w;
+}
+
+// Weights of the radix select and the prefix scans: operator()(key, prob). kUsesProbs: read the
+// probabilities (only after the probability pass wrote them).
+struct CountWeight {
+  static constexpr bool kUsesProbs = false;
+  __device__ u64 operator()(uint32_t, float) const { return 1; }
+};
+struct FixedMass {  // probability * 2^shift, rounded
+  static constexpr bool kUsesProbs = true;
+  float scale;
+  __device__ u64 operator()(uint32_t, float prob) const { return __float2ull_rn(prob * scale); }
+};
+struct Probability {
+  static constexpr bool kUsesProbs = true;
+  __device__ double operator()(uint32_t, float prob) const { return prob; }
+};
+template <typename Weight>
+struct TiedWeight {  // Weight for the candidates whose key is `key`, else 0
+  static constexpr bool kUsesProbs = Weight::kUsesProbs;
+  uint32_t key;
+  Weight weight;
+  __device__ u64 operator()(uint32_t k, float prob) const { return k == key ? weight(k, prob) : 0; }
+};
+
+// ---- passes -------------------------------------------------------------------------------------
+
+// The largest logit and the lowest id holding it, packed (PackKeyId); 0 if none. skip_nan: ArgMax
+// semantics (NaN is never chosen); else NaN counts as -inf.
+__device__ u64 RowMax(const Candidates& c, bool skip_nan, SharedState& sh) {
+  u64 best = 0;
+  for (int e = kPerThread * static_cast<int>(threadIdx.x); e < c.count; e += kTile) {
+    int id[4];
+    float logit[4];
+    LoadCandidates(c, e, id, logit);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (id[j] < 0 || (skip_nan && isnan(logit[j]))) continue;
+      const u64 packed = PackKeyId(SampleKey(logit[j]), id[j]);
+      best = packed > best ? packed : best;
+    }
+  }
+  return BlockReduce(best, MaxOp{}, sh);
+}
+
+// The first candidate in id order where the running sum of weight() exceeds `threshold` (and whose
+// own weight is positive: with fp64 sums, block-wide rounding cannot make a weightless candidate
+// the hit). Returns its token id (-1 if none) and the running sum there (the total if none).
+template <typename T>
+struct IdHit {
+  int id;
+  T inclusive;
+};
+template <typename T, typename Weight>
+__device__ IdHit<T> FirstPrefixAbove(const Candidates& c, T threshold, const Weight& weight,
+                                     SharedState& sh) {
+  T carry{};
+  for (int base = 0; base < c.count; base += kTile) {
+    const int e = base + kPerThread * static_cast<int>(threadIdx.x);
+    int id[4] = {-1, -1, -1, -1};
+    float logit[4] = {0.f, 0.f, 0.f, 0.f}, prob[4] = {0.f, 0.f, 0.f, 0.f};
+    if (e < c.count) {
+      LoadCandidates(c, e, id, logit);
+      if (Weight::kUsesProbs) LoadProbs(c, e, prob);
+    }
+    T w[4], local{};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = id[j] >= 0 ? static_cast<T>(weight(SampleKey(logit[j]), prob[j])) : T{};
+      local += w[j];
+    }
+    T tile_total;
+    T running = carry + BlockExclusiveScan(local, tile_total, sh);
+    int hit = INT_MAX;  // position e + j, increasing with the token id
+    int hit_id = -1;
+    T hit_inclusive{};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      running += w[j];
+      if (hit == INT_MAX && w[j] > T{} && running > threshold) {
+        hit = e + j;
+        hit_id = id[j];
+        hit_inclusive = running;
+      }
+    }
+    const int first = BlockReduce(hit, MinOp{}, sh);
+    if (first != INT_MAX) {  // the same value in every thread: the block leaves together
+      if (hit == first) {
+        sh.hit_id = hit_id;
+        HitSlot(sh, T{}) = hit_inclusive;
+      }
+      __syncthreads();
+      const IdHit<T> result{sh.hit_id, HitSlot(sh, T{})};
+      __syncthreads();
+      return result;
+    }
+    carry += tile_total;
+  }
+  return {-1, carry};
+}
+
+// What a radix select looks for: in sorted order (decreasing key, then increasing id), the first
+// candidate whose cumulative weight reaches the target. target = absolute when nonzero, else from
+// the total weight: ceil(fraction * total) (reach: the top-p cut, CPU cumulative >= top_p) or
+// floor(fraction * total) + 1 (exceed: the draw, CPU uniform < cumulative). Clamped to
+// [1, total].
+struct Target {
+  u64 absolute = 0;
+  double fraction = 0.0;
+  bool exceed = false;
+};
+
+struct RadixHit {
+  uint32_t key;  // the key of the candidate the target falls on
+  u64 before;    // total weight of the candidates with larger keys
+  u64 target;    // the clamped target
+};
+
+// Finds the key of the target candidate, 8 bits per pass from the top: each pass histograms the
+// weights of the candidates that match the prefix found so far by their next digit, and walks the
+// bins from the highest down to the one the target falls in.
+template <typename Weight>
+__device__ RadixHit RadixSelect(const Candidates& c, Target target_rule, const Weight& weight,
+                                SharedState& sh) {
+  const int tid = static_cast<int>(threadIdx.x);
+  uint32_t prefix = 0, mask = 0;
+  u64 before = 0, target = target_rule.absolute;
+  for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
+    for (int b = tid; b < kBins * kCopies; b += kThreads) sh.hist[b] = 0;
+    __syncthreads();
+    u64* hist = sh.hist + tid % kCopies;
+    for (int e = kPerThread * tid; e < c.count; e += kTile) {
+      int id[4];
+      float logit[4], prob[4] = {0.f, 0.f, 0.f, 0.f};
+      LoadCandidates(c, e, id, logit);
+      if (Weight::kUsesProbs) LoadProbs(c, e, prob);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (id[j] < 0) continue;
+        const uint32_t key = SampleKey(logit[j]);
+        if ((key & mask) != prefix) continue;
+        const u64 w = weight(key, prob[j]);
+        if (w != 0) atomicAdd(hist + ((key >> shift) & (kBins - 1)) * kCopies, w);
+      }
+    }
+    __syncthreads();
+    if (tid < kBins) {
+      u64 sum = 0;
+      for (int copy = 0; copy < kCopies; ++copy) sum += sh.hist[tid * kCopies + copy];
+      sh.bins[tid] = sum;
+    }
+    __syncthreads();
+    if (tid < 32) {
+      // Lane l walks bins kBins-1-8l down to kBins-8-8l: the warp walks all bins from the top.
+      u64 local = 0;
+      for (int r = 0; r < kBinsPerLane; ++r) local += sh.bins[kBins - 1 - (tid * kBinsPerLane + r)];
+      u64 inclusive = local;
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const u64 up = __shfl_up_sync(kFullMask, inclusive, offset);
+        if (tid >= offset) inclusive += up;
+      }
+      const u64 total = before + __shfl_sync(kFullMask, inclusive, 31);
+      u64 t = target;
+      if (t == 0) {  // first pass: the total of this pass is the total weight
+        const double x = fmax(target_rule.fraction, 0.0) * static_cast<double>(total);
+        t = target_rule.exceed ? static_cast<u64>(floor(x)) + 1 : static_cast<u64>(ceil(x));
+      }
+      t = t > total ? total : t;
+      t = t < 1 ? 1 : t;
+      if (tid == 0) {  // unreachable fallback (no weight at all): the lowest bin
+        sh.found_bin = 0;
+        sh.found_before = before;
+        sh.found_target = t;
+      }
+      __syncwarp();
+      u64 running = before + inclusive - local;
+      for (int r = 0; r < kBinsPerLane; ++r) {
+        const int bin = kBins - 1 - (tid * kBinsPerLane + r);
+        const u64 w = sh.bins[bin];
+        if (running < t && running + w >= t) {  // exactly one bin: integer sums are exact
+          sh.found_bin = bin;
+          sh.found_before = running;
+        }
+        running += w;
+      }
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(sh.found_bin) << shift;
+    mask |= static_cast<uint32_t>(kBins - 1) << shift;
+    before = sh.found_before;
+    target = sh.found_target;
+  }
+  return {prefix, before, target};
+}
+
+// The token of a radix select: among the candidates with the selected key, in id order, the one
+// where the cumulative weight reaches target - before. Returns it (-1 if none, which cannot
+// happen) with the cumulative weight of the sorted order up to and including it.
+template <typename Weight>
+__device__ IdHit<u64> TieWalk(const Candidates& c, const RadixHit& hit, const Weight& weight,
+                              SharedState& sh) {
+  const TiedWeight<Weight> tied{hit.key, weight};
+  IdHit<u64> result = FirstPrefixAbove<u64>(c, hit.target - hit.before - 1, tied, sh);
+  result.inclusive += hit.before;
+  return result;
+}
+
+// Compacts the top-k ids, increasing, to `out` [k]: the candidates with keys above `cut_key`, and
+// of those with key == cut_key the first `ties_kept` in id order (CPU: lower id first on ties).
+__device__ void CompactTopK(const Candidates& c, uint32_t cut_key, u64 ties_kept, int* out,
+                            SharedState& sh) {
+  constexpr u64 kAbove = u64{1} << 32;  // counts packed as (above << 32) | tied: one scan
+  u64 carry = 0;
+  for (int base = 0; base < c.count; base += kTile) {
+    const int e = base + kPerThread * static_cast<int>(threadIdx.x);
+    int id[4] = {-1, -1, -1, -1};
+    float logit[4] = {0.f, 0.f, 0.f, 0.f};
+    if (e < c.count) LoadCandidates(c, e, id, logit);
+    u64 flag[4], local = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t key = SampleKey(logit[j]);
+      flag[j] = id[j] < 0 ? 0 : key > cut_key ? kAbove : key == cut_key ? 1 : 0;
+      local += flag[j];
+    }
+    u64 tile_total;
+    u64 running = carry + BlockExclusiveScan(local, tile_total, sh);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const u64 above = running >> 32, tied = running & 0xffffffffu;
+      if (flag[j] == kAbove || (flag[j] == 1 && tied < ties_kept)) {
+        out[above + (tied < ties_kept ? tied : ties_kept)] = id[j];
+      }
+      running += flag[j];
+    }
+    carry += tile_total;
+  }
+  __syncthreads();  // `out` is read by other threads next
+}
+
+// Writes the probability of every candidate, exp(l/T - max/T) computed in double like the CPU,
+// as f32 (the padding up to a multiple of 4 as 0). Returns their total (fp64) and, in
+// last_positive, the highest token id with a positive probability (-1 if none).
+__device__ double WriteProbabilities(const Candidates& c, float temperature, float max_scaled,
+                                     int& last_positive, SharedState& sh) {
+  double total = 0.0;
+  int last = -1;
+  for (int e = kPerThread * static_cast<int>(threadIdx.x); e < c.count; e += kTile) {
+    int id[4];
+    float logit[4], prob[4];
+    LoadCandidates(c, e, id, logit);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float scaled = __fdiv_rn(logit[j], temperature);  // the CPU's f32 division
+      const double p = exp(static_cast<double>(scaled) - static_cast<double>(max_scaled));
+      prob[j] = id[j] >= 0 && p > 0.0 ? __double2float_rn(p) : 0.f;  // NaN (no contract) -> 0
+      total += prob[j];
+      if (prob[j] > 0.f) last = id[j];
+    }
+    *reinterpret_cast<float4*>(c.probs + e) = make_float4(prob[0], prob[1], prob[2], prob[3]);
+  }
+  last_positive = BlockReduce(last, MaxOp{}, sh);  // also orders the stores before later reads
+  return BlockReduce(total, SumOp{}, sh);
+}
+
+// ---- rows ---------------------------------------------------------------------------------------
+
+// Greedy: kernels/cpu ArgMax (lowest id among equal maxima; NaN never chosen unless all are
+// NaN, then 0).
+__device__ int GreedyRow(const Candidates& row, SharedState& sh) {
+  const u64 best = RowMax(row, /*skip_nan=*/true, sh);
+  return best == 0 ? 0 : PackedId(best);
+}
+
+// kernels/cpu SampleTokenWithUniform (see the file comment for the steps).
+__device__ int SampleRow(Candidates c, const SamplingRow& rp, int* kept_ids, SharedState& sh) {
+  const u64 best = RowMax(c, /*skip_nan=*/false, sh);
+  const int best_id = PackedId(best);
+  const float max_logit = KeyValue(static_cast<uint32_t>(best >> 32));
+  if (!isfinite(max_logit)) return best_id;  // no finite logit, or +inf: outside the contract
+  const float max_scaled = __fdiv_rn(max_logit, rp.temperature);
+  const bool top_k = rp.top_k > 0 && rp.top_k < c.count;
+  const bool top_p = rp.top_p < 1.f;
+
+  if (top_k) {
+    const RadixHit cut = RadixSelect(c, Target{static_cast<u64>(rp.top_k)}, CountWeight{}, sh);
+    CompactTopK(c, cut.key, cut.target - cut.before, kept_ids, sh);
+    c.ids = kept_ids;
+    c.count = rp.top_k;
+  }
+  int last_positive = -1;
+  const double total = WriteProbabilities(c, rp.temperature, max_scaled, last_positive, sh);
+  if (!(total > 0.0)) return best_id;  // outside the contract (e.g. a denormal temperature)
+  const double uniform = fmin(fmax(rp.uniform, 0.0), 1.0);  // fmax: NaN -> 0
+
+  if (!top_k && !top_p) {  // the CPU walks ids in order
+    const IdHit<double> hit = FirstPrefixAbove<double>(c, uniform * total, Probability{}, sh);
+    return hit.id >= 0 ? hit.id : last_positive;
+  }
+
+  // Sorted walk in fixed point: total * 2^shift < 2^62 (total >= 1: the largest probability is 1).
+  const FixedMass mass{scalbnf(1.f, 61 - ilogb(total))};
+  Target draw{0, uniform, /*exceed=*/true};
+  if (top_p) {
+    const RadixHit cut = RadixSelect(c, Target{0, rp.top_p, /*exceed=*/false}, mass, sh);
+    const IdHit<u64> last = TieWalk(c, cut, mass, sh);
+    const u64 nucleus = last.id >= 0 ? last.inclusive : cut.target;  // fixed-point mass
+    const u64 pick = static_cast<u64>(uniform * static_cast<double>(nucleus)) + 1;
+    draw.absolute = pick < nucleus ? pick : nucleus;
+  }
+  const RadixHit pick = RadixSelect(c, draw, mass, sh);
+  const IdHit<u64> token = TieWalk(c, pick, mass, sh);
+  return token.id >= 0 ? token.id : best_id;
+}
+
+// ---- kernel -------------------------------------------------------------------------------------
+
+// Floats per row of the workspace's probability (and id) array: 16-byte multiples.
+__host__ __device__ inline size_t WorkspaceStride(int vocab_size) {
+  return (static_cast<size_t>(vocab_size) + 3) / 4 * 4;
+}
+
+// Block b samples row b. Workspace per row: probabilities [stride] f32, then kept ids [stride]
+// int32 (stride = WorkspaceStride(vocab)).
+__global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p) {
+  __shared__ SharedState sh;
+  const int row = static_cast<int>(blockIdx.x);
+  const size_t stride = WorkspaceStride(p.vocab_size);
+  float* probs = static_cast<float*>(p.workspace) + static_cast<size_t>(row) * 2 * stride;
+  const float* logits = p.logits + static_cast<size_t>(row) * p.vocab_size;
+  const Candidates candidates{logits, nullptr, probs, p.vocab_size,
+                              reinterpret_cast<uintptr_t>(logits) % 16 == 0};
+  const SamplingRow rp = p.row_params[row];
+  // temperature <= 0 or NaN (outside the contract) is greedy too.
+  const int token = rp.temperature > 0.f
+                        ? SampleRow(candidates, rp, reinterpret_cast<int*>(probs + stride), sh)
+                        : GreedyRow(candidates, sh);
+  if (threadIdx.x == 0) p.tokens[row] = token;
+}
+
+Status Validate(const SampleParams& p);
+
+}  // namespace
+
+// ---- launcher -----------------------------------------------------------------------------------
+
+size_t SampleWorkspaceBytes(int rows, int vocab_size) {
+  if (rows <= 0 || vocab_size <= 0) return 0;
+  return static_cast<size_t>(rows) * 2 * WorkspaceStride(vocab_size) * sizeof(float);
+}
+
+Status SampleTokens(const SampleParams& params, cudaStream_t stream) {
+  RUBATO_RETURN_IF_ERROR(Validate(params));
+  if (params.rows == 0) return Status::Ok();
+  SampleKernel<<<params.rows, kThreads, 0, stream>>>(params);
+  return LaunchStatus("sample_tokens");
+}
+
+namespace {
+
+// ---- validation ---------------------------------------------------------------------------------
+
+// Row parameters live on the device and are not checked here (that would need a copy back): the
+// kernel treats temperature <= 0 as greedy, top_k outside (0, vocab) and top_p >= 1 as off, and
+// clamps the uniform to [0, 1].
+Status Validate(const SampleParams& p) {
+  if (p.rows < 0) {
+    return InvalidArgumentError("SampleTokens: rows " + std::to_string(p.rows) + " is negative");
+  }
+  if (p.rows == 0) return Status::Ok();  // nothing to sample; the pointers may be null
+  if (p.vocab_size < 1 || p.vocab_size > kMaxVocab) {
+    return InvalidArgumentError("SampleTokens: vocab_size " + std::to_string(p.vocab_size) +
+                                " must be in [1, " + std::to_string(kMaxVocab) + "]");
+  }
+  if (p.logits == nullptr) return InvalidArgumentError("SampleTokens: logits is null");
+  if (p.row_params == nullptr) return InvalidArgumentError("SampleTokens: row_params is null");
+  if (p.tokens == nullptr) return InvalidArgumentError("SampleTokens: tokens is null");
+  if (p.workspace == nullptr) return InvalidArgumentError("SampleTokens: workspace is null");
+  if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) {
+    return InvalidArgumentError("SampleTokens: workspace must be 16-byte aligned");
+  }
+  const size_t needed = SampleWorkspaceBytes(p.rows, p.vocab_size);
+  if (p.workspace_bytes < needed) {
+    return InvalidArgumentError(
+        "SampleTokens: workspace_bytes " + std::to_string(p.workspace_bytes) + " is below the " +
+        std::to_string(needed) + " SampleWorkspaceBytes(" + std::to_string(p.rows) + ", " +
+        std::to_string(p.vocab_size) + ") asks for");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace rubato::cuda
