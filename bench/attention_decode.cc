@@ -46,8 +46,8 @@ struct Options {
   std::vector<int> contexts = {8192, 32768, 131072};
   int warmup = 10;
   int iterations = 50;
+  std::vector<int> splits = {0};  // 0 = the kernel's own choice; others force a split count
   std::string out;
-  std::string label = "rubato";
 };
 
 double Median(std::vector<double> values) {
@@ -131,6 +131,7 @@ Status Run(const Options& options, nlohmann::json& report) {
   RUBATO_ASSIGN_OR_RETURN(auto lens, DeviceBuffer<int32_t>::Allocate(options.batch, "lens"));
 
   for (int context : options.contexts) {
+   for (int splits : options.splits) {
     const std::vector<int32_t> host_lens(options.batch, context);
     RUBATO_RETURN_IF_ERROR(lens.CopyFromHost(host_lens.data(), host_lens.size(), nullptr));
     const size_t workspace_bytes = cuda::DecodeAttentionWorkspaceBytes(
@@ -156,6 +157,7 @@ Status Run(const Options& options, nlohmann::json& report) {
     params.out_row_stride = params.q_row_stride;
     params.workspace = workspace.data();
     params.workspace_bytes = workspace_bytes;
+    params.num_splits = splits;
 
     cudaEvent_t start, stop;
     cudaEventCreate(&start);
@@ -178,14 +180,20 @@ Status Run(const Options& options, nlohmann::json& report) {
     const double read_bandwidth = kv_bytes / (median_ms / 1e3);
     // The floor: K + V read once at the copy's rate (a copy's bytes read + written per second).
     const double floor_ms = kv_bytes / copy_bandwidth * 1e3;
-    std::printf("context %7d: %.4f ms, K+V read %.0f GB/s, floor %.4f ms (%.2fx)\n", context,
-                median_ms, read_bandwidth / 1e9, floor_ms, median_ms / floor_ms);
+    std::printf("context %7d splits %3d: %.4f ms, K+V read %.0f GB/s, floor %.4f ms (%.2fx)\n",
+                context, splits, median_ms, read_bandwidth / 1e9, floor_ms, median_ms / floor_ms);
+    if (splits != 0) {  // a sweep point, not the kernel as shipped
+      report["split_sweep"].push_back({{"context", context}, {"splits", splits},
+                                       {"median_ms", median_ms}});
+      continue;
+    }
     report["points"].push_back({{"context", context},
                                 {"median_ms", median_ms},
                                 {"min_ms", *std::min_element(ms.begin(), ms.end())},
                                 {"kv_bytes", kv_bytes},
                                 {"kv_read_bytes_per_s", read_bandwidth},
                                 {"copy_floor_ms", floor_ms}});
+   }
   }
   return Status::Ok();
 }
@@ -202,6 +210,8 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", options.head_dim);
   app.add_option("--block-size", options.block_size);
   app.add_option("--contexts", options.contexts)->delimiter(',');
+  app.add_option("--splits", options.splits, "split counts to sweep; 0 = the kernel's choice")
+      ->delimiter(',');
   app.add_option("--warmup", options.warmup)->check(CLI::Range(0, 100000));
   app.add_option("--iterations", options.iterations)->check(CLI::Range(1, 100000));
   app.add_option("--out", options.out, "JSON report path");

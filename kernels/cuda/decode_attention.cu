@@ -24,10 +24,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
-#include "common/env.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/dispatch.cuh"
 
@@ -41,7 +39,6 @@ constexpr int kKeysPerWarp = kTileKeys / kWarps;  // 16: one k-step of the P V p
 constexpr int kStages = 3;                        // tiles in flight per block
 constexpr int kMinKeysPerSplit = 256;             // bounds the split count (and the workspace)
 constexpr int kBlocksPerSm = 2;                   // occupancy the shared-memory budget allows
-constexpr int kTargetWaves = 8;                   // enough waves that the last one is a small tail
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -84,7 +81,7 @@ __device__ inline VisibleKeys VisibleKeysOf(int seq_len, int sink_tokens, int re
 __device__ inline void CpAsync16(void* smem_dest, const void* global_source, bool valid) {
   const unsigned dest = static_cast<unsigned>(__cvta_generic_to_shared(smem_dest));
   const int source_bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dest), "l"(global_source),
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dest), "l"(global_source),
                "r"(source_bytes));
 }
 __device__ inline void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -166,7 +163,64 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     return;
   }
 
-  // Q as MMA A fragments: a0 = row g, dims 16s + 2q..+1; a2 = row g, dims 16s + 8 + 2q..+1.
+  const int block_shift = params.block_tokens == 64 ? 6 : 4;
+  const int32_t* block_table =
+      params.block_tables + static_cast<size_t>(sequence) * params.block_table_stride;
+  // Each thread copies kChunksPerThread 16-byte chunks of every K and V tile: chunk
+  // threadIdx.x + i * kThreads is column (chunk % kChunksPerRow) of key row chunk / kChunksPerRow.
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  constexpr int kChunksPerThread = kTileKeys * kChunksPerRow / kThreads;
+  static_assert(kTileKeys * kChunksPerRow % kThreads == 0, "every thread copies as many chunks");
+  // The physical blocks of this thread's keys in the next tile to load, fetched one tile ahead:
+  // a block-table read sits on the load path, and its latency would otherwise stall the warp
+  // right when it should be issuing copies.
+  int next_blocks[kChunksPerThread];
+  auto fetch_blocks = [&](int tile_begin) {
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int index = tile_begin + (threadIdx.x + i * kThreads) / kChunksPerRow;
+      next_blocks[i] =
+          index < end ? block_table[visible.Position(index) >> block_shift] : 0;
+    }
+  };
+  // Issues the cp.async copies of visible keys [tile_begin, tile_begin + kTileKeys) into `stage`
+  // from next_blocks (keys at or past `end` are zero-filled), then fetches the blocks of the
+  // tile after it.
+  auto load_tile = [&](int tile_begin, int stage) {
+    unsigned char* k_tile = smem + stage * Layout::kStageBytes;
+    unsigned char* v_tile = k_tile + Layout::kTileBytes;
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int chunk = threadIdx.x + i * kThreads;
+      const int key = chunk / kChunksPerRow;
+      const int column = chunk % kChunksPerRow;
+      const int index = tile_begin + key;
+      const bool valid = index < end;
+      const int position = visible.Position(index);
+      const size_t offset =
+          valid ? ((static_cast<size_t>(next_blocks[i]) * params.num_kv_heads + kv_head) *
+                       params.block_tokens +
+                   (position & (params.block_tokens - 1))) *
+                          kHeadDim +
+                      column * 8
+                : 0;
+      const int smem_offset = key * Layout::kRowBytes + column * 16;
+      CpAsync16(k_tile + smem_offset, params.key_pool + offset, valid);
+      CpAsync16(v_tile + smem_offset, params.value_pool + offset, valid);
+    }
+    fetch_blocks(tile_begin + kTileKeys);
+  };
+
+  const int num_tiles = (end - begin + kTileKeys - 1) / kTileKeys;
+  fetch_blocks(begin);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) load_tile(begin + s * kTileKeys, s);
+    CpAsyncCommit();
+  }
+
+  // Q as MMA A fragments, loaded once the first tiles' copies are in flight:
+  // a0 = row g, dims 16s + 2q..+1; a2 = row g, dims 16s + 8 + 2q..+1.
   uint32_t q_frag[kHeadDim / 16][2];
   {
     const __nv_bfloat16* q_row =
@@ -177,46 +231,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       q_frag[s][1] =
           row < kGroup ? *reinterpret_cast<const uint32_t*>(q_row + 16 * s + 8 + 2 * quad) : 0u;
     }
-  }
-
-  const int block_shift = params.block_tokens == 64 ? 6 : 4;
-  const int32_t* block_table =
-      params.block_tables + static_cast<size_t>(sequence) * params.block_table_stride;
-  // Issues the cp.async copies of visible keys [tile_begin, tile_begin + kTileKeys) into `stage`;
-  // keys at or past `end` are zero-filled.
-  auto load_tile = [&](int tile_begin, int stage) {
-    unsigned char* k_tile = smem + stage * Layout::kStageBytes;
-    unsigned char* v_tile = k_tile + Layout::kTileBytes;
-    constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
-    constexpr int kChunks = kTileKeys * kChunksPerRow;
-    static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
-#pragma unroll
-    for (int i = 0; i < kChunks / kThreads; ++i) {
-      const int chunk = threadIdx.x + i * kThreads;
-      const int key = chunk / kChunksPerRow;
-      const int column = chunk % kChunksPerRow;
-      const int index = tile_begin + key;
-      const bool valid = index < end;
-      size_t offset = 0;
-      if (valid) {
-        const int position = visible.Position(index);
-        const size_t block = static_cast<size_t>(block_table[position >> block_shift]);
-        offset = ((block * params.num_kv_heads + kv_head) * params.block_tokens +
-                  (position & (params.block_tokens - 1))) *
-                     kHeadDim +
-                 column * 8;
-      }
-      const int smem_offset = key * Layout::kRowBytes + column * 16;
-      CpAsync16(k_tile + smem_offset, params.key_pool + offset, valid);
-      CpAsync16(v_tile + smem_offset, params.value_pool + offset, valid);
-    }
-  };
-
-  const int num_tiles = (end - begin + kTileKeys - 1) / kTileKeys;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_tiles) load_tile(begin + s * kTileKeys, s);
-    CpAsyncCommit();
   }
 
   const float scale_log2 = params.scale * kLog2e;
@@ -435,6 +449,10 @@ __global__ void DecodeAttentionProbsKernel(const DecodeAttentionParams params,
 
 // ---- launcher -------------------------------------------------------------------------------
 
+// The merge kernel's split weights, padded by 16 bytes: ptxas may widen the loop's last loads
+// into one vector load past the final weight (compute-sanitizer saw 12-byte reads there).
+size_t MergeSharedBytes(int num_splits) { return (static_cast<size_t>(num_splits) + 4) * sizeof(float); }
+
 int MaxSplits(int max_seq_len) { return (max_seq_len + kMinKeysPerSplit - 1) / kMinKeysPerSplit; }
 
 struct WorkspaceLayout {
@@ -469,22 +487,30 @@ int MultiprocessorCount() {
   return count;
 }
 
-// Keys per split: enough splits for kTargetWaves waves of blocks over the whole GPU, at least
-// kMinKeysPerSplit keys each, a multiple of the tile. RUBATO_DECODE_KEYS_PER_SPLIT overrides it
-// (benchmarks, tuning); values are rounded the same way.
-int KeysPerSplit(int pairs, int max_visible) {
-  static const int forced = [] {
-    const auto value = GetEnv("RUBATO_DECODE_KEYS_PER_SPLIT");
-    return value ? std::atoi(value->c_str()) : 0;
-  }();
-  const long long target_blocks =
-      static_cast<long long>(MultiprocessorCount()) * kBlocksPerSm * kTargetWaves;
-  long long keys = forced > 0 ? forced
-                              : (static_cast<long long>(max_visible) * pairs + target_blocks - 1) /
-                                    target_blocks;
-  keys = std::max<long long>(keys, kMinKeysPerSplit);
-  keys = (keys + kTileKeys - 1) / kTileKeys * kTileKeys;
-  return static_cast<int>(keys);
+// Splits per sequence. Blocks of one launch take about the same time (equal key ranges), so
+// they run in waves of (multiprocessors x kBlocksPerSm) blocks; a last wave that is mostly empty
+// leaves the GPU idle for its duration (measured: 8 % at 16 x 128K with 17 splits, 2176 blocks
+// = 8.24 waves). So: at least kMinWaves waves, then the split count in [s, 2s) whose blocks fill
+// their last wave best (>= 97 %, else the best one), and never fewer than kMinKeysPerSplit keys
+// per split. Splits need not be multiples of the tile: a split's last tile is masked.
+int ChooseSplits(int pairs, int max_visible) {
+  constexpr int kMinWaves = 8;
+  const int slots = MultiprocessorCount() * kBlocksPerSm;
+  const int most = std::max(1, max_visible / kMinKeysPerSplit);
+  const int least = std::min(most, std::max(1, (slots * kMinWaves + pairs - 1) / pairs));
+  int best = least;
+  double best_fill = 0.0;
+  for (int splits = least; splits < 2 * least && splits <= most; ++splits) {
+    const long long blocks = static_cast<long long>(pairs) * splits;
+    const long long waves = (blocks + slots - 1) / slots;
+    const double fill = static_cast<double>(blocks) / static_cast<double>(waves * slots);
+    if (fill > best_fill + 1e-9) {
+      best = splits;
+      best_fill = fill;
+    }
+    if (fill >= 0.97) break;
+  }
+  return best;
 }
 
 template <int kHeadDim, int kGroup>
@@ -495,7 +521,10 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
       static_cast<long long>(params.sink_tokens) + params.recent_tokens;
   const int max_visible = static_cast<int>(std::min<long long>(params.max_seq_len, window_keys));
   SplitOutputs outputs;
-  outputs.keys_per_split = KeysPerSplit(params.batch * params.num_kv_heads, max_visible);
+  int splits = params.num_splits > 0 ? params.num_splits
+                                     : ChooseSplits(params.batch * params.num_kv_heads, max_visible);
+  splits = std::min(splits, MaxSplits(params.max_seq_len));  // what the workspace holds
+  outputs.keys_per_split = (max_visible + splits - 1) / splits;
   outputs.num_splits = (max_visible + outputs.keys_per_split - 1) / outputs.keys_per_split;
   unsigned char* workspace = static_cast<unsigned char*>(params.workspace);
   outputs.partial_out = reinterpret_cast<float*>(workspace + layout.partial_out);
@@ -516,8 +545,8 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
   RUBATO_RETURN_IF_ERROR(LaunchStatus("decode_attention_split"));
 
   DecodeAttentionMergeKernel<kHeadDim>
-      <<<params.batch * params.num_heads, 128, outputs.num_splits * sizeof(float), stream>>>(params,
-                                                                                           outputs);
+      <<<params.batch * params.num_heads, 128, MergeSharedBytes(outputs.num_splits), stream>>>(
+          params, outputs);
   RUBATO_RETURN_IF_ERROR(LaunchStatus("decode_attention_merge"));
 
   if (params.kv_head_probs != nullptr) {

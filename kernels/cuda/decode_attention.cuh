@@ -52,6 +52,9 @@ struct DecodeAttentionParams {
   int64_t probs_stride = 0;
   void* workspace = nullptr;  // DecodeAttentionWorkspaceBytes(...) bytes, device
   size_t workspace_bytes = 0;
+  // Key splits per sequence: 0 chooses them from the shapes and the GPU's multiprocessor count
+  // (see KeysSplit in the .cu); benchmarks set it to sweep. Capped at what the workspace holds.
+  int num_splits = 0;
 };
 
 // Device scratch a launch with these shapes needs (partial outputs and statistics per split,
