@@ -6,7 +6,8 @@
 // 0..count-1) and computes, for the GQA group's query heads, a partial softmax over that range.
 // A second kernel merges the splits by their log-sum-exp. Every K/V byte is read once per step
 // and shared by the whole GQA group, so the kernel is bound by HBM bandwidth: the design goal is
-// to keep enough bytes in flight (a cp.async pipeline of kStages tiles, two blocks per SM).
+// to keep enough bytes in flight (kStages tiles per block, two blocks per SM, each tile moved
+// by bulk copies of whole padded K / V rows that complete on a per-stage mbarrier).
 //
 // Tile math. The group's G <= 8 query rows are the M = 16 rows of an m16n8k16 bf16 MMA (rows G..15
 // are zero): S = Q K^T takes K straight from shared memory (a key row is the MMA's column-major B
@@ -78,16 +79,45 @@ __device__ inline VisibleKeys VisibleKeysOf(int seq_len, int sink_tokens, int re
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
 
-__device__ inline void CpAsync16(void* smem_dest, const void* global_source, bool valid) {
-  const unsigned dest = static_cast<unsigned>(__cvta_generic_to_shared(smem_dest));
-  const int source_bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dest), "l"(global_source),
-               "r"(source_bytes));
+__device__ inline unsigned SharedAddress(const void* smem) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(smem));
 }
-__device__ inline void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ inline void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+__device__ inline void MbarrierInit(uint64_t* barrier, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SharedAddress(barrier)),
+               "r"(arrivals));
+}
+// Arrives on `barrier` and adds `bytes` to the transaction count its current phase waits for.
+__device__ inline void MbarrierArriveExpectTx(uint64_t* barrier, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   SharedAddress(barrier)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ inline void MbarrierWait(uint64_t* barrier, unsigned phase) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(SharedAddress(barrier)),
+      "r"(phase)
+      : "memory");
+}
+// The copy engine moves `bytes` (a multiple of 16) from global to shared memory and signals
+// `barrier` with them (Hopper's bulk copy: one instruction per row instead of 16-byte copies).
+__device__ inline void BulkCopyToShared(void* smem_dest, const void* global_source, unsigned bytes,
+                                        uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(SharedAddress(smem_dest)),
+      "l"(global_source), "r"(bytes), "r"(SharedAddress(barrier))
+      : "memory");
+}
+// Orders this thread's earlier generic-proxy shared-memory accesses before later async-proxy
+// (copy engine) ones: a stage is refilled by bulk copies right after it was read by ld.shared.
+__device__ inline void FenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 __device__ inline uint32_t LoadShared32(const void* smem) {
@@ -166,57 +196,57 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int block_shift = params.block_tokens == 64 ? 6 : 4;
   const int32_t* block_table =
       params.block_tables + static_cast<size_t>(sequence) * params.block_table_stride;
-  // Each thread copies kChunksPerThread 16-byte chunks of every K and V tile: chunk
-  // threadIdx.x + i * kThreads is column (chunk % kChunksPerRow) of key row chunk / kChunksPerRow.
-  constexpr int kChunksPerRow = kHeadDim / 8;
-  constexpr int kChunksPerThread = kTileKeys * kChunksPerRow / kThreads;
-  static_assert(kTileKeys * kChunksPerRow % kThreads == 0, "every thread copies as many chunks");
-  // The physical blocks of this thread's keys in the next tile to load, fetched one tile ahead:
-  // a block-table read sits on the load path, and its latency would otherwise stall the warp
-  // right when it should be issuing copies.
-  int next_blocks[kChunksPerThread];
-  auto fetch_blocks = [&](int tile_begin) {
+  // Loading: thread i copies one row per tile, K row i of the tile for i < kTileKeys, V row
+  // i - kTileKeys otherwise, with one bulk copy into its padded shared-memory row; the stage's
+  // mbarrier completes when all of the tile's bytes have landed. Rows past the split's end are
+  // zeroed instead (P is 0 there, and 0 x stale NaN would not be 0).
+  static_assert(kThreads == 2 * kTileKeys, "one K or V row per thread");
+  constexpr int kRowDataBytes = kHeadDim * 2;
+  __shared__ uint64_t stage_full[kStages];  // one mbarrier per stage, kThreads arrivals
+  if (threadIdx.x == 0) {
 #pragma unroll
-    for (int i = 0; i < kChunksPerThread; ++i) {
-      const int index = tile_begin + (threadIdx.x + i * kThreads) / kChunksPerRow;
-      next_blocks[i] =
-          index < end ? block_table[visible.Position(index) >> block_shift] : 0;
-    }
+    for (int s = 0; s < kStages; ++s) MbarrierInit(&stage_full[s], kThreads);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int my_key = threadIdx.x % kTileKeys;
+  const bool loads_values = threadIdx.x >= kTileKeys;
+  const __nv_bfloat16* my_pool = loads_values ? params.value_pool : params.key_pool;
+  // The physical block of this thread's key in the next tile to load, fetched one tile ahead:
+  // a block-table read on the load path would stall the warp right when it issues copies.
+  int next_block = 0;
+  auto fetch_block = [&](int tile_begin) {
+    const int index = tile_begin + my_key;
+    next_block = index < end ? block_table[visible.Position(index) >> block_shift] : 0;
   };
-  // Issues the cp.async copies of visible keys [tile_begin, tile_begin + kTileKeys) into `stage`
-  // from next_blocks (keys at or past `end` are zero-filled), then fetches the blocks of the
-  // tile after it.
   auto load_tile = [&](int tile_begin, int stage) {
-    unsigned char* k_tile = smem + stage * Layout::kStageBytes;
-    unsigned char* v_tile = k_tile + Layout::kTileBytes;
-#pragma unroll
-    for (int i = 0; i < kChunksPerThread; ++i) {
-      const int chunk = threadIdx.x + i * kThreads;
-      const int key = chunk / kChunksPerRow;
-      const int column = chunk % kChunksPerRow;
-      const int index = tile_begin + key;
-      const bool valid = index < end;
+    unsigned char* dest = smem + stage * Layout::kStageBytes +
+                          (loads_values ? Layout::kTileBytes : 0) + my_key * Layout::kRowBytes;
+    const int index = tile_begin + my_key;
+    if (index < end) {
       const int position = visible.Position(index);
-      const size_t offset =
-          valid ? ((static_cast<size_t>(next_blocks[i]) * params.num_kv_heads + kv_head) *
-                       params.block_tokens +
-                   (position & (params.block_tokens - 1))) *
-                          kHeadDim +
-                      column * 8
-                : 0;
-      const int smem_offset = key * Layout::kRowBytes + column * 16;
-      CpAsync16(k_tile + smem_offset, params.key_pool + offset, valid);
-      CpAsync16(v_tile + smem_offset, params.value_pool + offset, valid);
+      const size_t offset = ((static_cast<size_t>(next_block) * params.num_kv_heads + kv_head) *
+                                 params.block_tokens +
+                             (position & (params.block_tokens - 1))) *
+                            kHeadDim;
+      FenceProxyAsyncShared();
+      MbarrierArriveExpectTx(&stage_full[stage], kRowDataBytes);
+      BulkCopyToShared(dest, my_pool + offset, kRowDataBytes, &stage_full[stage]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < kRowDataBytes / 16; ++c) {
+        reinterpret_cast<uint4*>(dest)[c] = make_uint4(0, 0, 0, 0);
+      }
+      MbarrierArriveExpectTx(&stage_full[stage], 0);
     }
-    fetch_blocks(tile_begin + kTileKeys);
+    fetch_block(tile_begin + kTileKeys);
   };
 
   const int num_tiles = (end - begin + kTileKeys - 1) / kTileKeys;
-  fetch_blocks(begin);
+  fetch_block(begin);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < num_tiles) load_tile(begin + s * kTileKeys, s);
-    CpAsyncCommit();
   }
 
   // Q as MMA A fragments, loaded once the first tiles' copies are in flight:
@@ -241,13 +271,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   for (int n = 0; n < kHeadDim / 8; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.f;
 
   for (int tile = 0; tile < num_tiles; ++tile) {
-    CpAsyncWait<kStages - 2>();
-    __syncthreads();  // tile's data visible to all; every warp is done with tile - 1's stage
+    // Every warp is done with tile - 1, whose stage the next load refills.
+    __syncthreads();
     {
       const int next = tile + kStages - 1;
       if (next < num_tiles) load_tile(begin + next * kTileKeys, next % kStages);
-      CpAsyncCommit();
     }
+    MbarrierWait(&stage_full[tile % kStages], (tile / kStages) & 1);
     const unsigned char* k_tile = smem + (tile % kStages) * Layout::kStageBytes;
     const unsigned char* v_tile = k_tile + Layout::kTileBytes;
     const int warp_key0 = warp * kKeysPerWarp;  // this warp's first key row in the tile
@@ -328,8 +358,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       MmaRowsBelow8(out[n + 1], p_low, p_high, b0_next, b1_next);
     }
   }
-  CpAsyncWait<0>();
-  __syncthreads();  // the stages are free: reuse shared memory to merge the warps
+  __syncthreads();  // every copy landed and was read: reuse the stages to merge the warps
 
   row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
   row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
