@@ -13,34 +13,41 @@
 //   5. otherwise the CPU walks the candidates by decreasing logit, lower id first on ties. A radix
 //      select by cumulative mass finds the logit of the candidate where the cumulative mass first
 //      reaches a target (top-p: top_p * total; the draw: uniform * nucleus mass), and a prefix
-//      scan over the candidates with that logit, in id order, finds the token.
+//      scan over the candidates with that logit, in id order, finds the token. Once the
+//      candidates left in a select fit in one tile they are copied out, so the later passes of a
+//      peaked row read a few thousand candidates, not the vocabulary.
 // The masses of step 5 are 64-bit fixed point scaled so that the total stays below 2^62: sums are
 // exact and independent of the order of the atomics (the result never depends on scheduling),
 // and every sorted prefix holds the largest probability, exp(0) = 1, so the rounding of at most
 // vocab * total * 2^-63 is below 1e-10 of any cumulative boundary. Versus the CPU, the f32
 // storage of the probabilities moves a cumulative boundary by at most ~1.2e-7 (relative): only a
 // uniform that close to a boundary can pick the neighbouring token.
+#include "kernels/cuda/sampling.cuh"
+
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/sampling.cuh"
 
 namespace rubato::cuda {
 namespace {
 
 using u64 = unsigned long long;  // the 64-bit type CUDA's atomics and shuffles take
 
-constexpr int kThreads = 1024;  // one block per row: enough loads in flight for one SM
+constexpr int kThreads = 512;  // one block per row (1024 would cap registers at 64: spills)
 constexpr int kWarps = kThreads / 32;
-constexpr int kPerThread = 4;                 // consecutive candidates per thread (16 bytes)
+constexpr int kPerThread = 8;  // consecutive candidates per thread: two 16-byte loads in flight
 constexpr int kTile = kPerThread * kThreads;  // candidates per block-wide step
 constexpr int kDigitBits = 8;                 // radix select: 4 passes over 32-bit keys
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerLane = kBins / 32;
 constexpr int kCopies = 8;  // histogram replicas (lane % 8): fewer atomics on one address
+// A radix select whose remaining candidates fit in this many moves them to a scratch list after
+// the pass that finds so (typically the first: few logits share the top bin of a peaked row), so
+// its later passes and its tie walk read one tile instead of the row.
+constexpr int kNarrowCapacity = kTile;
 constexpr int kMaxVocab = 1 << 26;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr uint32_t kNegInfKey = 0x007fffffu;  // OrderedKey(-inf)
@@ -79,6 +86,9 @@ struct SharedState {
   // `bin` as its next digit; copy = lane % kCopies.
   u64 hist[kBins * kCopies];
   u64 bins[kBins];  // [bin]: hist summed over the copies
+  // The same for the number of candidates of positive weight (radix select narrowing).
+  unsigned counts[kBins * kCopies];
+  unsigned bin_counts[kBins];
   // Per-warp partials of the block reductions and scans, one array per type.
   u64 warp_u64[kWarps];
   double warp_f64[kWarps];
@@ -87,8 +97,9 @@ struct SharedState {
   u64 found_before;  // radix select: weight of the candidates above the selected bin
   u64 found_target;  // radix select: the target, clamped to the total weight
   int found_bin;
-  int hit_id;   // prefix scans: the token id at the hit ...
-  u64 hit_u64;  // ... and the inclusive prefix there
+  unsigned found_count;  // radix select: candidates of positive weight in the selected bin
+  int hit_id;            // prefix scans: the token id at the hit ...
+  u64 hit_u64;           // ... and the inclusive prefix there
   double hit_f64;
 };
 
@@ -164,40 +175,52 @@ struct Candidates {
   const float* logits;  // [vocab] the row's logits, f32
   const int* ids;       // [count] increasing token ids (workspace, 16-byte aligned), or nullptr
                         // for ids 0..count-1
-  float* probs;         // [RoundUp(count, 4)] f32 probability of each candidate (workspace,
-                        // 16-byte aligned), written by the probability pass incl. the padding
+  float* probs;  // [RoundUp(count, kPerThread)] f32 probability of each candidate (workspace,
+                 // 16-byte aligned), written by the probability pass incl. the padding
   int count;
   bool logits_aligned;  // the row starts 16 bytes aligned: contiguous logits load as float4
 };
 
-// Candidates [e, e + 4): their token ids (-1 past the end) and logits.
-__device__ __forceinline__ void LoadCandidates(const Candidates& c, int e, int (&id)[4],
-                                               float (&logit)[4]) {
+// Candidates [e, e + kPerThread): their token ids (-1 past the end) and logits.
+__device__ __forceinline__ void LoadCandidates(const Candidates& c, int e, int (&id)[kPerThread],
+                                               float (&logit)[kPerThread]) {
+  const bool full = e + kPerThread <= c.count;
   if (c.ids == nullptr) {
-    if (c.logits_aligned && e + 4 <= c.count) {
-      const float4 v = *reinterpret_cast<const float4*>(c.logits + e);
-      logit[0] = v.x, logit[1] = v.y, logit[2] = v.z, logit[3] = v.w;
+    if (c.logits_aligned && full) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) id[j] = e + j;
+      for (int v = 0; v < kPerThread; v += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(c.logits + e + v);
+        logit[v] = q.x, logit[v + 1] = q.y, logit[v + 2] = q.z, logit[v + 3] = q.w;
+      }
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) id[j] = e + j;
       return;
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) id[j] = e + j < c.count ? e + j : -1;
-  } else if (e + 4 <= c.count) {
-    const int4 v = *reinterpret_cast<const int4*>(c.ids + e);
-    id[0] = v.x, id[1] = v.y, id[2] = v.z, id[3] = v.w;
+    for (int j = 0; j < kPerThread; ++j) id[j] = e + j < c.count ? e + j : -1;
+  } else if (full) {
+#pragma unroll
+    for (int v = 0; v < kPerThread; v += 4) {
+      const int4 q = *reinterpret_cast<const int4*>(c.ids + e + v);
+      id[v] = q.x, id[v + 1] = q.y, id[v + 2] = q.z, id[v + 3] = q.w;
+    }
   } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) id[j] = e + j < c.count ? c.ids[e + j] : -1;
+    for (int j = 0; j < kPerThread; ++j) id[j] = e + j < c.count ? c.ids[e + j] : -1;
   }
 #pragma unroll
-  for (int j = 0; j < 4; ++j) logit[j] = id[j] >= 0 ? c.logits[id[j]] : 0.f;
+  for (int j = 0; j < kPerThread; ++j) logit[j] = id[j] >= 0 ? c.logits[id[j]] : 0.f;
 }
 
-// Probabilities of candidates [e, e + 4); e < count (the padding past count reads as 0).
-__device__ __forceinline__ void LoadProbs(const Candidates& c, int e, float (&prob)[4]) {
-  const float4 v = *reinterpret_cast<const float4*>(c.probs + e);
-  prob[0] = v.x, prob[1] = v.y, prob[2] = v.z, prob[3] = v.w;
+// Probabilities of candidates [e, e + kPerThread) (0 past the end: the arrays are padded to a
+// multiple of kPerThread, and nothing is read for e >= count).
+__device__ __forceinline__ void LoadProbs(const Candidates& c, int e, float (&prob)[kPerThread]) {
+#pragma unroll
+  for (int v = 0; v < kPerThread; v += 4) {
+    const float4 q = e < c.count ? *reinterpret_cast<const float4*>(c.probs + e + v)
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    prob[v] = q.x, prob[v + 1] = q.y, prob[v + 2] = q.z, prob[v + 3] = q.w;
+  }
 }
 
 // Weights of the radix select and the prefix scans: operator()(key, prob). kUsesProbs: read the
@@ -230,11 +253,11 @@ struct TiedWeight {  // Weight for the candidates whose key is `key`, else 0
 __device__ u64 RowMax(const Candidates& c, bool skip_nan, SharedState& sh) {
   u64 best = 0;
   for (int e = kPerThread * static_cast<int>(threadIdx.x); e < c.count; e += kTile) {
-    int id[4];
-    float logit[4];
+    int id[kPerThread];
+    float logit[kPerThread];
     LoadCandidates(c, e, id, logit);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kPerThread; ++j) {
       if (id[j] < 0 || (skip_nan && isnan(logit[j]))) continue;
       const u64 packed = PackKeyId(SampleKey(logit[j]), id[j]);
       best = packed > best ? packed : best;
@@ -257,15 +280,13 @@ __device__ IdHit<T> FirstPrefixAbove(const Candidates& c, T threshold, const Wei
   T carry{};
   for (int base = 0; base < c.count; base += kTile) {
     const int e = base + kPerThread * static_cast<int>(threadIdx.x);
-    int id[4] = {-1, -1, -1, -1};
-    float logit[4] = {0.f, 0.f, 0.f, 0.f}, prob[4] = {0.f, 0.f, 0.f, 0.f};
-    if (e < c.count) {
-      LoadCandidates(c, e, id, logit);
-      if (Weight::kUsesProbs) LoadProbs(c, e, prob);
-    }
-    T w[4], local{};
+    int id[kPerThread];
+    float logit[kPerThread], prob[kPerThread] = {};
+    LoadCandidates(c, e, id, logit);  // ids -1 past the end
+    if (Weight::kUsesProbs) LoadProbs(c, e, prob);
+    T w[kPerThread], local{};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kPerThread; ++j) {
       w[j] = id[j] >= 0 ? static_cast<T>(weight(SampleKey(logit[j]), prob[j])) : T{};
       local += w[j];
     }
@@ -275,7 +296,7 @@ __device__ IdHit<T> FirstPrefixAbove(const Candidates& c, T threshold, const Wei
     int hit_id = -1;
     T hit_inclusive{};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kPerThread; ++j) {
       running += w[j];
       if (hit == INT_MAX && w[j] > T{} && running > threshold) {
         hit = e + j;
@@ -311,43 +332,106 @@ struct Target {
 };
 
 struct RadixHit {
-  uint32_t key;  // the key of the candidate the target falls on
-  u64 before;    // total weight of the candidates with larger keys
-  u64 target;    // the clamped target
+  uint32_t key;     // the key of the candidate the target falls on
+  u64 before;       // total weight of the candidates with larger keys
+  u64 target;       // the clamped target
+  Candidates walk;  // where the tie walk looks: the candidates, or the narrowed list
 };
+
+// Scratch for a narrowed candidate list (workspace): ids [kNarrowCapacity] int32 and their
+// probabilities [kNarrowCapacity] f32, both 16-byte aligned.
+struct NarrowScratch {
+  int* ids;
+  float* probs;
+};
+
+// The candidates whose key matches `prefix` under `mask` and whose weight is positive (the only
+// ones a radix select or tie walk can still land on), copied in id order into `scratch`.
+template <typename Weight>
+__device__ Candidates Narrow(const Candidates& c, uint32_t prefix, uint32_t mask,
+                             const Weight& weight, NarrowScratch scratch, SharedState& sh) {
+  int carry = 0;
+  for (int base = 0; base < c.count; base += kTile) {
+    const int e = base + kPerThread * static_cast<int>(threadIdx.x);
+    int id[kPerThread];
+    float logit[kPerThread], prob[kPerThread] = {};
+    LoadCandidates(c, e, id, logit);  // ids -1 past the end
+    if (Weight::kUsesProbs) LoadProbs(c, e, prob);
+    bool keep[kPerThread];
+    int local = 0;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const uint32_t key = SampleKey(logit[j]);
+      keep[j] = id[j] >= 0 && (key & mask) == prefix && weight(key, prob[j]) != 0;
+      local += keep[j];
+    }
+    int tile_total;
+    int position = carry + BlockExclusiveScan(local, tile_total, sh);
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      if (!keep[j]) continue;
+      if (position < kNarrowCapacity) {  // always: position < found_count <= kNarrowCapacity
+        scratch.ids[position] = id[j];
+        scratch.probs[position] = prob[j];
+      }
+      ++position;
+    }
+    carry += tile_total;
+  }
+  const int count = carry < kNarrowCapacity ? carry : kNarrowCapacity;
+  // Zero the probabilities up to the next multiple of kPerThread, which LoadProbs reads.
+  if (static_cast<int>(threadIdx.x) < (kPerThread - count % kPerThread) % kPerThread) {
+    scratch.probs[count + static_cast<int>(threadIdx.x)] = 0.f;
+  }
+  __syncthreads();  // the list is read by other threads next
+  return Candidates{c.logits, scratch.ids, scratch.probs, count, c.logits_aligned};
+}
 
 // Finds the key of the target candidate, 8 bits per pass from the top: each pass histograms the
 // weights of the candidates that match the prefix found so far by their next digit, and walks the
 // bins from the highest down to the one the target falls in.
 template <typename Weight>
-__device__ RadixHit RadixSelect(const Candidates& c, Target target_rule, const Weight& weight,
-                                SharedState& sh) {
+__device__ RadixHit RadixSelect(Candidates c, Target target_rule, const Weight& weight,
+                                NarrowScratch scratch, SharedState& sh) {
   const int tid = static_cast<int>(threadIdx.x);
   uint32_t prefix = 0, mask = 0;
   u64 before = 0, target = target_rule.absolute;
+  bool narrowed = false;
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
-    for (int b = tid; b < kBins * kCopies; b += kThreads) sh.hist[b] = 0;
+    for (int b = tid; b < kBins * kCopies; b += kThreads) {
+      sh.hist[b] = 0;
+      sh.counts[b] = 0;
+    }
     __syncthreads();
     u64* hist = sh.hist + tid % kCopies;
+    unsigned* counts = sh.counts + tid % kCopies;
     for (int e = kPerThread * tid; e < c.count; e += kTile) {
-      int id[4];
-      float logit[4], prob[4] = {0.f, 0.f, 0.f, 0.f};
+      int id[kPerThread];
+      float logit[kPerThread], prob[kPerThread] = {};
       LoadCandidates(c, e, id, logit);
       if (Weight::kUsesProbs) LoadProbs(c, e, prob);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < kPerThread; ++j) {
         if (id[j] < 0) continue;
         const uint32_t key = SampleKey(logit[j]);
         if ((key & mask) != prefix) continue;
         const u64 w = weight(key, prob[j]);
-        if (w != 0) atomicAdd(hist + ((key >> shift) & (kBins - 1)) * kCopies, w);
+        if (w == 0) continue;
+        const int slot = static_cast<int>((key >> shift) & (kBins - 1)) * kCopies;
+        atomicAdd(hist + slot, w);
+        atomicAdd(counts + slot, 1u);
       }
     }
     __syncthreads();
     if (tid < kBins) {
       u64 sum = 0;
-      for (int copy = 0; copy < kCopies; ++copy) sum += sh.hist[tid * kCopies + copy];
+      unsigned count = 0;
+      for (int copy = 0; copy < kCopies; ++copy) {
+        sum += sh.hist[tid * kCopies + copy];
+        count += sh.counts[tid * kCopies + copy];
+      }
       sh.bins[tid] = sum;
+      sh.bin_counts[tid] = count;
     }
     __syncthreads();
     if (tid < 32) {
@@ -371,6 +455,7 @@ __device__ RadixHit RadixSelect(const Candidates& c, Target target_rule, const W
         sh.found_bin = 0;
         sh.found_before = before;
         sh.found_target = t;
+        sh.found_count = 0;
       }
       __syncwarp();
       u64 running = before + inclusive - local;
@@ -380,6 +465,7 @@ __device__ RadixHit RadixSelect(const Candidates& c, Target target_rule, const W
         if (running < t && running + w >= t) {  // exactly one bin: integer sums are exact
           sh.found_bin = bin;
           sh.found_before = running;
+          sh.found_count = sh.bin_counts[bin];
         }
         running += w;
       }
@@ -389,18 +475,22 @@ __device__ RadixHit RadixSelect(const Candidates& c, Target target_rule, const W
     mask |= static_cast<uint32_t>(kBins - 1) << shift;
     before = sh.found_before;
     target = sh.found_target;
+    const int remaining = static_cast<int>(sh.found_count);
+    if (!narrowed && remaining <= kNarrowCapacity && remaining < c.count) {
+      c = Narrow(c, prefix, mask, weight, scratch, sh);
+      narrowed = true;
+    }
   }
-  return {prefix, before, target};
+  return {prefix, before, target, c};
 }
 
 // The token of a radix select: among the candidates with the selected key, in id order, the one
 // where the cumulative weight reaches target - before. Returns it (-1 if none, which cannot
 // happen) with the cumulative weight of the sorted order up to and including it.
 template <typename Weight>
-__device__ IdHit<u64> TieWalk(const Candidates& c, const RadixHit& hit, const Weight& weight,
-                              SharedState& sh) {
+__device__ IdHit<u64> TieWalk(const RadixHit& hit, const Weight& weight, SharedState& sh) {
   const TiedWeight<Weight> tied{hit.key, weight};
-  IdHit<u64> result = FirstPrefixAbove<u64>(c, hit.target - hit.before - 1, tied, sh);
+  IdHit<u64> result = FirstPrefixAbove<u64>(hit.walk, hit.target - hit.before - 1, tied, sh);
   result.inclusive += hit.before;
   return result;
 }
@@ -413,12 +503,12 @@ __device__ void CompactTopK(const Candidates& c, uint32_t cut_key, u64 ties_kept
   u64 carry = 0;
   for (int base = 0; base < c.count; base += kTile) {
     const int e = base + kPerThread * static_cast<int>(threadIdx.x);
-    int id[4] = {-1, -1, -1, -1};
-    float logit[4] = {0.f, 0.f, 0.f, 0.f};
-    if (e < c.count) LoadCandidates(c, e, id, logit);
-    u64 flag[4], local = 0;
+    int id[kPerThread];
+    float logit[kPerThread];
+    LoadCandidates(c, e, id, logit);  // ids -1 past the end
+    u64 flag[kPerThread], local = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kPerThread; ++j) {
       const uint32_t key = SampleKey(logit[j]);
       flag[j] = id[j] < 0 ? 0 : key > cut_key ? kAbove : key == cut_key ? 1 : 0;
       local += flag[j];
@@ -426,7 +516,7 @@ __device__ void CompactTopK(const Candidates& c, uint32_t cut_key, u64 ties_kept
     u64 tile_total;
     u64 running = carry + BlockExclusiveScan(local, tile_total, sh);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kPerThread; ++j) {
       const u64 above = running >> 32, tied = running & 0xffffffffu;
       if (flag[j] == kAbove || (flag[j] == 1 && tied < ties_kept)) {
         out[above + (tied < ties_kept ? tied : ties_kept)] = id[j];
@@ -439,25 +529,29 @@ __device__ void CompactTopK(const Candidates& c, uint32_t cut_key, u64 ties_kept
 }
 
 // Writes the probability of every candidate, exp(l/T - max/T) computed in double like the CPU,
-// as f32 (the padding up to a multiple of 4 as 0). Returns their total (fp64) and, in
+// as f32 (the padding up to a multiple of kPerThread as 0). Returns their total (fp64) and, in
 // last_positive, the highest token id with a positive probability (-1 if none).
 __device__ double WriteProbabilities(const Candidates& c, float temperature, float max_scaled,
                                      int& last_positive, SharedState& sh) {
   double total = 0.0;
   int last = -1;
   for (int e = kPerThread * static_cast<int>(threadIdx.x); e < c.count; e += kTile) {
-    int id[4];
-    float logit[4], prob[4];
+    int id[kPerThread];
+    float logit[kPerThread], prob[kPerThread];
     LoadCandidates(c, e, id, logit);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kPerThread; ++j) {
       const float scaled = __fdiv_rn(logit[j], temperature);  // the CPU's f32 division
       const double p = exp(static_cast<double>(scaled) - static_cast<double>(max_scaled));
       prob[j] = id[j] >= 0 && p > 0.0 ? __double2float_rn(p) : 0.f;  // NaN (no contract) -> 0
       total += prob[j];
       if (prob[j] > 0.f) last = id[j];
     }
-    *reinterpret_cast<float4*>(c.probs + e) = make_float4(prob[0], prob[1], prob[2], prob[3]);
+#pragma unroll
+    for (int v = 0; v < kPerThread; v += 4) {  // incl. the padding up to a multiple of kPerThread
+      *reinterpret_cast<float4*>(c.probs + e + v) =
+          make_float4(prob[v], prob[v + 1], prob[v + 2], prob[v + 3]);
+    }
   }
   last_positive = BlockReduce(last, MaxOp{}, sh);  // also orders the stores before later reads
   return BlockReduce(total, SumOp{}, sh);
@@ -473,7 +567,8 @@ __device__ int GreedyRow(const Candidates& row, SharedState& sh) {
 }
 
 // kernels/cpu SampleTokenWithUniform (see the file comment for the steps).
-__device__ int SampleRow(Candidates c, const SamplingRow& rp, int* kept_ids, SharedState& sh) {
+__device__ int SampleRow(Candidates c, const SamplingRow& rp, int* kept_ids, NarrowScratch scratch,
+                         SharedState& sh) {
   const u64 best = RowMax(c, /*skip_nan=*/false, sh);
   const int best_id = PackedId(best);
   const float max_logit = KeyValue(static_cast<uint32_t>(best >> 32));
@@ -483,7 +578,8 @@ __device__ int SampleRow(Candidates c, const SamplingRow& rp, int* kept_ids, Sha
   const bool top_p = rp.top_p < 1.f;
 
   if (top_k) {
-    const RadixHit cut = RadixSelect(c, Target{static_cast<u64>(rp.top_k)}, CountWeight{}, sh);
+    const RadixHit cut =
+        RadixSelect(c, Target{static_cast<u64>(rp.top_k)}, CountWeight{}, scratch, sh);
     CompactTopK(c, cut.key, cut.target - cut.before, kept_ids, sh);
     c.ids = kept_ids;
     c.count = rp.top_k;
@@ -502,39 +598,45 @@ __device__ int SampleRow(Candidates c, const SamplingRow& rp, int* kept_ids, Sha
   const FixedMass mass{scalbnf(1.f, 61 - ilogb(total))};
   Target draw{0, uniform, /*exceed=*/true};
   if (top_p) {
-    const RadixHit cut = RadixSelect(c, Target{0, rp.top_p, /*exceed=*/false}, mass, sh);
-    const IdHit<u64> last = TieWalk(c, cut, mass, sh);
+    const RadixHit cut = RadixSelect(c, Target{0, rp.top_p, /*exceed=*/false}, mass, scratch, sh);
+    const IdHit<u64> last = TieWalk(cut, mass, sh);
     const u64 nucleus = last.id >= 0 ? last.inclusive : cut.target;  // fixed-point mass
     const u64 pick = static_cast<u64>(uniform * static_cast<double>(nucleus)) + 1;
     draw.absolute = pick < nucleus ? pick : nucleus;
   }
-  const RadixHit pick = RadixSelect(c, draw, mass, sh);
-  const IdHit<u64> token = TieWalk(c, pick, mass, sh);
+  const RadixHit pick = RadixSelect(c, draw, mass, scratch, sh);
+  const IdHit<u64> token = TieWalk(pick, mass, sh);
   return token.id >= 0 ? token.id : best_id;
 }
 
 // ---- kernel -------------------------------------------------------------------------------------
 
-// Floats per row of the workspace's probability (and id) array: 16-byte multiples.
-__host__ __device__ inline size_t WorkspaceStride(int vocab_size) {
-  return (static_cast<size_t>(vocab_size) + 3) / 4 * 4;
+// Workspace per row, in 4-byte words (multiples of kPerThread, so every array is 16-byte
+// aligned and padded for LoadProbs): probabilities [stride] f32, kept top-k ids [stride] int32,
+// narrowed ids [kNarrowCapacity] int32, narrowed probabilities [kNarrowCapacity] f32; stride =
+// vocab rounded up to kPerThread.
+__host__ __device__ inline size_t VocabStride(int vocab_size) {
+  return (static_cast<size_t>(vocab_size) + kPerThread - 1) / kPerThread * kPerThread;
+}
+__host__ __device__ inline size_t WorkspaceWordsPerRow(int vocab_size) {
+  return 2 * VocabStride(vocab_size) + 2 * static_cast<size_t>(kNarrowCapacity);
 }
 
-// Block b samples row b. Workspace per row: probabilities [stride] f32, then kept ids [stride]
-// int32 (stride = WorkspaceStride(vocab)).
+// Block b samples row b.
 __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p) {
   __shared__ SharedState sh;
   const int row = static_cast<int>(blockIdx.x);
-  const size_t stride = WorkspaceStride(p.vocab_size);
-  float* probs = static_cast<float*>(p.workspace) + static_cast<size_t>(row) * 2 * stride;
+  const size_t stride = VocabStride(p.vocab_size);
+  float* probs = static_cast<float*>(p.workspace) + row * WorkspaceWordsPerRow(p.vocab_size);
+  int* kept_ids = reinterpret_cast<int*>(probs + stride);
+  const NarrowScratch scratch{kept_ids + stride, probs + 2 * stride + kNarrowCapacity};
   const float* logits = p.logits + static_cast<size_t>(row) * p.vocab_size;
   const Candidates candidates{logits, nullptr, probs, p.vocab_size,
                               reinterpret_cast<uintptr_t>(logits) % 16 == 0};
   const SamplingRow rp = p.row_params[row];
   // temperature <= 0 or NaN (outside the contract) is greedy too.
-  const int token = rp.temperature > 0.f
-                        ? SampleRow(candidates, rp, reinterpret_cast<int*>(probs + stride), sh)
-                        : GreedyRow(candidates, sh);
+  const int token = rp.temperature > 0.f ? SampleRow(candidates, rp, kept_ids, scratch, sh)
+                                         : GreedyRow(candidates, sh);
   if (threadIdx.x == 0) p.tokens[row] = token;
 }
 
@@ -546,7 +648,7 @@ Status Validate(const SampleParams& p);
 
 size_t SampleWorkspaceBytes(int rows, int vocab_size) {
   if (rows <= 0 || vocab_size <= 0) return 0;
-  return static_cast<size_t>(rows) * 2 * WorkspaceStride(vocab_size) * sizeof(float);
+  return static_cast<size_t>(rows) * WorkspaceWordsPerRow(vocab_size) * sizeof(float);
 }
 
 Status SampleTokens(const SampleParams& params, cudaStream_t stream) {

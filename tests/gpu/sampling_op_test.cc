@@ -88,13 +88,17 @@ CpuChoice SampleOnCpu(std::span<const float> logits, const SamplingRow& row,
   return {token, ambiguous};
 }
 
-// One row of logits of one of four shapes: flat in [-1, 1] (bf16, so values repeat: ties
-// everywhere), wide in [-8, 8] with 3 % -inf, wide with a few spikes tied at the top, and
-// (vocab >= 16) all -inf but five entries. Every shape gets copies of random entries (ties) and
-// of its maximum (a tie at the top, and at a top-k cut).
+// One row of logits of one of five shapes: flat in [-1, 1] (bf16, so values repeat: ties
+// everywhere), wide in [-8, 8] with 3 % -inf, wide with a few spikes tied at the top, (vocab >= 16)
+// all -inf but five entries, and narrow in [0.5, 1) (one binade: 128 distinct values, so every
+// value is a large tie group, and a radix select cannot narrow its candidates after one pass).
+// Every shape gets copies of random entries (ties) and of its maximum (a tie at the top, and at a
+// top-k cut).
+constexpr int kShapes = 5;
 std::vector<float> RandomLogitRow(std::mt19937_64& rng, int vocab, int shape) {
-  std::vector<float> row =
-      RandomBf16Values(rng, size_t(vocab), shape == 0 ? -1.f : -8.f, shape == 0 ? 1.f : 8.f);
+  const float lo = shape == 0 ? -1.f : shape == 4 ? 0.5f : -8.f;
+  const float hi = shape == 0 ? 1.f : shape == 4 ? 0.999f : 8.f;
+  std::vector<float> row = RandomBf16Values(rng, size_t(vocab), lo, hi);
   const auto index = [&] { return static_cast<size_t>(rng() % uint64_t(vocab)); };
   if (shape == 1) {
     for (int i = 0; i < vocab / 33; ++i) row[index()] = -INFINITY;
@@ -139,8 +143,9 @@ struct Tally {
 // ones at and near 0 and 1, then random ones), and compares every row with the CPU twin.
 void ExpectMatchesCpuTwin(std::mt19937_64& rng, int vocab, int rows, int offset, Tally& tally) {
   std::vector<float> logits;
+  const int first_shape = static_cast<int>(rng() % kShapes);
   for (int r = 0; r < rows; ++r) {
-    const std::vector<float> row = RandomLogitRow(rng, vocab, r % 4);
+    const std::vector<float> row = RandomLogitRow(rng, vocab, (first_shape + r) % kShapes);
     logits.insert(logits.end(), row.begin(), row.end());
   }
   const std::vector<SamplingRow> configs = RowConfigs(vocab);
@@ -184,7 +189,7 @@ void ExpectMatchesCpuTwin(std::mt19937_64& rng, int vocab, int rows, int offset,
 }
 
 void ExpectFewSkipped(const Tally& tally) {
-  std::cout << "[ sampled   ] " << tally.compared << " sampled draws equal to the CPU twin, "
+  std::cout << "[ sampled   ] " << tally.compared << " sampled draws compared with the CPU twin, "
             << tally.greedy << " greedy rows, " << tally.skipped
             << " draws skipped (uniform or top_p within " << kBoundaryTolerance
             << " of a cumulative boundary)\n";
@@ -255,7 +260,7 @@ TEST(SampleOpTest, SameInputsSameTokens) {
   std::vector<SamplingRow> batch;
   const std::vector<SamplingRow> configs = RowConfigs(vocab);
   for (int r = 0; r < rows; ++r) {
-    const std::vector<float> row = RandomLogitRow(rng, vocab, r % 4);
+    const std::vector<float> row = RandomLogitRow(rng, vocab, r % kShapes);
     logits.insert(logits.end(), row.begin(), row.end());
     batch.push_back(configs[size_t(r) % configs.size()]);
     batch.back().uniform = DrawUniform(rng);
