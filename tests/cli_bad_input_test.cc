@@ -1,7 +1,13 @@
 // Bad input through the `rubato generate` command: each case must end with exactly one line on
 // stderr naming the problem and a non-zero exit, never a crash or a hang (issue #2 point 8).
 // Each case copies the bundled tiny model into a temporary directory and breaks one thing.
+// Also: the backend switch (`--backend cuda` without CUDA in the build or without a GPU), and
+// prompts given as token ids for a model directory holding only config.json (--random-weights).
 #include <gtest/gtest.h>
+
+#ifdef RUBATO_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include <cstdint>
 #include <cstring>
@@ -245,6 +251,106 @@ TEST_F(CliBadInputTest, PromptLongerThanConfiguredContext) {
       "one two three four five six seven eight nine ten eleven twelve thirteen fourteen",
       "--max-tokens", "2"};
   ExpectCleanFailure(RunProcess(RUBATO_BINARY, args), {"prompt has", "16"});
+}
+
+// `--backend cuda` (and engine.backend: cuda) where it cannot run: a build without CUDA names
+// the configure flag; a CUDA build on a machine without a GPU reports the CUDA error. On a GPU
+// machine the CUDA model runs, so there is no failure to check.
+void ExpectCudaUnavailable(const ProcessResult& r) {
+  ASSERT_FALSE(r.signaled) << "rubato was killed by signal " << r.signal << "\n" << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  const std::vector<std::string> lines = NonEmptyLines(r.err);
+  ASSERT_EQ(lines.size(), 1u) << "expected one line on stderr, got:\n" << r.err;
+  EXPECT_EQ(lines[0].rfind("rubato: error: ", 0), 0u) << lines[0];
+#ifdef RUBATO_HAS_CUDA
+  EXPECT_NE(lines[0].find("CUDA"), std::string::npos) << lines[0];
+#else
+  EXPECT_NE(lines[0].find("engine.backend 'cuda': this rubato was built without CUDA "
+                          "(configure with -DRUBATO_CUDA=ON)"),
+            std::string::npos)
+      << lines[0];
+#endif
+}
+
+bool GpuPresent() {
+#ifdef RUBATO_HAS_CUDA
+  int devices = 0;
+  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+#else
+  return false;
+#endif
+}
+
+TEST_F(CliBadInputTest, CudaBackendFlagWithoutCudaOrGpu) {
+  if (GpuPresent()) GTEST_SKIP() << "a GPU is present: --backend cuda runs";
+  ExpectCudaUnavailable(Generate({"--backend", "cuda"}));
+}
+
+TEST_F(CliBadInputTest, CudaBackendInYamlWithoutCudaOrGpu) {
+  if (GpuPresent()) GTEST_SKIP() << "a GPU is present: engine.backend cuda runs";
+  const fs::path yaml = WriteYaml("engine:\n  backend: cuda\n");
+  ExpectCudaUnavailable(Generate({"--config", yaml.string()}));
+}
+
+TEST_F(CliBadInputTest, UnknownBackendFlag) {
+  const ProcessResult r = Generate({"--backend", "tpu"});
+  ASSERT_FALSE(r.signaled);
+  EXPECT_EQ(r.exit_code, 2);  // a command-line syntax error
+  EXPECT_NE(r.err.find("--backend"), std::string::npos) << r.err;
+}
+
+TEST_F(CliBadInputTest, PromptIdsWithConfigOnlyAndRandomWeights) {
+  // A directory with config.json alone: no tokenizer, no checkpoint.
+  const fs::path config_only = dir_.path() / "config_only";
+  fs::create_directories(config_only);
+  fs::copy_file(model_ / "config.json", config_only / "config.json");
+  const std::vector<std::string> args = {"generate",     "--model",      config_only.string(),
+                                         "--prompt-ids", "5, 17,300,9", "--random-weights",
+                                         "--max-tokens", "3"};
+  const ProcessResult r = RunProcess(RUBATO_BINARY, args);
+  ASSERT_FALSE(r.signaled) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("prompt_tokens=4 generated_tokens="), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("backend=cpu"), std::string::npos) << r.out;
+  // Without a tokenizer the generated tokens are printed as ids: the first line is numbers.
+  const std::string first_line = r.out.substr(0, r.out.find('\n'));
+  EXPECT_FALSE(first_line.empty()) << r.out;
+  EXPECT_EQ(first_line.find_first_not_of("0123456789 "), std::string::npos) << r.out;
+
+  // Without --random-weights the missing checkpoint is the error; a text prompt needs the
+  // tokenizer.
+  ExpectCleanFailure(RunProcess(RUBATO_BINARY, {"generate", "--model", config_only.string(),
+                                                "--prompt-ids", "1,2", "--max-tokens", "1"}),
+                     {config_only.string()});
+  ExpectCleanFailure(RunProcess(RUBATO_BINARY, {"generate", "--model", config_only.string(),
+                                                "--prompt", "hello", "--random-weights"}),
+                     {"tokenizer.json"});
+}
+
+TEST_F(CliBadInputTest, BadPromptIds) {
+  const ProcessResult r = RunProcess(RUBATO_BINARY, {"generate", "--model", model_.string(),
+                                                     "--prompt-ids", "1,x,3"});
+  ExpectCleanFailure(r, {"--prompt-ids", "'x'"});
+  // 5000 is outside the tiny model's 1024-token vocabulary.
+  ExpectCleanFailure(RunProcess(RUBATO_BINARY, {"generate", "--model", model_.string(),
+                                                "--prompt-ids", "1,5000"}),
+                     {"5000", "vocabulary"});
+  ExpectCleanFailure(RunProcess(RUBATO_BINARY, {"generate", "--model", model_.string(),
+                                                "--prompt-ids", "1,2", "--chat"}),
+                     {"--chat"});
+}
+
+TEST_F(CliBadInputTest, PromptRequiredAndExclusive) {
+  ProcessResult none = RunProcess(RUBATO_BINARY, {"generate", "--model", model_.string()});
+  ASSERT_FALSE(none.signaled);
+  EXPECT_EQ(none.exit_code, 2);
+  ASSERT_EQ(NonEmptyLines(none.err).size(), 1u) << none.err;
+  EXPECT_NE(none.err.find("--prompt"), std::string::npos) << none.err;
+  ProcessResult both = RunProcess(RUBATO_BINARY, {"generate", "--model", model_.string(),
+                                                  "--prompt", "hi", "--prompt-ids", "1"});
+  ASSERT_FALSE(both.signaled);
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_NE(both.err.find("--prompt"), std::string::npos) << both.err;
 }
 
 TEST_F(CliBadInputTest, BadSamplingFlags) {

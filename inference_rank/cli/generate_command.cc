@@ -1,12 +1,16 @@
-// `rubato generate` (see generate_command.h): config -> policy check -> tokenizer -> model ->
-// engine, then streams tokens to stdout as the engine produces them and prints one stats line.
+// `rubato generate` (see generate_command.h): config -> policy check -> prompt (tokenizer or ids)
+// -> model (CPU or CUDA backend) -> engine, then streams tokens to stdout as the engine produces
+// them and prints one stats line.
 #include "inference_rank/cli/generate_command.h"
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "common/config.h"
@@ -15,7 +19,12 @@
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/cpu_model.h"
+#include "inference_rank/model/model.h"
 #include "inference_rank/policies/policy_registry.h"
+
+#ifdef RUBATO_HAS_CUDA
+#include "inference_rank/model/cuda_model.h"
+#endif
 
 namespace rubato {
 namespace {
@@ -33,6 +42,16 @@ Result<RubatoConfig> ResolveConfig(const GenerateArgs& args) {
     RUBATO_ASSIGN_OR_RETURN(config, LoadConfigFile(*args.config_file));
   }
   if (args.model_dir) config.model.path = *args.model_dir;
+  if (args.random_weights) config.model.random_weights = true;
+  if (args.backend) {
+    if (*args.backend == "cpu") {
+      config.engine.backend = EngineSection::Backend::kCpu;
+    } else if (*args.backend == "cuda") {
+      config.engine.backend = EngineSection::Backend::kCuda;
+    } else {
+      return InvalidArgumentError("--backend: '" + *args.backend + "' is not one of cpu, cuda");
+    }
+  }
   if (args.policy) {
     config.policy.name = *args.policy;
     if (!args.config_file) config.policy.source = "command line";
@@ -41,12 +60,18 @@ Result<RubatoConfig> ResolveConfig(const GenerateArgs& args) {
   return config;
 }
 
-// Backends and topologies that later issues bring; rejected clearly until then.
+// Backends and topologies this build cannot run, rejected before anything is loaded.
 Status CheckSupportedByThisBuild(const RubatoConfig& config) {
-  if (config.engine.backend != EngineSection::Backend::kCpu) {
-    return UnsupportedError("engine.backend: '" +
-                            std::string(ConfigEnumName(config.engine.backend)) +
-                            "' is not available in this build yet; use 'cpu'");
+  if (config.engine.backend == EngineSection::Backend::kCuda) {
+#ifndef RUBATO_HAS_CUDA
+    return UnsupportedError(
+        "engine.backend 'cuda': this rubato was built without CUDA (configure with "
+        "-DRUBATO_CUDA=ON)");
+#endif
+    if (config.engine.dtype != DType::kBF16) {
+      return UnsupportedError("engine.dtype '" + std::string(DTypeName(config.engine.dtype)) +
+                              "': the CUDA backend stores weights and KV in bf16 only");
+    }
   }
   if (config.topology.mode != TopologySection::Mode::kColocated) {
     return UnsupportedError("topology.mode: '" + std::string(ConfigEnumName(config.topology.mode)) +
@@ -55,16 +80,61 @@ Status CheckSupportedByThisBuild(const RubatoConfig& config) {
   return Status::Ok();
 }
 
+// "1,2,3" -> {1, 2, 3}. Range against the vocabulary is checked by the engine.
+Result<std::vector<int>> ParsePromptIds(std::string_view text) {
+  std::vector<int> ids;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view item = text.substr(begin, end - begin);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    int id = 0;
+    const auto [next, error] = std::from_chars(item.data(), item.data() + item.size(), id);
+    if (item.empty() || error != std::errc() || next != item.data() + item.size() || id < 0) {
+      return InvalidArgumentError("--prompt-ids: '" + std::string(item) + "' (item " +
+                                  std::to_string(ids.size()) +
+                                  ") is not a token id; expected non-negative integers like "
+                                  "1,2,3");
+    }
+    ids.push_back(id);
+    begin = end + 1;
+  }
+  return ids;
+}
+
 Result<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer, const GenerateArgs& args) {
   if (!args.chat) {
     // Like `tokenizer(prompt)` in transformers: the post-processor adds BOS where the model
     // has one (Llama-3), nothing for Qwen.
-    return tokenizer.Encode(args.prompt, /*add_special_tokens=*/true);
+    return tokenizer.Encode(*args.prompt, /*add_special_tokens=*/true);
   }
-  const std::vector<ChatMessage> messages = {{"user", args.prompt}};
+  const std::vector<ChatMessage> messages = {{"user", *args.prompt}};
   RUBATO_ASSIGN_OR_RETURN(std::string text, tokenizer.ApplyChatTemplate(messages));
   // The template already holds every special token (Llama-3's BOS included).
   return tokenizer.Encode(text, /*add_special_tokens=*/false);
+}
+
+Result<std::unique_ptr<Model>> LoadModel(const RubatoConfig& config,
+                                         const std::filesystem::path& model_dir) {
+  if (config.engine.backend == EngineSection::Backend::kCuda) {
+#ifdef RUBATO_HAS_CUDA
+    CudaModelOptions options;
+    options.random_weights = config.model.random_weights;
+    options.seed = config.model.seed;
+    options.device = config.engine.device;
+    return LoadCudaModel(model_dir, options);
+#else
+    return UnsupportedError("engine.backend 'cuda': this rubato was built without CUDA");
+#endif
+  }
+  ModelLoadOptions options;
+  options.random_weights = config.model.random_weights;
+  options.seed = config.model.seed;
+  options.num_threads = config.engine.threads;
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<CpuModel> model, CpuModel::Load(model_dir, options));
+  return std::unique_ptr<Model>(std::move(model));
 }
 
 void Print(const std::string& text) {
@@ -85,23 +155,34 @@ Status RunGenerate(const GenerateArgs& args) {
   if (!std::filesystem::is_directory(model_dir)) {
     return NotFoundError("model directory '" + model_dir.string() + "' does not exist");
   }
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
-                          Tokenizer::LoadFromDirectory(model_dir));
-  RUBATO_ASSIGN_OR_RETURN(std::vector<int> prompt_ids, EncodePrompt(*tokenizer, args));
+  if (args.prompt.has_value() == args.prompt_ids.has_value()) {
+    return InvalidArgumentError("give the prompt as --prompt TEXT or as --prompt-ids 1,2,3");
+  }
+  if (args.chat && args.prompt_ids) {
+    return InvalidArgumentError("--chat needs the prompt as text (--prompt)");
+  }
+  // Text needs the tokenizer; ids use it only to print text, when the directory has one.
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (args.prompt || std::filesystem::exists(model_dir / "tokenizer.json")) {
+    RUBATO_ASSIGN_OR_RETURN(tokenizer, Tokenizer::LoadFromDirectory(model_dir));
+  }
+  std::vector<int> prompt_ids;
+  if (args.prompt_ids) {
+    RUBATO_ASSIGN_OR_RETURN(prompt_ids, ParsePromptIds(*args.prompt_ids));
+  } else {
+    RUBATO_ASSIGN_OR_RETURN(prompt_ids, EncodePrompt(*tokenizer, args));
+  }
   const int max_prompt = config.limits.max_prompt_tokens;
   if (max_prompt > 0 && static_cast<int>(prompt_ids.size()) > max_prompt) {
     return OutOfRangeError("prompt has " + std::to_string(prompt_ids.size()) +
                            " tokens but limits.max_prompt_tokens is " + std::to_string(max_prompt));
   }
 
-  ModelLoadOptions load_options;
-  load_options.random_weights = config.model.random_weights;
-  load_options.seed = config.model.seed;
-  load_options.num_threads = config.engine.threads;
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<CpuModel> model, CpuModel::Load(model_dir, load_options));
-  RUBATO_LOG_INFO("cli", "model {}: {} parameters, {} bytes of fp32 weights, policy {}",
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(config, model_dir));
+  RUBATO_LOG_INFO("cli", "model {}: {} parameters, {} bytes of {} weights, policy {}",
                   model_dir.string(), model->parameter_count(), model->weight_bytes(),
-                  policy.name);
+                  model->backend_name(), policy.name);
+  const std::string backend(model->backend_name());
 
   EngineOptions engine_options;
   engine_options.max_batch = config.engine.max_batch;
@@ -119,7 +200,11 @@ Status RunGenerate(const GenerateArgs& args) {
   request.max_new_tokens = args.max_tokens;
   RUBATO_RETURN_IF_ERROR(engine->Submit(std::move(request)).status());
 
-  StreamDecoder decoder(*tokenizer, /*skip_special_tokens=*/true);
+  // Text through the tokenizer, or ids ("12 7 93 ") when the model directory has none.
+  std::unique_ptr<StreamDecoder> decoder;
+  if (tokenizer) {
+    decoder = std::make_unique<StreamDecoder>(*tokenizer, /*skip_special_tokens=*/true);
+  }
   const Clock::time_point start = Clock::now();
   Clock::time_point first_token_time = start;
   Clock::time_point last_token_time = start;
@@ -131,18 +216,20 @@ Status RunGenerate(const GenerateArgs& args) {
       retained_kv = event.retained_kv_ratio;
       last_token_time = Clock::now();
       if (generated++ == 0) first_token_time = last_token_time;
-      if (event.finish != FinishReason::kStop) Print(decoder.Push(event.token));
+      if (event.finish == FinishReason::kStop) continue;
+      Print(decoder ? decoder->Push(event.token) : std::to_string(event.token) + " ");
     }
   }
-  Print(decoder.Flush());
+  if (decoder) Print(decoder->Flush());
 
   const double prefill_ms = MillisecondsBetween(start, first_token_time);
   const double decode_s = MillisecondsBetween(first_token_time, last_token_time) / 1000.0;
   const double decode_tok_s = generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0;
   std::printf(
       "\n[rubato] prompt_tokens=%zu generated_tokens=%d prefill_ms=%.1f "
-      "decode_tok_s=%.1f policy=%s retained_kv=%.3f\n",
-      prompt_ids.size(), generated, prefill_ms, decode_tok_s, policy.name.c_str(), retained_kv);
+      "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s\n",
+      prompt_ids.size(), generated, prefill_ms, decode_tok_s, policy.name.c_str(), retained_kv,
+      backend.c_str());
   std::fflush(stdout);
   return Status::Ok();
 }

@@ -1,5 +1,10 @@
-// `rubato generate`: load a model, encode a prompt, stream generated text to stdout and end
-// with one stats line. Every failure comes back as a Status for main() to print as one line.
+// `rubato generate`: load a model (CPU or CUDA backend), encode a prompt, stream generated text
+// to stdout and end with one stats line. Every failure comes back as a Status for main() to
+// print as one line.
+//
+// The prompt is text (--prompt, needs the model's tokenizer) or token ids (--prompt-ids 1,2,3).
+// With ids and a model directory without tokenizer.json (a config.json alone, for
+// --random-weights benchmarks at real shapes), the generated tokens are printed as ids.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +17,11 @@ namespace rubato {
 
 struct GenerateArgs {
   std::optional<std::string> model_dir;    // overrides config model.path
-  std::string prompt;
+  std::optional<std::string> prompt;       // text; exactly one of prompt and prompt_ids
+  std::optional<std::string> prompt_ids;   // "1,2,3": token ids instead of text
   bool chat = false;                       // wrap the prompt in the model's chat template
+  bool random_weights = false;             // sets model.random_weights (config.json alone)
+  std::optional<std::string> backend;      // "cpu" | "cuda", overrides config engine.backend
   int max_tokens = 128;
   float temperature = 0.f;                 // 0: greedy
   float top_p = 1.f;

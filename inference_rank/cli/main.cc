@@ -1,6 +1,7 @@
 // The `rubato` command. Subcommands:
-//   rubato generate --model DIR --prompt TEXT [--max-tokens N --temperature T --top-p P
-//                   --top-k K --seed S --policy NAME --config FILE --chat --threads N]
+//   rubato generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N
+//                   --temperature T --top-p P --top-k K --seed S --policy NAME --config FILE
+//                   --chat --threads N --backend cpu|cuda --random-weights]
 //   rubato tokenize --model DIR [--count --add-special-tokens]
 //                   (stdin: one JSON string per line; stdout: ids or counts, one line each)
 // Every error ends the process with one line on stderr ("rubato: error: ...") and exit 1;
@@ -32,7 +33,15 @@ int main(int argc, char** argv) {
   CLI::App* generate = app.add_subcommand("generate", "Generate text from a prompt");
   generate->add_option("--model", gen.model_dir, "Hugging Face model directory (overrides "
                        "model.path of the config)");
-  generate->add_option("--prompt", gen.prompt, "Prompt text")->required();
+  CLI::Option* prompt = generate->add_option("--prompt", gen.prompt, "Prompt text");
+  CLI::Option* prompt_ids = generate->add_option(
+      "--prompt-ids", gen.prompt_ids, "Prompt as comma-separated token ids (no tokenizer needed)");
+  prompt->excludes(prompt_ids);
+  generate->add_option("--backend", gen.backend, "Compute backend (overrides engine.backend)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  generate->add_flag("--random-weights", gen.random_weights,
+                     "Random weights from the model's config.json alone (sets "
+                     "model.random_weights; for benchmarks at real shapes)");
   generate->add_flag("--chat", gen.chat, "Wrap the prompt as a user turn in the model's chat "
                      "template (ChatML or Llama-3)");
   generate->add_option("--max-tokens", gen.max_tokens, "Tokens to generate at most")
@@ -67,6 +76,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return PrintError(e.what(), 2);
+  }
+  if (*generate && !gen.prompt && !gen.prompt_ids) {
+    return PrintError("generate: --prompt or --prompt-ids is required", 2);
   }
 
   try {
