@@ -1,9 +1,8 @@
 // Row gather (gather_rows.cuh): kernel, launcher, validation.
-#include "kernels/cuda/gather_rows.cuh"
-
 #include <string>
 
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/gather_rows.cuh"
 
 namespace rubato::cuda {
 namespace {

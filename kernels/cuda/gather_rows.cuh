@@ -18,7 +18,7 @@ struct GatherRowsParams {
   int in_rows = 0;
   const int32_t* row_indices = nullptr;  // [rows], device: rows of `in`, in [0, in_rows)
   int rows = 0;
-  int dim = 0;                    // a multiple of 8
+  int dim = 0;                   // a multiple of 8
   __nv_bfloat16* out = nullptr;  // [rows][dim], bf16, 16-byte aligned; must not overlap `in`
 };
 

@@ -1,11 +1,10 @@
 // Deterministic random bf16 fill (random_fill.cuh): kernel, launcher, validation.
-#include "kernels/cuda/random_fill.cuh"
-
 #include <cmath>
 #include <string>
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/random_fill.cuh"
 
 namespace rubato::cuda {
 namespace {
@@ -39,8 +38,7 @@ __host__ __device__ inline uint32_t RandomBits24(uint64_t key, uint64_t index) {
 // center + k * step with k = 2u - (2^24 - 1), exactly representable; the product and the sum
 // are rounded separately on both sides (no FMA contraction on the device), so the host twin
 // gives the same fp32 value.
-__host__ __device__ inline float FillValue(uint64_t key, uint64_t index, float center,
-                                           float step) {
+__host__ __device__ inline float FillValue(uint64_t key, uint64_t index, float center, float step) {
   const int32_t k = static_cast<int32_t>(2 * RandomBits24(key, index)) - 16777215;
 #ifdef __CUDA_ARCH__
   return __fadd_rn(__fmul_rn(static_cast<float>(k), step), center);
@@ -104,8 +102,8 @@ Status RandomFill(const RandomFillParams& params, cudaStream_t stream) {
 }
 
 float RandomFillValue(const RandomFillParams& params, int64_t index) {
-  return FillValue(FillKey(params.seed, params.stream), static_cast<uint64_t>(index),
-                   params.center, Step(params));
+  return FillValue(FillKey(params.seed, params.stream), static_cast<uint64_t>(index), params.center,
+                   Step(params));
 }
 
 namespace {

@@ -65,8 +65,9 @@ TEST(GatherRowsOpTest, OutOfRangeIndexWritesNaNRow) {
   auto device_in = UploadBf16(in);
   auto device_indices = Upload(indices);
   auto out = Poisoned<__nv_bfloat16>(indices.size() * dim);
-  GatherRowsParams params{device_in.data(), in_rows, device_indices.data(),
-                          static_cast<int>(indices.size()), dim, out.data()};
+  GatherRowsParams params{
+      device_in.data(), in_rows, device_indices.data(), static_cast<int>(indices.size()), dim,
+      out.data()};
   ASSERT_STATUS_OK(GatherRows(params, nullptr));
   const std::vector<float> got = DownloadBf16(out);
   for (int r = 0; r < 4; ++r) {

@@ -94,7 +94,8 @@ TEST(RandomFillOpTest, SameInputsSameValuesOtherSeedOrStreamOtherValues) {
   for (const RandomFillParams& p : {other_seed, other_stream}) {
     const std::vector<float> b = fill(p);
     int64_t equal = 0;
-    for (int64_t i = 0; i < count; ++i) equal += a[static_cast<size_t>(i)] == b[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < count; ++i)
+      equal += a[static_cast<size_t>(i)] == b[static_cast<size_t>(i)];
     // Independent values in bf16 coincide rarely (about 1 in a few hundred).
     EXPECT_LT(equal, count / 50) << "seed " << p.seed << " stream " << p.stream;
   }

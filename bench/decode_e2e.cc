@@ -1,0 +1,352 @@
+// End-to-end dense decode benchmark (DESIGN §8, issue #4): the CUDA model at real shapes (random
+// weights generated on the device from a config.json), batch x context points, decode steps
+// replayed as CUDA graphs with greedy sampling on the device, against the memory roofline:
+//   roofline = (weight bytes read per step + KV bytes read per step) / copy bandwidth
+// where the copy bandwidth is a large device-to-device cudaMemcpy measured in this process
+// (bytes read + written per second).
+//
+//   rubato_bench_decode --config configs/models/qwen3-8b --batch 16 --context 32768
+//       --block-size 64 --steps 20 --warmup 3 --out bench/results/decode_e2e.json
+//   rubato_bench_decode --config configs/models/qwen3-8b --points 8x12288,16x32768,4x131072 ...
+//
+// No prefill: every sequence's KV is filled with random bf16 values directly (CudaModel::
+// FillKvForBenchmark; decode speed does not depend on the KV values), then each step decodes one
+// token per sequence, so contexts grow by `warmup + steps` over a point. The KV pool is sized for
+// the largest point (points run one after the other) and the run fails with the bytes if it
+// does not fit.
+#include <cuda_runtime_api.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "inference_rank/model/cuda_kv_storage.h"
+#include "inference_rank/model/cuda_model.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
+
+#ifndef RUBATO_GIT_COMMIT
+#define RUBATO_GIT_COMMIT "unknown"
+#endif
+
+namespace rubato {
+namespace {
+
+struct Point {
+  int batch = 0;
+  int context = 0;
+};
+
+struct Options {
+  std::string config;
+  int batch = 16;
+  int context = 32768;
+  std::string points;  // "8x12288,16x32768": overrides batch / context
+  int block_size = 64;
+  int steps = 20;
+  int warmup = 3;
+  uint64_t seed = 1;
+  int device = 0;
+  std::string commit;
+  std::string out;
+  std::string command_line;
+};
+
+// Memory kept free beyond the KV pool for activations, workspaces and cuBLASLt.
+constexpr size_t kHeadroomBytes = size_t{2} << 30;
+
+Result<std::vector<Point>> ParsePoints(const Options& options) {
+  if (options.points.empty()) return std::vector<Point>{{options.batch, options.context}};
+  std::vector<Point> points;
+  std::stringstream list(options.points);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    Point p;
+    char x = 0;
+    std::stringstream one(item);
+    if (!(one >> p.batch >> x >> p.context) || x != 'x' || !one.eof() || p.batch < 1 ||
+        p.context < 1) {
+      return InvalidArgumentError("--points: '" + item + "' is not BATCHxCONTEXT (e.g. 16x32768)");
+    }
+    points.push_back(p);
+  }
+  if (points.empty()) return InvalidArgumentError("--points is empty");
+  return points;
+}
+
+double Percentile(std::vector<double> values, double q) {
+  std::sort(values.begin(), values.end());
+  const size_t index = static_cast<size_t>(q * static_cast<double>(values.size() - 1) + 0.5);
+  return values[std::min(index, values.size() - 1)];
+}
+
+// Device-to-device copy bandwidth: bytes read + written per second, median of 10 copies.
+Result<double> CopyBandwidth(size_t bytes, cudaStream_t stream) {
+  RUBATO_ASSIGN_OR_RETURN(auto source,
+                          cuda::DeviceBuffer<unsigned char>::Allocate(bytes, "copy source"));
+  RUBATO_ASSIGN_OR_RETURN(auto dest,
+                          cuda::DeviceBuffer<unsigned char>::Allocate(bytes, "copy destination"));
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(source.data(), 1, bytes, stream), "memset");
+  cudaEvent_t start, stop;
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "creating an event");
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "creating an event");
+  std::vector<double> seconds;
+  Status status;
+  for (int i = 0; i < 12 && status.ok(); ++i) {
+    cudaEventRecord(start, stream);
+    cudaMemcpyAsync(dest.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, stream);
+    cudaEventRecord(stop, stream);
+    status = cuda::CudaStatus(cudaEventSynchronize(stop), "timing the copy");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i >= 2) seconds.push_back(ms / 1e3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  RUBATO_RETURN_IF_ERROR(status);
+  return 2.0 * static_cast<double>(bytes) / Percentile(seconds, 0.5);
+}
+
+// Bytes one decode step reads from the weights: every layer, the final norm and the lm_head
+// (the embedding lookup reads only `batch` rows; a tied table is read once, as the lm_head).
+double WeightBytesPerStep(const ModelConfig& config) {
+  const double all = static_cast<double>(CudaWeightBytes(config));
+  if (config.tie_word_embeddings) return all;
+  return all - 2.0 * config.vocab_size * static_cast<double>(config.hidden_size);
+}
+
+// Bytes of K and V one decode step reads for sequences attending `keys` positions on average.
+double KvBytesPerStep(const ModelConfig& config, int batch, double keys) {
+  return static_cast<double>(batch) * keys * config.num_layers * 2.0 * config.num_kv_heads *
+         config.head_dim * 2.0;
+}
+
+struct PointResult {
+  Point point;
+  double median_ms = 0, p90_ms = 0, min_ms = 0, host_median_ms = 0;
+  double mean_keys = 0, weight_bytes = 0, kv_bytes = 0, roofline_ms = 0;
+  int64_t graph_steps = 0;
+};
+
+Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point& point,
+                             const Options& options, double copy_bandwidth, uint64_t seed) {
+  const ModelConfig& config = model.config();
+  std::vector<KvSequence> sequences(static_cast<size_t>(point.batch));
+  std::vector<KvSequence*> pointers;
+  for (KvSequence& s : sequences) pointers.push_back(&s);
+  RUBATO_RETURN_IF_ERROR(model.FillKvForBenchmark(cache, pointers, point.context, seed));
+
+  std::mt19937_64 rng(seed);
+  std::vector<int> next(sequences.size());
+  for (int& token : next)
+    token = static_cast<int>(rng() % static_cast<uint64_t>(config.vocab_size));
+  const TokenSampling greedy;
+  ForwardResult result;
+  std::vector<ForwardEntry> batch(sequences.size());
+  cudaEvent_t start, stop;
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "creating an event");
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "creating an event");
+  std::vector<double> device_ms, host_ms;
+  int64_t replays_before = 0;
+  Status status;
+  for (int step = 0; step < options.warmup + options.steps && status.ok(); ++step) {
+    if (step == options.warmup) replays_before = model.graph_replays();
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      batch[i] = ForwardEntry{
+          &sequences[i], {&next[i], 1}, sequences[i].num_tokens, LogitsWanted::kLast, &greedy};
+    }
+    // The stream is idle here, so the events bracket the whole step: host planning, the input
+    // copy, the graph, sampling and the token copy back (what a client sees per token).
+    const auto host_start = std::chrono::steady_clock::now();
+    cudaEventRecord(start, model.stream());
+    status = model.Forward(batch, cache, result);
+    cudaEventRecord(stop, model.stream());
+    if (status.ok()) status = cuda::CudaStatus(cudaEventSynchronize(stop), "timing a step");
+    const auto host_end = std::chrono::steady_clock::now();
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (step >= options.warmup) {
+      device_ms.push_back(ms);
+      host_ms.push_back(std::chrono::duration<double, std::milli>(host_end - host_start).count());
+    }
+    for (size_t i = 0; i < sequences.size() && status.ok(); ++i) next[i] = result.sampled_tokens[i];
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  for (KvSequence& s : sequences) {
+    const Status released = cache.Release(s);
+    if (status.ok()) status = released;
+  }
+  RUBATO_RETURN_IF_ERROR(status);
+
+  PointResult r;
+  r.point = point;
+  r.graph_steps = model.graph_replays() - replays_before;
+  r.median_ms = Percentile(device_ms, 0.5);
+  r.p90_ms = Percentile(device_ms, 0.9);
+  r.min_ms = *std::min_element(device_ms.begin(), device_ms.end());
+  r.host_median_ms = Percentile(host_ms, 0.5);
+  // Timed step i (0-based over all steps) decodes position context + i: context + i + 1 keys.
+  r.mean_keys = point.context + options.warmup + (options.steps - 1) / 2.0 + 1.0;
+  r.weight_bytes = WeightBytesPerStep(config);
+  r.kv_bytes = KvBytesPerStep(config, point.batch, r.mean_keys);
+  r.roofline_ms = (r.weight_bytes + r.kv_bytes) / copy_bandwidth * 1e3;
+  return r;
+}
+
+Status Run(const Options& options, nlohmann::json& report, std::vector<PointResult>& results) {
+  RUBATO_ASSIGN_OR_RETURN(const std::vector<Point> points, ParsePoints(options));
+  if (options.steps < 1 || options.warmup < 2) {
+    return InvalidArgumentError(
+        "--steps must be >= 1 and --warmup >= 2 (the first step of a shape runs eagerly, the "
+        "second captures its graph)");
+  }
+  CudaModelOptions model_options;
+  model_options.random_weights = true;
+  model_options.seed = options.seed;
+  model_options.device = options.device;
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Model> loaded,
+                          LoadCudaModel(options.config, model_options));
+  auto* model = dynamic_cast<CudaModel*>(loaded.get());
+  if (model == nullptr) return InternalError("LoadCudaModel did not return a CudaModel");
+  const ModelConfig& config = model->config();
+
+  cudaDeviceProp properties{};
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, options.device),
+                              "reading the device properties");
+  RUBATO_ASSIGN_OR_RETURN(const double copy_bandwidth,
+                          CopyBandwidth(size_t{4} << 30, model->stream()));
+  std::printf(
+      "device %s, device-to-device copy %.0f GB/s (read + write), %s: %.2f GB of bf16 "
+      "weights\n",
+      properties.name, copy_bandwidth / 1e9, options.config.c_str(), model->weight_bytes() / 1e9);
+
+  // One pool for the largest point; points run one after the other and release their blocks.
+  int num_blocks = 0;
+  const int grown = options.warmup + options.steps;
+  for (const Point& p : points) {
+    const int per_sequence = (p.context + grown + options.block_size - 1) / options.block_size;
+    num_blocks = std::max(num_blocks, p.batch * per_sequence);
+  }
+  const KvCacheShape shape{config.num_layers, config.num_kv_heads, config.head_dim,
+                           options.block_size, num_blocks};
+  const size_t pool_bytes = DeviceKvStorage::PoolBytes(shape);
+  size_t free_bytes = 0, total_bytes = 0;
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "querying memory");
+  if (pool_bytes + kHeadroomBytes > free_bytes) {
+    return ResourceExhaustedError(
+        "the KV cache for these points needs " + std::to_string(pool_bytes) + " bytes (" +
+        std::to_string(num_blocks) + " blocks of " + std::to_string(options.block_size) +
+        " tokens) plus " + std::to_string(kHeadroomBytes) + " bytes of headroom, but only " +
+        std::to_string(free_bytes) + " of " + std::to_string(total_bytes) +
+        " bytes are free after the weights; run fewer or smaller points");
+  }
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> cache,
+                          model->CreateKvCache(options.block_size, num_blocks));
+
+  report["device"] = properties.name;
+  report["commit"] = options.commit.empty() ? std::string(RUBATO_GIT_COMMIT) : options.commit;
+  report["command"] = options.command_line;
+  report["model"] = {{"config", options.config},
+                     {"architecture", config.architecture},
+                     {"layers", config.num_layers},
+                     {"hidden", config.hidden_size},
+                     {"heads", config.num_heads},
+                     {"kv_heads", config.num_kv_heads},
+                     {"head_dim", config.head_dim},
+                     {"vocab", config.vocab_size},
+                     {"weights", "random, generated on the device, bf16"},
+                     {"weight_bytes", model->weight_bytes()}};
+  report["kv_cache"] = {{"dtype", "bf16"},
+                        {"block_size", options.block_size},
+                        {"blocks", num_blocks},
+                        {"pool_bytes", pool_bytes},
+                        {"values",
+                         "random bf16 in [-1, 1] written directly, no prefill: decode "
+                         "speed does not depend on the KV values"}};
+  report["copy_bandwidth_bytes_per_s"] = copy_bandwidth;
+  report["steps"] = options.steps;
+  report["warmup"] = options.warmup;
+  report["sampling"] = "greedy, on the device";
+
+  for (size_t i = 0; i < points.size(); ++i) {
+    RUBATO_ASSIGN_OR_RETURN(PointResult r, RunPoint(*model, *cache, points[i], options,
+                                                    copy_bandwidth, options.seed + 1 + i));
+    std::printf("%dx%d: step %.3f ms (p90 %.3f), roofline %.3f ms, ratio %.3f\n", r.point.batch,
+                r.point.context, r.median_ms, r.p90_ms, r.roofline_ms, r.median_ms / r.roofline_ms);
+    report["points"].push_back({{"batch", r.point.batch},
+                                {"context", r.point.context},
+                                {"mean_keys_attended", r.mean_keys},
+                                {"step_ms_median", r.median_ms},
+                                {"step_ms_p90", r.p90_ms},
+                                {"step_ms_min", r.min_ms},
+                                {"host_step_ms_median", r.host_median_ms},
+                                {"tpot_ms", r.median_ms},
+                                {"tokens_per_s", r.point.batch / (r.median_ms / 1e3)},
+                                {"weight_bytes_per_step", r.weight_bytes},
+                                {"kv_bytes_per_step", r.kv_bytes},
+                                {"roofline_ms", r.roofline_ms},
+                                {"ratio_to_roofline", r.median_ms / r.roofline_ms},
+                                {"graph_replayed_steps", r.graph_steps}});
+    results.push_back(r);
+  }
+  return Status::Ok();
+}
+
+void PrintTable(const std::vector<PointResult>& results) {
+  std::printf("\n%8s %8s %10s %10s %10s %9s %9s %11s %7s\n", "batch", "context", "tok/s", "TPOT ms",
+              "p90 ms", "W GB", "KV GB", "roofline ms", "ratio");
+  for (const PointResult& r : results) {
+    std::printf("%8d %8d %10.1f %10.3f %10.3f %9.2f %9.2f %11.3f %7.3f\n", r.point.batch,
+                r.point.context, r.point.batch / (r.median_ms / 1e3), r.median_ms, r.p90_ms,
+                r.weight_bytes / 1e9, r.kv_bytes / 1e9, r.roofline_ms, r.median_ms / r.roofline_ms);
+  }
+}
+
+}  // namespace
+}  // namespace rubato
+
+int main(int argc, char** argv) {
+  rubato::Options options;
+  CLI::App app{"rubato end-to-end decode benchmark (CUDA model, random weights)"};
+  app.add_option("--config", options.config, "model directory with config.json")->required();
+  app.add_option("--batch", options.batch, "sequences per step (without --points)");
+  app.add_option("--context", options.context,
+                 "tokens per sequence at the start (without --points)");
+  app.add_option("--points", options.points, "BATCHxCONTEXT list, e.g. 8x12288,16x32768");
+  app.add_option("--block-size", options.block_size, "KV block tokens: 16 or 64");
+  app.add_option("--steps", options.steps, "timed decode steps per point");
+  app.add_option("--warmup", options.warmup, "untimed steps per point (>= 2: eager, capture)");
+  app.add_option("--seed", options.seed, "seed of the weights and KV values");
+  app.add_option("--device", options.device, "CUDA device index");
+  app.add_option("--commit", options.commit, "commit to record (default: the build's)");
+  app.add_option("--out", options.out, "JSON report path");
+  CLI11_PARSE(app, argc, argv);
+  for (int i = 0; i < argc; ++i) options.command_line += (i ? " " : "") + std::string(argv[i]);
+
+  nlohmann::json report;
+  std::vector<rubato::PointResult> results;
+  const rubato::Status status = rubato::Run(options, report, results);
+  if (!status.ok()) {
+    std::fprintf(stderr, "rubato_bench_decode: %s\n", status.message().c_str());
+    return 1;
+  }
+  if (!options.out.empty()) {
+    std::ofstream out(options.out);
+    out << report.dump(2) << "\n";
+    if (!out) {
+      std::fprintf(stderr, "rubato_bench_decode: cannot write %s\n", options.out.c_str());
+      return 1;
+    }
+  }
+  rubato::PrintTable(results);
+  return 0;
+}

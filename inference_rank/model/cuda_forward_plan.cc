@@ -1,0 +1,207 @@
+// Host-side planning of a CUDA forward and its packed step inputs (cuda_forward_plan.h).
+#include "inference_rank/model/cuda_forward_plan.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+namespace rubato {
+namespace {
+
+// Smallest decode attention bucket and bucket step: short sequences share one launch shape.
+constexpr int kMinDecodeBucket = 4096;
+
+size_t Align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+int RoundUpPow2(int value) {
+  return value <= 1 ? value : static_cast<int>(std::bit_ceil(static_cast<unsigned>(value)));
+}
+
+int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+
+// Writes the first `blocks` ids of `sequence`'s table and zero (a valid block; never read) up
+// to `stride`.
+void WriteTableRow(const KvSequence& sequence, int blocks, int stride, int32_t* row) {
+  std::copy_n(sequence.block_table.begin(), blocks, row);
+  std::fill(row + blocks, row + stride, 0);
+}
+
+}  // namespace
+
+bool StepInputCapacity::Covers(const StepInputCapacity& need) const {
+  return tokens >= need.tokens && decode_rows >= need.decode_rows &&
+         decode_table_ints >= need.decode_table_ints && prefill_entries >= need.prefill_entries &&
+         prefill_table_ints >= need.prefill_table_ints && logit_rows >= need.logit_rows &&
+         sample_rows >= need.sample_rows;
+}
+
+StepInputCapacity StepInputCapacity::GrownToCover(const StepInputCapacity& need) const {
+  auto grow = [](int have, int want) { return have >= want ? have : RoundUpPow2(want); };
+  StepInputCapacity grown;
+  grown.tokens = grow(tokens, need.tokens);
+  grown.decode_rows = grow(decode_rows, need.decode_rows);
+  grown.decode_table_ints = grow(decode_table_ints, need.decode_table_ints);
+  grown.prefill_entries = grow(prefill_entries, need.prefill_entries);
+  grown.prefill_table_ints = grow(prefill_table_ints, need.prefill_table_ints);
+  grown.logit_rows = grow(logit_rows, need.logit_rows);
+  grown.sample_rows = grow(sample_rows, need.sample_rows);
+  return grown;
+}
+
+StepInputLayout StepInputLayout::For(const StepInputCapacity& c) {
+  StepInputLayout layout;
+  size_t offset = 0;
+  auto place = [&offset](size_t& field, size_t bytes) {
+    field = offset;
+    offset += Align16(bytes);
+  };
+  const size_t i32 = sizeof(int32_t);
+  place(layout.sampling_rows, sizeof(cuda::SamplingRow) * static_cast<size_t>(c.sample_rows));
+  place(layout.token_ids, i32 * static_cast<size_t>(c.tokens));
+  place(layout.positions, i32 * static_cast<size_t>(c.tokens));
+  place(layout.kv_slots, i32 * static_cast<size_t>(c.tokens));
+  place(layout.decode_block_tables, i32 * static_cast<size_t>(c.decode_table_ints));
+  place(layout.decode_seq_lens, i32 * static_cast<size_t>(c.decode_rows));
+  place(layout.prefill_block_tables, i32 * static_cast<size_t>(c.prefill_table_ints));
+  place(layout.prefill_query_start, i32 * static_cast<size_t>(c.prefill_entries + 1));
+  place(layout.prefill_start_positions, i32 * static_cast<size_t>(c.prefill_entries));
+  place(layout.logit_row_indices, i32 * static_cast<size_t>(c.logit_rows));
+  layout.bytes = offset;
+  return layout;
+}
+
+StepInputCapacity ForwardPlan::Needs() const {
+  StepInputCapacity need;
+  need.tokens = tokens;
+  need.decode_rows = decode_rows;
+  need.decode_table_ints = decode_rows * decode_table_stride;
+  need.prefill_entries = prefill_entries;
+  need.prefill_table_ints = prefill_entries * prefill_table_stride;
+  need.logit_rows = logit_rows();
+  need.sample_rows = sample_rows;
+  return need;
+}
+
+int DecodeSeqLenBucket(int max_len, int cache_tokens) {
+  const int floor_pow2 =
+      static_cast<int>(std::bit_floor(static_cast<unsigned>(std::max(max_len, 1))));
+  const int granularity = std::max(kMinDecodeBucket, floor_pow2 / 8);
+  const int64_t bucket =
+      (static_cast<int64_t>(max_len) + granularity - 1) / granularity * granularity;
+  return static_cast<int>(std::max<int64_t>(max_len, std::min<int64_t>(bucket, cache_tokens)));
+}
+
+void PlanForward(std::span<const ForwardEntry> batch, const KvCacheShape& shape,
+                 ForwardPlan& plan) {
+  const size_t n = batch.size();
+  plan = ForwardPlan{};
+  plan.entry_first_row.assign(n, 0);
+  plan.entry_sample_row.assign(n, -1);
+  plan.entry_host_row.assign(n, 0);
+  plan.entry_host_rows.assign(n, 0);
+
+  // Rows: decode entries first, then prefill chunks, each group in batch order.
+  int row = 0;
+  int max_decode_len = 0;
+  for (size_t e = 0; e < n; ++e) {
+    if (batch[e].tokens.size() != 1) continue;
+    plan.entry_first_row[e] = row++;
+    max_decode_len = std::max(max_decode_len, batch[e].start_position + 1);
+  }
+  plan.decode_rows = row;
+  int max_prefill_len = 0;
+  for (size_t e = 0; e < n; ++e) {
+    const int tokens = static_cast<int>(batch[e].tokens.size());
+    if (tokens == 1) continue;
+    plan.entry_first_row[e] = row;
+    row += tokens;
+    ++plan.prefill_entries;
+    plan.max_prefill_tokens = std::max(plan.max_prefill_tokens, tokens);
+    max_prefill_len = std::max(max_prefill_len, batch[e].start_position + tokens);
+  }
+  plan.tokens = row;
+  if (plan.decode_rows > 0) {
+    plan.decode_max_seq_len =
+        DecodeSeqLenBucket(max_decode_len, shape.num_blocks * shape.block_tokens);
+    plan.decode_table_stride = CeilDiv(plan.decode_max_seq_len, shape.block_tokens);
+  }
+  plan.prefill_table_stride = CeilDiv(max_prefill_len, shape.block_tokens);
+
+  // Logit rows: the sampled block, then the host block (see the header).
+  for (size_t e = 0; e < n; ++e) {
+    if (batch[e].sampling != nullptr) plan.entry_sample_row[e] = plan.sample_rows++;
+  }
+  for (size_t e = 0; e < n; ++e) {
+    int rows = 0;
+    if (batch[e].logits == LogitsWanted::kAll) {
+      rows = static_cast<int>(batch[e].tokens.size());
+    } else if (batch[e].logits == LogitsWanted::kLast && batch[e].sampling == nullptr) {
+      rows = 1;
+    }
+    plan.entry_host_row[e] = plan.host_rows;
+    plan.entry_host_rows[e] = rows;
+    plan.host_rows += rows;
+  }
+}
+
+void FillStepInputs(std::span<const ForwardEntry> batch, const KvCacheShape& shape,
+                    const ForwardPlan& plan, const StepInputLayout& layout, std::byte* staging) {
+  auto ints = [staging](size_t offset) { return reinterpret_cast<int32_t*>(staging + offset); };
+  int32_t* token_ids = ints(layout.token_ids);
+  int32_t* positions = ints(layout.positions);
+  int32_t* slots = ints(layout.kv_slots);
+  int32_t* decode_tables = ints(layout.decode_block_tables);
+  int32_t* decode_lens = ints(layout.decode_seq_lens);
+  int32_t* prefill_tables = ints(layout.prefill_block_tables);
+  int32_t* query_start = ints(layout.prefill_query_start);
+  int32_t* start_positions = ints(layout.prefill_start_positions);
+  int32_t* logit_rows = ints(layout.logit_row_indices);
+  auto* sampling_rows = reinterpret_cast<cuda::SamplingRow*>(staging + layout.sampling_rows);
+
+  const int bt = shape.block_tokens;
+  int prefill = 0;  // prefill entries run in batch order, as PlanForward placed their rows
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const ForwardEntry& entry = batch[e];
+    const KvSequence& sequence = *entry.sequence;
+    const int tokens = static_cast<int>(entry.tokens.size());
+    const int first = plan.entry_first_row[e];
+    for (int i = 0; i < tokens; ++i) {
+      const int position = entry.start_position + i;
+      token_ids[first + i] = entry.tokens[static_cast<size_t>(i)];
+      positions[first + i] = position;
+      slots[first + i] =
+          sequence.block_table[static_cast<size_t>(position / bt)] * bt + position % bt;
+    }
+    const int end = entry.start_position + tokens;  // keys the entry's last row attends
+    if (tokens == 1) {
+      decode_lens[first] = end;
+      WriteTableRow(sequence, CeilDiv(end, bt), plan.decode_table_stride,
+                    decode_tables + static_cast<size_t>(first) * plan.decode_table_stride);
+    } else {
+      query_start[prefill] = first - plan.decode_rows;
+      start_positions[prefill] = entry.start_position;
+      WriteTableRow(sequence, CeilDiv(end, bt), plan.prefill_table_stride,
+                    prefill_tables + static_cast<size_t>(prefill) * plan.prefill_table_stride);
+      ++prefill;
+    }
+
+    const int last_row = first + tokens - 1;
+    if (plan.entry_sample_row[e] >= 0) {
+      logit_rows[plan.entry_sample_row[e]] = last_row;
+      const TokenSampling& s = *entry.sampling;
+      cuda::SamplingRow& row = sampling_rows[plan.entry_sample_row[e]];
+      row.temperature = s.temperature;
+      row.top_k = s.top_k;
+      row.top_p = s.top_p;
+      row.uniform = s.uniform;  // the very draw the CPU twin would use (double)
+    }
+    const int host_first = plan.sample_rows + plan.entry_host_row[e];
+    const int host_rows = plan.entry_host_rows[e];
+    const bool all_rows = entry.logits == LogitsWanted::kAll;
+    for (int r = 0; r < host_rows; ++r)
+      logit_rows[host_first + r] = all_rows ? first + r : last_row;
+  }
+  query_start[plan.prefill_entries] = plan.tokens - plan.decode_rows;
+}
+
+}  // namespace rubato

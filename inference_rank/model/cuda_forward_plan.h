@@ -1,0 +1,113 @@
+// Host-side planning of one CUDA forward: where every entry's tokens sit in the batch rows, and
+// the packed step inputs that one host-to-device copy delivers to the kernels.
+//
+// Row order. Decode entries (one token) come first, in batch order, then prefill chunks in batch
+// order: DecodeAttention runs over rows [0, decode_rows) and PrefillAttention over the rest,
+// each once per layer, and a batch of decode entries only is the shape a CUDA graph replays.
+//
+// Logit rows. The lm_head runs only on the rows whose logits someone needs, gathered in this
+// order:
+//   [0, sample_rows)                 the last row of every entry with sampling, in batch order
+//                                    (SampleTokens reads them as one contiguous block);
+//   [sample_rows, + host_rows)       the rows copied back to the host, in batch order: every
+//                                    row of a kAll entry, the last row of a kLast entry without
+//                                    sampling. A kLast entry with sampling leaves its logits on
+//                                    the device (Model::Forward allows it): a decode step
+//                                    returns token ids, not [batch][vocab] floats.
+// A kAll entry with sampling has its last row in both blocks (one extra lm_head row).
+//
+// Step inputs. Every per-forward array the kernels read (token ids, positions, KV slots, block
+// tables, sequence lengths, query starts, logit row indices, sampling rows) lives in one buffer
+// whose layout depends only on its capacity, not on this batch's sizes. The host fills a pinned
+// copy, one cudaMemcpyAsync moves it, and a captured CUDA graph keeps reading the same device
+// addresses step after step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "inference_rank/kv/paged_kv_cache.h"
+#include "inference_rank/model/model.h"
+#include "kernels/cuda/sampling.cuh"
+
+namespace rubato {
+
+// How many elements each step-input array can hold. Grows (never shrinks) as batches need.
+struct StepInputCapacity {
+  int tokens = 0;              // token ids, positions, KV slots
+  int decode_rows = 0;         // decode sequence lengths
+  int decode_table_ints = 0;   // [decode rows][decode stride] block ids
+  int prefill_entries = 0;     // start positions (+1 for query starts)
+  int prefill_table_ints = 0;  // [prefill entries][prefill stride] block ids
+  int logit_rows = 0;          // gather indices
+  int sample_rows = 0;         // SamplingRow
+
+  bool Covers(const StepInputCapacity& need) const;
+  // Each field the larger of the two, rounded up to a power of two (few reallocations while a
+  // server warms up).
+  StepInputCapacity GrownToCover(const StepInputCapacity& need) const;
+};
+
+// Byte offsets of the arrays in the step-input buffer (host staging and device copy alike), all
+// 16-byte aligned.
+struct StepInputLayout {
+  size_t sampling_rows = 0;            // [sample rows] cuda::SamplingRow
+  size_t token_ids = 0;                // [tokens] int32
+  size_t positions = 0;                // [tokens] int32
+  size_t kv_slots = 0;                 // [tokens] int32: block * block_tokens + row
+  size_t decode_block_tables = 0;      // [decode rows][decode_table_stride] int32
+  size_t decode_seq_lens = 0;          // [decode rows] int32: start_position + 1
+  size_t prefill_block_tables = 0;     // [prefill entries][prefill_table_stride] int32
+  size_t prefill_query_start = 0;      // [prefill entries + 1] int32, relative to the first
+                                       // prefill row
+  size_t prefill_start_positions = 0;  // [prefill entries] int32
+  size_t logit_row_indices = 0;        // [sample rows + host rows] int32: batch rows to gather
+  size_t bytes = 0;                    // the whole buffer
+
+  static StepInputLayout For(const StepInputCapacity& capacity);
+};
+
+// One forward, planned.
+struct ForwardPlan {
+  int tokens = 0;              // all rows
+  int decode_rows = 0;         // one-token entries, rows [0, decode_rows)
+  int prefill_entries = 0;     // chunks, rows [decode_rows, tokens)
+  int max_prefill_tokens = 0;  // largest chunk
+  // Decode attention's max_seq_len: a bucket (DecodeSeqLenBucket) holding every decode entry's
+  // keys, so that the launch shape, and a graph captured for it, stay the same while sequences
+  // grow. Eager forwards use the same bucket, so graph and eager compute the same bits.
+  int decode_max_seq_len = 0;
+  int decode_table_stride = 0;   // blocks per decode block-table row (covers the bucket)
+  int prefill_table_stride = 0;  // blocks per prefill block-table row
+  int sample_rows = 0;
+  int host_rows = 0;
+  std::vector<int> entry_first_row;   // [entries] row of the entry's first token
+  std::vector<int> entry_sample_row;  // [entries] row in the sampled block, or -1
+  std::vector<int> entry_host_row;    // [entries] first row in the host block (0 if none)
+  std::vector<int> entry_host_rows;   // [entries] rows in the host block
+
+  bool decode_only() const { return prefill_entries == 0; }
+  int logit_rows() const { return sample_rows + host_rows; }
+  StepInputCapacity Needs() const;
+};
+
+// The decode attention bucket for sequences of at most `max_len` keys in a cache of
+// `cache_tokens` positions: max_len rounded up to a multiple of max(4096, bit_floor(max_len) / 8),
+// i.e. eight buckets per power of two, so that the launch is at most 12.5 % larger than needed
+// (idle splits cost little, but an oversized grid spreads the real keys over fewer blocks) while
+// a decoding batch keeps one bucket, and one graph, for at least 4096 steps. Never more than the
+// cache holds (and never less than max_len).
+int DecodeSeqLenBucket(int max_len, int cache_tokens);
+
+// Plans `batch` (already validated and reserved: every entry's block table covers its new
+// positions) for a cache of `shape`.
+void PlanForward(std::span<const ForwardEntry> batch, const KvCacheShape& shape, ForwardPlan& plan);
+
+// Writes the step inputs of `plan` into `staging` (StepInputLayout::For(capacity) bytes, where
+// capacity covers plan.Needs()).
+void FillStepInputs(std::span<const ForwardEntry> batch, const KvCacheShape& shape,
+                    const ForwardPlan& plan, const StepInputLayout& layout, std::byte* staging);
+
+}  // namespace rubato

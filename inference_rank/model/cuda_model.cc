@@ -1,0 +1,368 @@
+// The CUDA model: loading, KV caches, and the host side of a forward (cuda_model.h). The device
+// side of a forward is in cuda_model_forward.cc.
+#include "inference_rank/model/cuda_model.h"
+
+#include <bit>
+#include <string>
+#include <utility>
+
+#include "common/logging.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/random_fill.cuh"
+#include "kernels/cuda/sampling.cuh"
+
+namespace rubato {
+namespace {
+
+constexpr const char* kLogSubsystem = "model";
+
+// Makes `device` current. Unavailable (with CUDA's words) when there is no driver, no device or
+// no such device.
+Status SelectDevice(int device) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return UnavailableError(std::string("CUDA model: no usable CUDA device: ") +
+                            cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ")");
+  }
+  if (device < 0 || device >= count) {
+    return UnavailableError("CUDA model: device " + std::to_string(device) + " requested but " +
+                            std::to_string(count) + " CUDA device(s) are present");
+  }
+  return cuda::CudaStatus(cudaSetDevice(device), "selecting CUDA device " + std::to_string(device));
+}
+
+template <typename T>
+Status Reallocate(cuda::DeviceBuffer<T>& buffer, size_t count, const std::string& what) {
+  buffer = cuda::DeviceBuffer<T>();  // free first: the old and new buffers need not coexist
+  RUBATO_ASSIGN_OR_RETURN(buffer, cuda::DeviceBuffer<T>::Allocate(count, what));
+  return Status::Ok();
+}
+
+int RoundUpPow2(int value) { return static_cast<int>(std::bit_ceil(static_cast<unsigned>(value))); }
+
+}  // namespace
+
+// ---- construction -------------------------------------------------------------------------------
+
+Status CudaModel::CheckSupported(const ModelConfig& config) {
+  const std::string what = "CUDA model (" + config.architecture + "): ";
+  const int head_dim = config.head_dim;
+  if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 128) {
+    return UnsupportedError(what + "head_dim " + std::to_string(head_dim) +
+                            " is not supported by the CUDA kernels (supported: 16, 32, 64, 128)");
+  }
+  const int group = config.num_kv_heads > 0 ? config.num_heads / config.num_kv_heads : 0;
+  if (group != 1 && group != 2 && group != 4 && group != 8) {
+    return UnsupportedError(what + std::to_string(config.num_heads) + " query heads over " +
+                            std::to_string(config.num_kv_heads) +
+                            " KV heads is not supported (query heads per KV head: 1, 2, 4, 8)");
+  }
+  if (config.hidden_size % 8 != 0 || config.intermediate_size % 8 != 0) {
+    return UnsupportedError(what + "hidden_size " + std::to_string(config.hidden_size) +
+                            " and intermediate_size " + std::to_string(config.intermediate_size) +
+                            " must be multiples of 8 (16-byte bf16 vectors)");
+  }
+  return Status::Ok();
+}
+
+CudaModel::CudaModel(ModelConfig config, CudaWeights weights, const CudaModelOptions& options)
+    : config_(std::move(config)), options_(options), weights_(std::move(weights)) {}
+
+CudaModel::~CudaModel() {
+  graphs_.Clear();
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+Status CudaModel::Init() {
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                              "creating the model's stream");
+  RUBATO_ASSIGN_OR_RETURN(gemm_, cuda::CublasLtGemm::Create());
+  const std::vector<float> inv_freq =
+      RopeInverseFrequencies(config_.head_dim, config_.rope_theta, config_.rope_scaling);
+  RUBATO_ASSIGN_OR_RETURN(inv_freq_,
+                          cuda::DeviceBuffer<float>::Allocate(inv_freq.size(), "RoPE frequencies"));
+  RUBATO_RETURN_IF_ERROR(inv_freq_.CopyFromHost(inv_freq.data(), inv_freq.size(), stream_));
+  return cuda::CudaStatus(cudaStreamSynchronize(stream_), "uploading the RoPE frequencies");
+}
+
+Result<std::unique_ptr<CudaModel>> CudaModel::Create(ModelConfig config, CudaWeights weights,
+                                                     const CudaModelOptions& options) {
+  RUBATO_RETURN_IF_ERROR(CheckSupported(config));
+  RUBATO_RETURN_IF_ERROR(SelectDevice(options.device));
+  std::unique_ptr<CudaModel> model(new CudaModel(std::move(config), std::move(weights), options));
+  RUBATO_RETURN_IF_ERROR(model->Init());
+  return model;
+}
+
+Result<std::unique_ptr<CudaModel>> CudaModel::Create(ModelConfig config,
+                                                     const ModelWeights& host_weights,
+                                                     const CudaModelOptions& options) {
+  RUBATO_RETURN_IF_ERROR(CheckSupported(config));
+  RUBATO_RETURN_IF_ERROR(SelectDevice(options.device));
+  RUBATO_ASSIGN_OR_RETURN(CudaWeights weights, UploadCudaWeights(config, host_weights));
+  return Create(std::move(config), std::move(weights), options);
+}
+
+Result<std::unique_ptr<Model>> LoadCudaModel(const std::filesystem::path& model_dir,
+                                             const CudaModelOptions& options) {
+  const std::string context = "loading model " + model_dir.string();
+  Result<ModelConfig> config = LoadModelConfig(model_dir);
+  if (!config.ok()) return config.status().WithContext(context);
+  // Shape support and the device first: neither needs the checkpoint read.
+  RUBATO_RETURN_IF_ERROR(CudaModel::CheckSupported(*config).WithContext(context));
+  RUBATO_RETURN_IF_ERROR(SelectDevice(options.device).WithContext(context));
+  auto load_weights = [&]() -> Result<CudaWeights> {
+    if (options.random_weights) return RandomCudaWeights(*config, options.seed);
+    Result<SafetensorsCheckpoint> checkpoint = SafetensorsCheckpoint::OpenDirectory(model_dir);
+    if (!checkpoint.ok()) return checkpoint.status();
+    return LoadCudaWeights(*config, *checkpoint, model_dir.string());
+  };
+  Result<CudaWeights> weights = load_weights();
+  if (!weights.ok()) return weights.status().WithContext(context);
+  RUBATO_LOG_INFO(kLogSubsystem,
+                  "{}: {} ({} layers, hidden {}), {} parameters, {} MiB bf16 on CUDA device {}{}",
+                  model_dir.string(), config->architecture, config->num_layers, config->hidden_size,
+                  ParameterCount(*config), CudaWeightBytes(*config) >> 20, options.device,
+                  options.random_weights ? ", random weights" : "");
+  Result<std::unique_ptr<CudaModel>> model =
+      CudaModel::Create(std::move(config).value(), std::move(weights).value(), options);
+  if (!model.ok()) return model.status().WithContext(context);
+  return std::unique_ptr<Model>(std::move(model).value());
+}
+
+Result<std::unique_ptr<PagedKvCache>> CudaModel::CreateKvCache(int block_tokens, int num_blocks) {
+  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
+  const KvCacheShape shape{config_.num_layers, config_.num_kv_heads, config_.head_dim, block_tokens,
+                           num_blocks};
+  // PagedKvCache validates the shape too, but only after the pools would have been allocated.
+  if (block_tokens != 16 && block_tokens != 64) {
+    return InvalidArgumentError("KV cache: block size " + std::to_string(block_tokens) +
+                                " is not supported (engine.block_size must be 16 or 64)");
+  }
+  if (num_blocks <= 0) {
+    return InvalidArgumentError("KV cache: the number of blocks must be positive, got " +
+                                std::to_string(num_blocks));
+  }
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<DeviceKvStorage> storage, DeviceKvStorage::Create(shape));
+  return PagedKvCache::CreateWithStorage(shape, std::move(storage));
+}
+
+// ---- forward (host side) ------------------------------------------------------------------------
+
+Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
+  bool moved = false;
+  const StepInputCapacity need = plan.Needs();
+  if (!input_capacity_.Covers(need)) {
+    const StepInputCapacity grown = input_capacity_.GrownToCover(need);
+    const StepInputLayout layout = StepInputLayout::For(grown);
+    input_capacity_ = StepInputCapacity();
+    staging_ = PinnedBuffer();
+    RUBATO_ASSIGN_OR_RETURN(staging_, PinnedBuffer::Allocate(layout.bytes, "the step inputs"));
+    RUBATO_RETURN_IF_ERROR(Reallocate(step_inputs_, layout.bytes, "the step inputs"));
+    input_capacity_ = grown;
+    input_layout_ = layout;
+    moved = true;
+  }
+
+  const size_t hidden = static_cast<size_t>(config_.hidden_size);
+  const size_t q_dim = static_cast<size_t>(config_.q_dim());
+  const size_t qkv_dim = q_dim + 2 * static_cast<size_t>(config_.kv_dim());
+  const size_t intermediate = static_cast<size_t>(config_.intermediate_size);
+  if (plan.tokens > activation_rows_) {
+    const int rows = RoundUpPow2(plan.tokens);
+    const size_t r = static_cast<size_t>(rows);
+    const std::string what = " activations of " + std::to_string(rows) + " rows";
+    activation_rows_ = 0;
+    RUBATO_RETURN_IF_ERROR(Reallocate(residual_, r * hidden, "residual" + what));
+    RUBATO_RETURN_IF_ERROR(Reallocate(normed_, r * hidden, "normed" + what));
+    RUBATO_RETURN_IF_ERROR(Reallocate(qkv_, r * qkv_dim, "qkv" + what));
+    RUBATO_RETURN_IF_ERROR(Reallocate(attention_, r * q_dim, "attention" + what));
+    RUBATO_RETURN_IF_ERROR(Reallocate(delta_, r * hidden, "o_proj/down" + what));
+    RUBATO_RETURN_IF_ERROR(Reallocate(gate_up_, r * 2 * intermediate, "gate_up" + what));
+    RUBATO_RETURN_IF_ERROR(Reallocate(mlp_act_, r * intermediate, "SwiGLU" + what));
+    activation_rows_ = rows;
+    moved = true;
+  }
+  if (plan.logit_rows() > logit_capacity_) {
+    const int rows = RoundUpPow2(plan.logit_rows());
+    const size_t r = static_cast<size_t>(rows);
+    logit_capacity_ = 0;
+    RUBATO_RETURN_IF_ERROR(Reallocate(logit_inputs_, r * hidden,
+                                      "lm_head inputs of " + std::to_string(rows) + " rows"));
+    RUBATO_RETURN_IF_ERROR(Reallocate(logits_, r * static_cast<size_t>(config_.vocab_size),
+                                      "logits of " + std::to_string(rows) + " rows"));
+    logit_capacity_ = rows;
+    moved = true;
+  }
+  if (plan.sample_rows > sample_capacity_) {
+    const int rows = RoundUpPow2(plan.sample_rows);
+    sample_capacity_ = 0;
+    RUBATO_RETURN_IF_ERROR(Reallocate(sampled_, static_cast<size_t>(rows), "sampled tokens"));
+    sampled_host_ = PinnedBuffer();
+    RUBATO_ASSIGN_OR_RETURN(sampled_host_,
+                            PinnedBuffer::Allocate(sizeof(int32_t) * rows, "sampled tokens"));
+    sample_capacity_ = rows;
+    moved = true;
+  }
+  if (plan.decode_rows > 0) {
+    const size_t bytes =
+        cuda::DecodeAttentionWorkspaceBytes(plan.decode_rows, config_.num_heads, config_.head_dim,
+                                            plan.decode_max_seq_len, /*want_probs=*/false);
+    if (bytes > decode_workspace_.size()) {
+      // A power of two: growing contexts change the bucket every few thousand steps, and each
+      // reallocation drops the captured graphs.
+      RUBATO_RETURN_IF_ERROR(
+          Reallocate(decode_workspace_, std::bit_ceil(bytes), "decode attention workspace"));
+      moved = true;
+    }
+  }
+  if (plan.sample_rows > 0) {
+    const size_t bytes = cuda::SampleWorkspaceBytes(plan.sample_rows, config_.vocab_size);
+    if (bytes > sample_workspace_.size()) {
+      RUBATO_RETURN_IF_ERROR(Reallocate(sample_workspace_, bytes, "sampling workspace"));
+      moved = true;
+    }
+  }
+  if (moved) graphs_.Clear();
+  return Status::Ok();
+}
+
+Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache,
+                          ForwardResult& result, const AttentionWindow& window) {
+  result.vocab_size = config_.vocab_size;
+  result.logits.clear();
+  result.entry_first_row.assign(batch.size(), 0);
+  result.entry_row_count.assign(batch.size(), 0);
+  result.sampled_tokens.assign(batch.size(), -1);
+  if (batch.empty()) return Status::Ok();
+  auto* kv = dynamic_cast<DeviceKvStorage*>(cache.storage());
+  if (kv == nullptr) {
+    return InvalidArgumentError(
+        "forward: the KV cache was not created by a CUDA model (CreateKvCache); its pools are "
+        "not on the GPU");
+  }
+  RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
+  RUBATO_RETURN_IF_ERROR(ReserveForwardBlocks(batch, cache));
+  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
+
+  const KvCacheShape& shape = cache.shape();
+  PlanForward(batch, shape, plan_);
+  RUBATO_RETURN_IF_ERROR(EnsureCapacity(plan_));
+  FillStepInputs(batch, shape, plan_, input_layout_, staging_.data());
+
+  // Everything below is asynchronous on stream_ up to the one synchronization; whatever fails
+  // on the way, that synchronization still happens before returning, so the pinned buffers are
+  // never rewritten under a pending copy.
+  auto enqueue_all = [&]() -> Status {
+    RUBATO_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(step_inputs_.data(), staging_.data(), input_layout_.bytes,
+                        cudaMemcpyHostToDevice, stream_),
+        "copying the step inputs to the device");
+    auto device_work = [&](cudaStream_t stream) { return EnqueueForward(*kv, window, stream); };
+    if (options_.use_cuda_graph && plan_.decode_only()) {
+      DecodeGraphKey key;
+      key.batch = plan_.decode_rows;
+      key.max_seq_len = plan_.decode_max_seq_len;
+      key.table_stride = plan_.decode_table_stride;
+      key.sample_rows = plan_.sample_rows;
+      key.host_rows = plan_.host_rows;
+      key.sink_tokens = window.sink_tokens;
+      key.recent_tokens = window.recent_tokens;
+      key.key_pool = kv->keys().data();
+      key.value_pool = kv->values().data();
+      key.num_blocks = shape.num_blocks;
+      RUBATO_RETURN_IF_ERROR(graphs_.Run(key, stream_, device_work));
+    } else {
+      RUBATO_RETURN_IF_ERROR(device_work(stream_));
+    }
+    if (plan_.sample_rows > 0) {
+      RUBATO_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(sampled_host_.data(), sampled_.data(),
+                          sizeof(int32_t) * static_cast<size_t>(plan_.sample_rows),
+                          cudaMemcpyDeviceToHost, stream_),
+          "copying the sampled tokens to the host");
+    }
+    if (plan_.host_rows > 0) {
+      const size_t vocab = static_cast<size_t>(config_.vocab_size);
+      result.logits.resize(static_cast<size_t>(plan_.host_rows) * vocab);
+      RUBATO_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(result.logits.data(),
+                          logits_.data() + static_cast<size_t>(plan_.sample_rows) * vocab,
+                          result.logits.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+          "copying the logits to the host");
+    }
+    return Status::Ok();
+  };
+  const Status enqueued = enqueue_all();
+  const Status synced =
+      cuda::CudaStatus(cudaStreamSynchronize(stream_), "running the forward on the device");
+  if (!enqueued.ok()) {
+    result.logits.clear();
+    return enqueued;
+  }
+  if (!synced.ok()) {
+    result.logits.clear();
+    return synced;
+  }
+
+  const auto* sampled = reinterpret_cast<const int32_t*>(sampled_host_.data());
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const ForwardEntry& entry = batch[e];
+    entry.sequence->num_tokens = entry.start_position + static_cast<int>(entry.tokens.size());
+    result.entry_first_row[e] = plan_.entry_host_row[e];
+    result.entry_row_count[e] = plan_.entry_host_rows[e];
+    if (plan_.entry_sample_row[e] >= 0)
+      result.sampled_tokens[e] = sampled[plan_.entry_sample_row[e]];
+  }
+  return Status::Ok();
+}
+
+// ---- benchmark support --------------------------------------------------------------------------
+
+Status CudaModel::FillKvForBenchmark(PagedKvCache& cache, std::span<KvSequence* const> sequences,
+                                     int context, uint64_t seed) {
+  auto* kv = dynamic_cast<DeviceKvStorage*>(cache.storage());
+  if (kv == nullptr) {
+    return InvalidArgumentError("FillKvForBenchmark: the KV cache was not created by a CUDA model");
+  }
+  if (context < 1) {
+    return InvalidArgumentError("FillKvForBenchmark: context " + std::to_string(context) + " < 1");
+  }
+  int needed = 0;
+  for (KvSequence* sequence : sequences) {
+    if (sequence == nullptr || sequence->num_tokens != 0 || !sequence->block_table.empty()) {
+      return InvalidArgumentError("FillKvForBenchmark: sequences must be empty");
+    }
+    needed += cache.BlocksFor(context);
+  }
+  if (needed > cache.free_blocks()) {
+    return ResourceExhaustedError("FillKvForBenchmark: " + std::to_string(sequences.size()) +
+                                  " sequences of " + std::to_string(context) + " tokens need " +
+                                  std::to_string(needed) + " KV blocks but only " +
+                                  std::to_string(cache.free_blocks()) + " are free");
+  }
+  for (KvSequence* sequence : sequences) RUBATO_RETURN_IF_ERROR(cache.Reserve(*sequence, context));
+  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
+  int stream_id = 0;
+  for (cuda::DeviceBuffer<__nv_bfloat16>* pool : {&kv->keys(), &kv->values()}) {
+    cuda::RandomFillParams fill;
+    fill.out = pool->data();
+    fill.count = static_cast<int64_t>(pool->size());
+    fill.seed = seed;
+    fill.stream = static_cast<uint64_t>(stream_id++);
+    fill.bound = 1.f;
+    RUBATO_RETURN_IF_ERROR(cuda::RandomFill(fill, stream_));
+  }
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "filling the KV pools");
+  for (KvSequence* sequence : sequences) sequence->num_tokens = context;
+  return Status::Ok();
+}
+
+}  // namespace rubato

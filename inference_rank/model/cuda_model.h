@@ -1,0 +1,158 @@
+// The CUDA model: the Llama / Qwen2 / Qwen3 decoder of cpu_model.h on one NVIDIA GPU, with bf16
+// weights, activations and KV cache and fp32 accumulation (DESIGN §3, issue #4).
+//
+// Same contract as the CPU model (model.h): a forward runs a batch of decode tokens and prefill
+// chunks of different sequences against a paged KV cache (bf16 device pools, block accounting on
+// the host), with the same validation, all-or-nothing block reservation, rewinds and attention
+// windows. The differences are precision (bf16 storage, so logits agree with the CPU model to
+// bf16 rounding, not bit for bit) and sampling, which runs on the device: an entry that samples
+// with LogitsWanted::kLast gets its token id back and no logits.
+//
+// One forward, on the model's stream:
+//   host:   validate, reserve blocks, plan rows (cuda_forward_plan.h), pack the step inputs into
+//           pinned memory, ONE host-to-device copy;
+//   device: embedding -> per layer { [add +] RMSNorm; fused QKV GEMM (+bias); Qwen3 q/k-norm;
+//           RoPE over q|k; KV append; decode attention over the decode rows, prefill attention
+//           over the chunk rows; o_proj; add + RMSNorm; fused gate|up GEMM; SwiGLU; down } ->
+//           add + final RMSNorm -> gather the rows that need logits -> lm_head (f32) ->
+//           sampling;
+//   host:   copy back sampled ids (and logits where wanted), one stream synchronization.
+// A batch of decode tokens only replays its device part as a CUDA graph (cuda_decode_graph.h).
+//
+// Not thread-safe: one thread drives a model (as the engine does).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "common/hf_config.h"
+#include "common/status.h"
+#include "inference_rank/kv/paged_kv_cache.h"
+#include "inference_rank/model/cuda_decode_graph.h"
+#include "inference_rank/model/cuda_forward_plan.h"
+#include "inference_rank/model/cuda_kv_storage.h"
+#include "inference_rank/model/cuda_pinned_buffer.h"
+#include "inference_rank/model/cuda_weights.h"
+#include "inference_rank/model/model.h"
+#include "inference_rank/model/model_weights.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm.h"
+
+namespace rubato {
+
+struct CudaModelOptions {
+  bool random_weights = false;  // weights from config.json alone, generated on the device
+  uint64_t seed = 0;            // seed of random_weights
+  int device = 0;               // CUDA device index
+  bool use_cuda_graph = true;   // replay decode steps as CUDA graphs (off: every step eager)
+};
+
+// Reads model_dir/config.json and, unless options.random_weights, its safetensors checkpoint
+// (bf16, f16 or f32; converted to bf16 tensor by tensor). Errors: Unsupported for shapes the
+// CUDA kernels do not cover (e.g. head_dim 12), Unavailable when there is no such device,
+// ResourceExhausted (with the bytes) when the weights do not fit.
+Result<std::unique_ptr<Model>> LoadCudaModel(const std::filesystem::path& model_dir,
+                                             const CudaModelOptions& options);
+
+class CudaModel : public Model {
+ public:
+  // From fp32 host weights (tests: the CPU model's weights, so both models compute the same
+  // function up to bf16 rounding).
+  static Result<std::unique_ptr<CudaModel>> Create(ModelConfig config,
+                                                   const ModelWeights& host_weights,
+                                                   const CudaModelOptions& options);
+  // From weights already on the device (LoadCudaModel).
+  static Result<std::unique_ptr<CudaModel>> Create(ModelConfig config, CudaWeights weights,
+                                                   const CudaModelOptions& options);
+
+  // Unsupported naming the value when the CUDA kernels cannot run `config`.
+  static Status CheckSupported(const ModelConfig& config);
+
+  ~CudaModel() override;
+
+  const ModelConfig& config() const override { return config_; }
+  std::string_view backend_name() const override { return "cuda"; }
+  size_t weight_bytes() const override { return CudaWeightBytes(config_); }  // bf16
+
+  // A cache with bf16 device pools (DeviceKvStorage), zeroed; ResourceExhausted with the bytes.
+  Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override;
+
+  // Model::Forward. `cache` must come from CreateKvCache of a CUDA model (InvalidArgument
+  // otherwise).
+  Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache, ForwardResult& result,
+                 const AttentionWindow& window = AttentionWindow()) override;
+
+  // BENCHMARK ONLY (bench/decode_e2e.cc): makes every sequence hold `context` positions of
+  // random KV without a prefill: reserves their blocks (all or nothing), fills the whole K and V
+  // pools of the cache with random bf16 in [-1, 1], and sets num_tokens = context. The values
+  // mean nothing; decode speed does not depend on them. Sequences must be empty.
+  Status FillKvForBenchmark(PagedKvCache& cache, std::span<KvSequence* const> sequences,
+                            int context, uint64_t seed);
+
+  // Decode-step graphs captured and launched so far (tests, benchmark).
+  int64_t graph_captures() const { return graphs_.captures(); }
+  int64_t graph_replays() const { return graphs_.replays(); }
+
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  CudaModel(ModelConfig config, CudaWeights weights, const CudaModelOptions& options);
+  Status Init();
+
+  // Grows the step inputs, activations and workspaces to what `plan` needs (outside any
+  // capture); any reallocation drops the captured graphs.
+  Status EnsureCapacity(const ForwardPlan& plan);
+  // Launches the device work of `plan_` on `stream` (cuda_model_forward.cc).
+  Status EnqueueForward(DeviceKvStorage& kv, const AttentionWindow& window, cudaStream_t stream);
+  Status DecoderLayer(int layer, DeviceKvStorage& kv, const AttentionWindow& window,
+                      cudaStream_t stream);
+  Status SelfAttention(int layer, DeviceKvStorage& kv, const AttentionWindow& window,
+                       cudaStream_t stream);
+  Status Mlp(int layer, cudaStream_t stream);
+  Status LogitsAndSampling(cudaStream_t stream);
+  // Device address of a step-input array at `offset` (StepInputLayout).
+  template <typename T>
+  T* StepInput(size_t offset) {
+    return reinterpret_cast<T*>(reinterpret_cast<std::byte*>(step_inputs_.data()) + offset);
+  }
+
+  ModelConfig config_;
+  CudaModelOptions options_;
+  CudaWeights weights_;
+  cudaStream_t stream_ = nullptr;  // non-blocking: every forward's copies and kernels
+  std::unique_ptr<cuda::CublasLtGemm> gemm_;
+  cuda::DeviceBuffer<float> inv_freq_;  // [head_dim / 2], f32, RoPE inverse frequencies
+  DecodeGraphCache graphs_;
+
+  // Per-forward state. Buffers only grow; each growth drops the graphs (captured addresses).
+  ForwardPlan plan_;
+  StepInputCapacity input_capacity_;
+  StepInputLayout input_layout_;
+  PinnedBuffer staging_;                            // host copy of the step inputs
+  cuda::DeviceBuffer<unsigned char> step_inputs_;   // StepInputLayout, device
+  int activation_rows_ = 0;                         // rows the activations below hold
+  cuda::DeviceBuffer<float> residual_;              // [rows][hidden], f32, the residual stream
+  cuda::DeviceBuffer<__nv_bfloat16> normed_;        // [rows][hidden], bf16, RMSNorm output
+  cuda::DeviceBuffer<__nv_bfloat16> qkv_;           // [rows][q_dim + 2 kv_dim], bf16
+  cuda::DeviceBuffer<__nv_bfloat16> attention_;     // [rows][q_dim], bf16, attention output
+  cuda::DeviceBuffer<__nv_bfloat16> delta_;         // [rows][hidden], bf16, o_proj / down output
+  cuda::DeviceBuffer<__nv_bfloat16> gate_up_;       // [rows][2 intermediate], bf16
+  cuda::DeviceBuffer<__nv_bfloat16> mlp_act_;       // [rows][intermediate], bf16, SwiGLU output
+  int logit_capacity_ = 0;                          // rows the two buffers below hold
+  cuda::DeviceBuffer<__nv_bfloat16> logit_inputs_;  // [logit rows][hidden], bf16, gathered
+  cuda::DeviceBuffer<float> logits_;                // [logit rows][vocab], f32
+  int sample_capacity_ = 0;
+  cuda::DeviceBuffer<int32_t> sampled_;                 // [sample rows], device token ids
+  PinnedBuffer sampled_host_;                           // [sample rows] int32, host copy
+  cuda::DeviceBuffer<unsigned char> decode_workspace_;  // DecodeAttentionWorkspaceBytes
+  cuda::DeviceBuffer<unsigned char> sample_workspace_;  // SampleWorkspaceBytes
+};
+
+}  // namespace rubato

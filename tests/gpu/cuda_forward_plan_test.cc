@@ -1,0 +1,206 @@
+// The host-side plan of a CUDA forward (inference_rank/model/cuda_forward_plan.h): row order
+// (decode entries first), logit rows (sampled block, then host rows), and every packed step
+// input: token ids, positions, KV slots, block tables padded to their stride, sequence lengths,
+// query starts, gather indices and sampling rows. No GPU needed: these run anywhere
+// (gpu_model_test --gtest_filter='CudaForwardPlan*').
+#include "inference_rank/model/cuda_forward_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+namespace rubato {
+namespace {
+
+// A cache shape with 16-token blocks; only block_tokens and num_blocks matter to the plan.
+KvCacheShape Shape(int num_blocks, int block_tokens = 16) {
+  return KvCacheShape{2, 2, 16, block_tokens, num_blocks};
+}
+
+// A sequence holding `blocks` made-up block ids (100, 101, ... + salt).
+KvSequence Sequence(int blocks, int salt) {
+  KvSequence s;
+  for (int b = 0; b < blocks; ++b) s.block_table.push_back(100 * salt + b);
+  return s;
+}
+
+struct Packed {
+  StepInputLayout layout;
+  std::vector<std::byte> bytes;
+  const int32_t* Ints(size_t offset) const {
+    return reinterpret_cast<const int32_t*>(bytes.data() + offset);
+  }
+  const cuda::SamplingRow* Rows() const {
+    return reinterpret_cast<const cuda::SamplingRow*>(bytes.data() + layout.sampling_rows);
+  }
+};
+
+Packed Pack(std::span<const ForwardEntry> batch, const KvCacheShape& shape,
+            const ForwardPlan& plan) {
+  Packed packed;
+  packed.layout = StepInputLayout::For(StepInputCapacity().GrownToCover(plan.Needs()));
+  packed.bytes.assign(packed.layout.bytes, std::byte{0x5a});
+  FillStepInputs(batch, shape, plan, packed.layout, packed.bytes.data());
+  return packed;
+}
+
+TEST(CudaForwardPlanTest, DecodeEntriesFirstThenChunksInBatchOrder) {
+  const KvCacheShape shape = Shape(64);
+  KvSequence a = Sequence(3, 1), b = Sequence(2, 2), c = Sequence(1, 3), d = Sequence(4, 4);
+  const std::vector<int> chunk_a = {5, 6, 7, 8, 9};  // positions 30..34 (rewind-free continue)
+  const std::vector<int> one_b = {11};               // position 20
+  const std::vector<int> chunk_c = {12, 13, 14};     // positions 0..2
+  const std::vector<int> one_d = {15};               // position 50
+  const TokenSampling greedy;
+  TokenSampling hot;
+  hot.temperature = 0.7f;
+  hot.top_k = 40;
+  hot.top_p = 0.9f;
+  hot.uniform = 0.99999999999;  // a double draw: passed on exactly
+  const std::vector<ForwardEntry> batch = {
+      {&a, chunk_a, 30, LogitsWanted::kAll, &greedy},  // prefill, all rows + sampled last row
+      {&b, one_b, 20, LogitsWanted::kLast, &hot},      // decode, sampled: logits stay on device
+      {&c, chunk_c, 0, LogitsWanted::kNone, nullptr},  // prefill, no logits
+      {&d, one_d, 50, LogitsWanted::kLast, nullptr},   // decode, host logits
+  };
+  ForwardPlan plan;
+  PlanForward(batch, shape, plan);
+
+  EXPECT_EQ(plan.tokens, 10);
+  EXPECT_EQ(plan.decode_rows, 2);
+  EXPECT_EQ(plan.prefill_entries, 2);
+  EXPECT_EQ(plan.max_prefill_tokens, 5);
+  EXPECT_FALSE(plan.decode_only());
+  EXPECT_EQ(plan.entry_first_row, (std::vector<int>{2, 0, 7, 1}));
+  // Decode bucket: at least 4096 but no more than the cache (64 x 16 = 1024 positions).
+  EXPECT_EQ(plan.decode_max_seq_len, 1024);
+  EXPECT_EQ(plan.decode_table_stride, 64);
+  EXPECT_EQ(plan.prefill_table_stride, 3);  // a ends at 35: 3 blocks
+  EXPECT_EQ(plan.sample_rows, 2);
+  EXPECT_EQ(plan.entry_sample_row, (std::vector<int>{0, 1, -1, -1}));
+  EXPECT_EQ(plan.host_rows, 6);  // a: 5 rows, d: 1 row
+  EXPECT_EQ(plan.entry_host_row, (std::vector<int>{0, 5, 5, 5}));
+  EXPECT_EQ(plan.entry_host_rows, (std::vector<int>{5, 0, 0, 1}));
+
+  const Packed p = Pack(batch, shape, plan);
+  const int32_t* ids = p.Ints(p.layout.token_ids);
+  const int32_t* positions = p.Ints(p.layout.positions);
+  const int32_t* slots = p.Ints(p.layout.kv_slots);
+  EXPECT_EQ(std::vector<int>(ids, ids + 10), (std::vector<int>{11, 15, 5, 6, 7, 8, 9, 12, 13, 14}));
+  EXPECT_EQ(std::vector<int>(positions, positions + 10),
+            (std::vector<int>{20, 50, 30, 31, 32, 33, 34, 0, 1, 2}));
+  // slot = block_table[pos / 16] * 16 + pos % 16
+  EXPECT_EQ(slots[0], 201 * 16 + 4);   // b, position 20
+  EXPECT_EQ(slots[1], 403 * 16 + 2);   // d, position 50
+  EXPECT_EQ(slots[2], 101 * 16 + 14);  // a, position 30
+  EXPECT_EQ(slots[4], 102 * 16 + 0);   // a, position 32
+  EXPECT_EQ(slots[7], 300 * 16 + 0);   // c, position 0
+
+  const int32_t* lens = p.Ints(p.layout.decode_seq_lens);
+  EXPECT_EQ(lens[0], 21);
+  EXPECT_EQ(lens[1], 51);
+  const int32_t* tables = p.Ints(p.layout.decode_block_tables);
+  EXPECT_EQ(tables[0], 200);
+  EXPECT_EQ(tables[1], 201);
+  for (int i = 2; i < 64; ++i) ASSERT_EQ(tables[i], 0) << "padding of row 0 at " << i;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(tables[64 + i], 400 + i);
+  for (int i = 4; i < 64; ++i) ASSERT_EQ(tables[64 + i], 0) << "padding of row 1 at " << i;
+
+  const int32_t* query_start = p.Ints(p.layout.prefill_query_start);
+  EXPECT_EQ(std::vector<int>(query_start, query_start + 3), (std::vector<int>{0, 5, 8}));
+  const int32_t* starts = p.Ints(p.layout.prefill_start_positions);
+  EXPECT_EQ(starts[0], 30);
+  EXPECT_EQ(starts[1], 0);
+  const int32_t* prefill_tables = p.Ints(p.layout.prefill_block_tables);
+  EXPECT_EQ(std::vector<int>(prefill_tables, prefill_tables + 6),
+            (std::vector<int>{100, 101, 102, 300, 0, 0}));
+
+  // Gather: sampled last rows of a and b, then a's 5 rows and d's row.
+  const int32_t* gather = p.Ints(p.layout.logit_row_indices);
+  EXPECT_EQ(std::vector<int>(gather, gather + 8), (std::vector<int>{6, 0, 2, 3, 4, 5, 6, 1}));
+  const cuda::SamplingRow* rows = p.Rows();
+  EXPECT_EQ(rows[0].temperature, 0.f);
+  EXPECT_EQ(rows[1].temperature, 0.7f);
+  EXPECT_EQ(rows[1].top_k, 40);
+  EXPECT_EQ(rows[1].top_p, 0.9f);
+  EXPECT_EQ(rows[1].uniform, 0.99999999999);
+}
+
+TEST(CudaForwardPlanTest, DecodeOnlyBatchKeepsItsShapeWhileSequencesGrow) {
+  // The graph key (rows, bucket, stride, logit rows) must not change from one step to the next
+  // while every sequence stays inside its bucket.
+  const KvCacheShape shape = Shape(100000, 64);
+  std::vector<KvSequence> sequences = {Sequence(100, 1), Sequence(100, 2), Sequence(100, 3)};
+  const TokenSampling greedy;
+  const std::vector<int> token = {7};
+  ForwardPlan first, later;
+  for (int step : {0, 500}) {
+    std::vector<ForwardEntry> batch;
+    const int lengths[] = {5000, 100, 4200};
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      batch.push_back({&sequences[i], token, lengths[i] + step, LogitsWanted::kLast, &greedy});
+    }
+    PlanForward(batch, shape, step == 0 ? first : later);
+  }
+  EXPECT_TRUE(first.decode_only());
+  EXPECT_EQ(first.decode_max_seq_len, 8192);  // 5001 and 5501 round up to 8192
+  EXPECT_EQ(later.decode_max_seq_len, first.decode_max_seq_len);
+  EXPECT_EQ(first.decode_table_stride, 128);
+  EXPECT_EQ(later.decode_table_stride, first.decode_table_stride);
+  EXPECT_EQ(first.sample_rows, 3);
+  EXPECT_EQ(first.host_rows, 0);
+  EXPECT_EQ(first.entry_first_row, (std::vector<int>{0, 1, 2}));
+  const StepInputLayout a = StepInputLayout::For(first.Needs());
+  const StepInputLayout b = StepInputLayout::For(later.Needs());
+  EXPECT_EQ(a.bytes, b.bytes);
+  EXPECT_EQ(a.logit_row_indices, b.logit_row_indices);
+}
+
+TEST(CudaForwardPlanTest, BucketsStepByAnEighthOfThePowerOfTwoAtLeast4096) {
+  EXPECT_EQ(DecodeSeqLenBucket(1, 1 << 20), 4096);
+  EXPECT_EQ(DecodeSeqLenBucket(4096, 1 << 20), 4096);
+  EXPECT_EQ(DecodeSeqLenBucket(4097, 1 << 20), 8192);
+  EXPECT_EQ(DecodeSeqLenBucket(32768, 1 << 20), 32768);
+  EXPECT_EQ(DecodeSeqLenBucket(32769, 1 << 20), 36864);  // steps of 4096 in [32K, 64K)
+  EXPECT_EQ(DecodeSeqLenBucket(36864, 1 << 20), 36864);
+  EXPECT_EQ(DecodeSeqLenBucket(65537, 1 << 20), 73728);  // steps of 8192 in [64K, 128K)
+  EXPECT_EQ(DecodeSeqLenBucket(131073, 1 << 20), 147456);
+  EXPECT_EQ(DecodeSeqLenBucket(65537, 70000), 70000);  // capped by the cache
+  EXPECT_EQ(DecodeSeqLenBucket(100, 512), 512);
+  EXPECT_EQ(DecodeSeqLenBucket(600, 512), 600);  // never below the longest sequence
+  for (int len = 1; len < 300000; len += 977) {
+    const int bucket = DecodeSeqLenBucket(len, 1 << 30);
+    EXPECT_GE(bucket, len);
+    EXPECT_LE(bucket, len + std::max(4095, len / 8)) << len;
+  }
+}
+
+TEST(CudaForwardPlanTest, LayoutIsAlignedAndCapacityOnlyGrows) {
+  StepInputCapacity need;
+  need.tokens = 3;
+  need.decode_rows = 3;
+  need.decode_table_ints = 3 * 65;
+  need.logit_rows = 3;
+  need.sample_rows = 3;
+  const StepInputCapacity grown = StepInputCapacity().GrownToCover(need);
+  EXPECT_TRUE(grown.Covers(need));
+  EXPECT_EQ(grown.tokens, 4);
+  EXPECT_EQ(grown.decode_table_ints, 256);
+  StepInputCapacity smaller;
+  smaller.tokens = 1;
+  EXPECT_EQ(grown.GrownToCover(smaller).tokens, 4);
+  const StepInputLayout layout = StepInputLayout::For(grown);
+  for (size_t offset : {layout.sampling_rows, layout.token_ids, layout.positions, layout.kv_slots,
+                        layout.decode_block_tables, layout.decode_seq_lens,
+                        layout.prefill_block_tables, layout.prefill_query_start,
+                        layout.prefill_start_positions, layout.logit_row_indices, layout.bytes}) {
+    EXPECT_EQ(offset % 16, 0u);
+  }
+  EXPECT_GE(layout.token_ids, layout.sampling_rows + 4 * sizeof(cuda::SamplingRow));
+  EXPECT_GE(layout.bytes, layout.logit_row_indices + 4 * sizeof(int32_t));
+}
+
+}  // namespace
+}  // namespace rubato
