@@ -46,6 +46,11 @@ struct Options {
   std::vector<int> contexts = {8192, 32768, 131072};
   int warmup = 10;
   int iterations = 50;
+  bool shuffle_blocks = true;  // false: each sequence's blocks contiguous in the pool
+  // Bytes between the start of the V allocation and the V pool: the K and V pools of equal
+  // power-of-two sizes otherwise sit a power of two apart, which may map K row i and V row i to
+  // the same DRAM channel (an experiment knob; 0 = none).
+  size_t v_offset_bytes = 0;
   std::vector<int> splits = {0};  // 0 = the kernel's own choice; others force a split count
   std::string out;
 };
@@ -114,13 +119,15 @@ Status Run(const Options& options, nlohmann::json& report) {
   const size_t pool_elements =
       num_blocks * options.kv_heads * options.block_size * options.head_dim;
   RUBATO_ASSIGN_OR_RETURN(auto keys, DeviceBuffer<__nv_bfloat16>::Allocate(pool_elements, "K"));
-  RUBATO_ASSIGN_OR_RETURN(auto values, DeviceBuffer<__nv_bfloat16>::Allocate(pool_elements, "V"));
+  const size_t v_offset = options.v_offset_bytes / 2;  // elements
+  RUBATO_ASSIGN_OR_RETURN(
+      auto values, DeviceBuffer<__nv_bfloat16>::Allocate(pool_elements + v_offset, "V"));
   RUBATO_RETURN_IF_ERROR(FillRandom(keys.data(), pool_elements, 1));
-  RUBATO_RETURN_IF_ERROR(FillRandom(values.data(), pool_elements, 2));
+  RUBATO_RETURN_IF_ERROR(FillRandom(values.data(), pool_elements + v_offset, 2));
 
   std::vector<int32_t> physical(num_blocks);
   std::iota(physical.begin(), physical.end(), 0);
-  std::shuffle(physical.begin(), physical.end(), std::mt19937_64(3));
+  if (options.shuffle_blocks) std::shuffle(physical.begin(), physical.end(), std::mt19937_64(3));
   RUBATO_ASSIGN_OR_RETURN(auto tables, DeviceBuffer<int32_t>::Allocate(num_blocks, "tables"));
   RUBATO_RETURN_IF_ERROR(tables.CopyFromHost(physical.data(), physical.size(), nullptr));
 
@@ -142,7 +149,7 @@ Status Run(const Options& options, nlohmann::json& report) {
     params.q = queries.data();
     params.q_row_stride = static_cast<int64_t>(options.heads) * options.head_dim;
     params.key_pool = keys.data();
-    params.value_pool = values.data();
+    params.value_pool = values.data() + v_offset;
     params.block_tables = tables.data();
     params.block_table_stride = blocks_per_sequence;
     params.seq_lens = lens.data();
@@ -210,6 +217,8 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", options.head_dim);
   app.add_option("--block-size", options.block_size);
   app.add_option("--contexts", options.contexts)->delimiter(',');
+  app.add_flag("!--no-shuffle", options.shuffle_blocks, "keep each sequence's blocks in order");
+  app.add_option("--v-offset-bytes", options.v_offset_bytes)->check(CLI::Range(0, 1 << 30));
   app.add_option("--splits", options.splits, "split counts to sweep; 0 = the kernel's choice")
       ->delimiter(',');
   app.add_option("--warmup", options.warmup)->check(CLI::Range(0, 100000));

@@ -516,30 +516,16 @@ int MultiprocessorCount() {
   return count;
 }
 
-// Splits per sequence. Blocks of one launch take about the same time (equal key ranges), so
-// they run in waves of (multiprocessors x kBlocksPerSm) blocks; a last wave that is mostly empty
-// leaves the GPU idle for its duration (measured: 8 % at 16 x 128K with 17 splits, 2176 blocks
-// = 8.24 waves). So: at least kMinWaves waves, then the split count in [s, 2s) whose blocks fill
-// their last wave best (>= 97 %, else the best one), and never fewer than kMinKeysPerSplit keys
-// per split. Splits need not be multiples of the tile: a split's last tile is masked.
+// Splits per sequence: as many as keep every block resident for the whole launch (one wave of
+// multiprocessors x kBlocksPerSm blocks), so that no block pays a pipeline fill while others
+// stream, and no last wave runs mostly empty. Measured on an H200 at 16 x 8 KV heads
+// (bench/results/decode_attention_notes.md): one wave beat 8-16 waves by 11 % at 8K and 3 % at
+// 32K, and tied at 128K. Never fewer than kMinKeysPerSplit keys per split; with more (sequence,
+// KV head) pairs than slots, one split each.
 int ChooseSplits(int pairs, int max_visible) {
-  constexpr int kMinWaves = 8;
   const int slots = MultiprocessorCount() * kBlocksPerSm;
   const int most = std::max(1, max_visible / kMinKeysPerSplit);
-  const int least = std::min(most, std::max(1, (slots * kMinWaves + pairs - 1) / pairs));
-  int best = least;
-  double best_fill = 0.0;
-  for (int splits = least; splits < 2 * least && splits <= most; ++splits) {
-    const long long blocks = static_cast<long long>(pairs) * splits;
-    const long long waves = (blocks + slots - 1) / slots;
-    const double fill = static_cast<double>(blocks) / static_cast<double>(waves * slots);
-    if (fill > best_fill + 1e-9) {
-      best = splits;
-      best_fill = fill;
-    }
-    if (fill >= 0.97) break;
-  }
-  return best;
+  return std::clamp(slots / pairs, 1, most);
 }
 
 template <int kHeadDim, int kGroup>
