@@ -8,8 +8,10 @@
 namespace rubato {
 namespace {
 
-// Smallest decode attention bucket and bucket step: short sequences share one launch shape.
+// Smallest decode attention bucket (short sequences share one launch shape) and smallest step
+// between buckets (DecodeSeqLenBucket).
 constexpr int kMinDecodeBucket = 4096;
+constexpr int kMinDecodeStep = 1024;
 
 size_t Align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
@@ -83,11 +85,12 @@ StepInputCapacity ForwardPlan::Needs() const {
 }
 
 int DecodeSeqLenBucket(int max_len, int cache_tokens) {
-  const int floor_pow2 =
-      static_cast<int>(std::bit_floor(static_cast<unsigned>(std::max(max_len, 1))));
-  const int granularity = std::max(kMinDecodeBucket, floor_pow2 / 8);
-  const int64_t bucket =
-      (static_cast<int64_t>(max_len) + granularity - 1) / granularity * granularity;
+  int64_t bucket = kMinDecodeBucket;
+  if (max_len > kMinDecodeBucket) {
+    const int power = static_cast<int>(std::bit_floor(static_cast<unsigned>(max_len)));
+    const int granularity = std::max(kMinDecodeStep, power / 8);
+    bucket = (static_cast<int64_t>(max_len) + granularity - 1) / granularity * granularity;
+  }
   return static_cast<int>(std::max<int64_t>(max_len, std::min<int64_t>(bucket, cache_tokens)));
 }
 

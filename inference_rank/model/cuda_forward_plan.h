@@ -94,11 +94,12 @@ struct ForwardPlan {
 };
 
 // The decode attention bucket for sequences of at most `max_len` keys in a cache of
-// `cache_tokens` positions: max_len rounded up to a multiple of max(4096, bit_floor(max_len) / 8),
-// i.e. eight buckets per power of two, so that the launch is at most 12.5 % larger than needed
-// (idle splits cost little, but an oversized grid spreads the real keys over fewer blocks) while
-// a decoding batch keeps one bucket, and one graph, for at least 4096 steps. Never more than the
-// cache holds (and never less than max_len).
+// `cache_tokens` positions: 4096 up to 4096 keys, beyond that max_len rounded up to a multiple
+// of max(1024, bit_floor(max_len) / 8), i.e. eight buckets per power of two. The attention grid
+// is sized for the bucket, so an oversized bucket spreads the real keys over fewer blocks; this
+// keeps the excess at 12.5 % from 8K keys on (25 % just above 4K), while a decoding batch keeps
+// one bucket, and one graph, for at least 1024 steps. Never more than the cache holds (and
+// never less than max_len).
 int DecodeSeqLenBucket(int max_len, int cache_tokens);
 
 // Plans `batch` (already validated and reserved: every entry's block table covers its new
