@@ -43,6 +43,7 @@ constexpr int kTile = kPerThread * kThreads;  // candidates per block-wide step
 constexpr int kDigitBits = 8;                 // radix select: 4 passes over 32-bit keys
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerLane = kBins / 32;
+static_assert(kThreads >= kBins, "one thread per bin sums the histogram replicas");
 constexpr int kCopies = 8;  // histogram replicas (lane % 8): fewer atomics on one address
 // A radix select whose remaining candidates fit in this many moves them to a scratch list after
 // the pass that finds so (typically the first: few logits share the top bin of a peaked row), so
