@@ -177,7 +177,7 @@ struct Candidates {
   const int* ids;       // [count] increasing token ids (workspace, 16-byte aligned), or nullptr
                         // for ids 0..count-1
   float* probs;  // [RoundUp(count, kPerThread)] f32 probability of each candidate (workspace,
-                 // 16-byte aligned), written by the probability pass incl. the padding
+                 // 16-byte aligned; the padding is written as 0)
   int count;
   bool logits_aligned;  // the row starts 16 bytes aligned: contiguous logits load as float4
 };

@@ -38,8 +38,8 @@ struct SampleParams {
   const SamplingRow* row_params = nullptr;  // [rows], device
   int32_t* tokens = nullptr;                // [rows], device: the chosen ids
   void* workspace = nullptr;  // SampleWorkspaceBytes(rows, vocab_size) bytes, 16-byte aligned:
-                              // per row, f32 probabilities and int32 top-k ids [vocab]; no
-                              // contents carry over between calls
+                              // per row, f32 probabilities and int32 candidate ids (about
+                              // 8 * vocab_size bytes); no contents carry over between calls
   size_t workspace_bytes = 0;
 };
 
