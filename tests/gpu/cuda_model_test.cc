@@ -103,6 +103,10 @@ struct CpuVsCudaParam {
   int block_tokens;
 };
 
+void PrintTo(const CpuVsCudaParam& p, std::ostream* os) {
+  *os << p.shape.name << ", block " << p.block_tokens;
+}
+
 class CudaVsCpuTest : public ::testing::TestWithParam<CpuVsCudaParam> {};
 
 TEST_P(CudaVsCpuTest, PrefillChunksRewindAndDecode) {
