@@ -5,37 +5,55 @@ speed relative to SDPA (sdpa_ms / rubato_ms: >= 1 means rubato is faster) and to
 """
 import argparse
 import json
+import statistics
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rubato", required=True)
-    parser.add_argument("--sdpa", required=True)
+    parser.add_argument("--rubato", action="append", required=True, help="one per round")
+    parser.add_argument("--sdpa", action="append", required=True, help="one per round")
     parser.add_argument("--commit", required=True)
     parser.add_argument("--command", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--png")
     args = parser.parse_args()
-    rubato = json.load(open(args.rubato))
-    sdpa = json.load(open(args.sdpa))
-    sdpa_by_context = {p["context"]: p for p in sdpa["points"]}
+    rounds_rubato = [json.load(open(path)) for path in args.rubato]
+    rounds_sdpa = [json.load(open(path)) for path in args.sdpa]
+    rubato = rounds_rubato[0]
+    sdpa = rounds_sdpa[0]
+
+    def per_context(rounds):
+        table = {}
+        for r in rounds:
+            for p in r["points"]:
+                table.setdefault(p["context"], []).append(p)
+        return table
+
+    rubato_by_context = per_context(rounds_rubato)
+    sdpa_by_context = per_context(rounds_sdpa)
     points = []
-    for p in rubato["points"]:
-        s = sdpa_by_context.get(p["context"])
+    for context, rs in sorted(rubato_by_context.items()):
+        ss = sdpa_by_context.get(context, [])
+        rubato_ms = statistics.median(p["median_ms"] for p in rs)
+        sdpa_ms = statistics.median(p["median_ms"] for p in ss) if ss else None
+        kv_bytes = rs[0]["kv_bytes"]
         point = {
-            "context": p["context"],
-            "rubato_ms": p["median_ms"],
-            "sdpa_ms": s["median_ms"] if s else None,
-            "rubato_kv_read_gb_per_s": p["kv_read_bytes_per_s"] / 1e9,
-            "sdpa_kv_read_gb_per_s": s["kv_read_bytes_per_s"] / 1e9 if s else None,
-            "speed_vs_sdpa": s["median_ms"] / p["median_ms"] if s else None,
-            "copy_floor_ms": p["copy_floor_ms"],
-            "rubato_over_floor": p["median_ms"] / p["copy_floor_ms"],
+            "context": context,
+            "rubato_ms": rubato_ms,
+            "sdpa_ms": sdpa_ms,
+            "rubato_ms_per_round": [p["median_ms"] for p in rs],
+            "sdpa_ms_per_round": [p["median_ms"] for p in ss],
+            "rubato_kv_read_gb_per_s": kv_bytes / (rubato_ms / 1e3) / 1e9,
+            "sdpa_kv_read_gb_per_s": kv_bytes / (sdpa_ms / 1e3) / 1e9 if sdpa_ms else None,
+            "speed_vs_sdpa": sdpa_ms / rubato_ms if sdpa_ms else None,
+            "copy_floor_ms": statistics.median(p["copy_floor_ms"] for p in rs),
         }
+        point["rubato_over_floor"] = rubato_ms / point["copy_floor_ms"]
         points.append(point)
-        print(f"context {p['context']:7d}: rubato {point['rubato_ms']:.4f} ms "
-              f"({point['rubato_kv_read_gb_per_s']:.0f} GB/s), sdpa {point['sdpa_ms']:.4f} ms "
-              f"({point['sdpa_kv_read_gb_per_s']:.0f} GB/s), speed vs sdpa {point['speed_vs_sdpa']:.3f}x, "
+        print(f"context {context:7d}: rubato {rubato_ms:.4f} ms ({point['rubato_kv_read_gb_per_s']:.0f} GB/s), "
+              f"sdpa {sdpa_ms:.4f} ms ({point['sdpa_kv_read_gb_per_s']:.0f} GB/s), "
+              f"speed vs sdpa {point['speed_vs_sdpa']:.3f}x "
+              f"(rounds: {' '.join(f'{s_:.3f}/{r_:.3f}' for s_, r_ in zip(point['sdpa_ms_per_round'], point['rubato_ms_per_round']))} sdpa/rubato ms), "
               f"over copy floor {point['rubato_over_floor']:.3f}x")
     report = {
         "benchmark": "dense decode attention, rubato split-K paged kernel vs torch SDPA (enable_gqa)",
@@ -44,11 +62,14 @@ def main():
         "command": args.command,
         "rubato_command": rubato["command"],
         "torch": sdpa["torch"],
-        "copy_bandwidth_gb_per_s_read_plus_write": rubato["copy_bandwidth_bytes_per_s"] / 1e9,
+        "copy_bandwidth_gb_per_s_read_plus_write": statistics.median(
+            r["copy_bandwidth_bytes_per_s"] for r in rounds_rubato) / 1e9,
+        "rounds": len(rounds_rubato),
         "shape": rubato["shape"],
         "notes": "rubato reads a paged cache (shuffled 64-token blocks); SDPA reads contiguous "
                  "[batch][kv_heads][context][head_dim] K/V. Median of 50 timed calls after 10 "
-                 "warm-up calls, CUDA events, same process per library, same device call.",
+                 "warm-up calls, CUDA events, one process per library and round; rounds alternate rubato "
+                 "and SDPA in one device call and each side's median over rounds is reported.",
         "points": points,
     }
     with open(args.out, "w") as f:

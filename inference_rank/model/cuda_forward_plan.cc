@@ -88,7 +88,7 @@ int DecodeSeqLenBucket(int max_len, int cache_tokens) {
   int64_t bucket = kMinDecodeBucket;
   if (max_len > kMinDecodeBucket) {
     const int power = static_cast<int>(std::bit_floor(static_cast<unsigned>(max_len)));
-    const int granularity = std::max(kMinDecodeStep, power / 8);
+    const int granularity = std::max<int>(kMinDecodeStep, power / 8);
     bucket = (static_cast<int64_t>(max_len) + granularity - 1) / granularity * granularity;
   }
   return static_cast<int>(std::max<int64_t>(max_len, std::min<int64_t>(bucket, cache_tokens)));
