@@ -19,8 +19,6 @@
 //
 // Scores are kept in log2 units (scale * log2(e) folded in) so that exp2f is the only
 // transcendental; log-sum-exp is converted back to natural log on output.
-#include "kernels/cuda/decode_attention.cuh"
-
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -28,18 +26,27 @@
 #include <string>
 
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/dispatch.cuh"
 
 namespace rubato::cuda {
 namespace {
 
+#ifndef RUBATO_DECODE_TILE_KEYS  // build-time knobs for benchmark sweeps only
+#define RUBATO_DECODE_TILE_KEYS 64
+#define RUBATO_DECODE_STAGES 3
+#define RUBATO_DECODE_BLOCKS_PER_SM 2
+#endif
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kTileKeys = 64;                     // keys per pipeline stage
-constexpr int kKeysPerWarp = kTileKeys / kWarps;  // 16: one k-step of the P V product
-constexpr int kStages = 3;                        // tiles in flight per block
-constexpr int kMinKeysPerSplit = 256;             // bounds the split count (and the workspace)
-constexpr int kBlocksPerSm = 2;                   // occupancy the shared-memory budget allows
+constexpr int kTileKeys = RUBATO_DECODE_TILE_KEYS;  // keys per pipeline stage
+constexpr int kKeysPerWarp = kTileKeys / kWarps;    // a multiple of 16 (P V k-steps)
+constexpr int kKeySteps = kKeysPerWarp / 16;        // P V k-steps per warp and tile
+constexpr int kScoreBlocks = kKeysPerWarp / 8;      // S n-blocks per warp and tile
+constexpr int kStages = RUBATO_DECODE_STAGES;       // tiles in flight per block
+static_assert(kKeysPerWarp % 16 == 0, "warps take whole P V k-steps");
+constexpr int kMinKeysPerSplit = 256;  // bounds the split count (and the workspace)
+constexpr int kBlocksPerSm = RUBATO_DECODE_BLOCKS_PER_SM;  // what the shared memory allows
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -88,10 +95,10 @@ __device__ inline void MbarrierInit(uint64_t* barrier, unsigned arrivals) {
 }
 // Arrives on `barrier` and adds `bytes` to the transaction count its current phase waits for.
 __device__ inline void MbarrierArriveExpectTx(uint64_t* barrier, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                   SharedAddress(barrier)),
-               "r"(bytes)
-               : "memory");
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SharedAddress(barrier)),
+      "r"(bytes)
+      : "memory");
 }
 __device__ inline void MbarrierWait(uint64_t* barrier, unsigned phase) {
   asm volatile(
@@ -175,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int sequence = blockIdx.z;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int row = lane / 4;  // MMA "group id": query row g, and key / dim column g
+  const int row = lane / 4;   // MMA "group id": query row g, and key / dim column g
   const int quad = lane % 4;  // MMA "thread in group"
   const int first_head = kv_head * kGroup;
 
@@ -200,7 +207,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // i - kTileKeys otherwise, with one bulk copy into its padded shared-memory row; the stage's
   // mbarrier completes when all of the tile's bytes have landed. Rows past the split's end are
   // zeroed instead (P is 0 there, and 0 x stale NaN would not be 0).
-  static_assert(kThreads == 2 * kTileKeys, "one K or V row per thread");
+  static_assert(kThreads == kTileKeys || kThreads == 2 * kTileKeys, "whole rows per thread");
+  constexpr int kRowsPerThread = 2 * kTileKeys / kThreads;  // rows r = threadIdx.x + i * kThreads
   constexpr int kRowDataBytes = kHeadDim * 2;
   __shared__ uint64_t stage_full[kStages];  // one mbarrier per stage, kThreads arrivals
   if (threadIdx.x == 0) {
@@ -209,9 +217,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  // Row r of a stage is K row r (r < kTileKeys) or V row r - kTileKeys; every row of a thread is
+  // the same key (kThreads == kTileKeys: its K and its V row), so one block id serves them all.
   const int my_key = threadIdx.x % kTileKeys;
-  const bool loads_values = threadIdx.x >= kTileKeys;
-  const __nv_bfloat16* my_pool = loads_values ? params.value_pool : params.key_pool;
   // The physical block of this thread's key in the next tile to load, fetched one tile ahead:
   // a block-table read on the load path would stall the warp right when it issues copies.
   int next_block = 0;
@@ -220,24 +228,33 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     next_block = index < end ? block_table[visible.Position(index) >> block_shift] : 0;
   };
   auto load_tile = [&](int tile_begin, int stage) {
-    unsigned char* dest = smem + stage * Layout::kStageBytes +
-                          (loads_values ? Layout::kTileBytes : 0) + my_key * Layout::kRowBytes;
     const int index = tile_begin + my_key;
-    if (index < end) {
+    const bool valid = index < end;
+    size_t offset = 0;
+    if (valid) {
       const int position = visible.Position(index);
-      const size_t offset = ((static_cast<size_t>(next_block) * params.num_kv_heads + kv_head) *
-                                 params.block_tokens +
-                             (position & (params.block_tokens - 1))) *
-                            kHeadDim;
+      offset =
+          ((static_cast<size_t>(next_block) * params.num_kv_heads + kv_head) * params.block_tokens +
+           (position & (params.block_tokens - 1))) *
+          kHeadDim;
       FenceProxyAsyncShared();
-      MbarrierArriveExpectTx(&stage_full[stage], kRowDataBytes);
-      BulkCopyToShared(dest, my_pool + offset, kRowDataBytes, &stage_full[stage]);
-    } else {
+    }
+    MbarrierArriveExpectTx(&stage_full[stage], valid ? kRowsPerThread * kRowDataBytes : 0);
 #pragma unroll
-      for (int c = 0; c < kRowDataBytes / 16; ++c) {
-        reinterpret_cast<uint4*>(dest)[c] = make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int r = threadIdx.x + i * kThreads;
+      const bool values = r >= kTileKeys;
+      unsigned char* dest = smem + stage * Layout::kStageBytes + (values ? Layout::kTileBytes : 0) +
+                            my_key * Layout::kRowBytes;
+      if (valid) {
+        BulkCopyToShared(dest, (values ? params.value_pool : params.key_pool) + offset,
+                         kRowDataBytes, &stage_full[stage]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < kRowDataBytes / 16; ++c) {
+          reinterpret_cast<uint4*>(dest)[c] = make_uint4(0, 0, 0, 0);
+        }
       }
-      MbarrierArriveExpectTx(&stage_full[stage], 0);
     }
     fetch_block(tile_begin + kTileKeys);
   };
@@ -257,15 +274,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         params.q + sequence * params.q_row_stride + (first_head + row) * kHeadDim;
 #pragma unroll
     for (int s = 0; s < kHeadDim / 16; ++s) {
-      q_frag[s][0] = row < kGroup ? *reinterpret_cast<const uint32_t*>(q_row + 16 * s + 2 * quad) : 0u;
+      q_frag[s][0] =
+          row < kGroup ? *reinterpret_cast<const uint32_t*>(q_row + 16 * s + 2 * quad) : 0u;
       q_frag[s][1] =
           row < kGroup ? *reinterpret_cast<const uint32_t*>(q_row + 16 * s + 8 + 2 * quad) : 0u;
     }
   }
 
   const float scale_log2 = params.scale * kLog2e;
-  float row_max = -INFINITY;  // running max of row g's scores (log2 units), same in the quad
-  float row_sum = 0.f;        // this thread's share of row g's sum of exp2(score - row_max)
+  float row_max = -INFINITY;   // running max of row g's scores (log2 units), same in the quad
+  float row_sum = 0.f;         // this thread's share of row g's sum of exp2(score - row_max)
   float out[kHeadDim / 8][4];  // C fragments of P V: [0], [1] = row g, dims 8n + 2q, +1
 #pragma unroll
   for (int n = 0; n < kHeadDim / 8; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.f;
@@ -282,10 +300,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const unsigned char* v_tile = k_tile + Layout::kTileBytes;
     const int warp_key0 = warp * kKeysPerWarp;  // this warp's first key row in the tile
 
-    // S = Q K^T for the warp's 16 keys: n-block j covers keys warp_key0 + 8j .. + 7.
-    float score[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // S = Q K^T for the warp's keys: n-block j covers keys warp_key0 + 8j .. + 7.
+    float score[kScoreBlocks][4];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < kScoreBlocks; ++j) {
+      score[j][0] = score[j][1] = score[j][2] = score[j][3] = 0.f;
       const unsigned char* key_row = k_tile + (warp_key0 + 8 * j + row) * Layout::kRowBytes;
 #pragma unroll
       for (int s = 0; s < kHeadDim / 16; ++s) {
@@ -299,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const int index0 = begin + tile * kTileKeys + warp_key0;  // visible index of key row 0
     float tile_max = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < kScoreBlocks; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int index = index0 + 8 * j + 2 * quad + e;
@@ -320,9 +339,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       out[n][0] *= correction;
       out[n][1] *= correction;
     }
-    float prob[2][2];
+    float prob[kScoreBlocks][2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < kScoreBlocks; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         prob[j][e] = exp2f(score[j][e] - base);
@@ -330,11 +349,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       }
     }
     if (outputs.scores != nullptr && row < kGroup) {  // raw scores for the probabilities output
-      float* score_row = outputs.scores +
-                         (static_cast<size_t>(sequence) * params.num_heads + first_head + row) *
-                             params.max_seq_len;
+      float* score_row =
+          outputs.scores + (static_cast<size_t>(sequence) * params.num_heads + first_head + row) *
+                               params.max_seq_len;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < kScoreBlocks; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int index = index0 + 8 * j + 2 * quad + e;
@@ -343,19 +362,24 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       }
     }
 
-    // O += P V: P as A fragments straight from the score registers (keys 2q.. of n-block 0 are
-    // columns 2q.. of the k-step, n-block 1's are columns 8 + 2q..); V via ldmatrix.trans.
-    const uint32_t p_low = PackBf16x2(prob[0][0], prob[0][1]);
-    const uint32_t p_high = PackBf16x2(prob[1][0], prob[1][1]);
+    // O += P V, one k-step of 16 keys at a time: P as A fragments straight from the score
+    // registers (keys 2q.. of n-block 2k are columns 2q.. of k-step k, n-block 2k+1's are
+    // columns 8 + 2q..); V via ldmatrix.trans.
     const int matrix = lane / 8;
-    const unsigned char* v_row =
-        v_tile + (warp_key0 + (matrix & 1) * 8 + lane % 8) * Layout::kRowBytes + (matrix >> 1) * 16;
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; n += 2) {
-      uint32_t b0, b1, b0_next, b1_next;
-      LdMatrixX4Trans(v_row + n * 16, b0, b1, b0_next, b1_next);
-      MmaRowsBelow8(out[n], p_low, p_high, b0, b1);
-      MmaRowsBelow8(out[n + 1], p_low, p_high, b0_next, b1_next);
+    for (int k = 0; k < kKeySteps; ++k) {
+      const uint32_t p_low = PackBf16x2(prob[2 * k][0], prob[2 * k][1]);
+      const uint32_t p_high = PackBf16x2(prob[2 * k + 1][0], prob[2 * k + 1][1]);
+      const unsigned char* v_row =
+          v_tile + (warp_key0 + 16 * k + (matrix & 1) * 8 + lane % 8) * Layout::kRowBytes +
+          (matrix >> 1) * 16;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; n += 2) {
+        uint32_t b0, b1, b0_next, b1_next;
+        LdMatrixX4Trans(v_row + n * 16, b0, b1, b0_next, b1_next);
+        MmaRowsBelow8(out[n], p_low, p_high, b0, b1);
+        MmaRowsBelow8(out[n + 1], p_low, p_high, b0_next, b1_next);
+      }
     }
   }
   __syncthreads();  // every copy landed and was read: reuse the stages to merge the warps
@@ -363,8 +387,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
   row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
   float* warp_max = reinterpret_cast<float*>(smem);  // [kWarps][8]
-  float* warp_sum = warp_max + kWarps * 8;            // [kWarps][8]
-  float* warp_out = warp_sum + kWarps * 8;            // [kWarps][8][kHeadDim]
+  float* warp_sum = warp_max + kWarps * 8;           // [kWarps][8]
+  float* warp_out = warp_sum + kWarps * 8;           // [kWarps][8][kHeadDim]
   if (row < kGroup) {
     if (quad == 0) {
       warp_max[warp * 8 + row] = row_max;
@@ -403,8 +427,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 // One block per (sequence, head): weights the splits by exp2(lse_s - max) and writes the bf16
 // output, the natural-log LSE and the log2 LSE the probabilities kernel needs.
 template <int kHeadDim>
-__global__ void __launch_bounds__(128) DecodeAttentionMergeKernel(const DecodeAttentionParams params,
-                                                                  const SplitOutputs outputs) {
+__global__ void __launch_bounds__(128)
+    DecodeAttentionMergeKernel(const DecodeAttentionParams params, const SplitOutputs outputs) {
   extern __shared__ float split_weight[];  // [num_splits]
   __shared__ float reduce[32];
   const int sequence = blockIdx.x / params.num_heads;
@@ -413,7 +437,8 @@ __global__ void __launch_bounds__(128) DecodeAttentionMergeKernel(const DecodeAt
   const float* lse = outputs.partial_lse + row * outputs.num_splits;
 
   float local_max = -INFINITY;
-  for (int s = threadIdx.x; s < outputs.num_splits; s += blockDim.x) local_max = fmaxf(local_max, lse[s]);
+  for (int s = threadIdx.x; s < outputs.num_splits; s += blockDim.x)
+    local_max = fmaxf(local_max, lse[s]);
   for (int offset = 16; offset > 0; offset /= 2)
     local_max = fmaxf(local_max, __shfl_xor_sync(0xffffffffu, local_max, offset));
   if (threadIdx.x % 32 == 0) reduce[threadIdx.x / 32] = local_max;
@@ -480,7 +505,9 @@ __global__ void DecodeAttentionProbsKernel(const DecodeAttentionParams params,
 
 // The merge kernel's split weights, padded by 16 bytes: ptxas may widen the loop's last loads
 // into one vector load past the final weight (compute-sanitizer saw 12-byte reads there).
-size_t MergeSharedBytes(int num_splits) { return (static_cast<size_t>(num_splits) + 4) * sizeof(float); }
+size_t MergeSharedBytes(int num_splits) {
+  return (static_cast<size_t>(num_splits) + 4) * sizeof(float);
+}
 
 int MaxSplits(int max_seq_len) { return (max_seq_len + kMinKeysPerSplit - 1) / kMinKeysPerSplit; }
 
@@ -498,8 +525,8 @@ WorkspaceLayout LayoutWorkspace(int batch, int num_heads, int head_dim, int max_
   layout.partial_lse = align(layout.partial_out + rows * splits * head_dim * sizeof(float));
   layout.lse2 = align(layout.partial_lse + rows * splits * sizeof(float));
   layout.scores = align(layout.lse2 + rows * sizeof(float));
-  layout.total = want_probs ? align(layout.scores + rows * max_seq_len * sizeof(float))
-                            : layout.scores;
+  layout.total =
+      want_probs ? align(layout.scores + rows * max_seq_len * sizeof(float)) : layout.scores;
   return layout;
 }
 
@@ -532,12 +559,12 @@ template <int kHeadDim, int kGroup>
 Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout,
               cudaStream_t stream) {
   // The window bounds the keys any sequence attends.
-  const long long window_keys =
-      static_cast<long long>(params.sink_tokens) + params.recent_tokens;
+  const long long window_keys = static_cast<long long>(params.sink_tokens) + params.recent_tokens;
   const int max_visible = static_cast<int>(std::min<long long>(params.max_seq_len, window_keys));
   SplitOutputs outputs;
-  int splits = params.num_splits > 0 ? params.num_splits
-                                     : ChooseSplits(params.batch * params.num_kv_heads, max_visible);
+  int splits = params.num_splits > 0
+                   ? params.num_splits
+                   : ChooseSplits(params.batch * params.num_kv_heads, max_visible);
   splits = std::min(splits, MaxSplits(params.max_seq_len));  // what the workspace holds
   outputs.keys_per_split = (max_visible + splits - 1) / splits;
   outputs.num_splits = (max_visible + outputs.keys_per_split - 1) / outputs.keys_per_split;
@@ -550,9 +577,9 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
                        : nullptr;
 
   constexpr int kSmem = TileLayout<kHeadDim>::kSmemBytes;
-  static const cudaError_t attribute_error = cudaFuncSetAttribute(
-      DecodeAttentionSplitKernel<kHeadDim, kGroup>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      kSmem);
+  static const cudaError_t attribute_error =
+      cudaFuncSetAttribute(DecodeAttentionSplitKernel<kHeadDim, kGroup>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   RUBATO_CUDA_RETURN_IF_ERROR(attribute_error, "raising decode attention's shared memory limit");
 
   const dim3 grid(outputs.num_splits, params.num_kv_heads, params.batch);
@@ -604,7 +631,8 @@ Status Validate(const DecodeAttentionParams& p) {
   if (!std::isfinite(p.scale)) return invalid("scale is not finite");
   if (!Aligned16(p.q) || !Aligned16(p.key_pool) || !Aligned16(p.value_pool) ||
       p.q_row_stride % 8 != 0) {
-    return invalid("q, key_pool and value_pool must be 16-byte aligned, q_row_stride a multiple of 8");
+    return invalid(
+        "q, key_pool and value_pool must be 16-byte aligned, q_row_stride a multiple of 8");
   }
   if (p.q_row_stride < static_cast<int64_t>(p.num_heads) * p.head_dim ||
       p.out_row_stride < static_cast<int64_t>(p.num_heads) * p.head_dim) {
@@ -638,9 +666,8 @@ Status DecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream)
         LayoutWorkspace(params.batch, params.num_heads, kHeadDim, params.max_seq_len,
                         params.kv_head_probs != nullptr);
     const int group = params.num_heads / params.num_kv_heads;
-    RUBATO_DISPATCH_GQA_GROUP(group, kGroup, {
-      return Launch<kHeadDim, kGroup>(params, layout, stream);
-    });
+    RUBATO_DISPATCH_GQA_GROUP(group, kGroup,
+                              { return Launch<kHeadDim, kGroup>(params, layout, stream); });
   });
 }
 

@@ -25,6 +25,14 @@ namespace {
 namespace fs = std::filesystem;
 using namespace cuda_model_test;
 
+// The golden checkpoints are random-weight models whose logits rows are nearly flat (max|logit|
+// ~4.6 over 832-1024 entries), so bf16's per-rounding 2^-9 error compounds into a larger
+// relative error than on the shapes of cuda_model_test.cc: measured on an H200, worst row
+// 0.018-0.0255 over 238 prefill and 32 decode rows (identical against the CPU model and against
+// transformers, whose fp32 logits agree to 2e-6). 3e-2 keeps ~15 % headroom; the argmax check
+// still applies wherever the reference's top-2 margin is clear.
+constexpr double kGoldenRowRelL2 = 3e-2;
+
 struct GoldenCase {
   const char* name;
   const char* model_dir;
@@ -83,8 +91,10 @@ TEST_P(CudaGoldenTest, MatchesTransformersAndCpuModel) {
   KvSequence cpu_seq, cuda_seq;
   std::vector<float> cpu_rows = FeedAll(**cpu, *cpu_cache, cpu_seq, prompt, 0, 37);
   std::vector<float> cuda_rows = FeedAll(**cuda, *cuda_cache, cuda_seq, prompt, 0, 37);
-  ExpectRowsClose(std::string(c.name) + " prefill vs CPU", cuda_rows, cpu_rows, vocab);
-  ExpectRowsClose(std::string(c.name) + " prefill vs transformers", cuda_rows, ref_prefill, vocab);
+  ExpectRowsClose(std::string(c.name) + " prefill vs CPU", cuda_rows, cpu_rows, vocab,
+                  kGoldenRowRelL2);
+  ExpectRowsClose(std::string(c.name) + " prefill vs transformers", cuda_rows, ref_prefill, vocab,
+                  kGoldenRowRelL2);
 
   // Decode row 0 is the last prompt position; row s the logits after feeding decode_ids[s - 1].
   std::vector<float> cpu_decode(cpu_rows.end() - vocab, cpu_rows.end());
@@ -104,8 +114,10 @@ TEST_P(CudaGoldenTest, MatchesTransformersAndCpuModel) {
     cuda_decode.insert(cuda_decode.end(), cuda_row.begin(), cuda_row.end());
     EXPECT_EQ(cuda_result.sampled_tokens[0], ArgMax(cuda_row)) << "step " << s;
   }
-  ExpectRowsClose(std::string(c.name) + " decode vs CPU", cuda_decode, cpu_decode, vocab);
-  ExpectRowsClose(std::string(c.name) + " decode vs transformers", cuda_decode, ref_decode, vocab);
+  ExpectRowsClose(std::string(c.name) + " decode vs CPU", cuda_decode, cpu_decode, vocab,
+                  kGoldenRowRelL2);
+  ExpectRowsClose(std::string(c.name) + " decode vs transformers", cuda_decode, ref_decode, vocab,
+                  kGoldenRowRelL2);
   double max_abs = 0, worst = 0;
   for (float v : ref_prefill) max_abs = std::max(max_abs, double(std::fabs(v)));
   worst = std::max(MaxAbsDiff(cuda_rows, ref_prefill), MaxAbsDiff(cuda_decode, ref_decode));
