@@ -54,7 +54,8 @@ void RunCase(const DecodeCase& c) {
   // Physical blocks: every sequence's blocks, shuffled so that no table is in order.
   std::vector<int32_t> block_tables(static_cast<size_t>(batch) * stride, 0);
   int num_blocks = 0;
-  for (int b = 0; b < batch; ++b) num_blocks += (c.seq_lens[b] + c.block_tokens - 1) / c.block_tokens;
+  for (int b = 0; b < batch; ++b)
+    num_blocks += (c.seq_lens[b] + c.block_tokens - 1) / c.block_tokens;
   std::vector<int32_t> physical(num_blocks);
   std::iota(physical.begin(), physical.end(), 0);
   std::shuffle(physical.begin(), physical.end(), rng);
@@ -66,11 +67,27 @@ void RunCase(const DecodeCase& c) {
   }
   const size_t pool_elements =
       static_cast<size_t>(num_blocks) * c.num_kv_heads * c.block_tokens * c.head_dim;
-  const std::vector<float> keys = gpu_test::RandomBf16Values(rng, pool_elements);
-  const std::vector<float> values = gpu_test::RandomBf16Values(rng, pool_elements);
+  std::vector<float> keys = gpu_test::RandomBf16Values(rng, pool_elements);
+  std::vector<float> values = gpu_test::RandomBf16Values(rng, pool_elements);
+  // Slots past each sequence's end in its last block hold NaN: a kernel that read them (or let
+  // them into P V) would fail; the CPU twin never reads them.
+  for (int b = 0; b < batch; ++b) {
+    const int len = c.seq_lens[b];
+    const int last = (len - 1) / c.block_tokens;
+    const int block = block_tables[static_cast<size_t>(b) * stride + last];
+    for (int position = len; position < (last + 1) * c.block_tokens; ++position) {
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        const size_t at = ((static_cast<size_t>(block) * c.num_kv_heads + h) * c.block_tokens +
+                           position % c.block_tokens) *
+                          c.head_dim;
+        std::fill_n(keys.begin() + at, c.head_dim, NAN);
+        std::fill_n(values.begin() + at, c.head_dim, NAN);
+      }
+    }
+  }
   // Queries in [-2, 2]: peakier softmaxes than [-1, 1] exercise the running max.
-  const std::vector<float> queries =
-      gpu_test::RandomBf16Values(rng, static_cast<size_t>(batch) * num_heads * c.head_dim, -2.f, 2.f);
+  const std::vector<float> queries = gpu_test::RandomBf16Values(
+      rng, static_cast<size_t>(batch) * num_heads * c.head_dim, -2.f, 2.f);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
 
   auto d_keys = UploadBf16(keys);
@@ -156,7 +173,8 @@ void RunCase(const DecodeCase& c) {
           std::span<const float>(ref_lse), 2e-3, 1e-4));
       std::vector<float> got_probs;
       for (int h = 0; h < c.num_kv_heads; ++h) {
-        const float* row = probs.data() + (static_cast<size_t>(b) * c.num_kv_heads + h) * max_seq_len;
+        const float* row =
+            probs.data() + (static_cast<size_t>(b) * c.num_kv_heads + h) * max_seq_len;
         got_probs.insert(got_probs.end(), row, row + c.seq_lens[b]);
       }
       EXPECT_TRUE(AllClose<float>("probs", got_probs, ref_probs, 1e-7, 2e-3));
@@ -188,6 +206,8 @@ TEST(DecodeAttentionOp, Batch17MixedLengthsQwen3Heads) {
   c.num_kv_heads = 8;
   c.group = 4;
   c.block_tokens = 64;
+  RunCase(c);
+  c.block_tokens = 16;
   RunCase(c);
 }
 
