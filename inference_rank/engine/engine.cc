@@ -190,6 +190,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
 
   batch_.clear();
   batch_requests_.clear();
+  rng_before_step_.clear();
   // Sized before any entry points into it: no reallocation while the batch is built.
   batch_sampling_.resize(running_.size());
   int prefill_budget = options_.prefill_chunk;
@@ -209,6 +210,10 @@ Result<std::vector<TokenEvent>> Engine::Step() {
                                     request.kv.num_tokens, LogitsWanted::kLast});
     }
     if (batch_.back().logits != LogitsWanted::kNone) {
+      // A failed forward gives the draw back, so that a retried step samples the same tokens.
+      if (request.params.sampling.temperature > 0.0f) {
+        rng_before_step_.emplace_back(&request, request.rng);
+      }
       TokenSampling& sampling = batch_sampling_[batch_.size() - 1];
       sampling = NextSampling(request);
       batch_.back().sampling = &sampling;
@@ -218,7 +223,10 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   if (batch_.empty()) return events;
 
   Status forward = model_->Forward(batch_, *kv_cache_, forward_result_, options_.attention_window);
-  if (!forward.ok()) return forward.WithContext("engine step");
+  if (!forward.ok()) {
+    for (auto& [request, rng] : rng_before_step_) request->rng = rng;
+    return forward.WithContext("engine step");
+  }
   if (forward_result_.sampled_tokens.size() != batch_.size()) {
     return InternalError("engine step: the " + std::string(model_->backend_name()) +
                          " model returned " +

@@ -32,6 +32,7 @@
 #include <deque>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -147,7 +148,10 @@ class Engine {
 
   // Per-step state reused across steps.
   std::vector<ForwardEntry> batch_;
-  std::vector<Request*> batch_requests_;       // [batch entries]
+  std::vector<Request*> batch_requests_;  // [batch entries]
+  // RNG states of the batch's sampling requests before this step drew from them, restored when
+  // the forward fails (one draw per sampled token, never per attempt).
+  std::vector<std::pair<Request*, std::mt19937_64>> rng_before_step_;
   std::vector<TokenSampling> batch_sampling_;  // [batch entries]; what entries' sampling points to
   ForwardResult forward_result_;
 };

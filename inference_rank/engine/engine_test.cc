@@ -258,6 +258,58 @@ TEST_F(EngineTest, SameSeedSameTokensDifferentSeedDifferentTokens) {
   EXPECT_NE(run(7), run(8));
 }
 
+// A model that fails every `period`-th forward before touching anything, then behaves.
+class FlakyModel : public Model {
+ public:
+  FlakyModel(std::unique_ptr<Model> inner, int period)
+      : inner_(std::move(inner)), period_(period) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  std::string_view backend_name() const override { return inner_->backend_name(); }
+  size_t weight_bytes() const override { return inner_->weight_bytes(); }
+  Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override {
+    return inner_->CreateKvCache(block_tokens, num_blocks);
+  }
+  Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache, ForwardResult& result,
+                 const AttentionWindow& window) override {
+    if (++calls_ % period_ == 0) return UnavailableError("flaky model: injected failure");
+    return inner_->Forward(batch, cache, result, window);
+  }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  int period_;
+  int calls_ = 0;
+};
+
+TEST_F(EngineTest, FailedStepGivesBackTheDrawsSoARetrySamplesTheSameTokens) {
+  const std::vector<GenerationRequest> requests =
+      MixedRequests(SamplingParams{0.9f, 20, 0.95f, 11});
+  auto reference_engine = NewEngine(EngineOptions{});
+  std::vector<uint64_t> ids;
+  for (const auto& r : requests) ids.push_back(*reference_engine->Submit(r));
+  std::map<uint64_t, Output> reference = RunToCompletion(*reference_engine);
+
+  auto model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/4);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto engine =
+      Engine::Create(std::make_unique<FlakyModel>(std::move(model).value(), 3), EngineOptions{});
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  for (const auto& r : requests) ASSERT_TRUE((*engine)->Submit(r).ok());
+  std::map<uint64_t, Output> outputs;
+  int failures = 0;
+  for (int step = 0; (*engine)->HasWork() && step < 10000; ++step) {
+    auto events = (*engine)->Step();
+    if (!events.ok()) {  // the injected failure: retry the step
+      EXPECT_NE(events.status().message().find("injected"), std::string::npos);
+      ++failures;
+      continue;
+    }
+    for (const TokenEvent& event : *events) outputs[event.request_id].tokens.push_back(event.token);
+  }
+  EXPECT_GT(failures, 3);
+  for (uint64_t id : ids) EXPECT_EQ(outputs[id].tokens, reference[id].tokens) << "request " << id;
+}
+
 TEST_F(EngineTest, SubmitValidatesRequests) {
   EngineOptions options;
   options.max_context = 64;

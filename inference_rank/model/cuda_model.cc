@@ -249,12 +249,14 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
         "not on the GPU");
   }
   RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
-  RUBATO_RETURN_IF_ERROR(ReserveForwardBlocks(batch, cache));
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
 
+  // Buffers first, blocks second: a failed allocation must leave every sequence's blocks as
+  // they were (all or nothing, model.h). The plan reads positions, not block tables.
   const KvCacheShape& shape = cache.shape();
   PlanForward(batch, shape, plan_);
   RUBATO_RETURN_IF_ERROR(EnsureCapacity(plan_));
+  RUBATO_RETURN_IF_ERROR(ReserveForwardBlocks(batch, cache));
   FillStepInputs(batch, shape, plan_, input_layout_, staging_.data());
 
   // Everything below is asynchronous on stream_ up to the one synchronization; whatever fails

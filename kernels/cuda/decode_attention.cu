@@ -530,17 +530,15 @@ WorkspaceLayout LayoutWorkspace(int batch, int num_heads, int head_dim, int max_
   return layout;
 }
 
+// Multiprocessors of the current device: sizes the split count, never correctness.
 int MultiprocessorCount() {
-  static const int count = [] {
-    int device = 0, value = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      return 132;  // H100 SXM / H200: only sizes the split count, never correctness
-    }
-    return value;
-  }();
-  return count;
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 132;  // H100 SXM / H200
+  }
+  return value;
 }
 
 // Splits per sequence: as many as keep every block resident for the whole launch (one wave of
@@ -577,10 +575,12 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
                        : nullptr;
 
   constexpr int kSmem = TileLayout<kHeadDim>::kSmemBytes;
-  static const cudaError_t attribute_error =
+  // The opt-in is per device, so it is made on every launch (a cheap host call, allowed while a
+  // graph is being captured).
+  RUBATO_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(DecodeAttentionSplitKernel<kHeadDim, kGroup>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  RUBATO_CUDA_RETURN_IF_ERROR(attribute_error, "raising decode attention's shared memory limit");
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+      "raising decode attention's shared memory limit");
 
   const dim3 grid(outputs.num_splits, params.num_kv_heads, params.batch);
   DecodeAttentionSplitKernel<kHeadDim, kGroup><<<grid, kThreads, kSmem, stream>>>(params, outputs);

@@ -32,6 +32,9 @@ using namespace cuda_model_test;
 // transformers, whose fp32 logits agree to 2e-6). 3e-2 keeps ~15 % headroom; the argmax check
 // still applies wherever the reference's top-2 margin is clear.
 constexpr double kGoldenRowRelL2 = 3e-2;
+// Per logit: |cuda - transformers| <= 0.05 x max|logit| (bf16 is ~2^-8 relative per rounding;
+// see the measured values where it is checked).
+constexpr double kGoldenMaxAbsError = 0.05;
 
 struct GoldenCase {
   const char* name;
@@ -125,6 +128,9 @@ TEST_P(CudaGoldenTest, MatchesTransformersAndCpuModel) {
       "[golden] %s (CUDA, bf16): max|logit| %.3f, max|dlogit| vs transformers %.3g = "
       "%.3g x max|logit|\n",
       c.name, max_abs, worst, worst / max_abs);
+  // Every logit too, not only every row: one bad logit could hide in a good row's L2 error.
+  // Measured on an H200: 0.0175 (tiny-qwen3) and 0.0216 (tiny-llama3) x max|logit|.
+  EXPECT_LE(worst, kGoldenMaxAbsError * max_abs) << c.name << ": worst logit error vs transformers";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaGoldenTest, ::testing::ValuesIn(kGoldenCases),
