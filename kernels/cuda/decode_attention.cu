@@ -28,6 +28,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/dispatch.cuh"
+#include "kernels/cuda/launch_checks.h"
 
 namespace rubato::cuda {
 namespace {
@@ -600,8 +601,6 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
   }
   return Status::Ok();
 }
-
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 Status Validate(const DecodeAttentionParams& p) {
   auto invalid = [](const std::string& what) {

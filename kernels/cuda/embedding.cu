@@ -10,6 +10,7 @@
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/launch_checks.h"
 
 namespace rubato::cuda {
 namespace {
@@ -64,8 +65,6 @@ Status EmbeddingLookup(const EmbeddingParams& params, cudaStream_t stream) {
 // ---- validation ------------------------------------------------------------------------------
 
 namespace {
-
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 Status ValidateEmbeddingParams(const EmbeddingParams& p) {
   const std::string op = "CUDA EmbeddingLookup: ";

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/kv_append.cuh"
+#include "kernels/cuda/launch_checks.h"
 
 namespace rubato::cuda {
 namespace {
@@ -64,8 +65,6 @@ Status AppendToPagedKv(const KvAppendParams& params, cudaStream_t stream) {
 // ---- validation ------------------------------------------------------------------------------
 
 namespace {
-
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 Status ValidateKvAppendParams(const KvAppendParams& p) {
   const std::string op = "CUDA AppendToPagedKv: ";

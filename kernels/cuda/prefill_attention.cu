@@ -27,6 +27,7 @@
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/dispatch.cuh"
+#include "kernels/cuda/launch_checks.h"
 #include "kernels/cuda/prefill_attention.cuh"
 
 namespace rubato::cuda {
@@ -407,8 +408,6 @@ namespace {
 Status Invalid(const std::string& message) {
   return InvalidArgumentError("prefill_attention: " + message);
 }
-
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 Status ValidatePrefillAttention(const PrefillAttentionParams& p) {
   // Shapes first (the grid's y and z dimensions hold at most 65535).

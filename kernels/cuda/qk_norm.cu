@@ -12,6 +12,7 @@
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/dispatch.cuh"
+#include "kernels/cuda/launch_checks.h"
 #include "kernels/cuda/qk_norm.cuh"
 
 namespace rubato::cuda {
@@ -86,8 +87,6 @@ Status HeadRmsNormInPlace(const HeadRmsNormParams& params, cudaStream_t stream) 
 // ---- validation ------------------------------------------------------------------------------
 
 namespace {
-
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 Status ValidateHeadRmsNormParams(const HeadRmsNormParams& p) {
   const std::string op = "CUDA HeadRmsNormInPlace: ";

@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch_checks.h"
 #include "kernels/cuda/rmsnorm.cuh"
 
 namespace rubato::cuda {
@@ -135,8 +136,6 @@ Status RmsNorm(const RmsNormParams& params, cudaStream_t stream) {
 // ---- validation ------------------------------------------------------------------------------
 
 namespace {
-
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 Status ValidateRmsNormParams(const RmsNormParams& p) {
   const std::string op = "CUDA RmsNorm: ";

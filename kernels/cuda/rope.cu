@@ -13,6 +13,7 @@
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/dispatch.cuh"
+#include "kernels/cuda/launch_checks.h"
 #include "kernels/cuda/rope.cuh"
 
 namespace rubato::cuda {
@@ -97,8 +98,6 @@ Status ApplyRope(const RopeParams& params, cudaStream_t stream) {
 // ---- validation ------------------------------------------------------------------------------
 
 namespace {
-
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 Status ValidateRopeParams(const RopeParams& p) {
   const std::string op = "CUDA ApplyRope: ";

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch_checks.h"
 #include "kernels/cuda/swiglu.cuh"
 
 namespace rubato::cuda {
@@ -62,8 +63,6 @@ Status SwiGlu(const SwiGluParams& params, cudaStream_t stream) {
 // ---- validation ------------------------------------------------------------------------------
 
 namespace {
-
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 Status ValidateSwiGluParams(const SwiGluParams& p) {
   const std::string op = "CUDA SwiGlu: ";
