@@ -157,9 +157,16 @@ Result<std::unique_ptr<PagedKvCache>> CudaModel::CreateKvCache(int block_tokens,
 // ---- forward (host side) ------------------------------------------------------------------------
 
 Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
-  bool moved = false;
+  // Captured graphs point into these buffers: they are dropped before the first buffer is freed,
+  // so that no failure on the way can leave a graph that replays into freed memory.
+  bool graphs_dropped = false;
+  auto drop_graphs = [&] {
+    if (!graphs_dropped) graphs_.Clear();
+    graphs_dropped = true;
+  };
   const StepInputCapacity need = plan.Needs();
   if (!input_capacity_.Covers(need)) {
+    drop_graphs();
     const StepInputCapacity grown = input_capacity_.GrownToCover(need);
     const StepInputLayout layout = StepInputLayout::For(grown);
     input_capacity_ = StepInputCapacity();
@@ -168,7 +175,6 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
     RUBATO_RETURN_IF_ERROR(Reallocate(step_inputs_, layout.bytes, "the step inputs"));
     input_capacity_ = grown;
     input_layout_ = layout;
-    moved = true;
   }
 
   const size_t hidden = static_cast<size_t>(config_.hidden_size);
@@ -176,6 +182,10 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
   const size_t qkv_dim = q_dim + 2 * static_cast<size_t>(config_.kv_dim());
   const size_t intermediate = static_cast<size_t>(config_.intermediate_size);
   if (plan.tokens > activation_rows_) {
+    drop_graphs();
+    // Powers of two, never shrunk: few reallocations (each drops the graphs), at the price of up
+    // to twice the largest batch's rows (a 8208-token chunk of Qwen3-8B: 16384 rows, ~0.8 GB of
+    // gate_up alone), allocated on first need, after the KV pools.
     const int rows = RoundUpPow2(plan.tokens);
     const size_t r = static_cast<size_t>(rows);
     const std::string what = " activations of " + std::to_string(rows) + " rows";
@@ -188,9 +198,9 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
     RUBATO_RETURN_IF_ERROR(Reallocate(gate_up_, r * 2 * intermediate, "gate_up" + what));
     RUBATO_RETURN_IF_ERROR(Reallocate(mlp_act_, r * intermediate, "SwiGLU" + what));
     activation_rows_ = rows;
-    moved = true;
   }
   if (plan.logit_rows() > logit_capacity_) {
+    drop_graphs();
     const int rows = RoundUpPow2(plan.logit_rows());
     const size_t r = static_cast<size_t>(rows);
     logit_capacity_ = 0;
@@ -199,9 +209,9 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
     RUBATO_RETURN_IF_ERROR(Reallocate(logits_, r * static_cast<size_t>(config_.vocab_size),
                                       "logits of " + std::to_string(rows) + " rows"));
     logit_capacity_ = rows;
-    moved = true;
   }
   if (plan.sample_rows > sample_capacity_) {
+    drop_graphs();
     const int rows = RoundUpPow2(plan.sample_rows);
     sample_capacity_ = 0;
     RUBATO_RETURN_IF_ERROR(Reallocate(sampled_, static_cast<size_t>(rows), "sampled tokens"));
@@ -209,28 +219,26 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
     RUBATO_ASSIGN_OR_RETURN(sampled_host_,
                             PinnedBuffer::Allocate(sizeof(int32_t) * rows, "sampled tokens"));
     sample_capacity_ = rows;
-    moved = true;
   }
   if (plan.decode_rows > 0) {
     const size_t bytes =
         cuda::DecodeAttentionWorkspaceBytes(plan.decode_rows, config_.num_heads, config_.head_dim,
                                             plan.decode_max_seq_len, /*want_probs=*/false);
     if (bytes > decode_workspace_.size()) {
+      drop_graphs();
       // A power of two: growing contexts change the bucket every few thousand steps, and each
       // reallocation drops the captured graphs.
       RUBATO_RETURN_IF_ERROR(
           Reallocate(decode_workspace_, std::bit_ceil(bytes), "decode attention workspace"));
-      moved = true;
     }
   }
   if (plan.sample_rows > 0) {
     const size_t bytes = cuda::SampleWorkspaceBytes(plan.sample_rows, config_.vocab_size);
     if (bytes > sample_workspace_.size()) {
+      drop_graphs();
       RUBATO_RETURN_IF_ERROR(Reallocate(sample_workspace_, bytes, "sampling workspace"));
-      moved = true;
     }
   }
-  if (moved) graphs_.Clear();
   return Status::Ok();
 }
 
