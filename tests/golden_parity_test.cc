@@ -19,6 +19,7 @@
 #include "common/text_file.h"
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/model/cpu_model.h"
+#include "tests/golden_reference.h"
 
 namespace rubato {
 namespace {
@@ -41,21 +42,6 @@ void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.name; }
 constexpr int kPrefillChunk = 37;
 constexpr double kRelativeTolerance = 1e-3;
 
-std::string ReadBytes(const fs::path& path) {
-  Result<std::string> bytes = ReadTextFile(path);
-  EXPECT_TRUE(bytes.ok()) << bytes.status().message();
-  return bytes.ok() ? *bytes : std::string();
-}
-
-// [rows][vocab] little-endian f32.
-std::vector<float> ReadF32(const fs::path& path, size_t expected_count) {
-  const std::string bytes = ReadBytes(path);
-  std::vector<float> values(bytes.size() / sizeof(float));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
-  EXPECT_EQ(values.size(), expected_count) << path;
-  return values;
-}
-
 int Argmax(std::span<const float> row) {
   return static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin());
 }
@@ -71,11 +57,11 @@ class GoldenParityTest : public ::testing::TestWithParam<GoldenCase> {};
 
 TEST_P(GoldenParityTest, MatchesTransformers) {
   const GoldenCase& c = GetParam();
-  const fs::path golden = fs::path("tests/data/golden") / c.name;
-  const nlohmann::json meta = nlohmann::json::parse(ReadBytes(golden / "meta.json"));
-  const std::vector<int> prompt_ids = meta["prompt_ids"].get<std::vector<int>>();
-  const std::vector<int> decode_ids = meta["decode_ids"].get<std::vector<int>>();
-  const int vocab = meta["vocab_size"].get<int>();
+  const golden::GoldenReference ref = golden::LoadGoldenReference(c.name);
+  const nlohmann::json& meta = ref.meta;
+  const std::vector<int>& prompt_ids = ref.prompt_ids;
+  const std::vector<int>& decode_ids = ref.decode_ids;
+  const int vocab = ref.vocab;
   const int prompt_len = static_cast<int>(prompt_ids.size());
   const int decode_steps = static_cast<int>(decode_ids.size());
   ASSERT_GE(prompt_len, 100);
@@ -87,10 +73,8 @@ TEST_P(GoldenParityTest, MatchesTransformers) {
   EXPECT_EQ((*tokenizer)->Encode(meta["prompt"].get<std::string>()), prompt_ids);
   EXPECT_EQ((*tokenizer)->Decode(decode_ids), meta["decode_text"].get<std::string>());
 
-  const std::vector<float> ref_prefill =
-      ReadF32(golden / "prefill_logits.f32", size_t(prompt_len) * vocab);
-  const std::vector<float> ref_decode =
-      ReadF32(golden / "decode_logits.f32", size_t(decode_steps) * vocab);
+  const std::vector<float>& ref_prefill = ref.prefill_logits;
+  const std::vector<float>& ref_decode = ref.decode_logits;
   double max_abs_logit = 0;
   for (float v : ref_prefill) max_abs_logit = std::max(max_abs_logit, double(std::fabs(v)));
   for (float v : ref_decode) max_abs_logit = std::max(max_abs_logit, double(std::fabs(v)));
@@ -145,10 +129,11 @@ TEST_P(GoldenParityTest, MatchesTransformers) {
   }
   EXPECT_EQ(tokens, decode_ids) << c.name << ": greedy tokens differ from transformers";
 
-  std::printf("[golden] %s: prompt %d tokens (chunks of %d), max|logit| %.3f, max|dlogit| "
-              "prefill %.3g decode %.3g = %.3g x max|logit| (limit 1e-3)\n",
-              c.name, prompt_len, kPrefillChunk, max_abs_logit, prefill_error, decode_error,
-              std::max(prefill_error, decode_error) / max_abs_logit);
+  std::printf(
+      "[golden] %s: prompt %d tokens (chunks of %d), max|logit| %.3f, max|dlogit| "
+      "prefill %.3g decode %.3g = %.3g x max|logit| (limit 1e-3)\n",
+      c.name, prompt_len, kPrefillChunk, max_abs_logit, prefill_error, decode_error,
+      std::max(prefill_error, decode_error) / max_abs_logit);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GoldenParityTest, ::testing::ValuesIn(kCases),

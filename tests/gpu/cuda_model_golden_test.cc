@@ -16,6 +16,7 @@
 #include "common/text_file.h"
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/engine/engine.h"
+#include "tests/golden_reference.h"
 #include "tests/gpu/cuda_model_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -48,37 +49,20 @@ const GoldenCase kGoldenCases[] = {
     {"tiny-llama3-random", "tests/data/models/tiny-llama3-random"},  // f16, sharded, llama3 RoPE
 };
 
-std::string ReadBytes(const fs::path& path) {
-  Result<std::string> bytes = ReadTextFile(path);
-  EXPECT_TRUE(bytes.ok()) << bytes.status().message();
-  return bytes.ok() ? *bytes : std::string();
-}
-
-std::vector<float> ReadF32(const fs::path& path, size_t expected_count) {
-  const std::string bytes = ReadBytes(path);
-  std::vector<float> values(bytes.size() / sizeof(float));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
-  EXPECT_EQ(values.size(), expected_count) << path;
-  return values;
-}
-
 class CudaGoldenTest : public ::testing::TestWithParam<GoldenCase> {};
 
 // The prompt in chunks of 37 (kAll), then the 32 reference decode tokens fed back one at a time
 // (teacher forcing, so the rows stay comparable even where a near-tie flips an argmax).
 TEST_P(CudaGoldenTest, MatchesTransformersAndCpuModel) {
   const GoldenCase& c = GetParam();
-  const fs::path golden = fs::path("tests/data/golden") / c.name;
-  const nlohmann::json meta = nlohmann::json::parse(ReadBytes(golden / "meta.json"));
-  const std::vector<int> prompt = meta["prompt_ids"].get<std::vector<int>>();
-  const std::vector<int> decode_ids = meta["decode_ids"].get<std::vector<int>>();
-  const int vocab = meta["vocab_size"].get<int>();
+  const golden::GoldenReference ref = golden::LoadGoldenReference(c.name);
+  const std::vector<int>& prompt = ref.prompt_ids;
+  const std::vector<int>& decode_ids = ref.decode_ids;
+  const int vocab = ref.vocab;
   const int prompt_len = static_cast<int>(prompt.size());
   const int steps = static_cast<int>(decode_ids.size());
-  const std::vector<float> ref_prefill =
-      ReadF32(golden / "prefill_logits.f32", size_t(prompt_len) * vocab);
-  const std::vector<float> ref_decode =
-      ReadF32(golden / "decode_logits.f32", size_t(steps) * vocab);
+  const std::vector<float>& ref_prefill = ref.prefill_logits;
+  const std::vector<float>& ref_decode = ref.decode_logits;
 
   auto cpu = CpuModel::Load(c.model_dir, {});
   ASSERT_STATUS_OK(cpu.status());
