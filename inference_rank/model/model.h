@@ -112,6 +112,12 @@ class Model {
   // logits (greedy: ArgMax; else SampleTokenWithUniform with sampling->uniform). A backend may
   // leave such an entry's logits empty (entry_row_count 0) when it asked for kLast: the CUDA
   // model samples on the device and copies only the token back. kAll always returns logits.
+  //
+  // Validation, allocation and block reservation errors leave every sequence as it was. An
+  // error after device work started (a failed launch or copy; CUDA only) may have written some
+  // layers' K/V of the batch's new positions: num_tokens is not advanced, so appended positions
+  // are simply rewritten by a retry, but an entry that rewinds (start_position < num_tokens)
+  // has lost the overwritten positions and its sequence should be dropped.
   virtual Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache,
                          ForwardResult& result,
                          const AttentionWindow& window = AttentionWindow()) = 0;
