@@ -34,6 +34,8 @@
 namespace rubato::gpu_test {
 namespace {
 
+using gpu_test::FailsWith;
+
 using cuda::DeviceBuffer;
 
 // Tolerances of a bf16 output against the fp32 CPU twin: the final rounding to bf16 is at most
@@ -63,18 +65,6 @@ std::vector<float> GatherHeads(const std::vector<float>& rows, int tokens, int64
     out.insert(out.end(), begin, begin + static_cast<int64_t>(heads) * head_dim);
   }
   return out;
-}
-
-::testing::AssertionResult FailsWith(const Status& status, StatusCode code,
-                                     std::string_view needle) {
-  if (status.ok()) return ::testing::AssertionFailure() << "accepted; expected '" << needle << "'";
-  if (status.code() != code || status.message().find(needle) == std::string::npos) {
-    // (status.h declares StatusCodeName but nothing defines it: print the enum values.)
-    return ::testing::AssertionFailure()
-           << "got '" << status.message() << "' (code " << static_cast<int>(status.code())
-           << "), expected '" << needle << "' (code " << static_cast<int>(code) << ")";
-  }
-  return ::testing::AssertionSuccess() << status.message();
 }
 
 class ElementwiseOpTest : public ::testing::Test {

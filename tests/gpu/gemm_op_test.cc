@@ -22,6 +22,8 @@
 namespace rubato::gpu_test {
 namespace {
 
+using gpu_test::FailsWith;
+
 using cuda::CublasLtGemm;
 using cuda::DeviceBuffer;
 using cuda::LinearArgs;
@@ -63,17 +65,6 @@ std::string Label(const Problem& p, bool bias, DType y_dtype) {
   return "linear rows=" + std::to_string(p.rows) + " in=" + std::to_string(p.in) +
          " out=" + std::to_string(p.out) + (bias ? " +bias" : "") + " " +
          std::string(DTypeName(y_dtype));
-}
-
-::testing::AssertionResult FailsWith(const Status& status, StatusCode code,
-                                     std::string_view needle) {
-  if (status.ok()) return ::testing::AssertionFailure() << "accepted; expected '" << needle << "'";
-  if (status.code() != code || status.message().find(needle) == std::string::npos) {
-    return ::testing::AssertionFailure()
-           << "got '" << status.message() << "' (code " << static_cast<int>(status.code())
-           << "), expected '" << needle << "' (code " << static_cast<int>(code) << ")";
-  }
-  return ::testing::AssertionSuccess() << status.message();
 }
 
 class GemmOpTest : public ::testing::Test {

@@ -13,15 +13,18 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/status.h"
 #include "kernels/cpu/all_close_for_test.h"
 #include "kernels/cuda/device_buffer.h"
 
 namespace rubato::gpu_test {
 
-#define ASSERT_CUDA_OK(expr) ASSERT_EQ(cudaSuccess, (expr)) << cudaGetErrorString(cudaGetLastError())
+#define ASSERT_CUDA_OK(expr) \
+  ASSERT_EQ(cudaSuccess, (expr)) << cudaGetErrorString(cudaGetLastError())
 #define ASSERT_STATUS_OK(expr)            \
   do {                                    \
     const ::rubato::Status s_ = (expr);   \
@@ -101,8 +104,8 @@ template <typename T>
 std::vector<T> Download(const cuda::DeviceBuffer<T>& buffer) {
   std::vector<T> host(buffer.size());
   EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize()) << cudaGetErrorString(cudaGetLastError());
-  EXPECT_EQ(cudaSuccess, cudaMemcpy(host.data(), buffer.data(), buffer.bytes(),
-                                    cudaMemcpyDeviceToHost));
+  EXPECT_EQ(cudaSuccess,
+            cudaMemcpy(host.data(), buffer.data(), buffer.bytes(), cudaMemcpyDeviceToHost));
   return host;
 }
 
@@ -115,8 +118,8 @@ inline ::testing::AssertionResult RelativeL2Below(const std::string& what,
                                                   std::span<const float> actual,
                                                   std::span<const float> expected, double bound) {
   if (actual.size() != expected.size()) {
-    return ::testing::AssertionFailure() << what << ": size " << actual.size() << " vs "
-                                         << expected.size();
+    return ::testing::AssertionFailure()
+           << what << ": size " << actual.size() << " vs " << expected.size();
   }
   double diff = 0.0, norm = 0.0;
   for (size_t i = 0; i < actual.size(); ++i) {
@@ -127,8 +130,8 @@ inline ::testing::AssertionResult RelativeL2Below(const std::string& what,
   const double relative = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
   std::cout << "[ rel L2    ] " << what << ": " << relative << "\n";
   if (relative <= bound) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": relative L2 error " << relative << " > "
-                                       << bound;
+  return ::testing::AssertionFailure()
+         << what << ": relative L2 error " << relative << " > " << bound;
 }
 
 // Both checks of DESIGN §7 at once (the bf16 defaults: rel L2 1e-2).
@@ -138,6 +141,19 @@ inline ::testing::AssertionResult Bf16Close(const std::string& what, std::span<c
   auto elementwise = AllClose<float>(what, actual, expected, atol, rtol);
   if (!elementwise) return elementwise;
   return RelativeL2Below(what, actual, expected, rel_l2);
+}
+
+// `status` is an error of `code` whose message contains `needle` (the launchers' validation
+// names the field at fault); the message is printed either way.
+inline ::testing::AssertionResult FailsWith(const Status& status, StatusCode code,
+                                            std::string_view needle) {
+  if (status.ok()) return ::testing::AssertionFailure() << "accepted; expected '" << needle << "'";
+  if (status.code() != code || status.message().find(needle) == std::string::npos) {
+    return ::testing::AssertionFailure()
+           << "got '" << status.message() << "' (" << StatusCodeName(status.code())
+           << "), expected '" << needle << "' (" << StatusCodeName(code) << ")";
+  }
+  return ::testing::AssertionSuccess() << status.message();
 }
 
 }  // namespace rubato::gpu_test

@@ -26,6 +26,8 @@
 namespace rubato::gpu_test {
 namespace {
 
+using gpu_test::FailsWith;
+
 using cuda::DeviceBuffer;
 
 // One sequence's part of the batch: `tokens` new tokens at positions start_position, ...
@@ -64,16 +66,6 @@ uint16_t Bits(__nv_bfloat16 value) {
          << what << ": " << mismatches << " elements differ; first at block " << block << " head "
          << head << " row " << row << " column " << column << ": got 0x" << std::hex
          << Bits(actual[first]) << ", want 0x" << Bits(expected[first]);
-}
-
-::testing::AssertionResult FailsWith(const Status& status, std::string_view needle) {
-  if (status.ok()) return ::testing::AssertionFailure() << "accepted; expected '" << needle << "'";
-  if (status.code() != StatusCode::kInvalidArgument ||
-      status.message().find(needle) == std::string::npos) {
-    return ::testing::AssertionFailure() << "got '" << status.message() << "', expected an "
-                                         << "invalid-argument error with '" << needle << "'";
-  }
-  return ::testing::AssertionSuccess() << status.message();
 }
 
 class KvAppendOpTest : public ::testing::Test {
@@ -312,25 +304,32 @@ TEST_F(KvAppendOpTest, RejectsBadParams) {
                                   .value_pool = pools.data() + 4096};
   auto p = good;
   p.head_dim = 12;
-  EXPECT_TRUE(FailsWith(cuda::AppendToPagedKv(p, stream_), "head_dim is 12"));
+  EXPECT_TRUE(
+      FailsWith(cuda::AppendToPagedKv(p, stream_), StatusCode::kInvalidArgument, "head_dim is 12"));
   p = good;
   p.block_tokens = 0;
-  EXPECT_TRUE(FailsWith(cuda::AppendToPagedKv(p, stream_), "block_tokens is 0"));
+  EXPECT_TRUE(FailsWith(cuda::AppendToPagedKv(p, stream_), StatusCode::kInvalidArgument,
+                        "block_tokens is 0"));
   p = good;
   p.row_stride = 120;
-  EXPECT_TRUE(FailsWith(cuda::AppendToPagedKv(p, stream_), "row_stride is 120"));
+  EXPECT_TRUE(FailsWith(cuda::AppendToPagedKv(p, stream_), StatusCode::kInvalidArgument,
+                        "row_stride is 120"));
   p = good;
   p.slots = nullptr;
-  EXPECT_TRUE(FailsWith(cuda::AppendToPagedKv(p, stream_), "slots is null"));
+  EXPECT_TRUE(
+      FailsWith(cuda::AppendToPagedKv(p, stream_), StatusCode::kInvalidArgument, "slots is null"));
   p = good;
   p.value_pool = nullptr;
-  EXPECT_TRUE(FailsWith(cuda::AppendToPagedKv(p, stream_), "value_pool is null"));
+  EXPECT_TRUE(FailsWith(cuda::AppendToPagedKv(p, stream_), StatusCode::kInvalidArgument,
+                        "value_pool is null"));
   p = good;
   p.keys = qkv.data() + 4;
-  EXPECT_TRUE(FailsWith(cuda::AppendToPagedKv(p, stream_), "keys is not 16-byte aligned"));
+  EXPECT_TRUE(FailsWith(cuda::AppendToPagedKv(p, stream_), StatusCode::kInvalidArgument,
+                        "keys is not 16-byte aligned"));
   p = good;
   p.tokens = -2;
-  EXPECT_TRUE(FailsWith(cuda::AppendToPagedKv(p, stream_), "tokens is -2"));
+  EXPECT_TRUE(
+      FailsWith(cuda::AppendToPagedKv(p, stream_), StatusCode::kInvalidArgument, "tokens is -2"));
   // No work: accepted without touching anything, even with null pointers.
   p = cuda::KvAppendParams{
       .row_stride = 384, .num_kv_heads = 2, .head_dim = 64, .block_tokens = 16};
