@@ -140,11 +140,7 @@ void CpuModel::EnsureWorkspace(int total_tokens, int attention_scratch_floats) {
 
 Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache,
                          ForwardResult& result, const AttentionWindow& window) {
-  result.vocab_size = config_.vocab_size;
-  result.logits.clear();
-  result.entry_first_row.assign(batch.size(), 0);
-  result.entry_row_count.assign(batch.size(), 0);
-  result.sampled_tokens.assign(batch.size(), -1);
+  result.Reset(config_.vocab_size, batch.size());
   if (batch.empty()) return Status::Ok();
   RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
   RUBATO_RETURN_IF_ERROR(ReserveForwardBlocks(batch, cache));

@@ -244,11 +244,7 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
 
 Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache,
                           ForwardResult& result, const AttentionWindow& window) {
-  result.vocab_size = config_.vocab_size;
-  result.logits.clear();
-  result.entry_first_row.assign(batch.size(), 0);
-  result.entry_row_count.assign(batch.size(), 0);
-  result.sampled_tokens.assign(batch.size(), -1);
+  result.Reset(config_.vocab_size, batch.size());
   if (batch.empty()) return Status::Ok();
   auto* kv = dynamic_cast<DeviceKvStorage*>(cache.storage());
   if (kv == nullptr) {

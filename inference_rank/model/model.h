@@ -69,6 +69,16 @@ struct ForwardResult {
                                      // 1 (kLast) or tokens (kAll)
   std::vector<int> sampled_tokens;   // [entries] token id, -1 where the entry had no sampling
 
+  // Empties the result for a batch of `entries` (no logits rows, no sampled tokens); what every
+  // backend's Forward does first.
+  void Reset(int vocab, size_t entries) {
+    vocab_size = vocab;
+    logits.clear();
+    entry_first_row.assign(entries, 0);
+    entry_row_count.assign(entries, 0);
+    sampled_tokens.assign(entries, -1);
+  }
+
   // [entry_row_count[entry]][vocab] logits of one entry.
   std::span<const float> EntryLogits(int entry) const {
     const size_t e = static_cast<size_t>(entry);
