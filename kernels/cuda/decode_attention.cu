@@ -22,6 +22,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -531,15 +533,52 @@ WorkspaceLayout LayoutWorkspace(int batch, int num_heads, int head_dim, int max_
   return layout;
 }
 
-// Multiprocessors of the current device: sizes the split count, never correctness.
+constexpr int kMaxCachedDevices = 64;  // devices past this are queried on every launch
+
+int CurrentDevice() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return device;
+}
+
+// Multiprocessors of the current device: sizes the split count, never correctness. Queried once
+// per device: the launch path runs on every decode step, and host time between a step's first
+// event and its kernel is time the GPU idles when the step is not a graph replay.
 int MultiprocessorCount() {
-  int device = 0, value = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+  static std::array<std::atomic<int>, kMaxCachedDevices> cached{};  // 0: not queried yet
+  const int device = CurrentDevice();
+  if (device < kMaxCachedDevices) {
+    const int known = cached[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int value = 0;
+  if (cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      value < 1) {
     cudaGetLastError();
     return 132;  // H100 SXM / H200
   }
+  if (device < kMaxCachedDevices) cached[device].store(value, std::memory_order_relaxed);
   return value;
+}
+
+// Raises a split kernel's dynamic shared-memory limit, once per (instantiation, device): the
+// opt-in is per device, and a repeated call costs host time on every launch.
+template <int kHeadDim, int kGroup>
+Status AllowSplitKernelSharedMemory(int bytes) {
+  static std::array<std::atomic<bool>, kMaxCachedDevices> raised{};
+  const int device = CurrentDevice();
+  if (device < kMaxCachedDevices && raised[device].load(std::memory_order_acquire)) {
+    return Status::Ok();
+  }
+  RUBATO_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(DecodeAttentionSplitKernel<kHeadDim, kGroup>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+      "raising decode attention's shared memory limit");
+  if (device < kMaxCachedDevices) raised[device].store(true, std::memory_order_release);
+  return Status::Ok();
 }
 
 // Splits per sequence: as many as keep every block resident for the whole launch (one wave of
@@ -576,12 +615,7 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
                        : nullptr;
 
   constexpr int kSmem = TileLayout<kHeadDim>::kSmemBytes;
-  // The opt-in is per device, so it is made on every launch (a cheap host call, allowed while a
-  // graph is being captured).
-  RUBATO_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(DecodeAttentionSplitKernel<kHeadDim, kGroup>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-      "raising decode attention's shared memory limit");
+  RUBATO_RETURN_IF_ERROR((AllowSplitKernelSharedMemory<kHeadDim, kGroup>(kSmem)));
 
   const dim3 grid(outputs.num_splits, params.num_kv_heads, params.batch);
   DecodeAttentionSplitKernel<kHeadDim, kGroup><<<grid, kThreads, kSmem, stream>>>(params, outputs);
