@@ -40,6 +40,9 @@ namespace {
 #define RUBATO_DECODE_STAGES 3
 #define RUBATO_DECODE_BLOCKS_PER_SM 2
 #endif
+#ifndef RUBATO_DECODE_ROW_PAD_BYTES  // build-time knob for benchmark sweeps only
+#define RUBATO_DECODE_ROW_PAD_BYTES 32
+#endif
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileKeys = RUBATO_DECODE_TILE_KEYS;  // keys per pipeline stage
@@ -54,12 +57,17 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Shared-memory layout of one stage: a K tile then a V tile, each [kTileKeys][row], where a row
-// is head_dim bf16 plus 16 bytes of padding. The padding makes both access patterns
-// conflict-free: the 32-bit B-operand loads (8 rows x 4 words per warp) and the 16-byte
-// ldmatrix row reads (8 rows per phase) land in distinct banks for every supported head_dim.
+// is head_dim bf16 plus 32 bytes of padding. The padding trades shared-memory bank conflicts
+// against L2 traffic: the copy engine splits a bulk copy where its destination crosses a
+// 128-byte boundary, and a source sector that straddles such a split is read from L2 twice. With
+// rows 32-byte aligned no sector straddles; with 16 bytes of padding (conflict-free reads) half
+// the rows did, costing 11 % more L2 sector reads and 47 % more L2 requests, and 1.5 % of the
+// time at 16 x 128K (ncu and timings on an H200, bench/results/decode_attention_notes.md). The
+// price is a 2-way bank conflict on the ldmatrix row reads of V (rows r and r + 4 of 8 share
+// banks; shared-memory pipes are ~15 % busy); K's reads stay conflict-free (see Q's fragments).
 template <int kHeadDim>
 struct TileLayout {
-  static constexpr int kRowBytes = kHeadDim * 2 + 16;
+  static constexpr int kRowBytes = kHeadDim * 2 + RUBATO_DECODE_ROW_PAD_BYTES;
   static constexpr int kTileBytes = kTileKeys * kRowBytes;
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
@@ -130,8 +138,8 @@ __device__ inline void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-__device__ inline uint32_t LoadShared32(const void* smem) {
-  return *reinterpret_cast<const uint32_t*>(smem);
+__device__ inline uint2 LoadShared64(const void* smem) {
+  return *reinterpret_cast<const uint2*>(smem);
 }
 
 // Four 8x8 bf16 matrices, transposed: register i of lane (g, t) holds rows 2t, 2t+1 of column g
@@ -269,18 +277,21 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     if (s < num_tiles) load_tile(begin + s * kTileKeys, s);
   }
 
-  // Q as MMA A fragments, loaded once the first tiles' copies are in flight:
-  // a0 = row g, dims 16s + 2q..+1; a2 = row g, dims 16s + 8 + 2q..+1.
+  // Q as MMA A fragments, loaded once the first tiles' copies are in flight. Q K^T sums over the
+  // head dims, so any one order of them serves as long as Q and K agree: k-step s, thread q
+  // takes dims 16s + 4q .. + 3, as a0 (dims +0, +1; MMA columns 2q, 2q + 1) and a2 (dims +2, +3;
+  // columns 8 + 2q, 9 + 2q). Each K fragment is then one 8-byte shared load, and the 16 lanes of
+  // a half-warp (rows g..g+3, 32 bytes each) cover the 32 banks once with 32-byte aligned rows.
   uint32_t q_frag[kHeadDim / 16][2];
   {
     const __nv_bfloat16* q_row =
         params.q + sequence * params.q_row_stride + (first_head + row) * kHeadDim;
 #pragma unroll
     for (int s = 0; s < kHeadDim / 16; ++s) {
-      q_frag[s][0] =
-          row < kGroup ? *reinterpret_cast<const uint32_t*>(q_row + 16 * s + 2 * quad) : 0u;
-      q_frag[s][1] =
-          row < kGroup ? *reinterpret_cast<const uint32_t*>(q_row + 16 * s + 8 + 2 * quad) : 0u;
+      const uint2 dims = row < kGroup ? *reinterpret_cast<const uint2*>(q_row + 16 * s + 4 * quad)
+                                      : make_uint2(0u, 0u);
+      q_frag[s][0] = dims.x;
+      q_frag[s][1] = dims.y;
     }
   }
 
@@ -311,9 +322,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       const unsigned char* key_row = k_tile + (warp_key0 + 8 * j + row) * Layout::kRowBytes;
 #pragma unroll
       for (int s = 0; s < kHeadDim / 16; ++s) {
-        const uint32_t b0 = LoadShared32(key_row + (16 * s + 2 * quad) * 2);
-        const uint32_t b1 = LoadShared32(key_row + (16 * s + 8 + 2 * quad) * 2);
-        MmaRowsBelow8(score[j], q_frag[s][0], q_frag[s][1], b0, b1);
+        const uint2 b = LoadShared64(key_row + (16 * s + 4 * quad) * 2);  // dims as Q's
+        MmaRowsBelow8(score[j], q_frag[s][0], q_frag[s][1], b.x, b.y);
       }
     }
 
