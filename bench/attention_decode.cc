@@ -47,6 +47,7 @@ struct Options {
   int warmup = 10;
   int iterations = 50;
   bool shuffle_blocks = true;  // false: each sequence's blocks contiguous in the pool
+  bool row_copies = false;     // true: the kernel's row-copy path (pool size withheld)
   // Bytes between the start of the V allocation and the V pool: the K and V pools of equal
   // power-of-two sizes otherwise sit a power of two apart, which may map K row i and V row i to
   // the same DRAM channel (an experiment knob; 0 = none).
@@ -110,6 +111,7 @@ Status Run(const Options& options, nlohmann::json& report) {
   report["shape"] = {{"batch", options.batch},         {"heads", options.heads},
                      {"kv_heads", options.kv_heads},   {"head_dim", options.head_dim},
                      {"block_size", options.block_size}, {"dtype", "bf16"}};
+  report["copies"] = options.row_copies ? "rows" : "tensor maps where the window is dense";
   std::printf("device %s, device-to-device copy %.0f GB/s (read + write)\n", properties.name,
               copy_bandwidth / 1e9);
 
@@ -165,6 +167,7 @@ Status Run(const Options& options, nlohmann::json& report) {
     params.workspace = workspace.data();
     params.workspace_bytes = workspace_bytes;
     params.num_splits = splits;
+    params.num_pool_blocks = options.row_copies ? 0 : static_cast<int64_t>(num_blocks);
 
     cudaEvent_t start, stop;
     cudaEventCreate(&start);
@@ -218,6 +221,8 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", options.block_size);
   app.add_option("--contexts", options.contexts)->delimiter(',');
   app.add_flag("!--no-shuffle", options.shuffle_blocks, "keep each sequence's blocks in order");
+  app.add_flag("--row-copies", options.row_copies,
+               "withhold the pool size: the kernel's row-copy path instead of tensor maps");
   app.add_option("--v-offset-bytes", options.v_offset_bytes)->check(CLI::Range(0, 1 << 30));
   app.add_option("--splits", options.splits, "split counts to sweep; 0 = the kernel's choice")
       ->delimiter(',');

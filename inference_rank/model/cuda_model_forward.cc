@@ -155,6 +155,7 @@ Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionW
     decode.q_row_stride = qkv_dim;
     decode.key_pool = kv.layer_keys(layer);
     decode.value_pool = kv.layer_values(layer);
+    decode.num_pool_blocks = kv.shape().num_blocks;
     decode.block_tables = StepInput<const int32_t>(input_layout_.decode_block_tables);
     decode.block_table_stride = plan_.decode_table_stride;
     decode.seq_lens = StepInput<const int32_t>(input_layout_.decode_seq_lens);

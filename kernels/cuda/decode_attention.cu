@@ -1,439 +1,28 @@
 // Dense decode attention (decode_attention.cuh): split-K flash-decoding over a paged bf16 KV
-// cache, GQA-aware, on tensor cores.
-//
-// Work split. One thread block per (split, KV head, sequence). It owns a contiguous range of the
-// sequence's attended keys ("visible" keys: the sink segment then the recent segment, numbered
-// 0..count-1) and computes, for the GQA group's query heads, a partial softmax over that range.
-// A second kernel merges the splits by their log-sum-exp. Every K/V byte is read once per step
-// and shared by the whole GQA group, so the kernel is bound by HBM bandwidth: the design goal is
-// to keep enough bytes in flight (kStages tiles per block, two blocks per SM, each tile moved
-// by bulk copies of whole padded K / V rows that complete on a per-stage mbarrier).
-//
-// Tile math. The group's G <= 8 query rows are the M = 16 rows of an m16n8k16 bf16 MMA (rows G..15
-// are zero): S = Q K^T takes K straight from shared memory (a key row is the MMA's column-major B
-// operand), P V takes V through ldmatrix.trans. Wasting up to 15/16 of the tensor-core rows costs
-// nothing here: the tensor cores are idle >95% of the time either way, and the alternative
-// (CUDA-core dot products with shuffle reductions) would compete with the loads for issue slots.
-// Each of the 4 warps takes 16 keys of every 64-key tile and keeps its own running max / sum /
-// output (FlashAttention-2 style); the warps are merged once at the end of the block's range.
-//
-// Scores are kept in log2 units (scale * log2(e) folded in) so that exp2f is the only
-// transcendental; log-sum-exp is converted back to natural log on output.
+// cache, GQA-aware, on tensor cores. The split kernel (decode_attention_split.cuh) computes a
+// partial softmax per range of keys; the merge kernel here weights the ranges by their
+// log-sum-exp; an optional third kernel turns the raw scores into GQA-pooled probabilities.
+#include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <string>
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/decode_attention_split.cuh"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/launch_checks.h"
+#include "kernels/cuda/tensor_map.h"
 
 namespace rubato::cuda {
 namespace {
 
-#ifndef RUBATO_DECODE_TILE_KEYS  // build-time knobs for benchmark sweeps only
-#define RUBATO_DECODE_TILE_KEYS 64
-#define RUBATO_DECODE_STAGES 3
-#define RUBATO_DECODE_BLOCKS_PER_SM 2
-#endif
-#ifndef RUBATO_DECODE_ROW_PAD_BYTES  // build-time knob for benchmark sweeps only
-#define RUBATO_DECODE_ROW_PAD_BYTES 32
-#endif
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kTileKeys = RUBATO_DECODE_TILE_KEYS;  // keys per pipeline stage
-constexpr int kKeysPerWarp = kTileKeys / kWarps;    // a multiple of 16 (P V k-steps)
-constexpr int kKeySteps = kKeysPerWarp / 16;        // P V k-steps per warp and tile
-constexpr int kScoreBlocks = kKeysPerWarp / 8;      // S n-blocks per warp and tile
-constexpr int kStages = RUBATO_DECODE_STAGES;       // tiles in flight per block
-static_assert(kKeysPerWarp % 16 == 0, "warps take whole P V k-steps");
-constexpr int kMinKeysPerSplit = 256;  // bounds the split count (and the workspace)
-constexpr int kBlocksPerSm = RUBATO_DECODE_BLOCKS_PER_SM;  // what the shared memory allows
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// Shared-memory layout of one stage: a K tile then a V tile, each [kTileKeys][row], where a row
-// is head_dim bf16 plus 32 bytes of padding. The padding trades shared-memory bank conflicts
-// against L2 traffic: the copy engine splits a bulk copy where its destination crosses a
-// 128-byte boundary, and a source sector that straddles such a split is read from L2 twice. With
-// rows 32-byte aligned no sector straddles; with 16 bytes of padding (conflict-free reads) half
-// the rows did, costing 11 % more L2 sector reads and 47 % more L2 requests, and 1.5 % of the
-// time at 16 x 128K (ncu and timings on an H200, bench/results/decode_attention_notes.md). The
-// price is a 2-way bank conflict on the ldmatrix row reads of V (rows r and r + 4 of 8 share
-// banks; shared-memory pipes are ~15 % busy); K's reads stay conflict-free (see Q's fragments).
-template <int kHeadDim>
-struct TileLayout {
-  static constexpr int kRowBytes = kHeadDim * 2 + RUBATO_DECODE_ROW_PAD_BYTES;
-  static constexpr int kTileBytes = kTileKeys * kRowBytes;
-  static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes;
-};
-
-// The keys the query at position L - 1 attends, numbered 0..count-1: the sink segment
-// [0, sink_end) then the recent segment [recent_begin, L) (kernels/cpu/attention_window.h).
-struct VisibleKeys {
-  int sink_end;
-  int recent_begin;
-  int count;
-  __device__ int Position(int index) const {
-    return index < sink_end ? index : recent_begin + (index - sink_end);
-  }
-};
-
-__device__ inline VisibleKeys VisibleKeysOf(int seq_len, int sink_tokens, int recent_tokens) {
-  VisibleKeys keys;
-  if (seq_len <= 0) return VisibleKeys{0, 0, 0};
-  const int position = seq_len - 1;
-  keys.sink_end = min(sink_tokens, seq_len);
-  // position - recent + 1 >= -INT_MAX + 1: no overflow for recent_tokens <= INT_MAX.
-  keys.recent_begin = max(sink_tokens, position - recent_tokens + 1);
-  keys.count = keys.sink_end + max(0, seq_len - keys.recent_begin);
-  return keys;
-}
-
-// ---- PTX wrappers ---------------------------------------------------------------------------
-
-__device__ inline unsigned SharedAddress(const void* smem) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(smem));
-}
-__device__ inline void MbarrierInit(uint64_t* barrier, unsigned arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SharedAddress(barrier)),
-               "r"(arrivals));
-}
-// Arrives on `barrier` and adds `bytes` to the transaction count its current phase waits for.
-__device__ inline void MbarrierArriveExpectTx(uint64_t* barrier, unsigned bytes) {
-  asm volatile(
-      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SharedAddress(barrier)),
-      "r"(bytes)
-      : "memory");
-}
-__device__ inline void MbarrierWait(uint64_t* barrier, unsigned phase) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(SharedAddress(barrier)),
-      "r"(phase)
-      : "memory");
-}
-// The copy engine moves `bytes` (a multiple of 16) from global to shared memory and signals
-// `barrier` with them (Hopper's bulk copy: one instruction per row instead of 16-byte copies).
-__device__ inline void BulkCopyToShared(void* smem_dest, const void* global_source, unsigned bytes,
-                                        uint64_t* barrier) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(SharedAddress(smem_dest)),
-      "l"(global_source), "r"(bytes), "r"(SharedAddress(barrier))
-      : "memory");
-}
-// Orders this thread's earlier generic-proxy shared-memory accesses before later async-proxy
-// (copy engine) ones: a stage is refilled by bulk copies right after it was read by ld.shared.
-__device__ inline void FenceProxyAsyncShared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-__device__ inline uint2 LoadShared64(const void* smem) {
-  return *reinterpret_cast<const uint2*>(smem);
-}
-
-// Four 8x8 bf16 matrices, transposed: register i of lane (g, t) holds rows 2t, 2t+1 of column g
-// of matrix i, where lane 8i + r supplies the address of row r of matrix i.
-__device__ inline void LdMatrixX4Trans(const void* smem_row, uint32_t& r0, uint32_t& r1,
-                                       uint32_t& r2, uint32_t& r3) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(address));
-}
-
-// c += A B for one m16n8k16 tile, A rows g+8 being zero (a1 = a3 = 0).
-__device__ inline void MmaRowsBelow8(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0,
-                                     uint32_t b1) {
-  const uint32_t zero = 0;
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(zero), "r"(a2), "r"(zero), "r"(b0), "r"(b1));
-}
-
-__device__ inline uint32_t PackBf16x2(float low, float high) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
-// ---- split kernel ---------------------------------------------------------------------------
-
-// Where a launch puts its partial results (all in the caller's workspace).
-struct SplitOutputs {
-  int num_splits = 0;
-  int keys_per_split = 0;
-  float* partial_out = nullptr;  // [batch][num_heads][num_splits][head_dim], f32, normalized
-  float* partial_lse = nullptr;  // [batch][num_heads][num_splits], f32, log2 units; -inf: empty
-  float* lse2 = nullptr;         // [batch][num_heads], f32, log2 units (written by the merge)
-  float* scores = nullptr;       // [batch][num_heads][max_seq_len], f32, log2 units, or null
-};
-
-template <int kHeadDim, int kGroup>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
-    DecodeAttentionSplitKernel(const DecodeAttentionParams params, const SplitOutputs outputs) {
-  using Layout = TileLayout<kHeadDim>;
-  static_assert(kGroup <= 8, "the group's query rows must fit the MMA's first 8 rows");
-  static_assert((kHeadDim / 8) % 2 == 0, "P V consumes dims in pairs of 8-column blocks");
-  extern __shared__ __align__(128) unsigned char smem[];
-
-  const int split = blockIdx.x;
-  const int kv_head = blockIdx.y;
-  const int sequence = blockIdx.z;
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int row = lane / 4;   // MMA "group id": query row g, and key / dim column g
-  const int quad = lane % 4;  // MMA "thread in group"
-  const int first_head = kv_head * kGroup;
-
-  const int seq_len = min(params.seq_lens[sequence], params.max_seq_len);
-  const VisibleKeys visible = VisibleKeysOf(seq_len, params.sink_tokens, params.recent_tokens);
-  const int begin = split * outputs.keys_per_split;
-  const int end = min(begin + outputs.keys_per_split, visible.count);
-  const size_t partial_row0 =
-      (static_cast<size_t>(sequence) * params.num_heads + first_head) * outputs.num_splits + split;
-  if (begin >= end) {  // nothing to attend in this split: the merge gives it weight 0
-    if (threadIdx.x < kGroup) {
-      outputs.partial_lse[partial_row0 + static_cast<size_t>(threadIdx.x) * outputs.num_splits] =
-          -INFINITY;
-    }
-    return;
-  }
-
-  const int block_shift = params.block_tokens == 64 ? 6 : 4;
-  const int32_t* block_table =
-      params.block_tables + static_cast<size_t>(sequence) * params.block_table_stride;
-  // Loading: thread i copies one row per tile, K row i of the tile for i < kTileKeys, V row
-  // i - kTileKeys otherwise, with one bulk copy into its padded shared-memory row; the stage's
-  // mbarrier completes when all of the tile's bytes have landed. Rows past the split's end are
-  // zeroed instead (P is 0 there, and 0 x stale NaN would not be 0).
-  static_assert(kThreads == kTileKeys || kThreads == 2 * kTileKeys, "whole rows per thread");
-  constexpr int kRowsPerThread = 2 * kTileKeys / kThreads;  // rows r = threadIdx.x + i * kThreads
-  constexpr int kRowDataBytes = kHeadDim * 2;
-  __shared__ uint64_t stage_full[kStages];  // one mbarrier per stage, kThreads arrivals
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) MbarrierInit(&stage_full[s], kThreads);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  // Row r of a stage is K row r (r < kTileKeys) or V row r - kTileKeys; every row of a thread is
-  // the same key (kThreads == kTileKeys: its K and its V row), so one block id serves them all.
-  const int my_key = threadIdx.x % kTileKeys;
-  // The physical block of this thread's key in the next tile to load, fetched one tile ahead:
-  // a block-table read on the load path would stall the warp right when it issues copies.
-  int next_block = 0;
-  auto fetch_block = [&](int tile_begin) {
-    const int index = tile_begin + my_key;
-    next_block = index < end ? block_table[visible.Position(index) >> block_shift] : 0;
-  };
-  auto load_tile = [&](int tile_begin, int stage) {
-    const int index = tile_begin + my_key;
-    const bool valid = index < end;
-    size_t offset = 0;
-    if (valid) {
-      const int position = visible.Position(index);
-      offset =
-          ((static_cast<size_t>(next_block) * params.num_kv_heads + kv_head) * params.block_tokens +
-           (position & (params.block_tokens - 1))) *
-          kHeadDim;
-      FenceProxyAsyncShared();
-    }
-    MbarrierArriveExpectTx(&stage_full[stage], valid ? kRowsPerThread * kRowDataBytes : 0);
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int r = threadIdx.x + i * kThreads;
-      const bool values = r >= kTileKeys;
-      unsigned char* dest = smem + stage * Layout::kStageBytes + (values ? Layout::kTileBytes : 0) +
-                            my_key * Layout::kRowBytes;
-      if (valid) {
-        BulkCopyToShared(dest, (values ? params.value_pool : params.key_pool) + offset,
-                         kRowDataBytes, &stage_full[stage]);
-      } else {
-#pragma unroll
-        for (int c = 0; c < kRowDataBytes / 16; ++c) {
-          reinterpret_cast<uint4*>(dest)[c] = make_uint4(0, 0, 0, 0);
-        }
-      }
-    }
-    fetch_block(tile_begin + kTileKeys);
-  };
-
-  const int num_tiles = (end - begin + kTileKeys - 1) / kTileKeys;
-  fetch_block(begin);
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_tiles) load_tile(begin + s * kTileKeys, s);
-  }
-
-  // Q as MMA A fragments, loaded once the first tiles' copies are in flight. Q K^T sums over the
-  // head dims, so any one order of them serves as long as Q and K agree: k-step s, thread q
-  // takes dims 16s + 4q .. + 3, as a0 (dims +0, +1; MMA columns 2q, 2q + 1) and a2 (dims +2, +3;
-  // columns 8 + 2q, 9 + 2q). Each K fragment is then one 8-byte shared load, and the 16 lanes of
-  // a half-warp (rows g..g+3, 32 bytes each) cover the 32 banks once with 32-byte aligned rows.
-  uint32_t q_frag[kHeadDim / 16][2];
-  {
-    const __nv_bfloat16* q_row =
-        params.q + sequence * params.q_row_stride + (first_head + row) * kHeadDim;
-#pragma unroll
-    for (int s = 0; s < kHeadDim / 16; ++s) {
-      const uint2 dims = row < kGroup ? *reinterpret_cast<const uint2*>(q_row + 16 * s + 4 * quad)
-                                      : make_uint2(0u, 0u);
-      q_frag[s][0] = dims.x;
-      q_frag[s][1] = dims.y;
-    }
-  }
-
-  const float scale_log2 = params.scale * kLog2e;
-  float row_max = -INFINITY;   // running max of row g's scores (log2 units), same in the quad
-  float row_sum = 0.f;         // this thread's share of row g's sum of exp2(score - row_max)
-  float out[kHeadDim / 8][4];  // C fragments of P V: [0], [1] = row g, dims 8n + 2q, +1
-#pragma unroll
-  for (int n = 0; n < kHeadDim / 8; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.f;
-
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    // Every warp is done with tile - 1, whose stage the next load refills.
-    __syncthreads();
-    {
-      const int next = tile + kStages - 1;
-      if (next < num_tiles) load_tile(begin + next * kTileKeys, next % kStages);
-    }
-    MbarrierWait(&stage_full[tile % kStages], (tile / kStages) & 1);
-    const unsigned char* k_tile = smem + (tile % kStages) * Layout::kStageBytes;
-    const unsigned char* v_tile = k_tile + Layout::kTileBytes;
-    const int warp_key0 = warp * kKeysPerWarp;  // this warp's first key row in the tile
-
-    // S = Q K^T for the warp's keys: n-block j covers keys warp_key0 + 8j .. + 7.
-    float score[kScoreBlocks][4];
-#pragma unroll
-    for (int j = 0; j < kScoreBlocks; ++j) {
-      score[j][0] = score[j][1] = score[j][2] = score[j][3] = 0.f;
-      const unsigned char* key_row = k_tile + (warp_key0 + 8 * j + row) * Layout::kRowBytes;
-#pragma unroll
-      for (int s = 0; s < kHeadDim / 16; ++s) {
-        const uint2 b = LoadShared64(key_row + (16 * s + 4 * quad) * 2);  // dims as Q's
-        MmaRowsBelow8(score[j], q_frag[s][0], q_frag[s][1], b.x, b.y);
-      }
-    }
-
-    // Scale, mask keys past the split's end, online softmax for row g.
-    const int index0 = begin + tile * kTileKeys + warp_key0;  // visible index of key row 0
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kScoreBlocks; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int index = index0 + 8 * j + 2 * quad + e;
-        const float x = index < end ? score[j][e] * scale_log2 : -INFINITY;
-        score[j][e] = x;
-        tile_max = fmaxf(tile_max, x);
-      }
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    const float new_max = fmaxf(row_max, tile_max);
-    const float base = new_max == -INFINITY ? 0.f : new_max;  // all masked so far: no NaN
-    const float correction = exp2f(row_max - base);
-    row_max = new_max;
-    row_sum *= correction;
-#pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      out[n][0] *= correction;
-      out[n][1] *= correction;
-    }
-    float prob[kScoreBlocks][2];
-#pragma unroll
-    for (int j = 0; j < kScoreBlocks; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        prob[j][e] = exp2f(score[j][e] - base);
-        row_sum += prob[j][e];
-      }
-    }
-    if (outputs.scores != nullptr && row < kGroup) {  // raw scores for the probabilities output
-      float* score_row =
-          outputs.scores + (static_cast<size_t>(sequence) * params.num_heads + first_head + row) *
-                               params.max_seq_len;
-#pragma unroll
-      for (int j = 0; j < kScoreBlocks; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int index = index0 + 8 * j + 2 * quad + e;
-          if (index < end) score_row[visible.Position(index)] = score[j][e];
-        }
-      }
-    }
-
-    // O += P V, one k-step of 16 keys at a time: P as A fragments straight from the score
-    // registers (keys 2q.. of n-block 2k are columns 2q.. of k-step k, n-block 2k+1's are
-    // columns 8 + 2q..); V via ldmatrix.trans.
-    const int matrix = lane / 8;
-#pragma unroll
-    for (int k = 0; k < kKeySteps; ++k) {
-      const uint32_t p_low = PackBf16x2(prob[2 * k][0], prob[2 * k][1]);
-      const uint32_t p_high = PackBf16x2(prob[2 * k + 1][0], prob[2 * k + 1][1]);
-      const unsigned char* v_row =
-          v_tile + (warp_key0 + 16 * k + (matrix & 1) * 8 + lane % 8) * Layout::kRowBytes +
-          (matrix >> 1) * 16;
-#pragma unroll
-      for (int n = 0; n < kHeadDim / 8; n += 2) {
-        uint32_t b0, b1, b0_next, b1_next;
-        LdMatrixX4Trans(v_row + n * 16, b0, b1, b0_next, b1_next);
-        MmaRowsBelow8(out[n], p_low, p_high, b0, b1);
-        MmaRowsBelow8(out[n + 1], p_low, p_high, b0_next, b1_next);
-      }
-    }
-  }
-  __syncthreads();  // every copy landed and was read: reuse the stages to merge the warps
-
-  row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
-  row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
-  float* warp_max = reinterpret_cast<float*>(smem);  // [kWarps][8]
-  float* warp_sum = warp_max + kWarps * 8;           // [kWarps][8]
-  float* warp_out = warp_sum + kWarps * 8;           // [kWarps][8][kHeadDim]
-  if (row < kGroup) {
-    if (quad == 0) {
-      warp_max[warp * 8 + row] = row_max;
-      warp_sum[warp * 8 + row] = row_sum;
-    }
-    float* dest = warp_out + (warp * 8 + row) * kHeadDim;
-#pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      dest[8 * n + 2 * quad] = out[n][0];
-      dest[8 * n + 2 * quad + 1] = out[n][1];
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads) {
-    const int r = i / kHeadDim;
-    const int d = i % kHeadDim;
-    float block_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w * 8 + r]);
-    const float base = block_max == -INFINITY ? 0.f : block_max;
-    float numerator = 0.f, denominator = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float weight = exp2f(warp_max[w * 8 + r] - base);
-      numerator += weight * warp_out[(w * 8 + r) * kHeadDim + d];
-      denominator += weight * warp_sum[w * 8 + r];
-    }
-    const size_t partial_row = partial_row0 + static_cast<size_t>(r) * outputs.num_splits;
-    outputs.partial_out[partial_row * kHeadDim + d] = numerator / denominator;
-    if (d == 0) outputs.partial_lse[partial_row] = base + log2f(denominator);
-  }
-}
+using namespace decode_attention;  // the split kernel and its constants
 
 // ---- merge kernels --------------------------------------------------------------------------
 
@@ -576,7 +165,7 @@ int MultiprocessorCount() {
 
 // Raises a split kernel's dynamic shared-memory limit, once per (instantiation, device): the
 // opt-in is per device, and a repeated call costs host time on every launch.
-template <int kHeadDim, int kGroup>
+template <int kHeadDim, int kGroup, bool kTensorCopies>
 Status AllowSplitKernelSharedMemory(int bytes) {
   static std::array<std::atomic<bool>, kMaxCachedDevices> raised{};
   const int device = CurrentDevice();
@@ -584,7 +173,7 @@ Status AllowSplitKernelSharedMemory(int bytes) {
     return Status::Ok();
   }
   RUBATO_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(DecodeAttentionSplitKernel<kHeadDim, kGroup>,
+      cudaFuncSetAttribute(DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
       "raising decode attention's shared memory limit");
   if (device < kMaxCachedDevices) raised[device].store(true, std::memory_order_release);
@@ -603,18 +192,52 @@ int ChooseSplits(int pairs, int max_visible) {
   return std::clamp(slots / pairs, 1, most);
 }
 
+// Whole-block tensor copies (decode_attention_split.cuh) apply when the pools' size is known,
+// every visible key sits at its own position (the window hides nothing below max_seq_len), the
+// rows fit 32-bit tile coordinates, and head_dim is a multiple of the 64-dim box.
+bool UsesTensorCopies(const DecodeAttentionParams& params) {
+  const long long window_keys = static_cast<long long>(params.sink_tokens) + params.recent_tokens;
+  const long long pool_rows =
+      static_cast<long long>(params.num_pool_blocks) * params.num_kv_heads * params.block_tokens;
+  return (params.head_dim == 64 || params.head_dim == 128) && params.num_pool_blocks > 0 &&
+         window_keys >= params.max_seq_len && pool_rows <= INT_MAX;
+}
+
+template <int kHeadDim, int kGroup, bool kTensorCopies>
+Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& outputs,
+                    cudaStream_t stream) {
+  constexpr int kSmem = TilesFor<kHeadDim, kTensorCopies>::kSmemBytes;
+  RUBATO_RETURN_IF_ERROR((AllowSplitKernelSharedMemory<kHeadDim, kGroup, kTensorCopies>(kSmem)));
+  CUtensorMap key_map{}, value_map{};
+  if constexpr (kTensorCopies) {
+    const Bf16RowsMapShape shape{
+        static_cast<int64_t>(params.num_pool_blocks) * params.num_kv_heads * params.block_tokens,
+        kHeadDim, 64, params.block_tokens};
+    RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.key_pool, shape, key_map));
+    RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.value_pool, shape, value_map));
+  }
+  const dim3 grid(outputs.num_splits, params.num_kv_heads, params.batch);
+  DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies>
+      <<<grid, kThreads, kSmem, stream>>>(params, outputs, key_map, value_map);
+  return LaunchStatus("decode_attention_split");
+}
+
 template <int kHeadDim, int kGroup>
 Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout,
               cudaStream_t stream) {
   // The window bounds the keys any sequence attends.
   const long long window_keys = static_cast<long long>(params.sink_tokens) + params.recent_tokens;
   const int max_visible = static_cast<int>(std::min<long long>(params.max_seq_len, window_keys));
+  const bool tensor_copies = UsesTensorCopies(params);
   SplitOutputs outputs;
   int splits = params.num_splits > 0
                    ? params.num_splits
                    : ChooseSplits(params.batch * params.num_kv_heads, max_visible);
   splits = std::min(splits, MaxSplits(params.max_seq_len));  // what the workspace holds
   outputs.keys_per_split = (max_visible + splits - 1) / splits;
+  if (tensor_copies) {  // ranges of whole tiles, so that tiles start on block boundaries
+    outputs.keys_per_split = (outputs.keys_per_split + kTileKeys - 1) / kTileKeys * kTileKeys;
+  }
   outputs.num_splits = (max_visible + outputs.keys_per_split - 1) / outputs.keys_per_split;
   unsigned char* workspace = static_cast<unsigned char*>(params.workspace);
   outputs.partial_out = reinterpret_cast<float*>(workspace + layout.partial_out);
@@ -624,12 +247,15 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
                        ? reinterpret_cast<float*>(workspace + layout.scores)
                        : nullptr;
 
-  constexpr int kSmem = TileLayout<kHeadDim>::kSmemBytes;
-  RUBATO_RETURN_IF_ERROR((AllowSplitKernelSharedMemory<kHeadDim, kGroup>(kSmem)));
-
-  const dim3 grid(outputs.num_splits, params.num_kv_heads, params.batch);
-  DecodeAttentionSplitKernel<kHeadDim, kGroup><<<grid, kThreads, kSmem, stream>>>(params, outputs);
-  RUBATO_RETURN_IF_ERROR(LaunchStatus("decode_attention_split"));
+  if constexpr (kHeadDim % 64 == 0) {
+    if (tensor_copies) {
+      RUBATO_RETURN_IF_ERROR((LaunchSplits<kHeadDim, kGroup, true>(params, outputs, stream)));
+    } else {
+      RUBATO_RETURN_IF_ERROR((LaunchSplits<kHeadDim, kGroup, false>(params, outputs, stream)));
+    }
+  } else {
+    RUBATO_RETURN_IF_ERROR((LaunchSplits<kHeadDim, kGroup, false>(params, outputs, stream)));
+  }
 
   DecodeAttentionMergeKernel<kHeadDim>
       <<<params.batch * params.num_heads, 128, MergeSharedBytes(outputs.num_splits), stream>>>(
@@ -658,6 +284,9 @@ Status Validate(const DecodeAttentionParams& p) {
   if (p.num_kv_heads < 1 || p.num_heads < 1 || p.num_heads % p.num_kv_heads != 0) {
     return invalid("num_heads " + std::to_string(p.num_heads) + " is not a positive multiple of " +
                    "num_kv_heads " + std::to_string(p.num_kv_heads));
+  }
+  if (p.num_pool_blocks < 0) {
+    return invalid("num_pool_blocks " + std::to_string(p.num_pool_blocks) + " < 0");
   }
   if (p.block_tokens != 16 && p.block_tokens != 64) {
     return invalid("block_tokens " + std::to_string(p.block_tokens) + " (expected 16 or 64)");

@@ -28,6 +28,10 @@ struct DecodeAttentionParams {
   int64_t q_row_stride = 0;
   const __nv_bfloat16* key_pool = nullptr;    // [blocks][num_kv_heads][block_tokens][head_dim]
   const __nv_bfloat16* value_pool = nullptr;  // [blocks][num_kv_heads][block_tokens][head_dim]
+  // Blocks in each pool. > 0 lets dense launches with head_dim 64 / 128 copy whole blocks
+  // through tensor maps (the faster path, decode_attention_split.cuh), where a block id past the
+  // pool reads zeros; 0: row copies, block ids trusted.
+  int64_t num_pool_blocks = 0;
   const int32_t* block_tables = nullptr;      // [batch][block_table_stride] physical block ids
   int block_table_stride = 0;
   const int32_t* seq_lens = nullptr;  // [batch], device: keys held, 1 <= L <= max_seq_len

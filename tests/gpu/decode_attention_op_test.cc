@@ -31,6 +31,9 @@ struct DecodeCase {
   AttentionWindow window;
   bool want_stats = false;
   int extra_max_seq_len = 0;  // max_seq_len beyond the longest sequence (graph-stable grids)
+  // Withholds the pool size: the kernel's row copies instead of whole-block tensor copies
+  // (which it takes for dense windows at head_dim 64 / 128 when it knows the pool size).
+  bool row_copies = false;
 };
 
 std::string Describe(const DecodeCase& c) {
@@ -39,7 +42,8 @@ std::string Describe(const DecodeCase& c) {
   return "lens [" + lens + "] head_dim " + std::to_string(c.head_dim) + " group " +
          std::to_string(c.group) + " kv_heads " + std::to_string(c.num_kv_heads) + " block " +
          std::to_string(c.block_tokens) + " sink " + std::to_string(c.window.sink_tokens) +
-         " recent " + std::to_string(c.window.recent_tokens);
+         " recent " + std::to_string(c.window.recent_tokens) +
+         (c.row_copies ? " row copies" : " pool size given");
 }
 
 void RunCase(const DecodeCase& c) {
@@ -107,6 +111,7 @@ void RunCase(const DecodeCase& c) {
   params.q_row_stride = static_cast<int64_t>(num_heads) * c.head_dim;
   params.key_pool = d_keys.data();
   params.value_pool = d_values.data();
+  params.num_pool_blocks = c.row_copies ? 0 : num_blocks;
   params.block_tables = d_tables.data();
   params.block_table_stride = stride;
   params.seq_lens = d_lens.data();
@@ -186,12 +191,15 @@ TEST(DecodeAttentionOp, ShortAndMediumContextsEveryHeadDimAndGroup) {
   for (int head_dim : {16, 32, 64, 128}) {
     for (int group : {1, 2, 4, 8}) {
       for (int block_tokens : {16, 64}) {
-        DecodeCase c;
-        c.seq_lens = {1, 127, 4099};
-        c.head_dim = head_dim;
-        c.group = group;
-        c.block_tokens = block_tokens;
-        RunCase(c);
+        for (bool row_copies : {false, true}) {
+          DecodeCase c;
+          c.seq_lens = {1, 127, 4099};
+          c.head_dim = head_dim;
+          c.group = group;
+          c.block_tokens = block_tokens;
+          c.row_copies = row_copies;
+          RunCase(c);
+        }
       }
     }
   }
@@ -205,26 +213,35 @@ TEST(DecodeAttentionOp, Batch17MixedLengthsQwen3Heads) {
   c.seq_lens[9] = 4099;
   c.num_kv_heads = 8;
   c.group = 4;
-  c.block_tokens = 64;
-  RunCase(c);
-  c.block_tokens = 16;
-  RunCase(c);
+  for (int block_tokens : {16, 64}) {
+    for (bool row_copies : {false, true}) {
+      c.block_tokens = block_tokens;
+      c.row_copies = row_copies;
+      RunCase(c);
+    }
+  }
 }
 
 TEST(DecodeAttentionOp, SingleSequence) {
   for (int len : {1, 2, 63, 64, 65, 300}) {
-    DecodeCase c;
-    c.seq_lens = {len};
-    RunCase(c);
+    for (bool row_copies : {false, true}) {
+      DecodeCase c;
+      c.seq_lens = {len};
+      c.row_copies = row_copies;
+      RunCase(c);
+    }
   }
 }
 
 TEST(DecodeAttentionOp, MaxSeqLenBeyondEverySequenceLeavesSplitsEmpty) {
-  DecodeCase c;
-  c.seq_lens = {127, 1, 700};
-  c.extra_max_seq_len = 20000;  // as a captured graph sees it: grid sized for 20.7K keys
-  c.want_stats = true;
-  RunCase(c);
+  for (bool row_copies : {false, true}) {
+    DecodeCase c;
+    c.seq_lens = {127, 1, 700};
+    c.extra_max_seq_len = 20000;  // as a captured graph sees it: grid sized for 20.7K keys
+    c.want_stats = true;
+    c.row_copies = row_copies;
+    RunCase(c);
+  }
 }
 
 TEST(DecodeAttentionOp, SinkAndRecentWindow) {
@@ -233,6 +250,19 @@ TEST(DecodeAttentionOp, SinkAndRecentWindow) {
     c.seq_lens = {1, 50, 104, 105, 4099};
     c.window.sink_tokens = 4;
     c.window.recent_tokens = 100;
+    c.block_tokens = block_tokens;
+    c.want_stats = true;
+    RunCase(c);
+  }
+}
+
+// A window as wide as max_seq_len hides nothing: the dense (tensor-copy) path, with a sink.
+TEST(DecodeAttentionOp, WindowCoveringEveryKeyIsDense) {
+  for (int block_tokens : {16, 64}) {
+    DecodeCase c;
+    c.seq_lens = {1, 50, 4099};
+    c.window.sink_tokens = 99;
+    c.window.recent_tokens = 4000;  // 99 + 4000 = max_seq_len
     c.block_tokens = block_tokens;
     c.want_stats = true;
     RunCase(c);
@@ -260,12 +290,15 @@ TEST(DecodeAttentionOp, Large65537Context) {
 }
 
 TEST(DecodeAttentionOp, Large65537ContextHeadDim64Block16) {
-  DecodeCase c;
-  c.seq_lens = {65537};
-  c.head_dim = 64;
-  c.group = 2;
-  c.block_tokens = 16;
-  RunCase(c);
+  for (bool row_copies : {false, true}) {
+    DecodeCase c;
+    c.seq_lens = {65537};
+    c.head_dim = 64;
+    c.group = 2;
+    c.block_tokens = 16;
+    c.row_copies = row_copies;
+    RunCase(c);
+  }
 }
 
 TEST(DecodeAttentionOp, RejectsBadParams) {
@@ -307,6 +340,12 @@ TEST(DecodeAttentionOp, RejectsBadParams) {
   EXPECT_EQ(status.code(), StatusCode::kUnsupported) << status.message();  // group 3
 
   params.num_heads = 4;
+  params.num_pool_blocks = -1;
+  status = cuda::DecodeAttention(params, nullptr);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("num_pool_blocks"), std::string::npos) << status.message();
+
+  params.num_pool_blocks = 4;
   params.block_table_stride = 3;  // 3 blocks of 16 < 64 keys
   status = cuda::DecodeAttention(params, nullptr);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);

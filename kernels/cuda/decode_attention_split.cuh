@@ -1,0 +1,487 @@
+// Decode attention's split kernel (decode_attention.cu launches it, then merges its partials).
+//
+// Work split. One thread block per (split, KV head, sequence). It owns a contiguous range of the
+// sequence's attended keys ("visible" keys: the sink segment then the recent segment, numbered
+// 0..count-1) and computes, for the GQA group's query heads, a partial softmax over that range.
+// Every K/V byte is read once per step and shared by the whole GQA group, so the kernel is bound
+// by HBM bandwidth: tiles of kTileKeys keys stream through kStages shared-memory stages, each
+// completing on an mbarrier when the copy engine has landed its bytes.
+//
+// Two ways to fill a stage (one template flag, chosen per launch):
+//  * tensor copies (dense windows, head_dim 64 / 128): thread 0 copies whole KV blocks through a
+//    tensor map per pool, 64 dims x block_tokens rows per box, into 128-byte-swizzled tiles.
+//    The L2 then sees whole 128-byte lines, as it does from a coalesced kernel;
+//  * row copies (any window, any head_dim): each thread moves one K or V row with a bulk copy
+//    into a row padded to a 32-byte multiple (see PaddedTiles).
+// Measured at 16 x 128K on an H200 (bench/results/decode_attention_notes.md): tensor copies with
+// two stages read K+V at 4.57 TB/s against SDPA's 4.62 in the same run; row copies at 4.28.
+//
+// Tile math. The group's G <= 8 query rows are the M = 16 rows of an m16n8k16 bf16 MMA (rows G..15
+// are zero): S = Q K^T takes K straight from shared memory (a key row is the MMA's column-major B
+// operand), P V takes V through ldmatrix.trans. Wasting up to 15/16 of the tensor-core rows costs
+// nothing here: the tensor cores are idle >95% of the time either way. Each of the 4 warps takes
+// 16 keys of every 64-key tile and keeps its own running max / sum / output (FlashAttention-2
+// style); the warps are merged once at the end of the block's range. Scores are kept in log2
+// units (scale * log2(e) folded in) so that exp2f is the only transcendental.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/async_copy.cuh"
+#include "kernels/cuda/decode_attention.cuh"
+
+namespace rubato::cuda::decode_attention {
+
+#ifndef RUBATO_DECODE_TILE_KEYS  // build-time knobs for benchmark sweeps only
+#define RUBATO_DECODE_TILE_KEYS 64
+#define RUBATO_DECODE_STAGES 2
+#define RUBATO_DECODE_BLOCKS_PER_SM 2
+#endif
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTileKeys = RUBATO_DECODE_TILE_KEYS;  // keys per pipeline stage
+constexpr int kKeysPerWarp = kTileKeys / kWarps;    // a multiple of 16 (P V k-steps)
+constexpr int kKeySteps = kKeysPerWarp / 16;        // P V k-steps per warp and tile
+constexpr int kScoreBlocks = kKeysPerWarp / 8;      // S n-blocks per warp and tile
+// Tiles per block: one streaming in while one is read. A third stage measured 1.5-3 % slower at
+// 16 x 128K for both copy kinds (more bytes in flight than HBM serves best).
+constexpr int kStages = RUBATO_DECODE_STAGES;
+static_assert(kKeysPerWarp % 16 == 0, "warps take whole P V k-steps");
+static_assert(kThreads == 2 * kTileKeys, "row copies: one K or V row per thread");
+constexpr int kMinKeysPerSplit = 256;  // bounds the split count (and the workspace)
+constexpr int kBlocksPerSm = RUBATO_DECODE_BLOCKS_PER_SM;  // what the shared memory allows
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Row copies' stage: a K tile then a V tile, each [kTileKeys][row], a row being head_dim bf16 plus
+// 32 bytes of padding. The copy engine splits a bulk copy where its destination crosses a
+// 128-byte boundary, and a source sector straddling such a split is read from L2 twice: with
+// rows 32-byte aligned none straddles (16 bytes of padding cost 11 % more L2 sector reads and
+// 1.6 % of the time at 16 x 128K). Q K^T sums over the head dims, so the dims may be taken in any
+// order Q and K share: k-step s, thread q takes dims 16s + 4q .. + 3 as one 8-byte shared load,
+// and the 16 lanes of a half-warp (rows g..g+3, 32 bytes each) cover the 32 banks once. V's
+// ldmatrix rows (16 bytes, 8 rows per phase) see a 2-way bank conflict, rows r and r + 4.
+template <int kHeadDim>
+struct PaddedTiles {
+  static constexpr int kRowBytes = kHeadDim * 2 + 32;
+  static constexpr int kTileBytes = kTileKeys * kRowBytes;
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  // Byte offset of 16-byte chunk `chunk` (0 .. head_dim / 8 - 1) of `row` within a tile.
+  __device__ static int Offset(int row, int chunk) { return row * kRowBytes + chunk * 16; }
+  // Q's A fragment for k-step s: a0 = dims 16s + 4q, +1; a2 = dims 16s + 4q + 2, +3.
+  __device__ static uint2 QueryFragment(const __nv_bfloat16* q_row, int s, int quad) {
+    return *reinterpret_cast<const uint2*>(q_row + 16 * s + 4 * quad);
+  }
+  // K's B fragment of key `row` for k-step s, in Q's dim order.
+  __device__ static uint2 KeyFragment(const unsigned char* k_tile, int row, int s, int quad) {
+    return *reinterpret_cast<const uint2*>(k_tile + row * kRowBytes + 32 * s + 8 * quad);
+  }
+};
+
+// Tensor copies' stage: each K (or V) tile is head_dim / 64 "halves" of [kTileKeys rows][128
+// bytes] in the 128-byte swizzle (16-byte chunk c of row r sits at chunk c ^ (r % 8)), which
+// spreads the 8 rows an MMA fragment or an ldmatrix phase reads over all banks without padding.
+// Dims in MMA order (k-step s, thread q: dims 16s + 2q, +1 and 16s + 8 + 2q, +1), two 4-byte
+// loads per K fragment: an 8-byte load of 4 adjacent dims would meet its neighbour row's in the
+// swizzle. Tiles need 1024-byte alignment: one extra KB of slack.
+template <int kHeadDim>
+struct SwizzledTiles {
+  static constexpr int kHalfBytes = kTileKeys * 128;
+  static constexpr int kTileBytes = kHeadDim / 64 * kHalfBytes;
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+  __device__ static int Offset(int row, int chunk) {
+    return (chunk / 8) * kHalfBytes + row * 128 + (((chunk % 8) ^ (row & 7)) << 4);
+  }
+  __device__ static uint2 QueryFragment(const __nv_bfloat16* q_row, int s, int quad) {
+    return make_uint2(*reinterpret_cast<const uint32_t*>(q_row + 16 * s + 2 * quad),
+                      *reinterpret_cast<const uint32_t*>(q_row + 16 * s + 8 + 2 * quad));
+  }
+  __device__ static uint2 KeyFragment(const unsigned char* k_tile, int row, int s, int quad) {
+    return make_uint2(*reinterpret_cast<const uint32_t*>(k_tile + Offset(row, 2 * s) + 4 * quad),
+                      *reinterpret_cast<const uint32_t*>(k_tile + Offset(row, 2 * s + 1) + 4 * quad));
+  }
+};
+
+template <int kHeadDim, bool kTensorCopies>
+using TilesFor = std::conditional_t<kTensorCopies, SwizzledTiles<kHeadDim>, PaddedTiles<kHeadDim>>;
+
+// The keys the query at position L - 1 attends, numbered 0..count-1: the sink segment
+// [0, sink_end) then the recent segment [recent_begin, L) (kernels/cpu/attention_window.h).
+struct VisibleKeys {
+  int sink_end;
+  int recent_begin;
+  int count;
+  __device__ int Position(int index) const {
+    return index < sink_end ? index : recent_begin + (index - sink_end);
+  }
+};
+
+__device__ inline VisibleKeys VisibleKeysOf(int seq_len, int sink_tokens, int recent_tokens) {
+  VisibleKeys keys;
+  if (seq_len <= 0) return VisibleKeys{0, 0, 0};
+  const int position = seq_len - 1;
+  keys.sink_end = min(sink_tokens, seq_len);
+  // position - recent + 1 >= -INT_MAX + 1: no overflow for recent_tokens <= INT_MAX.
+  keys.recent_begin = max(sink_tokens, position - recent_tokens + 1);
+  keys.count = keys.sink_end + max(0, seq_len - keys.recent_begin);
+  return keys;
+}
+
+// Four 8x8 bf16 matrices, transposed: register i of lane (g, t) holds rows 2t, 2t+1 of column g
+// of matrix i, where lane 8i + r supplies the address of row r of matrix i.
+__device__ inline void LdMatrixX4Trans(const void* smem_row, uint32_t& r0, uint32_t& r1,
+                                       uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(SharedAddress(smem_row)));
+}
+
+// c += A B for one m16n8k16 tile, A rows g+8 being zero (a1 = a3 = 0).
+__device__ inline void MmaRowsBelow8(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0,
+                                     uint32_t b1) {
+  const uint32_t zero = 0;
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(zero), "r"(a2), "r"(zero), "r"(b0), "r"(b1));
+}
+
+__device__ inline uint32_t PackBf16x2(float low, float high) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// Where a launch puts its partial results (all in the caller's workspace).
+struct SplitOutputs {
+  int num_splits = 0;
+  int keys_per_split = 0;        // a multiple of kTileKeys with tensor copies
+  float* partial_out = nullptr;  // [batch][num_heads][num_splits][head_dim], f32, normalized
+  float* partial_lse = nullptr;  // [batch][num_heads][num_splits], f32, log2 units; -inf: empty
+  float* lse2 = nullptr;         // [batch][num_heads], f32, log2 units (written by the merge)
+  float* scores = nullptr;       // [batch][num_heads][max_seq_len], f32, log2 units, or null
+};
+
+// kTensorCopies needs: head_dim 64 or 128, a dense window (visible index == position), split
+// ranges starting on tile boundaries, and key_map / value_map over the pools' rows
+// ([blocks * num_kv_heads * block_tokens][head_dim], boxes of 64 dims x block_tokens rows).
+// Without it the maps are unused.
+template <int kHeadDim, int kGroup, bool kTensorCopies>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    DecodeAttentionSplitKernel(const DecodeAttentionParams params, const SplitOutputs outputs,
+                               const __grid_constant__ CUtensorMap key_map,
+                               const __grid_constant__ CUtensorMap value_map) {
+  using Tiles = TilesFor<kHeadDim, kTensorCopies>;
+  static_assert(kGroup <= 8, "the group's query rows must fit the MMA's first 8 rows");
+  static_assert((kHeadDim / 8) % 2 == 0, "P V consumes dims in pairs of 8-column blocks");
+  static_assert(!kTensorCopies || kHeadDim % 64 == 0, "tensor copies move 64-dim halves");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw;
+  if constexpr (kTensorCopies) {  // swizzled tiles start on a 1024-byte boundary
+    const unsigned address = SharedAddress(smem_raw);
+    smem += ((address + 1023u) & ~1023u) - address;
+  }
+
+  const int split = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int sequence = blockIdx.z;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int row = lane / 4;   // MMA "group id": query row g, and key / dim column g
+  const int quad = lane % 4;  // MMA "thread in group"
+  const int first_head = kv_head * kGroup;
+
+  const int seq_len = min(params.seq_lens[sequence], params.max_seq_len);
+  const VisibleKeys visible = VisibleKeysOf(seq_len, params.sink_tokens, params.recent_tokens);
+  const int begin = split * outputs.keys_per_split;
+  const int end = min(begin + outputs.keys_per_split, visible.count);
+  const size_t partial_row0 =
+      (static_cast<size_t>(sequence) * params.num_heads + first_head) * outputs.num_splits + split;
+  if (begin >= end) {  // nothing to attend in this split: the merge gives it weight 0
+    if (threadIdx.x < kGroup) {
+      outputs.partial_lse[partial_row0 + static_cast<size_t>(threadIdx.x) * outputs.num_splits] =
+          -INFINITY;
+    }
+    return;
+  }
+
+  const int block_shift = params.block_tokens == 64 ? 6 : 4;
+  const int32_t* block_table =
+      params.block_tables + static_cast<size_t>(sequence) * params.block_table_stride;
+  constexpr int kRowDataBytes = kHeadDim * 2;
+  // One mbarrier per stage: every thread arrives (row copies) or thread 0 alone (tensor copies).
+  __shared__ uint64_t stage_full[kStages];
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) MbarrierInit(&stage_full[s], kTensorCopies ? 1 : kThreads);
+    FenceMbarrierInit();
+  }
+  __syncthreads();
+
+  // Row copies: thread i copies K row i of the tile (i < kTileKeys) or V row i - kTileKeys into
+  // its padded row; rows past the split's end are zeroed instead (P is 0 there, and 0 x stale NaN
+  // would not be 0). The physical block of the thread's key in the next tile is fetched one tile
+  // ahead: a block-table read on the load path would stall the warp right when it issues copies.
+  const int my_key = threadIdx.x % kTileKeys;
+  const bool loads_values = threadIdx.x >= kTileKeys;
+  int next_block = 0;
+  auto fetch_row_block = [&](int tile_begin) {
+    const int index = tile_begin + my_key;
+    next_block = index < end ? block_table[visible.Position(index) >> block_shift] : 0;
+  };
+  auto load_rows = [&](int tile_begin, int stage) {
+    const int index = tile_begin + my_key;
+    unsigned char* dest = smem + stage * Tiles::kStageBytes +
+                          (loads_values ? Tiles::kTileBytes : 0) + Tiles::Offset(my_key, 0);
+    if (index < end) {
+      const int position = visible.Position(index);
+      const size_t offset =
+          ((static_cast<size_t>(next_block) * params.num_kv_heads + kv_head) * params.block_tokens +
+           (position & (params.block_tokens - 1))) *
+          kHeadDim;
+      FenceProxyAsyncShared();
+      MbarrierArriveExpectTx(&stage_full[stage], kRowDataBytes);
+      BulkCopyToShared(dest, (loads_values ? params.value_pool : params.key_pool) + offset,
+                       kRowDataBytes, &stage_full[stage]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < kRowDataBytes / 16; ++c) {
+        reinterpret_cast<uint4*>(dest)[c] = make_uint4(0, 0, 0, 0);
+      }
+      MbarrierArriveExpectTx(&stage_full[stage], 0);
+    }
+    fetch_row_block(tile_begin + kTileKeys);
+  };
+
+  // Tensor copies: thread 0 fetches the tile's block ids (one per block_tokens keys) one tile
+  // ahead and issues one box per block, K and V, per 64-dim half. Tiles start on block
+  // boundaries (dense window, splits of whole tiles), so a box never crosses into another block.
+  constexpr int kMaxTileBlocks = kTileKeys / 16;
+  int next_tile_blocks[kMaxTileBlocks];  // -1: past the split's end
+  const int tile_blocks = kTileKeys >> block_shift;
+  auto fetch_tile_blocks = [&](int tile_begin) {
+#pragma unroll
+    for (int b = 0; b < kMaxTileBlocks; ++b) {
+      const int first = tile_begin + b * params.block_tokens;
+      next_tile_blocks[b] = b < tile_blocks && first < end ? block_table[first >> block_shift] : -1;
+    }
+  };
+  auto load_blocks = [&](int stage) {  // thread 0 only
+    int blocks = 0;
+#pragma unroll
+    for (int b = 0; b < kMaxTileBlocks; ++b) blocks += next_tile_blocks[b] >= 0 ? 1 : 0;
+    MbarrierArriveExpectTx(&stage_full[stage], blocks * params.block_tokens * kRowDataBytes * 2);
+    unsigned char* k_dest = smem + stage * Tiles::kStageBytes;
+#pragma unroll
+    for (int b = 0; b < kMaxTileBlocks; ++b) {
+      if (next_tile_blocks[b] < 0) continue;
+      const int map_row = (next_tile_blocks[b] * params.num_kv_heads + kv_head) * params.block_tokens;
+      const int dest_row = b * params.block_tokens;
+#pragma unroll
+      for (int half = 0; half < kHeadDim / 64; ++half) {
+        unsigned char* dest = k_dest + half * SwizzledTiles<kHeadDim>::kHalfBytes + dest_row * 128;
+        TensorTileToShared(dest, &key_map, half * 64, map_row, &stage_full[stage]);
+        TensorTileToShared(dest + Tiles::kTileBytes, &value_map, half * 64, map_row,
+                           &stage_full[stage]);
+      }
+    }
+  };
+
+  auto load_tile = [&](int tile_begin, int stage) {
+    if constexpr (kTensorCopies) {
+      if (threadIdx.x == 0) {
+        load_blocks(stage);
+        fetch_tile_blocks(tile_begin + kTileKeys);
+      }
+    } else {
+      load_rows(tile_begin, stage);
+    }
+  };
+
+  const int num_tiles = (end - begin + kTileKeys - 1) / kTileKeys;
+  if constexpr (kTensorCopies) {
+    if (threadIdx.x == 0) fetch_tile_blocks(begin);
+  } else {
+    fetch_row_block(begin);
+  }
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) load_tile(begin + s * kTileKeys, s);
+  }
+
+  // Q as MMA A fragments in the tiles' dim order, loaded once the first copies are in flight.
+  uint32_t q_frag[kHeadDim / 16][2];
+  {
+    const __nv_bfloat16* q_row =
+        params.q + sequence * params.q_row_stride + (first_head + row) * kHeadDim;
+#pragma unroll
+    for (int s = 0; s < kHeadDim / 16; ++s) {
+      const uint2 dims = row < kGroup ? Tiles::QueryFragment(q_row, s, quad) : make_uint2(0u, 0u);
+      q_frag[s][0] = dims.x;
+      q_frag[s][1] = dims.y;
+    }
+  }
+
+  const float scale_log2 = params.scale * kLog2e;
+  float row_max = -INFINITY;   // running max of row g's scores (log2 units), same in the quad
+  float row_sum = 0.f;         // this thread's share of row g's sum of exp2(score - row_max)
+  float out[kHeadDim / 8][4];  // C fragments of P V: [0], [1] = row g, dims 8n + 2q, +1
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.f;
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    // Every warp is done with tile - 1, whose stage the next load refills; each thread's reads
+    // of it are ordered before the copy engine's writes (the tensor path's issuing thread did
+    // not make them all).
+    if constexpr (kTensorCopies) FenceProxyAsyncShared();
+    __syncthreads();
+    {
+      const int next = tile + kStages - 1;
+      if (next < num_tiles) load_tile(begin + next * kTileKeys, next % kStages);
+    }
+    MbarrierWait(&stage_full[tile % kStages], (tile / kStages) & 1);
+    const unsigned char* k_tile = smem + (tile % kStages) * Tiles::kStageBytes;
+    const unsigned char* v_tile = k_tile + Tiles::kTileBytes;
+    if constexpr (kTensorCopies) {
+      // Whole blocks landed: V rows past the split's end (the last block's later positions, or
+      // blocks never loaded) may hold anything, NaN included; P is 0 there, 0 x NaN is not.
+      const int valid_rows = end - (begin + tile * kTileKeys);
+      if (valid_rows < kTileKeys) {
+        unsigned char* v_mutable = const_cast<unsigned char*>(v_tile);
+        for (int i = threadIdx.x; i < (kTileKeys - valid_rows) * (kHeadDim / 8); i += kThreads) {
+          const int r = valid_rows + i / (kHeadDim / 8);
+          *reinterpret_cast<uint4*>(v_mutable + Tiles::Offset(r, i % (kHeadDim / 8))) =
+              make_uint4(0, 0, 0, 0);
+        }
+        __syncthreads();
+      }
+    }
+    const int warp_key0 = warp * kKeysPerWarp;  // this warp's first key row in the tile
+
+    // S = Q K^T for the warp's keys: n-block j covers keys warp_key0 + 8j .. + 7.
+    float score[kScoreBlocks][4];
+#pragma unroll
+    for (int j = 0; j < kScoreBlocks; ++j) {
+      score[j][0] = score[j][1] = score[j][2] = score[j][3] = 0.f;
+      const int key_row = warp_key0 + 8 * j + row;
+#pragma unroll
+      for (int s = 0; s < kHeadDim / 16; ++s) {
+        const uint2 b = Tiles::KeyFragment(k_tile, key_row, s, quad);
+        MmaRowsBelow8(score[j], q_frag[s][0], q_frag[s][1], b.x, b.y);
+      }
+    }
+
+    // Scale, mask keys past the split's end, online softmax for row g.
+    const int index0 = begin + tile * kTileKeys + warp_key0;  // visible index of key row 0
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kScoreBlocks; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int index = index0 + 8 * j + 2 * quad + e;
+        const float x = index < end ? score[j][e] * scale_log2 : -INFINITY;
+        score[j][e] = x;
+        tile_max = fmaxf(tile_max, x);
+      }
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float new_max = fmaxf(row_max, tile_max);
+    const float base = new_max == -INFINITY ? 0.f : new_max;  // all masked so far: no NaN
+    const float correction = exp2f(row_max - base);
+    row_max = new_max;
+    row_sum *= correction;
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      out[n][0] *= correction;
+      out[n][1] *= correction;
+    }
+    float prob[kScoreBlocks][2];
+#pragma unroll
+    for (int j = 0; j < kScoreBlocks; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        prob[j][e] = exp2f(score[j][e] - base);
+        row_sum += prob[j][e];
+      }
+    }
+    if (outputs.scores != nullptr && row < kGroup) {  // raw scores for the probabilities output
+      float* score_row =
+          outputs.scores + (static_cast<size_t>(sequence) * params.num_heads + first_head + row) *
+                               params.max_seq_len;
+#pragma unroll
+      for (int j = 0; j < kScoreBlocks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int index = index0 + 8 * j + 2 * quad + e;
+          if (index < end) score_row[visible.Position(index)] = score[j][e];
+        }
+      }
+    }
+
+    // O += P V, one k-step of 16 keys at a time: P as A fragments straight from the score
+    // registers (keys 2q.. of n-block 2k are columns 2q.. of k-step k, n-block 2k+1's are
+    // columns 8 + 2q..); V via ldmatrix.trans, matrices (keys +0..7 | +8..15) x (dims 8n | 8n+8).
+    const int matrix = lane / 8;
+#pragma unroll
+    for (int k = 0; k < kKeySteps; ++k) {
+      const uint32_t p_low = PackBf16x2(prob[2 * k][0], prob[2 * k][1]);
+      const uint32_t p_high = PackBf16x2(prob[2 * k + 1][0], prob[2 * k + 1][1]);
+      const int v_row = warp_key0 + 16 * k + (matrix & 1) * 8 + lane % 8;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; n += 2) {
+        uint32_t b0, b1, b0_next, b1_next;
+        LdMatrixX4Trans(v_tile + Tiles::Offset(v_row, n + (matrix >> 1)), b0, b1, b0_next,
+                        b1_next);
+        MmaRowsBelow8(out[n], p_low, p_high, b0, b1);
+        MmaRowsBelow8(out[n + 1], p_low, p_high, b0_next, b1_next);
+      }
+    }
+  }
+  __syncthreads();  // every copy landed and was read: reuse the stages to merge the warps
+
+  row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
+  row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
+  float* warp_max = reinterpret_cast<float*>(smem);  // [kWarps][8]
+  float* warp_sum = warp_max + kWarps * 8;           // [kWarps][8]
+  float* warp_out = warp_sum + kWarps * 8;           // [kWarps][8][kHeadDim]
+  if (row < kGroup) {
+    if (quad == 0) {
+      warp_max[warp * 8 + row] = row_max;
+      warp_sum[warp * 8 + row] = row_sum;
+    }
+    float* dest = warp_out + (warp * 8 + row) * kHeadDim;
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      dest[8 * n + 2 * quad] = out[n][0];
+      dest[8 * n + 2 * quad + 1] = out[n][1];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads) {
+    const int r = i / kHeadDim;
+    const int d = i % kHeadDim;
+    float block_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w * 8 + r]);
+    const float base = block_max == -INFINITY ? 0.f : block_max;
+    float numerator = 0.f, denominator = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = exp2f(warp_max[w * 8 + r] - base);
+      numerator += weight * warp_out[(w * 8 + r) * kHeadDim + d];
+      denominator += weight * warp_sum[w * 8 + r];
+    }
+    const size_t partial_row = partial_row0 + static_cast<size_t>(r) * outputs.num_splits;
+    outputs.partial_out[partial_row * kHeadDim + d] = numerator / denominator;
+    if (d == 0) outputs.partial_lse[partial_row] = base + log2f(denominator);
+  }
+}
+
+}  // namespace rubato::cuda::decode_attention
