@@ -57,7 +57,8 @@ struct DecodeAttentionParams {
   void* workspace = nullptr;  // DecodeAttentionWorkspaceBytes(...) bytes, device
   size_t workspace_bytes = 0;
   // Key splits per sequence: 0 chooses them from the shapes and the GPU's multiprocessor count
-  // (see KeysSplit in the .cu); benchmarks set it to sweep. Capped at what the workspace holds.
+  // (ChooseSplits in decode_attention.cu); benchmarks set it to sweep. Capped at what the
+  // workspace holds.
   int num_splits = 0;
 };
 
