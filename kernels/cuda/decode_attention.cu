@@ -199,8 +199,24 @@ bool UsesTensorCopies(const DecodeAttentionParams& params) {
   const long long window_keys = static_cast<long long>(params.sink_tokens) + params.recent_tokens;
   const long long pool_rows =
       static_cast<long long>(params.num_pool_blocks) * params.num_kv_heads * params.block_tokens;
+  const long long compact_rows =
+      static_cast<long long>(params.batch) * params.num_kv_heads * params.compact_capacity;
   return (params.head_dim == 64 || params.head_dim == 128) && params.num_pool_blocks > 0 &&
-         window_keys >= params.max_seq_len && pool_rows <= INT_MAX;
+         window_keys >= params.max_seq_len && pool_rows <= INT_MAX && compact_rows <= INT_MAX;
+}
+
+// The largest key index count of any (sequence, KV head) (decode_attention_split.cuh KeySpace):
+// the window's keys, or for two-segment launches the compact rows rounded up to a tile plus the
+// paged keys from recent_begin rounded down to a tile.
+int MaxKeys(const DecodeAttentionParams& params) {
+  if (params.compact_keys == nullptr) {
+    const long long window_keys =
+        static_cast<long long>(params.sink_tokens) + params.recent_tokens;
+    return static_cast<int>(std::min<long long>(params.max_seq_len, window_keys));
+  }
+  const auto round_up = [](long long n) { return (n + kTileKeys - 1) / kTileKeys * kTileKeys; };
+  const long long recent = std::min(params.max_seq_len, params.max_recent_tokens);
+  return static_cast<int>(round_up(params.compact_capacity) + recent + kTileKeys - 1);
 }
 
 template <int kHeadDim, int kGroup, bool kTensorCopies>
@@ -208,26 +224,32 @@ Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& out
                     cudaStream_t stream) {
   constexpr int kSmem = TilesFor<kHeadDim, kTensorCopies>::kSmemBytes;
   RUBATO_RETURN_IF_ERROR((AllowSplitKernelSharedMemory<kHeadDim, kGroup, kTensorCopies>(kSmem)));
-  CUtensorMap key_map{}, value_map{};
+  CUtensorMap key_map{}, value_map{}, compact_key_map{}, compact_value_map{};
   if constexpr (kTensorCopies) {
     const Bf16RowsMapShape shape{
         static_cast<int64_t>(params.num_pool_blocks) * params.num_kv_heads * params.block_tokens,
         kHeadDim, 64, params.block_tokens};
     RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.key_pool, shape, key_map));
     RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.value_pool, shape, value_map));
+    if (params.compact_keys != nullptr) {
+      const Bf16RowsMapShape compact{static_cast<int64_t>(params.batch) * params.num_kv_heads *
+                                         params.compact_capacity,
+                                     kHeadDim, 64, params.block_tokens};
+      RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.compact_keys, compact, compact_key_map));
+      RUBATO_RETURN_IF_ERROR(
+          EncodeBf16RowsMap(params.compact_values, compact, compact_value_map));
+    }
   }
   const dim3 grid(outputs.num_splits, params.num_kv_heads, params.batch);
-  DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies>
-      <<<grid, kThreads, kSmem, stream>>>(params, outputs, key_map, value_map);
+  DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies><<<grid, kThreads, kSmem, stream>>>(
+      params, outputs, key_map, value_map, compact_key_map, compact_value_map);
   return LaunchStatus("decode_attention_split");
 }
 
 template <int kHeadDim, int kGroup>
 Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout,
               cudaStream_t stream) {
-  // The window bounds the keys any sequence attends.
-  const long long window_keys = static_cast<long long>(params.sink_tokens) + params.recent_tokens;
-  const int max_visible = static_cast<int>(std::min<long long>(params.max_seq_len, window_keys));
+  const int max_visible = MaxKeys(params);
   const bool tensor_copies = UsesTensorCopies(params);
   SplitOutputs outputs;
   int splits = params.num_splits > 0
@@ -309,6 +331,22 @@ Status Validate(const DecodeAttentionParams& p) {
   if (p.q_row_stride < static_cast<int64_t>(p.num_heads) * p.head_dim ||
       p.out_row_stride < static_cast<int64_t>(p.num_heads) * p.head_dim) {
     return invalid("q_row_stride / out_row_stride smaller than num_heads * head_dim");
+  }
+  if (p.compact_keys != nullptr) {
+    if (p.compact_values == nullptr || p.compact_counts == nullptr || p.recent_begin == nullptr) {
+      return invalid("a compact segment needs compact_values, compact_counts and recent_begin");
+    }
+    if (!Aligned16(p.compact_keys) || !Aligned16(p.compact_values)) {
+      return invalid("compact_keys and compact_values must be 16-byte aligned");
+    }
+    if (p.compact_capacity < 1 || p.max_recent_tokens < 1) {
+      return invalid("compact_capacity " + std::to_string(p.compact_capacity) +
+                     " and max_recent_tokens " + std::to_string(p.max_recent_tokens) +
+                     " must be >= 1");
+    }
+    if (p.sink_tokens != 0 || p.recent_tokens != INT_MAX || p.kv_head_probs != nullptr) {
+      return invalid("a compact segment needs a dense window and no kv_head_probs");
+    }
   }
   if (p.kv_head_probs != nullptr && p.probs_stride < p.max_seq_len) {
     return invalid("probs_stride " + std::to_string(p.probs_stride) + " < max_seq_len " +

@@ -56,6 +56,17 @@ struct DecodeAttentionParams {
   int64_t probs_stride = 0;
   void* workspace = nullptr;  // DecodeAttentionWorkspaceBytes(...) bytes, device
   size_t workspace_bytes = 0;
+  // Optional first segment (two-segment sparse attention, DESIGN §3 "Working set"): per
+  // (sequence b, KV head h), rows [0, compact_counts[b * num_kv_heads + h]) of
+  //   compact_keys / compact_values + (b * num_kv_heads + h) * compact_capacity * head_dim
+  // are attended first, then the paged positions [recent_begin[b], L) (not [0, L)). Needs a
+  // dense window and no kv_head_probs. CPU twin: kernels/cpu/two_segment_attention.h.
+  const __nv_bfloat16* compact_keys = nullptr;    // [batch][num_kv_heads][capacity][head_dim]
+  const __nv_bfloat16* compact_values = nullptr;  // [batch][num_kv_heads][capacity][head_dim]
+  int compact_capacity = 0;                       // rows per (sequence, KV head), >= 1
+  const int32_t* compact_counts = nullptr;        // [batch][num_kv_heads], device, in [0, capacity]
+  const int32_t* recent_begin = nullptr;          // [batch], device, in [0, L]
+  int max_recent_tokens = 0;  // host bound of L - recent_begin over the batch (fixes the grid)
   // Key splits per sequence: 0 chooses them from the shapes and the GPU's multiprocessor count
   // (ChooseSplits in decode_attention.cu); benchmarks set it to sweep. Capped at what the
   // workspace holds.

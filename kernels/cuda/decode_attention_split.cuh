@@ -133,6 +133,44 @@ __device__ inline VisibleKeys VisibleKeysOf(int seq_len, int sink_tokens, int re
   return keys;
 }
 
+// A (sequence, KV head)'s keys as the split kernel numbers them, index 0..count-1:
+//   * [0, compact_end): compact rows (two-segment launches only); row i is attended iff
+//     i < compact_count; compact_end rounds compact_count up to a tile, so that the paged keys
+//     start on a tile boundary;
+//   * [compact_end, count): paged positions paged.Position(i - compact_end), attended iff
+//     >= paged_valid_begin. Two-segment launches start the paged keys at recent_begin rounded
+//     down to a tile (tiles of whole blocks for tensor copies) and mask the positions below it.
+struct KeySpace {
+  VisibleKeys paged;
+  int compact_count = 0;
+  int compact_end = 0;
+  int paged_valid_begin = 0;
+  int count = 0;
+  __device__ bool IsCompact(int index) const { return index < compact_end; }
+  __device__ int Position(int index) const { return paged.Position(index - compact_end); }
+  __device__ bool Attended(int index) const {
+    return index < compact_end ? index < compact_count : Position(index) >= paged_valid_begin;
+  }
+};
+
+__device__ inline KeySpace KeySpaceOf(const DecodeAttentionParams& params, int sequence,
+                                      int kv_head, int seq_len) {
+  KeySpace keys;
+  if (params.compact_keys == nullptr) {
+    keys.paged = VisibleKeysOf(seq_len, params.sink_tokens, params.recent_tokens);
+    keys.count = keys.paged.count;
+    return keys;
+  }
+  keys.compact_count = min(max(params.compact_counts[sequence * params.num_kv_heads + kv_head], 0),
+                           params.compact_capacity);
+  keys.compact_end = (keys.compact_count + kTileKeys - 1) / kTileKeys * kTileKeys;
+  keys.paged_valid_begin = min(max(params.recent_begin[sequence], 0), seq_len);
+  const int paged_begin = keys.paged_valid_begin / kTileKeys * kTileKeys;
+  keys.paged = VisibleKeys{0, paged_begin, seq_len - paged_begin};
+  keys.count = keys.compact_end + keys.paged.count;
+  return keys;
+}
+
 // Four 8x8 bf16 matrices, transposed: register i of lane (g, t) holds rows 2t, 2t+1 of column g
 // of matrix i, where lane 8i + r supplies the address of row r of matrix i.
 __device__ inline void LdMatrixX4Trans(const void* smem_row, uint32_t& r0, uint32_t& r1,
@@ -170,13 +208,17 @@ struct SplitOutputs {
 
 // kTensorCopies needs: head_dim 64 or 128, a dense window (visible index == position), split
 // ranges starting on tile boundaries, and key_map / value_map over the pools' rows
-// ([blocks * num_kv_heads * block_tokens][head_dim], boxes of 64 dims x block_tokens rows).
-// Without it the maps are unused.
+// ([blocks * num_kv_heads * block_tokens][head_dim], boxes of 64 dims x block_tokens rows), plus
+// compact_key_map / compact_value_map over the compact buffers' rows
+// ([batch * num_kv_heads * compact_capacity][head_dim], the same boxes) for two-segment
+// launches. Maps a launch does not use are ignored.
 template <int kHeadDim, int kGroup, bool kTensorCopies>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     DecodeAttentionSplitKernel(const DecodeAttentionParams params, const SplitOutputs outputs,
                                const __grid_constant__ CUtensorMap key_map,
-                               const __grid_constant__ CUtensorMap value_map) {
+                               const __grid_constant__ CUtensorMap value_map,
+                               const __grid_constant__ CUtensorMap compact_key_map,
+                               const __grid_constant__ CUtensorMap compact_value_map) {
   using Tiles = TilesFor<kHeadDim, kTensorCopies>;
   static_assert(kGroup <= 8, "the group's query rows must fit the MMA's first 8 rows");
   static_assert((kHeadDim / 8) % 2 == 0, "P V consumes dims in pairs of 8-column blocks");
@@ -198,9 +240,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int first_head = kv_head * kGroup;
 
   const int seq_len = min(params.seq_lens[sequence], params.max_seq_len);
-  const VisibleKeys visible = VisibleKeysOf(seq_len, params.sink_tokens, params.recent_tokens);
+  const KeySpace keys = KeySpaceOf(params, sequence, kv_head, seq_len);
   const int begin = split * outputs.keys_per_split;
-  const int end = min(begin + outputs.keys_per_split, visible.count);
+  const int end = min(begin + outputs.keys_per_split, keys.count);
   const size_t partial_row0 =
       (static_cast<size_t>(sequence) * params.num_heads + first_head) * outputs.num_splits + split;
   if (begin >= end) {  // nothing to attend in this split: the merge gives it weight 0
@@ -231,24 +273,34 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int my_key = threadIdx.x % kTileKeys;
   const bool loads_values = threadIdx.x >= kTileKeys;
   int next_block = 0;
+  const size_t compact_row0 =  // the (sequence, KV head)'s first compact row
+      (static_cast<size_t>(sequence) * params.num_kv_heads + kv_head) * params.compact_capacity;
   auto fetch_row_block = [&](int tile_begin) {
     const int index = tile_begin + my_key;
-    next_block = index < end ? block_table[visible.Position(index) >> block_shift] : 0;
+    next_block = index < end && !keys.IsCompact(index) && keys.Attended(index)
+                     ? block_table[keys.Position(index) >> block_shift]
+                     : 0;
   };
   auto load_rows = [&](int tile_begin, int stage) {
     const int index = tile_begin + my_key;
     unsigned char* dest = smem + stage * Tiles::kStageBytes +
                           (loads_values ? Tiles::kTileBytes : 0) + Tiles::Offset(my_key, 0);
-    if (index < end) {
-      const int position = visible.Position(index);
-      const size_t offset =
-          ((static_cast<size_t>(next_block) * params.num_kv_heads + kv_head) * params.block_tokens +
-           (position & (params.block_tokens - 1))) *
-          kHeadDim;
+    if (index < end && keys.Attended(index)) {
+      const __nv_bfloat16* source;
+      if (keys.IsCompact(index)) {
+        source = (loads_values ? params.compact_values : params.compact_keys) +
+                 (compact_row0 + index) * kHeadDim;
+      } else {
+        const int position = keys.Position(index);
+        source = (loads_values ? params.value_pool : params.key_pool) +
+                 ((static_cast<size_t>(next_block) * params.num_kv_heads + kv_head) *
+                      params.block_tokens +
+                  (position & (params.block_tokens - 1))) *
+                     kHeadDim;
+      }
       FenceProxyAsyncShared();
       MbarrierArriveExpectTx(&stage_full[stage], kRowDataBytes);
-      BulkCopyToShared(dest, (loads_values ? params.value_pool : params.key_pool) + offset,
-                       kRowDataBytes, &stage_full[stage]);
+      BulkCopyToShared(dest, source, kRowDataBytes, &stage_full[stage]);
     } else {
 #pragma unroll
       for (int c = 0; c < kRowDataBytes / 16; ++c) {
@@ -262,32 +314,48 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // Tensor copies: thread 0 fetches the tile's block ids (one per block_tokens keys) one tile
   // ahead and issues one box per block, K and V, per 64-dim half. Tiles start on block
   // boundaries (dense window, splits of whole tiles), so a box never crosses into another block.
+  // A compact tile is kTileKeys contiguous rows of the compact buffer, copied as boxes of
+  // block_tokens rows too; boxes holding no attended row are skipped.
   constexpr int kMaxTileBlocks = kTileKeys / 16;
-  int next_tile_blocks[kMaxTileBlocks];  // -1: past the split's end
+  int next_tile_rows[kMaxTileBlocks];  // map row of each box; -1: nothing to attend there
+  bool next_tile_compact = false;
   const int tile_blocks = kTileKeys >> block_shift;
   auto fetch_tile_blocks = [&](int tile_begin) {
+    next_tile_compact = keys.IsCompact(tile_begin);
 #pragma unroll
     for (int b = 0; b < kMaxTileBlocks; ++b) {
       const int first = tile_begin + b * params.block_tokens;
-      next_tile_blocks[b] = b < tile_blocks && first < end ? block_table[first >> block_shift] : -1;
+      const int last = first + params.block_tokens - 1;
+      int map_row = -1;
+      if (b < tile_blocks && first < end) {
+        if (next_tile_compact) {
+          if (first < keys.compact_count) map_row = static_cast<int>(compact_row0 + first);
+        } else if (keys.Position(last) >= keys.paged_valid_begin) {
+          map_row = (block_table[keys.Position(first) >> block_shift] * params.num_kv_heads +
+                     kv_head) *
+                    params.block_tokens;
+        }
+      }
+      next_tile_rows[b] = map_row;
     }
   };
   auto load_blocks = [&](int stage) {  // thread 0 only
-    int blocks = 0;
+    int boxes = 0;
 #pragma unroll
-    for (int b = 0; b < kMaxTileBlocks; ++b) blocks += next_tile_blocks[b] >= 0 ? 1 : 0;
-    MbarrierArriveExpectTx(&stage_full[stage], blocks * params.block_tokens * kRowDataBytes * 2);
+    for (int b = 0; b < kMaxTileBlocks; ++b) boxes += next_tile_rows[b] >= 0 ? 1 : 0;
+    MbarrierArriveExpectTx(&stage_full[stage], boxes * params.block_tokens * kRowDataBytes * 2);
     unsigned char* k_dest = smem + stage * Tiles::kStageBytes;
+    const CUtensorMap* k_map = next_tile_compact ? &compact_key_map : &key_map;
+    const CUtensorMap* v_map = next_tile_compact ? &compact_value_map : &value_map;
 #pragma unroll
     for (int b = 0; b < kMaxTileBlocks; ++b) {
-      if (next_tile_blocks[b] < 0) continue;
-      const int map_row = (next_tile_blocks[b] * params.num_kv_heads + kv_head) * params.block_tokens;
+      if (next_tile_rows[b] < 0) continue;
       const int dest_row = b * params.block_tokens;
 #pragma unroll
       for (int half = 0; half < kHeadDim / 64; ++half) {
         unsigned char* dest = k_dest + half * SwizzledTiles<kHeadDim>::kHalfBytes + dest_row * 128;
-        TensorTileToShared(dest, &key_map, half * 64, map_row, &stage_full[stage]);
-        TensorTileToShared(dest + Tiles::kTileBytes, &value_map, half * 64, map_row,
+        TensorTileToShared(dest, k_map, half * 64, next_tile_rows[b], &stage_full[stage]);
+        TensorTileToShared(dest + Tiles::kTileBytes, v_map, half * 64, next_tile_rows[b],
                            &stage_full[stage]);
       }
     }
@@ -349,14 +417,25 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const unsigned char* k_tile = smem + (tile % kStages) * Tiles::kStageBytes;
     const unsigned char* v_tile = k_tile + Tiles::kTileBytes;
     if constexpr (kTensorCopies) {
-      // Whole blocks landed: V rows past the split's end (the last block's later positions, or
-      // blocks never loaded) may hold anything, NaN included; P is 0 there, 0 x NaN is not.
-      const int valid_rows = end - (begin + tile * kTileKeys);
-      if (valid_rows < kTileKeys) {
+      // Whole boxes landed: V rows not attended (past the split's end, compact rows past the
+      // count, paged positions below recent_begin, boxes never loaded) may hold anything, NaN
+      // included; P is 0 there, and 0 x NaN is not. The attended rows are one range [lo, hi).
+      const int tile_begin = begin + tile * kTileKeys;
+      int lo = 0;
+      int hi = min(kTileKeys, end - tile_begin);
+      if (keys.IsCompact(tile_begin)) {
+        hi = min(hi, keys.compact_count - tile_begin);
+      } else {
+        lo = min(kTileKeys, max(0, keys.paged_valid_begin - keys.Position(tile_begin)));
+      }
+      hi = max(hi, lo);
+      if (lo > 0 || hi < kTileKeys) {
         unsigned char* v_mutable = const_cast<unsigned char*>(v_tile);
-        for (int i = threadIdx.x; i < (kTileKeys - valid_rows) * (kHeadDim / 8); i += kThreads) {
-          const int r = valid_rows + i / (kHeadDim / 8);
-          *reinterpret_cast<uint4*>(v_mutable + Tiles::Offset(r, i % (kHeadDim / 8))) =
+        constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+        for (int i = threadIdx.x; i < kTileKeys * kChunks; i += kThreads) {
+          const int r = i / kChunks;
+          if (r >= lo && r < hi) continue;
+          *reinterpret_cast<uint4*>(v_mutable + Tiles::Offset(r, i % kChunks)) =
               make_uint4(0, 0, 0, 0);
         }
         __syncthreads();
@@ -385,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int index = index0 + 8 * j + 2 * quad + e;
-        const float x = index < end ? score[j][e] * scale_log2 : -INFINITY;
+        const float x = index < end && keys.Attended(index) ? score[j][e] * scale_log2 : -INFINITY;
         score[j][e] = x;
         tile_max = fmaxf(tile_max, x);
       }
@@ -420,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int index = index0 + 8 * j + 2 * quad + e;
-          if (index < end) score_row[visible.Position(index)] = score[j][e];
+          if (index < end) score_row[keys.Position(index)] = score[j][e];  // no compact here
         }
       }
     }

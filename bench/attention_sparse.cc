@@ -1,0 +1,236 @@
+// Two-segment sparse decode attention benchmark (issue #5 benchmark a, the layout of SFI
+// Table 1): rubato's decode attention in its two-segment mode (compact buffer of sink +
+// selected keys, then the recent keys read in place from the paged cache) against the same
+// kernel's dense launch, at one context, batch, and a sweep of retentions (attended keys /
+// context). Both run in this process on the same device; the speedup is dense ms / sparse ms.
+//
+//   rubato_bench_sparse_attention --context 16384 --retentions 1.6,6.3,12.5,25,50,100
+//       --out bench/results/sparse_attention_h200.json                      (one line)
+//
+// At retention r the working set of every (sequence, KV head) is round(r/100 x context) keys:
+// the last min(256, kept) positions as the recent segment, the rest as compact rows. Inputs are
+// random bf16 (RandomFill), paged blocks shuffled, every launch reads K/V from HBM (the pools
+// are far larger than the L2).
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/random_fill.cuh"
+
+namespace rubato {
+namespace {
+
+using cuda::DeviceBuffer;
+
+struct Options {
+  int batch = 16;
+  int heads = 32;
+  int kv_heads = 8;
+  int head_dim = 128;
+  int block_size = 64;
+  int context = 16384;
+  int recent = 256;  // recent segment length (capped by the working set)
+  std::vector<double> retentions = {1.6, 6.3, 12.5, 25, 50, 100};
+  int warmup = 10;
+  int iterations = 100;
+  std::string out;
+};
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+Status Fill(__nv_bfloat16* device, size_t count, uint64_t stream) {
+  cuda::RandomFillParams fill;
+  fill.out = device;
+  fill.count = static_cast<int64_t>(count);
+  fill.seed = 11;
+  fill.stream = stream;
+  fill.bound = 1.f;
+  return cuda::RandomFill(fill, nullptr);
+}
+
+// Median ms of `params` over the options' iterations (one launch per CUDA-event pair).
+Result<double> TimeLaunch(const cuda::DecodeAttentionParams& params, const Options& options) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> ms;
+  for (int i = 0; i < options.warmup + options.iterations; ++i) {
+    cudaEventRecord(start);
+    const Status status = cuda::DecodeAttention(params, nullptr);
+    cudaEventRecord(stop);
+    if (!status.ok()) {
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      return status;
+    }
+    RUBATO_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop), "running decode attention");
+    float elapsed = 0;
+    cudaEventElapsedTime(&elapsed, start, stop);
+    if (i >= options.warmup) ms.push_back(elapsed);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return Median(ms);
+}
+
+Status Run(const Options& options, nlohmann::json& report) {
+  cudaDeviceProp properties{};
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, 0), "reading the device");
+  report["device"] = properties.name;
+  report["shape"] = {{"batch", options.batch},         {"heads", options.heads},
+                     {"kv_heads", options.kv_heads},   {"head_dim", options.head_dim},
+                     {"block_size", options.block_size}, {"context", options.context},
+                     {"dtype", "bf16"}};
+  const int L = options.context;
+  const int blocks_per_sequence = (L + options.block_size - 1) / options.block_size;
+  const size_t num_blocks = static_cast<size_t>(blocks_per_sequence) * options.batch;
+  const size_t pool = num_blocks * options.kv_heads * options.block_size * options.head_dim;
+  RUBATO_ASSIGN_OR_RETURN(auto keys, DeviceBuffer<__nv_bfloat16>::Allocate(pool, "K"));
+  RUBATO_ASSIGN_OR_RETURN(auto values, DeviceBuffer<__nv_bfloat16>::Allocate(pool, "V"));
+  RUBATO_RETURN_IF_ERROR(Fill(keys.data(), pool, 1));
+  RUBATO_RETURN_IF_ERROR(Fill(values.data(), pool, 2));
+  std::vector<int32_t> physical(num_blocks);
+  std::iota(physical.begin(), physical.end(), 0);
+  std::shuffle(physical.begin(), physical.end(), std::mt19937_64(3));
+  RUBATO_ASSIGN_OR_RETURN(auto tables, DeviceBuffer<int32_t>::Allocate(num_blocks, "tables"));
+  RUBATO_RETURN_IF_ERROR(tables.CopyFromHost(physical.data(), physical.size(), nullptr));
+  const size_t q_elements = static_cast<size_t>(options.batch) * options.heads * options.head_dim;
+  RUBATO_ASSIGN_OR_RETURN(auto queries, DeviceBuffer<__nv_bfloat16>::Allocate(q_elements, "q"));
+  RUBATO_ASSIGN_OR_RETURN(auto out, DeviceBuffer<__nv_bfloat16>::Allocate(q_elements, "out"));
+  RUBATO_RETURN_IF_ERROR(Fill(queries.data(), q_elements, 4));
+  const std::vector<int32_t> host_lens(options.batch, L);
+  RUBATO_ASSIGN_OR_RETURN(auto lens, DeviceBuffer<int32_t>::Allocate(options.batch, "lens"));
+  RUBATO_RETURN_IF_ERROR(lens.CopyFromHost(host_lens.data(), host_lens.size(), nullptr));
+  const size_t workspace_bytes =
+      cuda::DecodeAttentionWorkspaceBytes(options.batch, options.heads, options.head_dim, L, false);
+  RUBATO_ASSIGN_OR_RETURN(auto workspace,
+                          DeviceBuffer<unsigned char>::Allocate(workspace_bytes, "workspace"));
+
+  cuda::DecodeAttentionParams dense;
+  dense.q = queries.data();
+  dense.q_row_stride = static_cast<int64_t>(options.heads) * options.head_dim;
+  dense.key_pool = keys.data();
+  dense.value_pool = values.data();
+  dense.num_pool_blocks = static_cast<int64_t>(num_blocks);
+  dense.block_tables = tables.data();
+  dense.block_table_stride = blocks_per_sequence;
+  dense.seq_lens = lens.data();
+  dense.batch = options.batch;
+  dense.num_heads = options.heads;
+  dense.num_kv_heads = options.kv_heads;
+  dense.head_dim = options.head_dim;
+  dense.block_tokens = options.block_size;
+  dense.max_seq_len = L;
+  dense.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(options.head_dim)));
+  dense.out = out.data();
+  dense.out_row_stride = dense.q_row_stride;
+  dense.workspace = workspace.data();
+  dense.workspace_bytes = workspace_bytes;
+  RUBATO_ASSIGN_OR_RETURN(const double dense_ms, TimeLaunch(dense, options));
+  const double dense_bytes =
+      2.0 * options.batch * static_cast<double>(L) * options.kv_heads * options.head_dim * 2;
+  report["dense_ms"] = dense_ms;
+  std::printf("dense  context %d: %.4f ms, K+V read %.0f GB/s\n", L, dense_ms,
+              dense_bytes / dense_ms / 1e6);
+
+  for (double retention : options.retentions) {
+    const int kept = std::clamp(static_cast<int>(std::lround(retention / 100.0 * L)), 1, L);
+    const int recent = std::min(options.recent, kept);
+    const int compact = kept - recent;
+    const int capacity = std::max(compact, 1);
+    const size_t compact_elements =
+        static_cast<size_t>(options.batch) * options.kv_heads * capacity * options.head_dim;
+    RUBATO_ASSIGN_OR_RETURN(auto compact_keys,
+                            DeviceBuffer<__nv_bfloat16>::Allocate(compact_elements, "compact K"));
+    RUBATO_ASSIGN_OR_RETURN(
+        auto compact_values, DeviceBuffer<__nv_bfloat16>::Allocate(compact_elements, "compact V"));
+    RUBATO_RETURN_IF_ERROR(Fill(compact_keys.data(), compact_elements, 5));
+    RUBATO_RETURN_IF_ERROR(Fill(compact_values.data(), compact_elements, 6));
+    const std::vector<int32_t> host_counts(static_cast<size_t>(options.batch) * options.kv_heads,
+                                           compact);
+    const std::vector<int32_t> host_recent(options.batch, L - recent);
+    RUBATO_ASSIGN_OR_RETURN(auto counts, DeviceBuffer<int32_t>::Allocate(host_counts.size(), "c"));
+    RUBATO_ASSIGN_OR_RETURN(auto recent_begin, DeviceBuffer<int32_t>::Allocate(options.batch, "r"));
+    RUBATO_RETURN_IF_ERROR(counts.CopyFromHost(host_counts.data(), host_counts.size(), nullptr));
+    RUBATO_RETURN_IF_ERROR(
+        recent_begin.CopyFromHost(host_recent.data(), host_recent.size(), nullptr));
+
+    cuda::DecodeAttentionParams sparse = dense;
+    sparse.compact_keys = compact_keys.data();
+    sparse.compact_values = compact_values.data();
+    sparse.compact_capacity = capacity;
+    sparse.compact_counts = counts.data();
+    sparse.recent_begin = recent_begin.data();
+    sparse.max_recent_tokens = recent;
+    RUBATO_ASSIGN_OR_RETURN(const double sparse_ms, TimeLaunch(sparse, options));
+    const double bytes =
+        2.0 * options.batch * static_cast<double>(kept) * options.kv_heads * options.head_dim * 2;
+    std::printf("sparse retention %5.1f%% (%d compact + %d recent keys): %.4f ms, %.0f GB/s, "
+                "speedup over dense %.2fx\n",
+                retention, compact, recent, sparse_ms, bytes / sparse_ms / 1e6,
+                dense_ms / sparse_ms);
+    report["points"].push_back({{"retention_percent", retention},
+                                {"kept_keys", kept},
+                                {"compact_keys", compact},
+                                {"recent_keys", recent},
+                                {"sparse_ms", sparse_ms},
+                                {"kv_read_bytes_per_s", bytes / (sparse_ms / 1e3)},
+                                {"speedup_over_dense", dense_ms / sparse_ms}});
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace rubato
+
+int main(int argc, char** argv) {
+  rubato::Options options;
+  CLI::App app{"rubato two-segment sparse decode attention benchmark"};
+  app.add_option("--batch", options.batch)->check(CLI::Range(1, 4096));
+  app.add_option("--heads", options.heads)->check(CLI::Range(1, 256));
+  app.add_option("--kv-heads", options.kv_heads)->check(CLI::Range(1, 256));
+  app.add_option("--head-dim", options.head_dim);
+  app.add_option("--block-size", options.block_size);
+  app.add_option("--context", options.context)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--recent", options.recent)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--retentions", options.retentions, "percent of the context attended")
+      ->delimiter(',')
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--warmup", options.warmup)->check(CLI::Range(0, 100000));
+  app.add_option("--iterations", options.iterations)->check(CLI::Range(1, 100000));
+  app.add_option("--out", options.out, "JSON report path");
+  CLI11_PARSE(app, argc, argv);
+
+  nlohmann::json report;
+  report["benchmark"] =
+      "two-segment sparse decode attention vs dense decode attention, same kernel family";
+  std::ostringstream command;
+  for (int i = 0; i < argc; ++i) command << (i ? " " : "") << argv[i];
+  report["command"] = command.str();
+  const rubato::Status status = rubato::Run(options, report);
+  if (!status.ok()) {
+    std::fprintf(stderr, "rubato_bench_sparse_attention: error: %s\n", status.message().c_str());
+    return 1;
+  }
+  if (!options.out.empty()) std::ofstream(options.out) << report.dump(2) << "\n";
+  return 0;
+}
