@@ -1,0 +1,237 @@
+// Metrics registry: counters, gauges and histograms, exposed in the Prometheus text format
+// 0.0.4 (what `/metrics` of every rubato process serves, DESIGN §3 "Metrics").
+//
+// prometheus-cpp is not packaged, so rubato writes the format itself. Updates are lock-free
+// (relaxed atomics) because engine and server threads update metrics on hot paths; the
+// registry's one mutex guards only registration, child creation and exposition.
+//
+// Usage (callers own the registry; there is no process-wide default):
+//
+//   MetricsRegistry registry;
+//   RUBATO_ASSIGN_OR_RETURN(Counter* prompt_tokens,
+//       registry.AddCounter("rubato:prompt_tokens_total", "Prefill tokens processed."));
+//   RUBATO_ASSIGN_OR_RETURN(CounterFamily* bytes,
+//       registry.AddCounterFamily("rubato:transport_bytes_total", "Bytes moved.",
+//                                 {"direction", "backend"}));
+//   RUBATO_ASSIGN_OR_RETURN(Counter* tx_ucx, bytes->WithLabels({"tx", "ucx"}));
+//   RUBATO_ASSIGN_OR_RETURN(Histogram* ttft,
+//       registry.AddHistogram("rubato:time_to_first_token_seconds", "Time to first token.",
+//                             {0.01, 0.05, 0.1, 0.5, 1, 5}));
+//   prompt_tokens->Increment(512);   // hot path: one atomic add, no lock
+//   tx_ucx->Increment(4096);
+//   ttft->Observe(0.042);
+//   std::string body = registry.ExpositionText();  // serve with
+//                                                  // "text/plain; version=0.0.4"
+//
+// Look children up once (at setup) and keep the pointer: WithLabels takes the registry mutex.
+// Every family and child pointer stays valid for the lifetime of the registry.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace rubato {
+
+enum class MetricType { kCounter, kGauge, kHistogram };
+
+class MetricFamilyBase;
+
+// "counter", "gauge" or "histogram": the word used in `# TYPE` lines.
+std::string_view MetricTypeName(MetricType type);
+
+// A monotonic value. Increments that are negative or NaN are ignored (a counter that went
+// backwards would read as a process restart to Prometheus' rate()); the first one per family
+// logs a warning on the "metrics" logger. Metrics are observability: a caller's bad value must
+// never take a server down, so there is no assert.
+class Counter {
+ public:
+  void Increment(double amount = 1.0);
+  double Value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  template <typename>
+  friend class MetricFamily;
+  explicit Counter(MetricFamilyBase* family) : family_(family) {}
+
+  std::atomic<double> value_{0.0};
+  MetricFamilyBase* family_;  // the owner, which logs rejected increments
+};
+
+// A value that goes up and down. Any double is accepted, NaN and infinities included.
+class Gauge {
+ public:
+  void Set(double value) { value_.store(value, std::memory_order_relaxed); }
+  void Add(double delta) { value_.fetch_add(delta, std::memory_order_relaxed); }
+  double Value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  template <typename>
+  friend class MetricFamily;
+  Gauge() = default;
+
+  std::atomic<double> value_{0.0};
+};
+
+// Observations counted into fixed buckets. A value v falls into the first bucket whose upper
+// bound is >= v (bounds are inclusive, as Prometheus' `le` says), or into the implicit +Inf
+// bucket. NaN observations are ignored with a warning, like negative counter increments (one
+// NaN would turn `_sum` into NaN for the life of the process).
+//
+// Consistency under concurrency: the count is the sum of the buckets, so a scrape always shows
+// `_count` equal to the `+Inf` bucket; `_sum` may lag or lead the buckets by the observations
+// in flight during the scrape.
+class Histogram {
+ public:
+  void Observe(double value);
+
+  struct Snapshot {
+    std::vector<double> upper_bounds;     // finite bounds, strictly increasing
+    std::vector<uint64_t> bucket_counts;  // non-cumulative; size upper_bounds.size() + 1,
+                                          // the last one is the +Inf bucket
+    double sum = 0.0;
+    uint64_t count = 0;  // sum of bucket_counts
+  };
+  Snapshot Read() const;
+
+ private:
+  template <typename>
+  friend class MetricFamily;
+  Histogram(const std::vector<double>* upper_bounds, MetricFamilyBase* family);
+
+  const std::vector<double>* upper_bounds_;     // owned by the family
+  std::vector<std::atomic<uint64_t>> buckets_;  // [upper_bounds.size() + 1], non-cumulative
+  std::atomic<double> sum_{0.0};
+  MetricFamilyBase* family_;  // the owner, which logs rejected observations
+};
+
+// What every family has, whatever its child type; used by the registry for exposition.
+class MetricFamilyBase {
+ public:
+  virtual ~MetricFamilyBase() = default;
+  MetricFamilyBase(const MetricFamilyBase&) = delete;
+  MetricFamilyBase& operator=(const MetricFamilyBase&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::string& help() const { return help_; }
+  MetricType type() const { return type_; }
+  const std::vector<std::string>& label_names() const { return label_names_; }
+  const std::vector<double>& bucket_upper_bounds() const { return upper_bounds_; }
+
+ protected:
+  friend class MetricsRegistry;
+  MetricFamilyBase(MetricType type, std::string name, std::string help,
+                   std::vector<std::string> label_names, std::vector<double> upper_bounds,
+                   std::mutex* registry_mutex);
+
+  // Appends the `# HELP`, `# TYPE` and sample lines. Called with *registry_mutex_ held.
+  virtual void AppendExposition(std::string* out) const = 0;
+
+  // Logs the family's first rejected update; later ones are dropped silently so that a caller
+  // bug on a hot path cannot flood the log.
+  friend class Counter;
+  friend class Histogram;
+  void WarnRejectedUpdate(const char* what, double value);
+
+  const MetricType type_;
+  const std::string name_;
+  const std::string help_;
+  const std::vector<std::string> label_names_;
+  const std::vector<double> upper_bounds_;  // histograms only; empty otherwise
+  std::mutex* const registry_mutex_;        // guards the children maps of every family
+  std::atomic<bool> warned_{false};         // a rejected update was logged
+};
+
+// A family of children that share a name and label names and differ by label values.
+// Child is Counter, Gauge or Histogram (the instantiations in metrics.cc).
+template <typename Child>
+class MetricFamily final : public MetricFamilyBase {
+ public:
+  // The child for these label values (one per label name, in declaration order), created on
+  // first use. InvalidArgument when the number of values differs from the number of names.
+  // Label values may be any string (Prometheus expects UTF-8; that is not checked); they are
+  // escaped on output. The pointer is stable.
+  Result<Child*> WithLabels(const std::vector<std::string>& label_values);
+
+ private:
+  friend class MetricsRegistry;
+  using MetricFamilyBase::MetricFamilyBase;
+  // WithLabels after the count check, with *registry_mutex_ held.
+  Child* FindOrCreateLocked(const std::vector<std::string>& label_values);
+  void AppendExposition(std::string* out) const override;
+
+  // Sorted by label values (byte-wise string order, so "10" < "9"), which makes the exposition
+  // deterministic. Guarded by *registry_mutex_; the children are updated without it.
+  std::map<std::vector<std::string>, std::unique_ptr<Child>> children_;
+};
+
+using CounterFamily = MetricFamily<Counter>;
+using GaugeFamily = MetricFamily<Gauge>;
+using HistogramFamily = MetricFamily<Histogram>;
+
+// Owns metric families, checks their definitions and writes the exposition text.
+// Thread-safe: registration, WithLabels, updates and ExpositionText may run concurrently.
+class MetricsRegistry {
+ public:
+  MetricsRegistry() = default;
+  // Families point at the registry's mutex: the registry stays where it was created.
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  // Registration. InvalidArgument when:
+  //  * the name does not match [a-zA-Z_:][a-zA-Z0-9_:]*, or a counter's name does not end in
+  //    `_total` (DESIGN §3);
+  //  * a label name does not match [a-zA-Z_][a-zA-Z0-9_]*, starts with `__` (reserved by
+  //    Prometheus), repeats, or is `le` on a histogram;
+  //  * histogram bounds are not strictly increasing, or contain NaN or -Inf, or +Inf anywhere
+  //    but last (a trailing +Inf is dropped: that bucket is always there);
+  //  * the name is taken by a family with a different definition (type, help, label names or
+  //    bounds), or one of the sample names it writes (`name`, or `name_bucket`, `name_sum`,
+  //    `name_count` for histograms) collides with another family's.
+  // Registering the same definition again returns the existing family.
+  Result<CounterFamily*> AddCounterFamily(std::string_view name, std::string_view help,
+                                          std::vector<std::string> label_names);
+  Result<GaugeFamily*> AddGaugeFamily(std::string_view name, std::string_view help,
+                                      std::vector<std::string> label_names);
+  Result<HistogramFamily*> AddHistogramFamily(std::string_view name, std::string_view help,
+                                              std::vector<double> bucket_upper_bounds,
+                                              std::vector<std::string> label_names);
+
+  // A family without labels and its only child, in one call.
+  Result<Counter*> AddCounter(std::string_view name, std::string_view help);
+  Result<Gauge*> AddGauge(std::string_view name, std::string_view help);
+  Result<Histogram*> AddHistogram(std::string_view name, std::string_view help,
+                                  std::vector<double> bucket_upper_bounds);
+
+  // The Prometheus text format 0.0.4 of every family, sorted by name, children sorted by label
+  // values (byte-wise). A labelled family without children yet writes only HELP and TYPE.
+  std::string ExpositionText() const;
+
+ private:
+  template <typename Family>
+  Result<Family*> AddFamily(MetricType type, std::string_view name, std::string_view help,
+                            std::vector<std::string> label_names, std::vector<double> upper_bounds);
+
+  mutable std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<MetricFamilyBase>, std::less<>> families_;
+  // Every sample name written (`x_total`, `h_bucket`, `h_sum`, ...) -> its family's name.
+  std::map<std::string, std::string, std::less<>> sample_names_;
+};
+
+// Exposition helpers, exposed for tests and for other writers of the format.
+// Shortest text that reads back as the same double; integral values up to 2^53 print as
+// integers ("3", not "3e+00"), special values as "+Inf", "-Inf" and "NaN".
+std::string FormatMetricValue(double value);
+// `\` -> `\\`, newline -> `\n` (HELP text).
+std::string EscapeMetricHelp(std::string_view help);
+// `\` -> `\\`, `"` -> `\"`, newline -> `\n` (label values).
+std::string EscapeLabelValue(std::string_view value);
+
+}  // namespace rubato
