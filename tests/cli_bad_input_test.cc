@@ -230,6 +230,18 @@ TEST_F(CliBadInputTest, UnknownPolicyInYaml) {
   ExpectCleanFailure(Generate({"--config", yaml.string()}), {"unknown policy 'quest9'"});
 }
 
+// sfi is a valid policy the engine does not run yet: an error, never a silent dense run.
+TEST_F(CliBadInputTest, SfiPolicyIsNotRunByTheEngineYet) {
+  ExpectCleanFailure(Generate({"--policy", "sfi"}),
+                     {"policy sfi: not supported by this engine yet"});
+  const fs::path yaml = WriteYaml("policy:\n  name: sfi\n  t_max: 8\n");
+  ExpectCleanFailure(Generate({"--config", yaml.string()}),
+                     {"policy sfi: not supported by this engine yet"});
+  // Its parameters are still validated first.
+  const fs::path bad = WriteYaml("policy:\n  name: sfi\n  t_max: 0\n");
+  ExpectCleanFailure(Generate({"--config", bad.string()}), {"policy.t_max"});
+}
+
 TEST_F(CliBadInputTest, UnknownPolicyParameter) {
   const fs::path yaml = WriteYaml("policy:\n  name: dense\n  budget: 10\n");
   ExpectCleanFailure(Generate({"--config", yaml.string()}), {"policy.budget"});

@@ -64,6 +64,7 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
     return UnsupportedError("accuracy: engine.backend must be 'cpu' in this build");
   }
   RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
+  RUBATO_RETURN_IF_ERROR(CheckEngineSupportsPolicy(policy));
   const std::filesystem::path model_dir = config.model.path;
   if (!std::filesystem::is_directory(model_dir)) {
     return NotFoundError("model directory '" + model_dir.string() + "' does not exist");

@@ -149,6 +149,7 @@ Status RunGenerate(const GenerateArgs& args) {
   RUBATO_ASSIGN_OR_RETURN(RubatoConfig config, ResolveConfig(args));
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
   RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
+  RUBATO_RETURN_IF_ERROR(CheckEngineSupportsPolicy(policy));
   RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
 
   const std::filesystem::path model_dir = config.model.path;

@@ -12,7 +12,10 @@ namespace {
 Result<PolicyChoice> ResolveDense(const PolicySection& section) {
   RUBATO_ASSIGN_OR_RETURN(YamlMapReader params, section.ParamsReader());
   RUBATO_RETURN_IF_ERROR(params.Finish());
-  return PolicyChoice{PolicyKind::kDense, section.name, AttentionWindow()};
+  PolicyChoice choice;
+  choice.kind = PolicyKind::kDense;
+  choice.name = section.name;
+  return choice;
 }
 
 // StreamingLLM: every query attends the first sink_tokens positions and the last
@@ -24,20 +27,45 @@ Result<PolicyChoice> ResolveStreamingLlm(const PolicySection& section) {
   RUBATO_RETURN_IF_ERROR(params.ReadInt("sink_tokens", 0, kMax, &window.sink_tokens));
   RUBATO_RETURN_IF_ERROR(params.ReadInt("recent_window", 1, kMax, &window.recent_tokens));
   RUBATO_RETURN_IF_ERROR(params.Finish());
-  return PolicyChoice{PolicyKind::kStreamingLlm, section.name, window};
+  PolicyChoice choice;
+  choice.kind = PolicyKind::kStreamingLlm;
+  choice.name = section.name;
+  choice.window = window;
+  return choice;
+}
+
+// SFI: parameters in sfi_policy.h; the window stays dense (see PolicyChoice::window).
+Result<PolicyChoice> ResolveSfi(const PolicySection& section) {
+  PolicyChoice choice;
+  choice.kind = PolicyKind::kSfi;
+  choice.name = section.name;
+  RUBATO_ASSIGN_OR_RETURN(choice.sfi, ParseSfiPolicyConfig(section));
+  return choice;
 }
 
 }  // namespace
 
-std::vector<std::string> KnownPolicyNames() { return {"dense", "streaming_llm"}; }
+std::vector<std::string> KnownPolicyNames() { return {"dense", "streaming_llm", "sfi"}; }
 
 Result<PolicyChoice> ResolvePolicy(const PolicySection& section) {
   if (section.name == "dense") return ResolveDense(section);
   if (section.name == "streaming_llm") return ResolveStreamingLlm(section);
+  if (section.name == "sfi") return ResolveSfi(section);
   std::string known;
   for (const std::string& name : KnownPolicyNames()) known += (known.empty() ? "" : ", ") + name;
   return InvalidArgumentError(section.source + ": " + section.key_path + ".name: unknown policy '" +
                               section.name + "' (known: " + known + ")");
+}
+
+Status CheckEngineSupportsPolicy(const PolicyChoice& choice) {
+  switch (choice.kind) {
+    case PolicyKind::kDense:
+    case PolicyKind::kStreamingLlm:
+      return Status::Ok();
+    case PolicyKind::kSfi:
+      return UnsupportedError("policy sfi: not supported by this engine yet");
+  }
+  return InternalError("policy '" + choice.name + "': unknown PolicyKind");
 }
 
 }  // namespace rubato

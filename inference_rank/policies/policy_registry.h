@@ -1,9 +1,16 @@
 // The attention policies rubato knows, and validation of the config's `policy` section.
 //
-// Registered today: `dense` (DESIGN §4.1) and `streaming_llm` (DESIGN §4.7, the sink + recent
-// window baseline); the sparse policies of DESIGN §4 register here as they land. Validation
-// happens once at start so that a typo ends the process with a clear message
-// ("policy: unknown policy 'sfi2' (known: dense, streaming_llm)") before any weights are loaded.
+// Registered today: `dense` (DESIGN §4.1), `streaming_llm` (DESIGN §4.7, the sink + recent
+// window baseline) and `sfi` (DESIGN §4.2, Slow-Fast Inference: parameters in sfi_policy.h,
+// trigger tokens resolved there through the tokenizer: a non-special token whose text, trailing
+// spaces and tabs removed, ends with a trigger string); the other sparse policies of DESIGN §4
+// register here as they land. Validation happens once at start so that a typo ends the process
+// with a clear message ("policy: unknown policy 'sfi2' (known: dense, streaming_llm, sfi)")
+// before any weights are loaded.
+//
+// A policy can be known here before the engine runs it: callers that turn a PolicyChoice into
+// engine options call CheckEngineSupportsPolicy first, so that such a policy is an error rather
+// than a silent dense run.
 #pragma once
 
 #include <string>
@@ -11,11 +18,12 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "inference_rank/policies/sfi_policy.h"
 #include "kernels/cpu/attention_window.h"
 
 namespace rubato {
 
-enum class PolicyKind { kDense, kStreamingLlm };
+enum class PolicyKind { kDense, kStreamingLlm, kSfi };
 
 // Parameters of `streaming_llm` and their defaults.
 inline constexpr int kDefaultSinkTokens = 4;      // policy.sink_tokens, >= 0
@@ -26,8 +34,11 @@ struct PolicyChoice {
   PolicyKind kind = PolicyKind::kDense;
   std::string name;
   // The keys every query attends (the engine passes it to each forward): dense for `dense`;
-  // {sink_tokens, recent_window} for `streaming_llm`.
+  // {sink_tokens, recent_window} for `streaming_llm`; dense for `sfi`, whose prefill and slow
+  // steps are dense and whose fast steps attend the sets of `sfi` (no fixed window).
   AttentionWindow window;
+  // The parameters of `sfi`; default-constructed for the other policies.
+  SfiPolicyConfig sfi;
 };
 
 // Names accepted by `policy.name` / `--policy`.
@@ -37,5 +48,10 @@ std::vector<std::string> KnownPolicyNames();
 // source file and key path ("rubato.yaml: policy.budget: unknown key",
 // "rubato.yaml: policy.recent_window: must be in [1, ...], got 0").
 Result<PolicyChoice> ResolvePolicy(const PolicySection& section);
+
+// Ok when the engine runs `choice`: dense and streaming_llm (through PolicyChoice::window).
+// Unsupported "policy sfi: not supported by this engine yet" for sfi until the engine implements
+// its slow and fast steps; running it with the dense window instead would hide that.
+Status CheckEngineSupportsPolicy(const PolicyChoice& choice);
 
 }  // namespace rubato

@@ -1,8 +1,12 @@
-// Tests for policy-name and parameter validation: dense, streaming_llm (defaults, values, range
-// and unknown-key errors naming the key path).
+// Tests for policy-name and parameter validation: dense, streaming_llm and sfi (defaults, values,
+// range and unknown-key errors naming the key path), and which policies the engine runs today.
+// sfi_policy_test.cc checks every SFI parameter's range.
 #include "inference_rank/policies/policy_registry.h"
 
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 namespace rubato {
 namespace {
@@ -29,7 +33,7 @@ TEST(PolicyRegistry, UnknownNameListsKnownOnes) {
   auto rejected = ResolvePolicy(config->policy);
   ASSERT_FALSE(rejected.ok());
   EXPECT_EQ(rejected.status().message(),
-            "p.yaml: policy.name: unknown policy 'quest9' (known: dense, streaming_llm)");
+            "p.yaml: policy.name: unknown policy 'quest9' (known: dense, streaming_llm, sfi)");
 }
 
 Result<PolicyChoice> Resolve(const std::string& yaml) {
@@ -44,6 +48,9 @@ TEST(PolicyRegistry, StreamingLlmDefaultsToSink4Recent256) {
   EXPECT_EQ(choice->kind, PolicyKind::kStreamingLlm);
   EXPECT_EQ(choice->name, "streaming_llm");
   EXPECT_EQ(choice->window, (AttentionWindow{4, 256}));
+  // Parameters of other policies keep their defaults.
+  EXPECT_EQ(choice->sfi.t_max, 64);
+  EXPECT_EQ(choice->sfi.selector.budget, 2048);
 }
 
 TEST(PolicyRegistry, StreamingLlmReadsItsParameters) {
@@ -77,6 +84,96 @@ TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
     EXPECT_EQ(rejected.status().message().rfind(c.message_start, 0), 0u)
         << c.yaml << " -> " << rejected.status().message();
   }
+}
+
+TEST(PolicyRegistry, KnownNamesIncludeSfi) {
+  EXPECT_EQ(KnownPolicyNames(), (std::vector<std::string>{"dense", "streaming_llm", "sfi"}));
+}
+
+TEST(PolicyRegistry, SfiDefaults) {
+  auto choice = Resolve("policy:\n  name: sfi\n");
+  ASSERT_TRUE(choice.ok()) << choice.status().message();
+  EXPECT_EQ(choice->kind, PolicyKind::kSfi);
+  EXPECT_EQ(choice->name, "sfi");
+  EXPECT_TRUE(choice->window.IsDense());
+  const SfiPolicyConfig& sfi = choice->sfi;
+  EXPECT_EQ(sfi.sink_tokens, 4);
+  EXPECT_EQ(sfi.recent_window, 256);
+  EXPECT_EQ(sfi.t_max, 64);
+  EXPECT_EQ(sfi.prefill_window, 16);
+  EXPECT_EQ(sfi.triggers, (std::vector<std::string>{".", "?", "!", ";", "\n"}));
+  EXPECT_EQ(sfi.selector.budget, 2048);
+  EXPECT_EQ(sfi.selector.alpha, 0.5);
+  EXPECT_EQ(sfi.selector.lambda_clip, 0.02);
+  EXPECT_EQ(sfi.selector.nms_window, 32);
+  EXPECT_EQ(sfi.selector.temperature, 2.0);
+}
+
+TEST(PolicyRegistry, SfiReadsEveryParameter) {
+  auto choice = Resolve(
+      "policy:\n  name: sfi\n  sink_tokens: 2\n  recent_window: 128\n  budget: 512\n"
+      "  t_max: 8\n  prefill_window: 4\n  triggers: [\"\\n\\n\", '!']\n  alpha: 0.25\n"
+      "  gamma: 0.5\n  beta: 1.5\n  p: 2\n  eta: 0.75\n  lambda_clip: 0.1\n  epsilon: 1e-6\n"
+      "  nms_window: 16\n  alpha_soft: 0.3\n  alpha_cross: 0.2\n  temperature: 4\n");
+  ASSERT_TRUE(choice.ok()) << choice.status().message();
+  EXPECT_EQ(choice->kind, PolicyKind::kSfi);
+  const SfiPolicyConfig& sfi = choice->sfi;
+  EXPECT_EQ(sfi.sink_tokens, 2);
+  EXPECT_EQ(sfi.recent_window, 128);
+  EXPECT_EQ(sfi.t_max, 8);
+  EXPECT_EQ(sfi.prefill_window, 4);
+  EXPECT_EQ(sfi.triggers, (std::vector<std::string>{"\n\n", "!"}));
+  const SfiSelectorConfig& s = sfi.selector;
+  EXPECT_EQ(s.budget, 512);
+  EXPECT_EQ(s.alpha, 0.25);
+  EXPECT_EQ(s.gamma, 0.5);
+  EXPECT_EQ(s.beta, 1.5);
+  EXPECT_EQ(s.p, 2.0);
+  EXPECT_EQ(s.eta, 0.75);
+  EXPECT_EQ(s.lambda_clip, 0.1);
+  EXPECT_EQ(s.epsilon, 1e-6);
+  EXPECT_EQ(s.nms_window, 16);
+  EXPECT_EQ(s.alpha_soft, 0.3);
+  EXPECT_EQ(s.alpha_cross, 0.2);
+  EXPECT_EQ(s.temperature, 4.0);
+}
+
+TEST(PolicyRegistry, SfiRejectsBadValuesAndUnknownKeys) {
+  const struct {
+    const char* yaml;
+    const char* message_start;
+  } cases[] = {
+      {"policy: {name: sfi, t_max: 0}\n",
+       "s.yaml: policy.t_max: must be in [1, 2147483647], got 0"},
+      {"policy: {name: sfi, budget: -5}\n",
+       "s.yaml: policy.budget: must be in [1, 2147483647], got -5"},
+      {"policy: {name: sfi, prefill_window: 100}\n",
+       "s.yaml: policy.prefill_window: must be in [1, 64], got 100"},
+      {"policy: {name: sfi, alpha: 2}\n", "s.yaml: policy.alpha: must be in (0, 1], got 2"},
+      {"policy: {name: sfi, triggers: ['']}\n", "s.yaml: policy.triggers[0]: '' must not be empty"},
+      {"policy: {name: sfi, tmax: 8}\n", "s.yaml: policy.tmax: unknown key; did you mean 't_max'?"},
+      {"policy: {name: sfi, selector: {alpha: 0.5}}\n", "s.yaml: policy.selector: unknown key"},
+  };
+  for (const auto& c : cases) {
+    auto rejected = Resolve(c.yaml);
+    ASSERT_FALSE(rejected.ok()) << c.yaml;
+    EXPECT_EQ(rejected.status().code(), StatusCode::kInvalidArgument) << c.yaml;
+    EXPECT_EQ(rejected.status().message().rfind(c.message_start, 0), 0u)
+        << c.yaml << " -> " << rejected.status().message();
+  }
+}
+
+TEST(PolicyRegistry, EngineRunsDenseAndStreamingLlmButNotSfiYet) {
+  for (const char* yaml : {"policy: {name: dense}\n", "policy: {name: streaming_llm}\n"}) {
+    auto choice = Resolve(yaml);
+    ASSERT_TRUE(choice.ok()) << choice.status().message();
+    EXPECT_TRUE(CheckEngineSupportsPolicy(*choice).ok()) << yaml;
+  }
+  auto sfi = Resolve("policy: {name: sfi}\n");
+  ASSERT_TRUE(sfi.ok()) << sfi.status().message();
+  const Status status = CheckEngineSupportsPolicy(*sfi);
+  EXPECT_EQ(status.code(), StatusCode::kUnsupported);
+  EXPECT_EQ(status.message(), "policy sfi: not supported by this engine yet");
 }
 
 }  // namespace
