@@ -115,16 +115,6 @@ TEST(AccuracyEvalErrors, InstanceLongerThanTheContextIsNamed) {
       << result.status().message();
 }
 
-TEST(AccuracyEvalErrors, SfiIsNotRunByTheEngineYet) {
-  RubatoConfig config = DefaultConfig();
-  config.policy.name = "sfi";
-  const std::vector<AccuracyInstance> instances = {InstanceWithPrompt("x")};
-  const auto result = RunAccuracyEval(config, instances, AccuracyEvalOptions{});
-  ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.status().code(), StatusCode::kUnsupported);
-  EXPECT_EQ(result.status().message(), "policy sfi: not supported by this engine yet");
-}
-
 TEST(AccuracyEvalErrors, MissingModelDirectory) {
   RubatoConfig config = DefaultConfig();
   config.model.path = "/nonexistent/model";

@@ -230,16 +230,27 @@ TEST_F(CliBadInputTest, UnknownPolicyInYaml) {
   ExpectCleanFailure(Generate({"--config", yaml.string()}), {"unknown policy 'quest9'"});
 }
 
-// sfi is a valid policy the engine does not run yet: an error, never a silent dense run.
-TEST_F(CliBadInputTest, SfiPolicyIsNotRunByTheEngineYet) {
-  ExpectCleanFailure(Generate({"--policy", "sfi"}),
-                     {"policy sfi: not supported by this engine yet"});
-  const fs::path yaml = WriteYaml("policy:\n  name: sfi\n  t_max: 8\n");
-  ExpectCleanFailure(Generate({"--config", yaml.string()}),
-                     {"policy sfi: not supported by this engine yet"});
-  // Its parameters are still validated first.
+// sfi's parameters are validated before anything loads.
+TEST_F(CliBadInputTest, SfiPolicyParametersAreValidated) {
   const fs::path bad = WriteYaml("policy:\n  name: sfi\n  t_max: 0\n");
   ExpectCleanFailure(Generate({"--config", bad.string()}), {"policy.t_max"});
+  const fs::path trigger = WriteYaml("policy:\n  name: sfi\n  triggers: [\"\\u00e9\\u00e9\\u00e9zz\"]\n");
+  ExpectCleanFailure(Generate({"--config", trigger.string()}), {"trigger"});
+}
+
+// And a valid sfi config runs (CPU backend) and reports its step kinds on the stats line.
+TEST_F(CliBadInputTest, SfiPolicyGeneratesAndReportsItsSteps) {
+  const fs::path yaml = WriteYaml(
+      "policy:\n  name: sfi\n  sink_tokens: 1\n  recent_window: 2\n  budget: 2\n"
+      "  t_max: 2\n  triggers: []\n");
+  const ProcessResult r =
+      RunProcess(RUBATO_BINARY, {"generate", "--model", model_.string(), "--prompt", "hello",
+                                 "--max-tokens", "6", "--config", yaml.string()});
+  ASSERT_FALSE(r.signaled) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("policy=sfi"), std::string::npos) << r.out;
+  // 6 tokens: the prompt's selection, then decode steps slow, fast, fast, slow, fast.
+  EXPECT_NE(r.out.find("sfi_slow_steps=3 sfi_fast_steps=3"), std::string::npos) << r.out;
 }
 
 TEST_F(CliBadInputTest, UnknownPolicyParameter) {

@@ -25,10 +25,11 @@ Result<int> AskedTokenPosition(const Tokenizer& tokenizer, const AccuracyInstanc
   return static_cast<int>(tokenizer.Encode(prefix, /*add_special_tokens=*/true).size());
 }
 
-EngineOptions EngineOptionsFrom(const RubatoConfig& config, const PolicyChoice& policy,
-                                const AccuracyEvalOptions& options) {
+Result<EngineOptions> EngineOptionsFrom(const RubatoConfig& config, const PolicyChoice& policy,
+                                        const Tokenizer& tokenizer,
+                                        const AccuracyEvalOptions& options) {
   EngineOptions engine_options;
-  engine_options.attention_window = policy.window;
+  RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, &tokenizer, engine_options));
   engine_options.max_batch = options.batch;
   engine_options.max_context = config.engine.max_context;
   engine_options.block_size = config.engine.block_size;
@@ -64,7 +65,6 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
     return UnsupportedError("accuracy: engine.backend must be 'cpu' in this build");
   }
   RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
-  RUBATO_RETURN_IF_ERROR(CheckEngineSupportsPolicy(policy));
   const std::filesystem::path model_dir = config.model.path;
   if (!std::filesystem::is_directory(model_dir)) {
     return NotFoundError("model directory '" + model_dir.string() + "' does not exist");
@@ -99,9 +99,11 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
     outcome.asked_token_distance = outcome.prompt_tokens - outcome.asked_token_position;
   }
 
+  RUBATO_ASSIGN_OR_RETURN(EngineOptions engine_options,
+                          EngineOptionsFrom(config, policy, *tokenizer, options));
   RUBATO_ASSIGN_OR_RETURN(
       std::unique_ptr<Engine> engine,
-      Engine::Create(std::move(model), EngineOptionsFrom(config, policy, options)));
+      Engine::Create(std::move(model), engine_options));
   std::unordered_map<uint64_t, size_t> instance_of_request;
   for (size_t i = 0; i < instances.size(); ++i) {
     GenerationRequest request;

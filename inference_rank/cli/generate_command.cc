@@ -31,6 +31,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// " sfi_slow_steps=N sfi_fast_steps=M" for SFI runs, "" otherwise: the stats line's SFI part.
+std::string SfiStats(const Engine& engine) {
+  if (!engine.options().sfi.has_value()) return "";
+  const EngineCounters& counters = engine.counters();
+  return " sfi_slow_steps=" + std::to_string(counters.sfi_slow_steps) +
+         " sfi_fast_steps=" + std::to_string(counters.sfi_fast_steps);
+}
+
 double MillisecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -149,7 +157,6 @@ Status RunGenerate(const GenerateArgs& args) {
   RUBATO_ASSIGN_OR_RETURN(RubatoConfig config, ResolveConfig(args));
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
   RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
-  RUBATO_RETURN_IF_ERROR(CheckEngineSupportsPolicy(policy));
   RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
 
   const std::filesystem::path model_dir = config.model.path;
@@ -191,7 +198,7 @@ Status RunGenerate(const GenerateArgs& args) {
   engine_options.block_size = config.engine.block_size;
   engine_options.prefill_chunk = config.engine.prefill_chunk;
   engine_options.num_threads = config.engine.threads;
-  engine_options.attention_window = policy.window;
+  RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, tokenizer.get(), engine_options));
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           Engine::Create(std::move(model), engine_options));
 
@@ -228,9 +235,9 @@ Status RunGenerate(const GenerateArgs& args) {
   const double decode_tok_s = generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0;
   std::printf(
       "\n[rubato] prompt_tokens=%zu generated_tokens=%d prefill_ms=%.1f "
-      "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s\n",
+      "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s%s\n",
       prompt_ids.size(), generated, prefill_ms, decode_tok_s, policy.name.c_str(), retained_kv,
-      backend.c_str());
+      backend.c_str(), SfiStats(*engine).c_str());
   std::fflush(stdout);
   return Status::Ok();
 }

@@ -27,6 +27,44 @@ double RetainedKvRatio(const AttentionWindow& window, int context) {
   return static_cast<double>(window.VisibleKeys(context - 1)) / context;
 }
 
+Status ApplyPolicy(const PolicyChoice& policy, const Tokenizer* tokenizer, EngineOptions& options) {
+  options.attention_window = policy.window;
+  options.sfi.reset();
+  options.sfi_trigger_ids.clear();
+  switch (policy.kind) {
+    case PolicyKind::kDense:
+    case PolicyKind::kStreamingLlm:
+      return Status::Ok();
+    case PolicyKind::kSfi:
+      if (!policy.sfi.triggers.empty()) {
+        if (tokenizer == nullptr) {
+          return InvalidArgumentError(
+              "policy sfi: resolving its trigger strings needs the model's tokenizer "
+              "(tokenizer.json), or give `triggers: []`");
+        }
+        RUBATO_ASSIGN_OR_RETURN(options.sfi_trigger_ids,
+                                ResolveTriggerTokens(*tokenizer, policy.sfi.triggers));
+      }
+      options.sfi = policy.sfi;
+      return Status::Ok();
+  }
+  return InternalError("policy '" + policy.name + "': unknown PolicyKind");
+}
+
+double SfiRetainedKvRatio(const SfiSequenceState& state, int context) {
+  if (state.layers.empty() || state.layers.front().counts.empty()) return 1.0;
+  int64_t kept = 0;
+  int64_t heads = 0;
+  for (const SfiLayerState& layer : state.layers) {
+    for (int count : layer.counts) {
+      kept += count;
+      ++heads;
+    }
+  }
+  const double per_head = static_cast<double>(kept) / static_cast<double>(heads);
+  return (per_head + (context - state.anchor)) / context;
+}
+
 Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
                                                const EngineOptions& options) {
   if (model == nullptr) return InvalidArgumentError("engine: no model");
@@ -55,6 +93,22 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
         "engine: attention window sink_tokens must be >= 0 and recent_tokens >= 1, got " +
         std::to_string(window.sink_tokens) + " and " + std::to_string(window.recent_tokens));
   }
+  if (options.sfi.has_value()) {
+    if (!window.IsDense()) {
+      return InvalidArgumentError("engine: SFI needs a dense attention_window (it keeps its own "
+                                  "sink and recent segments)");
+    }
+    RUBATO_RETURN_IF_ERROR(ValidateSfiPolicyConfig(*options.sfi).WithContext("engine"));
+    if (!std::is_sorted(options.sfi_trigger_ids.begin(), options.sfi_trigger_ids.end())) {
+      return InvalidArgumentError("engine: sfi_trigger_ids must be sorted");
+    }
+    for (int id : options.sfi_trigger_ids) {
+      if (id < 0 || id >= config.vocab_size) {
+        return InvalidArgumentError("engine: SFI trigger token " + std::to_string(id) +
+                                    " is outside the vocabulary");
+      }
+    }
+  }
   if (options.max_kv_blocks < 0) {
     return InvalidArgumentError("engine.max_kv_blocks must be >= 0 (0 = automatic), got " +
                                 std::to_string(options.max_kv_blocks));
@@ -80,9 +134,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
                   model->backend_name(), resolved.max_batch, resolved.max_context,
                   resolved.max_kv_blocks, resolved.block_size, (*cache)->pool_bytes() >> 20,
                   resolved.prefill_chunk,
-                  window.IsDense() ? std::string("dense")
-                                   : "sink " + std::to_string(window.sink_tokens) + " + recent " +
-                                         std::to_string(window.recent_tokens));
+                  options.sfi.has_value()
+                      ? "sfi (budget " + std::to_string(options.sfi->selector.budget) + ", " +
+                            std::to_string(options.sfi_trigger_ids.size()) + " trigger tokens)"
+                  : window.IsDense() ? std::string("dense")
+                                     : "sink " + std::to_string(window.sink_tokens) +
+                                           " + recent " + std::to_string(window.recent_tokens));
   return std::unique_ptr<Engine>(new Engine(std::move(model), std::move(cache).value(), resolved));
 }
 
@@ -160,6 +217,10 @@ Status Engine::AdmitWaiting() {
     const int tokens = ReservedTokens(next.params);
     if (kv_cache_->BlocksFor(tokens) > kv_cache_->free_blocks()) break;  // FCFS: wait
     RUBATO_RETURN_IF_ERROR(kv_cache_->Reserve(next.kv, tokens));
+    if (options_.sfi.has_value()) {
+      next.sfi = std::make_unique<SfiSequenceState>();
+      next.schedule.emplace(options_.sfi->t_max, &options_.sfi_trigger_ids);
+    }
     RUBATO_LOG_DEBUG(kLogSubsystem, "admit request {} ({} prompt tokens, {} KV blocks)", next.id,
                      next.params.prompt_ids.size(), next.kv.block_table.size());
     running_.push_back(std::move(next));
@@ -193,6 +254,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   rng_before_step_.clear();
   // Sized before any entry points into it: no reallocation while the batch is built.
   batch_sampling_.resize(running_.size());
+  batch_sfi_.resize(running_.size());
   int prefill_budget = options_.prefill_chunk;
   for (Request& request : running_) {
     const std::vector<int>& prompt = request.params.prompt_ids;
@@ -205,9 +267,22 @@ Result<std::vector<TokenEvent>> Engine::Step() {
       batch_.push_back(ForwardEntry{
           &request.kv, std::span<const int>(prompt).subspan(request.prompt_done, chunk),
           request.prompt_done, last_chunk ? LogitsWanted::kLast : LogitsWanted::kNone});
+      if (request.sfi != nullptr && last_chunk) {  // the prompt's selection: its W tail queries
+        SfiForward& sfi = batch_sfi_[batch_.size() - 1];
+        sfi = SfiForward{SfiStepKind::kSlow, request.sfi.get(), &*options_.sfi,
+                         std::min(chunk, options_.sfi->prefill_window)};
+        batch_.back().sfi = &sfi;
+      }
     } else {
       batch_.push_back(ForwardEntry{&request.kv, std::span<const int>(&request.last_token, 1),
                                     request.kv.num_tokens, LogitsWanted::kLast});
+      if (request.sfi != nullptr) {
+        SfiStepKind step = request.schedule->NextStep();
+        if (!request.sfi->has_selection) step = SfiStepKind::kSlow;
+        SfiForward& sfi = batch_sfi_[batch_.size() - 1];
+        sfi = SfiForward{step, request.sfi.get(), &*options_.sfi, 1};
+        batch_.back().sfi = &sfi;
+      }
     }
     if (batch_.back().logits != LogitsWanted::kNone) {
       // A failed forward gives the draw back, so that a retried step samples the same tokens.
@@ -236,9 +311,9 @@ Result<std::vector<TokenEvent>> Engine::Step() {
 
   for (size_t e = 0; e < batch_.size(); ++e) {
     Request& request = *batch_requests_[e];
-    if (request.prompt_done < static_cast<int>(request.params.prompt_ids.size())) {
-      request.prompt_done += static_cast<int>(batch_[e].tokens.size());
-    }
+    const bool decode_entry =
+        request.prompt_done >= static_cast<int>(request.params.prompt_ids.size());
+    if (!decode_entry) request.prompt_done += static_cast<int>(batch_[e].tokens.size());
     if (batch_[e].sampling == nullptr) continue;
     const int token = forward_result_.sampled_tokens[e];
     if (token < 0 || token >= model_->config().vocab_size) {
@@ -249,8 +324,18 @@ Result<std::vector<TokenEvent>> Engine::Step() {
     request.last_token = token;
     ++request.generated;
     request.finish = FinishAfter(request, token);
-    events.push_back(TokenEvent{request.id, token, request.finish,
-                                RetainedKvRatio(options_.attention_window, request.kv.num_tokens)});
+    double retained = RetainedKvRatio(options_.attention_window, request.kv.num_tokens);
+    if (const SfiForward* sfi = batch_[e].sfi; sfi != nullptr) {
+      if (sfi->step == SfiStepKind::kSlow) {
+        ++counters_.sfi_slow_steps;
+      } else {
+        ++counters_.sfi_fast_steps;
+        retained = SfiRetainedKvRatio(*sfi->state, request.kv.num_tokens);
+      }
+      // The schedule counts decode steps; the prompt's selection is not one of them.
+      if (decode_entry) request.schedule->OnStep(sfi->step, token);
+    }
+    events.push_back(TokenEvent{request.id, token, request.finish, retained});
   }
 
   // Retire finished requests; their blocks go back to the free list for the next admission.

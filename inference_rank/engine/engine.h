@@ -15,7 +15,9 @@
 //      retires requests that finished (stop token, max_new_tokens, or max_context reached),
 //      freeing their blocks.
 // Every forward attends through options.attention_window (dense, or a policy's sink + recent
-// window), and each token event reports the share of the request's KV its query attended.
+// window) unless options.sfi is set (then each request follows its SFI schedule: slow steps
+// dense, fast steps over its selection), and each token event reports the share of the
+// request's KV its query attended.
 //
 // A request's tokens do not depend on the other requests in its batch: attention and sampling
 // are per request (each request owns an RNG seeded from its seed and draws exactly one uniform
@@ -31,6 +33,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -38,6 +41,9 @@
 #include "common/status.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/model.h"
+#include "inference_rank/model/sfi_state.h"
+#include "inference_rank/policies/policy_registry.h"
+#include "inference_rank/policies/sfi_policy.h"
 
 namespace rubato {
 
@@ -66,6 +72,17 @@ struct EngineOptions {
   // dense by default; sink_tokens >= 0, recent_tokens >= 1. The KV cache still stores every
   // position (the CPU reference masks; it does not evict).
   AttentionWindow attention_window;
+  // SFI (DESIGN §4.2) instead of the window (which must then be dense): per request, the last
+  // prompt chunk and slow decode steps attend densely and refresh the selection, fast steps
+  // attend sink + selected + recent. sfi_trigger_ids: ResolveTriggerTokens' result (sorted).
+  std::optional<SfiPolicyConfig> sfi;
+  std::vector<int> sfi_trigger_ids;
+};
+
+// Steps the engine ran, for metrics and the CLI's stats line.
+struct EngineCounters {
+  int64_t sfi_slow_steps = 0;  // SFI entries that attended densely and refreshed a selection
+  int64_t sfi_fast_steps = 0;  // SFI entries that attended their sparse working set
 };
 
 enum class FinishReason {
@@ -80,12 +97,22 @@ struct TokenEvent {
   FinishReason finish;
   // Fraction of the request's KV positions that the query which produced this token could
   // attend: the last query's when finish != kNone. 1 for dense attention; for a StreamingLLM
-  // window, (sink + recent) / context once the context is longer than sink + recent.
+  // window, (sink + recent) / context once the context is longer than sink + recent; for SFI,
+  // 1 on slow steps and (sink + selected + recent segment) / context on fast ones.
   double retained_kv_ratio = 1.0;
 };
 
 // VisibleKeys / context for the query at position context - 1 (context >= 1).
 double RetainedKvRatio(const AttentionWindow& window, int context);
+// An SFI fast step's share: (kept positions averaged over layers and KV heads + the recent
+// segment [anchor, context)) / context.
+double SfiRetainedKvRatio(const SfiSequenceState& state, int context);
+
+// Sets the options' attention policy from a resolved PolicyChoice: the window for `dense` and
+// `streaming_llm`; for `sfi` the SFI config and its trigger tokens, resolved through
+// `tokenizer` (InvalidArgument when the policy has triggers and there is no tokenizer, or a
+// trigger matches no token).
+Status ApplyPolicy(const PolicyChoice& policy, const Tokenizer* tokenizer, EngineOptions& options);
 
 class Engine {
  public:
@@ -114,6 +141,7 @@ class Engine {
   int num_running() const { return static_cast<int>(running_.size()); }
   const PagedKvCache& kv_cache() const { return *kv_cache_; }
   const EngineOptions& options() const { return options_; }  // with defaults resolved
+  const EngineCounters& counters() const { return counters_; }
 
  private:
   struct Request {
@@ -125,6 +153,9 @@ class Engine {
     int generated = 0;
     int last_token = -1;  // newest generated token: the input of the next decode step
     FinishReason finish = FinishReason::kNone;
+    // SFI only: the selection state and the step schedule (its trigger ids are options_'s).
+    std::unique_ptr<SfiSequenceState> sfi;
+    std::optional<SfiSchedule> schedule;
   };
 
   Engine(std::unique_ptr<Model> model, std::unique_ptr<PagedKvCache> kv_cache,
@@ -153,6 +184,8 @@ class Engine {
   // the forward fails (one draw per sampled token, never per attempt).
   std::vector<std::pair<Request*, std::mt19937_64>> rng_before_step_;
   std::vector<TokenSampling> batch_sampling_;  // [batch entries]; what entries' sampling points to
+  std::vector<SfiForward> batch_sfi_;          // [batch entries]; what entries' sfi points to
+  EngineCounters counters_;
   ForwardResult forward_result_;
 };
 

@@ -98,8 +98,12 @@ void CpuModel::PlanBatch(std::span<const ForwardEntry> batch) {
   int scratch_floats = 0;
   for (const ForwardEntry& entry : batch) {
     const int tokens = static_cast<int>(entry.tokens.size());
-    plan_.push_back(EntryPlan{total_tokens_, tokens, entry.start_position, entry.sequence});
+    plan_.push_back(
+        EntryPlan{total_tokens_, tokens, entry.start_position, entry.sequence, entry.sfi});
     total_tokens_ += tokens;
+    if (entry.sfi != nullptr && entry.sfi->step == SfiStepKind::kFast) {
+      scratch_floats = std::max(scratch_floats, SfiFastScratchFloats(plan_.back()));
+    }
     CausalAttentionArgs shape_only;  // the scratch size depends on sizes only
     shape_only.tokens = tokens;
     shape_only.start_position = entry.start_position;
@@ -154,9 +158,17 @@ Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cach
     // One cos/sin table per forward: every layer rotates the same positions.
     RopeCosSin(std::span<const int>(positions_.data(), static_cast<size_t>(total_tokens_)),
                inv_freq_, rope_cos_.data(), rope_sin_.data());
-    for (int layer = 0; layer < config_.num_layers; ++layer) DecoderLayer(layer, cache, window);
+    for (int layer = 0; layer < config_.num_layers; ++layer) {
+      RUBATO_RETURN_IF_ERROR(DecoderLayer(layer, cache, window));
+    }
     for (const ForwardEntry& entry : batch) {
       entry.sequence->num_tokens = entry.start_position + static_cast<int>(entry.tokens.size());
+      if (entry.sfi != nullptr && entry.sfi->step == SfiStepKind::kSlow) {
+        // Every layer now holds the selection from J = [sink_tokens, anchor).
+        SfiSequenceState& state = *entry.sfi->state;
+        state.anchor = SfiAnchor(*entry.sfi->config, entry.sequence->num_tokens);
+        state.has_selection = true;
+      }
     }
     ComputeLogits(batch, result);
     SampleTokens(batch, result);
@@ -167,7 +179,7 @@ Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cach
   return Status::Ok();
 }
 
-void CpuModel::DecoderLayer(int layer, PagedKvCache& cache, const AttentionWindow& window) {
+Status CpuModel::DecoderLayer(int layer, PagedKvCache& cache, const AttentionWindow& window) {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
   const int tokens = total_tokens_;
   const int hidden = config_.hidden_size;
@@ -175,15 +187,16 @@ void CpuModel::DecoderLayer(int layer, PagedKvCache& cache, const AttentionWindo
   const int64_t count = static_cast<int64_t>(tokens) * hidden;
 
   RmsNorm(hidden_.data(), w.input_norm.data(), tokens, hidden, eps, normed_.data());
-  SelfAttention(layer, cache, window);
+  RUBATO_RETURN_IF_ERROR(SelfAttention(layer, cache, window));
   AddInPlace(hidden_.data(), projected_.data(), count);
 
   RmsNorm(hidden_.data(), w.post_attention_norm.data(), tokens, hidden, eps, normed_.data());
   Mlp(layer);
   AddInPlace(hidden_.data(), projected_.data(), count);
+  return Status::Ok();
 }
 
-void CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWindow& window) {
+Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWindow& window) {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
   const int tokens = total_tokens_;
   const int hidden = config_.hidden_size;
@@ -209,10 +222,22 @@ void CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWind
     AppendToPagedKv(k_.data() + offset, v_.data() + offset, p.tokens, p.start_position,
                     cache.LayerView(layer, *p.sequence));
   }
+  sfi_fast_args_.resize(plan_.size());
+  for (size_t e = 0; e < plan_.size(); ++e) {
+    const EntryPlan& p = plan_[e];
+    if (p.sfi != nullptr && p.sfi->step == SfiStepKind::kFast) {
+      RUBATO_RETURN_IF_ERROR(SfiFastArgs(layer, cache, p, sfi_fast_args_[e]));
+    }
+  }
   // One work item per (entry, KV head); items write disjoint rows of attention_.
   const int items = static_cast<int>(plan_.size()) * kv_heads;
   thread_pool_->ParallelFor(items, [&](int item, int worker) {
     const EntryPlan& p = plan_[static_cast<size_t>(item / kv_heads)];
+    if (p.sfi != nullptr && p.sfi->step == SfiStepKind::kFast) {
+      SfiFastAttention(sfi_fast_args_[static_cast<size_t>(item / kv_heads)], item % kv_heads,
+                       attention_scratch_[static_cast<size_t>(worker)].data());
+      return;
+    }
     const size_t offset = static_cast<size_t>(p.first_token) * q_dim;
     CausalAttentionArgs args{q_.data() + offset,
                              attention_.data() + offset,
@@ -224,8 +249,14 @@ void CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWind
     CausalAttentionForKvHead(args, item % kv_heads,
                              attention_scratch_[static_cast<size_t>(worker)].data());
   });
+  for (const EntryPlan& p : plan_) {
+    if (p.sfi != nullptr && p.sfi->step == SfiStepKind::kSlow) {
+      RUBATO_RETURN_IF_ERROR(SfiRefreshLayer(layer, cache, p));
+    }
+  }
   Linear(attention_.data(), w.o_proj.data(), OrNull(w.o_bias), tokens, q_dim, hidden,
          projected_.data());
+  return Status::Ok();
 }
 
 void CpuModel::Mlp(int layer) {

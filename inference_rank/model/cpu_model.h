@@ -7,7 +7,9 @@
 // [tokens][hidden] activation so that every linear layer is one sgemm over the whole batch;
 // attention runs per entry against that entry's paged K/V (causal within the chunk, restricted to
 // the batch's attention window). Feeding a prompt in chunks gives the same logits as feeding it
-// at once, to fp32 rounding.
+// at once, to fp32 rounding. Entries with an SFI step (ForwardEntry::sfi) attend the SFI way:
+// slow entries densely, then refresh their selection layer by layer; fast entries over their
+// compact buffers + recent segment (cpu_model_sfi.cc).
 //
 // Sampling (ForwardEntry::sampling) runs on the host from the last logits (SampleOnHost).
 //
@@ -38,6 +40,7 @@
 #include "kernels/cpu/attention_window.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/two_segment_attention.h"
 
 namespace rubato {
 
@@ -78,16 +81,27 @@ class CpuModel : public Model {
     int tokens = 0;
     int start_position = 0;
     const KvSequence* sequence = nullptr;
+    const SfiForward* sfi = nullptr;  // the entry's SFI step, if any (sfi_state.h)
   };
 
   void PlanBatch(std::span<const ForwardEntry> batch);
   void EnsureWorkspace(int total_tokens, int attention_scratch_floats);
 
   // The per-layer step: norm -> attention -> residual -> norm -> MLP -> residual.
-  void DecoderLayer(int layer, PagedKvCache& cache, const AttentionWindow& window);
+  Status DecoderLayer(int layer, PagedKvCache& cache, const AttentionWindow& window);
   // normed -> projected: q,k,v proj [+bias] -> [q/k norm] -> rope -> KV append -> attention
   // -> o proj [+bias].
-  void SelfAttention(int layer, PagedKvCache& cache, const AttentionWindow& window);
+  Status SelfAttention(int layer, PagedKvCache& cache, const AttentionWindow& window);
+  // SFI (cpu_model_sfi.cc). A fast entry's two-segment attention arguments for one layer
+  // (compact buffer + recent segment), validated; then its attention for one KV head.
+  Status SfiFastArgs(int layer, PagedKvCache& cache, const EntryPlan& p,
+                     TwoSegmentAttentionArgs& args);
+  static void SfiFastAttention(const TwoSegmentAttentionArgs& args, int kv_head, float* scratch);
+  // A slow entry, after this layer's dense attention: the Selector's logits over J from the
+  // entry's last W queries, the selection, and the gather into the layer's compact buffer.
+  Status SfiRefreshLayer(int layer, PagedKvCache& cache, const EntryPlan& p);
+  // Scratch floats a fast entry's two-segment attention needs.
+  int SfiFastScratchFloats(const EntryPlan& p) const;
   // normed -> projected: down(silu(gate(x)) * up(x)).
   void Mlp(int layer);
   // final norm -> lm_head (or tied embedding) for the rows the entries want.
@@ -120,6 +134,11 @@ class CpuModel : public Model {
   // [workers][CausalAttentionScratchSize of the batch's largest entry], f32
   std::vector<std::vector<float>> attention_scratch_;
   SamplingWorkspace sampling_workspace_;
+  // SFI slow steps: [window][num_heads][|J|] logits and [num_kv_heads][|J|] key norms, f32.
+  std::vector<float> sfi_logits_;
+  std::vector<float> sfi_key_norms_;
+  std::vector<std::vector<int>> sfi_selected_;  // [num_kv_heads] the Selector's output
+  std::vector<TwoSegmentAttentionArgs> sfi_fast_args_;  // [entries] fast entries' args, per layer
 };
 
 }  // namespace rubato

@@ -253,6 +253,13 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
         "not on the GPU");
   }
   RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
+  for (const ForwardEntry& entry : batch) {
+    // The two-segment kernel and the GPU selector exist (decode_attention two-segment mode,
+    // issue #5); the CUDA model's slow / fast paths do not yet: never run SFI as dense.
+    if (entry.sfi != nullptr) {
+      return UnsupportedError("forward: SFI is not supported by the CUDA model yet (CPU only)");
+    }
+  }
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
 
   // Buffers first, blocks second: a failed allocation must leave every sequence's blocks as

@@ -32,6 +32,53 @@ Status ValidateSampling(const TokenSampling& sampling, const std::string& where)
 
 }  // namespace
 
+namespace {
+
+// An SFI entry: a valid policy config, a state, a dense forward window, W within the entry's
+// tokens; a fast step is one token of a sequence whose state holds a selection for every layer,
+// made for this model's KV heads, with the recent segment's anchor inside the sequence.
+Status ValidateSfiEntry(const ModelConfig& config, const ForwardEntry& entry,
+                        const AttentionWindow& window, const std::string& where) {
+  const SfiForward& sfi = *entry.sfi;
+  if (sfi.state == nullptr || sfi.config == nullptr) {
+    return InvalidArgumentError(where + ": SFI entry without a state or a config");
+  }
+  if (!window.IsDense()) {
+    return InvalidArgumentError(where + ": SFI entries need a dense forward window");
+  }
+  RUBATO_RETURN_IF_ERROR(ValidateSfiPolicyConfig(*sfi.config));
+  const int tokens = static_cast<int>(entry.tokens.size());
+  if (sfi.step == SfiStepKind::kSlow) {
+    if (sfi.window_queries < 1 || sfi.window_queries > tokens) {
+      return InvalidArgumentError(where + ": SFI window of " +
+                                  std::to_string(sfi.window_queries) + " queries, expected 1.." +
+                                  std::to_string(tokens));
+    }
+    return Status::Ok();
+  }
+  if (tokens != 1) {
+    return InvalidArgumentError(where + ": an SFI fast step takes one token, got " +
+                                std::to_string(tokens));
+  }
+  const SfiSequenceState& state = *sfi.state;
+  if (!state.has_selection || static_cast<int>(state.layers.size()) != config.num_layers) {
+    return InvalidArgumentError(where + ": SFI fast step before any slow step");
+  }
+  for (const SfiLayerState& layer : state.layers) {
+    if (static_cast<int>(layer.counts.size()) != config.num_kv_heads) {
+      return InvalidArgumentError(where + ": SFI state made for another model");
+    }
+  }
+  if (state.anchor < 0 || state.anchor > entry.start_position) {
+    return InvalidArgumentError(where + ": SFI recent segment starts at " +
+                                std::to_string(state.anchor) + ", past the query at position " +
+                                std::to_string(entry.start_position));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardEntry> batch,
                             const PagedKvCache& cache, const AttentionWindow& window) {
   if (window.sink_tokens < 0 || window.recent_tokens < 1) {
@@ -78,6 +125,7 @@ Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardEn
       }
       RUBATO_RETURN_IF_ERROR(ValidateSampling(*entry.sampling, where));
     }
+    if (entry.sfi != nullptr) RUBATO_RETURN_IF_ERROR(ValidateSfiEntry(config, entry, window, where));
   }
   return Status::Ok();
 }

@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/model_weights.h"
+#include "inference_rank/model/sfi_state.h"
 #include "kernels/cpu/attention_window.h"
 #include "kernels/cpu/sampling.h"
 
@@ -58,6 +59,11 @@ struct ForwardEntry {
   LogitsWanted logits = LogitsWanted::kLast;
   const TokenSampling* sampling = nullptr;  // set: sample this entry's last token (needs
                                             // logits != kNone); must outlive the Forward call
+  // Set: this entry attends the SFI way (sfi_state.h) instead of through the forward's window,
+  // which must then be dense. Slow: dense attention, then every layer's selection is refreshed
+  // from the entry's last window_queries queries; fast (one token, after a slow step): sink +
+  // selected from the compact buffers, recent in place. Must outlive the Forward call.
+  const SfiForward* sfi = nullptr;
 };
 
 // Output of a forward. Reused across calls, so that a steady decode loop does not allocate.

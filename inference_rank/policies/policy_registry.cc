@@ -57,15 +57,4 @@ Result<PolicyChoice> ResolvePolicy(const PolicySection& section) {
                               section.name + "' (known: " + known + ")");
 }
 
-Status CheckEngineSupportsPolicy(const PolicyChoice& choice) {
-  switch (choice.kind) {
-    case PolicyKind::kDense:
-    case PolicyKind::kStreamingLlm:
-      return Status::Ok();
-    case PolicyKind::kSfi:
-      return UnsupportedError("policy sfi: not supported by this engine yet");
-  }
-  return InternalError("policy '" + choice.name + "': unknown PolicyKind");
-}
-
 }  // namespace rubato

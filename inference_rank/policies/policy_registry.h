@@ -8,9 +8,8 @@
 // with a clear message ("policy: unknown policy 'sfi2' (known: dense, streaming_llm, sfi)")
 // before any weights are loaded.
 //
-// A policy can be known here before the engine runs it: callers that turn a PolicyChoice into
-// engine options call CheckEngineSupportsPolicy first, so that such a policy is an error rather
-// than a silent dense run.
+// Callers turn a PolicyChoice into engine options with ApplyPolicy (inference_rank/engine/
+// engine.h), which also resolves SFI's trigger tokens.
 #pragma once
 
 #include <string>
@@ -48,10 +47,5 @@ std::vector<std::string> KnownPolicyNames();
 // source file and key path ("rubato.yaml: policy.budget: unknown key",
 // "rubato.yaml: policy.recent_window: must be in [1, ...], got 0").
 Result<PolicyChoice> ResolvePolicy(const PolicySection& section);
-
-// Ok when the engine runs `choice`: dense and streaming_llm (through PolicyChoice::window).
-// Unsupported "policy sfi: not supported by this engine yet" for sfi until the engine implements
-// its slow and fast steps; running it with the dense window instead would hide that.
-Status CheckEngineSupportsPolicy(const PolicyChoice& choice);
 
 }  // namespace rubato

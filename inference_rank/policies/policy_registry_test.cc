@@ -163,18 +163,5 @@ TEST(PolicyRegistry, SfiRejectsBadValuesAndUnknownKeys) {
   }
 }
 
-TEST(PolicyRegistry, EngineRunsDenseAndStreamingLlmButNotSfiYet) {
-  for (const char* yaml : {"policy: {name: dense}\n", "policy: {name: streaming_llm}\n"}) {
-    auto choice = Resolve(yaml);
-    ASSERT_TRUE(choice.ok()) << choice.status().message();
-    EXPECT_TRUE(CheckEngineSupportsPolicy(*choice).ok()) << yaml;
-  }
-  auto sfi = Resolve("policy: {name: sfi}\n");
-  ASSERT_TRUE(sfi.ok()) << sfi.status().message();
-  const Status status = CheckEngineSupportsPolicy(*sfi);
-  EXPECT_EQ(status.code(), StatusCode::kUnsupported);
-  EXPECT_EQ(status.message(), "policy sfi: not supported by this engine yet");
-}
-
 }  // namespace
 }  // namespace rubato

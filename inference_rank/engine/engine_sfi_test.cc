@@ -1,0 +1,244 @@
+// Tests for SFI in the engine (EngineOptions::sfi, DESIGN §4.2) on the CPU reference: a budget
+// covering the context generates exactly the dense tokens; the schedule's step kinds reach the
+// model and the counters (first decode step slow, t_max, triggers); a small budget attends less
+// and keeps each request independent of its batch; the model rejects inconsistent SFI entries;
+// option validation.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "common/test_temp_dir.h"
+#include "inference_rank/engine/engine.h"
+#include "inference_rank/model/tiny_test_models.h"
+
+namespace rubato {
+namespace {
+
+std::vector<int> Prompt(int length, int salt) {
+  std::vector<int> ids;
+  for (int i = 0; i < length; ++i) ids.push_back((i * 19 + salt * 7 + 1) % 97);
+  return ids;
+}
+
+// Sampled at temperature 1 (seeded): greedy decoding of a random tiny model repeats one token,
+// which would hide a changed distribution.
+GenerationRequest Sampled(int prompt_length, int salt, int max_new_tokens) {
+  GenerationRequest request;
+  request.prompt_ids = Prompt(prompt_length, salt);
+  request.max_new_tokens = max_new_tokens;
+  request.stop_token_ids = {96};
+  request.sampling.temperature = 1.0f;
+  request.sampling.seed = static_cast<uint64_t>(salt);
+  return request;
+}
+
+SfiPolicyConfig SmallSfi(int budget, int t_max) {
+  SfiPolicyConfig sfi;
+  sfi.sink_tokens = 4;
+  sfi.recent_window = 8;
+  sfi.t_max = t_max;
+  sfi.prefill_window = 4;
+  sfi.triggers.clear();
+  sfi.selector.budget = budget;
+  sfi.selector.nms_window = 4;
+  return sfi;
+}
+
+struct RunResult {
+  std::vector<std::vector<TokenEvent>> events;  // [request] in submission order
+  EngineCounters counters;
+};
+
+class EngineSfiTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Engine> NewEngine(const std::optional<SfiPolicyConfig>& sfi,
+                                    std::vector<int> triggers = {}, int max_batch = 4) {
+    auto model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/5);
+    EXPECT_TRUE(model.ok()) << model.status().ToString();
+    EngineOptions options;
+    options.max_batch = max_batch;
+    options.prefill_chunk = 12;  // prompts arrive in several chunks, mixed with decode tokens
+    options.sfi = sfi;
+    options.sfi_trigger_ids = std::move(triggers);
+    auto engine = Engine::Create(std::move(model).value(), options);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    return engine.ok() ? std::move(engine).value() : nullptr;
+  }
+
+  RunResult Run(Engine& engine, const std::vector<GenerationRequest>& requests) {
+    std::vector<uint64_t> ids;
+    for (const GenerationRequest& r : requests) {
+      auto id = engine.Submit(r);
+      EXPECT_TRUE(id.ok()) << id.status().ToString();
+      ids.push_back(*id);
+    }
+    std::map<uint64_t, std::vector<TokenEvent>> by_id;
+    while (engine.HasWork()) {
+      auto step = engine.Step();
+      if (!step.ok()) {
+        ADD_FAILURE() << step.status().ToString();
+        break;
+      }
+      for (const TokenEvent& event : *step) by_id[event.request_id].push_back(event);
+    }
+    RunResult result;
+    for (uint64_t id : ids) result.events.push_back(by_id[id]);
+    result.counters = engine.counters();
+    return result;
+  }
+
+  static std::vector<std::vector<int>> Tokens(const RunResult& run) {
+    std::vector<std::vector<int>> tokens;
+    for (const auto& events : run.events) {
+      tokens.emplace_back();
+      for (const TokenEvent& event : events) tokens.back().push_back(event.token);
+    }
+    return tokens;
+  }
+
+  TestTempDir dir_;
+};
+
+TEST_F(EngineSfiTest, BudgetCoveringTheContextGeneratesTheDenseTokens) {
+  const std::vector<GenerationRequest> requests = {Sampled(37, 1, 24), Sampled(50, 2, 20),
+                                                   Sampled(9, 3, 30)};
+  auto dense = NewEngine(std::nullopt);
+  auto sfi = NewEngine(SmallSfi(/*budget=*/1000, /*t_max=*/3), /*triggers=*/{5, 40});
+  ASSERT_NE(dense, nullptr);
+  ASSERT_NE(sfi, nullptr);
+  const RunResult dense_run = Run(*dense, requests);
+  const RunResult sfi_run = Run(*sfi, requests);
+  EXPECT_EQ(Tokens(sfi_run), Tokens(dense_run));
+  // Both kinds ran: the tokens are the dense ones through fast steps too.
+  EXPECT_GT(sfi_run.counters.sfi_slow_steps, 0);
+  EXPECT_GT(sfi_run.counters.sfi_fast_steps, 0);
+  EXPECT_EQ(dense_run.counters.sfi_slow_steps + dense_run.counters.sfi_fast_steps, 0);
+}
+
+TEST_F(EngineSfiTest, ScheduleSetsStepKindsAndRetainedRatio) {
+  // The prompt's selection samples token 0; decode step i >= 1 follows t_max = 2 with no
+  // triggers: slow, fast, fast, slow, fast, fast, ... (a stop token may end the run early).
+  auto engine = NewEngine(SmallSfi(/*budget=*/4, /*t_max=*/2));
+  ASSERT_NE(engine, nullptr);
+  const RunResult run = Run(*engine, {Sampled(30, 4, 12)});
+  ASSERT_EQ(run.events.size(), 1u);
+  const std::vector<TokenEvent>& events = run.events[0];
+  ASSERT_GE(events.size(), 4u) << "the request stopped too early to test the schedule";
+  int64_t slow = 0, fast = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    SCOPED_TRACE("token " + std::to_string(i));
+    if (i >= 1 && (i - 1) % 3 != 0) {
+      ++fast;
+      // sink 4 + selected 4 + recent segment (8 .. 10 positions) of 31+ positions.
+      EXPECT_LT(events[i].retained_kv_ratio, 0.75);
+      EXPECT_GT(events[i].retained_kv_ratio, 0.3);
+    } else {
+      ++slow;
+      EXPECT_EQ(events[i].retained_kv_ratio, 1.0);
+    }
+  }
+  EXPECT_EQ(run.counters.sfi_slow_steps, slow);
+  EXPECT_EQ(run.counters.sfi_fast_steps, fast);
+}
+
+TEST_F(EngineSfiTest, TriggerTokenMakesTheNextStepSlow) {
+  // With t_max large, only the first decode step and triggers are slow. Every token a trigger:
+  // every decode step is slow; no token a trigger: one slow decode step, the rest fast.
+  std::vector<int> all_tokens;
+  for (int id = 0; id < 97; ++id) all_tokens.push_back(id);
+  auto always = NewEngine(SmallSfi(/*budget=*/4, /*t_max=*/64), all_tokens);
+  auto never = NewEngine(SmallSfi(/*budget=*/4, /*t_max=*/64));
+  ASSERT_NE(always, nullptr);
+  ASSERT_NE(never, nullptr);
+  GenerationRequest request = Sampled(30, 6, 8);
+  request.stop_token_ids = {};
+  const RunResult always_run = Run(*always, {request});
+  const RunResult never_run = Run(*never, {request});
+  const int64_t tokens = static_cast<int64_t>(always_run.events[0].size());
+  ASSERT_GT(tokens, 2);
+  EXPECT_EQ(always_run.counters.sfi_fast_steps, 0);
+  EXPECT_EQ(always_run.counters.sfi_slow_steps, tokens);  // the prompt's + every decode step
+  EXPECT_EQ(never_run.counters.sfi_slow_steps, 2);        // the prompt's + the first decode
+  EXPECT_EQ(never_run.counters.sfi_fast_steps, static_cast<int64_t>(never_run.events[0].size()) - 2);
+}
+
+TEST_F(EngineSfiTest, SmallBudgetKeepsEachRequestIndependentOfItsBatch) {
+  const std::vector<GenerationRequest> requests = {Sampled(41, 7, 16), Sampled(23, 8, 16),
+                                                   Sampled(60, 9, 12)};
+  const SfiPolicyConfig sfi = SmallSfi(/*budget=*/6, /*t_max=*/4);
+  auto batched = NewEngine(sfi);
+  ASSERT_NE(batched, nullptr);
+  const std::vector<std::vector<int>> together = Tokens(Run(*batched, requests));
+  for (size_t r = 0; r < requests.size(); ++r) {
+    auto alone = NewEngine(sfi);
+    ASSERT_NE(alone, nullptr);
+    EXPECT_EQ(Tokens(Run(*alone, {requests[r]}))[0], together[r]) << "request " << r;
+  }
+}
+
+TEST_F(EngineSfiTest, RejectsBadOptions) {
+  auto model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/5);
+  ASSERT_TRUE(model.ok());
+  EngineOptions options;
+  options.sfi = SmallSfi(4, 3);
+  options.attention_window = AttentionWindow{4, 16};
+  auto engine = Engine::Create(std::move(model).value(), options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("dense attention_window"), std::string::npos)
+      << engine.status().message();
+
+  model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/5);
+  ASSERT_TRUE(model.ok());
+  options.attention_window = AttentionWindow();
+  options.sfi_trigger_ids = {9, 3};
+  engine = Engine::Create(std::move(model).value(), options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("sorted"), std::string::npos);
+
+  model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/5);
+  ASSERT_TRUE(model.ok());
+  options.sfi_trigger_ids = {};
+  options.sfi->t_max = 0;
+  engine = Engine::Create(std::move(model).value(), options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("t_max"), std::string::npos)
+      << engine.status().message();
+}
+
+TEST_F(EngineSfiTest, ModelRejectsAFastStepWithoutASelection) {
+  auto model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/5);
+  ASSERT_TRUE(model.ok());
+  auto cache = (*model)->CreateKvCache(16, 8);
+  ASSERT_TRUE(cache.ok());
+  const std::vector<int> prompt = Prompt(10, 1);
+  KvSequence sequence;
+  ForwardResult result;
+  ForwardEntry prefill{&sequence, prompt, 0, LogitsWanted::kLast};
+  ASSERT_TRUE((*model)->Forward({&prefill, 1}, **cache, result).ok());
+
+  const SfiPolicyConfig config = SmallSfi(4, 3);
+  SfiSequenceState state;
+  SfiForward fast{SfiStepKind::kFast, &state, &config, 1};
+  const int token = 3;
+  ForwardEntry decode{&sequence, std::span<const int>(&token, 1), 10, LogitsWanted::kLast};
+  decode.sfi = &fast;
+  Status status = (*model)->Forward({&decode, 1}, **cache, result);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("before any slow step"), std::string::npos) << status.message();
+  EXPECT_EQ(sequence.num_tokens, 10);  // nothing written
+
+  SfiForward slow{SfiStepKind::kSlow, &state, &config, 2};  // W = 2 > the entry's 1 token
+  decode.sfi = &slow;
+  status = (*model)->Forward({&decode, 1}, **cache, result);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("window of 2"), std::string::npos) << status.message();
+
+  slow.window_queries = 1;
+  ASSERT_TRUE((*model)->Forward({&decode, 1}, **cache, result).ok());
+  EXPECT_TRUE(state.has_selection);
+  EXPECT_EQ(state.anchor, 4);  // max(sink 4, 11 - recent 8) = 4: J = [4, 4) is empty
+}
+
+}  // namespace
+}  // namespace rubato
