@@ -140,7 +140,23 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
                   : window.IsDense() ? std::string("dense")
                                      : "sink " + std::to_string(window.sink_tokens) +
                                            " + recent " + std::to_string(window.recent_tokens));
-  return std::unique_ptr<Engine>(new Engine(std::move(model), std::move(cache).value(), resolved));
+  auto engine =
+      std::unique_ptr<Engine>(new Engine(std::move(model), std::move(cache).value(), resolved));
+  if (options.metrics != nullptr) {
+    MetricsRegistry& registry = *options.metrics;
+    RUBATO_ASSIGN_OR_RETURN(
+        engine->slow_steps_metric_,
+        registry.AddCounter("rubato:slow_steps_total",
+                            "SFI steps that attended densely and refreshed a selection."));
+    RUBATO_ASSIGN_OR_RETURN(engine->fast_steps_metric_,
+                            registry.AddCounter("rubato:fast_steps_total",
+                                                "SFI steps that attended their sparse working set."));
+    RUBATO_ASSIGN_OR_RETURN(
+        engine->retained_kv_metric_,
+        registry.AddGauge("rubato:retained_kv_ratio",
+                          "Share of the KV positions the last step's queries attended (mean)."));
+  }
+  return engine;
 }
 
 Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<PagedKvCache> kv_cache,
@@ -328,14 +344,21 @@ Result<std::vector<TokenEvent>> Engine::Step() {
     if (const SfiForward* sfi = batch_[e].sfi; sfi != nullptr) {
       if (sfi->step == SfiStepKind::kSlow) {
         ++counters_.sfi_slow_steps;
+        if (slow_steps_metric_ != nullptr) slow_steps_metric_->Increment();
       } else {
         ++counters_.sfi_fast_steps;
+        if (fast_steps_metric_ != nullptr) fast_steps_metric_->Increment();
         retained = SfiRetainedKvRatio(*sfi->state, request.kv.num_tokens);
       }
       // The schedule counts decode steps; the prompt's selection is not one of them.
       if (decode_entry) request.schedule->OnStep(sfi->step, token);
     }
     events.push_back(TokenEvent{request.id, token, request.finish, retained});
+  }
+  if (!events.empty()) {
+    double retained_sum = 0.0;
+    for (const TokenEvent& event : events) retained_sum += event.retained_kv_ratio;
+    if (retained_kv_metric_ != nullptr) retained_kv_metric_->Set(retained_sum / events.size());
   }
 
   // Retire finished requests; their blocks go back to the free list for the next admission.

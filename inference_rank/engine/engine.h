@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/metrics.h"
 #include "common/status.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/model.h"
@@ -77,6 +78,10 @@ struct EngineOptions {
   // attend sink + selected + recent. sfi_trigger_ids: ResolveTriggerTokens' result (sorted).
   std::optional<SfiPolicyConfig> sfi;
   std::vector<int> sfi_trigger_ids;
+  // Optional: where the engine registers and updates its metrics (DESIGN §3 names):
+  // rubato:slow_steps_total, rubato:fast_steps_total (SFI entries by step kind) and
+  // rubato:retained_kv_ratio (mean over the last step's sampled tokens). Must outlive the engine.
+  MetricsRegistry* metrics = nullptr;
 };
 
 // Steps the engine ran, for metrics and the CLI's stats line.
@@ -186,6 +191,10 @@ class Engine {
   std::vector<TokenSampling> batch_sampling_;  // [batch entries]; what entries' sampling points to
   std::vector<SfiForward> batch_sfi_;          // [batch entries]; what entries' sfi points to
   EngineCounters counters_;
+  // In options_.metrics, when set (else null).
+  Counter* slow_steps_metric_ = nullptr;
+  Counter* fast_steps_metric_ = nullptr;
+  Gauge* retained_kv_metric_ = nullptr;
   ForwardResult forward_result_;
 };
 

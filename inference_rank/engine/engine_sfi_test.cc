@@ -177,6 +177,27 @@ TEST_F(EngineSfiTest, SmallBudgetKeepsEachRequestIndependentOfItsBatch) {
   }
 }
 
+TEST_F(EngineSfiTest, MetricsRegistryCountsTheSteps) {
+  auto model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/5);
+  ASSERT_TRUE(model.ok());
+  MetricsRegistry registry;
+  EngineOptions options;
+  options.sfi = SmallSfi(/*budget=*/4, /*t_max=*/2);
+  options.metrics = &registry;
+  auto engine = Engine::Create(std::move(model).value(), options);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const RunResult run = Run(**engine, {Sampled(30, 4, 8)});
+  const std::string text = registry.ExpositionText();
+  EXPECT_NE(text.find("rubato:slow_steps_total " + std::to_string(run.counters.sfi_slow_steps)),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("rubato:fast_steps_total " + std::to_string(run.counters.sfi_fast_steps)),
+            std::string::npos)
+      << text;
+  EXPECT_GT(run.counters.sfi_fast_steps, 0);
+  EXPECT_NE(text.find("rubato:retained_kv_ratio "), std::string::npos) << text;
+}
+
 TEST_F(EngineSfiTest, RejectsBadOptions) {
   auto model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/5);
   ASSERT_TRUE(model.ok());
