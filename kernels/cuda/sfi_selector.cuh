@@ -1,0 +1,78 @@
+// SFI Selector on the GPU (papers/sfi-slow-fast-inference.txt §3.2–3.3, Eqs. 6–24; DESIGN §4.2):
+// at a slow step, turns the dense attention's logits over the allowed key set J of each sequence
+// into the K positions per KV head that fast steps attend. CPU twin: kernels/cpu/sfi_selector.h
+// (SelectSfi / ComputeSfiScores), whose documented choices are this op's contract too: symmetric
+// soft-NMS neighbourhood |i − j| <= nms_window / 2 clipped to J, GQA pooling by averaging the
+// group's softmax-over-J probabilities, μ divided by its maximum before the 1/α power, the prior
+// built in the log domain, λ* = fᵀ(f − r) / ‖f − r‖² clipped (0 when f == r), top-K ties to the
+// lower position, positions returned ascending.
+//
+// The whole pipeline runs on the device in f32 (sums over J accumulate in f64), for a batch of
+// sequences at once, with no host round trip: three kernels (sfi_head_scores.cuh,
+// sfi_cross_head.cuh, sfi_top_k.cuh). Versus the f64 CPU reference the scores z_adj differ by
+// rounding only (~1e-5 absolute), so a selected set can differ only among positions whose
+// scores lie that close to the K-th score.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/status.h"
+#include "kernels/cpu/sfi_selector.h"
+
+namespace rubato::cuda {
+
+struct SfiSelectParams {
+  // [batch][window][num_kv_heads * group][logits_stride], f32: element (b, w, q, p) is the logit
+  // of query row w of query head q (q / group is its KV head) for KEY POSITION p. Sequence b's
+  // allowed set is J = [j_begin[b], j_begin[b] + j_count[b]), so a row is read at positions
+  // j_begin[b] .. j_begin[b] + j_count[b] - 1 and nowhere else. May contain -inf (a masked
+  // position); every (row, query head) needs a finite logit on J (the CPU twin rejects a row of
+  // -inf; here such a row contributes no probability). NaN counts as -inf and +inf as FLT_MAX.
+  const float* logits = nullptr;
+  int64_t logits_stride = 0;  // >= j_begin[b] + j_count[b] for every b (and >= max_j_count)
+  // Multiplied into every logit before anything else: 1 for natural-log logits, ln 2 for the
+  // log2-unit scores of rubato's dense decode kernel.
+  float logit_scale = 1.f;
+  const int32_t* j_begin = nullptr;  // [batch], device: first allowed position, >= 0
+  const int32_t* j_count = nullptr;  // [batch], device: |J|, in [0, max_j_count]
+  // [batch][num_kv_heads][norms_stride], f32: L2 norm of the cached key of KV head h at position
+  // p (indexed by position like the logits). Read only when config.gamma > 0, may be null else.
+  const float* key_norms = nullptr;
+  int64_t norms_stride = 0;  // >= j_begin[b] + j_count[b] for every b when read
+  int batch = 0;             // >= 0; 0 is a no-op
+  int num_kv_heads = 0;      // H >= 1
+  int group = 0;             // query heads per KV head >= 1
+  int window = 0;            // W >= 1 query rows (1 in decode, 16 after prefill); W * group <= 1024
+  int max_j_count = 0;       // host bound of j_count over the batch; fixes the grids and workspace
+  SfiSelectorConfig config;  // validated like the CPU twin's, plus the f32 ranges below
+  // [batch][num_kv_heads][config.budget]: the positions chosen for (b, h), ascending; entries
+  // [selected_count[b][h], budget) are left as they were.
+  int32_t* selected = nullptr;
+  int32_t* selected_count = nullptr;  // [batch][num_kv_heads] = min(budget, j_count[b])
+  // Optional: [batch][num_kv_heads][max_j_count], f32: the Eq. 23 score z_adj of position
+  // j_begin[b] + i at index i < j_count[b] (what top-K ranks; the CPU twin's SfiScores::z_adj);
+  // the rest of each row is left as it was.
+  float* scores = nullptr;
+  void* workspace = nullptr;  // SfiSelectWorkspaceBytes(...) bytes, device, 16-byte aligned
+  size_t workspace_bytes = 0;
+};
+
+// Device scratch for these shapes: three f32 arrays of [batch][num_kv_heads][max_j_count] (plus
+// padding); 0 when any argument is <= 0 (then workspace may be null).
+size_t SfiSelectWorkspaceBytes(int batch, int num_kv_heads, int max_j_count);
+
+// Runs the Selector for every (sequence, KV head) on `stream`; never synchronizes and allocates
+// nothing (CUDA-graph capturable). InvalidArgument naming the field for bad shapes, null
+// pointers, a short workspace or a bad config; besides ValidateSfiSelectorConfig the f32 pipeline
+// needs alpha >= 1e-6, temperature in [1e-6, 1e6], epsilon in [1e-30, 1e6] and gamma, beta, p,
+// eta, alpha_soft, alpha_cross <= 1e6 (bounds that keep every intermediate finite in f32).
+//
+// j_begin / j_count live on the device and cannot be checked here; outside the contract they are
+// clamped (j_begin to >= 0, j_count to [0, max_j_count] and to what logits_stride, norms_stride
+// and INT_MAX leave after j_begin), so the kernels never read outside the rows.
+Status SfiSelect(const SfiSelectParams& params, cudaStream_t stream);
+
+}  // namespace rubato::cuda
