@@ -7,6 +7,10 @@
 //   rubato_bench_sparse_attention --context 16384 --retentions 1.6,6.3,12.5,25,50,100
 //       --out bench/results/sparse_attention_h200.json                      (one line)
 //
+// It also times one layer's slow-step maintenance at the same shapes: the GPU Selector (W = 1,
+// budget 2048, DESIGN §4.2 defaults) over J = [4, L - 256) plus the compact gather, next to the
+// layer's dense decode attention (what the aux stream must hide behind the next layer).
+//
 // At retention r the working set of every (sequence, KV head) is round(r/100 x context) keys:
 // the last min(256, kept) positions as the recent segment, the rest as compact rows. Inputs are
 // random bf16 (RandomFill), paged blocks shuffled, every launch reads K/V from HBM (the pools
@@ -31,7 +35,9 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/compact_gather.cuh"
 #include "kernels/cuda/random_fill.cuh"
+#include "kernels/cuda/sfi_selector.cuh"
 
 namespace rubato {
 namespace {
@@ -47,6 +53,7 @@ struct Options {
   int context = 16384;
   int recent = 256;  // recent segment length (capped by the working set)
   std::vector<double> retentions = {1.6, 6.3, 12.5, 25, 50, 100};
+  int budget = 2048;  // the Selector's K for the maintenance timing
   int warmup = 10;
   int iterations = 100;
   std::string out;
@@ -90,6 +97,122 @@ Result<double> TimeLaunch(const cuda::DecodeAttentionParams& params, const Optio
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return Median(ms);
+}
+
+// One layer's slow-step maintenance at the dense launch's shapes: SfiSelect over J = [4, L - 256)
+// from random logits (W = 1), then the compact gather of sink + selected rows.
+Status TimeMaintenance(const Options& options, const cuda::DecodeAttentionParams& dense,
+                       const DeviceBuffer<__nv_bfloat16>& keys,
+                       const DeviceBuffer<__nv_bfloat16>& values, size_t num_blocks,
+                       nlohmann::json& report) {
+  const int L = options.context;
+  const int sink = 4;
+  const int j_count = std::max(0, L - options.recent - sink);
+  const int heads = options.heads;
+  const size_t logit_count = static_cast<size_t>(options.batch) * heads * L;
+  std::vector<float> host_logits(logit_count);
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  for (float& x : host_logits) x = normal(rng);
+  RUBATO_ASSIGN_OR_RETURN(auto logits, DeviceBuffer<float>::Allocate(logit_count, "logits"));
+  RUBATO_RETURN_IF_ERROR(logits.CopyFromHost(host_logits.data(), host_logits.size(), nullptr));
+  const std::vector<int32_t> host_begin(options.batch, sink), host_count(options.batch, j_count),
+      host_sink(options.batch, sink);
+  RUBATO_ASSIGN_OR_RETURN(auto j_begin, DeviceBuffer<int32_t>::Allocate(options.batch, "jb"));
+  RUBATO_ASSIGN_OR_RETURN(auto j_counts, DeviceBuffer<int32_t>::Allocate(options.batch, "jc"));
+  RUBATO_ASSIGN_OR_RETURN(auto sink_end, DeviceBuffer<int32_t>::Allocate(options.batch, "se"));
+  RUBATO_RETURN_IF_ERROR(j_begin.CopyFromHost(host_begin.data(), host_begin.size(), nullptr));
+  RUBATO_RETURN_IF_ERROR(j_counts.CopyFromHost(host_count.data(), host_count.size(), nullptr));
+  RUBATO_RETURN_IF_ERROR(sink_end.CopyFromHost(host_sink.data(), host_sink.size(), nullptr));
+  const size_t pairs = static_cast<size_t>(options.batch) * options.kv_heads;
+  RUBATO_ASSIGN_OR_RETURN(auto selected,
+                          DeviceBuffer<int32_t>::Allocate(pairs * options.budget, "selected"));
+  RUBATO_ASSIGN_OR_RETURN(auto selected_count, DeviceBuffer<int32_t>::Allocate(pairs, "count"));
+  const size_t workspace_bytes = cuda::SfiSelectWorkspaceBytes(options.batch, options.kv_heads, L);
+  RUBATO_ASSIGN_OR_RETURN(auto workspace,
+                          DeviceBuffer<unsigned char>::Allocate(workspace_bytes, "sfi workspace"));
+  const int capacity = sink + options.budget;
+  const size_t compact_elements = pairs * capacity * options.head_dim;
+  RUBATO_ASSIGN_OR_RETURN(auto compact_keys,
+                          DeviceBuffer<__nv_bfloat16>::Allocate(compact_elements, "compact K"));
+  RUBATO_ASSIGN_OR_RETURN(auto compact_values,
+                          DeviceBuffer<__nv_bfloat16>::Allocate(compact_elements, "compact V"));
+  RUBATO_ASSIGN_OR_RETURN(auto compact_counts, DeviceBuffer<int32_t>::Allocate(pairs, "cc"));
+
+  cuda::SfiSelectParams select;
+  select.logits = logits.data();
+  select.logits_stride = L;
+  select.j_begin = j_begin.data();
+  select.j_count = j_counts.data();
+  select.batch = options.batch;
+  select.num_kv_heads = options.kv_heads;
+  select.group = heads / options.kv_heads;
+  select.window = 1;
+  select.max_j_count = std::max(1, j_count);
+  select.config.budget = options.budget;
+  select.selected = selected.data();
+  select.selected_count = selected_count.data();
+  select.workspace = workspace.data();
+  select.workspace_bytes = workspace_bytes;
+  cuda::CompactGatherParams gather;
+  gather.key_pool = keys.data();
+  gather.value_pool = values.data();
+  gather.num_pool_blocks = static_cast<int64_t>(num_blocks);
+  gather.block_tables = dense.block_tables;
+  gather.block_table_stride = dense.block_table_stride;
+  gather.sink_end = sink_end.data();
+  gather.max_sink_tokens = sink;
+  gather.selected = selected.data();
+  gather.selected_count = selected_count.data();
+  gather.budget = options.budget;
+  gather.batch = options.batch;
+  gather.num_kv_heads = options.kv_heads;
+  gather.head_dim = options.head_dim;
+  gather.block_tokens = options.block_size;
+  gather.compact_keys = compact_keys.data();
+  gather.compact_values = compact_values.data();
+  gather.compact_capacity = capacity;
+  gather.compact_counts = compact_counts.data();
+
+  cudaEvent_t start, middle, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&middle);
+  cudaEventCreate(&stop);
+  std::vector<double> select_ms, gather_ms;
+  Status status = Status::Ok();
+  for (int i = 0; i < options.warmup + options.iterations && status.ok(); ++i) {
+    cudaEventRecord(start);
+    status = cuda::SfiSelect(select, nullptr);
+    cudaEventRecord(middle);
+    if (status.ok()) status = cuda::GatherCompactKv(gather, nullptr);
+    cudaEventRecord(stop);
+    if (cudaEventSynchronize(stop) != cudaSuccess && status.ok()) {
+      status = InternalError("timing the SFI maintenance: " +
+                             std::string(cudaGetErrorString(cudaGetLastError())));
+    }
+    float first = 0, second = 0;
+    cudaEventElapsedTime(&first, start, middle);
+    cudaEventElapsedTime(&second, middle, stop);
+    if (i >= options.warmup) {
+      select_ms.push_back(first);
+      gather_ms.push_back(second);
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(middle);
+  cudaEventDestroy(stop);
+  RUBATO_RETURN_IF_ERROR(status);
+  const double select_median = Median(select_ms), gather_median = Median(gather_ms);
+  std::printf("slow-step maintenance per layer (|J| = %d, K = %d): selector %.4f ms + gather "
+              "%.4f ms vs dense attention %.4f ms\n",
+              j_count, options.budget, select_median, gather_median,
+              report["dense_ms"].get<double>());
+  report["maintenance"] = {{"j_count", j_count},
+                           {"budget", options.budget},
+                           {"selector_ms", select_median},
+                           {"gather_ms", gather_median},
+                           {"dense_attention_ms", report["dense_ms"]}};
+  return Status::Ok();
 }
 
 Status Run(const Options& options, nlohmann::json& report) {
@@ -196,7 +319,7 @@ Status Run(const Options& options, nlohmann::json& report) {
                                 {"kv_read_bytes_per_s", bytes / (sparse_ms / 1e3)},
                                 {"speedup_over_dense", dense_ms / sparse_ms}});
   }
-  return Status::Ok();
+  return TimeMaintenance(options, dense, keys, values, num_blocks, report);
 }
 
 }  // namespace
@@ -215,6 +338,8 @@ int main(int argc, char** argv) {
   app.add_option("--retentions", options.retentions, "percent of the context attended")
       ->delimiter(',')
       ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--budget", options.budget, "the Selector's K for the maintenance timing")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--warmup", options.warmup)->check(CLI::Range(0, 100000));
   app.add_option("--iterations", options.iterations)->check(CLI::Range(1, 100000));
   app.add_option("--out", options.out, "JSON report path");
