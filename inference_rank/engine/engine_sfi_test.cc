@@ -10,28 +10,14 @@
 
 #include "common/test_temp_dir.h"
 #include "inference_rank/engine/engine.h"
+#include "inference_rank/engine/engine_test_requests.h"
 #include "inference_rank/model/tiny_test_models.h"
 
 namespace rubato {
 namespace {
 
-std::vector<int> Prompt(int length, int salt) {
-  std::vector<int> ids;
-  for (int i = 0; i < length; ++i) ids.push_back((i * 19 + salt * 7 + 1) % 97);
-  return ids;
-}
-
-// Sampled at temperature 1 (seeded): greedy decoding of a random tiny model repeats one token,
-// which would hide a changed distribution.
-GenerationRequest Sampled(int prompt_length, int salt, int max_new_tokens) {
-  GenerationRequest request;
-  request.prompt_ids = Prompt(prompt_length, salt);
-  request.max_new_tokens = max_new_tokens;
-  request.stop_token_ids = {96};
-  request.sampling.temperature = 1.0f;
-  request.sampling.seed = static_cast<uint64_t>(salt);
-  return request;
-}
+using engine_test::Prompt;
+using engine_test::Sampled;
 
 SfiPolicyConfig SmallSfi(int budget, int t_max) {
   SfiPolicyConfig sfi;
