@@ -234,8 +234,9 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
   thread_pool_->ParallelFor(items, [&](int item, int worker) {
     const EntryPlan& p = plan_[static_cast<size_t>(item / kv_heads)];
     if (p.sfi != nullptr && p.sfi->step == SfiStepKind::kFast) {
-      SfiFastAttention(sfi_fast_args_[static_cast<size_t>(item / kv_heads)], item % kv_heads,
-                       attention_scratch_[static_cast<size_t>(worker)].data());
+      TwoSegmentAttentionForKvHead(sfi_fast_args_[static_cast<size_t>(item / kv_heads)],
+                                   item % kv_heads,
+                                   attention_scratch_[static_cast<size_t>(worker)].data());
       return;
     }
     const size_t offset = static_cast<size_t>(p.first_token) * q_dim;

@@ -93,10 +93,9 @@ class CpuModel : public Model {
   // -> o proj [+bias].
   Status SelfAttention(int layer, PagedKvCache& cache, const AttentionWindow& window);
   // SFI (cpu_model_sfi.cc). A fast entry's two-segment attention arguments for one layer
-  // (compact buffer + recent segment), validated; then its attention for one KV head.
+  // (compact buffer + recent segment), validated.
   Status SfiFastArgs(int layer, PagedKvCache& cache, const EntryPlan& p,
                      TwoSegmentAttentionArgs& args);
-  static void SfiFastAttention(const TwoSegmentAttentionArgs& args, int kv_head, float* scratch);
   // A slow entry, after this layer's dense attention: the Selector's logits over J from the
   // entry's last W queries, the selection, and the gather into the layer's compact buffer.
   Status SfiRefreshLayer(int layer, PagedKvCache& cache, const EntryPlan& p);

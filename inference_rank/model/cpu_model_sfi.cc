@@ -8,6 +8,7 @@
 
 #include "inference_rank/model/cpu_model.h"
 #include "kernels/cpu/compact_gather.h"
+#include "kernels/cpu/dot.h"
 #include "kernels/cpu/sfi_selector.h"
 #include "kernels/cpu/two_segment_attention.h"
 
@@ -27,8 +28,11 @@ void GrowTo(std::vector<T>& buffer, size_t size) {
 }  // namespace
 
 int CpuModel::SfiFastScratchFloats(const EntryPlan& p) const {
-  // TwoSegmentAttentionScratchSize: the compact capacity + the recent segment's length.
-  return CompactCapacity(*p.sfi->config) + (p.start_position + 1 - p.sfi->state->anchor);
+  TwoSegmentAttentionArgs shape_only;  // the scratch size depends on these sizes only
+  shape_only.compact.capacity = CompactCapacity(*p.sfi->config);
+  shape_only.recent_begin = p.sfi->state->anchor;
+  shape_only.recent_end = p.start_position + 1;
+  return TwoSegmentAttentionScratchSize(shape_only);
 }
 
 Status CpuModel::SfiFastArgs(int layer, PagedKvCache& cache, const EntryPlan& p,
@@ -55,11 +59,6 @@ Status CpuModel::SfiFastArgs(int layer, PagedKvCache& cache, const EntryPlan& p,
   args.recent_begin = p.sfi->state->anchor;
   args.recent_end = p.start_position + 1;
   return ValidateTwoSegmentAttention(args);
-}
-
-void CpuModel::SfiFastAttention(const TwoSegmentAttentionArgs& args, int kv_head,
-                                float* scratch) {
-  TwoSegmentAttentionForKvHead(args, kv_head, scratch);
 }
 
 Status CpuModel::SfiRefreshLayer(int layer, PagedKvCache& cache, const EntryPlan& p) {
@@ -98,9 +97,9 @@ Status CpuModel::SfiRefreshLayer(int layer, PagedKvCache& cache, const EntryPlan
           const int head = kv_head * group + g;
           const float* query = first_query + static_cast<size_t>(w) * q_dim +
                                static_cast<size_t>(head) * head_dim;
-          float dot = 0.f;
-          for (int d = 0; d < head_dim; ++d) dot += query[d] * key[d];
-          sfi_logits_[(static_cast<size_t>(w) * heads + head) * j_count + j] = dot * scale;
+          // The attention op's score, rounded alike (dot.h).
+          sfi_logits_[(static_cast<size_t>(w) * heads + head) * j_count + j] =
+              Dot(query, key, head_dim) * scale;
         }
       }
     }

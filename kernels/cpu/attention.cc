@@ -10,23 +10,11 @@
 #include <cmath>
 #include <cstddef>
 
+#include "kernels/cpu/dot.h"
 #include "kernels/cpu/softmax.h"
 
 namespace rubato {
 namespace {
-
-// Dot product with eight independent partial sums: a fixed summation order (results do not
-// depend on the caller) that the compiler can keep in vector registers.
-float Dot(const float* a, const float* b, int n) {
-  float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) partial[j] += a[i + j] * b[i + j];
-  }
-  for (; i < n; ++i) partial[i % 8] += a[i] * b[i];
-  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
-         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
-}
 
 // Calls fn(first_position, rows, packed_index) for each run of attended keys of the query at
 // `position` that lies inside one KV block; packed_index counts the attended keys before it.

@@ -7,7 +7,9 @@
 
 namespace rubato {
 
-void SoftmaxInPlace(float* x, int count) {
+void SoftmaxInPlace(float* x, int count) { SoftmaxInPlaceWithLse(x, count); }
+
+double SoftmaxInPlaceWithLse(float* x, int count) {
   float max_value = x[0];
   for (int i = 1; i < count; ++i) max_value = x[i] > max_value ? x[i] : max_value;
   double sum = 0.0;
@@ -17,6 +19,7 @@ void SoftmaxInPlace(float* x, int count) {
   }
   const float inv_sum = 1.0f / static_cast<float>(sum);
   for (int i = 0; i < count; ++i) x[i] *= inv_sum;
+  return static_cast<double>(max_value) + std::log(sum);
 }
 
 }  // namespace rubato

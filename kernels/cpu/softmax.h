@@ -7,4 +7,7 @@ namespace rubato {
 // -inf become 0 (masking); at least one entry must be finite.
 void SoftmaxInPlace(float* x, int count);
 
+// SoftmaxInPlace that also returns the log-sum-exp of the input, max + log(sum), in double.
+double SoftmaxInPlaceWithLse(float* x, int count);
+
 }  // namespace rubato

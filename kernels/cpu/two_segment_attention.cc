@@ -1,5 +1,5 @@
 // Two-segment sparse decode attention (see two_segment_attention.h): plain fp32 loops, in the
-// same order and with the same arithmetic as the rows path of attention.cc, so that a compact
+// same order and with the same arithmetic (Dot, softmax.h) as the rows path of attention.cc, so that a compact
 // buffer holding every position before the recent segment reproduces dense decode bit for bit.
 #include "kernels/cpu/two_segment_attention.h"
 
@@ -10,37 +10,11 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cpu/dot.h"
+#include "kernels/cpu/softmax.h"
+
 namespace rubato {
 namespace {
-
-// attention.cc's Dot, repeated so that both ops round alike: eight independent partial sums in
-// a fixed order (results do not depend on the caller) that the compiler keeps in vector
-// registers.
-float Dot(const float* a, const float* b, int n) {
-  float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) partial[j] += a[i + j] * b[i + j];
-  }
-  for (; i < n; ++i) partial[i % 8] += a[i] * b[i];
-  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
-         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
-}
-
-// SoftmaxInPlace (softmax.cc) that also returns the log-sum-exp: x: [count], count >= 1, becomes
-// exp(x - max) * (1 / sum) with the sum in double; returns max + log(sum) in double.
-double SoftmaxInPlaceWithLse(float* x, int count) {
-  float max_value = x[0];
-  for (int i = 1; i < count; ++i) max_value = x[i] > max_value ? x[i] : max_value;
-  double sum = 0.0;
-  for (int i = 0; i < count; ++i) {
-    x[i] = std::exp(x[i] - max_value);
-    sum += x[i];
-  }
-  const float inv_sum = 1.0f / static_cast<float>(sum);
-  for (int i = 0; i < count; ++i) x[i] *= inv_sum;
-  return static_cast<double>(max_value) + std::log(sum);
-}
 
 Status Invalid(const std::string& message) {
   return InvalidArgumentError("two-segment attention: " + message);
