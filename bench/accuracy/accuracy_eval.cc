@@ -113,17 +113,21 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
     instance_of_request[id] = i;
   }
   std::vector<std::vector<int>> generated(instances.size());
+  std::vector<double> retained_sum(instances.size(), 0.0);  // over each instance's tokens
+  std::vector<int> tokens(instances.size(), 0);
   while (engine->HasWork()) {
     RUBATO_ASSIGN_OR_RETURN(std::vector<TokenEvent> events, engine->Step());
     for (const TokenEvent& event : events) {
       const size_t i = instance_of_request.at(event.request_id);
       if (event.finish != FinishReason::kStop) generated[i].push_back(event.token);
+      retained_sum[i] += event.retained_kv_ratio;
+      ++tokens[i];
       if (event.finish == FinishReason::kNone) continue;
       InstanceOutcome& outcome = result.outcomes[i];
       outcome.continuation = tokenizer->Decode(generated[i], /*skip_special_tokens=*/true);
       outcome.prediction = ExtractPrediction(outcome.continuation);
       outcome.correct = ScoreContinuation(outcome.continuation, instances[i].answer);
-      outcome.retained_kv_ratio = event.retained_kv_ratio;  // of the last query
+      outcome.retained_kv_ratio = retained_sum[i] / tokens[i];
     }
   }
   return result;

@@ -27,7 +27,8 @@ struct InstanceOutcome {
   int prompt_tokens = 0;
   int asked_token_position = 0;  // index of the asked fact's first token in the prompt
   int asked_token_distance = 0;  // prompt_tokens - asked_token_position
-  // Share of the sequence's KV positions the policy let the last query attend (1 = dense).
+  // Share of the sequence's KV positions the policy let a query attend (1 = dense), averaged
+  // over the instance's generated tokens (an SFI slow step counts as 1: it attends densely).
   double retained_kv_ratio = 1.0;
 };
 

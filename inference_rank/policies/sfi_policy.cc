@@ -17,7 +17,7 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // The selector's floating-point hyperparameters with the ranges ValidateSfiSelectorConfig
-// enforces (its integers, budget and nms_window, are read as ints). Reading them with these ranges
+// enforces (its integers, budget, nms_window and continuation, are read as ints). Reading them with these ranges
 // lets the YAML error name the key; ValidateSfiPolicyConfig runs after the reads in case the two
 // drift apart.
 struct SelectorDoubleKey {
@@ -36,6 +36,7 @@ const SelectorDoubleKey kSelectorDoubleKeys[] = {
     {"alpha_soft", &SfiSelectorConfig::alpha_soft, {0, kInf, true, false}},
     {"alpha_cross", &SfiSelectorConfig::alpha_cross, {0, kInf, true, false}},
     {"temperature", &SfiSelectorConfig::temperature, {0, kInf, false, false}},
+    {"continuation_threshold", &SfiSelectorConfig::continuation_threshold, {0, 1, false, true}},
 };
 
 // Why a trigger string can never match under the rule of sfi_policy.h; empty when it can.
@@ -115,6 +116,7 @@ Result<SfiPolicyConfig> ParseSfiPolicyConfig(const PolicySection& section) {
     RUBATO_RETURN_IF_ERROR(params.ReadDouble(key.key, key.range, &(config.selector.*key.field)));
   }
   RUBATO_RETURN_IF_ERROR(params.ReadInt("nms_window", 1, kMax, &config.selector.nms_window));
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("continuation", 0, kMax, &config.selector.continuation));
   RUBATO_RETURN_IF_ERROR(params.Finish());
   const Status valid = ValidateSfiPolicyConfig(config);
   if (!valid.ok()) return valid.WithContext(section.source + ": " + section.key_path);

@@ -186,6 +186,8 @@ TEST(SfiPolicyConfig, DefaultsAreDesignFourTwo) {
   EXPECT_EQ(s.alpha_soft, 0.5);
   EXPECT_EQ(s.alpha_cross, 0.35);
   EXPECT_EQ(s.temperature, 2.0);
+  EXPECT_EQ(s.continuation, 8);
+  EXPECT_EQ(s.continuation_threshold, 0.01);
   EXPECT_TRUE(ValidateSfiPolicyConfig(SfiPolicyConfig()).ok());
 }
 
@@ -209,7 +211,9 @@ TEST(SfiPolicyConfig, ReadsEveryKey) {
       "  nms_window: 1\n"
       "  alpha_soft: 0\n"
       "  alpha_cross: 1.5\n"
-      "  temperature: 0.5\n");
+      "  temperature: 0.5\n"
+      "  continuation: 0\n"
+      "  continuation_threshold: 0.25\n");
   ASSERT_TRUE(config.ok()) << config.status().message();
   EXPECT_EQ(config->sink_tokens, 0);
   EXPECT_EQ(config->recent_window, 1);
@@ -231,6 +235,8 @@ TEST(SfiPolicyConfig, ReadsEveryKey) {
   EXPECT_EQ(s.alpha_soft, 0.0);
   EXPECT_EQ(s.alpha_cross, 1.5);
   EXPECT_EQ(s.temperature, 0.5);
+  EXPECT_EQ(s.continuation, 0);
+  EXPECT_EQ(s.continuation_threshold, 0.25);
 }
 
 TEST(SfiPolicyConfig, EmptyTriggerListLeavesOnlyTMax) {
@@ -273,6 +279,11 @@ TEST(SfiPolicyConfig, RejectsBadValuesNamingTheKeyPath) {
       {"temperature: 0", "s.yaml: policy.temperature: must be in (0, inf), got 0"},
       {"temperature: .nan", "s.yaml: policy.temperature: expected a number, got '.nan'"},
       {"temperature: '2'", "s.yaml: policy.temperature: expected a number, got the quoted"},
+      {"continuation: -1", "s.yaml: policy.continuation: must be in [0, 2147483647], got -1"},
+      {"continuation_threshold: 0",
+       "s.yaml: policy.continuation_threshold: must be in (0, 1], got 0"},
+      {"continuation_threshold: 1.5",
+       "s.yaml: policy.continuation_threshold: must be in (0, 1], got 1.5"},
       {"budgte: 10", "s.yaml: policy.budgte: unknown key; did you mean 'budget'?"},
       {"window: 8", "s.yaml: policy.window: unknown key"},
   };
@@ -325,7 +336,9 @@ TEST(SfiPolicyConfig, ParserBoundariesPassTheSelectorValidation) {
   for (const char* params :
        {"alpha: 1e-300", "alpha: 1", "gamma: 0", "beta: 0", "p: 1", "eta: 0", "lambda_clip: 0",
         "lambda_clip: 1", "epsilon: 1e-300", "nms_window: 1", "alpha_soft: 0", "alpha_cross: 0",
-        "temperature: 1e-300", "budget: 1", "budget: 2147483647", "prefill_window: 1"}) {
+        "temperature: 1e-300", "budget: 1", "budget: 2147483647", "prefill_window: 1",
+        "continuation: 0", "continuation: 2147483647", "continuation_threshold: 1e-300",
+        "continuation_threshold: 1"}) {
     const std::string yaml = std::string("policy: {name: sfi, ") + params + "}\n";
     auto config = Parse(yaml);
     EXPECT_TRUE(config.ok()) << yaml << " -> " << config.status().message();

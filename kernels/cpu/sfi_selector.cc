@@ -65,6 +65,25 @@ struct SfiScratch {
   std::vector<int> deque;      // [n] ring of candidate indices for the sliding maximum
 };
 
+// Stage C for one head: continuation[j] = max f[a] over the anchors a (f[a] >= threshold) with
+// a <= j <= a + config.continuation, else 0. A monotonic deque of anchors (f decreasing) holds
+// the ones still in reach: O(n).
+void ContinuationPriority(const SfiSelectorConfig& config, std::span<const double> f,
+                          std::vector<int>& deque, std::span<double> continuation) {
+  const int n = static_cast<int>(f.size());
+  const int reach = config.continuation;
+  int front = 0;
+  int back = 0;
+  for (int j = 0; j < n; ++j) {
+    if (reach > 0 && f[j] >= config.continuation_threshold) {
+      while (back > front && f[deque[back - 1]] <= f[j]) --back;
+      deque[back++] = j;
+    }
+    while (back > front && deque[front] < j - reach) ++front;
+    continuation[j] = back > front ? f[deque[front]] : 0.0;
+  }
+}
+
 // Eqs. 6–8 for KV head h: scratch.f. InvalidArgument for NaN / +inf logits or a row of -inf.
 Status EvidenceDistribution(const SfiSelectorConfig& config, const SfiSelectorInput& input, int h,
                             SfiScratch& scratch) {
@@ -223,6 +242,10 @@ Status ValidateSfiSelectorConfig(const SfiSelectorConfig& c) {
   if (!(finite(c.temperature) && c.temperature > 0.0)) {
     return ConfigRangeError("temperature", c.temperature, "(0, inf)");
   }
+  if (c.continuation < 0) return ConfigRangeError("continuation", c.continuation, "[0, inf)");
+  if (!(c.continuation_threshold > 0.0 && c.continuation_threshold <= 1.0)) {
+    return ConfigRangeError("continuation_threshold", c.continuation_threshold, "(0, 1]");
+  }
   return Status::Ok();
 }
 
@@ -241,14 +264,18 @@ double SfiLambdaStar(std::span<const double> f, std::span<const double> r, doubl
   return std::min(std::max(numerator / denominator, 0.0), lambda_clip);
 }
 
-std::vector<int> SfiTopKPositions(std::span<const double> scores, int budget, int j_begin) {
+std::vector<int> SfiTopKPositions(std::span<const double> scores, std::span<const double> priority,
+                                  int budget, int j_begin) {
   const int n = static_cast<int>(scores.size());
+  assert(priority.empty() || priority.size() == scores.size());
   const int k = std::clamp(budget, 0, n);
   std::vector<int> order(static_cast<size_t>(n));  // [n] local indices, best k first
   std::iota(order.begin(), order.end(), 0);
   if (k < n) {
-    // Higher score first; equal scores → lower position first (a strict total order).
-    const auto better = [scores](int a, int b) {
+    // Higher priority first, then higher score, then the lower position (a strict total order).
+    const auto rank = [&](int i) { return priority.empty() ? 0.0 : priority[i]; };
+    const auto better = [&](int a, int b) {
+      if (rank(a) != rank(b)) return rank(a) > rank(b);
       return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
     };
     std::nth_element(order.begin(), order.begin() + k, order.end(), better);
@@ -267,6 +294,7 @@ Status ComputeSfiScores(const SfiSelectorConfig& config, const SfiSelectorInput&
   const size_t n = static_cast<size_t>(input.j_count);
   scores.z_adj.assign(static_cast<size_t>(num_heads) * n, 0.0);
   scores.lambda_star.assign(static_cast<size_t>(num_heads), 0.0);
+  scores.continuation.assign(static_cast<size_t>(num_heads) * n, 0.0);
   if (n == 0) return Status::Ok();
 
   SfiScratch scratch;
@@ -278,6 +306,8 @@ Status ComputeSfiScores(const SfiSelectorConfig& config, const SfiSelectorInput&
   const int half = config.nms_window / 2;
   for (int h = 0; h < num_heads; ++h) {
     RUBATO_RETURN_IF_ERROR(EvidenceDistribution(config, input, h, scratch));
+    ContinuationPriority(config, scratch.f, scratch.deque,
+                         std::span<double>(scores.continuation).subspan(static_cast<size_t>(h) * n, n));
     RUBATO_RETURN_IF_ERROR(PriorDistribution(config, input, h, scratch));
     const double lambda = SfiLambdaStar(scratch.f, scratch.r, config.lambda_clip);
     scores.lambda_star[h] = lambda;
@@ -300,6 +330,7 @@ Status SelectSfi(const SfiSelectorConfig& config, const SfiSelectorInput& input,
   std::vector<std::vector<int>> result(static_cast<size_t>(input.num_kv_heads));
   for (size_t h = 0; h < result.size(); ++h) {
     result[h] = SfiTopKPositions(std::span<const double>(scores.z_adj).subspan(h * n, n),
+                                 std::span<const double>(scores.continuation).subspan(h * n, n),
                                  config.budget, input.j_begin);
   }
   selected = std::move(result);

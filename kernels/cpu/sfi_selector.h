@@ -19,6 +19,15 @@
 //      8. Eqs. 22–23 cross-head exclusivity at each position j over the H KV heads:
 //                 r_h(j) = softmax_h(z_nms(j) / T), z_adj = z_nms + α_cross log(max(r_h, ε)).
 //      9. Eq. 24  S_h = top-K of z_adj_h over J, returned as ascending absolute positions.
+//   C. continuation (ours, beyond the paper; docs/sfi.md "Continuation"; off with
+//      continuation = 0): positions a with f_h(a) >= continuation_threshold are *anchors*; the
+//      anchors and the `continuation` positions after each (a .. a + C, clipped to J) enter S_h
+//      before any other position, ordered by c_h(j) = max f_h(a) over the anchors that reach j
+//      (stronger anchors first when they alone exceed K); the rest of the budget is Eq. 24's
+//      top-K of z_adj over the other positions. Why: a head that attends a at the slow step is
+//      likely to attend a + 1, a + 2, ... during the following fast steps when it copies a span
+//      (induction / retrieval heads), and nothing in the slow step's evidence ranks those
+//      positions; soft-NMS even pushes them down as neighbours of a.
 //
 // Choices the paper leaves open (ours; the GPU pipeline must make the same ones):
 //   * Soft-NMS neighbourhood: N(j) = { i ∈ J : |i − j| <= nms_window / 2 } (integer division),
@@ -64,6 +73,10 @@ struct SfiSelectorConfig {             // DESIGN §4.2 defaults
   double alpha_soft = 0.5;             // soft-NMS strength, >= 0
   double alpha_cross = 0.35;           // cross-head exclusivity strength, >= 0
   double temperature = 2.0;            // T of the cross-head softmax, > 0
+  // Ours, beyond the paper (stage C above): positions kept after each anchor, >= 0; 0 turns the
+  // stage off (the paper's Eq. 24 exactly).
+  int continuation = 8;
+  double continuation_threshold = 0.01;  // f_h(a) that makes a an anchor, (0, 1]
 };
 
 // InvalidArgument naming the field and its range ("SfiSelectorConfig.alpha = 1.5 is outside
@@ -89,6 +102,9 @@ struct SfiSelectorInput {
 struct SfiScores {
   std::vector<double> z_adj;        // [num_kv_heads][j_count]: Eq. 23 scores that Top-K ranks
   std::vector<double> lambda_star;  // [num_kv_heads]: Eq. 18 λ* of each KV head
+  // [num_kv_heads][j_count]: stage C's c_h(j) (> 0: j enters S_h before every position with 0),
+  // all 0 when config.continuation == 0.
+  std::vector<double> continuation;
 };
 
 // Steps 1–8 of the pipeline. On error `scores` is left unspecified.
@@ -106,8 +122,12 @@ Status SelectSfi(const SfiSelectorConfig& config, const SfiSelectorInput& input,
 // f, r: [n] distributions on J (f.size() == r.size(); extra entries of the longer are ignored).
 double SfiLambdaStar(std::span<const double> f, std::span<const double> r, double lambda_clip);
 
-// Eq. 24 for one head: the positions j_begin + i of the min(budget, n) largest scores[i]
-// (ties → lower i), ascending. scores: [n], no NaN; budget >= 0.
-std::vector<int> SfiTopKPositions(std::span<const double> scores, int budget, int j_begin);
+// Eq. 24 for one head, with stage C's priorities: the positions j_begin + i of the
+// min(budget, n) best i, ascending, where i beats i' when priority[i] > priority[i'] (stage C's
+// c_h; pass all zeros, or an empty span, for the paper's Eq. 24), else when the priorities are
+// equal and scores[i] > scores[i'], else when i < i'. scores: [n], no NaN; priority: [n] or
+// empty; budget >= 0.
+std::vector<int> SfiTopKPositions(std::span<const double> scores, std::span<const double> priority,
+                                  int budget, int j_begin);
 
 }  // namespace rubato

@@ -1,6 +1,7 @@
 // Tests for the SFI Selector CPU reference: every case is compared against a plain
-// double-precision transcription of Eqs. 6–24 written here (literal formulas, O(|J|·window)
-// soft-NMS, full sort), plus hand-built cases whose answer is known without any reference.
+// double-precision transcription of Eqs. 6–24 and of our continuation stage written here (literal
+// formulas, O(|J|·window) soft-NMS and continuation, full sort), plus hand-built cases whose
+// answer is known without any reference.
 #include "kernels/cpu/sfi_selector.h"
 
 #include <gtest/gtest.h>
@@ -69,7 +70,8 @@ struct Reference {
   std::vector<double> unclipped_lambda;    // [H] Eq. 18 before the clip
   std::vector<double> lambda_star;         // [H]
   std::vector<double> z_adj;               // [H][n] Eq. 23
-  std::vector<std::vector<int>> selected;  // [H][min(K, n)] Eq. 24, ascending positions
+  std::vector<double> continuation;        // [H][n] stage C's c_h(j), 0 where none
+  std::vector<std::vector<int>> selected;  // [H][min(K, n)] Eq. 24 + stage C, ascending
 };
 
 Reference ReferenceSelector(const SfiSelectorConfig& c, const Case& data) {
@@ -142,12 +144,25 @@ Reference ReferenceSelector(const SfiSelectorConfig& c, const Case& data) {
       ref.z_adj[h * n + j] = z_nms[h * n + j] + c.alpha_cross * std::log(std::max(rh, eps));
     }
   }
+  // Stage C: c(j) = the largest f(a) of an anchor a (f(a) >= threshold) with a <= j <= a + C.
+  ref.continuation.assign(static_cast<size_t>(s.heads) * n, 0.0);
+  for (int h = 0; h < s.heads; ++h) {
+    for (int j = 0; c.continuation > 0 && j < n; ++j) {
+      for (int a = std::max(0, j - c.continuation); a <= j; ++a) {
+        if (ref.f[h][a] >= c.continuation_threshold) {
+          ref.continuation[h * n + j] = std::max(ref.continuation[h * n + j], ref.f[h][a]);
+        }
+      }
+    }
+  }
   ref.selected.resize(s.heads);
   for (int h = 0; h < s.heads; ++h) {
     std::vector<int> order(n);
     std::iota(order.begin(), order.end(), 0);
     const double* score = &ref.z_adj[static_cast<size_t>(h) * n];
-    std::sort(order.begin(), order.end(), [score](int a, int b) {
+    const double* priority = &ref.continuation[static_cast<size_t>(h) * n];
+    std::sort(order.begin(), order.end(), [score, priority](int a, int b) {
+      if (priority[a] != priority[b]) return priority[a] > priority[b];
       return score[a] > score[b] || (score[a] == score[b] && a < b);
     });
     order.resize(std::min(c.budget, n));
@@ -180,8 +195,9 @@ Reference ReferenceSelector(const SfiSelectorConfig& c, const Case& data) {
 }
 
 // selected must equal the reference sets. The implementation differs from the reference only in
-// rounding (both are double), so a position may differ only where the reference ranks it within
-// 1e-9 of the K-th score (a near-tie); anything else fails.
+// rounding (both are double), so a position may differ only where the reference ranks it as a
+// near-tie of its K-th position: the same continuation priority within 1e-12 and a score within
+// 1e-9 (or a priority just above); anything else fails.
 ::testing::AssertionResult SameSelection(const std::vector<std::vector<int>>& selected,
                                          const Reference& ref, const Shape& shape, int budget) {
   if (selected.size() != ref.selected.size()) {
@@ -197,9 +213,19 @@ Reference ReferenceSelector(const SfiSelectorConfig& c, const Case& data) {
       return ::testing::AssertionFailure()
              << "head " << h << ": " << got.size() << " positions, expected " << k;
     }
-    std::vector<double> sorted(ref.z_adj.begin() + h * n, ref.z_adj.begin() + (h + 1) * n);
-    std::sort(sorted.begin(), sorted.end(), std::greater<>());
-    const double kth = sorted[k - 1];
+    // The reference's K-th position: its selection is ascending, so find the worst of them.
+    const double* priority = &ref.continuation[h * n];
+    const double* score = &ref.z_adj[h * n];
+    int kth_index = ref.selected[h].front() - shape.j_begin;
+    for (int position : ref.selected[h]) {
+      const int i = position - shape.j_begin;
+      if (priority[i] < priority[kth_index] ||
+          (priority[i] == priority[kth_index] && score[i] <= score[kth_index])) {
+        kth_index = i;
+      }
+    }
+    const double kth = score[kth_index];
+    const double kth_priority = priority[kth_index];
     int differing = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       const int j = got[i] - shape.j_begin;
@@ -207,13 +233,16 @@ Reference ReferenceSelector(const SfiSelectorConfig& c, const Case& data) {
         return ::testing::AssertionFailure()
                << "head " << h << ": position " << got[i] << " out of J or not strictly ascending";
       }
-      const double score = ref.z_adj[h * n + j];
       if (!std::binary_search(ref.selected[h].begin(), ref.selected[h].end(), got[i])) {
         ++differing;
-        if (score < kth - 1e-9) {
+        const bool near_tie =
+            priority[j] > kth_priority + 1e-12 ||
+            (std::fabs(priority[j] - kth_priority) <= 1e-12 && score[j] >= kth - 1e-9);
+        if (!near_tie) {
           return ::testing::AssertionFailure()
-                 << "head " << h << ": selected position " << got[i] << " has reference score "
-                 << score << " < K-th reference score " << kth;
+                 << "head " << h << ": selected position " << got[i] << " has reference (priority, "
+                 << "score) (" << priority[j] << ", " << score[j] << ") below the K-th ("
+                 << kth_priority << ", " << kth << ")";
         }
       }
     }
@@ -228,11 +257,13 @@ void ExpectMatchesReference(const SfiSelectorConfig& config, const Case& data) {
   SCOPED_TRACE(::testing::Message() << "H=" << data.shape.heads << " G=" << data.shape.group
                                     << " W=" << data.shape.window << " n=" << data.shape.n
                                     << " j_begin=" << data.shape.j_begin << " K=" << config.budget
-                                    << " nms=" << config.nms_window << " gamma=" << config.gamma);
+                                    << " nms=" << config.nms_window << " gamma=" << config.gamma
+                                    << " continuation=" << config.continuation);
   const Reference ref = ReferenceSelector(config, data);
   SfiScores scores;
   ASSERT_TRUE(ComputeSfiScores(config, data.Input(), scores).ok());
   EXPECT_TRUE(ScoresClose(scores.z_adj, ref.z_adj));
+  EXPECT_TRUE(ScoresClose(scores.continuation, ref.continuation, 1e-12));
   ASSERT_EQ(scores.lambda_star.size(), ref.lambda_star.size());
   for (size_t h = 0; h < ref.lambda_star.size(); ++h) {
     EXPECT_NEAR(scores.lambda_star[h], ref.lambda_star[h], 1e-12) << "head " << h;
@@ -260,13 +291,15 @@ TEST(SfiSelector, RandomShapesMatchReference) {
     Shape shape;
     int budget, nms_window;
     double gamma;
+    int continuation;
   };
   const Sweep sweeps[] = {
-      {{1, 1, 1, 0, 100}, 10, 32, 0.0},      {{8, 4, 1, 123, 1000}, 64, 32, 0.0},
-      {{2, 8, 16, 5, 777}, 100, 32, 0.7},    {{8, 1, 16, 0, 513}, 512, 1, 0.0},
-      {{4, 4, 4, 1000, 300}, 50, 4096, 1.5}, {{1, 8, 16, 0, 2049}, 2048, 32, 0.0},
-      {{3, 2, 5, 7, 64}, 63, 7, 0.3},        {{8, 8, 16, 4, 301}, 37, 2, 2.0},
-      {{2, 1, 1, 0, 1}, 1, 32, 0.5},         {{5, 3, 2, 99, 2}, 1, 3, 0.0},
+      {{1, 1, 1, 0, 100}, 10, 32, 0.0, 8},      {{8, 4, 1, 123, 1000}, 64, 32, 0.0, 8},
+      {{2, 8, 16, 5, 777}, 100, 32, 0.7, 0},    {{8, 1, 16, 0, 513}, 512, 1, 0.0, 3},
+      {{4, 4, 4, 1000, 300}, 50, 4096, 1.5, 8}, {{1, 8, 16, 0, 2049}, 2048, 32, 0.0, 0},
+      {{3, 2, 5, 7, 64}, 63, 7, 0.3, 100},      {{8, 8, 16, 4, 301}, 37, 2, 2.0, 1},
+      {{2, 1, 1, 0, 1}, 1, 32, 0.5, 8},         {{5, 3, 2, 99, 2}, 1, 3, 0.0, 8},
+      {{8, 4, 1, 4, 1000}, 64, 32, 0.0, 0},
   };
   uint64_t seed = 1;
   for (const Sweep& sweep : sweeps) {
@@ -274,6 +307,7 @@ TEST(SfiSelector, RandomShapesMatchReference) {
     config.budget = sweep.budget;
     config.nms_window = sweep.nms_window;
     config.gamma = sweep.gamma;
+    config.continuation = sweep.continuation;
     ExpectMatchesReference(config, RandomCase(sweep.shape, seed++));
   }
 }
@@ -332,6 +366,7 @@ TEST(SfiSelector, EmptyAllowedSetGivesEmptyLists) {
 TEST(SfiSelector, EqualScoresGoToLowerPositions) {
   // λ_clip = 0 (s = f), one head, no NMS: z follows the logits exactly, ties included.
   SfiSelectorConfig config;
+  config.continuation = 0;  // the paper's stages alone
   config.lambda_clip = 0.0;
   config.nms_window = 1;
   config.budget = 3;
@@ -339,8 +374,12 @@ TEST(SfiSelector, EqualScoresGoToLowerPositions) {
   std::vector<std::vector<int>> selected;
   ASSERT_TRUE(SelectSfi(config, data.Input(), selected).ok());
   EXPECT_EQ(selected, (std::vector<std::vector<int>>{{21, 22, 24}}));
-  EXPECT_EQ(SfiTopKPositions(std::vector<double>{2, 5, 5, 1, 5}, 2, 100),
+  EXPECT_EQ(SfiTopKPositions(std::vector<double>{2, 5, 5, 1, 5}, {}, 2, 100),
             (std::vector<int>{101, 102}));
+  // Priorities rank first: the lone priority of position 3 beats every score.
+  EXPECT_EQ(SfiTopKPositions(std::vector<double>{2, 5, 5, 1, 5}, std::vector<double>{0, 0, 0, 0.5, 0},
+                             2, 100),
+            (std::vector<int>{101, 103}));
 }
 
 TEST(SfiSelector, DuplicatedLogitsMatchReference) {
@@ -364,6 +403,7 @@ TEST(SfiSelector, DuplicatedLogitsMatchReference) {
 TEST(SfiSelector, AllEqualLogitsSelectTheFirstPositions) {
   Case data{{3, 2, 4, 7, 200}, std::vector<float>(4 * 6 * 200, 1.25f), {}};
   SfiSelectorConfig config;
+  config.continuation = 0;  // the paper's stages alone
   config.budget = 64;
   config.lambda_clip = 0.0;  // s uniform: every score ties, the tie rule picks the lowest
   std::vector<std::vector<int>> selected;
@@ -475,6 +515,7 @@ TEST(SfiSelector, SoftNmsMovesASlotToAnotherNeighbourhood) {
   data.Logit(0, 0, 11) = 4.9f;
   data.Logit(0, 0, 60) = 4.8f;
   SfiSelectorConfig config;
+  config.continuation = 0;  // the paper's stages alone
   config.budget = 2;
   config.nms_window = 8;
   config.alpha_soft = 0.0;
@@ -495,6 +536,7 @@ TEST(SfiSelector, CrossHeadExclusivityYieldsAContestedPosition) {
   data.Logit(0, 1, 10) = 12.0f;
   data.Logit(0, 1, 30) = 3.0f;
   SfiSelectorConfig config;
+  config.continuation = 0;  // the paper's stages alone
   config.budget = 1;
   config.nms_window = 1;
   config.lambda_clip = 0.0;
@@ -514,6 +556,64 @@ TEST(SfiSelector, NegativeInfinityLogitsAreMaskedPositions) {
   for (int j = 0; j < 120; j += 7) data.Logit(1, 2, j) = -INFINITY;
   SfiSelectorConfig config;
   config.budget = 25;
+  ExpectMatchesReference(config, data);
+}
+
+// A sharp peak at 50 over flat logits: the continuation keeps 50..58, which soft-NMS otherwise
+// pushes to the bottom as 50's neighbours (the paper's stages keep none of them at K = 12).
+TEST(SfiSelector, ContinuationKeepsTheSpanAfterAStrongPosition) {
+  Case data = RandomCase({1, 1, 1, 100, 200}, 31, 0.3f);
+  data.Logit(0, 0, 50) = 9.0f;
+  SfiSelectorConfig config;
+  config.budget = 12;
+  std::vector<std::vector<int>> selected;
+  ASSERT_TRUE(SelectSfi(config, data.Input(), selected).ok());
+  ASSERT_EQ(selected.size(), 1u);
+  for (int position = 150; position <= 158; ++position) {
+    EXPECT_TRUE(std::binary_search(selected[0].begin(), selected[0].end(), position)) << position;
+  }
+  EXPECT_EQ(selected[0].size(), 12u);
+  ExpectMatchesReference(config, data);
+
+  config.continuation = 0;
+  ASSERT_TRUE(SelectSfi(config, data.Input(), selected).ok());
+  EXPECT_TRUE(std::binary_search(selected[0].begin(), selected[0].end(), 150));
+  for (int position = 151; position <= 158; ++position) {
+    EXPECT_FALSE(std::binary_search(selected[0].begin(), selected[0].end(), position)) << position;
+  }
+  ExpectMatchesReference(config, data);
+}
+
+// Two anchors, 10 stronger than 40, and a budget smaller than their spans: the stronger span
+// comes first, in position order (its neighbours tie after soft-NMS, one head, flat logits).
+// A span stops at the end of J, and an anchor below the threshold forces nothing.
+TEST(SfiSelector, ContinuationOrdersAnchorsByEvidenceAndStopsAtTheEndOfJ) {
+  Case data{{1, 1, 1, 0, 45}, std::vector<float>(45, 0.0f), {}};
+  data.Logit(0, 0, 10) = 7.0f;
+  data.Logit(0, 0, 40) = 6.0f;
+  SfiSelectorConfig config;
+  config.budget = 5;
+  config.continuation = 8;
+  std::vector<std::vector<int>> selected;
+  ASSERT_TRUE(SelectSfi(config, data.Input(), selected).ok());
+  EXPECT_EQ(selected, (std::vector<std::vector<int>>{{10, 11, 12, 13, 14}}));
+  config.budget = 14;  // 10..18, then 40..44 (the span of 40 ends with J)
+  ASSERT_TRUE(SelectSfi(config, data.Input(), selected).ok());
+  EXPECT_EQ(selected, (std::vector<std::vector<int>>{{10, 11, 12, 13, 14, 15, 16, 17, 18, 40, 41,
+                                                     42, 43, 44}}));
+  SfiScores scores;
+  ASSERT_TRUE(ComputeSfiScores(config, data.Input(), scores).ok());
+  EXPECT_EQ(scores.continuation[9], 0.0);
+  EXPECT_GT(scores.continuation[10], scores.continuation[40]);
+  EXPECT_EQ(scores.continuation[18], scores.continuation[10]);
+  EXPECT_EQ(scores.continuation[19], 0.0);
+  ExpectMatchesReference(config, data);
+  // f(10) ~ 0.73: a threshold above it leaves only the paper's top-K (no span after 10).
+  config.continuation_threshold = 0.9;
+  config.budget = 5;
+  ASSERT_TRUE(SelectSfi(config, data.Input(), selected).ok());
+  EXPECT_TRUE(std::binary_search(selected[0].begin(), selected[0].end(), 10));
+  EXPECT_FALSE(std::binary_search(selected[0].begin(), selected[0].end(), 11));
   ExpectMatchesReference(config, data);
 }
 
@@ -588,6 +688,10 @@ TEST(SfiSelectorConfig, EveryFieldIsRangeChecked) {
       {"alpha_soft", [](SfiSelectorConfig& c) { c.alpha_soft = -0.5; }},
       {"alpha_cross", [](SfiSelectorConfig& c) { c.alpha_cross = -0.35; }},
       {"temperature", [](SfiSelectorConfig& c) { c.temperature = 0.0; }},
+      {"continuation", [](SfiSelectorConfig& c) { c.continuation = -1; }},
+      {"continuation_threshold", [](SfiSelectorConfig& c) { c.continuation_threshold = 0.0; }},
+      {"continuation_threshold", [](SfiSelectorConfig& c) { c.continuation_threshold = 1.5; }},
+      {"continuation_threshold", [](SfiSelectorConfig& c) { c.continuation_threshold = NAN; }},
   };
   for (const Bad& b : bad) {
     SfiSelectorConfig config;

@@ -247,7 +247,7 @@ CpuInput MakeCpuInput(const SelectorCase& c, const Inputs& in, int b) {
 ::testing::AssertionResult SameSelection(std::span<const int32_t> got, std::span<const double> ref,
                                          int budget, int begin, bool exact) {
   const int n = static_cast<int>(ref.size());
-  const std::vector<int> want = SfiTopKPositions(ref, budget, begin);
+  const std::vector<int> want = SfiTopKPositions(ref, {}, budget, begin);
   if (got.size() != want.size()) {
     return ::testing::AssertionFailure() << got.size() << " positions, expected " << want.size();
   }
