@@ -3,9 +3,10 @@
 // (Eqs. 20–21), stage C's continuation priority c_h, cross-head exclusivity (Eqs. 22–23), and
 // the rank keys that top-K selects by, with the histogram of their first radix digit.
 //
-// Grid (tile, sequence), kThreads threads, `tile` positions per block (512 for up to 8 KV heads;
+// Grid (tile, sequence), kThreads threads, `tile` positions per block (256 for up to 8 KV heads;
 // fewer for more heads so that every head's tile fits in shared memory: cross-head exclusivity
-// needs all heads at each position). Per head h:
+// needs all heads at each position). First f of every head over the tile and its halos is loaded
+// into shared memory (all loads in flight at once). Then per head h:
 //   * z over the tile plus a halo of `half` positions on each side, and the anchor evidence
 //     a(j) = f(j) if f(j) >= threshold else 0 over the tile plus C positions on the left, into
 //     shared buffers (positions outside J hold -inf / 0: windows clip by themselves);
@@ -38,13 +39,18 @@ namespace rubato::cuda::sfi {
 
 __host__ __device__ constexpr int RoundUp4(int x) { return (x + 3) / 4 * 4; }
 
-// Floats of the scores kernel's dynamic shared memory for `tile` positions and `heads` KV heads:
-// per-head λ*, prior max and 1 / Σ; z_nms [heads][tile]; c [heads][tile]; the z buffer (tile plus
-// a halo of up to kHaloMax on each side, + 4 for the doubling's reads past the end); the anchor
-// buffer (tile plus up to kHaloMax on the left, + 4); the prior r over the z buffer's positions.
-__host__ __device__ constexpr int ScoresSharedFloats(int tile, int heads) {
-  return RoundUp4(4 * heads) + 2 * heads * tile + (tile + 2 * kHaloMax + 4) +
-         (tile + kHaloMax + 4) + (tile + 2 * kHaloMax);
+// Floats of the scores kernel's dynamic shared memory for `tile` positions, `heads` KV heads and
+// halos z_halo (soft-NMS, each side) and a_halo (stage C, left), both multiples of 4: per-head
+// λ*, prior max, 1 / Σ and flag; z_nms [heads][tile]; c [heads][tile]; f of every head over the
+// tile and both halos [heads][tile + max(z_halo, a_halo) + z_halo]; the z buffer (tile plus
+// z_halo a side, + 4 for the doubling's reads past the end); the anchor buffer (tile plus a_halo,
+// + 4); the prior r over the z buffer's positions.
+__host__ __device__ constexpr int ScoresFLength(int tile, int z_halo, int a_halo) {
+  return tile + (z_halo > a_halo ? z_halo : a_halo) + z_halo;
+}
+__host__ __device__ constexpr int ScoresSharedFloats(int tile, int heads, int z_halo, int a_halo) {
+  return RoundUp4(4 * heads) + 2 * heads * tile + heads * ScoresFLength(tile, z_halo, a_halo) +
+         (tile + 2 * z_halo + 4) + (tile + a_halo + 4) + (tile + 2 * z_halo);
 }
 
 // In place over buf[0, len) (len a multiple of 4, at most 8 * kThreads): `steps` doubling steps,
@@ -100,18 +106,19 @@ __global__ void __launch_bounds__(kThreads) SfiScoresKernel(const KernelArgs arg
   float* prior_max = lambda + H;         // [H]
   float* prior_inv_sum = prior_max + H;  // [H]
   int* has_continuation = reinterpret_cast<int*>(prior_inv_sum + H);  // [H]
-  float* z_nms = smem + RoundUp4(4 * H);  // [H][T]: z, then z_nms
-  float* priority = z_nms + H * T;        // [H][T]: c_h (valid where has_continuation[h])
-  float* zbuf = priority + H * T;         // [T + 2 halo + 4]
-  float* abuf = zbuf + T + 2 * kHaloMax + 4;  // [T + halo + 4]
-  float* rbuf = abuf + T + kHaloMax + 4;      // [T + 2 halo]
-
   const int half = c.nms_half;
   const int reach = c.continuation;
   const bool nms_shared = half > 0 && args.nms_prefix == nullptr;
   const bool cont_shared = reach > 0 && args.cont_prefix == nullptr;
   const int z_halo = nms_shared ? RoundUp4(half) : 0;   // <= kHaloMax
   const int a_halo = cont_shared ? RoundUp4(reach) : 0;  // <= kHaloMax
+  const int f_len = ScoresFLength(T, z_halo, a_halo);
+  float* z_nms = smem + RoundUp4(4 * H);  // [H][T]: z, then z_nms
+  float* priority = z_nms + H * T;        // [H][T]: c_h (valid where has_continuation[h])
+  float* fbuf = priority + H * T;         // [H][f_len]: f at positions f_lo + i
+  float* zbuf = fbuf + H * f_len;         // [T + 2 z_halo + 4]
+  float* abuf = zbuf + T + 2 * z_halo + 4;  // [T + a_halo + 4]
+  float* rbuf = abuf + T + a_halo + 4;      // [T + 2 z_halo]
   const int z_steps = nms_shared ? FloorLog2(2 * half + 1) : 0;
   const int a_steps = cont_shared ? FloorLog2(reach + 1) : 0;
 
@@ -128,6 +135,15 @@ __global__ void __launch_bounds__(kThreads) SfiScoresKernel(const KernelArgs arg
       prior_max[h] = prior.max;
       prior_inv_sum[h] = static_cast<float>(1.0 / prior.sum);
     }
+    // f of every head over the tile and its halos, all loads in flight at once.
+    const int f_lo = t0 - max(z_halo, a_halo);  // fbuf[h][i] holds position f_lo + i
+#pragma unroll 4
+    for (int idx = tid; idx < H * f_len; idx += kThreads) {
+      const int h = idx / f_len;
+      const int j = f_lo + idx % f_len;
+      fbuf[idx] = j >= 0 && j < n ? args.f[static_cast<int64_t>(first_row + h) * args.row_stride + j]
+                                  : 0.f;
+    }
     __syncthreads();
     // Without the key-norm factor the prior r is the same for every head: once per tile.
     const int z_lo = t0 - z_halo;  // zbuf[i] and rbuf[i] hold position z_lo + i
@@ -143,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) SfiScoresKernel(const KernelArgs arg
     for (int h = 0; h < H; ++h) {
       const int row = first_row + h;
       const int64_t offset = static_cast<int64_t>(row) * args.row_stride;
-      const float* f = args.f + offset;
+      const float* f = fbuf + h * f_len - f_lo;  // f[j] for j in [f_lo, f_lo + f_len)
       const float* norms = NormsRow(args, sequence, h, set.begin);
       const float lam = lambda[h];
       const int a_lo = t0 - a_halo;  // abuf[i] holds position a_lo + i
@@ -251,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) SfiScoresKernel(const KernelArgs arg
         }
         const uint32_t rank = forced ? kForcedKey : OrderedKey(adjusted);
         WarpHistogramAdd(args.hist + static_cast<int64_t>(row) * kHistWords,
-                         valid ? static_cast<int>(rank >> (32 - 11)) : -1);
+                         valid ? static_cast<int>(rank >> (32 - kBits1)) : -1);
       }
     }
     __syncthreads();  // the shared arrays are rewritten for the next sequence

@@ -70,25 +70,38 @@ __global__ void __launch_bounds__(kThreads) SfiRowStatsKernel(const KernelArgs a
     if (c0 >= set.count) continue;  // uniform over the block
     const int c1 = min(c0 + kChunk, set.count);
 
-    for (int r = 0; r < rows; ++r) {
-      const float* x = LogitsRow(args, sequence, kv_head, r / args.group, r % args.group,
-                                 set.begin);
-      float v[kChunkPerThread];
-      float m = -INFINITY;
+    // Rows in batches of kRowBatch: every load of a batch is in flight before the first merge.
+    constexpr int kRowBatch = 4;
+    for (int r0 = 0; r0 < rows; r0 += kRowBatch) {
+      float v[kRowBatch][kChunkPerThread];
 #pragma unroll
-      for (int k = 0; k < kChunkPerThread; ++k) {
-        const int j = c0 + k * kThreads + tid;
-        v[k] = j < c1 ? ScaledLogit(x[j], args.logit_scale) : -INFINITY;
-        m = fmaxf(m, v[k]);
-      }
-      float s = 0.f;
-      if (m != -INFINITY) {
+      for (int b = 0; b < kRowBatch; ++b) {
+        const int r = r0 + b;
+        const float* x = r < rows ? LogitsRow(args, sequence, kv_head, r / args.group,
+                                              r % args.group, set.begin)
+                                  : nullptr;
 #pragma unroll
-        for (int k = 0; k < kChunkPerThread; ++k) s += expf(v[k] - m);
+        for (int k = 0; k < kChunkPerThread; ++k) {
+          const int j = c0 + k * kThreads + tid;
+          v[b][k] = x != nullptr && j < c1 ? ScaledLogit(x[j], args.logit_scale) : -INFINITY;
+        }
       }
-      const RowStat stat = BlockMergeRowStat({m, static_cast<double>(s)}, scratch);
-      if (tid == 0) {
-        args.row_stats[(static_cast<int64_t>(row) * rows + r) * args.num_chunks + chunk] = stat;
+#pragma unroll
+      for (int b = 0; b < kRowBatch; ++b) {
+        const int r = r0 + b;
+        if (r >= rows) break;  // uniform over the block
+        float m = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < kChunkPerThread; ++k) m = fmaxf(m, v[b][k]);
+        float s = 0.f;
+        if (m != -INFINITY) {
+#pragma unroll
+          for (int k = 0; k < kChunkPerThread; ++k) s += expf(v[b][k] - m);
+        }
+        const RowStat stat = BlockMergeRowStat({m, static_cast<double>(s)}, scratch);
+        if (tid == 0) {
+          args.row_stats[(static_cast<int64_t>(row) * rows + r) * args.num_chunks + chunk] = stat;
+        }
       }
     }
 
@@ -168,10 +181,8 @@ __global__ void __launch_bounds__(kThreads) SfiEvidenceKernel(const KernelArgs a
 
     // Eq. 6's normalizers: the chunk statistics of SfiRowStatsKernel, merged.
     for (int r = tid; r < rows; r += kThreads) {
-      const RowStat* stats = args.row_stats + static_cast<int64_t>(row) * rows * args.num_chunks +
-                             static_cast<int64_t>(r) * args.num_chunks;
-      RowStat total{-INFINITY, 0.0};
-      for (int k = 0; k < chunks; ++k) total = MergeRowStat(total, stats[k]);
+      const RowStat total = MergeRowStats(
+          args.row_stats + (static_cast<int64_t>(row) * rows + r) * args.num_chunks, chunks);
       sh.row_max[r] = total.max;
       // Eq. 6 divides by the row sum; GQA pooling averages the group's G probabilities.
       sh.row_scale[r] =

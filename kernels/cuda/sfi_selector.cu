@@ -89,23 +89,41 @@ Layout MakeLayout(int batch, int num_kv_heads, int max_j_count, int rows, bool n
   return l;
 }
 
-bool NmsWide(const SfiSelectorConfig& c, int max_j_count) {
-  return EffectiveHalf(c, max_j_count) > sfi::kHaloMax;
-}
-bool ContinuationWide(const SfiSelectorConfig& c, int max_j_count) {
-  return EffectiveReach(c, max_j_count) > sfi::kHaloMax;
-}
+// How SfiScoresKernel runs: positions per block, and whether the soft-NMS and stage C windows
+// come from shared-memory halos or from SfiLargeWindowKernel's per-row maxima ("wide": half-widths
+// or reaches above kHaloMax, or halos that leave no tile of kMinTile positions room enough).
+struct ScoresPlan {
+  int tile = 0;  // 0: not even kMinTile fits (too many KV heads)
+  bool nms_wide = false, cont_wide = false;
+  size_t shared_bytes = 0;
+};
 
-// Positions per block of SfiScoresKernel: the largest power of two <= kMaxTile whose shared
-// memory fits; 0 when even kMinTile does not (too many KV heads).
-int ScoresTile(int num_kv_heads) {
-  for (int tile = sfi::kMaxTile; tile >= sfi::kMinTile; tile /= 2) {
-    if (static_cast<int64_t>(sfi::ScoresSharedFloats(tile, num_kv_heads)) * 4 <=
-        sfi::kScoresSharedBytes) {
-      return tile;
+ScoresPlan MakeScoresPlan(int num_kv_heads, int max_j_count, const SfiSelectorConfig& config) {
+  const int half = EffectiveHalf(config, max_j_count);
+  const int reach = EffectiveReach(config, max_j_count);
+  ScoresPlan plan;
+  plan.nms_wide = half > sfi::kHaloMax;
+  plan.cont_wide = reach > sfi::kHaloMax;
+  for (;;) {
+    const int z_halo = half > 0 && !plan.nms_wide ? sfi::RoundUp4(half) : 0;
+    const int a_halo = reach > 0 && !plan.cont_wide ? sfi::RoundUp4(reach) : 0;
+    for (int tile = sfi::kMaxTile; tile >= sfi::kMinTile; tile /= 2) {
+      const size_t bytes =
+          static_cast<size_t>(sfi::ScoresSharedFloats(tile, num_kv_heads, z_halo, a_halo)) * 4;
+      if (bytes <= sfi::kScoresSharedBytes) {
+        plan.tile = tile;
+        plan.shared_bytes = bytes;
+        return plan;
+      }
+    }
+    if (z_halo > 0) {
+      plan.nms_wide = true;
+    } else if (a_halo > 0) {
+      plan.cont_wide = true;
+    } else {
+      return plan;
     }
   }
-  return 0;
 }
 
 sfi::DeviceConfig ToDeviceConfig(const SfiSelectorConfig& c, int window, int max_j_count) {
@@ -142,9 +160,8 @@ size_t SfiSelectWorkspaceBytes(int batch, int num_kv_heads, int max_j_count, int
   if (batch <= 0 || num_kv_heads <= 0 || max_j_count <= 0) return 0;
   const int rows = static_cast<int>(
       std::clamp<int64_t>(static_cast<int64_t>(window) * group, 1, sfi::kMaxRows));
-  return MakeLayout(batch, num_kv_heads, max_j_count, rows, NmsWide(config, max_j_count),
-                    ContinuationWide(config, max_j_count))
-      .total;
+  const ScoresPlan plan = MakeScoresPlan(num_kv_heads, max_j_count, config);
+  return MakeLayout(batch, num_kv_heads, max_j_count, rows, plan.nms_wide, plan.cont_wide).total;
 }
 
 Status SfiSelect(const SfiSelectParams& params, cudaStream_t stream) {
@@ -174,7 +191,8 @@ Status SfiSelect(const SfiSelectParams& params, cudaStream_t stream) {
   args.continuation_out = params.continuation;
   args.row_stride = RowStride(max_j);
   args.num_chunks = NumChunks(max_j);
-  args.tile = ScoresTile(params.num_kv_heads);
+  const ScoresPlan plan = MakeScoresPlan(params.num_kv_heads, max_j, params.config);
+  args.tile = plan.tile;
 
   const int total_rows = params.batch * params.num_kv_heads;
   const unsigned grid_rows = static_cast<unsigned>(std::min(total_rows, kMaxGridY));
@@ -182,8 +200,8 @@ Status SfiSelect(const SfiSelectParams& params, cudaStream_t stream) {
     sfi::SfiWriteSelectionKernel<<<dim3(1, grid_rows), sfi::kThreads, 0, stream>>>(args);
     return LaunchStatus("sfi_write_selection");
   }
-  const bool nms_wide = NmsWide(params.config, max_j);
-  const bool cont_wide = ContinuationWide(params.config, max_j);
+  const bool nms_wide = plan.nms_wide;
+  const bool cont_wide = plan.cont_wide;
   const Layout layout = MakeLayout(params.batch, params.num_kv_heads, max_j,
                                    params.window * params.group, nms_wide, cont_wide);
   char* base = static_cast<char*>(params.workspace);
@@ -227,9 +245,7 @@ Status SfiSelect(const SfiSelectParams& params, cudaStream_t stream) {
   }
   const dim3 tile_grid(static_cast<unsigned>((max_j + args.tile - 1) / args.tile),
                        static_cast<unsigned>(std::min(params.batch, kMaxGridY)));
-  const size_t shared = static_cast<size_t>(sfi::ScoresSharedFloats(args.tile, args.num_kv_heads)) *
-                        sizeof(float);
-  sfi::SfiScoresKernel<<<tile_grid, sfi::kThreads, shared, stream>>>(args);
+  sfi::SfiScoresKernel<<<tile_grid, sfi::kThreads, plan.shared_bytes, stream>>>(args);
   RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_scores"));
   sfi::SfiRadixKernel<1><<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
   RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_radix_1"));

@@ -82,7 +82,7 @@ size_t SfiSelectWorkspaceBytes(int batch, int num_kv_heads, int max_j_count, int
 // workspace or a bad config; besides ValidateSfiSelectorConfig the f32 pipeline needs
 // alpha >= 1e-6, temperature in [1e-6, 1e6], epsilon in [1e-30, 1e6] and gamma, beta, p, eta,
 // alpha_soft, alpha_cross <= 1e6 (bounds that keep every intermediate finite in f32), and
-// num_kv_heads <= 128 (cross-head exclusivity keeps every head of a tile in shared memory).
+// num_kv_heads <= 64 (cross-head exclusivity keeps every head of a tile in shared memory).
 //
 // j_begin / j_count live on the device and cannot be checked here; outside the contract they are
 // clamped (j_begin to >= 0, j_count to [0, max_j_count] and to what logits_stride, norms_stride

@@ -22,13 +22,16 @@ constexpr int kChunkPerThread = kChunk / kThreads;
 // Soft-NMS half-width and continuation reach that the scores kernel handles with a halo in shared
 // memory; wider ones take the per-head segmented scans of SfiLargeWindowKernel.
 constexpr int kHaloMax = 256;
-constexpr int kMaxTile = 512;  // positions per block of the scores kernel (fewer for many heads)
+constexpr int kMaxTile = 256;  // positions per block of the scores kernel (fewer for many heads)
 constexpr int kMinTile = 32;
-constexpr int kMaxKvHeads = 128;  // the scores kernel keeps every head's tile in shared memory
+constexpr int kMaxKvHeads = 64;  // the scores kernel keeps every head's tile in shared memory
 constexpr int kScoresSharedBytes = 48 * 1024;
 constexpr unsigned kFullMask = 0xffffffffu;
-// Radix select of the rank keys: digits of 11, 11 and 10 bits from the top.
-constexpr int kBins1 = 2048, kBins2 = 2048, kBins3 = 1024;
+// Radix select of the rank keys: digits of 8, 12 and 12 bits from the top. The first is coarse
+// (sign and exponent) so that the 32 keys of a warp fall in few of its bins: the scores kernel
+// counts it with one atomic per distinct bin and warp; the others count in shared memory.
+constexpr int kBits1 = 8, kBits2 = 12, kBits3 = 12;
+constexpr int kBins1 = 1 << kBits1, kBins2 = 1 << kBits2, kBins3 = 1 << kBits3;
 constexpr int kHistWords = kBins1 + kBins2 + kBins3;  // per (sequence, KV head)
 // The rank key of a position that stage C forces into the selection: above every OrderedKey of a
 // finite score (the largest, +inf's, is 0xff800000).
@@ -165,15 +168,27 @@ __device__ __forceinline__ RowStat MergeRowStat(RowStat a, RowStat b) {
   return {a.max, a.sum + b.sum * static_cast<double>(expf(b.max - a.max))};
 }
 
+// MergeRowStat over stats[0, count) in index order (every block that merges the same partials
+// gets the same bits), loading 8 at a time so that the loads overlap.
+__device__ __forceinline__ RowStat MergeRowStats(const RowStat* stats, int count) {
+  RowStat total{-INFINITY, 0.0};
+  for (int c = 0; c < count; c += 8) {
+    RowStat batch[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) batch[u] = c + u < count ? stats[c + u] : RowStat{-INFINITY, 0.0};
+#pragma unroll
+    for (int u = 0; u < 8; ++u) total = MergeRowStat(total, batch[u]);
+  }
+  return total;
+}
+
 // The prior's log-sum-exp over J of (sequence, kv_head), merged over its chunks in a fixed order
 // (every block that needs it gets the same bits).
 __device__ __forceinline__ RowStat MergedPrior(const KernelArgs& args, int sequence, int kv_head,
                                               int n) {
   const int row = sequence * args.num_kv_heads + (args.config.gamma > 0.f ? kv_head : 0);
-  const RowStat* stats = args.prior_stats + static_cast<int64_t>(row) * args.num_chunks;
-  RowStat total{-INFINITY, 0.0};
-  for (int c = 0; c < ChunksOf(n); ++c) total = MergeRowStat(total, stats[c]);
-  return total;
+  return MergeRowStats(args.prior_stats + static_cast<int64_t>(row) * args.num_chunks,
+                       ChunksOf(n));
 }
 
 // Eq. 18: λ* = clip(fᵀ(f − r) / ‖f − r‖², 0, λ_clip), 0 when f == r (kernels/cpu SfiLambdaStar),
@@ -181,9 +196,16 @@ __device__ __forceinline__ RowStat MergedPrior(const KernelArgs& args, int seque
 __device__ __forceinline__ float LambdaStar(const KernelArgs& args, int row, int n) {
   const LambdaSums* sums = args.lambda_sums + static_cast<int64_t>(row) * args.num_chunks;
   double numerator = 0.0, denominator = 0.0;
-  for (int c = 0; c < ChunksOf(n); ++c) {
-    numerator += sums[c].numerator;
-    denominator += sums[c].denominator;
+  const int count = ChunksOf(n);
+  for (int c = 0; c < count; c += 8) {
+    LambdaSums batch[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) batch[u] = c + u < count ? sums[c + u] : LambdaSums{0.0, 0.0};
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      numerator += batch[u].numerator;
+      denominator += batch[u].denominator;
+    }
   }
   if (denominator == 0.0) return 0.f;
   return static_cast<float>(fmin(fmax(numerator / denominator, 0.0), args.config.lambda_clip));

@@ -5,10 +5,11 @@
 //
 // Multi-block radix select over chunks of kChunk positions, grid (chunk, row), no grid-wide sync:
 // every kernel reads the complete histogram of the previous one.
-//   SfiRadixKernel<1>  picks the digit-1 bin (bits 31..21) holding the K-th largest key, then
-//                      histograms bits 20..10 of the keys in that bin;
-//   SfiRadixKernel<2>  picks the digit-2 bin, then histograms bits 9..0 of the keys with that
-//                      22-bit prefix;
+//   SfiRadixKernel<1>  picks the digit-1 bin (bits 31..24) holding the K-th largest key, then
+//                      histograms bits 23..12 of the keys in that bin (in shared memory, then one
+//                      global atomic per nonzero bin);
+//   SfiRadixKernel<2>  picks the digit-2 bin, then histograms bits 11..0 of the keys with that
+//                      20-bit prefix;
 //   SfiRadixKernel<3>  picks the digit-3 bin: the K-th largest key `cut` exactly and how many
 //                      keys equal to it are kept (K minus the keys above it); counts per chunk
 //                      the keys above and equal to the cut;
@@ -92,6 +93,8 @@ __device__ __forceinline__ bool RadixRow(const KernelArgs& args, int row, int n)
 template <int kStep>
 __global__ void __launch_bounds__(kThreads) SfiRadixKernel(const KernelArgs args) {
   __shared__ TopKShared sh;
+  __shared__ uint32_t digit_hist[kBins2];  // this block's counts of the next digit
+  static_assert(kBins2 == kBins3, "one shared histogram serves both refining digits");
   const int tid = static_cast<int>(threadIdx.x);
   const int chunk = static_cast<int>(blockIdx.x);
   const int H = args.num_kv_heads;
@@ -107,30 +110,33 @@ __global__ void __launch_bounds__(kThreads) SfiRadixKernel(const KernelArgs args
     SelectState prev{0, static_cast<uint32_t>(args.config.budget)};
     if (kStep > 1) prev = state[kStep - 2];
     const uint32_t* hist_in = hist + (kStep == 1 ? 0 : kStep == 2 ? kBins1 : kBins1 + kBins2);
-    const int bins_in = kStep == 3 ? kBins3 : kBins1;
-    const BinChoice choice = SelectBin(hist_in, bins_in, prev.target, sh);
-    const int digit_bits = kStep == 3 ? 10 : 11;
+    const BinChoice choice = SelectBin(hist_in, kStep == 1 ? kBins1 : kBins2, prev.target, sh);
+    const int digit_bits = kStep == 1 ? kBits1 : kStep == 2 ? kBits2 : kBits3;
     const uint32_t prefix = (prev.prefix << digit_bits) | static_cast<uint32_t>(choice.bin);
     if (chunk == 0 && tid == 0) state[kStep - 1] = {prefix, choice.target};
+    if (kStep < 3) {
+      for (int i = tid; i < kBins2; i += kThreads) digit_hist[i] = 0;
+      __syncthreads();
+    }
 
-    // kStep 1: prefix = bits 31..21, histogram bits 20..10; kStep 2: prefix = bits 31..10,
-    // histogram bits 9..0; kStep 3: prefix = the cut, count the keys above and equal to it.
+    // kStep 1: prefix = bits 31..24, count bits 23..12; kStep 2: prefix = bits 31..12, count
+    // bits 11..0; kStep 3: prefix = the cut, count the keys above and equal to it.
+    const int shift = kStep == 1 ? 32 - kBits1 : kBits3;  // bits below the prefix
     uint32_t above = 0, tied = 0;
     for (int k = 0; k < kLoadsPerChunk; ++k) {
       const int base = c0 + kRanksPerLoad * (k * kThreads + tid);
-      uint32_t rank[kRanksPerLoad] = {0, 0, 0, 0};
-      if (base < n) LoadRanks(args, row, n, base, rank);
+      if (base >= n) break;
+      uint32_t rank[kRanksPerLoad];
+      LoadRanks(args, row, n, base, rank);
 #pragma unroll
       for (int e = 0; e < kRanksPerLoad; ++e) {
-        const bool valid = base + e < n;
+        if (base + e >= n) break;
         if (kStep == 3) {
-          above += valid && rank[e] > prefix;
-          tied += valid && rank[e] == prefix;
-        } else {
-          int bin = -1;
-          if (kStep == 1 && valid && (rank[e] >> 21) == prefix) bin = (rank[e] >> 10) & 2047;
-          if (kStep == 2 && valid && (rank[e] >> 10) == prefix) bin = rank[e] & 1023;
-          WarpHistogramAdd(hist + (kStep == 1 ? kBins1 : kBins1 + kBins2), bin);
+          above += rank[e] > prefix;
+          tied += rank[e] == prefix;
+        } else if ((rank[e] >> shift) == prefix) {
+          const uint32_t bin = kStep == 1 ? (rank[e] >> kBits3) & (kBins2 - 1) : rank[e] & (kBins3 - 1);
+          atomicAdd(&digit_hist[bin], 1u);
         }
       }
     }
@@ -140,6 +146,13 @@ __global__ void __launch_bounds__(kThreads) SfiRadixKernel(const KernelArgs args
       if (tid == 0) {
         args.chunk_counts[static_cast<int64_t>(row) * args.num_chunks + chunk] = {above, tied};
       }
+    } else {
+      __syncthreads();
+      uint32_t* hist_out = hist + (kStep == 1 ? kBins1 : kBins1 + kBins2);
+      for (int i = tid; i < kBins2; i += kThreads) {
+        if (digit_hist[i] != 0) atomicAdd(&hist_out[i], digit_hist[i]);
+      }
+      __syncthreads();  // digit_hist is cleared for the next row
     }
   }
 }

@@ -315,7 +315,7 @@ TEST(SfiSelectorOp, BadParamsAreInvalidArgument) {
   const Bad bad[] = {
       {"batch", [](SfiSelectParams& p) { p.batch = -1; }},
       {"num_kv_heads", [](SfiSelectParams& p) { p.num_kv_heads = 0; }},
-      {"num_kv_heads = 129", [](SfiSelectParams& p) { p.num_kv_heads = 129; }},
+      {"num_kv_heads = 65", [](SfiSelectParams& p) { p.num_kv_heads = 65; }},
       {"group", [](SfiSelectParams& p) { p.group = 0; }},
       {"window", [](SfiSelectParams& p) { p.window = 0; }},
       {"window * group",
