@@ -48,21 +48,30 @@ struct TopKShared {
   BinChoice choice;
 };
 
-// The bin of hist[0, bins) (bins = kThreads * per) that holds the `target`-th largest key
-// (counting the bins from the top), and the rank left inside it. Every thread gets it.
-__device__ BinChoice SelectBin(const uint32_t* hist, int bins, uint32_t target, TopKShared& sh) {
-  const int per = bins / kThreads;
+// The bin of hist[0, kBins) (kBins = kThreads * per) that holds the `target`-th largest key
+// (counting the bins from the top), and the rank left inside it. Every thread gets it. Each
+// thread loads its bins once (unrolled: the loads overlap).
+template <int kBins>
+__device__ BinChoice SelectBin(const uint32_t* hist, uint32_t target, TopKShared& sh) {
+  constexpr int kPer = kBins / kThreads;
+  static_assert(kPer * kThreads == kBins, "whole bins per thread");
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) sh.choice = {0, 1};  // unreachable fallback: the counts always reach target
+  uint32_t counts[kPer];
   uint32_t local = 0;
-  for (int q = 0; q < per; ++q) local += hist[bins - 1 - (tid * per + q)];
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    counts[q] = hist[kBins - 1 - (tid * kPer + q)];
+    local += counts[q];
+  }
   uint32_t total;
   uint32_t running = BlockExclusiveScan(local, total, sh.scan32);  // its barriers order choice
-  for (int q = 0; q < per; ++q) {
-    const int bin = bins - 1 - (tid * per + q);
-    const uint32_t count = hist[bin];
-    if (running < target && running + count >= target) sh.choice = {bin, target - running};
-    running += count;
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    if (running < target && running + counts[q] >= target) {
+      sh.choice = {kBins - 1 - (tid * kPer + q), target - running};
+    }
+    running += counts[q];
   }
   __syncthreads();
   const BinChoice choice = sh.choice;
@@ -110,7 +119,8 @@ __global__ void __launch_bounds__(kThreads) SfiRadixKernel(const KernelArgs args
     SelectState prev{0, static_cast<uint32_t>(args.config.budget)};
     if (kStep > 1) prev = state[kStep - 2];
     const uint32_t* hist_in = hist + (kStep == 1 ? 0 : kStep == 2 ? kBins1 : kBins1 + kBins2);
-    const BinChoice choice = SelectBin(hist_in, kStep == 1 ? kBins1 : kBins2, prev.target, sh);
+    const BinChoice choice = kStep == 1 ? SelectBin<kBins1>(hist_in, prev.target, sh)
+                                        : SelectBin<kBins2>(hist_in, prev.target, sh);
     const int digit_bits = kStep == 1 ? kBits1 : kStep == 2 ? kBits2 : kBits3;
     const uint32_t prefix = (prev.prefix << digit_bits) | static_cast<uint32_t>(choice.bin);
     if (chunk == 0 && tid == 0) state[kStep - 1] = {prefix, choice.target};
@@ -214,7 +224,7 @@ __device__ void SelectAmongForced(const KernelArgs& args, int row, AllowedSet se
       WarpHistogramAdd(sh.hist, bin);
     }
     __syncthreads();
-    const BinChoice choice = SelectBin(sh.hist, 256, target, sh);
+    const BinChoice choice = SelectBin<256>(sh.hist, target, sh);
     prefix |= static_cast<unsigned long long>(choice.bin) << shift;
     mask |= 255ull << shift;
     target = choice.target;
