@@ -6,18 +6,18 @@
 //
 //   SfiRowStatsKernel      grid (chunk, row): per (query row w, query head g) the max and
 //                          Σ exp(logit − max) over the chunk (Eq. 6's normalizer); the log prior
-//                          (Eq. 11, and Eq. 9 when γ > 0) and its log-sum-exp per chunk; clears the
-//                          radix histograms and counters of the row.
+//                          (Eq. 11, and Eq. 9 when γ > 0) and its log-sum-exp per chunk.
 //   SfiEvidenceKernel      grid (chunk, row), walked in the reverse block order (the logits the
 //                          previous kernel read last are still in L2): W = 1 writes f = p (Eq. 8
 //                          recovers the pooled softmax exactly for one query row) and the chunk's
 //                          Eq. 18 sums; W > 1 writes μ (Eq. 7) and the chunk's max μ and
 //                          Σ (μ / max)^{1/α}.
 //   SfiNormalizeEvidenceKernel (W > 1) f = (μ / max μ)^{1/α} / Σ (Eq. 8) and the Eq. 18 sums.
-//   SfiLargeWindowKernel   one block per row, only for a soft-NMS half-width or a continuation
-//                          reach above kHaloMax: segmented prefix / suffix maxima of z (segments
-//                          of 2·half + 1) and of the anchor evidence (segments of C + 1), from
-//                          which SfiScoresKernel reads any window maximum in two lookups.
+//   SfiLargeWindowKernel   one block per row, only for a soft-NMS half-width above kHaloMax or a
+//                          continuation reach above kDirectReach (or halos that leave no tile
+//                          room): segmented prefix / suffix maxima of z (segments of 2·half + 1)
+//                          and of the anchor evidence (segments of C + 1), from which
+//                          SfiScoresKernel reads any window maximum in two lookups.
 // Sums accumulate in f64; elementwise math is f32. -inf logits contribute 0; a KV head whose rows
 // are all -inf (outside the contract) gets f = 0, so λ* = 0 and z = log ε everywhere.
 #pragma once
@@ -59,11 +59,6 @@ __global__ void __launch_bounds__(kThreads) SfiRowStatsKernel(const KernelArgs a
   const int rows = args.window * args.group;
   const DeviceConfig& c = args.config;
   for (int row = blockIdx.y; row < total_rows; row += gridDim.y) {
-    if (chunk == 0) {  // the later kernels accumulate into these
-      uint32_t* hist = args.hist + static_cast<int64_t>(row) * kHistWords;
-      for (int i = tid; i < kHistWords; i += kThreads) hist[i] = 0;
-      if (tid == 0) args.forced_count[row] = 0;
-    }
     const int sequence = row / H, kv_head = row % H;
     const AllowedSet set = LoadAllowedSet(args, sequence);
     const int c0 = chunk * kChunk;
@@ -71,19 +66,28 @@ __global__ void __launch_bounds__(kThreads) SfiRowStatsKernel(const KernelArgs a
     const int c1 = min(c0 + kChunk, set.count);
 
     // Rows in batches of kRowBatch: every load of a batch is in flight before the first merge.
+    // The loads are unconditional (rows and positions clamped into range, masked afterwards):
+    // a load guarded by a branch that also uses its value makes the warp wait for each load in
+    // turn (measured: 10 % of the HBM bandwidth).
     constexpr int kRowBatch = 4;
     for (int r0 = 0; r0 < rows; r0 += kRowBatch) {
       float v[kRowBatch][kChunkPerThread];
 #pragma unroll
       for (int b = 0; b < kRowBatch; ++b) {
-        const int r = r0 + b;
-        const float* x = r < rows ? LogitsRow(args, sequence, kv_head, r / args.group,
-                                              r % args.group, set.begin)
-                                  : nullptr;
+        const int r = min(r0 + b, rows - 1);
+        const float* x = LogitsRow(args, sequence, kv_head, r / args.group, r % args.group,
+                                   set.begin);
+#pragma unroll
+        for (int k = 0; k < kChunkPerThread; ++k) {
+          v[b][k] = x[min(c0 + k * kThreads + tid, c1 - 1)];
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kRowBatch; ++b) {
 #pragma unroll
         for (int k = 0; k < kChunkPerThread; ++k) {
           const int j = c0 + k * kThreads + tid;
-          v[b][k] = x != nullptr && j < c1 ? ScaledLogit(x[j], args.logit_scale) : -INFINITY;
+          v[b][k] = r0 + b < rows && j < c1 ? ScaledLogit(v[b][k], args.logit_scale) : -INFINITY;
         }
       }
 #pragma unroll
@@ -199,16 +203,31 @@ __global__ void __launch_bounds__(kThreads) SfiEvidenceKernel(const KernelArgs a
       float pooled[kChunkPerThread];
 #pragma unroll
       for (int k = 0; k < kChunkPerThread; ++k) pooled[k] = 0.f;
-      for (int g = 0; g < group; ++g) {
-        const int r = w * group + g;
-        const float scale = sh.row_scale[r];
-        if (scale == 0.f) continue;  // a row of -inf: no probability (and no -inf − -inf)
-        const float row_max = sh.row_max[r];
-        const float* x = LogitsRow(args, sequence, kv_head, w, g, set.begin);
+      // The group's rows in batches of kRowBatch, loads unconditional (see SfiRowStatsKernel).
+      constexpr int kRowBatch = 4;
+      for (int g0 = 0; g0 < group; g0 += kRowBatch) {
+        float x[kRowBatch][kChunkPerThread];
 #pragma unroll
-        for (int k = 0; k < kChunkPerThread; ++k) {
-          const int j = c0 + k * kThreads + tid;
-          if (j < c1) pooled[k] += expf(ScaledLogit(x[j], args.logit_scale) - row_max) * scale;
+        for (int b = 0; b < kRowBatch; ++b) {
+          const float* row_logits =
+              LogitsRow(args, sequence, kv_head, w, min(g0 + b, group - 1), set.begin);
+#pragma unroll
+          for (int k = 0; k < kChunkPerThread; ++k) {
+            x[b][k] = row_logits[min(c0 + k * kThreads + tid, c1 - 1)];
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < kRowBatch; ++b) {
+          const int g = g0 + b;
+          if (g >= group) break;  // uniform over the block
+          const int r = w * group + g;
+          const float scale = sh.row_scale[r];
+          if (scale == 0.f) continue;  // a row of -inf: no probability (and no -inf − -inf)
+          const float row_max = sh.row_max[r];
+#pragma unroll
+          for (int k = 0; k < kChunkPerThread; ++k) {
+            pooled[k] += expf(ScaledLogit(x[b][k], args.logit_scale) - row_max) * scale;
+          }
         }
       }
 #pragma unroll

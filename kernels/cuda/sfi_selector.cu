@@ -7,12 +7,11 @@
 //   4. SfiLargeWindowKernel       (1, row), only for soft-NMS half-widths or continuation reaches
 //                                 above kHaloMax: per-row segmented window maxima
 //   5. SfiScoresKernel            (tile, sequence): z, soft-NMS, stage C, cross-head, rank keys
-//   6. SfiRadixKernel<1, 2, 3>    the K-th largest rank key per row, three digits
-//   7. SfiWriteSelectionKernel    the selected positions, ascending
+//   6. SfiTopKKernel              (1, row), 1024 threads: radix select of the K best ranks and
+//                                 the selected positions, ascending
 // Traffic at 16 sequences x 8 KV heads x 32K positions (W = 1, G = 4): the logits (67 MB) are
 // read twice (2. walks the blocks in reverse so that part of the second read may hit L2), every
-// other pass reads or writes [R][|J|] 4-byte arrays (16.7 MB). Measured on an H200 the kernels are
-// latency-bound far below that traffic's time (0.44 ms at 32K; bench/results/sfi_selector_h200.md).
+// other pass reads or writes [R][|J|] 4-byte arrays (16.7 MB; the top-K reads them from L2).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -53,8 +52,7 @@ int EffectiveReach(const SfiSelectorConfig& c, int max_j_count) {
 // Byte offsets of the workspace arrays (KernelArgs documents each), 256-byte aligned.
 struct Layout {
   size_t f, keys, cont, forced_bits, position_prior, nms_prefix, nms_suffix, cont_prefix,
-      cont_suffix, row_stats, prior_stats, mu_stats, lambda_sums, hist, forced_count,
-      select_state, chunk_counts, total;
+      cont_suffix, row_stats, prior_stats, mu_stats, lambda_sums, total;
 };
 
 Layout MakeLayout(int batch, int num_kv_heads, int max_j_count, int rows, bool nms_wide,
@@ -82,42 +80,44 @@ Layout MakeLayout(int batch, int num_kv_heads, int max_j_count, int rows, bool n
   l.prior_stats = take(r * chunks * sizeof(sfi::RowStat));
   l.mu_stats = take(r * chunks * sizeof(sfi::RowStat));
   l.lambda_sums = take(r * chunks * sizeof(sfi::LambdaSums));
-  l.hist = take(r * sfi::kHistWords * sizeof(uint32_t));
-  l.forced_count = take(r * sizeof(uint32_t));
-  l.select_state = take(r * 3 * sizeof(sfi::SelectState));
-  l.chunk_counts = take(r * chunks * sizeof(uint2));
   l.total = at;
   return l;
 }
 
-// How SfiScoresKernel runs: positions per block, and whether the soft-NMS and stage C windows
-// come from shared-memory halos or from SfiLargeWindowKernel's per-row maxima ("wide": half-widths
-// or reaches above kHaloMax, or halos that leave no tile of kMinTile positions room enough).
+// How SfiScoresKernel runs: positions per block and halo, and whether the soft-NMS and stage C
+// windows come from the shared-memory tile or from SfiLargeWindowKernel's per-row maxima ("wide":
+// half-widths above kHaloMax, reaches above kDirectReach, or halos that leave no tile of 32
+// positions room in the fill's registers or 48 KB of shared memory).
 struct ScoresPlan {
-  int tile = 0;  // 0: not even kMinTile fits (too many KV heads)
+  int tile = 0;  // 0: not even 32 positions fit (too many KV heads)
+  int halo = 0;
   bool nms_wide = false, cont_wide = false;
   size_t shared_bytes = 0;
 };
 
 ScoresPlan MakeScoresPlan(int num_kv_heads, int max_j_count, const SfiSelectorConfig& config) {
+  constexpr size_t kMaxSharedBytes = 48 * 1024;  // no opt-in needed
   const int half = EffectiveHalf(config, max_j_count);
   const int reach = EffectiveReach(config, max_j_count);
   ScoresPlan plan;
   plan.nms_wide = half > sfi::kHaloMax;
-  plan.cont_wide = reach > sfi::kHaloMax;
+  plan.cont_wide = reach > sfi::kDirectReach;
   for (;;) {
     const int z_halo = half > 0 && !plan.nms_wide ? sfi::RoundUp4(half) : 0;
     const int a_halo = reach > 0 && !plan.cont_wide ? sfi::RoundUp4(reach) : 0;
-    for (int tile = sfi::kMaxTile; tile >= sfi::kMinTile; tile /= 2) {
+    const int halo = std::max(z_halo, a_halo);
+    for (int tile = 512; tile >= 32; tile /= 2) {
       const size_t bytes =
-          static_cast<size_t>(sfi::ScoresSharedFloats(tile, num_kv_heads, z_halo, a_halo)) * 4;
-      if (bytes <= sfi::kScoresSharedBytes) {
+          static_cast<size_t>(sfi::ScoresSharedFloats(tile, num_kv_heads, halo)) * sizeof(float);
+      if (static_cast<int64_t>(num_kv_heads) * (tile + 2 * halo) <= sfi::kScoresTileFloats &&
+          bytes <= kMaxSharedBytes) {
         plan.tile = tile;
+        plan.halo = halo;
         plan.shared_bytes = bytes;
         return plan;
       }
     }
-    if (z_halo > 0) {
+    if (z_halo > 0 && z_halo >= a_halo) {
       plan.nms_wide = true;
     } else if (a_halo > 0) {
       plan.cont_wide = true;
@@ -194,12 +194,14 @@ Status SfiSelect(const SfiSelectParams& params, cudaStream_t stream) {
   args.num_chunks = NumChunks(max_j);
   const ScoresPlan plan = MakeScoresPlan(params.num_kv_heads, max_j, params.config);
   args.tile = plan.tile;
+  args.halo = plan.halo;
 
   const int total_rows = params.batch * params.num_kv_heads;
   const unsigned grid_rows = static_cast<unsigned>(std::min(total_rows, kMaxGridY));
+  const dim3 row_grid(1, grid_rows);
   if (max_j == 0) {  // every J is empty: only the counts (0) are written
-    sfi::SfiWriteSelectionKernel<<<dim3(1, grid_rows), sfi::kThreads, 0, stream>>>(args);
-    return LaunchStatus("sfi_write_selection");
+    sfi::SfiTopKKernel<<<row_grid, sfi::kTopKThreads, 0, stream>>>(args);
+    return LaunchStatus("sfi_top_k");
   }
   const bool nms_wide = plan.nms_wide;
   const bool cont_wide = plan.cont_wide;
@@ -223,10 +225,6 @@ Status SfiSelect(const SfiSelectParams& params, cudaStream_t stream) {
   args.prior_stats = reinterpret_cast<sfi::RowStat*>(base + layout.prior_stats);
   args.mu_stats = reinterpret_cast<sfi::RowStat*>(base + layout.mu_stats);
   args.lambda_sums = reinterpret_cast<sfi::LambdaSums*>(base + layout.lambda_sums);
-  args.hist = reinterpret_cast<uint32_t*>(base + layout.hist);
-  args.forced_count = reinterpret_cast<uint32_t*>(base + layout.forced_count);
-  args.select_state = reinterpret_cast<sfi::SelectState*>(base + layout.select_state);
-  args.chunk_counts = reinterpret_cast<uint2*>(base + layout.chunk_counts);
 
   const dim3 chunk_grid(static_cast<unsigned>(args.num_chunks), grid_rows);
   sfi::SfiRowStatsKernel<<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
@@ -241,21 +239,15 @@ Status SfiSelect(const SfiSelectParams& params, cudaStream_t stream) {
     RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_normalize_evidence"));
   }
   if (nms_wide || cont_wide) {
-    sfi::SfiLargeWindowKernel<<<dim3(1, grid_rows), sfi::kThreads, 0, stream>>>(args);
+    sfi::SfiLargeWindowKernel<<<row_grid, sfi::kThreads, 0, stream>>>(args);
     RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_large_window"));
   }
   const dim3 tile_grid(static_cast<unsigned>((max_j + args.tile - 1) / args.tile),
                        static_cast<unsigned>(std::min(params.batch, kMaxGridY)));
   sfi::SfiScoresKernel<<<tile_grid, sfi::kThreads, plan.shared_bytes, stream>>>(args);
   RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_scores"));
-  sfi::SfiRadixKernel<1><<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
-  RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_radix_1"));
-  sfi::SfiRadixKernel<2><<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
-  RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_radix_2"));
-  sfi::SfiRadixKernel<3><<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
-  RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_radix_3"));
-  sfi::SfiWriteSelectionKernel<<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
-  return LaunchStatus("sfi_write_selection");
+  sfi::SfiTopKKernel<<<row_grid, sfi::kTopKThreads, 0, stream>>>(args);
+  return LaunchStatus("sfi_top_k");
 }
 
 // ---- validation -------------------------------------------------------------------------------

@@ -13,29 +13,17 @@
 
 namespace rubato::cuda::sfi {
 
-constexpr int kThreads = 256;  // every selector kernel
+constexpr int kThreads = 256;  // every selector kernel but the top-K (sfi_top_k.cuh)
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxRows = 1024;  // window * group: per-row softmax statistics live in shared memory
 // Positions per block of the per-(sequence, KV head) kernels: 16 per thread.
 constexpr int kChunk = 4096;
 constexpr int kChunkPerThread = kChunk / kThreads;
-// Soft-NMS half-width and continuation reach that the scores kernel handles with a halo in shared
-// memory; wider ones take the per-head segmented scans of SfiLargeWindowKernel.
+// Soft-NMS half-widths up to this the scores kernel handles with a halo in shared memory; wider
+// ones take the per-head segmented scans of SfiLargeWindowKernel.
 constexpr int kHaloMax = 256;
-constexpr int kMaxTile = 256;  // positions per block of the scores kernel (fewer for many heads)
-constexpr int kMinTile = 32;
-constexpr int kMaxKvHeads = 64;  // the scores kernel keeps every head's tile in shared memory
-constexpr int kScoresSharedBytes = 48 * 1024;
+constexpr int kMaxKvHeads = 64;  // the scores kernel keeps every head of a tile in shared memory
 constexpr unsigned kFullMask = 0xffffffffu;
-// Radix select of the rank keys: digits of 8, 12 and 12 bits from the top. The first is coarse
-// (sign and exponent) so that the 32 keys of a warp fall in few of its bins: the scores kernel
-// counts it with one atomic per distinct bin and warp; the others count in shared memory.
-constexpr int kBits1 = 8, kBits2 = 12, kBits3 = 12;
-constexpr int kBins1 = 1 << kBits1, kBins2 = 1 << kBits2, kBins3 = 1 << kBits3;
-constexpr int kHistWords = kBins1 + kBins2 + kBins3;  // per (sequence, KV head)
-// The rank key of a position that stage C forces into the selection: above every OrderedKey of a
-// finite score (the largest, +inf's, is 0xff800000).
-constexpr uint32_t kForcedKey = 0xffffffffu;
 
 // SfiSelectorConfig in the precisions the kernels use (f32, except λ_clip and 1/α for merges).
 struct DeviceConfig {
@@ -71,11 +59,6 @@ struct LambdaSums {  // Eq. 18's fᵀ(f − r) and ‖f − r‖² over a chunk
   double denominator;
 };
 
-struct SelectState {  // a radix-select step: the key prefix found so far and the rank left in it
-  uint32_t prefix;
-  uint32_t target;
-};
-
 // Everything the kernels read and write; one plain struct by value (STYLE point 5). R = batch *
 // num_kv_heads rows, row = sequence * num_kv_heads + kv_head; N = row_stride; C = num_chunks =
 // ceil(max_j_count / kChunk). Index i of a [N] row is position j_begin + i of the sequence.
@@ -97,11 +80,13 @@ struct KernelArgs {
   int64_t row_stride;       // N: max_j_count rounded up to 64
   int num_chunks;           // C
   int tile;                 // positions per block of SfiScoresKernel
+  int halo;                 // its halo on each side (covers half-width and reach it handles)
   // ---- workspace ----
   float* f;                 // [R][N] Eq. 8 evidence (μ first when window > 1)
   uint32_t* keys;           // [R][N] OrderedKey(z_adj)
   float* cont;              // [R][N] c_h, written at forced positions only
-  uint32_t* forced_bits;    // [R][N / 32] bit i % 32 of word i / 32: position i is forced
+  uint32_t* forced_bits;    // [R][N / 32] bit i % 32 of word i / 32: position i is forced (the
+                            //   words holding a position of J, no bit past |J|)
   float* log_position_prior;  // [batch][N] Eq. 11 in the log domain
   float* nms_prefix;        // [R][N] or null: segmented prefix / suffix maxima of z, segments of
   float* nms_suffix;        //   2·half + 1 (only for half > kHaloMax)
@@ -112,10 +97,6 @@ struct KernelArgs {
                             //   when gamma == 0: the prior does not depend on the head then)
   RowStat* mu_stats;        // [R][C] window > 1: max μ and Σ (μ / max μ)^{1/α} per chunk
   LambdaSums* lambda_sums;  // [R][C]
-  uint32_t* hist;           // [R][kHistWords] radix histograms of the three digits
-  uint32_t* forced_count;   // [R] positions stage C forces
-  SelectState* select_state;  // [R][3]
-  uint2* chunk_counts;      // [R][C] (keys above the cut, keys equal to it) per chunk
 };
 
 // J of sequence `sequence`, clamped to the contract (see SfiSelect): positions

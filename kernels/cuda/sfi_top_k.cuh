@@ -1,27 +1,22 @@
-// SFI Selector, Eq. 24 with stage C's priorities (sfi_selector.cu launches these): the K =
-// budget positions of largest rank key of every (sequence, KV head), ascending, ties to the lower
-// position (the CPU twin's SfiTopKPositions). A rank key is kForcedKey at a position stage C
-// forces, else OrderedKey(z_adj) (sfi_cross_head.cuh, which also histograms the first digit).
+// SFI Selector, Eq. 24 with stage C's priorities (sfi_selector.cu launches it): the K = budget
+// positions of largest rank of every (sequence, KV head), ascending, ties to the lower position
+// (the CPU twin's SfiTopKPositions). The rank order: positions stage C forces (forced_bits, their
+// c_h in cont) before all others, among them by (c_h, z_adj); the others by z_adj (keys holds
+// OrderedKey(z_adj)); equal ranks -> the lower position.
 //
-// Multi-block radix select over chunks of kChunk positions, grid (chunk, row), no grid-wide sync:
-// every kernel reads the complete histogram of the previous one.
-//   SfiRadixKernel<1>  picks the digit-1 bin (bits 31..24) holding the K-th largest key, then
-//                      histograms bits 23..12 of the keys in that bin (in shared memory, then one
-//                      global atomic per nonzero bin);
-//   SfiRadixKernel<2>  picks the digit-2 bin, then histograms bits 11..0 of the keys with that
-//                      20-bit prefix;
-//   SfiRadixKernel<3>  picks the digit-3 bin: the K-th largest key `cut` exactly and how many
-//                      keys equal to it are kept (K minus the keys above it); counts per chunk
-//                      the keys above and equal to the cut;
-//   SfiWriteSelectionKernel  compaction in position order: a position is kept if its key is
-//                      above the cut, or equal and among the first kept-ties equal ones; its slot
-//                      is the number of kept positions before it (earlier chunks' counts plus a
-//                      block-wide scan), so the output is ascending at once.
-// The chunk-0 block of a row stores each step's (prefix, rank left) for the next kernel.
-// When |J| <= K the whole of J is written. When stage C forces more than K positions the order
-// among them matters ((c, z_adj, position)), and the chunk-0 block of SfiWriteSelectionKernel
-// selects among the forced positions alone with 64-bit keys (OrderedKey(c) << 32) | key, in one
-// block (such rows are rare: at most (C + 1) / threshold forced positions, 900 by default).
+// SfiTopKKernel: one block of kTopKThreads per row (sequence, KV head). The row's keys were just
+// written by the scores kernel and stay in L2, so the block walks them a few times, in tiles of
+// kTopKTile positions (kTileBatch tiles in flight per thread), with no global atomics and no
+// grid-wide synchronization:
+//   1. F = the forced positions of the row (popcount of forced_bits), K' = min(K, |J|).
+//   2. |J| <= K: all of J. F >= K': radix select among the forced positions over 64-bit ranks
+//      (OrderedKey(c_h) << 32 | key), digits 11 x 5 + 9 bits. Else every forced position is kept
+//      and the K' − F best others are chosen by the 32-bit key, digits 11, 11, 10 bits. A digit
+//      pass histograms, in shared memory with one atomic per distinct bin and warp, the ranks that
+//      match the prefix found so far; a block scan picks the bin holding the rank sought.
+//   3. One compaction pass in position order: a position is kept if its rank is above the cut
+//      (or it is forced while F < K'), or equal to the cut and among the first `ties` such
+//      positions; its slot is the number of kept positions before it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,259 +27,234 @@
 
 namespace rubato::cuda::sfi {
 
-constexpr int kRanksPerLoad = 4;  // consecutive positions per thread and load (one uint4)
-constexpr int kLoadsPerChunk = kChunk / (kRanksPerLoad * kThreads);  // 4
-constexpr int kScanTile = kRanksPerLoad * kThreads;                   // positions per scan step
-
-struct BinChoice {
-  int bin;
-  uint32_t target;  // the rank sought within the chosen bin
-};
+constexpr int kTopKThreads = 1024;
+constexpr int kTopKWarps = kTopKThreads / 32;
+constexpr int kTopKTile = 4 * kTopKThreads;  // positions per tile: 4 consecutive per thread
+constexpr int kTileBatch = 2;                // tiles whose loads are in flight together
+constexpr int kDigitBits = 11;
+constexpr int kDigitBins = 1 << kDigitBits;  // two per thread
+static_assert(kDigitBins == 2 * kTopKThreads, "the bin scan gives every thread two bins");
 
 struct TopKShared {
-  uint32_t scan32[kWarps];
-  unsigned long long scan64[kWarps];
-  uint32_t hist[256];  // the forced-position select's digit histogram
-  BinChoice choice;
+  uint32_t hist[kDigitBins];
+  unsigned long long warp_scan[kTopKWarps];
+  unsigned long long total;
+  int bin;
+  uint32_t target;
 };
 
-// The bin of hist[0, kBins) (kBins = kThreads * per) that holds the `target`-th largest key
-// (counting the bins from the top), and the rank left inside it. Every thread gets it. Each
-// thread loads its bins once (unrolled: the loads overlap).
-template <int kBins>
-__device__ BinChoice SelectBin(const uint32_t* hist, uint32_t target, TopKShared& sh) {
-  constexpr int kPer = kBins / kThreads;
-  static_assert(kPer * kThreads == kBins, "whole bins per thread");
-  const int tid = static_cast<int>(threadIdx.x);
-  if (tid == 0) sh.choice = {0, 1};  // unreachable fallback: the counts always reach target
-  uint32_t counts[kPer];
-  uint32_t local = 0;
-#pragma unroll
-  for (int q = 0; q < kPer; ++q) {
-    counts[q] = hist[kBins - 1 - (tid * kPer + q)];
-    local += counts[q];
+// The sum of `value` over the threads before this one (kTopKThreads), and over the block in
+// `total`. Called in uniform control flow.
+__device__ __forceinline__ unsigned long long TopKExclusiveScan(unsigned long long value,
+                                                                unsigned long long& total,
+                                                                TopKShared& sh) {
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  unsigned long long inclusive = value;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const unsigned long long up = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += up;
   }
-  uint32_t total;
-  uint32_t running = BlockExclusiveScan(local, total, sh.scan32);  // its barriers order choice
-#pragma unroll
-  for (int q = 0; q < kPer; ++q) {
-    if (running < target && running + counts[q] >= target) {
-      sh.choice = {kBins - 1 - (tid * kPer + q), target - running};
+  if (lane == 31) sh.warp_scan[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {  // kTopKWarps == 32: one lane per warp total
+    const unsigned long long own = sh.warp_scan[lane];
+    unsigned long long scan = own;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const unsigned long long up = __shfl_up_sync(kFullMask, scan, offset);
+      if (lane >= offset) scan += up;
     }
-    running += counts[q];
+    sh.warp_scan[lane] = scan - own;
+    if (lane == 31) sh.total = scan;
   }
   __syncthreads();
-  const BinChoice choice = sh.choice;
-  __syncthreads();
-  return choice;
+  const unsigned long long before = sh.warp_scan[warp] + inclusive - value;
+  total = sh.total;
+  __syncthreads();  // warp_scan / total are free again
+  return before;
 }
 
-// Rank keys of positions base .. base + 3 (base a multiple of 4, < n); valid[e] = base + e < n.
-__device__ __forceinline__ void LoadRanks(const KernelArgs& args, int row, int n, int base,
-                                          uint32_t rank[kRanksPerLoad]) {
-  const int64_t offset = static_cast<int64_t>(row) * args.row_stride;
-  const uint4 keys = *reinterpret_cast<const uint4*>(args.keys + offset + base);
-  const uint32_t bits =
-      args.forced_bits[static_cast<int64_t>(row) * (args.row_stride / 32) + base / 32];
-  const uint32_t raw[kRanksPerLoad] = {keys.x, keys.y, keys.z, keys.w};
+// One row's inputs: the keys, forced bits and c_h of positions [0, n).
+struct TopKRow {
+  const uint32_t* keys;  // [n] OrderedKey(z_adj), 16-byte aligned, readable up to a multiple of 4
+  const uint32_t* forced_bits;  // [ceil(n / 32)]
+  const float* cont;            // [n] c_h where forced
+  int n;
+};
+
+// Calls visit(t, e, i, rank, in_group, forced) for 4 consecutive positions per thread (e) of
+// every tile (t of a batch of kTileBatch whose loads are in flight at once). rank: the 64-bit
+// rank of position i (forced group: OrderedKey(c) << 32 | key; else the key); in_group: i < n and
+// the position competes in the selection being made (the forced ones when kForcedGroup, the
+// others else). Every thread calls visit the same number of times (warp-wide calls inside are
+// allowed).
+template <bool kForcedGroup, typename Visit>
+__device__ __forceinline__ void ForEachRank(const TopKRow& row, Visit visit) {
+  const int t4 = 4 * static_cast<int>(threadIdx.x);
+  for (int base = 0; base < row.n; base += kTileBatch * kTopKTile) {
+    uint4 keys[kTileBatch];
+    uint32_t bits[kTileBatch];
+    float4 cont[kTileBatch];
 #pragma unroll
-  for (int e = 0; e < kRanksPerLoad; ++e) {
-    rank[e] = (bits >> ((base + e) % 32)) & 1u ? kForcedKey : raw[e];
-  }
-}
-
-// Rows whose selection the radix kernels compute: more positions than K, at most K forced.
-__device__ __forceinline__ bool RadixRow(const KernelArgs& args, int row, int n) {
-  return n > args.config.budget &&
-         args.forced_count[row] <= static_cast<uint32_t>(args.config.budget);
-}
-
-template <int kStep>
-__global__ void __launch_bounds__(kThreads) SfiRadixKernel(const KernelArgs args) {
-  __shared__ TopKShared sh;
-  __shared__ uint32_t digit_hist[kBins2];  // this block's counts of the next digit
-  static_assert(kBins2 == kBins3, "one shared histogram serves both refining digits");
-  const int tid = static_cast<int>(threadIdx.x);
-  const int chunk = static_cast<int>(blockIdx.x);
-  const int H = args.num_kv_heads;
-  const int total_rows = args.batch * H;
-  for (int row = blockIdx.y; row < total_rows; row += gridDim.y) {
-    const AllowedSet set = LoadAllowedSet(args, row / H);
-    const int n = set.count;
-    const int c0 = chunk * kChunk;
-    if (c0 >= n || !RadixRow(args, row, n)) continue;  // uniform over the block
-    uint32_t* hist = args.hist + static_cast<int64_t>(row) * kHistWords;
-    SelectState* state = args.select_state + static_cast<int64_t>(row) * 3;
-    // This step's digit: the bin of the previous histogram that holds the rank left.
-    SelectState prev{0, static_cast<uint32_t>(args.config.budget)};
-    if (kStep > 1) prev = state[kStep - 2];
-    const uint32_t* hist_in = hist + (kStep == 1 ? 0 : kStep == 2 ? kBins1 : kBins1 + kBins2);
-    const BinChoice choice = kStep == 1 ? SelectBin<kBins1>(hist_in, prev.target, sh)
-                                        : SelectBin<kBins2>(hist_in, prev.target, sh);
-    const int digit_bits = kStep == 1 ? kBits1 : kStep == 2 ? kBits2 : kBits3;
-    const uint32_t prefix = (prev.prefix << digit_bits) | static_cast<uint32_t>(choice.bin);
-    if (chunk == 0 && tid == 0) state[kStep - 1] = {prefix, choice.target};
-    if (kStep < 3) {
-      for (int i = tid; i < kBins2; i += kThreads) digit_hist[i] = 0;
-      __syncthreads();
+    for (int t = 0; t < kTileBatch; ++t) {
+      // Clamped to the row's last whole group of 4 (inside the allocation), masked below.
+      const int i0 = min(base + t * kTopKTile + t4, (row.n - 1) / 4 * 4);
+      keys[t] = *reinterpret_cast<const uint4*>(row.keys + i0);
+      bits[t] = row.forced_bits[i0 / 32];
+      if (kForcedGroup) cont[t] = *reinterpret_cast<const float4*>(row.cont + i0);
     }
-
-    // kStep 1: prefix = bits 31..24, count bits 23..12; kStep 2: prefix = bits 31..12, count
-    // bits 11..0; kStep 3: prefix = the cut, count the keys above and equal to it.
-    const int shift = kStep == 1 ? 32 - kBits1 : kBits3;  // bits below the prefix
-    uint32_t above = 0, tied = 0;
-    for (int k = 0; k < kLoadsPerChunk; ++k) {
-      const int base = c0 + kRanksPerLoad * (k * kThreads + tid);
-      if (base >= n) break;
-      uint32_t rank[kRanksPerLoad];
-      LoadRanks(args, row, n, base, rank);
 #pragma unroll
-      for (int e = 0; e < kRanksPerLoad; ++e) {
-        if (base + e >= n) break;
-        if (kStep == 3) {
-          above += rank[e] > prefix;
-          tied += rank[e] == prefix;
-        } else if ((rank[e] >> shift) == prefix) {
-          const uint32_t bin = kStep == 1 ? (rank[e] >> kBits3) & (kBins2 - 1) : rank[e] & (kBins3 - 1);
-          atomicAdd(&digit_hist[bin], 1u);
-        }
+    for (int t = 0; t < kTileBatch; ++t) {
+      const int i0 = base + t * kTopKTile + t4;
+      const uint32_t key[4] = {keys[t].x, keys[t].y, keys[t].z, keys[t].w};
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      if (kForcedGroup) {
+        c[0] = cont[t].x;
+        c[1] = cont[t].y;
+        c[2] = cont[t].z;
+        c[3] = cont[t].w;
       }
-    }
-    if (kStep == 3) {
-      above = BlockReduce(above, SumOp{}, sh.scan32);
-      tied = BlockReduce(tied, SumOp{}, sh.scan32);
-      if (tid == 0) {
-        args.chunk_counts[static_cast<int64_t>(row) * args.num_chunks + chunk] = {above, tied};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = i0 + e;
+        const bool forced = i < row.n && ((bits[t] >> (i % 32)) & 1u);
+        const bool in_group = i < row.n && forced == kForcedGroup;
+        const unsigned long long rank =
+            kForcedGroup ? (static_cast<unsigned long long>(OrderedKey(c[e])) << 32) | key[e]
+                         : key[e];
+        visit(t, e, i, rank, in_group, forced);
       }
-    } else {
-      __syncthreads();
-      uint32_t* hist_out = hist + (kStep == 1 ? kBins1 : kBins1 + kBins2);
-      for (int i = tid; i < kBins2; i += kThreads) {
-        if (digit_hist[i] != 0) atomicAdd(&hist_out[i], digit_hist[i]);
-      }
-      __syncthreads();  // digit_hist is cleared for the next row
     }
   }
 }
 
-// Writes out[slot] = position for the kept positions among [first, first + count) in position
-// order, 4 consecutive per thread; flag(i, e) gives position i's class (kAbove: kept, 1: equal
-// to the cut, kept among the first ties_kept, 0: not kept). carry = (kept above before first
-// << 32) | (ties before first).
-constexpr unsigned long long kAbove = 1ull << 32;
-
-template <typename Flag>
-__device__ void CompactInOrder(Flag flag, int first, int count, unsigned long long carry,
-                               unsigned long long ties_kept, int begin, int32_t* out,
-                               TopKShared& sh) {
-  for (int base = first; base < first + count; base += kScanTile) {
-    const int k0 = base + kRanksPerLoad * static_cast<int>(threadIdx.x);
-    unsigned long long flags[kRanksPerLoad], local = 0;
-    flag(k0, flags);  // zeros past first + count
-#pragma unroll
-    for (int e = 0; e < kRanksPerLoad; ++e) local += flags[e];
-    unsigned long long tile_total;
-    unsigned long long running = carry + BlockExclusiveScan(local, tile_total, sh.scan64);
-#pragma unroll
-    for (int e = 0; e < kRanksPerLoad; ++e) {
-      const unsigned long long larger = running >> 32, tied = running & 0xffffffffull;
-      if (flags[e] == kAbove || (flags[e] == 1 && tied < ties_kept)) {
-        out[larger + (tied < ties_kept ? tied : ties_kept)] = begin + k0 + e;
-      }
-      running += flags[e];
-    }
-    carry += tile_total;
-  }
-}
-
-// One block: the top-K of the forced positions of `row` by (c, z_adj), lower positions first on
-// equal keys; radix select over 64-bit keys, 8 bits a pass.
-__device__ void SelectAmongForced(const KernelArgs& args, int row, AllowedSet set, int32_t* out,
-                                  TopKShared& sh) {
-  const int n = set.count;
-  const int64_t offset = static_cast<int64_t>(row) * args.row_stride;
-  const uint32_t* bits = args.forced_bits + static_cast<int64_t>(row) * (args.row_stride / 32);
-  const auto forced = [&](int i) { return (bits[i / 32] >> (i % 32)) & 1u; };
-  const auto key64 = [&](int i) {
-    return (static_cast<unsigned long long>(OrderedKey(args.cont[offset + i])) << 32) |
-           args.keys[offset + i];
-  };
+// Radix select: the rank of the `target`-th largest (1-based) member of the group, and how many
+// members equal to it are kept (`target` on return). kBits: 32 or 64.
+template <bool kForcedGroup, int kBits>
+__device__ void RadixSelect(const TopKRow& row, uint32_t& target, unsigned long long& cut,
+                            TopKShared& sh) {
   unsigned long long prefix = 0, mask = 0;
-  uint32_t target = static_cast<uint32_t>(args.config.budget);
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    sh.hist[threadIdx.x] = 0;  // kThreads == 256 bins
-    __syncthreads();
-    for (int base = 0; base < n; base += kThreads) {  // uniform trip count for the warp calls
-      const int i = base + static_cast<int>(threadIdx.x);
-      int bin = -1;
-      if (i < n && forced(i)) {
-        const unsigned long long key = key64(i);
-        if ((key & mask) == prefix) bin = static_cast<int>((key >> shift) & 255);
-      }
-      WarpHistogramAdd(sh.hist, bin);
+  for (int high = kBits; high > 0;) {
+    const int width = high >= kDigitBits ? kDigitBits : high;
+    const int shift = high - width;
+    high = shift;
+    const unsigned long long digit_mask = (1ull << width) - 1;
+    for (int b = static_cast<int>(threadIdx.x); b < kDigitBins; b += kTopKThreads) sh.hist[b] = 0;
+    if (threadIdx.x == 0) {  // unreachable fallback: the counts always reach the target
+      sh.bin = 0;
+      sh.target = 1;
     }
     __syncthreads();
-    const BinChoice choice = SelectBin<256>(sh.hist, target, sh);
-    prefix |= static_cast<unsigned long long>(choice.bin) << shift;
-    mask |= 255ull << shift;
-    target = choice.target;
+    ForEachRank<kForcedGroup>(row, [&](int, int, int, unsigned long long rank, bool in_group,
+                                       bool) {
+      const bool counted = in_group && (rank & mask) == prefix;
+      WarpHistogramAdd(sh.hist, counted ? static_cast<int>((rank >> shift) & digit_mask) : -1);
+    });
+    __syncthreads();
+    // Bins from the top: thread t holds bins top and top − 1.
+    const int top = kDigitBins - 1 - 2 * static_cast<int>(threadIdx.x);
+    const uint32_t upper = sh.hist[top], lower = sh.hist[top - 1];
+    unsigned long long total;
+    const uint32_t before = static_cast<uint32_t>(TopKExclusiveScan(upper + lower, total, sh));
+    if (before < target && before + upper >= target) {
+      sh.bin = top;
+      sh.target = target - before;
+    } else if (before + upper < target && before + upper + lower >= target) {
+      sh.bin = top - 1;
+      sh.target = target - before - upper;
+    }
+    __syncthreads();
+    prefix |= static_cast<unsigned long long>(sh.bin) << shift;
+    mask |= digit_mask << shift;
+    target = sh.target;
+    __syncthreads();  // sh.bin / sh.target / hist are rewritten by the next digit
   }
-  const unsigned long long cut = prefix;
-  const auto flag = [&](int k0, unsigned long long flags[kRanksPerLoad]) {
-#pragma unroll
-    for (int e = 0; e < kRanksPerLoad; ++e) {
-      const int i = k0 + e;
-      flags[e] = 0;
-      if (i < n && forced(i)) {
-        const unsigned long long key = key64(i);
-        flags[e] = key > cut ? kAbove : key == cut ? 1 : 0;
-      }
-    }
-  };
-  CompactInOrder(flag, 0, n, 0, target, set.begin, out, sh);
+  cut = prefix;
 }
 
-__global__ void __launch_bounds__(kThreads) SfiWriteSelectionKernel(const KernelArgs args) {
+// Writes the kept positions in order (see the file comment, step 3). forced_first: F < K', so
+// every forced position is kept and the cut applies to the others.
+template <bool kForcedGroup>
+__device__ void WriteKept(const TopKRow& row, unsigned long long cut, uint32_t ties,
+                          bool forced_first, int begin, int32_t* out, TopKShared& sh) {
+  constexpr unsigned long long kAbove = 1ull << 32;  // a sure keep; 1: a tie
+  const int t4 = 4 * static_cast<int>(threadIdx.x);
+  unsigned long long carry = 0;  // (kept above << 32) + ties before the current tile batch
+  for (int base = 0; base < row.n; base += kTileBatch * kTopKTile) {
+    unsigned long long flags[kTileBatch][4];
+    const auto classify = [&](int t, int e, int, unsigned long long rank, bool in_group,
+                              bool forced) {
+      flags[t][e] = (forced_first && forced) || (in_group && rank > cut) ? kAbove
+                    : in_group && rank == cut                             ? 1
+                                                                          : 0;
+    };
+    TopKRow batch = row;  // the current batch only
+    batch.keys = row.keys + base;
+    batch.forced_bits = row.forced_bits + base / 32;
+    batch.cont = row.cont + base;
+    batch.n = min(row.n - base, kTileBatch * kTopKTile);
+    // ForEachRank walks one batch; positions past batch.n come out as not in the group.
+    ForEachRank<kForcedGroup>(batch, classify);
+#pragma unroll
+    for (int t = 0; t < kTileBatch; ++t) {
+      unsigned long long local = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) local += flags[t][e];
+      unsigned long long tile_total;
+      unsigned long long running = carry + TopKExclusiveScan(local, tile_total, sh);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const unsigned long long above = running >> 32, tied = running & 0xffffffffull;
+        if (flags[t][e] == kAbove || (flags[t][e] == 1 && tied < ties)) {
+          out[above + (tied < ties ? tied : ties)] = begin + base + t * kTopKTile + t4 + e;
+        }
+        running += flags[t][e];
+      }
+      carry += tile_total;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kTopKThreads) SfiTopKKernel(const KernelArgs args) {
   __shared__ TopKShared sh;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int chunk = static_cast<int>(blockIdx.x);
   const int H = args.num_kv_heads;
   const int total_rows = args.batch * H;
   const int budget = args.config.budget;
-  for (int row = blockIdx.y; row < total_rows; row += gridDim.y) {
-    const AllowedSet set = LoadAllowedSet(args, row / H);
+  for (int r = blockIdx.y; r < total_rows; r += gridDim.y) {
+    const AllowedSet set = LoadAllowedSet(args, r / H);
     const int n = set.count;
-    int32_t* out = args.selected + static_cast<int64_t>(row) * budget;
-    if (chunk == 0 && tid == 0) args.selected_count[row] = min(budget, n);
-    const int c0 = chunk * kChunk;
-    if (c0 >= n) continue;  // also n == 0: nothing else is read
-    const int c1 = min(c0 + kChunk, n);
-    if (n <= budget) {  // J is selected entirely, already ascending
-      for (int j = c0 + tid; j < c1; j += kThreads) out[j] = set.begin + j;
+    int32_t* out = args.selected + static_cast<int64_t>(r) * budget;
+    if (threadIdx.x == 0) args.selected_count[r] = min(budget, n);
+    if (n <= budget) {  // J is selected entirely, already ascending (n == 0: nothing)
+      for (int j = static_cast<int>(threadIdx.x); j < n; j += kTopKThreads) out[j] = set.begin + j;
       continue;
     }
-    if (args.forced_count[row] > static_cast<uint32_t>(budget)) {
-      if (chunk == 0) SelectAmongForced(args, row, set, out, sh);
-      continue;
+    const int64_t offset = static_cast<int64_t>(r) * args.row_stride;
+    const TopKRow row{args.keys + offset, args.forced_bits + offset / 32, args.cont + offset, n};
+
+    // 1. F: the forced positions (words past n / 32 hold no bit past n: the scores kernel writes
+    // whole words of valid positions only, and masks the last one).
+    uint32_t forced = 0;
+    for (int w = static_cast<int>(threadIdx.x); w < (n + 31) / 32; w += kTopKThreads) {
+      uint32_t word = row.forced_bits[w];
+      if (w == n / 32) word &= (1u << (n % 32)) - 1u;
+      forced += __popc(word);
     }
-    const SelectState cut = args.select_state[static_cast<int64_t>(row) * 3 + 2];
-    // Kept positions before this chunk: all keys above the cut, the ties counted separately.
-    const uint2* counts = args.chunk_counts + static_cast<int64_t>(row) * args.num_chunks;
-    unsigned long long before = 0;
-    for (int k = tid; k < chunk; k += kThreads) {
-      before += (static_cast<unsigned long long>(counts[k].x) << 32) + counts[k].y;
+    unsigned long long forced_total;
+    TopKExclusiveScan(forced, forced_total, sh);
+    const uint32_t k = static_cast<uint32_t>(budget);  // K' = K here: n > K
+
+    // 2-3.
+    unsigned long long cut;
+    if (forced_total >= k) {
+      uint32_t ties = k;
+      RadixSelect<true, 64>(row, ties, cut, sh);
+      WriteKept<true>(row, cut, ties, /*forced_first=*/false, set.begin, out, sh);
+    } else {
+      uint32_t ties = k - static_cast<uint32_t>(forced_total);
+      RadixSelect<false, 32>(row, ties, cut, sh);
+      WriteKept<false>(row, cut, ties, /*forced_first=*/true, set.begin, out, sh);
     }
-    before = BlockReduce(before, SumOp{}, sh.scan64);
-    const auto flag = [&](int k0, unsigned long long flags[kRanksPerLoad]) {
-      uint32_t rank[kRanksPerLoad] = {0, 0, 0, 0};
-      if (k0 < c1) LoadRanks(args, row, n, k0, rank);
-#pragma unroll
-      for (int e = 0; e < kRanksPerLoad; ++e) {
-        flags[e] = 0;
-        if (k0 + e < c1) flags[e] = rank[e] > cut.prefix ? kAbove : rank[e] == cut.prefix ? 1 : 0;
-      }
-    };
-    CompactInOrder(flag, c0, c1 - c0, before, cut.target, set.begin, out, sh);
+    __syncthreads();  // sh is rewritten for the next row
   }
 }
 
