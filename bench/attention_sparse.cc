@@ -8,8 +8,9 @@
 //       --out bench/results/sparse_attention_h200.json                      (one line)
 //
 // It also times one layer's slow-step maintenance at the same shapes: the GPU Selector (W = 1,
-// budget 2048, DESIGN §4.2 defaults) over J = [4, L - 256) plus the compact gather, next to the
-// layer's dense decode attention (what the aux stream must hide behind the next layer).
+// budget 2048, DESIGN §4.2 defaults, stage C reach --continuation) over J = [4, L - 256) plus the
+// compact gather, next to the layer's dense decode attention (what the aux stream must hide
+// behind the next layer).
 //
 // At retention r the working set of every (sequence, KV head) is round(r/100 x context) keys:
 // the last min(256, kept) positions as the recent segment, the rest as compact rows. Inputs are
@@ -54,6 +55,7 @@ struct Options {
   int recent = 256;  // recent segment length (capped by the working set)
   std::vector<double> retentions = {1.6, 6.3, 12.5, 25, 50, 100};
   int budget = 2048;  // the Selector's K for the maintenance timing
+  int continuation = 8;  // the Selector's stage C reach (0: the paper's selection)
   int warmup = 10;
   int iterations = 100;
   std::string out;
@@ -128,9 +130,6 @@ Status TimeMaintenance(const Options& options, const cuda::DecodeAttentionParams
   RUBATO_ASSIGN_OR_RETURN(auto selected,
                           DeviceBuffer<int32_t>::Allocate(pairs * options.budget, "selected"));
   RUBATO_ASSIGN_OR_RETURN(auto selected_count, DeviceBuffer<int32_t>::Allocate(pairs, "count"));
-  const size_t workspace_bytes = cuda::SfiSelectWorkspaceBytes(options.batch, options.kv_heads, L);
-  RUBATO_ASSIGN_OR_RETURN(auto workspace,
-                          DeviceBuffer<unsigned char>::Allocate(workspace_bytes, "sfi workspace"));
   const int capacity = sink + options.budget;
   const size_t compact_elements = pairs * capacity * options.head_dim;
   RUBATO_ASSIGN_OR_RETURN(auto compact_keys,
@@ -150,8 +149,14 @@ Status TimeMaintenance(const Options& options, const cuda::DecodeAttentionParams
   select.window = 1;
   select.max_j_count = std::max(1, j_count);
   select.config.budget = options.budget;
+  select.config.continuation = options.continuation;
   select.selected = selected.data();
   select.selected_count = selected_count.data();
+  const size_t workspace_bytes = cuda::SfiSelectWorkspaceBytes(
+      options.batch, options.kv_heads, select.max_j_count, select.window, select.group,
+      select.config);
+  RUBATO_ASSIGN_OR_RETURN(auto workspace,
+                          DeviceBuffer<unsigned char>::Allocate(workspace_bytes, "sfi workspace"));
   select.workspace = workspace.data();
   select.workspace_bytes = workspace_bytes;
   cuda::CompactGatherParams gather;
@@ -203,12 +208,13 @@ Status TimeMaintenance(const Options& options, const cuda::DecodeAttentionParams
   cudaEventDestroy(stop);
   RUBATO_RETURN_IF_ERROR(status);
   const double select_median = Median(select_ms), gather_median = Median(gather_ms);
-  std::printf("slow-step maintenance per layer (|J| = %d, K = %d): selector %.4f ms + gather "
-              "%.4f ms vs dense attention %.4f ms\n",
-              j_count, options.budget, select_median, gather_median,
+  std::printf("slow-step maintenance per layer (|J| = %d, K = %d, continuation %d): selector "
+              "%.4f ms + gather %.4f ms vs dense attention %.4f ms\n",
+              j_count, options.budget, options.continuation, select_median, gather_median,
               report["dense_ms"].get<double>());
   report["maintenance"] = {{"j_count", j_count},
                            {"budget", options.budget},
+                           {"continuation", options.continuation},
                            {"selector_ms", select_median},
                            {"gather_ms", gather_median},
                            {"dense_attention_ms", report["dense_ms"]}};
@@ -340,6 +346,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 100.0));
   app.add_option("--budget", options.budget, "the Selector's K for the maintenance timing")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--continuation", options.continuation, "the Selector's stage C reach")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--warmup", options.warmup)->check(CLI::Range(0, 100000));
   app.add_option("--iterations", options.iterations)->check(CLI::Range(1, 100000));
   app.add_option("--out", options.out, "JSON report path");

@@ -1,83 +1,230 @@
-// SFI Selector, kernel 2 of 3 (sfi_selector.cu launches it): soft-NMS (Eqs. 20–21) and cross-head
-// exclusivity (Eqs. 22–23) at each (sequence, position), over the H KV heads.
+// SFI Selector, stage B and C (sfi_selector.cu launches it): for a tile of positions of one
+// sequence and all its KV heads, Eqs. 15 and 19 (z from f, the prior and λ*), soft-NMS
+// (Eqs. 20–21), stage C's continuation priority c_h, cross-head exclusivity (Eqs. 22–23), and
+// the rank keys that top-K selects by.
 //
-// One thread per (sequence, position j of J), kCrossHeadThreads per block; grid.x covers
-// max_j_count positions, grid.y strides over the sequences. For each head h, the neighbourhood
-// maximum m_h(j) over [j − half, j + half] ∩ J comes from the prefix / suffix maxima kernel 1 left
-// in a / b (WindowMax); z_nms = z − α_soft [m − z]_+ replaces z in place, then a softmax over the
-// heads of z_nms / T gives z_adj = z_nms + α_cross · max(log r_h, log ε), again in place (the log
-// of the responsibility is taken in the log domain: z_nms / T − max − log Σ, the same value as
-// log(max(r_h, ε)) without forming r_h). Only thread j touches z[·][j], so the in-place writes
-// race with nothing.
+// Grid (tile, sequence), kThreads threads, `tile` positions per block (512 for up to 8 KV heads
+// and the default windows; fewer for more heads or wider halos, ScoresTile). Every phase works on
+// all KV heads at once, so a block needs a handful of barriers whatever the head count
+// (cross-head exclusivity needs every head at each position anyway):
+//   1. f of every head over the tile and a halo of R positions on each side (R covers the
+//      soft-NMS half-width and stage C's reach) into shared memory, all loads in flight at once
+//      (unconditional, clamped into J, masked afterwards); the prior r over the same positions;
+//      λ* and the prior's normalizer of every head.
+//   2. z over the tile and halo (-inf outside J), then window maxima by doubling in two ping-pong
+//      buffers: after k steps buf[i] = max over [i, i + 2^k), so the soft-NMS window
+//      [j − half, j + half] is the max of two entries. A half-width wider than the halo allows
+//      reads the per-row segmented maxima of SfiLargeWindowKernel instead.
+//   3. per position: z (recomputed from f, bitwise the value of phase 2), z_nms, stage C's
+//      c_h = the largest f(a) >= threshold over a in [j − C, j] (read directly from the f tile;
+//      reaches wider than kDirectReach read SfiLargeWindowKernel's maxima), Eqs. 22–23 over the
+//      heads (the log of the responsibility taken in the log domain: z_nms / T − max − log Σ, the
+//      same value as log(max(r_h, ε)) without forming r_h), and the outputs: keys
+//      (OrderedKey(z_adj)), forced_bits and cont (c_h) where c_h > 0, the optional scores and
+//      continuation arrays.
+//
+// f32 versus the CPU twin's f64: z_adj differs by rounding (~1e-5); c_h is the f32 evidence of the
+// anchor, so an anchor whose f lies within rounding of the threshold can be one on one side only,
+// and two anchors whose f agree to f32 precision tie here (then z_adj decides) while the CPU
+// orders them. Both change a selection only at such near-ties.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
+#include "kernels/cuda/sfi_head_scores.cuh"
 #include "kernels/cuda/sfi_selector_device.cuh"
 
 namespace rubato::cuda::sfi {
 
-constexpr int kCrossHeadThreads = 256;
+__host__ __device__ constexpr int RoundUp4(int x) { return (x + 3) / 4 * 4; }
 
-// max of z over [lo, hi] (0 <= lo <= hi < n, hi − lo < segment) from the segmented prefix maxima
-// `prefix` and suffix maxima `suffix` of kernel 1 (segments [kL, (k + 1)L) ∩ [0, n)). If the range
-// spans two segments, it is the first one's suffix from lo plus the second one's prefix to hi;
-// within one segment it starts at the segment's start (a full or left-clipped window) or ends at
-// its end (a right-clipped window: hi = n − 1, the last segment's end).
-__device__ __forceinline__ float WindowMax(const float* prefix, const float* suffix, int lo, int hi,
-                                           int segment) {
-  if (lo / segment != hi / segment) return fmaxf(suffix[lo], prefix[hi]);
-  return lo % segment == 0 ? prefix[hi] : suffix[lo];
+// Floats of f (or of one doubling buffer) per block: [heads][tile + 2 halo] fits the fill's
+// registers (kFillPerThread values per thread).
+constexpr int kFillPerThread = 20;
+constexpr int kScoresTileFloats = kFillPerThread * kThreads;
+// Stage C reaches up to this read the f tile directly (reach + 1 reads per position and head);
+// wider ones take SfiLargeWindowKernel's maxima.
+constexpr int kDirectReach = 32;
+
+// Floats of the scores kernel's dynamic shared memory: per-head λ*, prior max and 1 / Σ; f and
+// two doubling buffers [heads][tile + 2 halo]; the prior r [tile + 2 halo].
+__host__ __device__ constexpr int ScoresSharedFloats(int tile, int heads, int halo) {
+  return RoundUp4(3 * heads) + 3 * heads * (tile + 2 * halo) + (tile + 2 * halo);
 }
 
-__global__ void __launch_bounds__(kCrossHeadThreads) SfiCrossHeadKernel(const KernelArgs args) {
-  const DeviceConfig& c = args.config;
+__host__ __device__ constexpr int FloorLog2(int x) {
+  int k = 0;
+  while ((2 << k) <= x) ++k;  // 2^(k+1) <= x
+  return k;
+}
+
+__global__ void __launch_bounds__(kThreads) SfiScoresKernel(const KernelArgs args) {
+  extern __shared__ __align__(16) float smem[];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
   const int H = args.num_kv_heads;
-  const int j = static_cast<int>(blockIdx.x) * kCrossHeadThreads + static_cast<int>(threadIdx.x);
+  const int T = args.tile;
+  const int R = args.halo;
+  const int row_len = T + 2 * R;  // buffer index i holds position t0 − R + i
+  const int cells = H * row_len;
+  const DeviceConfig& c = args.config;
+  float* lambda = smem;                         // [H]
+  float* prior_max = lambda + H;                // [H]
+  float* prior_inv_sum = prior_max + H;         // [H]
+  float* fbuf = smem + RoundUp4(3 * H);         // [H][row_len]
+  float* buf_a = fbuf + cells;                  // [H][row_len]
+  float* buf_b = buf_a + cells;                 // [H][row_len]
+  float* rbuf = buf_b + cells;                  // [row_len]
+  const int half = c.nms_half;
+  const int reach = c.continuation;
+  const bool nms_shared = half > 0 && args.nms_prefix == nullptr;  // then half <= R
+  const bool cont_direct = reach > 0 && args.cont_prefix == nullptr;  // then reach <= R
+  const int nms_steps = nms_shared ? FloorLog2(2 * half + 1) : 0;
+
   for (int sequence = blockIdx.y; sequence < args.batch; sequence += gridDim.y) {
     const AllowedSet set = LoadAllowedSet(args, sequence);
-    if (j >= set.count) continue;
     const int n = set.count;
-    const int half = c.nms_half;
-    const int segment = 2 * half + 1;
-    // [j − half, j + half] ∩ [0, n), in 64 bits: j + half may pass INT_MAX.
-    const int lo = static_cast<int>(max(static_cast<int64_t>(j) - half, int64_t{0}));
-    const int hi =
-        static_cast<int>(min(static_cast<int64_t>(j) + half, static_cast<int64_t>(n - 1)));
+    const int t0 = static_cast<int>(blockIdx.x) * T;
+    if (t0 >= n) continue;  // uniform over the block
+    const int lo = t0 - R;  // position of buffer index 0
     const int first_row = sequence * H;
+    const float* position_prior = args.log_position_prior + sequence * args.row_stride;
 
-    // Eqs. 20–21, and the max over heads of z_nms / T.
-    float scaled_max = -INFINITY;
-    for (int h = 0; h < H; ++h) {
-      float* z = WorkspaceRow(args.z, args, first_row + h);
-      const float zj = z[j];
-      const float m = half == 0
-                          ? zj
-                          : WindowMax(WorkspaceRow(args.a, args, first_row + h),
-                                      WorkspaceRow(args.b, args, first_row + h), lo, hi, segment);
-      const float nms = zj - c.alpha_soft * fmaxf(m - zj, 0.f);
-      z[j] = nms;
-      scaled_max = fmaxf(scaled_max, nms / c.temperature);
+    // 1. Per-head constants; f of every head over the tile and halo; the prior r (γ = 0: the
+    // same for every head).
+    for (int h = tid; h < H; h += kThreads) {
+      lambda[h] = LambdaStar(args, first_row + h, n);
+      const RowStat prior = MergedPrior(args, sequence, h, n);
+      prior_max[h] = prior.max;
+      prior_inv_sum[h] = static_cast<float>(1.0 / prior.sum);
     }
-    // Eq. 22: Σ_h exp(z_nms / T − max) >= 1 (the max term is 1).
-    float total = 0.f;
-    for (int h = 0; h < H; ++h) {
-      total += expf(WorkspaceRow(args.z, args, first_row + h)[j] / c.temperature - scaled_max);
-    }
-    const float log_total = logf(total);
-    // Eq. 23.
-    for (int h = 0; h < H; ++h) {
-      float* z = WorkspaceRow(args.z, args, first_row + h);
-      const float nms = z[j];
-      const float log_responsibility = nms / c.temperature - scaled_max - log_total;
-      const float adjusted = nms + c.alpha_cross * fmaxf(log_responsibility, c.log_epsilon);
-      z[j] = adjusted;
-      if (args.scores != nullptr) {
-        args.scores[static_cast<int64_t>(first_row + h) * args.max_j_count + j] = adjusted;
+    {
+      float values[kFillPerThread];
+#pragma unroll
+      for (int k = 0; k < kFillPerThread; ++k) {
+        const int cell = min(tid + k * kThreads, cells - 1);
+        const int h = cell / row_len;
+        const int j = min(max(lo + cell % row_len, 0), n - 1);
+        values[k] = args.f[static_cast<int64_t>(first_row + h) * args.row_stride + j];
+      }
+#pragma unroll
+      for (int k = 0; k < kFillPerThread; ++k) {
+        const int cell = tid + k * kThreads;
+        if (cell < cells) {
+          const int j = lo + cell % row_len;
+          fbuf[cell] = j >= 0 && j < n ? values[k] : 0.f;
+        }
       }
     }
+    __syncthreads();  // prior_max / prior_inv_sum
+    if (c.gamma == 0.f) {
+      for (int i = tid; i < row_len; i += kThreads) {
+        const int j = lo + i;
+        rbuf[i] = j >= 0 && j < n ? expf(position_prior[j] - prior_max[0]) * prior_inv_sum[0] : 0.f;
+      }
+    }
+    __syncthreads();
+    // r at buffer index i of head h.
+    const auto prior_at = [&](int h, int i) {
+      if (c.gamma == 0.f) return rbuf[i];
+      return Prior(args, position_prior, NormsRow(args, sequence, h, set.begin), lo + i,
+                   prior_max[h], prior_inv_sum[h]);
+    };
+    const auto z_at = [&](int h, int i) {
+      const int j = lo + i;
+      if (j < 0 || j >= n) return -INFINITY;
+      return LogScore(fbuf[h * row_len + i], prior_at(h, i), lambda[h], c);
+    };
+
+    // 2. z, then the soft-NMS window maxima by doubling (buf_a <-> buf_b).
+    const float* window_max = buf_a;
+    if (nms_shared) {
+      for (int cell = tid; cell < cells; cell += kThreads) {
+        buf_a[cell] = z_at(cell / row_len, cell % row_len);
+      }
+      __syncthreads();
+      float* src = buf_a;
+      float* dst = buf_b;
+      for (int s = 0, w = 1; s < nms_steps; ++s, w <<= 1) {
+        for (int cell = tid; cell < cells; cell += kThreads) {
+          const int i = cell % row_len;
+          dst[cell] = i + w < row_len ? fmaxf(src[cell], src[cell + w]) : src[cell];
+        }
+        __syncthreads();
+        float* t = src;
+        src = dst;
+        dst = t;
+      }
+      window_max = src;
+    }
+    // The other buffer holds z_nms of the positions below (each thread its own positions).
+    float* z_nms_buf = window_max == buf_a ? buf_b : buf_a;
+
+    // 3. Per position: z_nms and c_h of every head, then Eqs. 22–23 and the outputs. T is a
+    // multiple of 32 and t0 of T, so a warp covers the 32 positions of one forced_bits word.
+    for (int i = tid; i < T; i += kThreads) {
+      const int q = i + R;  // buffer index of the position
+      const int j = t0 + i;
+      const bool valid = j < n;
+      float scaled_max = -INFINITY;
+      if (valid) {
+        for (int h = 0; h < H; ++h) {
+          const float z = z_at(h, q);
+          float m = z;
+          if (nms_shared) {
+            const float* wm = window_max + h * row_len;
+            m = fmaxf(wm[q - half], wm[q + half - (1 << nms_steps) + 1]);
+          } else if (half > 0) {
+            const int64_t offset = static_cast<int64_t>(first_row + h) * args.row_stride;
+            m = WindowMax(args.nms_prefix + offset, args.nms_suffix + offset, max(j - half, 0),
+                          static_cast<int>(min(static_cast<int64_t>(j) + half, int64_t{n - 1})),
+                          2 * half + 1);
+          }
+          const float nms = z - c.alpha_soft * fmaxf(m - z, 0.f);
+          z_nms_buf[h * row_len + q] = nms;
+          scaled_max = fmaxf(scaled_max, nms / c.temperature);
+        }
+      }
+      float log_total = 0.f;
+      if (valid) {
+        float total = 0.f;  // >= 1: the max term is 1
+        for (int h = 0; h < H; ++h) {
+          total += expf(z_nms_buf[h * row_len + q] / c.temperature - scaled_max);
+        }
+        log_total = logf(total);
+      }
+      for (int h = 0; h < H; ++h) {
+        const int row = first_row + h;
+        const int64_t offset = static_cast<int64_t>(row) * args.row_stride;
+        float cv = 0.f;
+        if (valid) {
+          const float nms = z_nms_buf[h * row_len + q];
+          const float adjusted =
+              nms + c.alpha_cross * fmaxf(nms / c.temperature - scaled_max - log_total,
+                                          c.log_epsilon);
+          if (cont_direct) {
+            const float* f = fbuf + h * row_len;
+            for (int d = 0; d <= reach; ++d) cv = fmaxf(cv, AnchorEvidence(f[q - d], c));
+          } else if (reach > 0) {
+            cv = WindowMax(args.cont_prefix + offset, args.cont_suffix + offset, max(j - reach, 0),
+                           j, reach + 1);
+          }
+          args.keys[offset + j] = OrderedKey(adjusted);
+          const int64_t out = static_cast<int64_t>(row) * args.max_j_count + j;
+          if (args.scores != nullptr) args.scores[out] = adjusted;
+          if (args.continuation_out != nullptr) args.continuation_out[out] = cv;
+          if (cv > 0.f) args.cont[offset + j] = cv;
+        }
+        const unsigned forced_mask = __ballot_sync(kFullMask, valid && cv > 0.f);
+        if (lane == 0 && valid) {  // lane 0 holds the word's first position
+          args.forced_bits[static_cast<int64_t>(row) * (args.row_stride / 32) + j / 32] =
+              forced_mask;
+        }
+      }
+    }
+    __syncthreads();  // the shared arrays are rewritten for the next sequence
   }
 }
 

@@ -1,14 +1,17 @@
-// SFI Selector on the GPU (sfi_selector.cuh): workspace layout, launcher, validation. The three
-// kernels are in sfi_head_scores.cuh (Eqs. 6–19 and the soft-NMS window maxima, one block per
-// (sequence, KV head)), sfi_cross_head.cuh (Eqs. 20–23, one thread per (sequence, position)) and
-// sfi_top_k.cuh (Eq. 24, one block per (sequence, KV head)); they run back to back on the
-// caller's stream and talk through the workspace.
-//
-// Cost: kernel 1 reads the logits twice (softmax statistics, then the probabilities) and walks
-// [|J|] f32 arrays about ten more times, all from one block per (sequence, KV head); with few
-// KV heads and a long J that uses few multiprocessors (the Selector is meant to run on a
-// low-priority aux stream beside the next layer, DESIGN §4.2). Splitting J over several blocks
-// per head would need a cross-block reduction per pass; measure before doing it.
+// SFI Selector on the GPU (sfi_selector.cuh): workspace layout, launcher, validation. The kernels
+// run back to back on the caller's stream and talk through the workspace (R = batch * KV heads
+// rows, C = ceil(max_j_count / 4096) chunks, grids (chunk, row) unless said otherwise):
+//   1. SfiRowStatsKernel          softmax statistics per chunk, log prior; clears the counters
+//   2. SfiEvidenceKernel<W == 1>  f (W = 1) or μ (W > 1), per-chunk sums
+//   3. SfiNormalizeEvidenceKernel W > 1 only: f and the Eq. 18 sums
+//   4. SfiLargeWindowKernel       (1, row), only for soft-NMS half-widths or continuation reaches
+//                                 above kHaloMax: per-row segmented window maxima
+//   5. SfiScoresKernel            (tile, sequence): z, soft-NMS, stage C, cross-head, rank keys
+//   6. SfiTopKKernel              (1, row), 1024 threads: radix select of the K best ranks and
+//                                 the selected positions, ascending
+// Traffic at 16 sequences x 8 KV heads x 32K positions (W = 1, G = 4): the logits (67 MB) are
+// read twice (2. walks the blocks in reverse so that part of the second read may hit L2), every
+// other pass reads or writes [R][|J|] 4-byte arrays (16.7 MB; the top-K reads them from L2).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -31,17 +34,108 @@ using sfi::KernelArgs;
 
 constexpr int kMaxGridY = 65535;
 
-// Workspace rows: max_j_count f32 rounded up to 64 (256-byte aligned rows).
-int64_t WorkspaceRowStride(int max_j_count) {
-  return (static_cast<int64_t>(max_j_count) + 63) / 64 * 64;
+// Workspace rows: max_j_count entries rounded up to 64 (256-byte aligned f32 rows, whole words of
+// forced bits).
+int64_t RowStride(int max_j_count) { return (static_cast<int64_t>(max_j_count) + 63) / 64 * 64; }
+
+int NumChunks(int max_j_count) { return (max_j_count + sfi::kChunk - 1) / sfi::kChunk; }
+
+// The widths the kernels use: a half-width or reach past |J| acts like |J| (the window is all of
+// J), so both are clamped to max_j_count; a reach of 0 stays 0 (stage C off).
+int EffectiveHalf(const SfiSelectorConfig& c, int max_j_count) {
+  return std::min(c.nms_window / 2, std::max(max_j_count, 1));
+}
+int EffectiveReach(const SfiSelectorConfig& c, int max_j_count) {
+  return std::min(c.continuation, std::min(std::max(max_j_count, 1), INT_MAX - 1));
 }
 
-sfi::DeviceConfig ToDeviceConfig(const SfiSelectorConfig& c, int window) {
+// Byte offsets of the workspace arrays (KernelArgs documents each), 256-byte aligned.
+struct Layout {
+  size_t f, keys, cont, forced_bits, position_prior, nms_prefix, nms_suffix, cont_prefix,
+      cont_suffix, row_stats, prior_stats, mu_stats, lambda_sums, total;
+};
+
+Layout MakeLayout(int batch, int num_kv_heads, int max_j_count, int rows, bool nms_wide,
+                  bool cont_wide) {
+  const size_t r = static_cast<size_t>(batch) * num_kv_heads;
+  const size_t n = static_cast<size_t>(RowStride(max_j_count));
+  const size_t chunks = static_cast<size_t>(NumChunks(max_j_count));
+  Layout l{};
+  size_t at = 0;
+  const auto take = [&at](size_t bytes) {
+    const size_t offset = at;
+    at += (bytes + 255) / 256 * 256;
+    return offset;
+  };
+  l.f = take(r * n * sizeof(float));
+  l.keys = take(r * n * sizeof(uint32_t));
+  l.cont = take(r * n * sizeof(float));
+  l.forced_bits = take(r * (n / 32) * sizeof(uint32_t));
+  l.position_prior = take(static_cast<size_t>(batch) * n * sizeof(float));
+  l.nms_prefix = nms_wide ? take(r * n * sizeof(float)) : 0;
+  l.nms_suffix = nms_wide ? take(r * n * sizeof(float)) : 0;
+  l.cont_prefix = cont_wide ? take(r * n * sizeof(float)) : 0;
+  l.cont_suffix = cont_wide ? take(r * n * sizeof(float)) : 0;
+  l.row_stats = take(r * static_cast<size_t>(rows) * chunks * sizeof(sfi::RowStat));
+  l.prior_stats = take(r * chunks * sizeof(sfi::RowStat));
+  l.mu_stats = take(r * chunks * sizeof(sfi::RowStat));
+  l.lambda_sums = take(r * chunks * sizeof(sfi::LambdaSums));
+  l.total = at;
+  return l;
+}
+
+// How SfiScoresKernel runs: positions per block and halo, and whether the soft-NMS and stage C
+// windows come from the shared-memory tile or from SfiLargeWindowKernel's per-row maxima ("wide":
+// half-widths above kHaloMax, reaches above kDirectReach, or halos that leave no tile of 32
+// positions room in the fill's registers or 48 KB of shared memory).
+struct ScoresPlan {
+  int tile = 0;  // 0: not even 32 positions fit (too many KV heads)
+  int halo = 0;
+  bool nms_wide = false, cont_wide = false;
+  size_t shared_bytes = 0;
+};
+
+ScoresPlan MakeScoresPlan(int num_kv_heads, int max_j_count, const SfiSelectorConfig& config) {
+  constexpr size_t kMaxSharedBytes = 48 * 1024;  // no opt-in needed
+  const int half = EffectiveHalf(config, max_j_count);
+  const int reach = EffectiveReach(config, max_j_count);
+  ScoresPlan plan;
+  plan.nms_wide = half > sfi::kHaloMax;
+  plan.cont_wide = reach > sfi::kDirectReach;
+  for (;;) {
+    const int z_halo = half > 0 && !plan.nms_wide ? sfi::RoundUp4(half) : 0;
+    const int a_halo = reach > 0 && !plan.cont_wide ? sfi::RoundUp4(reach) : 0;
+    const int halo = std::max(z_halo, a_halo);
+    for (int tile = 512; tile >= 32; tile /= 2) {
+      const size_t bytes =
+          static_cast<size_t>(sfi::ScoresSharedFloats(tile, num_kv_heads, halo)) * sizeof(float);
+      if (static_cast<int64_t>(num_kv_heads) * (tile + 2 * halo) <= sfi::kScoresTileFloats &&
+          bytes <= kMaxSharedBytes) {
+        plan.tile = tile;
+        plan.halo = halo;
+        plan.shared_bytes = bytes;
+        return plan;
+      }
+    }
+    if (z_halo > 0 && z_halo >= a_halo) {
+      plan.nms_wide = true;
+    } else if (a_halo > 0) {
+      plan.cont_wide = true;
+    } else {
+      return plan;
+    }
+  }
+}
+
+sfi::DeviceConfig ToDeviceConfig(const SfiSelectorConfig& c, int window, int max_j_count) {
   sfi::DeviceConfig d{};
   d.budget = c.budget;
-  d.nms_half = c.nms_window / 2;
+  d.nms_half = EffectiveHalf(c, max_j_count);
+  d.continuation = EffectiveReach(c, max_j_count);
+  d.continuation_threshold = static_cast<float>(c.continuation_threshold);
   d.alpha = static_cast<float>(c.alpha);
   d.inv_alpha = static_cast<float>(1.0 / c.alpha);
+  d.inv_alpha_f64 = 1.0 / c.alpha;
   d.inv_window = static_cast<float>(1.0 / window);
   d.gamma = static_cast<float>(c.gamma);
   d.beta = static_cast<float>(c.beta);
@@ -62,16 +156,20 @@ Status Validate(const SfiSelectParams& p);
 
 // ---- launcher ---------------------------------------------------------------------------------
 
-size_t SfiSelectWorkspaceBytes(int batch, int num_kv_heads, int max_j_count) {
+size_t SfiSelectWorkspaceBytes(int batch, int num_kv_heads, int max_j_count, int window,
+                               int group, const SfiSelectorConfig& config) {
   if (batch <= 0 || num_kv_heads <= 0 || max_j_count <= 0) return 0;
-  return 3 * static_cast<size_t>(batch) * static_cast<size_t>(num_kv_heads) *
-         static_cast<size_t>(WorkspaceRowStride(max_j_count)) * sizeof(float);
+  const int rows = static_cast<int>(
+      std::clamp<int64_t>(static_cast<int64_t>(window) * group, 1, sfi::kMaxRows));
+  const ScoresPlan plan = MakeScoresPlan(num_kv_heads, max_j_count, config);
+  return MakeLayout(batch, num_kv_heads, max_j_count, rows, plan.nms_wide, plan.cont_wide).total;
 }
 
 Status SfiSelect(const SfiSelectParams& params, cudaStream_t stream) {
   RUBATO_RETURN_IF_ERROR(Validate(params));
   if (params.batch == 0) return Status::Ok();
   const bool reads_norms = params.config.gamma > 0.0;
+  const int max_j = params.max_j_count;
   KernelArgs args{};
   args.logits = params.logits;
   args.logits_stride = params.logits_stride;
@@ -84,33 +182,71 @@ Status SfiSelect(const SfiSelectParams& params, cudaStream_t stream) {
   args.num_kv_heads = params.num_kv_heads;
   args.group = params.group;
   args.window = params.window;
-  args.max_j_count = params.max_j_count;
+  args.max_j_count = max_j;
   args.position_limit = std::min<int64_t>(params.logits_stride, INT_MAX);
   if (reads_norms) args.position_limit = std::min(args.position_limit, params.norms_stride);
-  args.config = ToDeviceConfig(params.config, params.window);
+  args.config = ToDeviceConfig(params.config, params.window, max_j);
   args.selected = params.selected;
   args.selected_count = params.selected_count;
   args.scores = params.scores;
-  args.row_stride = WorkspaceRowStride(params.max_j_count);
-  if (params.max_j_count > 0) {
-    const int64_t array =
-        static_cast<int64_t>(params.batch) * params.num_kv_heads * args.row_stride;
-    args.z = static_cast<float*>(params.workspace);
-    args.a = args.z + array;
-    args.b = args.a + array;
-  }
+  args.continuation_out = params.continuation;
+  args.row_stride = RowStride(max_j);
+  args.num_chunks = NumChunks(max_j);
+  const ScoresPlan plan = MakeScoresPlan(params.num_kv_heads, max_j, params.config);
+  args.tile = plan.tile;
+  args.halo = plan.halo;
 
-  const unsigned heads = static_cast<unsigned>(params.batch) * params.num_kv_heads;
-  if (params.max_j_count > 0) {  // with max_j_count 0 every J is empty: only the counts remain
-    sfi::SfiHeadScoresKernel<<<heads, sfi::kThreads, 0, stream>>>(args);
-    RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_head_scores"));
-    const dim3 cross_grid(static_cast<unsigned>((params.max_j_count + sfi::kCrossHeadThreads - 1) /
-                                                sfi::kCrossHeadThreads),
-                          static_cast<unsigned>(std::min(params.batch, kMaxGridY)));
-    sfi::SfiCrossHeadKernel<<<cross_grid, sfi::kCrossHeadThreads, 0, stream>>>(args);
-    RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_cross_head"));
+  const int total_rows = params.batch * params.num_kv_heads;
+  const unsigned grid_rows = static_cast<unsigned>(std::min(total_rows, kMaxGridY));
+  const dim3 row_grid(1, grid_rows);
+  if (max_j == 0) {  // every J is empty: only the counts (0) are written
+    sfi::SfiTopKKernel<<<row_grid, sfi::kTopKThreads, 0, stream>>>(args);
+    return LaunchStatus("sfi_top_k");
   }
-  sfi::SfiTopKKernel<<<heads, sfi::kThreads, 0, stream>>>(args);
+  const bool nms_wide = plan.nms_wide;
+  const bool cont_wide = plan.cont_wide;
+  const Layout layout = MakeLayout(params.batch, params.num_kv_heads, max_j,
+                                   params.window * params.group, nms_wide, cont_wide);
+  char* base = static_cast<char*>(params.workspace);
+  args.f = reinterpret_cast<float*>(base + layout.f);
+  args.keys = reinterpret_cast<uint32_t*>(base + layout.keys);
+  args.cont = reinterpret_cast<float*>(base + layout.cont);
+  args.forced_bits = reinterpret_cast<uint32_t*>(base + layout.forced_bits);
+  args.log_position_prior = reinterpret_cast<float*>(base + layout.position_prior);
+  if (nms_wide) {
+    args.nms_prefix = reinterpret_cast<float*>(base + layout.nms_prefix);
+    args.nms_suffix = reinterpret_cast<float*>(base + layout.nms_suffix);
+  }
+  if (cont_wide) {
+    args.cont_prefix = reinterpret_cast<float*>(base + layout.cont_prefix);
+    args.cont_suffix = reinterpret_cast<float*>(base + layout.cont_suffix);
+  }
+  args.row_stats = reinterpret_cast<sfi::RowStat*>(base + layout.row_stats);
+  args.prior_stats = reinterpret_cast<sfi::RowStat*>(base + layout.prior_stats);
+  args.mu_stats = reinterpret_cast<sfi::RowStat*>(base + layout.mu_stats);
+  args.lambda_sums = reinterpret_cast<sfi::LambdaSums*>(base + layout.lambda_sums);
+
+  const dim3 chunk_grid(static_cast<unsigned>(args.num_chunks), grid_rows);
+  sfi::SfiRowStatsKernel<<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
+  RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_row_stats"));
+  if (params.window == 1) {
+    sfi::SfiEvidenceKernel<true><<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
+    RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_evidence"));
+  } else {
+    sfi::SfiEvidenceKernel<false><<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
+    RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_evidence"));
+    sfi::SfiNormalizeEvidenceKernel<<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
+    RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_normalize_evidence"));
+  }
+  if (nms_wide || cont_wide) {
+    sfi::SfiLargeWindowKernel<<<row_grid, sfi::kThreads, 0, stream>>>(args);
+    RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_large_window"));
+  }
+  const dim3 tile_grid(static_cast<unsigned>((max_j + args.tile - 1) / args.tile),
+                       static_cast<unsigned>(std::min(params.batch, kMaxGridY)));
+  sfi::SfiScoresKernel<<<tile_grid, sfi::kThreads, plan.shared_bytes, stream>>>(args);
+  RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_scores"));
+  sfi::SfiTopKKernel<<<row_grid, sfi::kTopKThreads, 0, stream>>>(args);
   return LaunchStatus("sfi_top_k");
 }
 
@@ -158,6 +294,11 @@ Status Validate(const SfiSelectParams& p) {
   if (p.num_kv_heads < 1) {
     return Invalid("num_kv_heads = " + std::to_string(p.num_kv_heads) + " must be >= 1");
   }
+  if (p.num_kv_heads > sfi::kMaxKvHeads) {
+    return Invalid("num_kv_heads = " + std::to_string(p.num_kv_heads) + " exceeds " +
+                   std::to_string(sfi::kMaxKvHeads) +
+                   " (cross-head exclusivity keeps every head of a tile in shared memory)");
+  }
   if (p.group < 1) return Invalid("group = " + std::to_string(p.group) + " must be >= 1");
   if (p.window < 1) return Invalid("window = " + std::to_string(p.window) + " must be >= 1");
   if (static_cast<int64_t>(p.window) * p.group > sfi::kMaxRows) {
@@ -166,7 +307,7 @@ Status Validate(const SfiSelectParams& p) {
                    " (per-row softmax statistics live in shared memory)");
   }
   if (static_cast<int64_t>(p.batch) * p.num_kv_heads * p.group > INT_MAX) {
-    return Invalid("batch * num_kv_heads * group exceeds INT_MAX (one block per KV head)");
+    return Invalid("batch * num_kv_heads * group exceeds INT_MAX");
   }
   if (p.max_j_count < 0) {
     return Invalid("max_j_count = " + std::to_string(p.max_j_count) + " must be >= 0");
@@ -194,10 +335,12 @@ Status Validate(const SfiSelectParams& p) {
                      " < max_j_count = " + std::to_string(p.max_j_count));
     }
   }
-  const size_t needed = SfiSelectWorkspaceBytes(p.batch, p.num_kv_heads, p.max_j_count);
+  const size_t needed = SfiSelectWorkspaceBytes(p.batch, p.num_kv_heads, p.max_j_count, p.window,
+                                                p.group, p.config);
   if (p.workspace == nullptr || p.workspace_bytes < needed) {
     return Invalid("workspace of " + std::to_string(p.workspace_bytes) + " bytes; " +
-                   std::to_string(needed) + " needed (SfiSelectWorkspaceBytes)");
+                   std::to_string(needed) +
+                   " needed (SfiSelectWorkspaceBytes with this window, group and config)");
   }
   if (!Aligned16(p.workspace)) return Invalid("workspace is not 16-byte aligned");
   return Status::Ok();

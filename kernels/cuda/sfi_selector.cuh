@@ -1,17 +1,21 @@
-// SFI Selector on the GPU (papers/sfi-slow-fast-inference.txt §3.2–3.3, Eqs. 6–24; DESIGN §4.2):
-// at a slow step, turns the dense attention's logits over the allowed key set J of each sequence
-// into the K positions per KV head that fast steps attend. CPU twin: kernels/cpu/sfi_selector.h
-// (SelectSfi / ComputeSfiScores), whose documented choices are this op's contract too: symmetric
-// soft-NMS neighbourhood |i − j| <= nms_window / 2 clipped to J, GQA pooling by averaging the
-// group's softmax-over-J probabilities, μ divided by its maximum before the 1/α power, the prior
-// built in the log domain, λ* = fᵀ(f − r) / ‖f − r‖² clipped (0 when f == r), top-K ties to the
-// lower position, positions returned ascending.
+// SFI Selector on the GPU (papers/sfi-slow-fast-inference.txt §3.2–3.3, Eqs. 6–24, and our
+// stage C "continuation", docs/sfi.md; DESIGN §4.2): at a slow step, turns the dense attention's
+// logits over the allowed key set J of each sequence into the K positions per KV head that fast
+// steps attend. CPU twin: kernels/cpu/sfi_selector.h (SelectSfi / ComputeSfiScores), whose
+// documented choices are this op's contract too: symmetric soft-NMS neighbourhood
+// |i − j| <= nms_window / 2 clipped to J, GQA pooling by averaging the group's softmax-over-J
+// probabilities, μ divided by its maximum before the 1/α power, the prior built in the log domain,
+// λ* = fᵀ(f − r) / ‖f − r‖² clipped (0 when f == r), stage C's anchors (f >= threshold) and the
+// `continuation` positions after each ranked first by c_h = the strongest anchor that reaches
+// them, then z_adj, then the lower position; positions returned ascending.
 //
 // The whole pipeline runs on the device in f32 (sums over J accumulate in f64), for a batch of
-// sequences at once, with no host round trip: three kernels (sfi_head_scores.cuh,
-// sfi_cross_head.cuh, sfi_top_k.cuh). Versus the f64 CPU reference the scores z_adj differ by
-// rounding only (~1e-5 absolute), so a selected set can differ only among positions whose
-// scores lie that close to the K-th score.
+// sequences at once, with no host round trip, every stage split over many blocks per (sequence,
+// KV head) (sfi_head_scores.cuh, sfi_cross_head.cuh, sfi_top_k.cuh; sfi_selector.cu lists the
+// launches). Versus the f64 CPU reference the scores z_adj differ by rounding only (~1e-5
+// absolute) and c_h by f32 rounding of the evidence, so a selected set can differ only among
+// positions whose (c_h, z_adj) lie that close to the K-th one's, or whose anchor's evidence lies
+// within rounding of continuation_threshold.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -56,19 +60,29 @@ struct SfiSelectParams {
   // j_begin[b] + i at index i < j_count[b] (what top-K ranks; the CPU twin's SfiScores::z_adj);
   // the rest of each row is left as it was.
   float* scores = nullptr;
+  // Optional: [batch][num_kv_heads][max_j_count], f32: stage C's priority c_h of position
+  // j_begin[b] + i at index i < j_count[b] (0 where no anchor reaches; the CPU twin's
+  // SfiScores::continuation); the rest of each row is left as it was.
+  float* continuation = nullptr;
   void* workspace = nullptr;  // SfiSelectWorkspaceBytes(...) bytes, device, 16-byte aligned
   size_t workspace_bytes = 0;
 };
 
-// Device scratch for these shapes: three f32 arrays of [batch][num_kv_heads][max_j_count] (plus
-// padding); 0 when any argument is <= 0 (then workspace may be null).
-size_t SfiSelectWorkspaceBytes(int batch, int num_kv_heads, int max_j_count);
+// Device scratch for these shapes: about 12 bytes per (sequence, KV head, position of
+// max_j_count) (the evidence, the keys, stage C's priorities), 16 more when config.nms_window / 2
+// or config.continuation exceeds 256 (the wide-window maxima), plus per-chunk statistics that
+// grow with window * group. The defaults cover window * group <= 128 and the default config;
+// 0 when batch, num_kv_heads or max_j_count is <= 0 (then workspace may be null).
+size_t SfiSelectWorkspaceBytes(int batch, int num_kv_heads, int max_j_count, int window = 16,
+                               int group = 8, const SfiSelectorConfig& config = {});
 
 // Runs the Selector for every (sequence, KV head) on `stream`; never synchronizes and allocates
-// nothing (CUDA-graph capturable). InvalidArgument naming the field for bad shapes, null
-// pointers, a short workspace or a bad config; besides ValidateSfiSelectorConfig the f32 pipeline
-// needs alpha >= 1e-6, temperature in [1e-6, 1e6], epsilon in [1e-30, 1e6] and gamma, beta, p,
-// eta, alpha_soft, alpha_cross <= 1e6 (bounds that keep every intermediate finite in f32).
+// nothing (CUDA-graph capturable; the grids follow from the host bounds batch, num_kv_heads and
+// max_j_count). InvalidArgument naming the field for bad shapes, null pointers, a short
+// workspace or a bad config; besides ValidateSfiSelectorConfig the f32 pipeline needs
+// alpha >= 1e-6, temperature in [1e-6, 1e6], epsilon in [1e-30, 1e6] and gamma, beta, p, eta,
+// alpha_soft, alpha_cross <= 1e6 (bounds that keep every intermediate finite in f32), and
+// num_kv_heads <= 64 (cross-head exclusivity keeps every head of a tile in shared memory).
 //
 // j_begin / j_count live on the device and cannot be checked here; outside the contract they are
 // clamped (j_begin to >= 0, j_count to [0, max_j_count] and to what logits_stride, norms_stride

@@ -1,6 +1,7 @@
-// What the SFI Selector's three kernels share (sfi_selector.cu launches them): the kernel
-// argument struct, the f32 config, the clamped allowed set of a sequence, the workspace rows and
-// the block-wide primitives. Internal to sfi_selector.cu; the op's API is sfi_selector.cuh.
+// What the SFI Selector's kernels share (sfi_selector.cu launches them): the kernel argument
+// struct with the workspace arrays, the f32 config, the clamped allowed set of a sequence, the
+// prior formulas, the partial-statistics merges and the block- and warp-wide primitives.
+// Internal to sfi_selector.cu; the op's API is sfi_selector.cuh.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,22 +13,32 @@
 
 namespace rubato::cuda::sfi {
 
-constexpr int kThreads = 512;  // per (sequence, KV head) block: head scores and top-K
+constexpr int kThreads = 256;  // every selector kernel but the top-K (sfi_top_k.cuh)
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxRows = 1024;  // window * group: per-row softmax statistics live in shared memory
+// Positions per block of the per-(sequence, KV head) kernels: 16 per thread.
+constexpr int kChunk = 4096;
+constexpr int kChunkPerThread = kChunk / kThreads;
+// Soft-NMS half-widths up to this the scores kernel handles with a halo in shared memory; wider
+// ones take the per-head segmented scans of SfiLargeWindowKernel.
+constexpr int kHaloMax = 256;
+constexpr int kMaxKvHeads = 64;  // the scores kernel keeps every head of a tile in shared memory
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// SfiSelectorConfig in the precisions the kernels use (f32, except λ_clip: λ* is found in f64).
+// SfiSelectorConfig in the precisions the kernels use (f32, except λ_clip and 1/α for merges).
 struct DeviceConfig {
   int budget;
-  int nms_half;        // nms_window / 2: neighbours on each side
-  float alpha;         // Eq. 7 power
-  float inv_alpha;     // Eq. 8 power 1/α (rounded from f64, as the CPU's 1.0 / alpha)
-  float inv_window;    // 1/W (rounded from f64, as the CPU's)
-  float gamma;         // Eq. 9
-  float beta;          // Eq. 11
-  float p;             // Eq. 11
-  float eta;           // Eq. 11
+  int nms_half;      // nms_window / 2: neighbours on each side
+  int continuation;  // stage C reach C (0: off)
+  float continuation_threshold;
+  float alpha;       // Eq. 7 power
+  float inv_alpha;   // Eq. 8 power 1/α (rounded from f64, as the CPU's 1.0 / alpha)
+  double inv_alpha_f64;
+  float inv_window;  // 1/W
+  float gamma;       // Eq. 9
+  float beta;        // Eq. 11
+  float p;           // Eq. 11
+  float eta;         // Eq. 11
   double lambda_clip;  // Eq. 18
   float epsilon;
   float log_epsilon;  // log ε (Eq. 23's floor in the log domain)
@@ -36,7 +47,21 @@ struct DeviceConfig {
   float temperature;  // Eq. 22
 };
 
-// Everything the kernels read and write; one plain struct by value (STYLE point 5).
+// max and Σ exp(x − max) of a set of values; max == -inf <=> no finite value (sum 0). Also the
+// μ statistics of W > 1: max μ and Σ (μ / max)^{1/α}.
+struct RowStat {
+  float max;
+  double sum;
+};
+
+struct LambdaSums {  // Eq. 18's fᵀ(f − r) and ‖f − r‖² over a chunk
+  double numerator;
+  double denominator;
+};
+
+// Everything the kernels read and write; one plain struct by value (STYLE point 5). R = batch *
+// num_kv_heads rows, row = sequence * num_kv_heads + kv_head; N = row_stride; C = num_chunks =
+// ceil(max_j_count / kChunk). Index i of a [N] row is position j_begin + i of the sequence.
 struct KernelArgs {
   const float* logits;  // [batch][window][num_kv_heads * group][logits_stride]
   int64_t logits_stride;
@@ -46,20 +71,32 @@ struct KernelArgs {
   const float* key_norms;  // [batch][num_kv_heads][norms_stride]; null unless gamma > 0
   int64_t norms_stride;
   int batch, num_kv_heads, group, window, max_j_count;
-  // Positions the rows hold: min(logits_stride, norms_stride when read, INT_MAX). J is clamped
-  // to end there.
-  int64_t position_limit;
+  int64_t position_limit;  // positions the rows hold; J is clamped to end there
   DeviceConfig config;
   int32_t* selected;        // [batch][num_kv_heads][budget]
   int32_t* selected_count;  // [batch][num_kv_heads]
-  float* scores;            // optional [batch][num_kv_heads][max_j_count]
-  // Workspace: three arrays [batch][num_kv_heads][row_stride] f32. z: Eq. 19 z, then in place
-  // z_nms and z_adj (sfi_cross_head.cuh); a and b: scratch of the head-scores kernel, and at its
-  // end the soft-NMS prefix / suffix maxima.
-  float* z;
-  float* a;
-  float* b;
-  int64_t row_stride;
+  float* scores;            // optional [batch][num_kv_heads][max_j_count]: z_adj
+  float* continuation_out;  // optional [batch][num_kv_heads][max_j_count]: c_h
+  int64_t row_stride;       // N: max_j_count rounded up to 64
+  int num_chunks;           // C
+  int tile;                 // positions per block of SfiScoresKernel
+  int halo;                 // its halo on each side (covers half-width and reach it handles)
+  // ---- workspace ----
+  float* f;                 // [R][N] Eq. 8 evidence (μ first when window > 1)
+  uint32_t* keys;           // [R][N] OrderedKey(z_adj)
+  float* cont;              // [R][N] c_h, written at forced positions only
+  uint32_t* forced_bits;    // [R][N / 32] bit i % 32 of word i / 32: position i is forced (the
+                            //   words holding a position of J, no bit past |J|)
+  float* log_position_prior;  // [batch][N] Eq. 11 in the log domain
+  float* nms_prefix;        // [R][N] or null: segmented prefix / suffix maxima of z, segments of
+  float* nms_suffix;        //   2·half + 1 (only for half > kHaloMax)
+  float* cont_prefix;       // [R][N] or null: the same for stage C's anchor evidence, segments
+  float* cont_suffix;       //   of C + 1 (only for C > kHaloMax)
+  RowStat* row_stats;       // [R][window * group][C] per chunk softmax statistics
+  RowStat* prior_stats;     // [R][C] per chunk log-sum-exp of the log prior (row sequence * H
+                            //   when gamma == 0: the prior does not depend on the head then)
+  RowStat* mu_stats;        // [R][C] window > 1: max μ and Σ (μ / max μ)^{1/α} per chunk
+  LambdaSums* lambda_sums;  // [R][C]
 };
 
 // J of sequence `sequence`, clamped to the contract (see SfiSelect): positions
@@ -77,16 +114,90 @@ __device__ __forceinline__ AllowedSet LoadAllowedSet(const KernelArgs& args, int
   return {static_cast<int>(min(begin, int64_t{INT_MAX})), static_cast<int>(count)};
 }
 
-// Workspace row of (sequence, KV head) `row` = sequence * num_kv_heads + kv_head.
-__device__ __forceinline__ float* WorkspaceRow(float* array, const KernelArgs& args, int row) {
-  return array + static_cast<int64_t>(row) * args.row_stride;
-}
+__device__ __forceinline__ int ChunksOf(int n) { return (n + kChunk - 1) / kChunk; }
 
 // A logit, scaled; NaN (outside the contract) counts as -inf and +inf (or an overflowing
 // product) as FLT_MAX, so that nothing downstream can become NaN.
 __device__ __forceinline__ float ScaledLogit(float raw, float scale) {
   const float x = raw * scale;
   return isnan(x) ? -INFINITY : fminf(x, 3.402823466e+38f);
+}
+
+// Eq. 11 in the log domain at index j of J (n = |J|): u(j) = j / (n − 1 + ε) and
+// 1 − u(j) = (n − 1 − j + ε) / (n − 1 + ε); the second form keeps the tail brake exact at the
+// last positions, where 1 − u is ~ε / n (f32 would round u to 1).
+__device__ __forceinline__ float LogPositionPrior(int j, int n, const DeviceConfig& c) {
+  const float span = static_cast<float>(n - 1) + c.epsilon;
+  const float u = static_cast<float>(j) / span;
+  const float one_minus_u = (static_cast<float>(n - 1 - j) + c.epsilon) / span;
+  return -c.beta * powf(u, c.p) + c.eta * logf(one_minus_u + c.epsilon);
+}
+
+// Eq. 9 in the log domain; fmaxf maps NaN and negatives (outside the contract) to 0, fminf +inf
+// to FLT_MAX.
+__device__ __forceinline__ float LogNormPrior(float norm, const DeviceConfig& c) {
+  return -c.gamma * logf(fminf(fmaxf(norm, 0.f), 3.402823466e+38f) + c.epsilon);
+}
+
+__device__ __forceinline__ RowStat MergeRowStat(RowStat a, RowStat b) {
+  if (a.max < b.max) {
+    const RowStat t = a;
+    a = b;
+    b = t;
+  }
+  if (b.max == -INFINITY) return a;  // also both empty: no -inf − -inf
+  return {a.max, a.sum + b.sum * static_cast<double>(expf(b.max - a.max))};
+}
+
+// MergeRowStat over stats[0, count) in index order (every block that merges the same partials
+// gets the same bits), loading 8 at a time so that the loads overlap.
+__device__ __forceinline__ RowStat MergeRowStats(const RowStat* stats, int count) {
+  RowStat total{-INFINITY, 0.0};
+  for (int c = 0; c < count; c += 8) {
+    RowStat batch[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) batch[u] = c + u < count ? stats[c + u] : RowStat{-INFINITY, 0.0};
+#pragma unroll
+    for (int u = 0; u < 8; ++u) total = MergeRowStat(total, batch[u]);
+  }
+  return total;
+}
+
+// The prior's log-sum-exp over J of (sequence, kv_head), merged over its chunks in a fixed order
+// (every block that needs it gets the same bits).
+__device__ __forceinline__ RowStat MergedPrior(const KernelArgs& args, int sequence, int kv_head,
+                                              int n) {
+  const int row = sequence * args.num_kv_heads + (args.config.gamma > 0.f ? kv_head : 0);
+  return MergeRowStats(args.prior_stats + static_cast<int64_t>(row) * args.num_chunks,
+                       ChunksOf(n));
+}
+
+// Eq. 18: λ* = clip(fᵀ(f − r) / ‖f − r‖², 0, λ_clip), 0 when f == r (kernels/cpu SfiLambdaStar),
+// from the chunk sums in a fixed order.
+__device__ __forceinline__ float LambdaStar(const KernelArgs& args, int row, int n) {
+  const LambdaSums* sums = args.lambda_sums + static_cast<int64_t>(row) * args.num_chunks;
+  double numerator = 0.0, denominator = 0.0;
+  const int count = ChunksOf(n);
+  for (int c = 0; c < count; c += 8) {
+    LambdaSums batch[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) batch[u] = c + u < count ? sums[c + u] : LambdaSums{0.0, 0.0};
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      numerator += batch[u].numerator;
+      denominator += batch[u].denominator;
+    }
+  }
+  if (denominator == 0.0) return 0.f;
+  return static_cast<float>(fmin(fmax(numerator / denominator, 0.0), args.config.lambda_clip));
+}
+
+// a > b  <=>  OrderedKey(a) > OrderedKey(b) for non-NaN floats; -0 maps like +0 because the CPU
+// compares values.
+__device__ __forceinline__ uint32_t OrderedKey(float x) {
+  uint32_t bits = __float_as_uint(x);
+  if ((bits & 0x7fffffffu) == 0) bits = 0;
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
 // ---- block-wide primitives (kThreads threads; called in uniform control flow) ----------------
@@ -119,6 +230,29 @@ __device__ T BlockReduce(T value, Op op, T* scratch) {
   return result;
 }
 
+struct RowStatScratch {
+  float max[kWarps];
+  double sum[kWarps];
+};
+
+// MergeRowStat over the block; every thread gets the same bits.
+__device__ __forceinline__ RowStat BlockMergeRowStat(RowStat v, RowStatScratch& scratch) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const RowStat other{__shfl_xor_sync(kFullMask, v.max, offset),
+                        __shfl_xor_sync(kFullMask, v.sum, offset)};
+    v = MergeRowStat(v, other);
+  }
+  if (threadIdx.x % 32 == 0) {
+    scratch.max[threadIdx.x / 32] = v.max;
+    scratch.sum[threadIdx.x / 32] = v.sum;
+  }
+  __syncthreads();
+  RowStat total{scratch.max[0], scratch.sum[0]};
+  for (int w = 1; w < kWarps; ++w) total = MergeRowStat(total, {scratch.max[w], scratch.sum[w]});
+  __syncthreads();
+  return total;
+}
+
 // The sum of `value` over the threads before this one, and in `total` over the block.
 // `scratch`: [kWarps] shared.
 template <typename T>
@@ -141,6 +275,19 @@ __device__ T BlockExclusiveScan(T value, T& total, T* scratch) {
   }
   __syncthreads();
   return before + exclusive;
+}
+
+// hist[bin] += 1 for each lane with bin >= 0, one atomic per distinct bin of the warp (the keys
+// of neighbouring positions mostly share their top digits). Every lane of the warp must call it.
+__device__ __forceinline__ void WarpHistogramAdd(uint32_t* hist, int bin) {
+  unsigned active = __ballot_sync(kFullMask, bin >= 0);
+  while (active != 0) {
+    const int leader = __ffs(active) - 1;
+    const int leader_bin = __shfl_sync(kFullMask, bin, leader);
+    const unsigned peers = __ballot_sync(kFullMask, bin == leader_bin);
+    if (static_cast<int>(threadIdx.x % 32) == leader) atomicAdd(&hist[leader_bin], __popc(peers));
+    active &= ~peers;
+  }
 }
 
 }  // namespace rubato::cuda::sfi
