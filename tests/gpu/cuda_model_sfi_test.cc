@@ -40,8 +40,12 @@ struct ScenarioOptions {
 // CPU's greedy tokens fed to both).
 void RunCpuVsCuda(const std::string& name, const ScenarioOptions& o) {
   Twins twins;
-  int blocks = 0;
-  for (int len : o.prompt_lens) blocks += (len + o.decode_steps) / o.block_tokens + 2;
+  const int prefill_steps =
+      (*std::max_element(o.prompt_lens.begin(), o.prompt_lens.end()) + o.chunk - 1) / o.chunk;
+  int blocks = 0;  // a request decodes at most every step after its first
+  for (int len : o.prompt_lens) {
+    blocks += (len + prefill_steps + o.decode_steps) / o.block_tokens + 1;
+  }
   ASSERT_TRUE(
       twins.Init(o.json, o.config, static_cast<int>(o.prompt_lens.size()), o.block_tokens, blocks));
   const int vocab = twins.pair.cpu->config().vocab_size;
@@ -52,8 +56,6 @@ void RunCpuVsCuda(const std::string& name, const ScenarioOptions& o) {
     requests[i].sfi = i >= o.dense.size() || !o.dense[i];
     requests[i].period = 1 + static_cast<int>(i) % o.config.t_max;
   }
-  const int prefill_steps =
-      (*std::max_element(o.prompt_lens.begin(), o.prompt_lens.end()) + o.chunk - 1) / o.chunk;
   for (int step = 0; step < prefill_steps + o.decode_steps; ++step) {
     std::vector<Job> jobs = NextJobs(requests, o.chunk, o.config);
     twins.Step(name + " step " + std::to_string(step), jobs, o.full_budget);
