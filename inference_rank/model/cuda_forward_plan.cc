@@ -238,10 +238,12 @@ void PlanForward(std::span<const ForwardEntry> batch, const KvCacheShape& shape,
       // What the schedule allows (at most t_max fast steps after the slow step that set the
       // anchor at most recent_window positions back), so that the grid, and a graph, stay the
       // same from one slow step to the next; a caller running more fast steps gets a bucket of
-      // its own.
-      const int64_t allowed = static_cast<int64_t>(config.recent_window) + config.t_max;
-      plan.sfi_recent_bucket =
-          static_cast<int>(longest_recent <= allowed ? allowed : RoundUpPow2(longest_recent));
+      // its own. Never more than the decode bucket, which holds every row's keys.
+      const int64_t allowed = std::min<int64_t>(
+          static_cast<int64_t>(config.recent_window) + config.t_max, plan.decode_max_seq_len);
+      plan.sfi_recent_bucket = longest_recent <= allowed
+                                   ? static_cast<int>(allowed)
+                                   : std::min(RoundUpPow2(longest_recent), plan.decode_max_seq_len);
     }
     if (plan.sfi_slow_rows > 0) {
       plan.sfi_max_j_count = std::max(0, plan.decode_max_seq_len - config.recent_window);

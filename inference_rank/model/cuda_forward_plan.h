@@ -126,7 +126,8 @@ struct ForwardPlan {
   int sfi_window_rows = 0;         // sum of the windows
   int sfi_window_max_seq_len = 0;  // longest window row's keys (max SfiWindowPlan::length)
   // Bound of L - anchor over the fast rows (the two-segment grid): recent_window + t_max, what
-  // the engine's schedule allows, or the power of two above a longer segment.
+  // the engine's schedule allows, or the power of two above a longer segment; at most the decode
+  // bucket.
   int sfi_recent_bucket = 0;
   // SfiSelect bound of |J| over the slow decode rows: max(0, decode bucket - recent_window).
   int sfi_max_j_count = 0;

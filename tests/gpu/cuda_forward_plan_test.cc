@@ -214,10 +214,15 @@ TEST(CudaForwardPlanTest, SfiRowGroupsSelectionsAndTheirStepInputs) {
   EXPECT_EQ(ids[30], 126);
   EXPECT_EQ(ids[33], 129);
 
-  // A fast row past what t_max allows gets a bucket of its own.
+  // A fast row past what t_max allows gets a bucket of its own; never more than the decode
+  // bucket (a t_max of 2^31 - 1 does not overflow it).
   f2_state.anchor = 20;  // 41 keys
   PlanForward(batch, shape, plan);
   EXPECT_EQ(plan.sfi_recent_bucket, 64);
+  config.t_max = 2147483647;
+  PlanForward(batch, shape, plan);
+  EXPECT_EQ(plan.sfi_recent_bucket, 1024);
+  config.t_max = 8;
   // Without SFI entries nothing of it is planned.
   for (ForwardEntry& entry : batch) entry.sfi = nullptr;
   PlanForward(batch, shape, plan);
