@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/decode_bench_common.h"
 #include "common/status.h"
 #include "inference_rank/model/cuda_kv_storage.h"
 #include "inference_rank/model/cuda_model.h"
@@ -40,10 +41,11 @@
 namespace rubato {
 namespace {
 
-struct Point {
-  int batch = 0;
-  int context = 0;
-};
+using bench::CopyBandwidth;
+using bench::KvBytesPerStep;
+using bench::Percentile;
+using bench::Point;
+using bench::WeightBytesPerStep;
 
 struct Options {
   std::string config;
@@ -62,72 +64,6 @@ struct Options {
 
 // Memory kept free beyond the KV pool for activations, workspaces and cuBLASLt.
 constexpr size_t kHeadroomBytes = size_t{2} << 30;
-
-Result<std::vector<Point>> ParsePoints(const Options& options) {
-  if (options.points.empty()) return std::vector<Point>{{options.batch, options.context}};
-  std::vector<Point> points;
-  std::stringstream list(options.points);
-  std::string item;
-  while (std::getline(list, item, ',')) {
-    Point p;
-    char x = 0;
-    std::stringstream one(item);
-    if (!(one >> p.batch >> x >> p.context) || x != 'x' || !one.eof() || p.batch < 1 ||
-        p.context < 1) {
-      return InvalidArgumentError("--points: '" + item + "' is not BATCHxCONTEXT (e.g. 16x32768)");
-    }
-    points.push_back(p);
-  }
-  if (points.empty()) return InvalidArgumentError("--points is empty");
-  return points;
-}
-
-double Percentile(std::vector<double> values, double q) {
-  std::sort(values.begin(), values.end());
-  const size_t index = static_cast<size_t>(q * static_cast<double>(values.size() - 1) + 0.5);
-  return values[std::min(index, values.size() - 1)];
-}
-
-// Device-to-device copy bandwidth: bytes read + written per second, median of 10 copies.
-Result<double> CopyBandwidth(size_t bytes, cudaStream_t stream) {
-  RUBATO_ASSIGN_OR_RETURN(auto source,
-                          cuda::DeviceBuffer<unsigned char>::Allocate(bytes, "copy source"));
-  RUBATO_ASSIGN_OR_RETURN(auto dest,
-                          cuda::DeviceBuffer<unsigned char>::Allocate(bytes, "copy destination"));
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(source.data(), 1, bytes, stream), "memset");
-  cudaEvent_t start, stop;
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "creating an event");
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "creating an event");
-  std::vector<double> seconds;
-  Status status;
-  for (int i = 0; i < 12 && status.ok(); ++i) {
-    cudaEventRecord(start, stream);
-    cudaMemcpyAsync(dest.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, stream);
-    cudaEventRecord(stop, stream);
-    status = cuda::CudaStatus(cudaEventSynchronize(stop), "timing the copy");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    if (i >= 2) seconds.push_back(ms / 1e3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  RUBATO_RETURN_IF_ERROR(status);
-  return 2.0 * static_cast<double>(bytes) / Percentile(seconds, 0.5);
-}
-
-// Bytes one decode step reads from the weights: every layer, the final norm and the lm_head
-// (the embedding lookup reads only `batch` rows; a tied table is read once, as the lm_head).
-double WeightBytesPerStep(const ModelConfig& config) {
-  const double all = static_cast<double>(CudaWeightBytes(config));
-  if (config.tie_word_embeddings) return all;
-  return all - 2.0 * config.vocab_size * static_cast<double>(config.hidden_size);
-}
-
-// Bytes of K and V one decode step reads for sequences attending `keys` positions on average.
-double KvBytesPerStep(const ModelConfig& config, int batch, double keys) {
-  return static_cast<double>(batch) * keys * config.num_layers * 2.0 * config.num_kv_heads *
-         config.head_dim * 2.0;
-}
 
 struct PointResult {
   Point point;
@@ -203,7 +139,8 @@ Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point&
 }
 
 Status Run(const Options& options, nlohmann::json& report, std::vector<PointResult>& results) {
-  RUBATO_ASSIGN_OR_RETURN(const std::vector<Point> points, ParsePoints(options));
+  RUBATO_ASSIGN_OR_RETURN(const std::vector<Point> points,
+                          bench::ParsePoints(options.points, options.batch, options.context));
   if (options.steps < 1 || options.warmup < 2) {
     return InvalidArgumentError(
         "--steps must be >= 1 and --warmup >= 2 (the first step of a shape runs eagerly, the "

@@ -125,6 +125,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
     resolved.max_kv_blocks = static_cast<int>(blocks);
   }
   model->SetNumThreads(resolved.num_threads);
+  // SFI state first (the CUDA compact pool: at most max_batch requests hold a selection at
+  // once), then the KV cache, the large allocation.
+  if (resolved.sfi.has_value()) {
+    RUBATO_RETURN_IF_ERROR(
+        model->PrepareSfi(*resolved.sfi, resolved.max_batch).WithContext("engine"));
+  }
   Result<std::unique_ptr<PagedKvCache>> cache =
       model->CreateKvCache(resolved.block_size, resolved.max_kv_blocks);
   if (!cache.ok()) return cache.status().WithContext("engine");

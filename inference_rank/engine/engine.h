@@ -122,8 +122,9 @@ Status ApplyPolicy(const PolicyChoice& policy, const Tokenizer* tokenizer, Engin
 class Engine {
  public:
   // Validates `options` (positive sizes, block_size 16 or 64, max_context within the model's
-  // max_position_embeddings, an attention window with sink >= 0 and recent >= 1) and creates
-  // the KV cache.
+  // max_position_embeddings, an attention window with sink >= 0 and recent >= 1), prepares the
+  // model for max_batch SFI requests when options.sfi is set (Model::PrepareSfi: the CUDA model's
+  // compact pool), and creates the KV cache.
   static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<Model> model,
                                                 const EngineOptions& options);
 

@@ -39,7 +39,8 @@ Status DecodeGraphCache::Capture(Entry& entry, cudaStream_t stream,
   cudaGraphExec_t exec = nullptr;
   cudaError_t instantiated = cudaErrorUnknown;
   if (enqueued.ok() && ended == cudaSuccess) {
-    instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    // Per-node priorities: SFI's maintenance branch keeps its stream's low priority.
+    instantiated = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
   }
   if (graph != nullptr) cudaGraphDestroy(graph);
   if (!enqueued.ok()) {

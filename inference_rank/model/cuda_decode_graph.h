@@ -3,9 +3,14 @@
 // otherwise dominates small batches. A graph is valid for one launch shape and one set of device
 // addresses, so it is keyed by everything the captured launches bake in: batch size, decode
 // attention bucket (max_seq_len) and block-table stride, sampled and host logit rows, the
-// attention window and the KV pools. Inputs that change every step (token ids, positions, KV
-// slots, block tables, lengths, sampling rows) are read from fixed device buffers that the step's
-// host-to-device copy rewrites before the launch.
+// attention window, the KV pools, and SFI's row groups, recent-segment bucket, compact pool and
+// Selector config. Inputs that change every step (token ids, positions, KV slots, block tables,
+// lengths, sampling rows, SFI slots, anchors and J bounds) are read from fixed device buffers
+// that the step's host-to-device copy rewrites before the launch.
+//
+// A step with SFI slow rows forks its maintenance onto a second stream and joins it back
+// (cuda_sfi_ring.h); the capture records that as parallel branches, and graphs are
+// instantiated with per-node priorities so that the branches keep their streams' priorities.
 //
 // A key seen for the first time runs eagerly (which also warms lazy state: cuBLASLt's algorithm
 // choice per shape, kernel attributes); the second time it is captured, then replayed. The
@@ -34,6 +39,11 @@ struct DecodeGraphKey {
   const void* key_pool = nullptr;  // the KV cache's pools (a graph holds their addresses)
   const void* value_pool = nullptr;
   int num_blocks = 0;  // layer stride of the pools
+  int sfi_fast_rows = 0;
+  int sfi_slow_rows = 0;
+  int sfi_recent_bucket = 0;         // two-segment grid bound
+  const void* sfi_pool = nullptr;    // the SFI compact pool (its counts array)
+  const void* sfi_config = nullptr;  // the SfiPolicyConfig the launches bake in
 
   auto operator<=>(const DecodeGraphKey&) const = default;
 };

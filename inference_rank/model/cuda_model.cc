@@ -2,6 +2,7 @@
 // side of a forward is in cuda_model_forward.cc.
 #include "inference_rank/model/cuda_model.h"
 
+#include <algorithm>
 #include <bit>
 #include <string>
 #include <utility>
@@ -74,6 +75,7 @@ CudaModel::CudaModel(ModelConfig config, CudaWeights weights, const CudaModelOpt
 
 CudaModel::~CudaModel() {
   graphs_.Clear();
+  sfi_ring_.reset();  // waits for its aux stream
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -81,8 +83,14 @@ CudaModel::~CudaModel() {
 }
 
 Status CudaModel::Init() {
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                              "creating the model's stream");
+  // The highest priority: SFI's maintenance stream runs at the lowest (cuda_sfi_ring.h), and the
+  // scheduler should prefer the critical path when both have work.
+  int least = 0, greatest = 0;
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                              "reading the stream priority range");
+  RUBATO_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest),
+      "creating the model's stream");
   RUBATO_ASSIGN_OR_RETURN(gemm_, cuda::CublasLtGemm::Create());
   const std::vector<float> inv_freq =
       RopeInverseFrequencies(config_.head_dim, config_.rope_theta, config_.rope_scaling);
@@ -154,6 +162,70 @@ Result<std::unique_ptr<PagedKvCache>> CudaModel::CreateKvCache(int block_tokens,
   return PagedKvCache::CreateWithStorage(shape, std::move(storage));
 }
 
+// ---- SFI ----------------------------------------------------------------------------------------
+
+Status CudaModel::PrepareSfi(const SfiPolicyConfig& config, int max_sequences) {
+  RUBATO_RETURN_IF_ERROR(Model::PrepareSfi(config, max_sequences));
+  if (config.selector.gamma > 0.0) {
+    return UnsupportedError("PrepareSfi: SFI selector gamma " +
+                            std::to_string(config.selector.gamma) +
+                            " > 0 (the key-norm prior) has no CUDA kernel yet; use gamma 0");
+  }
+  const int64_t capacity = static_cast<int64_t>(config.sink_tokens) + config.selector.budget;
+  if (capacity > (int64_t{1} << 24)) {
+    return InvalidArgumentError("PrepareSfi: sink_tokens + budget = " + std::to_string(capacity) +
+                                " compact rows per head is more than the CUDA pool takes (2^24)");
+  }
+  if (sfi_pool_ != nullptr && sfi_pool_->slots_in_use() > 0) {
+    return FailedPreconditionError("PrepareSfi: " + std::to_string(sfi_pool_->slots_in_use()) +
+                                   " requests still hold slots of the current SFI pool");
+  }
+  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
+  graphs_.Clear();  // they hold the old pool's addresses
+  sfi_pool_.reset();
+  sfi_counts_host_ = PinnedBuffer();
+  const CudaSfiPoolShape shape{config_.num_layers, config_.num_kv_heads, config_.head_dim,
+                               static_cast<int>(capacity), max_sequences};
+  RUBATO_ASSIGN_OR_RETURN(sfi_pool_, CudaSfiPool::Create(shape));
+  RUBATO_ASSIGN_OR_RETURN(sfi_counts_host_,
+                          PinnedBuffer::Allocate(sfi_pool_->counts().bytes(), "SFI counts"));
+  if (sfi_ring_ == nullptr) {
+    RUBATO_ASSIGN_OR_RETURN(sfi_ring_, SfiMaintenanceRing::Create());
+  }
+  RUBATO_LOG_INFO(
+      kLogSubsystem, "SFI compact pool: {} requests x {} layers x {} KV heads x {} rows, {} MiB",
+      max_sequences, config_.num_layers, config_.num_kv_heads, capacity, shape.Bytes() >> 20);
+  return Status::Ok();
+}
+
+Result<std::vector<std::vector<int>>> CudaModel::SfiKeptPositions(const SfiSequenceState& state,
+                                                                  int layer) {
+  const int slot = sfi_pool_ == nullptr ? -1 : sfi_pool_->SlotOf(state);
+  if (slot < 0 || !state.has_selection || layer < 0 || layer >= config_.num_layers ||
+      state.layers.size() != static_cast<size_t>(config_.num_layers)) {
+    return FailedPreconditionError("SfiKeptPositions: the state holds no selection of layer " +
+                                   std::to_string(layer) + " made by this CUDA model");
+  }
+  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
+  const int kv_heads = config_.num_kv_heads;
+  const int capacity = sfi_pool_->shape().capacity;
+  std::vector<int32_t> rows(static_cast<size_t>(kv_heads) * capacity);
+  RUBATO_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(
+          rows.data(),
+          sfi_pool_->layer_positions(layer) + static_cast<size_t>(slot) * kv_heads * capacity,
+          rows.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+      "copying SFI positions to the host");
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "copying SFI positions");
+  std::vector<std::vector<int>> kept(static_cast<size_t>(kv_heads));
+  for (int h = 0; h < kv_heads; ++h) {
+    const auto first = rows.begin() + static_cast<ptrdiff_t>(h) * capacity;
+    kept[static_cast<size_t>(h)].assign(
+        first, first + state.layers[static_cast<size_t>(layer)].counts[static_cast<size_t>(h)]);
+  }
+  return kept;
+}
+
 // ---- forward (host side) ------------------------------------------------------------------------
 
 Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
@@ -220,10 +292,16 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
                             PinnedBuffer::Allocate(sizeof(int32_t) * rows, "sampled tokens"));
     sample_capacity_ = rows;
   }
-  if (plan.decode_rows > 0) {
+  if (plan.decode_rows > 0 || plan.sfi_window_rows > 0) {
+    // One workspace for every decode attention launch of the step (they run one after the
+    // other on the main stream): the decode rows' groups, and SFI's window rows.
     const size_t bytes =
-        cuda::DecodeAttentionWorkspaceBytes(plan.decode_rows, config_.num_heads, config_.head_dim,
-                                            plan.decode_max_seq_len, /*want_probs=*/false);
+        std::max(cuda::DecodeAttentionWorkspaceBytes(plan.decode_rows, config_.num_heads,
+                                                     config_.head_dim, plan.decode_max_seq_len,
+                                                     /*want_probs=*/false),
+                 cuda::DecodeAttentionWorkspaceBytes(plan.sfi_window_rows, config_.num_heads,
+                                                     config_.head_dim, plan.sfi_window_max_seq_len,
+                                                     /*want_probs=*/false));
     if (bytes > decode_workspace_.size()) {
       drop_graphs();
       // A power of two: growing contexts change the bucket every few thousand steps, and each
@@ -239,7 +317,7 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
       RUBATO_RETURN_IF_ERROR(Reallocate(sample_workspace_, bytes, "sampling workspace"));
     }
   }
-  return Status::Ok();
+  return EnsureSfiCapacity(plan);
 }
 
 Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache,
@@ -253,22 +331,19 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
         "not on the GPU");
   }
   RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
-  for (const ForwardEntry& entry : batch) {
-    // The two-segment kernel and the GPU selector exist (decode_attention two-segment mode,
-    // issue #5); the CUDA model's slow / fast paths do not yet: never run SFI as dense.
-    if (entry.sfi != nullptr) {
-      return UnsupportedError("forward: SFI is not supported by the CUDA model yet (CPU only)");
-    }
-  }
+  RUBATO_RETURN_IF_ERROR(CheckSfiBatch(batch));
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
 
-  // Buffers first, blocks second: a failed allocation must leave every sequence's blocks as
-  // they were (all or nothing, model.h). The plan reads positions, not block tables.
+  // Buffers first, blocks second, SFI slots third: a failed allocation or reservation must leave
+  // every sequence's blocks and every state as they were (all or nothing, model.h); taking the
+  // slots cannot fail once CheckSfiBatch counted them. The plan reads positions, not block
+  // tables.
   const KvCacheShape& shape = cache.shape();
   PlanForward(batch, shape, plan_);
   RUBATO_RETURN_IF_ERROR(EnsureCapacity(plan_));
   RUBATO_RETURN_IF_ERROR(ReserveForwardBlocks(batch, cache));
-  FillStepInputs(batch, shape, plan_, input_layout_, staging_.data());
+  RUBATO_RETURN_IF_ERROR(AcquireSfiSlots(batch));
+  FillStepInputs(batch, shape, plan_, input_layout_, staging_.data(), sfi_slots_);
 
   // Everything below is asynchronous on stream_ up to the one synchronization; whatever fails
   // on the way, that synchronization still happens before returning, so the pinned buffers are
@@ -291,9 +366,20 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
       key.key_pool = kv->keys().data();
       key.value_pool = kv->values().data();
       key.num_blocks = shape.num_blocks;
+      key.sfi_fast_rows = plan_.sfi_fast_rows;
+      key.sfi_slow_rows = plan_.sfi_slow_rows;
+      key.sfi_recent_bucket = plan_.sfi_recent_bucket;
+      key.sfi_pool = sfi_pool_ == nullptr ? nullptr : sfi_pool_->counts().data();
+      key.sfi_config = plan_.sfi_config;
       RUBATO_RETURN_IF_ERROR(graphs_.Run(key, stream_, device_work));
     } else {
       RUBATO_RETURN_IF_ERROR(device_work(stream_));
+    }
+    if (plan_.sfi_selections > 0) {  // every layer's counts, for the states (FinishSfiStep)
+      RUBATO_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(sfi_counts_host_.data(), sfi_pool_->counts().data(),
+                          sfi_pool_->counts().bytes(), cudaMemcpyDeviceToHost, stream_),
+          "copying the SFI compact counts to the host");
     }
     if (plan_.sample_rows > 0) {
       RUBATO_CUDA_RETURN_IF_ERROR(
@@ -316,14 +402,13 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
   const Status enqueued = enqueue_all();
   const Status synced =
       cuda::CudaStatus(cudaStreamSynchronize(stream_), "running the forward on the device");
-  if (!enqueued.ok()) {
+  if (!enqueued.ok() || !synced.ok()) {
+    // A step that failed before its end-of-step barrier may leave SFI maintenance running.
+    if (sfi_ring_ != nullptr) sfi_ring_->SynchronizeAux();
     result.logits.clear();
-    return enqueued;
+    return !enqueued.ok() ? enqueued : synced;
   }
-  if (!synced.ok()) {
-    result.logits.clear();
-    return synced;
-  }
+  RUBATO_RETURN_IF_ERROR(FinishSfiStep(batch));
 
   const auto* sampled = reinterpret_cast<const int32_t*>(sampled_host_.data());
   for (size_t e = 0; e < batch.size(); ++e) {

@@ -19,6 +19,14 @@
 //   host:   copy back sampled ids (and logits where wanted), one stream synchronization.
 // A batch of decode tokens only replays its device part as a CUDA graph (cuda_decode_graph.h).
 //
+// SFI entries (sfi_state.h, DESIGN §4.2; cuda_model_sfi.cc) after PrepareSfi: fast decode rows
+// attend their compact buffers (a slot of the model's pool, cuda_sfi_pool.h) and the recent
+// segment in one two-segment launch per layer; slow rows attend densely and also write the raw
+// scores the Selector reads, and the chunk that ends an SFI prompt has the scores of its last W
+// queries computed the same way; then per layer the Selector and the compact gather run on a
+// low-priority aux stream while the main stream goes on (cuda_sfi_ring.h). Decode steps replay
+// graphs whatever their SFI mix (the aux stream forks and joins inside the capture).
+//
 // Not thread-safe: one thread drives a model (as the engine does).
 #pragma once
 
@@ -31,6 +39,7 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "common/hf_config.h"
 #include "common/status.h"
@@ -39,9 +48,12 @@
 #include "inference_rank/model/cuda_forward_plan.h"
 #include "inference_rank/model/cuda_kv_storage.h"
 #include "inference_rank/model/cuda_pinned_buffer.h"
+#include "inference_rank/model/cuda_sfi_pool.h"
+#include "inference_rank/model/cuda_sfi_ring.h"
 #include "inference_rank/model/cuda_weights.h"
 #include "inference_rank/model/model.h"
 #include "inference_rank/model/model_weights.h"
+#include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
 
@@ -52,6 +64,9 @@ struct CudaModelOptions {
   uint64_t seed = 0;            // seed of random_weights
   int device = 0;               // CUDA device index
   bool use_cuda_graph = true;   // replay decode steps as CUDA graphs (off: every step eager)
+  // SFI slow steps: the Selector and the compact gather of layer i on a low-priority aux stream,
+  // overlapped with layers i+1.. (off: inline on the main stream; the same bits, slower).
+  bool sfi_overlap = true;
 };
 
 // Reads model_dir/config.json and, unless options.random_weights, its safetensors checkpoint
@@ -85,9 +100,32 @@ class CudaModel : public Model {
   Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override;
 
   // Model::Forward. `cache` must come from CreateKvCache of a CUDA model (InvalidArgument
-  // otherwise).
+  // otherwise). SFI entries need PrepareSfi first and, within one forward, one config object
+  // (the engine's); their config must not change while the model runs (captured step graphs
+  // keep the Selector settings they were captured with). A slow entry takes a pool slot for its
+  // state if it holds none (all or nothing over the batch: ResourceExhausted when they are
+  // taken); a fast entry needs a selection made by this model. A slow entry's state holds no
+  // selection from the moment its device work is enqueued until that work succeeded.
   Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache, ForwardResult& result,
                  const AttentionWindow& window = AttentionWindow()) override;
+
+  // Model::PrepareSfi: the compact pool for max_sequences requests (cuda_sfi_pool.h) and the
+  // maintenance ring. Unsupported for selector.gamma > 0 (the key-norm prior has no CUDA
+  // kernel yet). Drops the captured graphs.
+  Status PrepareSfi(const SfiPolicyConfig& config, int max_sequences) override;
+
+  // TESTS / DEBUGGING: the positions a request's compact buffers hold in `layer`, per KV head
+  // (the CPU model's SfiLayerState::kept): sink positions then the selected ones, ascending.
+  // Copies from the device synchronously. FailedPrecondition when the state holds no selection
+  // made by this model.
+  Result<std::vector<std::vector<int>>> SfiKeptPositions(const SfiSequenceState& state, int layer);
+  int sfi_slots_in_use() const { return sfi_pool_ == nullptr ? 0 : sfi_pool_->slots_in_use(); }
+  // BENCHMARK (bench/decode_e2e_sfi.cc): switches CudaModelOptions::sfi_overlap, dropping the
+  // captured graphs (they hold the old mode's launches).
+  void SetSfiOverlap(bool overlap) {
+    graphs_.Clear();
+    options_.sfi_overlap = overlap;
+  }
 
   // BENCHMARK ONLY (bench/decode_e2e.cc): makes every sequence hold `context` positions of
   // random KV without a prefill: reserves their blocks (all or nothing), fills the whole K and V
@@ -117,6 +155,25 @@ class CudaModel : public Model {
                        cudaStream_t stream);
   Status Mlp(int layer, cudaStream_t stream);
   Status LogitsAndSampling(cudaStream_t stream);
+  // Decode attention over decode rows [first_row, first_row + rows) of the batch (dense, in the
+  // forward's window), before the SFI specifics.
+  cuda::DecodeAttentionParams DecodeRows(int layer, DeviceKvStorage& kv, int first_row, int rows,
+                                         const AttentionWindow& window);
+
+  // SFI (cuda_model_sfi.cc). Host side, in Forward's order: the CUDA model's own checks of a
+  // validated batch (pool, one config, fast states made here, free slots: nothing is changed
+  // on failure); slots for the slow entries (into sfi_slots_); the scratch the plan needs; after
+  // the device work, the slow entries' states (anchor, counts from sfi_counts_host_).
+  Status CheckSfiBatch(std::span<const ForwardEntry> batch) const;
+  Status AcquireSfiSlots(std::span<const ForwardEntry> batch);
+  Status EnsureSfiCapacity(const ForwardPlan& plan);  // drops the graphs before moving a buffer
+  Status FinishSfiStep(std::span<const ForwardEntry> batch);
+  // Device side, per layer: fast rows' two-segment attention and slow rows' dense attention with
+  // scores (+ the window rows'), on the main `stream`; then the Selector and the gather of the
+  // slow entries, on the ring's aux stream (or inline on the step's main stream).
+  Status SfiFastAttention(int layer, DeviceKvStorage& kv, cudaStream_t stream);
+  Status SfiSlowAttention(int layer, DeviceKvStorage& kv, cudaStream_t stream);
+  Status SfiMaintenance(int layer, DeviceKvStorage& kv);
   // Device address of a step-input array at `offset` (StepInputLayout).
   template <typename T>
   T* StepInput(size_t offset) {
@@ -153,6 +210,15 @@ class CudaModel : public Model {
   PinnedBuffer sampled_host_;                           // [sample rows] int32, host copy
   cuda::DeviceBuffer<unsigned char> decode_workspace_;  // DecodeAttentionWorkspaceBytes
   cuda::DeviceBuffer<unsigned char> sample_workspace_;  // SampleWorkspaceBytes
+
+  // SFI, from PrepareSfi on.
+  std::unique_ptr<CudaSfiPool> sfi_pool_;             // per-request compact buffers
+  std::unique_ptr<SfiMaintenanceRing> sfi_ring_;      // slow-step scratch, aux stream, events
+  PinnedBuffer sfi_counts_host_;                      // [layer][slot][kv_head] int32, host copy
+  std::vector<int> sfi_slots_;                        // [entries] pool slot of SFI entries, or -1
+  int sfi_window_capacity_ = 0;                       // rows the two buffers below hold
+  cuda::DeviceBuffer<__nv_bfloat16> sfi_window_qkv_;  // [window rows][q_dim + 2 kv_dim], bf16
+  cuda::DeviceBuffer<__nv_bfloat16> sfi_window_out_;  // [window rows][q_dim], bf16, unused
 };
 
 }  // namespace rubato

@@ -38,6 +38,7 @@ cuda::LinearArgs Linear(const __nv_bfloat16* x, const cuda::DeviceBuffer<__nv_bf
 
 Status CudaModel::EnqueueForward(DeviceKvStorage& kv, const AttentionWindow& window,
                                  cudaStream_t stream) {
+  if (plan_.sfi_selections > 0) sfi_ring_->BeginStep(stream, options_.sfi_overlap);
   cuda::EmbeddingParams embedding;
   embedding.table = weights_.embed_tokens.data();
   embedding.token_ids = StepInput<const int32_t>(input_layout_.token_ids);
@@ -62,7 +63,10 @@ Status CudaModel::EnqueueForward(DeviceKvStorage& kv, const AttentionWindow& win
   final_norm.dim = config_.hidden_size;
   final_norm.eps = static_cast<float>(config_.rms_norm_eps);
   RUBATO_RETURN_IF_ERROR(cuda::RmsNorm(final_norm, stream));
-  return LogitsAndSampling(stream);
+  RUBATO_RETURN_IF_ERROR(LogitsAndSampling(stream));
+  // SFI: the one end-of-step barrier (the last layers' maintenance overlapped the lm_head).
+  if (plan_.sfi_selections > 0) RUBATO_RETURN_IF_ERROR(sfi_ring_->EndStep());
+  return Status::Ok();
 }
 
 // norm -> attention -> residual -> norm -> MLP -> residual; each residual add is fused into the
@@ -89,8 +93,39 @@ Status CudaModel::DecoderLayer(int layer, DeviceKvStorage& kv, const AttentionWi
   return Mlp(layer, stream);
 }
 
+cuda::DecodeAttentionParams CudaModel::DecodeRows(int layer, DeviceKvStorage& kv, int first_row,
+                                                  int rows, const AttentionWindow& window) {
+  const int q_dim = config_.q_dim();
+  const int qkv_dim = q_dim + 2 * config_.kv_dim();
+  const size_t first = static_cast<size_t>(first_row);
+  cuda::DecodeAttentionParams decode;
+  decode.q = qkv_.data() + first * qkv_dim;
+  decode.q_row_stride = qkv_dim;
+  decode.key_pool = kv.layer_keys(layer);
+  decode.value_pool = kv.layer_values(layer);
+  decode.num_pool_blocks = kv.shape().num_blocks;
+  decode.block_tables = StepInput<const int32_t>(input_layout_.decode_block_tables) +
+                        first * plan_.decode_table_stride;
+  decode.block_table_stride = plan_.decode_table_stride;
+  decode.seq_lens = StepInput<const int32_t>(input_layout_.decode_seq_lens) + first;
+  decode.batch = rows;
+  decode.num_heads = config_.num_heads;
+  decode.num_kv_heads = config_.num_kv_heads;
+  decode.head_dim = config_.head_dim;
+  decode.block_tokens = kv.shape().block_tokens;
+  decode.max_seq_len = plan_.decode_max_seq_len;
+  decode.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+  decode.sink_tokens = window.sink_tokens;
+  decode.recent_tokens = window.recent_tokens;
+  decode.out = attention_.data() + first * q_dim;
+  decode.out_row_stride = q_dim;
+  decode.workspace = decode_workspace_.data();
+  decode.workspace_bytes = decode_workspace_.size();
+  return decode;
+}
+
 // normed -> delta: fused q|k|v projection [+bias] -> [q/k norm] -> RoPE -> KV append ->
-// attention (decode rows, prefill rows) -> o_proj [+bias].
+// attention (decode rows: SFI slow, SFI fast, dense; prefill rows) -> o_proj [+bias].
 Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionWindow& window,
                                 cudaStream_t stream) {
   const CudaLayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
@@ -148,31 +183,19 @@ Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionW
   append.value_pool = kv.layer_values(layer);
   RUBATO_RETURN_IF_ERROR(cuda::AppendToPagedKv(append, stream));
 
+  // Decode rows [0, decode_rows), one query each: [SFI fast | SFI slow | dense]. The slow rows
+  // (and SFI prefill chunks' window rows) go first, so that their maintenance, forked right
+  // after, overlaps the rest of the layer.
   const int decode_rows = plan_.decode_rows;
-  if (decode_rows > 0) {  // rows [0, decode_rows): one query each
-    cuda::DecodeAttentionParams decode;
-    decode.q = qkv_.data();
-    decode.q_row_stride = qkv_dim;
-    decode.key_pool = kv.layer_keys(layer);
-    decode.value_pool = kv.layer_values(layer);
-    decode.num_pool_blocks = kv.shape().num_blocks;
-    decode.block_tables = StepInput<const int32_t>(input_layout_.decode_block_tables);
-    decode.block_table_stride = plan_.decode_table_stride;
-    decode.seq_lens = StepInput<const int32_t>(input_layout_.decode_seq_lens);
-    decode.batch = decode_rows;
-    decode.num_heads = heads;
-    decode.num_kv_heads = kv_heads;
-    decode.head_dim = head_dim;
-    decode.block_tokens = block_tokens;
-    decode.max_seq_len = plan_.decode_max_seq_len;
-    decode.scale = scale;
-    decode.sink_tokens = window.sink_tokens;
-    decode.recent_tokens = window.recent_tokens;
-    decode.out = attention_.data();
-    decode.out_row_stride = q_dim;
-    decode.workspace = decode_workspace_.data();
-    decode.workspace_bytes = decode_workspace_.size();
-    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(decode, stream));
+  if (plan_.sfi_selections > 0) {
+    RUBATO_RETURN_IF_ERROR(SfiSlowAttention(layer, kv, stream));
+    RUBATO_RETURN_IF_ERROR(SfiMaintenance(layer, kv));
+  }
+  if (plan_.sfi_fast_rows > 0) RUBATO_RETURN_IF_ERROR(SfiFastAttention(layer, kv, stream));
+  const int sfi_rows = plan_.sfi_fast_rows + plan_.sfi_slow_rows;
+  if (decode_rows > sfi_rows) {
+    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(
+        DecodeRows(layer, kv, sfi_rows, decode_rows - sfi_rows, window), stream));
   }
   if (plan_.prefill_entries > 0) {  // rows [decode_rows, tokens): the chunks
     cuda::PrefillAttentionParams prefill;

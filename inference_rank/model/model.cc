@@ -150,6 +150,14 @@ Status ReserveForwardBlocks(std::span<const ForwardEntry> batch, PagedKvCache& c
   return Status::Ok();
 }
 
+Status Model::PrepareSfi(const SfiPolicyConfig& config, int max_sequences) {
+  if (max_sequences < 1) {
+    return InvalidArgumentError("PrepareSfi: max_sequences must be >= 1, got " +
+                                std::to_string(max_sequences));
+  }
+  return ValidateSfiPolicyConfig(config).WithContext("PrepareSfi");
+}
+
 int SampleOnHost(std::span<const float> logits, const TokenSampling& sampling,
                  SamplingWorkspace& workspace) {
   if (sampling.temperature == 0.0f) return ArgMax(logits);

@@ -140,6 +140,19 @@ class Model {
 
   // Host threads the backend may use (CPU: attention workers and OpenBLAS); 0 = all cores.
   virtual void SetNumThreads(int /*num_threads*/) {}
+
+  // Prepares the backend for SFI entries (ForwardEntry::sfi) made with `config`, for up to
+  // `max_sequences` requests holding a selection at once (the engine calls it once, with
+  // max_batch, before its first forward). Per request state lives in SfiSequenceState; what a
+  // backend keeps elsewhere is sized here, never guessed:
+  //   * CPU: nothing (each request's compact buffers are in its state); checks the arguments;
+  //   * CUDA: allocates its device pool of max_sequences compact buffers (sink + budget rows per
+  //     layer and KV head): ResourceExhausted naming the bytes when it does not fit,
+  //     Unsupported for what its kernels do not run (gamma > 0), FailedPrecondition when called
+  //     again while requests hold slots of the current pool. A CUDA forward with SFI entries
+  //     before this call is FailedPrecondition.
+  // InvalidArgument for an invalid config or max_sequences < 1.
+  virtual Status PrepareSfi(const SfiPolicyConfig& config, int max_sequences);
 };
 
 // ---- shared by the backends' Forward --------------------------------------------------------

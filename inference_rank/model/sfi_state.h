@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "inference_rank/policies/sfi_policy.h"
@@ -34,20 +35,34 @@ inline int SfiAnchor(const SfiPolicyConfig& config, int length) {
   return std::max(SfiSinkEnd(config, length), length - config.recent_window);
 }
 
-// One (request, layer)'s selection.
+// One (request, layer)'s selection. Every backend sets `counts` at a slow step (the engine's
+// retained-KV ratio reads them); the CPU model also keeps the positions and the compact buffer
+// here, while the CUDA model keeps them in its device pool (SfiBackendHandle) and leaves `kept`
+// and the compact vectors empty.
 struct SfiLayerState {
-  std::vector<std::vector<int>> kept;  // [kv_head] sink positions then selected, ascending
-  std::vector<int> counts;             // [kv_head] kept[h].size()
+  std::vector<std::vector<int>> kept;  // [kv_head] sink positions then selected, ascending (CPU)
+  std::vector<int> counts;             // [kv_head] rows of the compact buffer: sink + selected
   // CPU backend: the compact buffer, rows 0..counts[h]-1 of head h valid, f32.
   std::vector<float> compact_keys;    // [kv_head][capacity][head_dim]
   std::vector<float> compact_values;  // [kv_head][capacity][head_dim]
 };
 
-// One request's SFI state, owned by the engine for the request's lifetime.
+// What a backend holds for one request beyond SfiSequenceState's host fields: the CUDA model's
+// slot in its device pool of compact buffers (cuda_sfi_pool.h). The backend creates it at the
+// request's first slow step; destroying it (with the state, when the engine retires the
+// request) gives the slot back, so a pool sized for max_batch requests never runs out while at
+// most max_batch run. Null for the CPU model.
+class SfiBackendHandle {
+ public:
+  virtual ~SfiBackendHandle() = default;
+};
+
+// One request's SFI state, owned by the engine for the request's lifetime. Move-only.
 struct SfiSequenceState {
   std::vector<SfiLayerState> layers;  // [num_layers]; empty until the first slow step
   int anchor = 0;                     // recent segment start: J's end at the last slow step
   bool has_selection = false;         // a slow step has completed
+  std::unique_ptr<SfiBackendHandle> backend;  // the backend's resources (see above), or null
 };
 
 // ForwardEntry::sfi: how this entry attends in this forward.

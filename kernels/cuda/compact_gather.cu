@@ -30,12 +30,22 @@ __global__ void __launch_bounds__(kThreads) GatherCompactKvKernel(const CompactG
   for (int64_t pair = blockIdx.y; pair < pairs; pair += gridDim.y) {
     const int sequence = static_cast<int>(pair / p.num_kv_heads);
     const int kv_head = static_cast<int>(pair % p.num_kv_heads);
+    // Where the (sequence, KV head) writes: its own pair, or its slot's in a pool.
+    int64_t out_pair = pair;
+    if (p.compact_slots != nullptr) {
+      const int slot = p.compact_slots[sequence];
+      if (slot < 0 || slot >= p.num_compact_slots) continue;
+      out_pair = static_cast<int64_t>(slot) * p.num_kv_heads + kv_head;
+    }
     const int sink = min(max(p.sink_end[sequence], 0), p.max_sink_tokens);
     const int selected = min(max(p.selected_count[pair], 0), p.budget);
-    if (piece == 0) p.compact_counts[pair] = sink + selected;
+    if (piece == 0) p.compact_counts[out_pair] = sink + selected;
     if (row >= sink + selected) continue;
     const int64_t position = row < sink ? row : p.selected[pair * p.budget + (row - sink)];
-    const int64_t dest = (pair * p.compact_capacity + row) * p.head_dim + column;
+    if (p.compact_positions != nullptr && column == 0) {
+      p.compact_positions[out_pair * p.compact_capacity + row] = static_cast<int32_t>(position);
+    }
+    const int64_t dest = (out_pair * p.compact_capacity + row) * p.head_dim + column;
     uint4* key_out = reinterpret_cast<uint4*>(p.compact_keys + dest);
     uint4* value_out = reinterpret_cast<uint4*>(p.compact_values + dest);
     const int64_t table_index = position / p.block_tokens;
@@ -132,6 +142,10 @@ Status Validate(const CompactGatherParams& p) {
   if (!Aligned16(p.value_pool)) return invalid("value_pool is not 16-byte aligned");
   if (!Aligned16(p.compact_keys)) return invalid("compact_keys is not 16-byte aligned");
   if (!Aligned16(p.compact_values)) return invalid("compact_values is not 16-byte aligned");
+  if (p.compact_slots != nullptr && p.num_compact_slots < 1) {
+    return invalid("compact_slots needs num_compact_slots >= 1, got " +
+                   std::to_string(p.num_compact_slots));
+  }
   return Status::Ok();
 }
 

@@ -38,6 +38,16 @@ struct CompactGatherParams {
   int compact_capacity = 0;                 // >= max_sink_tokens + budget
   // [batch][num_kv_heads], device out: sink_end[b] + selected_count[b][h] (both clamped).
   int32_t* compact_counts = nullptr;
+  // Optional out: [batch][num_kv_heads][compact_capacity], device: the position each written
+  // row was copied from (the CPU twin's `kept` lists); rows [count, capacity) left as they were.
+  int32_t* compact_positions = nullptr;
+  // Optional: [batch], device: sequence b writes the buffers of slot compact_slots[b] instead of
+  // those of index b; compact_keys / compact_values / compact_counts / compact_positions then
+  // hold num_compact_slots slots in place of the batch dimension (a pool of per-request compact
+  // buffers, decode_attention.cuh compact_slots). A slot outside [0, num_compact_slots) (a
+  // caller bug) writes nothing.
+  const int32_t* compact_slots = nullptr;
+  int num_compact_slots = 0;  // >= 1 when compact_slots is set
 };
 
 // Rows [count, capacity) are left as they were. Positions live on the device and are not

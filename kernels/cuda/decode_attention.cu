@@ -94,7 +94,7 @@ __global__ void DecodeAttentionProbsKernel(const DecodeAttentionParams params,
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) {
       const size_t row = static_cast<size_t>(sequence) * params.num_heads + kv_head * kGroup + r;
-      mean += exp2f(outputs.scores[row * params.max_seq_len + position] - outputs.lse2[row]);
+      mean += exp2f(outputs.scores[row * outputs.scores_stride + position] - outputs.lse2[row]);
     }
     mean /= kGroup;
   }
@@ -192,6 +192,13 @@ int ChooseSplits(int pairs, int max_visible) {
   return std::clamp(slots / pairs, 1, most);
 }
 
+// Rows of the compact arrays: [buffers][num_kv_heads][capacity], one buffer per sequence or per
+// pool slot (compact_slots).
+int64_t CompactRows(const DecodeAttentionParams& params) {
+  const int64_t buffers = params.compact_slots != nullptr ? params.num_compact_slots : params.batch;
+  return buffers * params.num_kv_heads * params.compact_capacity;
+}
+
 // Whole-block tensor copies (decode_attention_split.cuh) apply when the pools' size is known,
 // every visible key sits at its own position (the window hides nothing below max_seq_len), the
 // rows fit 32-bit tile coordinates, and head_dim is a multiple of the 64-dim box.
@@ -199,8 +206,7 @@ bool UsesTensorCopies(const DecodeAttentionParams& params) {
   const long long window_keys = static_cast<long long>(params.sink_tokens) + params.recent_tokens;
   const long long pool_rows =
       static_cast<long long>(params.num_pool_blocks) * params.num_kv_heads * params.block_tokens;
-  const long long compact_rows =
-      static_cast<long long>(params.batch) * params.num_kv_heads * params.compact_capacity;
+  const long long compact_rows = CompactRows(params);
   return (params.head_dim == 64 || params.head_dim == 128) && params.num_pool_blocks > 0 &&
          window_keys >= params.max_seq_len && pool_rows <= INT_MAX && compact_rows <= INT_MAX;
 }
@@ -232,9 +238,7 @@ Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& out
     RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.key_pool, shape, key_map));
     RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.value_pool, shape, value_map));
     if (params.compact_keys != nullptr) {
-      const Bf16RowsMapShape compact{static_cast<int64_t>(params.batch) * params.num_kv_heads *
-                                         params.compact_capacity,
-                                     kHeadDim, 64, params.block_tokens};
+      const Bf16RowsMapShape compact{CompactRows(params), kHeadDim, 64, params.block_tokens};
       RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.compact_keys, compact, compact_key_map));
       RUBATO_RETURN_IF_ERROR(
           EncodeBf16RowsMap(params.compact_values, compact, compact_value_map));
@@ -265,9 +269,13 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
   outputs.partial_out = reinterpret_cast<float*>(workspace + layout.partial_out);
   outputs.partial_lse = reinterpret_cast<float*>(workspace + layout.partial_lse);
   outputs.lse2 = reinterpret_cast<float*>(workspace + layout.lse2);
-  outputs.scores = params.kv_head_probs != nullptr
-                       ? reinterpret_cast<float*>(workspace + layout.scores)
-                       : nullptr;
+  if (params.scores != nullptr) {  // the caller's scores (the probabilities kernel reads them too)
+    outputs.scores = params.scores;
+    outputs.scores_stride = params.scores_stride;
+  } else if (params.kv_head_probs != nullptr) {
+    outputs.scores = reinterpret_cast<float*>(workspace + layout.scores);
+    outputs.scores_stride = params.max_seq_len;
+  }
 
   if constexpr (kHeadDim % 64 == 0) {
     if (tensor_copies) {
@@ -344,9 +352,18 @@ Status Validate(const DecodeAttentionParams& p) {
                      " and max_recent_tokens " + std::to_string(p.max_recent_tokens) +
                      " must be >= 1");
     }
-    if (p.sink_tokens != 0 || p.recent_tokens != INT_MAX || p.kv_head_probs != nullptr) {
-      return invalid("a compact segment needs a dense window and no kv_head_probs");
+    if (p.sink_tokens != 0 || p.recent_tokens != INT_MAX || p.kv_head_probs != nullptr ||
+        p.scores != nullptr) {
+      return invalid("a compact segment needs a dense window and no kv_head_probs or scores");
     }
+    if (p.compact_slots != nullptr && p.num_compact_slots < 1) {
+      return invalid("compact_slots needs num_compact_slots >= 1, got " +
+                     std::to_string(p.num_compact_slots));
+    }
+  }
+  if (p.scores != nullptr && p.scores_stride < p.max_seq_len) {
+    return invalid("scores_stride " + std::to_string(p.scores_stride) + " < max_seq_len " +
+                   std::to_string(p.max_seq_len));
   }
   if (p.kv_head_probs != nullptr && p.probs_stride < p.max_seq_len) {
     return invalid("probs_stride " + std::to_string(p.probs_stride) + " < max_seq_len " +

@@ -54,6 +54,13 @@ struct DecodeAttentionParams {
   // [L, probs_stride) are left untouched. probs_stride >= max_seq_len.
   float* kv_head_probs = nullptr;
   int64_t probs_stride = 0;
+  // Optional: [batch][num_heads][scores_stride], f32: the raw score of query head h of sequence
+  // b for every key position p < L the window lets it attend, scale * q.k in LOG2 units (times
+  // log2 e; SfiSelect reads them with logit_scale = ln 2). Positions the window hides and
+  // [L, scores_stride) are left as they were. Dense launches only (no compact segment);
+  // scores_stride >= max_seq_len. CPU twin: scale * Dot(q, k) (kernels/cpu/dot.h) * log2 e.
+  float* scores = nullptr;
+  int64_t scores_stride = 0;
   void* workspace = nullptr;  // DecodeAttentionWorkspaceBytes(...) bytes, device
   size_t workspace_bytes = 0;
   // Optional first segment (two-segment sparse attention, DESIGN §3 "Working set"): per
@@ -67,6 +74,14 @@ struct DecodeAttentionParams {
   const int32_t* compact_counts = nullptr;        // [batch][num_kv_heads], device, in [0, capacity]
   const int32_t* recent_begin = nullptr;          // [batch], device, in [0, L]
   int max_recent_tokens = 0;  // host bound of L - recent_begin over the batch (fixes the grid)
+  // Optional with a compact segment: [batch], device: sequence b reads the compact rows and the
+  // counts of slot compact_slots[b] (clamped to [0, num_compact_slots)) instead of those of index
+  // b; compact_keys / compact_values are then [num_compact_slots][num_kv_heads][capacity]
+  // [head_dim] and compact_counts [num_compact_slots][num_kv_heads]. A pool of per-request
+  // compact buffers then serves any subset of its requests in any row order, with the slots a
+  // step input (graph-replayable while requests come and go).
+  const int32_t* compact_slots = nullptr;
+  int num_compact_slots = 0;  // >= 1 when compact_slots is set
   // Key splits per sequence: 0 chooses them from the shapes and the GPU's multiprocessor count
   // (ChooseSplits in decode_attention.cu); benchmarks set it to sweep. Capped at what the
   // workspace holds.

@@ -142,6 +142,7 @@ __device__ inline VisibleKeys VisibleKeysOf(int seq_len, int sink_tokens, int re
 //     down to a tile (tiles of whole blocks for tensor copies) and mask the positions below it.
 struct KeySpace {
   VisibleKeys paged;
+  int64_t compact_row0 = 0;  // first compact row of the (sequence's slot, KV head)
   int compact_count = 0;
   int compact_end = 0;
   int paged_valid_begin = 0;
@@ -161,8 +162,15 @@ __device__ inline KeySpace KeySpaceOf(const DecodeAttentionParams& params, int s
     keys.count = keys.paged.count;
     return keys;
   }
-  keys.compact_count = min(max(params.compact_counts[sequence * params.num_kv_heads + kv_head], 0),
-                           params.compact_capacity);
+  // The sequence's compact buffer: its own index, or its slot in a pool (compact_slots).
+  const int compact_index =
+      params.compact_slots == nullptr
+          ? sequence
+          : min(max(params.compact_slots[sequence], 0), params.num_compact_slots - 1);
+  const int64_t compact_pair = static_cast<int64_t>(compact_index) * params.num_kv_heads + kv_head;
+  keys.compact_row0 = compact_pair * params.compact_capacity;
+  keys.compact_count =
+      min(max(params.compact_counts[compact_pair], 0), params.compact_capacity);
   keys.compact_end = (keys.compact_count + kTileKeys - 1) / kTileKeys * kTileKeys;
   keys.paged_valid_begin = min(max(params.recent_begin[sequence], 0), seq_len);
   const int paged_begin = keys.paged_valid_begin / kTileKeys * kTileKeys;
@@ -203,15 +211,16 @@ struct SplitOutputs {
   float* partial_out = nullptr;  // [batch][num_heads][num_splits][head_dim], f32, normalized
   float* partial_lse = nullptr;  // [batch][num_heads][num_splits], f32, log2 units; -inf: empty
   float* lse2 = nullptr;         // [batch][num_heads], f32, log2 units (written by the merge)
-  float* scores = nullptr;       // [batch][num_heads][max_seq_len], f32, log2 units, or null
+  float* scores = nullptr;       // [batch][num_heads][scores_stride], f32, log2 units, or null
+  int64_t scores_stride = 0;     // the caller's (params.scores) or max_seq_len (workspace)
 };
 
 // kTensorCopies needs: head_dim 64 or 128, a dense window (visible index == position), split
 // ranges starting on tile boundaries, and key_map / value_map over the pools' rows
 // ([blocks * num_kv_heads * block_tokens][head_dim], boxes of 64 dims x block_tokens rows), plus
-// compact_key_map / compact_value_map over the compact buffers' rows
-// ([batch * num_kv_heads * compact_capacity][head_dim], the same boxes) for two-segment
-// launches. Maps a launch does not use are ignored.
+// compact_key_map / compact_value_map over the compact buffers' rows ([buffers * num_kv_heads *
+// compact_capacity][head_dim], the same boxes; buffers = num_compact_slots with compact_slots,
+// else batch) for two-segment launches. Maps a launch does not use are ignored.
 template <int kHeadDim, int kGroup, bool kTensorCopies>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     DecodeAttentionSplitKernel(const DecodeAttentionParams params, const SplitOutputs outputs,
@@ -273,8 +282,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int my_key = threadIdx.x % kTileKeys;
   const bool loads_values = threadIdx.x >= kTileKeys;
   int next_block = 0;
-  const size_t compact_row0 =  // the (sequence, KV head)'s first compact row
-      (static_cast<size_t>(sequence) * params.num_kv_heads + kv_head) * params.compact_capacity;
+  const size_t compact_row0 = static_cast<size_t>(keys.compact_row0);
   auto fetch_row_block = [&](int tile_begin) {
     const int index = tile_begin + my_key;
     next_block = index < end && !keys.IsCompact(index) && keys.Attended(index)
@@ -490,10 +498,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         row_sum += prob[j][e];
       }
     }
-    if (outputs.scores != nullptr && row < kGroup) {  // raw scores for the probabilities output
+    if (outputs.scores != nullptr && row < kGroup) {  // raw scores (params.scores or probs)
       float* score_row =
           outputs.scores + (static_cast<size_t>(sequence) * params.num_heads + first_head + row) *
-                               params.max_seq_len;
+                               outputs.scores_stride;
 #pragma unroll
       for (int j = 0; j < kScoreBlocks; ++j) {
 #pragma unroll

@@ -3,7 +3,8 @@
 // 3 and 17 sequences, 1 to 8 KV heads, head_dim 16 to 128, blocks of 16 and 64 tokens, sinks of 0
 // and 4, budgets 16 / 512 / 2048 with per-head selected counts from 0 to the budget. The gathered
 // rows must equal the CPU's bit for bit, the rows past each count must stay as they were, and the
-// counts must be sink + selected.
+// counts must be sink + selected. With a slot pool (compact_slots), each sequence writes its slot
+// (and the positions of its rows) and the slots no sequence names stay as they were.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@ using gpu_test::Upload;
 using gpu_test::UploadBf16;
 
 constexpr uint16_t kPoison = 0xFFFF;  // what Poisoned<__nv_bfloat16> leaves in every element
+constexpr int32_t kPoisonInt = -1;    // and Poisoned<int32_t> (bytes 0xFF)
 
 struct GatherCase {
   std::vector<int> seq_lens;  // [batch] tokens in the paged cache
@@ -40,12 +42,14 @@ struct GatherCase {
   int max_sink = 4;
   int budget = 16;
   int capacity_pad = 0;  // capacity = max_sink + budget + capacity_pad
+  int extra_slots = -1;  // >= 0: a pool of batch + extra_slots slots, sequences in shuffled slots
 };
 
 std::string Describe(const GatherCase& c) {
   std::ostringstream out;
   out << "batch " << c.seq_lens.size() << " H " << c.heads << " head_dim " << c.head_dim
-      << " block " << c.block_tokens << " sink " << c.max_sink << " budget " << c.budget;
+      << " block " << c.block_tokens << " sink " << c.max_sink << " budget " << c.budget
+      << (c.extra_slots >= 0 ? " slot pool +" + std::to_string(c.extra_slots) : "");
   return out.str();
 }
 
@@ -117,10 +121,19 @@ void RunCase(const GatherCase& c) {
   auto d_sink = Upload(sink_end);
   auto d_selected = Upload(selected);
   auto d_selected_count = Upload(selected_count);
-  const size_t compact_elements = static_cast<size_t>(batch) * heads * capacity * head_dim;
+  // Where sequence b writes: buffer b, or a shuffled slot of a larger pool.
+  const bool pooled = c.extra_slots >= 0;
+  const int buffers = pooled ? batch + c.extra_slots : batch;
+  std::vector<int32_t> slot_of(static_cast<size_t>(buffers));
+  std::iota(slot_of.begin(), slot_of.end(), 0);
+  if (pooled) std::shuffle(slot_of.begin(), slot_of.end(), rng);
+  slot_of.resize(static_cast<size_t>(batch));
+  auto d_slots = Upload(slot_of);
+  const size_t compact_elements = static_cast<size_t>(buffers) * heads * capacity * head_dim;
   auto d_compact_keys = Poisoned<__nv_bfloat16>(compact_elements);
   auto d_compact_values = Poisoned<__nv_bfloat16>(compact_elements);
-  auto d_counts = Poisoned<int32_t>(static_cast<size_t>(batch) * heads);
+  auto d_counts = Poisoned<int32_t>(static_cast<size_t>(buffers) * heads);
+  auto d_positions = Poisoned<int32_t>(static_cast<size_t>(buffers) * heads * capacity);
 
   CompactGatherParams p;
   p.key_pool = d_keys.data();
@@ -141,10 +154,29 @@ void RunCase(const GatherCase& c) {
   p.compact_values = d_compact_values.data();
   p.compact_capacity = capacity;
   p.compact_counts = d_counts.data();
+  p.compact_positions = d_positions.data();
+  if (pooled) {
+    p.compact_slots = d_slots.data();
+    p.num_compact_slots = buffers;
+  }
   ASSERT_TRUE(GatherCompactKv(p, nullptr).ok());
   const std::vector<uint16_t> got_keys = Bits(Download(d_compact_keys));
   const std::vector<uint16_t> got_values = Bits(Download(d_compact_values));
   const std::vector<int32_t> got_counts = Download(d_counts);
+  const std::vector<int32_t> got_positions = Download(d_positions);
+  std::vector<bool> written(static_cast<size_t>(buffers), false);
+  for (int32_t slot : slot_of) written[static_cast<size_t>(slot)] = true;
+  for (int slot = 0; slot < buffers; ++slot) {  // slots no sequence names: untouched
+    if (written[static_cast<size_t>(slot)]) continue;
+    for (int h = 0; h < heads; ++h) {
+      const size_t pair = static_cast<size_t>(slot) * heads + h;
+      ASSERT_EQ(got_counts[pair], kPoisonInt) << "count of unused slot " << slot;
+      for (size_t i = pair * capacity * head_dim; i < (pair + 1) * capacity * head_dim; ++i) {
+        ASSERT_EQ(got_keys[i], kPoison) << "unused slot " << slot;
+        ASSERT_EQ(got_values[i], kPoison) << "unused slot " << slot;
+      }
+    }
+  }
 
   const size_t per_sequence = static_cast<size_t>(heads) * capacity * head_dim;
   std::vector<float> ref_keys(per_sequence), ref_values(per_sequence);
@@ -164,9 +196,12 @@ void RunCase(const GatherCase& c) {
     ASSERT_TRUE(status.ok()) << status.message();
     for (int h = 0; h < heads; ++h) {
       SCOPED_TRACE("kv head " + std::to_string(h));
-      const size_t pair = static_cast<size_t>(b) * heads + h;
+      const size_t pair = static_cast<size_t>(slot_of[static_cast<size_t>(b)]) * heads + h;
       ASSERT_EQ(got_counts[pair], ref_counts[h]);
       for (int r = 0; r < capacity; ++r) {
+        const int32_t want_position =
+            r < ref_counts[h] ? positions[b][h][static_cast<size_t>(r)] : kPoisonInt;
+        ASSERT_EQ(got_positions[pair * capacity + r], want_position) << "position of row " << r;
         const size_t at = (pair * capacity + r) * head_dim;
         const size_t ref_at = (static_cast<size_t>(h) * capacity + r) * head_dim;
         for (int d = 0; d < head_dim; ++d) {
@@ -196,6 +231,16 @@ TEST(CompactGatherOp, Batch17EightHeads) {
 }
 
 TEST(CompactGatherOp, Budget2048) { RunCase({{3000, 2100, 50}, 8, 128, 64, 4, 2048, 5}); }
+
+// The CUDA model's compact pool: sequences write shuffled slots of a larger pool.
+TEST(CompactGatherOp, SlotPool) {
+  RunCase({{100}, 1, 16, 16, 4, 16, 0, 0});
+  RunCase({{1000, 3, 700}, 2, 64, 64, 4, 512, 3, 5});
+  std::mt19937_64 rng = gpu_test::FreshRng();
+  std::vector<int> lens(17);
+  for (int& len : lens) len = 1 + static_cast<int>(rng() % 700);
+  RunCase({lens, 8, 128, 16, 4, 64, 0, 11});
+}
 
 TEST(CompactGatherOp, BadPositionsGiveNaNRowsNotOutOfBoundsReads) {
   // One sequence of 20 tokens (2 blocks of 16, table stride 2): a negative position, one past the
@@ -299,6 +344,7 @@ TEST(CompactGatherOp, BadParamsAreInvalidArgument) {
       {"key_pool is not 16-byte aligned", [](CompactGatherParams& p) { p.key_pool += 1; }},
       {"compact_values is not 16-byte aligned",
        [](CompactGatherParams& p) { p.compact_values += 4; }},
+      {"num_compact_slots", [](CompactGatherParams& p) { p.compact_slots = p.sink_end; }},
   };
   for (const Bad& b : bad) {
     CompactGatherParams p = good;

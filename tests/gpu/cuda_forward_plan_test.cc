@@ -1,8 +1,9 @@
 // The host-side plan of a CUDA forward (inference_rank/model/cuda_forward_plan.h): row order
 // (decode entries first), logit rows (sampled block, then host rows), and every packed step
 // input: token ids, positions, KV slots, block tables padded to their stride, sequence lengths,
-// query starts, gather indices and sampling rows. No GPU needed: these run anywhere
-// (gpu_model_test --gtest_filter='CudaForwardPlan*').
+// query starts, gather indices and sampling rows, and SFI's row groups, slots, segment bounds and
+// window rows. No GPU needed: these run anywhere (gpu_model_test
+// --gtest_filter='CudaForwardPlan*').
 #include "inference_rank/model/cuda_forward_plan.h"
 
 #include <gtest/gtest.h>
@@ -128,6 +129,108 @@ TEST(CudaForwardPlanTest, DecodeEntriesFirstThenChunksInBatchOrder) {
   EXPECT_EQ(rows[1].uniform, 0.99999999999);
 }
 
+// SFI decode rows are [fast | slow | dense]; the selections are the slow decode rows, then the
+// SFI prefill chunks, whose last W queries become window rows attending the whole chunk.
+TEST(CudaForwardPlanTest, SfiRowGroupsSelectionsAndTheirStepInputs) {
+  const KvCacheShape shape = Shape(64);  // 1024 positions
+  SfiPolicyConfig config;
+  config.sink_tokens = 4;
+  config.recent_window = 16;
+  config.t_max = 8;
+  config.selector.budget = 8;
+  KvSequence d = Sequence(4, 1), f1 = Sequence(3, 2), s1 = Sequence(7, 3), p = Sequence(4, 4),
+             f2 = Sequence(4, 5), c = Sequence(2, 6);
+  SfiSequenceState f1_state, s1_state, p_state, f2_state;
+  f1_state.anchor = 25;  // recent segment 41 - 25 = 16 keys
+  f2_state.anchor = 40;  // 61 - 40 = 21 keys: within recent_window + t_max = 24
+  const SfiForward f1_sfi{SfiStepKind::kFast, &f1_state, &config, 1};
+  const SfiForward s1_sfi{SfiStepKind::kSlow, &s1_state, &config, 1};
+  const SfiForward p_sfi{SfiStepKind::kSlow, &p_state, &config, 4};
+  const SfiForward f2_sfi{SfiStepKind::kFast, &f2_state, &config, 1};
+  const std::vector<int> one = {7};
+  std::vector<int> chunk_p(30), chunk_c(20);
+  std::iota(chunk_p.begin(), chunk_p.end(), 100);
+  std::iota(chunk_c.begin(), chunk_c.end(), 200);
+  std::vector<ForwardEntry> batch = {
+      {&d, one, 50, LogitsWanted::kLast},                       // dense decode
+      {&f1, one, 40, LogitsWanted::kLast, nullptr, &f1_sfi},    // SFI fast
+      {&s1, one, 100, LogitsWanted::kLast, nullptr, &s1_sfi},   // SFI slow decode
+      {&p, chunk_p, 30, LogitsWanted::kLast, nullptr, &p_sfi},  // SFI prompt end, W = 4
+      {&f2, one, 60, LogitsWanted::kLast, nullptr, &f2_sfi},    // SFI fast
+      {&c, chunk_c, 0, LogitsWanted::kNone},                    // dense chunk
+  };
+  ForwardPlan plan;
+  PlanForward(batch, shape, plan);
+  EXPECT_EQ(plan.entry_first_row, (std::vector<int>{3, 0, 2, 4, 1, 34}));
+  EXPECT_EQ(plan.decode_rows, 4);
+  EXPECT_EQ(plan.sfi_fast_rows, 2);
+  EXPECT_EQ(plan.sfi_slow_rows, 1);
+  EXPECT_EQ(plan.sfi_selections, 2);
+  EXPECT_EQ(plan.entry_selection, (std::vector<int>{-1, -1, 0, 1, -1, -1}));
+  EXPECT_EQ(plan.sfi_config, &config);
+  EXPECT_EQ(plan.sfi_recent_bucket, 24);  // recent_window + t_max covers 16 and 21
+  EXPECT_EQ(plan.decode_max_seq_len, 1024);
+  EXPECT_EQ(plan.sfi_max_j_count, 1024 - 16);
+  EXPECT_EQ(plan.sfi_score_stride, 1024);
+  ASSERT_EQ(plan.sfi_windows.size(), 1u);
+  const SfiWindowPlan& window = plan.sfi_windows[0];
+  EXPECT_EQ(window.entry, 3);
+  EXPECT_EQ(window.prefill_index, 0);
+  EXPECT_EQ(window.window, 4);
+  EXPECT_EQ(window.first_row, 0);
+  EXPECT_EQ(window.length, 60);
+  EXPECT_EQ(window.j_count, 44 - 4);  // J = [4, 60 - 16)
+  EXPECT_EQ(plan.sfi_window_rows, 4);
+  EXPECT_EQ(plan.sfi_score_rows(), 5);
+
+  Packed packed;
+  packed.layout = StepInputLayout::For(StepInputCapacity().GrownToCover(plan.Needs()));
+  packed.bytes.assign(packed.layout.bytes, std::byte{0x5a});
+  const std::vector<int> slots = {-1, 6, 2, 0, 5, -1};
+  FillStepInputs(batch, shape, plan, packed.layout, packed.bytes.data(), slots);
+  const int32_t* fast_slots = packed.Ints(packed.layout.sfi_fast_slots);
+  const int32_t* recent_begin = packed.Ints(packed.layout.sfi_recent_begin);
+  EXPECT_EQ(std::vector<int>(fast_slots, fast_slots + 2), (std::vector<int>{6, 5}));
+  EXPECT_EQ(std::vector<int>(recent_begin, recent_begin + 2), (std::vector<int>{25, 40}));
+  const int32_t* slow_slots = packed.Ints(packed.layout.sfi_slow_slots);
+  const int32_t* sink_end = packed.Ints(packed.layout.sfi_sink_end);
+  const int32_t* j_count = packed.Ints(packed.layout.sfi_j_count);
+  EXPECT_EQ(std::vector<int>(slow_slots, slow_slots + 2), (std::vector<int>{2, 0}));
+  EXPECT_EQ(std::vector<int>(sink_end, sink_end + 2), (std::vector<int>{4, 4}));
+  EXPECT_EQ(std::vector<int>(j_count, j_count + 2), (std::vector<int>{85 - 4, 44 - 4}));
+  const int32_t* lens = packed.Ints(packed.layout.decode_seq_lens);
+  EXPECT_EQ(std::vector<int>(lens, lens + 4), (std::vector<int>{41, 61, 101, 51}));
+  const int32_t* window_lens = packed.Ints(packed.layout.sfi_window_seq_lens);
+  const int32_t* window_q = packed.Ints(packed.layout.sfi_window_q_rows);
+  EXPECT_EQ(std::vector<int>(window_lens, window_lens + 4), (std::vector<int>{60, 60, 60, 60}));
+  EXPECT_EQ(std::vector<int>(window_q, window_q + 4), (std::vector<int>{30, 31, 32, 33}));
+  const int32_t* window_tables = packed.Ints(packed.layout.sfi_window_block_tables);
+  ASSERT_EQ(plan.prefill_table_stride, 4);  // p ends at 60: 4 blocks
+  for (int row = 0; row < 4; ++row) {
+    for (int b = 0; b < 4; ++b) EXPECT_EQ(window_tables[row * 4 + b], 400 + b) << row;
+  }
+  // The chunk's tokens at rows 4..33, its last W at 30..33.
+  const int32_t* ids = packed.Ints(packed.layout.token_ids);
+  EXPECT_EQ(ids[30], 126);
+  EXPECT_EQ(ids[33], 129);
+
+  // A fast row past what t_max allows gets a bucket of its own; never more than the decode
+  // bucket (a t_max of 2^31 - 1 does not overflow it).
+  f2_state.anchor = 20;  // 41 keys
+  PlanForward(batch, shape, plan);
+  EXPECT_EQ(plan.sfi_recent_bucket, 64);
+  config.t_max = 2147483647;
+  PlanForward(batch, shape, plan);
+  EXPECT_EQ(plan.sfi_recent_bucket, 1024);
+  config.t_max = 8;
+  // Without SFI entries nothing of it is planned.
+  for (ForwardEntry& entry : batch) entry.sfi = nullptr;
+  PlanForward(batch, shape, plan);
+  EXPECT_EQ(plan.sfi_fast_rows + plan.sfi_slow_rows + plan.sfi_selections, 0);
+  EXPECT_EQ(plan.sfi_config, nullptr);
+  EXPECT_EQ(plan.entry_first_row, (std::vector<int>{0, 1, 2, 4, 3, 34}));
+}
+
 TEST(CudaForwardPlanTest, DecodeOnlyBatchKeepsItsShapeWhileSequencesGrow) {
   // The graph key (rows, bucket, stride, logit rows) must not change from one step to the next
   // while every sequence stays inside its bucket.
@@ -193,10 +296,13 @@ TEST(CudaForwardPlanTest, LayoutIsAlignedAndCapacityOnlyGrows) {
   smaller.tokens = 1;
   EXPECT_EQ(grown.GrownToCover(smaller).tokens, 4);
   const StepInputLayout layout = StepInputLayout::For(grown);
-  for (size_t offset : {layout.sampling_rows, layout.token_ids, layout.positions, layout.kv_slots,
-                        layout.decode_block_tables, layout.decode_seq_lens,
-                        layout.prefill_block_tables, layout.prefill_query_start,
-                        layout.prefill_start_positions, layout.logit_row_indices, layout.bytes}) {
+  for (size_t offset :
+       {layout.sampling_rows, layout.token_ids, layout.positions, layout.kv_slots,
+        layout.decode_block_tables, layout.decode_seq_lens, layout.prefill_block_tables,
+        layout.prefill_query_start, layout.prefill_start_positions, layout.logit_row_indices,
+        layout.sfi_fast_slots, layout.sfi_recent_begin, layout.sfi_slow_slots, layout.sfi_sink_end,
+        layout.sfi_j_count, layout.sfi_window_seq_lens, layout.sfi_window_q_rows,
+        layout.sfi_window_block_tables, layout.bytes}) {
     EXPECT_EQ(offset % 16, 0u);
   }
   EXPECT_GE(layout.token_ids, layout.sampling_rows + 4 * sizeof(cuda::SamplingRow));

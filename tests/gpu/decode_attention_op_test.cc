@@ -1,6 +1,7 @@
 // kernels/cuda/decode_attention against its CPU twins: the rows path of kernels/cpu/attention.h
-// (output) and kernels/cpu/attention_stats.h (log-sum-exp, pooled probabilities), on fresh
-// random bf16 K/V in shuffled paged blocks, for batches of sequences of different lengths.
+// (output), kernels/cpu/attention_stats.h (log-sum-exp, pooled probabilities) and the raw
+// scores SFI's slow step reads (scale * Dot(q, k) * log2 e, kernels/cpu/dot.h), on fresh random
+// bf16 K/V in shuffled paged blocks, for batches of sequences of different lengths.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -10,6 +11,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_stats.h"
+#include "kernels/cpu/dot.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -34,6 +36,7 @@ struct DecodeCase {
   // Withholds the pool size: the kernel's row copies instead of whole-block tensor copies
   // (which it takes for dense windows at head_dim 64 / 128 when it knows the pool size).
   bool row_copies = false;
+  bool want_scores = false;  // the raw scores output, at a row stride past max_seq_len
 };
 
 std::string Describe(const DecodeCase& c) {
@@ -43,7 +46,44 @@ std::string Describe(const DecodeCase& c) {
          std::to_string(c.group) + " kv_heads " + std::to_string(c.num_kv_heads) + " block " +
          std::to_string(c.block_tokens) + " sink " + std::to_string(c.window.sink_tokens) +
          " recent " + std::to_string(c.window.recent_tokens) +
-         (c.row_copies ? " row copies" : " pool size given");
+         (c.row_copies ? " row copies" : " pool size given") + (c.want_scores ? " scores" : "");
+}
+
+// The scores of sequence b: scale * q.k * log2 e at every position the window attends (the f32
+// sums of the tensor cores and of Dot differ in order only: within 1e-4 of the sum of |q_i k_i|,
+// scaled), the untouched poison (NaN) at hidden positions and at [L, scores_stride).
+void ExpectScores(const DecodeCase& c, int b, float scale, const float* query,
+                  const PagedKvView& view, const std::vector<float>& scores, int scores_stride) {
+  const int num_heads = c.num_kv_heads * c.group;
+  const int len = c.seq_lens[b];
+  const double log2e = 1.4426950408889634;
+  const int sink_end = std::min(c.window.sink_tokens, len);
+  const long long recent_begin = std::max<long long>(
+      c.window.sink_tokens, static_cast<long long>(len) - c.window.recent_tokens);
+  int checked = 0;
+  double worst = 0;
+  for (int h = 0; h < num_heads; ++h) {
+    const float* q = query + static_cast<size_t>(h) * c.head_dim;
+    const float* row = scores.data() + (static_cast<size_t>(b) * num_heads + h) * scores_stride;
+    for (int position = 0; position < scores_stride; ++position) {
+      const bool attended = position < len && (position < sink_end || position >= recent_begin);
+      if (!attended) {
+        ASSERT_TRUE(std::isnan(row[position]))
+            << "head " << h << " position " << position << " was written: " << row[position];
+        continue;
+      }
+      const float* k = view.keys + view.Offset(position, h / c.group);
+      double magnitude = 0;
+      for (int d = 0; d < c.head_dim; ++d) magnitude += std::fabs(double(q[d]) * k[d]);
+      const double want = double(Dot(q, k, c.head_dim) * scale) * log2e;
+      const double error = std::fabs(row[position] - want);
+      worst = std::max(worst, error);
+      ASSERT_LE(error, 1e-4 * magnitude * scale * log2e + 1e-6)
+          << "head " << h << " position " << position << ": " << row[position] << " vs " << want;
+      ++checked;
+    }
+  }
+  std::printf("[ scores    ] sequence %d: %d scores, worst |error| %.3g\n", b, checked, worst);
 }
 
 void RunCase(const DecodeCase& c) {
@@ -102,6 +142,9 @@ void RunCase(const DecodeCase& c) {
   auto d_out = Poisoned<__nv_bfloat16>(static_cast<size_t>(batch) * num_heads * c.head_dim);
   auto d_lse = Poisoned<float>(static_cast<size_t>(batch) * num_heads);
   auto d_probs = Poisoned<float>(static_cast<size_t>(batch) * c.num_kv_heads * max_seq_len);
+  const int scores_stride = max_seq_len + 5;  // any stride >= max_seq_len
+  auto d_scores =
+      Poisoned<float>(c.want_scores ? static_cast<size_t>(batch) * num_heads * scores_stride : 0);
   const size_t workspace_bytes =
       cuda::DecodeAttentionWorkspaceBytes(batch, num_heads, c.head_dim, max_seq_len, c.want_stats);
   auto d_workspace = Poisoned<unsigned char>(workspace_bytes);
@@ -131,6 +174,10 @@ void RunCase(const DecodeCase& c) {
     params.kv_head_probs = d_probs.data();
     params.probs_stride = max_seq_len;
   }
+  if (c.want_scores) {
+    params.scores = d_scores.data();
+    params.scores_stride = scores_stride;
+  }
   params.workspace = d_workspace.data();
   params.workspace_bytes = workspace_bytes;
   ASSERT_STATUS_OK(cuda::DecodeAttention(params, nullptr));
@@ -138,6 +185,7 @@ void RunCase(const DecodeCase& c) {
   const std::vector<float> out = DownloadBf16(d_out);
   const std::vector<float> lse = gpu_test::Download(d_lse);
   const std::vector<float> probs = gpu_test::Download(d_probs);
+  const std::vector<float> scores = gpu_test::Download(d_scores);
 
   std::vector<float> ref_out(static_cast<size_t>(num_heads) * c.head_dim);
   std::vector<float> ref_lse(num_heads);
@@ -184,6 +232,7 @@ void RunCase(const DecodeCase& c) {
       }
       EXPECT_TRUE(AllClose<float>("probs", got_probs, ref_probs, 1e-7, 2e-3));
     }
+    if (c.want_scores) ExpectScores(c, b, scale, query, view, scores, scores_stride);
   }
 }
 
@@ -277,6 +326,36 @@ TEST(DecodeAttentionOp, LseAndPooledProbabilities) {
     c.want_stats = true;
     RunCase(c);
   }
+}
+
+// The raw scores output (what SFI's slow step hands the Selector): dense and windowed, both
+// copy paths, every head_dim, with probabilities at the same time (they then read these scores).
+TEST(DecodeAttentionOp, RawScoresInLog2Units) {
+  for (int head_dim : {16, 32, 64, 128}) {
+    for (bool row_copies : {false, true}) {
+      DecodeCase c;
+      c.seq_lens = {1, 127, 4099};
+      c.head_dim = head_dim;
+      c.row_copies = row_copies;
+      c.want_scores = true;
+      c.extra_max_seq_len = 300;
+      RunCase(c);
+    }
+  }
+  DecodeCase window;
+  window.seq_lens = {1, 50, 104, 105, 2000};
+  window.window.sink_tokens = 4;
+  window.window.recent_tokens = 100;
+  window.want_scores = true;
+  window.want_stats = true;
+  RunCase(window);
+  DecodeCase stats;
+  stats.seq_lens = {700, 33};
+  stats.group = 8;
+  stats.block_tokens = 64;
+  stats.want_scores = true;
+  stats.want_stats = true;
+  RunCase(stats);
 }
 
 TEST(DecodeAttentionOp, Large65537Context) {

@@ -2,7 +2,10 @@
 // head), then the paged positions [recent_begin, L)) against its CPU twin,
 // kernels/cpu/two_segment_attention.h, on fresh random bf16 data: compact rows past each count
 // and paged positions outside [recent_begin, L) hold NaN, so a kernel that attended them fails.
+// With a slot pool (compact_slots, the CUDA model's SFI layout) each sequence reads a shuffled
+// slot of a larger pool whose other slots are all NaN.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -31,6 +34,8 @@ struct TwoSegmentCase {
   int num_kv_heads = 2;
   int block_tokens = 16;
   bool row_copies = false;  // withhold the pool size: the row-copy path
+  int extra_slots = -1;     // >= 0: compact buffers in a pool of batch + extra_slots slots
+  int recent_pad = 0;       // max_recent_tokens beyond the longest recent segment (a bucket)
 };
 
 std::string Describe(const TwoSegmentCase& c) {
@@ -40,7 +45,8 @@ std::string Describe(const TwoSegmentCase& c) {
   }
   return "lens/recent [" + lens + "] capacity " + std::to_string(c.capacity) + " head_dim " +
          std::to_string(c.head_dim) + " group " + std::to_string(c.group) + " block " +
-         std::to_string(c.block_tokens) + (c.row_copies ? " row copies" : " tensor copies");
+         std::to_string(c.block_tokens) + (c.row_copies ? " row copies" : " tensor copies") +
+         (c.extra_slots >= 0 ? " slot pool +" + std::to_string(c.extra_slots) : "");
 }
 
 void RunCase(const TwoSegmentCase& c) {
@@ -68,26 +74,45 @@ void RunCase(const TwoSegmentCase& c) {
   const size_t pool = static_cast<size_t>(num_blocks) * kv_heads * c.block_tokens * c.head_dim;
   std::vector<float> keys = gpu_test::RandomBf16Values(rng, pool);
   std::vector<float> values = gpu_test::RandomBf16Values(rng, pool);
-  const size_t compact_elements =
-      static_cast<size_t>(batch) * kv_heads * c.capacity * c.head_dim;
+  // Compact buffer of sequence b: buffer b, or a shuffled slot of a larger pool (the rest NaN).
+  const bool pooled = c.extra_slots >= 0;
+  const int buffers = pooled ? batch + c.extra_slots : batch;
+  std::vector<int32_t> slot_of(static_cast<size_t>(buffers));
+  std::iota(slot_of.begin(), slot_of.end(), 0);
+  if (pooled) std::shuffle(slot_of.begin(), slot_of.end(), rng);
+  const size_t compact_elements = static_cast<size_t>(buffers) * kv_heads * c.capacity * c.head_dim;
   std::vector<float> compact_keys = gpu_test::RandomBf16Values(rng, compact_elements);
   std::vector<float> compact_values = gpu_test::RandomBf16Values(rng, compact_elements);
-  std::vector<int32_t> counts(static_cast<size_t>(batch) * kv_heads);
+  // Unused slots: every row counted and NaN.
+  std::vector<int32_t> counts(static_cast<size_t>(buffers) * kv_heads, c.capacity);
+  std::fill(compact_keys.begin(), compact_keys.end(), NAN);
   std::vector<int32_t> recent_begin(batch);
   for (int b = 0; b < batch; ++b) {
     recent_begin[b] = c.seq_lens[b] - c.recent_lens[b];
+    const size_t slot = static_cast<size_t>(slot_of[static_cast<size_t>(b)]);
+    const std::vector<float> fresh =
+        gpu_test::RandomBf16Values(rng, static_cast<size_t>(kv_heads) * c.capacity * c.head_dim);
+    std::copy(fresh.begin(), fresh.end(),
+              compact_keys.begin() + slot * kv_heads * c.capacity * c.head_dim);
     for (int h = 0; h < kv_heads; ++h) {
       // Different counts per head, 0 and capacity included.
       const int count = h == 0 ? c.capacity : static_cast<int>(rng() % (c.capacity + 1));
-      counts[static_cast<size_t>(b) * kv_heads + h] = b == 1 && h == 1 ? 0 : count;
+      counts[slot * kv_heads + h] = b == 1 && h == 1 ? 0 : count;
     }
   }
+  for (size_t buffer = static_cast<size_t>(batch); buffer < slot_of.size(); ++buffer) {
+    const size_t slot = static_cast<size_t>(slot_of[buffer]);
+    std::fill_n(compact_values.begin() + slot * kv_heads * c.capacity * c.head_dim,
+                static_cast<size_t>(kv_heads) * c.capacity * c.head_dim, NAN);
+  }
+  slot_of.resize(static_cast<size_t>(batch));
   // NaN where nothing may be attended: compact rows past the counts, paged positions below
   // recent_begin and past L in the last block.
   for (int b = 0; b < batch; ++b) {
+    const size_t slot = static_cast<size_t>(slot_of[static_cast<size_t>(b)]);
     for (int h = 0; h < kv_heads; ++h) {
-      const size_t row0 = (static_cast<size_t>(b) * kv_heads + h) * c.capacity;
-      for (int r = counts[static_cast<size_t>(b) * kv_heads + h]; r < c.capacity; ++r) {
+      const size_t row0 = (slot * kv_heads + h) * c.capacity;
+      for (int r = counts[slot * kv_heads + h]; r < c.capacity; ++r) {
         std::fill_n(compact_keys.begin() + (row0 + r) * c.head_dim, c.head_dim, NAN);
         std::fill_n(compact_values.begin() + (row0 + r) * c.head_dim, c.head_dim, NAN);
       }
@@ -114,6 +139,7 @@ void RunCase(const TwoSegmentCase& c) {
   auto d_tables = Upload(tables);
   auto d_lens = Upload(std::vector<int32_t>(c.seq_lens.begin(), c.seq_lens.end()));
   auto d_counts = Upload(counts);
+  auto d_slots = Upload(slot_of);
   auto d_recent = Upload(recent_begin);
   auto d_out = Poisoned<__nv_bfloat16>(static_cast<size_t>(batch) * num_heads * c.head_dim);
   auto d_lse = Poisoned<float>(static_cast<size_t>(batch) * num_heads);
@@ -147,7 +173,11 @@ void RunCase(const TwoSegmentCase& c) {
   params.compact_capacity = c.capacity;
   params.compact_counts = d_counts.data();
   params.recent_begin = d_recent.data();
-  params.max_recent_tokens = max_recent;
+  params.max_recent_tokens = max_recent + c.recent_pad;
+  if (pooled) {
+    params.compact_slots = d_slots.data();
+    params.num_compact_slots = buffers;
+  }
   ASSERT_STATUS_OK(cuda::DecodeAttention(params, nullptr));
   const std::vector<float> out = DownloadBf16(d_out);
   const std::vector<float> lse = gpu_test::Download(d_lse);
@@ -161,11 +191,12 @@ void RunCase(const TwoSegmentCase& c) {
     args.output = ref_out.data();
     args.lse = ref_lse.data();
     args.num_heads = num_heads;
-    const size_t compact_offset = static_cast<size_t>(b) * kv_heads * c.capacity * c.head_dim;
+    const size_t slot = static_cast<size_t>(slot_of[static_cast<size_t>(b)]);
+    const size_t compact_offset = slot * kv_heads * c.capacity * c.head_dim;
     args.compact = CompactKvView{compact_keys.data() + compact_offset,
                                  compact_values.data() + compact_offset, kv_heads, c.capacity,
                                  c.head_dim};
-    args.compact_counts = counts.data() + static_cast<size_t>(b) * kv_heads;
+    args.compact_counts = counts.data() + slot * kv_heads;
     args.kv.keys = keys.data();
     args.kv.values = values.data();
     args.kv.block_table = tables.data() + static_cast<size_t>(b) * stride;
@@ -231,6 +262,31 @@ TEST(TwoSegmentAttentionOp, Batch17QwenShapesSfiBudget) {
   RunCase(c);
 }
 
+// The CUDA model's fast steps: compact buffers in a slot pool, sequences in shuffled slots, the
+// recent bound a bucket past the longest recent segment (recent_window + t_max).
+TEST(TwoSegmentAttentionOp, SlotPoolAndRecentBucket) {
+  for (int head_dim : {16, 128}) {
+    for (bool row_copies : {false, true}) {
+      TwoSegmentCase c;
+      c.seq_lens = {300, 1, 4099, 700};
+      c.recent_lens = {256, 1, 37, 300};
+      c.capacity = 130;
+      c.head_dim = head_dim;
+      c.block_tokens = 64;
+      c.row_copies = row_copies;
+      c.extra_slots = 5;
+      c.recent_pad = 20;
+      RunCase(c);
+    }
+  }
+  TwoSegmentCase one;
+  one.seq_lens = {50};
+  one.recent_lens = {10};
+  one.capacity = 20;
+  one.extra_slots = 0;
+  RunCase(one);
+}
+
 TEST(TwoSegmentAttentionOp, EmptyRecentAndEmptyCompact) {
   TwoSegmentCase c;
   c.seq_lens = {200, 77};
@@ -272,6 +328,17 @@ TEST(TwoSegmentAttentionOp, RejectsInconsistentParams) {
   params.recent_tokens = 16;
   EXPECT_TRUE(gpu_test::FailsWith(cuda::DecodeAttention(params, nullptr),
                                   StatusCode::kInvalidArgument, "dense window"));
+  params.sink_tokens = 0;
+  params.recent_tokens = INT_MAX;
+  params.compact_slots = ints.data();
+  EXPECT_TRUE(gpu_test::FailsWith(cuda::DecodeAttention(params, nullptr),
+                                  StatusCode::kInvalidArgument, "num_compact_slots"));
+  params.compact_slots = nullptr;
+  auto scores = Poisoned<float>(4 * 64);
+  params.scores = scores.data();
+  params.scores_stride = 64;
+  EXPECT_TRUE(gpu_test::FailsWith(cuda::DecodeAttention(params, nullptr),
+                                  StatusCode::kInvalidArgument, "scores"));
 }
 
 }  // namespace

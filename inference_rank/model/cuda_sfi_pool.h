@@ -1,0 +1,95 @@
+// The CUDA model's per-request SFI state on the device (sfi_state.h, DESIGN §4.2): one pool of
+// compact buffers with a slot per request that holds a selection. A fast step's two-segment
+// attention finds every request's buffers through a per-row slot id in the step inputs, so one
+// launch per layer serves any mix of requests and a captured graph stays valid while requests
+// come and go (decode_attention.cuh and compact_gather.cuh, compact_slots).
+//
+// Layout, layer-major so that one layer's arrays are what the kernels' slot mode takes:
+//   keys, values: [layer][slot][kv_head][capacity][head_dim], bf16, capacity = sink + budget
+//   counts:       [layer][slot][kv_head], int32: rows of the buffer in use (sink + selected)
+//   positions:    [layer][slot][kv_head][capacity], int32: the position each row was copied
+//                 from (the CPU model's SfiLayerState::kept; read back only on request)
+//
+// Slot ownership. The pool hands out CudaSfiSlot handles (an SfiBackendHandle) that the request's
+// SfiSequenceState::backend holds; a handle's destructor returns its slot to the pool's free
+// list, which the handles share with the pool so that a state may outlive the model. A slot's
+// buffers hold the previous owner's rows until the new owner's first slow step rewrites every
+// layer, and fast steps never run before that step (model.h: a fast entry needs a selection).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "inference_rank/model/sfi_state.h"
+#include "kernels/cuda/device_buffer.h"
+
+namespace rubato {
+
+struct CudaSfiPoolShape {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int capacity = 0;  // rows per (slot, layer, KV head): sink_tokens + budget
+  int slots = 0;     // requests holding a selection at once
+
+  size_t Bytes() const;  // all four arrays
+};
+
+class CudaSfiPool {
+ public:
+  // Allocates the arrays on the current device (uninitialized: a slot is written by its
+  // owner's first slow step before anything reads it). ResourceExhausted naming the bytes.
+  static Result<std::unique_ptr<CudaSfiPool>> Create(const CudaSfiPoolShape& shape);
+
+  ~CudaSfiPool();
+  CudaSfiPool(const CudaSfiPool&) = delete;
+  CudaSfiPool& operator=(const CudaSfiPool&) = delete;
+
+  const CudaSfiPoolShape& shape() const { return shape_; }
+
+  // The slot `state` holds in this pool, or -1 when its handle is not one of this pool's (none,
+  // or another model's).
+  int SlotOf(const SfiSequenceState& state) const;
+  // The slot of `state`, giving it a free one (replacing a handle of another pool) when it
+  // holds none of this pool's. ResourceExhausted when every slot is held.
+  Result<int> AcquireFor(SfiSequenceState& state);
+  int slots_in_use() const;
+
+  // One layer's arrays (see the file comment): [slot][kv_head][capacity][head_dim] bf16,
+  // [slot][kv_head] int32 and [slot][kv_head][capacity] int32.
+  __nv_bfloat16* layer_keys(int layer) { return keys_.data() + layer * LayerRows() * head_dim(); }
+  __nv_bfloat16* layer_values(int layer) {
+    return values_.data() + layer * LayerRows() * head_dim();
+  }
+  int32_t* layer_counts(int layer) {
+    return counts_.data() + static_cast<size_t>(layer) * shape_.slots * shape_.num_kv_heads;
+  }
+  int32_t* layer_positions(int layer) { return positions_.data() + layer * LayerRows(); }
+  // Every layer's counts, [layer][slot][kv_head] int32 (one copy back after a slow step).
+  const cuda::DeviceBuffer<int32_t>& counts() const { return counts_; }
+  const cuda::DeviceBuffer<int32_t>& positions() const { return positions_; }
+
+ private:
+  class FreeList;  // the free slots, shared with the handles (cuda_sfi_pool.cc)
+  class Handle;    // SfiBackendHandle: one held slot
+
+  explicit CudaSfiPool(const CudaSfiPoolShape& shape);
+  size_t LayerRows() const {  // rows of one layer: slots x kv_heads x capacity
+    return static_cast<size_t>(shape_.slots) * shape_.num_kv_heads * shape_.capacity;
+  }
+  size_t head_dim() const { return static_cast<size_t>(shape_.head_dim); }
+
+  CudaSfiPoolShape shape_;
+  std::shared_ptr<FreeList> free_list_;
+  cuda::DeviceBuffer<__nv_bfloat16> keys_;    // [layer][slot][kv_head][capacity][head_dim]
+  cuda::DeviceBuffer<__nv_bfloat16> values_;  // [layer][slot][kv_head][capacity][head_dim]
+  cuda::DeviceBuffer<int32_t> counts_;        // [layer][slot][kv_head]
+  cuda::DeviceBuffer<int32_t> positions_;     // [layer][slot][kv_head][capacity]
+};
+
+}  // namespace rubato

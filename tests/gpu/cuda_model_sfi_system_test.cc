@@ -1,0 +1,285 @@
+// SFI on the CUDA model against itself and as the engine runs it: graph replay == eager,
+// maintenance overlapped == inline, and two runs identical, bit for bit; errors that name the
+// problem; the engine on the CUDA model (slow and fast steps, slots reused as requests come and
+// go, the dense tokens with a budget covering the context). CPU twin comparisons:
+// cuda_model_sfi_test.cc.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "inference_rank/engine/engine.h"
+#include "tests/gpu/cuda_model_sfi_test_util.h"
+
+namespace rubato {
+namespace {
+
+using namespace cuda_model_sfi_test;
+
+// ---- CUDA against itself, bitwise ----------------------------------------------------------
+
+struct CudaRun {
+  std::vector<std::vector<float>> logits;  // per step
+  std::vector<std::vector<int>> tokens;    // per step
+  int64_t replays = 0;
+};
+
+// The scenario on `model` (fresh cache and states), greedy sampling on the device with every
+// decode row's logits returned.
+CudaRun RunCuda(CudaModel& model, const SfiPolicyConfig& config, const std::vector<int>& lens,
+                int steps, uint64_t seed) {
+  CudaRun run;
+  EXPECT_TRUE(model.PrepareSfi(config, static_cast<int>(lens.size())).ok());
+  auto cache = NewCache(model, 16, 256);
+  if (!cache) return run;
+  std::mt19937_64 rng(seed);
+  std::vector<Request> requests(lens.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].prompt = RandomTokens(rng, lens[i], model.config().vocab_size);
+    requests[i].sfi = i != 1;  // one dense request
+    requests[i].period = 1 + static_cast<int>(i) % config.t_max;
+  }
+  const int64_t replays_before = model.graph_replays();
+  const TokenSampling greedy;
+  ForwardResult result;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<Job> jobs = NextJobs(requests, 128, config);
+    const std::vector<ForwardEntry> batch = Entries(jobs, 1, &greedy, LogitsWanted::kAll);
+    const Status status = model.Forward(batch, *cache, result);
+    EXPECT_TRUE(status.ok()) << status.message();
+    if (!status.ok()) return run;
+    run.logits.push_back(result.logits);
+    run.tokens.push_back(result.sampled_tokens);
+    for (size_t e = 0; e < jobs.size(); ++e) {
+      Request& r = *jobs[e].request;
+      const bool prefill = r.prompt_done < static_cast<int>(r.prompt.size());
+      if (prefill) {
+        r.prompt_done += static_cast<int>(jobs[e].tokens.size());
+      } else {
+        ++r.decoded;
+        const bool slow = jobs[e].sfi && jobs[e].forward[1].step == SfiStepKind::kSlow;
+        r.fast_since_slow = slow ? 0 : r.fast_since_slow + 1;
+      }
+      if (result.sampled_tokens[e] >= 0) r.next_token = result.sampled_tokens[e];
+    }
+  }
+  run.replays = model.graph_replays() - replays_before;
+  return run;
+}
+
+TEST(CudaSfiTest, GraphEqualsEagerOverlapEqualsInlineAndRunsRepeatBitwise) {
+  Result<ModelConfig> config = ParseModelConfig(Qwen3Hd128(), "test config.json");
+  ASSERT_STATUS_OK(config.status());
+  Result<ModelWeights> weights = RandomWeights(*config, 41);
+  ASSERT_STATUS_OK(weights.status());
+  auto make = [&](bool graph, bool overlap) {
+    CudaModelOptions options;
+    options.use_cuda_graph = graph;
+    options.sfi_overlap = overlap;
+    auto model = CudaModel::Create(*config, *weights, options);
+    EXPECT_TRUE(model.ok()) << model.status().message();
+    return model.ok() ? std::move(model).value() : nullptr;
+  };
+  auto graph_overlap = make(true, true);
+  auto graph_inline = make(true, false);
+  auto eager_overlap = make(false, true);
+  ASSERT_TRUE(graph_overlap && graph_inline && eager_overlap);
+  const SfiPolicyConfig sfi = SfiConfig(4, 32, 40, 3, 16);
+  const std::vector<int> lens = {300, 200, 450, 129};
+  const int steps = 30;
+  const uint64_t seed = gpu_test::FreshRng()();
+  const CudaRun a = RunCuda(*graph_overlap, sfi, lens, steps, seed);
+  const CudaRun b = RunCuda(*graph_inline, sfi, lens, steps, seed);
+  const CudaRun c = RunCuda(*eager_overlap, sfi, lens, steps, seed);
+  const CudaRun again = RunCuda(*graph_overlap, sfi, lens, steps, seed);  // the same model again
+  ASSERT_EQ(a.logits.size(), static_cast<size_t>(steps));
+  for (const CudaRun* other : {&b, &c, &again}) {
+    ASSERT_EQ(other->logits.size(), a.logits.size());
+    for (int step = 0; step < steps; ++step) {
+      ASSERT_TRUE(BitwiseEqual(other->logits[static_cast<size_t>(step)],
+                               a.logits[static_cast<size_t>(step)]))
+          << "step " << step
+          << (other == &b   ? ": overlap off"
+              : other == &c ? ": eager"
+                            : ": rerun");
+      ASSERT_EQ(other->tokens[static_cast<size_t>(step)], a.tokens[static_cast<size_t>(step)])
+          << "step " << step;
+    }
+  }
+  // Decode steps of every mix (fast only, slow rows among fast ones) were replayed as graphs.
+  EXPECT_GE(a.replays, 8);
+  EXPECT_EQ(c.replays, 0);
+  std::printf("[ graphs    ] %lld SFI decode steps replayed of %d steps\n",
+              static_cast<long long>(a.replays), steps);
+}
+
+// ---- errors -----------------------------------------------------------------------------------
+
+TEST(CudaSfiTest, ErrorsNameTheProblem) {
+  ModelPair pair = MakeModelPair(TinyQwen3(), /*seed=*/9);
+  ASSERT_TRUE(pair.cpu && pair.cuda);
+  auto cache = NewCache(*pair.cuda, 16, 32);
+  auto cpu_cache = NewCache(*pair.cpu, 16, 32);
+  ASSERT_TRUE(cache && cpu_cache);
+  SfiPolicyConfig config = SfiConfig(4, 16, 16, 4, 8);
+  const std::vector<int> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17};
+  ForwardResult result;
+  KvSequence seq;
+  SfiSequenceState state;
+  SfiForward slow{SfiStepKind::kSlow, &state, &config, 8};
+  ForwardEntry entry{&seq, prompt, 0, LogitsWanted::kLast, nullptr, &slow};
+
+  Status status = pair.cuda->Forward({&entry, 1}, *cache, result);
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.message();
+  EXPECT_NE(status.message().find("PrepareSfi"), std::string::npos) << status.message();
+
+  SfiPolicyConfig gamma = config;
+  gamma.selector.gamma = 0.5;
+  status = pair.cuda->PrepareSfi(gamma, 4);
+  EXPECT_EQ(status.code(), StatusCode::kUnsupported) << status.message();
+  EXPECT_EQ(pair.cuda->PrepareSfi(config, 0).code(), StatusCode::kInvalidArgument);
+  ASSERT_STATUS_OK(pair.cuda->PrepareSfi(config, 4));
+
+  // A bigger budget than the pool was sized for.
+  SfiPolicyConfig bigger = config;
+  bigger.selector.budget = 17;
+  SfiForward slow_bigger{SfiStepKind::kSlow, &state, &bigger, 8};
+  ForwardEntry bigger_entry{&seq, prompt, 0, LogitsWanted::kLast, nullptr, &slow_bigger};
+  status = pair.cuda->Forward({&bigger_entry, 1}, *cache, result);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.message();
+
+  // A selection the CPU model made cannot serve a CUDA fast step; nor can a state without one.
+  KvSequence cpu_seq;
+  SfiSequenceState cpu_state;
+  SfiForward cpu_slow{SfiStepKind::kSlow, &cpu_state, &config, 8};
+  ForwardEntry cpu_entry{&cpu_seq, prompt, 0, LogitsWanted::kLast, nullptr, &cpu_slow};
+  ASSERT_STATUS_OK(pair.cpu->Forward({&cpu_entry, 1}, *cpu_cache, result));
+  KvSequence cuda_seq;
+  ForwardEntry cuda_prefill{&cuda_seq, prompt, 0, LogitsWanted::kLast};
+  ASSERT_STATUS_OK(pair.cuda->Forward({&cuda_prefill, 1}, *cache, result));
+  const int token = 3;
+  SfiForward fast{SfiStepKind::kFast, &cpu_state, &config, 1};
+  ForwardEntry fast_entry{&cuda_seq, {&token, 1}, 17, LogitsWanted::kLast, nullptr, &fast};
+  status = pair.cuda->Forward({&fast_entry, 1}, *cache, result);
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.message();
+  EXPECT_EQ(cuda_seq.num_tokens, 17);
+  SfiSequenceState fresh;
+  SfiForward fast_fresh{SfiStepKind::kFast, &fresh, &config, 1};
+  ForwardEntry fresh_entry{&cuda_seq, {&token, 1}, 17, LogitsWanted::kLast, nullptr, &fast_fresh};
+  EXPECT_EQ(pair.cuda->Forward({&fresh_entry, 1}, *cache, result).code(),
+            StatusCode::kInvalidArgument);
+
+  // Two configs in one forward.
+  SfiPolicyConfig other = config;
+  KvSequence a, b;
+  SfiSequenceState sa, sb;
+  SfiForward fa{SfiStepKind::kSlow, &sa, &config, 8};
+  SfiForward fb{SfiStepKind::kSlow, &sb, &other, 8};
+  std::vector<ForwardEntry> two = {{&a, prompt, 0, LogitsWanted::kLast, nullptr, &fa},
+                                   {&b, prompt, 0, LogitsWanted::kLast, nullptr, &fb}};
+  status = pair.cuda->Forward(two, *cache, result);
+  EXPECT_EQ(status.code(), StatusCode::kUnsupported) << status.message();
+  std::printf("[ errors    ] %s\n", status.message().c_str());
+  EXPECT_EQ(a.num_tokens + b.num_tokens, 0);
+}
+
+// ---- the engine -------------------------------------------------------------------------------
+
+std::vector<std::vector<int>> Generate(std::unique_ptr<Model> model,
+                                       const std::optional<SfiPolicyConfig>& sfi,
+                                       const std::vector<std::vector<int>>& prompts,
+                                       EngineCounters* counters, double* min_retained) {
+  EngineOptions options;
+  options.max_batch = 3;
+  options.prefill_chunk = 96;
+  options.max_context = 512;
+  options.sfi = sfi;
+  auto engine = Engine::Create(std::move(model), options);
+  EXPECT_TRUE(engine.ok()) << engine.status().message();
+  if (!engine.ok()) return {};
+  std::map<uint64_t, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest request;
+    request.prompt_ids = prompts[i];
+    request.max_new_tokens = 40;
+    auto id = (*engine)->Submit(request);
+    EXPECT_TRUE(id.ok()) << id.status().message();
+    if (id.ok()) index[*id] = i;
+  }
+  std::vector<std::vector<int>> tokens(prompts.size());
+  *min_retained = 1.0;
+  while ((*engine)->HasWork()) {
+    auto events = (*engine)->Step();
+    EXPECT_TRUE(events.ok()) << events.status().message();
+    if (!events.ok()) break;
+    for (const TokenEvent& event : *events) {
+      tokens[index[event.request_id]].push_back(event.token);
+      *min_retained = std::min(*min_retained, event.retained_kv_ratio);
+    }
+  }
+  *counters = (*engine)->counters();
+  return tokens;
+}
+
+// The engine on the CUDA model runs SFI's schedule (first decode step slow, t_max, more requests
+// than fit at once so that slots are reused); with a budget covering the context it generates
+// the dense engine's greedy tokens on the same CUDA weights, up to a flip where bf16 leaves the
+// top two logits within rounding of each other.
+TEST(CudaSfiEngineTest, EngineRunsSlowAndFastStepsAndKeepsTheDenseTokens) {
+  Result<ModelConfig> config = ParseModelConfig(TinyQwen3(), "test config.json");
+  ASSERT_STATUS_OK(config.status());
+  Result<ModelWeights> weights = RandomWeights(*config, 13);
+  ASSERT_STATUS_OK(weights.status());
+  auto make = [&]() -> std::unique_ptr<Model> {
+    auto model = CudaModel::Create(*config, *weights, CudaModelOptions{});
+    EXPECT_TRUE(model.ok()) << model.status().message();
+    return model.ok() ? std::move(model).value() : nullptr;
+  };
+  std::mt19937_64 rng = gpu_test::FreshRng();
+  std::vector<std::vector<int>> prompts;
+  for (int len : {120, 45, 200, 77, 160})
+    prompts.push_back(RandomTokens(rng, len, config->vocab_size));
+
+  EngineCounters dense_counters, sfi_counters, sparse_counters;
+  double dense_retained = 0, sfi_retained = 0, sparse_retained = 0;
+  const auto dense = Generate(make(), std::nullopt, prompts, &dense_counters, &dense_retained);
+  const auto full =
+      Generate(make(), SfiConfig(4, 16, 512, 5, 16), prompts, &sfi_counters, &sfi_retained);
+  const auto sparse =
+      Generate(make(), SfiConfig(4, 16, 16, 5, 16), prompts, &sparse_counters, &sparse_retained);
+  EXPECT_EQ(dense_counters.sfi_slow_steps + dense_counters.sfi_fast_steps, 0);
+  EXPECT_GT(sfi_counters.sfi_slow_steps, 0);
+  EXPECT_GT(sfi_counters.sfi_fast_steps, sfi_counters.sfi_slow_steps);
+  EXPECT_GT(sparse_counters.sfi_fast_steps, 0);
+  EXPECT_LT(sparse_retained, 0.5) << "a budget of 16 over 100+ positions attends a fraction";
+  ASSERT_EQ(full.size(), dense.size());
+  auto model = make();
+  ASSERT_TRUE(model);
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    ASSERT_FALSE(sparse[r].empty());
+    const size_t shorter = std::min(full[r].size(), dense[r].size());
+    size_t k = 0;
+    while (k < shorter && full[r][k] == dense[r][k]) ++k;
+    std::printf("[ engine    ] request %zu: SFI (full budget) = dense for %zu of %zu tokens\n", r,
+                k, dense[r].size());
+    if (k == full[r].size() && k == dense[r].size()) continue;
+    ASSERT_LT(k, shorter) << "request " << r << ": one run stopped without diverging";
+    // The first divergence must be a near-tie of the dense logits at that prefix.
+    std::vector<int> context = prompts[r];
+    context.insert(context.end(), dense[r].begin(), dense[r].begin() + static_cast<ptrdiff_t>(k));
+    auto cache = NewCache(*model, 16, static_cast<int>(context.size()) / 16 + 2);
+    KvSequence seq;
+    const std::vector<float> rows = FeedAll(*model, *cache, seq, context, 0, 64);
+    const auto last = std::span<const float>(rows).last(static_cast<size_t>(config->vocab_size));
+    EXPECT_LE(Top2Margin(last), 0.1 * Rms(last))
+        << "request " << r << " diverges from dense at token " << k << " with a clear margin";
+  }
+}
+
+}  // namespace
+}  // namespace rubato
