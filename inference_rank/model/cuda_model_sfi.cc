@@ -138,12 +138,16 @@ Status CudaModel::EnsureSfiCapacity(const ForwardPlan& plan) {
   sizes.selected_ints = static_cast<size_t>(plan.sfi_selections) * kv_heads *
                         static_cast<size_t>(config.selector.budget);
   sizes.count_ints = static_cast<size_t>(plan.sfi_selections) * kv_heads;
-  sizes.workspace_bytes =
-      cuda::SfiSelectWorkspaceBytes(plan.sfi_slow_rows, config_.num_kv_heads, plan.sfi_max_j_count);
+  // The Selector's workspace depends on W x G and the config (its windows) as well as the shapes.
+  const int group = config_.num_heads / config_.num_kv_heads;
+  sizes.workspace_bytes = cuda::SfiSelectWorkspaceBytes(plan.sfi_slow_rows, config_.num_kv_heads,
+                                                        plan.sfi_max_j_count, /*window=*/1, group,
+                                                        config.selector);
   for (const SfiWindowPlan& window : plan.sfi_windows) {
-    sizes.workspace_bytes =
-        std::max(sizes.workspace_bytes,
-                 cuda::SfiSelectWorkspaceBytes(1, config_.num_kv_heads, window.j_count));
+    sizes.workspace_bytes = std::max(
+        sizes.workspace_bytes,
+        cuda::SfiSelectWorkspaceBytes(1, config_.num_kv_heads, window.j_count, window.window, group,
+                                      config.selector));
   }
   if (!sfi_ring_->Covers(sizes)) graphs_.Clear();  // before any ring buffer is freed
   return sfi_ring_->Reserve(sizes);
