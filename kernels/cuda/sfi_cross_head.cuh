@@ -101,20 +101,32 @@ __global__ void __launch_bounds__(kThreads) SfiScoresKernel(const KernelArgs arg
       prior_inv_sum[h] = static_cast<float>(1.0 / prior.sum);
     }
     {
+      // Cell tid + k * kThreads is (head, index) = (h[k], i[k]), stepped without divisions.
       float values[kFillPerThread];
+      int fill_h = tid / row_len, fill_i = tid % row_len;
 #pragma unroll
       for (int k = 0; k < kFillPerThread; ++k) {
-        const int cell = min(tid + k * kThreads, cells - 1);
-        const int h = cell / row_len;
-        const int j = min(max(lo + cell % row_len, 0), n - 1);
+        const int h = min(fill_h, H - 1);
+        const int j = min(max(lo + fill_i, 0), n - 1);
         values[k] = args.f[static_cast<int64_t>(first_row + h) * args.row_stride + j];
+        fill_i += kThreads;
+        while (fill_i >= row_len) {
+          fill_i -= row_len;
+          ++fill_h;
+        }
       }
+      fill_h = tid / row_len;
+      fill_i = tid % row_len;
 #pragma unroll
       for (int k = 0; k < kFillPerThread; ++k) {
-        const int cell = tid + k * kThreads;
-        if (cell < cells) {
-          const int j = lo + cell % row_len;
-          fbuf[cell] = j >= 0 && j < n ? values[k] : 0.f;
+        if (fill_h < H) {
+          const int j = lo + fill_i;
+          fbuf[fill_h * row_len + fill_i] = j >= 0 && j < n ? values[k] : 0.f;
+        }
+        fill_i += kThreads;
+        while (fill_i >= row_len) {
+          fill_i -= row_len;
+          ++fill_h;
         }
       }
     }
@@ -141,16 +153,20 @@ __global__ void __launch_bounds__(kThreads) SfiScoresKernel(const KernelArgs arg
     // 2. z, then the soft-NMS window maxima by doubling (buf_a <-> buf_b).
     const float* window_max = buf_a;
     if (nms_shared) {
-      for (int cell = tid; cell < cells; cell += kThreads) {
-        buf_a[cell] = z_at(cell / row_len, cell % row_len);
+      // Rows of buffers walked as (h, i) loops: no division per cell.
+      for (int h = 0; h < H; ++h) {
+        for (int i = tid; i < row_len; i += kThreads) buf_a[h * row_len + i] = z_at(h, i);
       }
       __syncthreads();
       float* src = buf_a;
       float* dst = buf_b;
       for (int s = 0, w = 1; s < nms_steps; ++s, w <<= 1) {
-        for (int cell = tid; cell < cells; cell += kThreads) {
-          const int i = cell % row_len;
-          dst[cell] = i + w < row_len ? fmaxf(src[cell], src[cell + w]) : src[cell];
+        for (int h = 0; h < H; ++h) {
+          const float* in = src + h * row_len;
+          float* out = dst + h * row_len;
+          for (int i = tid; i < row_len; i += kThreads) {
+            out[i] = i + w < row_len ? fmaxf(in[i], in[i + w]) : in[i];
+          }
         }
         __syncthreads();
         float* t = src;

@@ -106,7 +106,17 @@ ScoresPlan MakeScoresPlan(int num_kv_heads, int max_j_count, const SfiSelectorCo
     const int z_halo = half > 0 && !plan.nms_wide ? sfi::RoundUp4(half) : 0;
     const int a_halo = reach > 0 && !plan.cont_wide ? sfi::RoundUp4(reach) : 0;
     const int halo = std::max(z_halo, a_halo);
-    for (int tile = 512; tile >= 32; tile /= 2) {
+    // Tiles whose rows (tile + 2 halo) are whole multiples of kThreads first (every thread busy
+    // in the per-row loops), then powers of two; all multiples of 32 (forced_bits words).
+    int tiles[10];
+    int count = 0;
+    for (int rows = 4; rows >= 1; --rows) {
+      const int tile = rows * sfi::kThreads - 2 * halo;
+      if (tile >= 32 && tile % 32 == 0) tiles[count++] = tile;
+    }
+    for (int tile = 512; tile >= 32; tile /= 2) tiles[count++] = tile;
+    for (int c = 0; c < count; ++c) {
+      const int tile = tiles[c];
       const size_t bytes =
           static_cast<size_t>(sfi::ScoresSharedFloats(tile, num_kv_heads, halo)) * sizeof(float);
       if (static_cast<int64_t>(num_kv_heads) * (tile + 2 * halo) <= sfi::kScoresTileFloats &&

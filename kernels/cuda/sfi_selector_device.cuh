@@ -24,6 +24,8 @@ constexpr int kChunkPerThread = kChunk / kThreads;
 constexpr int kHaloMax = 256;
 constexpr int kMaxKvHeads = 64;  // the scores kernel keeps every head of a tile in shared memory
 constexpr unsigned kFullMask = 0xffffffffu;
+constexpr float kLn2f = 0.693147180559945309f;
+constexpr float kLog2ef = 1.442695040888963407f;
 
 // SfiSelectorConfig in the precisions the kernels use (f32, except λ_clip and 1/α for merges).
 struct DeviceConfig {
@@ -130,7 +132,11 @@ __device__ __forceinline__ float LogPositionPrior(int j, int n, const DeviceConf
   const float span = static_cast<float>(n - 1) + c.epsilon;
   const float u = static_cast<float>(j) / span;
   const float one_minus_u = (static_cast<float>(n - 1 - j) + c.epsilon) / span;
-  return -c.beta * powf(u, c.p) + c.eta * logf(one_minus_u + c.epsilon);
+  // u^p as exp2(p log2 u) and log as log2 * ln 2: a few instructions where powf / logf take ~100
+  // (this runs once per position); the prior only enters scaled by λ* <= λ_clip, so their last
+  // bits do not move a selection.
+  const float u_power = u > 0.f ? exp2f(c.p * log2f(u)) : 0.f;  // p >= 1: 0^p = 0
+  return -c.beta * u_power + c.eta * kLn2f * log2f(one_minus_u + c.epsilon);
 }
 
 // Eq. 9 in the log domain; fmaxf maps NaN and negatives (outside the contract) to 0, fminf +inf

@@ -127,6 +127,16 @@ __device__ __forceinline__ void ForEachRank(const TopKRow& row, Visit visit) {
   }
 }
 
+// hist[bin] += 1 for each lane with bin >= 0: one match and one shared atomic per distinct bin of
+// the warp (the lowest lane of each group of equal bins adds the group's size). Every lane of the
+// warp must call it.
+__device__ __forceinline__ void WarpMatchHistogramAdd(uint32_t* hist, int bin) {
+  const unsigned peers = __match_any_sync(kFullMask, bin);
+  if (bin >= 0 && static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) {
+    atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
+  }
+}
+
 // Radix select: the rank of the `target`-th largest (1-based) member of the group, and how many
 // members equal to it are kept (`target` on return). kBits: 32 or 64.
 template <bool kForcedGroup, int kBits>
@@ -147,7 +157,8 @@ __device__ void RadixSelect(const TopKRow& row, uint32_t& target, unsigned long 
     ForEachRank<kForcedGroup>(row, [&](int, int, int, unsigned long long rank, bool in_group,
                                        bool) {
       const bool counted = in_group && (rank & mask) == prefix;
-      WarpHistogramAdd(sh.hist, counted ? static_cast<int>((rank >> shift) & digit_mask) : -1);
+      WarpMatchHistogramAdd(sh.hist,
+                            counted ? static_cast<int>((rank >> shift) & digit_mask) : -1);
     });
     __syncthreads();
     // Bins from the top: thread t holds bins top and top − 1.
