@@ -94,11 +94,28 @@ __global__ void __launch_bounds__(kThreads) SfiScoresKernel(const KernelArgs arg
 
     // 1. Per-head constants; f of every head over the tile and halo; the prior r (γ = 0: the
     // same for every head).
-    for (int h = tid; h < H; h += kThreads) {
-      lambda[h] = LambdaStar(args, first_row + h, n);
-      const RowStat prior = MergedPrior(args, sequence, h, n);
-      prior_max[h] = prior.max;
-      prior_inv_sum[h] = static_cast<float>(1.0 / prior.sum);
+    // One warp per head, lane-parallel merges of the chunk partials (WarpMergedPrior is what the
+    // evidence kernel used, bit for bit).
+    for (int h = tid / 32; h < H; h += kWarps) {
+      const LambdaSums* sums =
+          args.lambda_sums + static_cast<int64_t>(first_row + h) * args.num_chunks;
+      double numerator = 0.0, denominator = 0.0;
+      for (int k = lane; k < ChunksOf(n); k += 32) {
+        numerator += sums[k].numerator;
+        denominator += sums[k].denominator;
+      }
+      numerator = WarpSum(numerator);
+      denominator = WarpSum(denominator);
+      const RowStat prior = WarpMergedPrior(args, sequence, h, n);
+      if (lane == 0) {
+        // Eq. 18: λ* = clip(fᵀ(f − r) / ‖f − r‖², 0, λ_clip), 0 when f == r.
+        lambda[h] = denominator == 0.0
+                        ? 0.f
+                        : static_cast<float>(
+                              fmin(fmax(numerator / denominator, 0.0), c.lambda_clip));
+        prior_max[h] = prior.max;
+        prior_inv_sum[h] = static_cast<float>(1.0 / prior.sum);
+      }
     }
     {
       // Cell tid + k * kThreads is (head, index) = (h[k], i[k]), stepped without divisions.
@@ -207,9 +224,9 @@ __global__ void __launch_bounds__(kThreads) SfiScoresKernel(const KernelArgs arg
       if (valid) {
         float total = 0.f;  // >= 1: the max term is 1
         for (int h = 0; h < H; ++h) {
-          total += expf(z_nms_buf[h * row_len + q] / c.temperature - scaled_max);
+          total += __expf(z_nms_buf[h * row_len + q] / c.temperature - scaled_max);
         }
-        log_total = logf(total);
+        log_total = __logf(total);
       }
       for (int h = 0; h < H; ++h) {
         const int row = first_row + h;

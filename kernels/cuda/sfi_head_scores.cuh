@@ -1,8 +1,10 @@
 // SFI Selector, stage A (sfi_selector.cu launches these): the evidence f of Eqs. 6–8, the prior
 // statistics of Eqs. 9–12 and the sums of Eq. 18 for every (sequence, KV head), split over
-// chunks of kChunk positions so that the whole GPU works on it. Cross-chunk reductions go through
-// per-chunk partials in the workspace: a kernel writes its chunk's partial, the next kernel
-// merges all of them in a fixed order (every block gets the same bits).
+// chunks of kChunk positions, one warp per (row, chunk), so that the whole GPU works on it with
+// warp-only reductions (no block barriers: these passes stream the logits and must run at HBM
+// speed). Cross-chunk reductions go through per-chunk partials in the workspace: a kernel writes
+// its chunk's partial, the next kernel merges all of them in a fixed order (every warp gets the
+// same bits).
 //
 //   SfiRowStatsKernel      grid (chunk, row): per (query row w, query head g) the max and
 //                          Σ exp(logit − max) over the chunk (Eq. 6's normalizer); the log prior
@@ -50,105 +52,118 @@ __device__ __forceinline__ const float* NormsRow(const KernelArgs& args, int seq
          begin;
 }
 
+// ---- warp-wide primitives -------------------------------------------------------------------
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+// MergeRowStat over the warp's 32 values (lane l's value merged in a fixed tree): every warp that
+// merges the same values gets the same bits (lane 0's result is the one used).
+__device__ __forceinline__ RowStat WarpMergeRowStat(RowStat v) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = MergeRowStat(v, {__shfl_xor_sync(kFullMask, v.max, offset),
+                         __shfl_xor_sync(kFullMask, v.sum, offset)});
+  }
+  return {__shfl_sync(kFullMask, v.max, 0), __shfl_sync(kFullMask, v.sum, 0)};
+}
+// MergeRowStat over stats[0, count): lane l merges entries l, l + 32, ..., then the warp's tree.
+__device__ __forceinline__ RowStat WarpMergeRowStats(const RowStat* stats, int count) {
+  RowStat total{-INFINITY, 0.0};
+  for (int c = static_cast<int>(threadIdx.x % 32); c < count; c += 32) {
+    total = MergeRowStat(total, stats[c]);
+  }
+  return WarpMergeRowStat(total);
+}
+
+// The warp's work item: global warp index = blockIdx.x * kWarps + warp, items of `chunks` chunks
+// per row: (row, chunk). False for the warps past the last item.
+struct WarpItem {
+  int row;
+  int chunk;
+};
+__device__ __forceinline__ bool NextWarpItem(int64_t items, int chunks, WarpItem& item) {
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (g >= items) return false;
+  item = {static_cast<int>(g / chunks), static_cast<int>(g % chunks)};
+  return true;
+}
+
+// Grid: one warp per (query row, chunk), query rows q = row * (window * group) + (w * group + g).
+// Every lane holds kLaneValues positions of the chunk (c0 + k * 32 + lane), all loads in flight
+// at once (unconditional: clamped into the chunk, masked afterwards). Statistics in log2 units
+// (exp2: one MUFU op), the maximum written back in natural units.
 __global__ void __launch_bounds__(kThreads) SfiRowStatsKernel(const KernelArgs args) {
-  __shared__ RowStatScratch scratch;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int chunk = static_cast<int>(blockIdx.x);
+  const int lane = static_cast<int>(threadIdx.x % 32);
   const int H = args.num_kv_heads;
-  const int total_rows = args.batch * H;
   const int rows = args.window * args.group;
   const DeviceConfig& c = args.config;
-  for (int row = blockIdx.y; row < total_rows; row += gridDim.y) {
-    const int sequence = row / H, kv_head = row % H;
-    const AllowedSet set = LoadAllowedSet(args, sequence);
-    const int c0 = chunk * kChunk;
-    if (c0 >= set.count) continue;  // uniform over the block
-    const int c1 = min(c0 + kChunk, set.count);
+  WarpItem item;
+  if (!NextWarpItem(static_cast<int64_t>(args.batch) * H * rows, args.num_chunks, item)) return;
+  const int row = item.row / rows, r = item.row % rows;  // (sequence, KV head) row, query row
+  const int sequence = row / H, kv_head = row % H;
+  const AllowedSet set = LoadAllowedSet(args, sequence);
+  const int c0 = item.chunk * kChunk;
+  if (c0 >= set.count) return;  // uniform over the warp
+  const int c1 = min(c0 + kChunk, set.count);
 
-    // Rows in batches of kRowBatch: every load of a batch is in flight before the first merge.
-    // The loads are unconditional (rows and positions clamped into range, masked afterwards):
-    // a load guarded by a branch that also uses its value makes the warp wait for each load in
-    // turn (measured: 10 % of the HBM bandwidth).
-    constexpr int kRowBatch = 4;
-    for (int r0 = 0; r0 < rows; r0 += kRowBatch) {
-      float v[kRowBatch][kChunkPerThread];
+  const float* x = LogitsRow(args, sequence, kv_head, r / args.group, r % args.group, set.begin);
+  const float scale_log2 = args.logit_scale * kLog2ef;
+  float v[kLaneValues];
 #pragma unroll
-      for (int b = 0; b < kRowBatch; ++b) {
-        const int r = min(r0 + b, rows - 1);
-        const float* x = LogitsRow(args, sequence, kv_head, r / args.group, r % args.group,
-                                   set.begin);
+  for (int k = 0; k < kLaneValues; ++k) v[k] = x[min(c0 + k * 32 + lane, c1 - 1)];
+  float m = -INFINITY;
 #pragma unroll
-        for (int k = 0; k < kChunkPerThread; ++k) {
-          v[b][k] = x[min(c0 + k * kThreads + tid, c1 - 1)];
-        }
+  for (int k = 0; k < kLaneValues; ++k) {
+    v[k] = c0 + k * 32 + lane < c1 ? ScaledLogit(v[k], scale_log2) : -INFINITY;
+    m = fmaxf(m, v[k]);
+  }
+  m = WarpMax(m);
+  float s = 0.f;
+  if (m != -INFINITY) {  // uniform over the warp
+#pragma unroll
+    for (int k = 0; k < kLaneValues; ++k) s += exp2f(v[k] - m);
+  }
+  s = WarpSum(s);
+  if (lane == 0) {
+    args.row_stats[(static_cast<int64_t>(row) * rows + r) * args.num_chunks + item.chunk] = {
+        m * kLn2f, static_cast<double>(s)};
+  }
+
+  // The log prior: without the key-norm factor it is the same for every head of the sequence, so
+  // the warps of head 0 alone compute it (and store the position factor for the later kernels).
+  if (r == 0 && (c.gamma > 0.f || kv_head == 0)) {
+    const float* norms = NormsRow(args, sequence, kv_head, set.begin);
+    float* position_prior = args.log_position_prior + sequence * args.row_stride;
+    float prior[kLaneValues];
+    float pm = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kLaneValues; ++k) {
+      const int j = c0 + k * 32 + lane;
+      prior[k] = -INFINITY;
+      if (j < c1) {
+        const float position = LogPositionPrior(j, set.count, c);
+        if (kv_head == 0) position_prior[j] = position;
+        prior[k] = norms != nullptr ? position + LogNormPrior(norms[j], c) : position;
       }
-      // In log2 units (exp2 is one MUFU op; the accurate expf is ~10 instructions): the sums are
-      // the same, the maxima are converted back to natural units below.
-      const float scale_log2 = args.logit_scale * kLog2ef;
-#pragma unroll
-      for (int b = 0; b < kRowBatch; ++b) {
-#pragma unroll
-        for (int k = 0; k < kChunkPerThread; ++k) {
-          const int j = c0 + k * kThreads + tid;
-          v[b][k] = r0 + b < rows && j < c1 ? ScaledLogit(v[b][k], scale_log2) : -INFINITY;
-        }
-      }
-#pragma unroll
-      for (int b = 0; b < kRowBatch; ++b) {
-        const int r = r0 + b;
-        if (r >= rows) break;  // uniform over the block
-        float m = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < kChunkPerThread; ++k) m = fmaxf(m, v[b][k]);
-        float s = 0.f;
-        if (m != -INFINITY) {
-#pragma unroll
-          for (int k = 0; k < kChunkPerThread; ++k) s += exp2f(v[b][k] - m);
-        }
-        const RowStat stat = BlockMergeRowStat({m * kLn2f, static_cast<double>(s)}, scratch);
-        if (tid == 0) {
-          args.row_stats[(static_cast<int64_t>(row) * rows + r) * args.num_chunks + chunk] = stat;
-        }
-      }
+      pm = fmaxf(pm, prior[k]);
     }
-
-    // The log prior: without the key-norm factor it is the same for every head of the sequence,
-    // so head 0 alone computes it (and stores the position factor for the later kernels).
-    if (c.gamma > 0.f || kv_head == 0) {
-      const float* norms = NormsRow(args, sequence, kv_head, set.begin);
-      float* position_prior = args.log_position_prior + sequence * args.row_stride;
-      float v[kChunkPerThread];
-      float m = -INFINITY;
+    pm = WarpMax(pm);  // finite: the chunk holds a position
+    float ps = 0.f;
 #pragma unroll
-      for (int k = 0; k < kChunkPerThread; ++k) {
-        const int j = c0 + k * kThreads + tid;
-        v[k] = -INFINITY;
-        if (j < c1) {
-          const float position = LogPositionPrior(j, set.count, c);
-          if (kv_head == 0) position_prior[j] = position;
-          v[k] = norms != nullptr ? position + LogNormPrior(norms[j], c) : position;
-        }
-        m = fmaxf(m, v[k]);
-      }
-      float s = 0.f;
-      if (m != -INFINITY) {  // a thread whose positions all lie past the chunk has none
-#pragma unroll
-        for (int k = 0; k < kChunkPerThread; ++k) s += expf(v[k] - m);
-      }
-      const RowStat stat = BlockMergeRowStat({m, static_cast<double>(s)}, scratch);
-      if (tid == 0) args.prior_stats[static_cast<int64_t>(row) * args.num_chunks + chunk] = stat;
+    for (int k = 0; k < kLaneValues; ++k) ps += expf(prior[k] - pm);
+    ps = WarpSum(ps);
+    if (lane == 0) {
+      args.prior_stats[static_cast<int64_t>(row) * args.num_chunks + item.chunk] = {
+          pm, static_cast<double>(ps)};
     }
   }
 }
-
-struct EvidenceShared {
-  float row_max[kMaxRows];    // [window * group]: max scaled logit over J of each row
-  float row_scale[kMaxRows];  // [window * group]: 1 / (G Σ exp(x − max)); 0 for a row of -inf
-  RowStat prior;              // log-sum-exp of the log prior over J
-  RowStatScratch stat_scratch;
-  double f64[kWarps];
-  float f32[kWarps];
-};
 
 // Prior r(j) = exp(log prior − max) / Σ (Eq. 12) at index j of J; inv_sum = 1 / Σ.
 __device__ __forceinline__ float Prior(const KernelArgs& args, const float* position_prior,
@@ -166,187 +181,165 @@ __device__ __forceinline__ void AddLambdaTerms(float f, float r, double& numerat
   denominator += diff * diff;
 }
 
-template <bool kWindowOne>
-__global__ void __launch_bounds__(kThreads) SfiEvidenceKernel(const KernelArgs args) {
-  __shared__ EvidenceShared sh;
-  const int tid = static_cast<int>(threadIdx.x);
-  // The reverse of SfiRowStatsKernel's block order: its last chunks are the L2's freshest.
-  const int chunk = static_cast<int>(gridDim.x - 1 - blockIdx.x);
-  const int H = args.num_kv_heads;
-  const int total_rows = args.batch * H;
-  const int group = args.group;
-  const int rows = args.window * group;
-  const DeviceConfig& c = args.config;
-  for (int row = static_cast<int>(gridDim.y - 1 - blockIdx.y); row < total_rows;
-       row += gridDim.y) {
-    const int sequence = row / H, kv_head = row % H;
-    const AllowedSet set = LoadAllowedSet(args, sequence);
-    const int c0 = chunk * kChunk;
-    if (c0 >= set.count) continue;
-    const int c1 = min(c0 + kChunk, set.count);
-    const int chunks = ChunksOf(set.count);
+// The prior's log-sum-exp over J of (sequence, kv_head), merged by the warp (see
+// WarpMergeRowStats; every warp that needs it gets the same bits).
+__device__ __forceinline__ RowStat WarpMergedPrior(const KernelArgs& args, int sequence,
+                                                   int kv_head, int n) {
+  const int row = sequence * args.num_kv_heads + (args.config.gamma > 0.f ? kv_head : 0);
+  return WarpMergeRowStats(args.prior_stats + static_cast<int64_t>(row) * args.num_chunks,
+                           ChunksOf(n));
+}
 
-    // Eq. 6's normalizers: the chunk statistics of SfiRowStatsKernel, merged.
-    for (int r = tid; r < rows; r += kThreads) {
-      const RowStat total = MergeRowStats(
-          args.row_stats + (static_cast<int64_t>(row) * rows + r) * args.num_chunks, chunks);
-      sh.row_max[r] = total.max;
-      // Eq. 6 divides by the row sum; GQA pooling averages the group's G probabilities.
-      sh.row_scale[r] =
-          total.max == -INFINITY ? 0.f : static_cast<float>(1.0 / (total.sum * group));
+// Eq. 18's sums of the chunk (f in values[], the chunk's positions c0 + k * 32 + lane < c1),
+// reduced over the warp; lane 0 writes them.
+__device__ __forceinline__ void WriteLambdaSums(const KernelArgs& args, int row, int sequence,
+                                                int kv_head, const AllowedSet& set, int chunk,
+                                                int c0, int c1, const float* values) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const RowStat prior = WarpMergedPrior(args, sequence, kv_head, set.count);
+  const float prior_inv = static_cast<float>(1.0 / prior.sum);
+  const float* position_prior = args.log_position_prior + sequence * args.row_stride;
+  const float* norms = NormsRow(args, sequence, kv_head, set.begin);
+  double numerator = 0.0, denominator = 0.0;
+#pragma unroll
+  for (int k = 0; k < kLaneValues; ++k) {
+    const int j = c0 + k * 32 + lane;
+    if (j < c1) {
+      AddLambdaTerms(values[k], Prior(args, position_prior, norms, j, prior.max, prior_inv),
+                     numerator, denominator);
     }
-    if (tid == 0) sh.prior = MergedPrior(args, sequence, kv_head, set.count);
-    __syncthreads();
-
-    float* out = args.f + static_cast<int64_t>(row) * args.row_stride;
-    const float scale_log2 = args.logit_scale * kLog2ef;  // logits to log2 units (exp2 below)
-    float value[kChunkPerThread];  // W = 1: f; W > 1: μ
-#pragma unroll
-    for (int k = 0; k < kChunkPerThread; ++k) value[k] = 0.f;
-    for (int w = 0; w < args.window; ++w) {
-      float pooled[kChunkPerThread];
-#pragma unroll
-      for (int k = 0; k < kChunkPerThread; ++k) pooled[k] = 0.f;
-      // The group's rows in batches of kRowBatch, loads unconditional (see SfiRowStatsKernel).
-      constexpr int kRowBatch = 4;
-      for (int g0 = 0; g0 < group; g0 += kRowBatch) {
-        float x[kRowBatch][kChunkPerThread];
-#pragma unroll
-        for (int b = 0; b < kRowBatch; ++b) {
-          const float* row_logits =
-              LogitsRow(args, sequence, kv_head, w, min(g0 + b, group - 1), set.begin);
-#pragma unroll
-          for (int k = 0; k < kChunkPerThread; ++k) {
-            x[b][k] = row_logits[min(c0 + k * kThreads + tid, c1 - 1)];
-          }
-        }
-#pragma unroll
-        for (int b = 0; b < kRowBatch; ++b) {
-          const int g = g0 + b;
-          if (g >= group) break;  // uniform over the block
-          const int r = w * group + g;
-          const float scale = sh.row_scale[r];
-          if (scale == 0.f) continue;  // a row of -inf: no probability (and no -inf − -inf)
-          const float row_max = sh.row_max[r] * kLog2ef;
-#pragma unroll
-          for (int k = 0; k < kChunkPerThread; ++k) {
-            pooled[k] += exp2f(ScaledLogit(x[b][k], scale_log2) - row_max) * scale;
-          }
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kChunkPerThread; ++k) {
-        value[k] += kWindowOne ? pooled[k] : powf(pooled[k], c.alpha) * c.inv_window;
-      }
-    }
-
-    if constexpr (kWindowOne) {
-      // Eq. 8 with W = 1: μ^{1/α} = p, whose sum over J is 1, so f = p.
-      const float* position_prior = args.log_position_prior + sequence * args.row_stride;
-      const float* norms = NormsRow(args, sequence, kv_head, set.begin);
-      const float prior_max = sh.prior.max;
-      const float prior_inv = static_cast<float>(1.0 / sh.prior.sum);
-      double numerator = 0.0, denominator = 0.0;
-#pragma unroll
-      for (int k = 0; k < kChunkPerThread; ++k) {
-        const int j = c0 + k * kThreads + tid;
-        if (j < c1) {
-          out[j] = value[k];
-          AddLambdaTerms(value[k], Prior(args, position_prior, norms, j, prior_max, prior_inv),
-                         numerator, denominator);
-        }
-      }
-      numerator = BlockReduce(numerator, SumOp{}, sh.f64);
-      denominator = BlockReduce(denominator, SumOp{}, sh.f64);
-      if (tid == 0) {
-        args.lambda_sums[static_cast<int64_t>(row) * args.num_chunks + chunk] = {numerator,
-                                                                                 denominator};
-      }
-    } else {
-      float mu_max = 0.f;
-#pragma unroll
-      for (int k = 0; k < kChunkPerThread; ++k) {
-        const int j = c0 + k * kThreads + tid;
-        if (j < c1) {
-          out[j] = value[k];
-          mu_max = fmaxf(mu_max, value[k]);
-        }
-      }
-      mu_max = BlockReduce(mu_max, MaxOp{}, sh.f32);
-      double sum = 0.0;
-      if (mu_max > 0.f) {
-#pragma unroll
-        for (int k = 0; k < kChunkPerThread; ++k) {
-          const int j = c0 + k * kThreads + tid;
-          if (j < c1) sum += static_cast<double>(powf(value[k] / mu_max, c.inv_alpha));
-        }
-      }
-      sum = BlockReduce(sum, SumOp{}, sh.f64);
-      if (tid == 0) args.mu_stats[static_cast<int64_t>(row) * args.num_chunks + chunk] = {mu_max, sum};
-    }
-    __syncthreads();  // the shared statistics are rewritten for the next row
+  }
+  numerator = WarpSum(numerator);
+  denominator = WarpSum(denominator);
+  if (lane == 0) {
+    args.lambda_sums[static_cast<int64_t>(row) * args.num_chunks + chunk] = {numerator,
+                                                                             denominator};
   }
 }
 
-// W > 1: Eq. 8 with μ scaled by its maximum over J before the 1/α power (the normalization
-// cancels the scale; it keeps μ^{1/α} from underflowing when α is small), as the CPU twin.
-__global__ void __launch_bounds__(kThreads) SfiNormalizeEvidenceKernel(const KernelArgs args) {
-  __shared__ double f64[kWarps];
-  __shared__ float mu_max_shared;
-  __shared__ double inv_total_shared;
-  __shared__ RowStat prior_shared;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int chunk = static_cast<int>(blockIdx.x);
+// Grid: one warp per ((sequence, KV head) row, chunk). W = 1 writes f = p (Eq. 8 recovers the
+// pooled softmax exactly for one query row) and the chunk's Eq. 18 sums; W > 1 writes μ (Eq. 7)
+// and the chunk's max μ and Σ (μ / max)^{1/α}.
+template <bool kWindowOne>
+__global__ void __launch_bounds__(kThreads) SfiEvidenceKernel(const KernelArgs args) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
   const int H = args.num_kv_heads;
-  const int total_rows = args.batch * H;
+  const int group = args.group;
+  const int rows = args.window * group;
   const DeviceConfig& c = args.config;
-  for (int row = blockIdx.y; row < total_rows; row += gridDim.y) {
-    const int sequence = row / H, kv_head = row % H;
-    const AllowedSet set = LoadAllowedSet(args, sequence);
-    const int c0 = chunk * kChunk;
-    if (c0 >= set.count) continue;
-    const int c1 = min(c0 + kChunk, set.count);
-    if (tid == 0) {
-      const RowStat* stats = args.mu_stats + static_cast<int64_t>(row) * args.num_chunks;
-      float mu_max = 0.f;
-      for (int k = 0; k < ChunksOf(set.count); ++k) mu_max = fmaxf(mu_max, stats[k].max);
-      double total = 0.0;  // Σ (μ / max μ)^{1/α} from the chunks' Σ (μ / chunk max)^{1/α}
-      for (int k = 0; k < ChunksOf(set.count); ++k) {
-        if (stats[k].max > 0.f) {
-          total += stats[k].sum * pow(static_cast<double>(stats[k].max) / mu_max, c.inv_alpha_f64);
-        }
-      }
-      mu_max_shared = mu_max;
-      inv_total_shared = total > 0.0 ? 1.0 / total : 0.0;
-      prior_shared = MergedPrior(args, sequence, kv_head, set.count);
-    }
-    __syncthreads();
-    const float mu_max = mu_max_shared;
-    const float inv_total = static_cast<float>(inv_total_shared);
-    const RowStat prior = prior_shared;
-    float* f = args.f + static_cast<int64_t>(row) * args.row_stride;
-    const float* position_prior = args.log_position_prior + sequence * args.row_stride;
-    const float* norms = NormsRow(args, sequence, kv_head, set.begin);
-    double numerator = 0.0, denominator = 0.0;
+  WarpItem item;
+  if (!NextWarpItem(static_cast<int64_t>(args.batch) * H, args.num_chunks, item)) return;
+  const int row = item.row;
+  const int sequence = row / H, kv_head = row % H;
+  const AllowedSet set = LoadAllowedSet(args, sequence);
+  const int c0 = item.chunk * kChunk;
+  if (c0 >= set.count) return;  // uniform over the warp
+  const int c1 = min(c0 + kChunk, set.count);
+  const int chunks = ChunksOf(set.count);
+  const float scale_log2 = args.logit_scale * kLog2ef;
+
+  float value[kLaneValues];  // W = 1: f; W > 1: μ
 #pragma unroll
-    for (int k = 0; k < kChunkPerThread; ++k) {
-      const int j = c0 + k * kThreads + tid;
-      if (j < c1) {
-        // μ <= max μ, so the ratio is in [0, 1]; max μ == 0 only for a head of all -inf rows.
-        const float value = mu_max > 0.f ? powf(f[j] / mu_max, c.inv_alpha) * inv_total : 0.f;
-        f[j] = value;
-        AddLambdaTerms(value, Prior(args, position_prior, norms, j, prior.max,
-                                    static_cast<float>(1.0 / prior.sum)),
-                       numerator, denominator);
+  for (int k = 0; k < kLaneValues; ++k) value[k] = 0.f;
+  for (int w = 0; w < args.window; ++w) {
+    float pooled[kLaneValues];
+#pragma unroll
+    for (int k = 0; k < kLaneValues; ++k) pooled[k] = 0.f;
+    for (int g = 0; g < group; ++g) {
+      const int r = w * group + g;
+      // Eq. 6's normalizer: the chunk statistics of SfiRowStatsKernel, merged.
+      const RowStat total = WarpMergeRowStats(
+          args.row_stats + (static_cast<int64_t>(row) * rows + r) * args.num_chunks, chunks);
+      if (total.max == -INFINITY) continue;  // a row of -inf: no probability (uniform)
+      // Eq. 6 divides by the row sum; GQA pooling averages the group's G probabilities.
+      const float scale = static_cast<float>(1.0 / (total.sum * group));
+      const float row_max = total.max * kLog2ef;
+      const float* x = LogitsRow(args, sequence, kv_head, w, g, set.begin);
+      float raw[kLaneValues];
+#pragma unroll
+      for (int k = 0; k < kLaneValues; ++k) raw[k] = x[min(c0 + k * 32 + lane, c1 - 1)];
+#pragma unroll
+      for (int k = 0; k < kLaneValues; ++k) {
+        pooled[k] += exp2f(ScaledLogit(raw[k], scale_log2) - row_max) * scale;
       }
     }
-    numerator = BlockReduce(numerator, SumOp{}, f64);
-    denominator = BlockReduce(denominator, SumOp{}, f64);
-    if (tid == 0) {
-      args.lambda_sums[static_cast<int64_t>(row) * args.num_chunks + chunk] = {numerator,
-                                                                               denominator};
+#pragma unroll
+    for (int k = 0; k < kLaneValues; ++k) {
+      value[k] += kWindowOne ? pooled[k] : powf(pooled[k], c.alpha) * c.inv_window;
     }
   }
+
+  float* out = args.f + static_cast<int64_t>(row) * args.row_stride;
+#pragma unroll
+  for (int k = 0; k < kLaneValues; ++k) {
+    const int j = c0 + k * 32 + lane;
+    if (j < c1) out[j] = value[k];
+  }
+  if constexpr (kWindowOne) {
+    // Eq. 8 with W = 1: μ^{1/α} = p, whose sum over J is 1, so f = p.
+    WriteLambdaSums(args, row, sequence, kv_head, set, item.chunk, c0, c1, value);
+  } else {
+    float mu_max = 0.f;
+#pragma unroll
+    for (int k = 0; k < kLaneValues; ++k) {
+      if (c0 + k * 32 + lane < c1) mu_max = fmaxf(mu_max, value[k]);
+    }
+    mu_max = WarpMax(mu_max);
+    double sum = 0.0;
+    if (mu_max > 0.f) {  // uniform over the warp
+#pragma unroll
+      for (int k = 0; k < kLaneValues; ++k) {
+        if (c0 + k * 32 + lane < c1) {
+          sum += static_cast<double>(powf(value[k] / mu_max, c.inv_alpha));
+        }
+      }
+    }
+    sum = WarpSum(sum);
+    if (lane == 0) {
+      args.mu_stats[static_cast<int64_t>(row) * args.num_chunks + item.chunk] = {mu_max, sum};
+    }
+  }
+}
+
+// W > 1, grid as SfiEvidenceKernel: Eq. 8 with μ scaled by its maximum over J before the 1/α
+// power (the normalization cancels the scale; it keeps μ^{1/α} from underflowing when α is
+// small), as the CPU twin; then the chunk's Eq. 18 sums.
+__global__ void __launch_bounds__(kThreads) SfiNormalizeEvidenceKernel(const KernelArgs args) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int H = args.num_kv_heads;
+  const DeviceConfig& c = args.config;
+  WarpItem item;
+  if (!NextWarpItem(static_cast<int64_t>(args.batch) * H, args.num_chunks, item)) return;
+  const int row = item.row;
+  const int sequence = row / H, kv_head = row % H;
+  const AllowedSet set = LoadAllowedSet(args, sequence);
+  const int c0 = item.chunk * kChunk;
+  if (c0 >= set.count) return;
+  const int c1 = min(c0 + kChunk, set.count);
+  const int chunks = ChunksOf(set.count);
+  const RowStat* stats = args.mu_stats + static_cast<int64_t>(row) * args.num_chunks;
+  // max μ over J, then Σ (μ / max μ)^{1/α} from the chunks' Σ (μ / chunk max)^{1/α}.
+  float mu_max = 0.f;
+  for (int k = lane; k < chunks; k += 32) mu_max = fmaxf(mu_max, stats[k].max);
+  mu_max = WarpMax(mu_max);
+  double total = 0.0;
+  for (int k = lane; k < chunks; k += 32) {
+    if (stats[k].max > 0.f) {
+      total += stats[k].sum * pow(static_cast<double>(stats[k].max) / mu_max, c.inv_alpha_f64);
+    }
+  }
+  total = __shfl_sync(kFullMask, WarpSum(total), 0);
+  const float inv_total = total > 0.0 ? static_cast<float>(1.0 / total) : 0.f;
+  float* f = args.f + static_cast<int64_t>(row) * args.row_stride;
+  float value[kLaneValues];
+#pragma unroll
+  for (int k = 0; k < kLaneValues; ++k) {
+    const int j = c0 + k * 32 + lane;
+    // μ <= max μ, so the ratio is in [0, 1]; max μ == 0 only for a head of all -inf rows.
+    value[k] = j < c1 && mu_max > 0.f ? powf(f[j] / mu_max, c.inv_alpha) * inv_total : 0.f;
+    if (j < c1) f[j] = value[k];
+  }
+  WriteLambdaSums(args, row, sequence, kv_head, set, item.chunk, c0, c1, value);
 }
 
 // ---- wide windows: per-row segmented scans ----------------------------------------------------
@@ -435,9 +428,11 @@ __device__ __forceinline__ float WindowMax(const float* prefix, const float* suf
   return lo % segment == 0 ? prefix[hi] : suffix[lo];
 }
 
-// Eq. 19 at index j of J: z = log((1 − λ*) f + λ* r + ε) (Eqs. 15, 19).
+// Eq. 19 at index j of J: z = log((1 − λ*) f + λ* r + ε) (Eqs. 15, 19), with the MUFU logarithm
+// (~1e-6 absolute error on z, far inside the 1e-4 the CPU comparison allows; the accurate logf
+// is ~20 instructions and the scores kernel evaluates this twice per position and head).
 __device__ __forceinline__ float LogScore(float f, float r, float lambda, const DeviceConfig& c) {
-  return logf((1.f - lambda) * f + lambda * r + c.epsilon);
+  return __logf((1.f - lambda) * f + lambda * r + c.epsilon);
 }
 
 // Stage C's anchor evidence: f where f >= the threshold, else 0.

@@ -236,8 +236,17 @@ Status SfiSelect(const SfiSelectParams& params, cudaStream_t stream) {
   args.mu_stats = reinterpret_cast<sfi::RowStat*>(base + layout.mu_stats);
   args.lambda_sums = reinterpret_cast<sfi::LambdaSums*>(base + layout.lambda_sums);
 
-  const dim3 chunk_grid(static_cast<unsigned>(args.num_chunks), grid_rows);
-  sfi::SfiRowStatsKernel<<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
+  // Stage A: one warp per (row, chunk) (row = query row for the statistics, (sequence, KV head)
+  // after), kWarps warps per block. Validate keeps batch * heads * group * window * chunks far
+  // below 2^31 blocks.
+  const auto warp_grid = [&](int64_t rows) {
+    const int64_t warps = rows * args.num_chunks;
+    return dim3(static_cast<unsigned>((warps + sfi::kWarps - 1) / sfi::kWarps));
+  };
+  const int64_t kv_rows = static_cast<int64_t>(params.batch) * params.num_kv_heads;
+  const dim3 chunk_grid = warp_grid(kv_rows);
+  sfi::SfiRowStatsKernel<<<warp_grid(kv_rows * params.window * params.group), sfi::kThreads, 0,
+                           stream>>>(args);
   RUBATO_RETURN_IF_ERROR(LaunchStatus("sfi_row_stats"));
   if (params.window == 1) {
     sfi::SfiEvidenceKernel<true><<<chunk_grid, sfi::kThreads, 0, stream>>>(args);
@@ -318,6 +327,13 @@ Status Validate(const SfiSelectParams& p) {
   }
   if (static_cast<int64_t>(p.batch) * p.num_kv_heads * p.group > INT_MAX) {
     return Invalid("batch * num_kv_heads * group exceeds INT_MAX");
+  }
+  // Stage A runs one warp per (query row, chunk of 1024 positions).
+  if (static_cast<int64_t>(p.batch) * p.num_kv_heads * p.group * p.window *
+          ((std::max(p.max_j_count, 0) + sfi::kChunk - 1) / sfi::kChunk) >
+      INT_MAX) {
+    return Invalid("batch * num_kv_heads * group * window * ceil(max_j_count / " +
+                   std::to_string(sfi::kChunk) + ") exceeds INT_MAX");
   }
   if (p.max_j_count < 0) {
     return Invalid("max_j_count = " + std::to_string(p.max_j_count) + " must be >= 0");

@@ -16,9 +16,10 @@ namespace rubato::cuda::sfi {
 constexpr int kThreads = 256;  // every selector kernel but the top-K (sfi_top_k.cuh)
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxRows = 1024;  // window * group: per-row softmax statistics live in shared memory
-// Positions per block of the per-(sequence, KV head) kernels: 16 per thread.
-constexpr int kChunk = 4096;
-constexpr int kChunkPerThread = kChunk / kThreads;
+// Positions per chunk of the stage A kernels (sfi_head_scores.cuh): one warp each, kLaneValues
+// per lane.
+constexpr int kChunk = 1024;
+constexpr int kLaneValues = kChunk / 32;
 // Soft-NMS half-widths up to this the scores kernel handles with a halo in shared memory; wider
 // ones take the per-head segmented scans of SfiLargeWindowKernel.
 constexpr int kHaloMax = 256;
