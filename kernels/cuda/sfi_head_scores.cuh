@@ -81,15 +81,15 @@ __device__ __forceinline__ RowStat WarpMergeRowStats(const RowStat* stats, int c
   return WarpMergeRowStat(total);
 }
 
-// The warp's work item: global warp index = blockIdx.x * kWarps + warp, items of `chunks` chunks
-// per row: (row, chunk). False for the warps past the last item.
+// The warp's work item among `rows` rows of `chunks` chunks: global warp index g = blockIdx.x *
+// kWarps + warp is (row, chunk) = (g / chunks, g % chunks). False for the warps past the last.
 struct WarpItem {
   int row;
   int chunk;
 };
-__device__ __forceinline__ bool NextWarpItem(int64_t items, int chunks, WarpItem& item) {
+__device__ __forceinline__ bool NextWarpItem(int64_t rows, int chunks, WarpItem& item) {
   const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (g >= items) return false;
+  if (g >= rows * chunks) return false;
   item = {static_cast<int>(g / chunks), static_cast<int>(g % chunks)};
   return true;
 }
