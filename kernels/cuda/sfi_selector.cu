@@ -87,7 +87,7 @@ Layout MakeLayout(int batch, int num_kv_heads, int max_j_count, int rows, bool n
 // How SfiScoresKernel runs: positions per block and halo, and whether the soft-NMS and stage C
 // windows come from the shared-memory tile or from SfiLargeWindowKernel's per-row maxima ("wide":
 // half-widths above kHaloMax, reaches above kDirectReach, or halos that leave no tile of 32
-// positions room in the fill's registers or 48 KB of shared memory).
+// positions room in 48 KB of shared memory).
 struct ScoresPlan {
   int tile = 0;  // 0: not even 32 positions fit (too many KV heads)
   int halo = 0;
@@ -119,8 +119,7 @@ ScoresPlan MakeScoresPlan(int num_kv_heads, int max_j_count, const SfiSelectorCo
       const int tile = tiles[c];
       const size_t bytes =
           static_cast<size_t>(sfi::ScoresSharedFloats(tile, num_kv_heads, halo)) * sizeof(float);
-      if (static_cast<int64_t>(num_kv_heads) * (tile + 2 * halo) <= sfi::kScoresTileFloats &&
-          bytes <= kMaxSharedBytes) {
+      if (bytes <= kMaxSharedBytes) {
         plan.tile = tile;
         plan.halo = halo;
         plan.shared_bytes = bytes;
