@@ -165,12 +165,14 @@ __global__ void __launch_bounds__(kThreads) SfiRowStatsKernel(const KernelArgs a
   }
 }
 
-// Prior r(j) = exp(log prior − max) / Σ (Eq. 12) at index j of J; inv_sum = 1 / Σ.
+// Prior r(j) = exp(log prior − max) / Σ (Eq. 12) at index j of J; inv_sum = 1 / Σ. The MUFU
+// exponential: r enters only scaled by λ* <= λ_clip (and Eq. 18's sums), so its last bits move
+// nothing, and this runs once per position and head.
 __device__ __forceinline__ float Prior(const KernelArgs& args, const float* position_prior,
                                        const float* norms, int j, float max, float inv_sum) {
   float log_prior = position_prior[j];
   if (norms != nullptr) log_prior += LogNormPrior(norms[j], args.config);
-  return expf(log_prior - max) * inv_sum;
+  return __expf(log_prior - max) * inv_sum;
 }
 
 // Adds Eq. 18's terms of one position: fᵀ(f − r) and ‖f − r‖² (kernels/cpu SfiLambdaStar).

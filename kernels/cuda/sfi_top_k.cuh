@@ -131,6 +131,8 @@ __device__ __forceinline__ void ForEachRank(const TopKRow& row, Visit visit) {
 // the warp (the lowest lane of each group of equal bins adds the group's size). Every lane of the
 // warp must call it.
 __device__ __forceinline__ void WarpMatchHistogramAdd(uint32_t* hist, int bin) {
+  // After the first digit few ranks still match the prefix: most warps have nothing to count.
+  if (!__any_sync(kFullMask, bin >= 0)) return;
   const unsigned peers = __match_any_sync(kFullMask, bin);
   if (bin >= 0 && static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) {
     atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
