@@ -1,12 +1,16 @@
 // Helpers shared by the end-to-end decode benchmarks (decode_e2e.cc: dense; decode_e2e_sfi.cc:
-// SFI against dense): batch x context points, percentiles, the device's copy bandwidth and the
-// bytes a decode step reads.
+// SFI against dense): batch x context points, percentiles, the device's copy bandwidth, the
+// bytes a decode step reads, and writing the JSON report.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,6 +27,20 @@ struct Point {
   int batch = 0;
   int context = 0;
 };
+
+// Writes `report` to `path` as indented JSON (nothing when the path is empty); false, with a
+// message on stderr naming `program`, when the file cannot be written.
+inline bool WriteReport(const nlohmann::json& report, const std::string& path,
+                        const char* program) {
+  if (path.empty()) return true;
+  std::ofstream out(path);
+  out << report.dump(2) << "\n";
+  if (!out) {
+    std::fprintf(stderr, "%s: cannot write %s\n", program, path.c_str());
+    return false;
+  }
+  return true;
+}
 
 // "8x12288,16x32768" -> points; empty: the one point {batch, context}.
 inline Result<std::vector<Point>> ParsePoints(const std::string& list, int batch, int context) {

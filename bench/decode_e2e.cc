@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -276,14 +275,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rubato_bench_decode: %s\n", status.message().c_str());
     return 1;
   }
-  if (!options.out.empty()) {
-    std::ofstream out(options.out);
-    out << report.dump(2) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "rubato_bench_decode: cannot write %s\n", options.out.c_str());
-      return 1;
-    }
-  }
+  if (!rubato::bench::WriteReport(report, options.out, "rubato_bench_decode")) return 1;
   rubato::PrintTable(results);
   return 0;
 }

@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -383,14 +382,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rubato_bench_decode_sfi: %s\n", status.message().c_str());
     return 1;
   }
-  if (!options.out.empty()) {
-    std::ofstream out(options.out);
-    out << report.dump(2) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "rubato_bench_decode_sfi: cannot write %s\n", options.out.c_str());
-      return 1;
-    }
-  }
+  if (!rubato::bench::WriteReport(report, options.out, "rubato_bench_decode_sfi")) return 1;
   rubato::PrintTable(rows);
   return 0;
 }

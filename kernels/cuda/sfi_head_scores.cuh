@@ -94,23 +94,46 @@ __device__ __forceinline__ bool NextWarpItem(int64_t rows, int chunks, WarpItem&
   return true;
 }
 
+// A stage A warp's chunk: among `sub_rows` items per (sequence, KV head) row (1, or the W x G
+// query rows of the statistics), the row, the sub-row, J, and the chunk's positions [c0, c1).
+struct WarpChunk {
+  int row, sub_row, sequence, kv_head;
+  AllowedSet set;
+  int chunk, c0, c1;
+};
+// False for a warp past the last item or whose chunk starts past |J| (uniform over the warp).
+__device__ __forceinline__ bool LoadWarpChunk(const KernelArgs& args, int sub_rows, WarpChunk& w) {
+  WarpItem item;
+  const int H = args.num_kv_heads;
+  if (!NextWarpItem(static_cast<int64_t>(args.batch) * H * sub_rows, args.num_chunks, item)) {
+    return false;
+  }
+  w.row = item.row / sub_rows;
+  w.sub_row = item.row % sub_rows;
+  w.sequence = w.row / H;
+  w.kv_head = w.row % H;
+  w.set = LoadAllowedSet(args, w.sequence);
+  w.chunk = item.chunk;
+  w.c0 = item.chunk * kChunk;
+  if (w.c0 >= w.set.count) return false;
+  w.c1 = min(w.c0 + kChunk, w.set.count);
+  return true;
+}
+
 // Grid: one warp per (query row, chunk), query rows q = row * (window * group) + (w * group + g).
 // Every lane holds kLaneValues positions of the chunk (c0 + k * 32 + lane), all loads in flight
 // at once (unconditional: clamped into the chunk, masked afterwards). Statistics in log2 units
 // (exp2: one MUFU op), the maximum written back in natural units.
 __global__ void __launch_bounds__(kThreads) SfiRowStatsKernel(const KernelArgs args) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int H = args.num_kv_heads;
   const int rows = args.window * args.group;
   const DeviceConfig& c = args.config;
-  WarpItem item;
-  if (!NextWarpItem(static_cast<int64_t>(args.batch) * H * rows, args.num_chunks, item)) return;
-  const int row = item.row / rows, r = item.row % rows;  // (sequence, KV head) row, query row
-  const int sequence = row / H, kv_head = row % H;
-  const AllowedSet set = LoadAllowedSet(args, sequence);
-  const int c0 = item.chunk * kChunk;
-  if (c0 >= set.count) return;  // uniform over the warp
-  const int c1 = min(c0 + kChunk, set.count);
+  WarpChunk w;
+  if (!LoadWarpChunk(args, rows, w)) return;
+  const int row = w.row, r = w.sub_row;  // (sequence, KV head) row, query row
+  const int sequence = w.sequence, kv_head = w.kv_head;
+  const AllowedSet set = w.set;
+  const int c0 = w.c0, c1 = w.c1;
 
   const float* x = LogitsRow(args, sequence, kv_head, r / args.group, r % args.group, set.begin);
   const float scale_log2 = args.logit_scale * kLog2ef;
@@ -131,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) SfiRowStatsKernel(const KernelArgs a
   }
   s = WarpSum(s);
   if (lane == 0) {
-    args.row_stats[(static_cast<int64_t>(row) * rows + r) * args.num_chunks + item.chunk] = {
+    args.row_stats[(static_cast<int64_t>(row) * rows + r) * args.num_chunks + w.chunk] = {
         m * kLn2f, static_cast<double>(s)};
   }
 
@@ -159,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) SfiRowStatsKernel(const KernelArgs a
     for (int k = 0; k < kLaneValues; ++k) ps += expf(prior[k] - pm);
     ps = WarpSum(ps);
     if (lane == 0) {
-      args.prior_stats[static_cast<int64_t>(row) * args.num_chunks + item.chunk] = {
+      args.prior_stats[static_cast<int64_t>(row) * args.num_chunks + w.chunk] = {
           pm, static_cast<double>(ps)};
     }
   }
@@ -225,18 +248,14 @@ __device__ __forceinline__ void WriteLambdaSums(const KernelArgs& args, int row,
 template <bool kWindowOne>
 __global__ void __launch_bounds__(kThreads) SfiEvidenceKernel(const KernelArgs args) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int H = args.num_kv_heads;
   const int group = args.group;
   const int rows = args.window * group;
   const DeviceConfig& c = args.config;
-  WarpItem item;
-  if (!NextWarpItem(static_cast<int64_t>(args.batch) * H, args.num_chunks, item)) return;
-  const int row = item.row;
-  const int sequence = row / H, kv_head = row % H;
-  const AllowedSet set = LoadAllowedSet(args, sequence);
-  const int c0 = item.chunk * kChunk;
-  if (c0 >= set.count) return;  // uniform over the warp
-  const int c1 = min(c0 + kChunk, set.count);
+  WarpChunk wc;
+  if (!LoadWarpChunk(args, 1, wc)) return;
+  const int row = wc.row, sequence = wc.sequence, kv_head = wc.kv_head;
+  const AllowedSet set = wc.set;
+  const int c0 = wc.c0, c1 = wc.c1;
   const int chunks = ChunksOf(set.count);
   const float scale_log2 = args.logit_scale * kLog2ef;
 
@@ -279,7 +298,7 @@ __global__ void __launch_bounds__(kThreads) SfiEvidenceKernel(const KernelArgs a
   }
   if constexpr (kWindowOne) {
     // Eq. 8 with W = 1: μ^{1/α} = p, whose sum over J is 1, so f = p.
-    WriteLambdaSums(args, row, sequence, kv_head, set, item.chunk, c0, c1, value);
+    WriteLambdaSums(args, row, sequence, kv_head, set, wc.chunk, c0, c1, value);
   } else {
     float mu_max = 0.f;
 #pragma unroll
@@ -298,7 +317,7 @@ __global__ void __launch_bounds__(kThreads) SfiEvidenceKernel(const KernelArgs a
     }
     sum = WarpSum(sum);
     if (lane == 0) {
-      args.mu_stats[static_cast<int64_t>(row) * args.num_chunks + item.chunk] = {mu_max, sum};
+      args.mu_stats[static_cast<int64_t>(row) * args.num_chunks + wc.chunk] = {mu_max, sum};
     }
   }
 }
@@ -308,16 +327,12 @@ __global__ void __launch_bounds__(kThreads) SfiEvidenceKernel(const KernelArgs a
 // small), as the CPU twin; then the chunk's Eq. 18 sums.
 __global__ void __launch_bounds__(kThreads) SfiNormalizeEvidenceKernel(const KernelArgs args) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int H = args.num_kv_heads;
   const DeviceConfig& c = args.config;
-  WarpItem item;
-  if (!NextWarpItem(static_cast<int64_t>(args.batch) * H, args.num_chunks, item)) return;
-  const int row = item.row;
-  const int sequence = row / H, kv_head = row % H;
-  const AllowedSet set = LoadAllowedSet(args, sequence);
-  const int c0 = item.chunk * kChunk;
-  if (c0 >= set.count) return;
-  const int c1 = min(c0 + kChunk, set.count);
+  WarpChunk wc;
+  if (!LoadWarpChunk(args, 1, wc)) return;
+  const int row = wc.row, sequence = wc.sequence, kv_head = wc.kv_head;
+  const AllowedSet set = wc.set;
+  const int c0 = wc.c0, c1 = wc.c1;
   const int chunks = ChunksOf(set.count);
   const RowStat* stats = args.mu_stats + static_cast<int64_t>(row) * args.num_chunks;
   // max μ over J, then Σ (μ / max μ)^{1/α} from the chunks' Σ (μ / chunk max)^{1/α}.
@@ -341,7 +356,7 @@ __global__ void __launch_bounds__(kThreads) SfiNormalizeEvidenceKernel(const Ker
     value[k] = j < c1 && mu_max > 0.f ? powf(f[j] / mu_max, c.inv_alpha) * inv_total : 0.f;
     if (j < c1) f[j] = value[k];
   }
-  WriteLambdaSums(args, row, sequence, kv_head, set, item.chunk, c0, c1, value);
+  WriteLambdaSums(args, row, sequence, kv_head, set, wc.chunk, c0, c1, value);
 }
 
 // ---- wide windows: per-row segmented scans ----------------------------------------------------
