@@ -6,7 +6,7 @@
 //
 // SfiTopKKernel: one block of kTopKThreads per row (sequence, KV head). The row's keys were just
 // written by the scores kernel and stay in L2, so the block walks them a few times, in tiles of
-// kTopKTile positions (several tiles in flight per thread), with no global atomics and no
+// kTopKTile positions (kTileBatch tiles in flight per thread), with no global atomics and no
 // grid-wide synchronization:
 //   1. F = the forced positions of the row (popcount of forced_bits), K' = min(K, |J|).
 //   2. |J| <= K: all of J. F >= K': radix select among the forced positions over 64-bit ranks
@@ -30,11 +30,7 @@ namespace rubato::cuda::sfi {
 constexpr int kTopKThreads = 1024;
 constexpr int kTopKWarps = kTopKThreads / 32;
 constexpr int kTopKTile = 4 * kTopKThreads;  // positions per tile: 4 consecutive per thread
-// Tiles whose loads are in flight together: 8 (32K positions) in the digit passes over the
-// 32-bit ranks, where nothing else is kept per position; 2 where 64-bit ranks or per-position
-// flags must fit the 64 registers a 1024-thread block leaves a thread.
-constexpr int kWideTileBatch = 8;
-constexpr int kTileBatch = 2;
+constexpr int kTileBatch = 2;                // tiles whose loads are in flight together
 constexpr int kDigitBits = 11;
 constexpr int kDigitBins = 1 << kDigitBits;  // two per thread
 static_assert(kDigitBins == 2 * kTopKThreads, "the bin scan gives every thread two bins");
@@ -86,20 +82,20 @@ struct TopKRow {
 };
 
 // Calls visit(t, e, i, rank, in_group, forced) for 4 consecutive positions per thread (e) of
-// every tile (t of a batch of kBatch whose loads are in flight at once). rank: the 64-bit
+// every tile (t of a batch of kTileBatch whose loads are in flight at once). rank: the 64-bit
 // rank of position i (forced group: OrderedKey(c) << 32 | key; else the key); in_group: i < n and
 // the position competes in the selection being made (the forced ones when kForcedGroup, the
 // others else). Every thread calls visit the same number of times (warp-wide calls inside are
 // allowed).
-template <bool kForcedGroup, int kBatch, typename Visit>
+template <bool kForcedGroup, typename Visit>
 __device__ __forceinline__ void ForEachRank(const TopKRow& row, Visit visit) {
   const int t4 = 4 * static_cast<int>(threadIdx.x);
-  for (int base = 0; base < row.n; base += kBatch * kTopKTile) {
-    uint4 keys[kBatch];
-    uint32_t bits[kBatch];
-    float4 cont[kForcedGroup ? kBatch : 1];
+  for (int base = 0; base < row.n; base += kTileBatch * kTopKTile) {
+    uint4 keys[kTileBatch];
+    uint32_t bits[kTileBatch];
+    float4 cont[kTileBatch];
 #pragma unroll
-    for (int t = 0; t < kBatch; ++t) {
+    for (int t = 0; t < kTileBatch; ++t) {
       // Clamped to the row's last whole group of 4 (inside the allocation), masked below.
       const int i0 = min(base + t * kTopKTile + t4, (row.n - 1) / 4 * 4);
       keys[t] = *reinterpret_cast<const uint4*>(row.keys + i0);
@@ -107,7 +103,7 @@ __device__ __forceinline__ void ForEachRank(const TopKRow& row, Visit visit) {
       if (kForcedGroup) cont[t] = *reinterpret_cast<const float4*>(row.cont + i0);
     }
 #pragma unroll
-    for (int t = 0; t < kBatch; ++t) {
+    for (int t = 0; t < kTileBatch; ++t) {
       const int i0 = base + t * kTopKTile + t4;
       const uint32_t key[4] = {keys[t].x, keys[t].y, keys[t].z, keys[t].w};
       float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -160,9 +156,8 @@ __device__ void RadixSelect(const TopKRow& row, uint32_t& target, unsigned long 
       sh.target = 1;
     }
     __syncthreads();
-    constexpr int kBatch = kForcedGroup ? kTileBatch : kWideTileBatch;
-    ForEachRank<kForcedGroup, kBatch>(row, [&](int, int, int, unsigned long long rank,
-                                               bool in_group, bool) {
+    ForEachRank<kForcedGroup>(row, [&](int, int, int, unsigned long long rank, bool in_group,
+                                       bool) {
       const bool counted = in_group && (rank & mask) == prefix;
       WarpMatchHistogramAdd(sh.hist,
                             counted ? static_cast<int>((rank >> shift) & digit_mask) : -1);
@@ -211,7 +206,7 @@ __device__ void WriteKept(const TopKRow& row, unsigned long long cut, uint32_t t
     batch.cont = row.cont + base;
     batch.n = min(row.n - base, kTileBatch * kTopKTile);
     // ForEachRank walks one batch; positions past batch.n come out as not in the group.
-    ForEachRank<kForcedGroup, kTileBatch>(batch, classify);
+    ForEachRank<kForcedGroup>(batch, classify);
 #pragma unroll
     for (int t = 0; t < kTileBatch; ++t) {
       unsigned long long local = 0;
