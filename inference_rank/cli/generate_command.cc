@@ -217,11 +217,13 @@ Status RunGenerate(const GenerateArgs& args) {
   Clock::time_point first_token_time = start;
   Clock::time_point last_token_time = start;
   int generated = 0;
-  double retained_kv = 1.0;  // of the last query, as the finishing event reports it
+  // Averaged over the generated tokens (an SFI slow step counts as 1: it attends densely); the
+  // last token's alone would usually be a slow step after a trigger.
+  double retained_kv_sum = 0.0;
   while (engine->HasWork()) {
     RUBATO_ASSIGN_OR_RETURN(std::vector<TokenEvent> events, engine->Step());
     for (const TokenEvent& event : events) {
-      retained_kv = event.retained_kv_ratio;
+      retained_kv_sum += event.retained_kv_ratio;
       last_token_time = Clock::now();
       if (generated++ == 0) first_token_time = last_token_time;
       if (event.finish == FinishReason::kStop) continue;
@@ -233,6 +235,7 @@ Status RunGenerate(const GenerateArgs& args) {
   const double prefill_ms = MillisecondsBetween(start, first_token_time);
   const double decode_s = MillisecondsBetween(first_token_time, last_token_time) / 1000.0;
   const double decode_tok_s = generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0;
+  const double retained_kv = generated > 0 ? retained_kv_sum / generated : 1.0;
   std::printf(
       "\n[rubato] prompt_tokens=%zu generated_tokens=%d prefill_ms=%.1f "
       "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s%s\n",
