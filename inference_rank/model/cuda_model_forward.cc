@@ -93,34 +93,39 @@ Status CudaModel::DecoderLayer(int layer, DeviceKvStorage& kv, const AttentionWi
   return Mlp(layer, stream);
 }
 
+cuda::DecodeAttentionParams CudaModel::LayerDecodeParams(int layer, const DeviceKvStorage& kv) {
+  cuda::DecodeAttentionParams decode;
+  decode.key_pool = kv.layer_keys(layer);
+  decode.value_pool = kv.layer_values(layer);
+  decode.num_pool_blocks = kv.shape().num_blocks;
+  decode.num_heads = config_.num_heads;
+  decode.num_kv_heads = config_.num_kv_heads;
+  decode.head_dim = config_.head_dim;
+  decode.block_tokens = kv.shape().block_tokens;
+  decode.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+  decode.out_row_stride = config_.q_dim();
+  decode.workspace = decode_workspace_.data();
+  decode.workspace_bytes = decode_workspace_.size();
+  return decode;
+}
+
 cuda::DecodeAttentionParams CudaModel::DecodeRows(int layer, DeviceKvStorage& kv, int first_row,
                                                   int rows, const AttentionWindow& window) {
   const int q_dim = config_.q_dim();
   const int qkv_dim = q_dim + 2 * config_.kv_dim();
   const size_t first = static_cast<size_t>(first_row);
-  cuda::DecodeAttentionParams decode;
+  cuda::DecodeAttentionParams decode = LayerDecodeParams(layer, kv);
   decode.q = qkv_.data() + first * qkv_dim;
   decode.q_row_stride = qkv_dim;
-  decode.key_pool = kv.layer_keys(layer);
-  decode.value_pool = kv.layer_values(layer);
-  decode.num_pool_blocks = kv.shape().num_blocks;
   decode.block_tables = StepInput<const int32_t>(input_layout_.decode_block_tables) +
                         first * plan_.decode_table_stride;
   decode.block_table_stride = plan_.decode_table_stride;
   decode.seq_lens = StepInput<const int32_t>(input_layout_.decode_seq_lens) + first;
   decode.batch = rows;
-  decode.num_heads = config_.num_heads;
-  decode.num_kv_heads = config_.num_kv_heads;
-  decode.head_dim = config_.head_dim;
-  decode.block_tokens = kv.shape().block_tokens;
   decode.max_seq_len = plan_.decode_max_seq_len;
-  decode.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
   decode.sink_tokens = window.sink_tokens;
   decode.recent_tokens = window.recent_tokens;
   decode.out = attention_.data() + first * q_dim;
-  decode.out_row_stride = q_dim;
-  decode.workspace = decode_workspace_.data();
-  decode.workspace_bytes = decode_workspace_.size();
   return decode;
 }
 

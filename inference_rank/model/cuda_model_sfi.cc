@@ -233,28 +233,17 @@ Status CudaModel::SfiSlowAttention(int layer, DeviceKvStorage& kv, cudaStream_t 
   gather.out = sfi_window_qkv_.data();
   RUBATO_RETURN_IF_ERROR(cuda::GatherRows(gather, stream));
 
-  cuda::DecodeAttentionParams window;
+  cuda::DecodeAttentionParams window = LayerDecodeParams(layer, kv);
   window.q = sfi_window_qkv_.data();
   window.q_row_stride = qkv_dim;
-  window.key_pool = kv.layer_keys(layer);
-  window.value_pool = kv.layer_values(layer);
-  window.num_pool_blocks = kv.shape().num_blocks;
   window.block_tables = StepInput<const int32_t>(input_layout_.sfi_window_block_tables);
   window.block_table_stride = plan_.prefill_table_stride;
   window.seq_lens = StepInput<const int32_t>(input_layout_.sfi_window_seq_lens);
   window.batch = plan_.sfi_window_rows;
-  window.num_heads = config_.num_heads;
-  window.num_kv_heads = config_.num_kv_heads;
-  window.head_dim = config_.head_dim;
-  window.block_tokens = kv.shape().block_tokens;
   window.max_seq_len = plan_.sfi_window_max_seq_len;
-  window.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
   window.out = sfi_window_out_.data();
-  window.out_row_stride = q_dim;
   window.scores = scores + static_cast<size_t>(plan_.sfi_slow_rows) * score_row;
   window.scores_stride = plan_.sfi_score_stride;
-  window.workspace = decode_workspace_.data();
-  window.workspace_bytes = decode_workspace_.size();
   return cuda::DecodeAttention(window, stream);
 }
 

@@ -84,26 +84,14 @@ __global__ void __launch_bounds__(kThreads) SfiScoresKernel(const KernelArgs arg
     const int first_row = sequence * H;
     const float* position_prior = args.log_position_prior + sequence * args.row_stride;
 
-    // 1. Per-head constants, one warp per head with lane-parallel merges of the chunk partials
-    // (WarpMergedPrior is what the evidence kernel used, bit for bit); f of every head over the
-    // tile and halo, four heads' loads in flight at a time (clamped into J, masked after).
+    // 1. Per-head constants, one warp per head (WarpLambdaStar, WarpMergedPrior: the evidence
+    // kernel's merge, bit for bit); f of every head over the tile and halo, four heads' loads in
+    // flight at a time (clamped into J, masked after).
     for (int h = tid / 32; h < H; h += kWarps) {
-      const LambdaSums* sums =
-          args.lambda_sums + static_cast<int64_t>(first_row + h) * args.num_chunks;
-      double numerator = 0.0, denominator = 0.0;
-      for (int k = lane; k < ChunksOf(n); k += 32) {
-        numerator += sums[k].numerator;
-        denominator += sums[k].denominator;
-      }
-      numerator = WarpSum(numerator);
-      denominator = WarpSum(denominator);
+      const float lam = WarpLambdaStar(args, first_row + h, n);
       const RowStat prior = WarpMergedPrior(args, sequence, h, n);
       if (lane == 0) {
-        // Eq. 18: λ* = clip(fᵀ(f − r) / ‖f − r‖², 0, λ_clip), 0 when f == r.
-        lambda[h] = denominator == 0.0
-                        ? 0.f
-                        : static_cast<float>(
-                              fmin(fmax(numerator / denominator, 0.0), c.lambda_clip));
+        lambda[h] = lam;
         prior_max[h] = prior.max;
         prior_inv_sum[h] = static_cast<float>(1.0 / prior.sum);
       }

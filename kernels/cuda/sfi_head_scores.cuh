@@ -6,11 +6,10 @@
 // its chunk's partial, the next kernel merges all of them in a fixed order (every warp gets the
 // same bits).
 //
-//   SfiRowStatsKernel      grid (chunk, row): per (query row w, query head g) the max and
-//                          Σ exp(logit − max) over the chunk (Eq. 6's normalizer); the log prior
-//                          (Eq. 11, and Eq. 9 when γ > 0) and its log-sum-exp per chunk.
-//   SfiEvidenceKernel      grid (chunk, row), walked in the reverse block order (the logits the
-//                          previous kernel read last are still in L2): W = 1 writes f = p (Eq. 8
+//   SfiRowStatsKernel      a warp per (query row, chunk): per (query row w, query head g) the
+//                          max and Σ exp(logit − max) over the chunk (Eq. 6's normalizer); the
+//                          log prior (Eq. 11, and Eq. 9 when γ > 0) and its log-sum-exp.
+//   SfiEvidenceKernel      a warp per ((sequence, KV head) row, chunk): W = 1 writes f = p (Eq. 8
 //                          recovers the pooled softmax exactly for one query row) and the chunk's
 //                          Eq. 18 sums; W > 1 writes μ (Eq. 7) and the chunk's max μ and
 //                          Σ (μ / max)^{1/α}.
@@ -20,7 +19,7 @@
 //                          room): segmented prefix / suffix maxima of z (segments of 2·half + 1)
 //                          and of the anchor evidence (segments of C + 1), from which
 //                          SfiScoresKernel reads any window maximum in two lookups.
-// Sums accumulate in f64; elementwise math is f32. -inf logits contribute 0; a KV head whose rows
+// Sums across chunks accumulate in f64 (within a warp's chunk in f32); elementwise math is f32. -inf logits contribute 0; a KV head whose rows
 // are all -inf (outside the contract) gets f = 0, so λ* = 0 and z = log ε everywhere.
 #pragma once
 
@@ -213,6 +212,21 @@ __device__ __forceinline__ RowStat WarpMergedPrior(const KernelArgs& args, int s
   const int row = sequence * args.num_kv_heads + (args.config.gamma > 0.f ? kv_head : 0);
   return WarpMergeRowStats(args.prior_stats + static_cast<int64_t>(row) * args.num_chunks,
                            ChunksOf(n));
+}
+
+// Eq. 18: λ* = clip(fᵀ(f − r) / ‖f − r‖², 0, λ_clip), 0 when f == r (kernels/cpu SfiLambdaStar),
+// from the chunk sums of `row` merged by the warp (every warp gets the same bits).
+__device__ __forceinline__ float WarpLambdaStar(const KernelArgs& args, int row, int n) {
+  const LambdaSums* sums = args.lambda_sums + static_cast<int64_t>(row) * args.num_chunks;
+  double numerator = 0.0, denominator = 0.0;
+  for (int k = static_cast<int>(threadIdx.x % 32); k < ChunksOf(n); k += 32) {
+    numerator += sums[k].numerator;
+    denominator += sums[k].denominator;
+  }
+  numerator = __shfl_sync(kFullMask, WarpSum(numerator), 0);
+  denominator = __shfl_sync(kFullMask, WarpSum(denominator), 0);
+  if (denominator == 0.0) return 0.f;
+  return static_cast<float>(fmin(fmax(numerator / denominator, 0.0), args.config.lambda_clip));
 }
 
 // Eq. 18's sums of the chunk (f in values[], the chunk's positions c0 + k * 32 + lane < c1),
@@ -470,9 +484,13 @@ __global__ void __launch_bounds__(kThreads) SfiLargeWindowKernel(const KernelArg
     const AllowedSet set = LoadAllowedSet(args, sequence);
     const int n = set.count;
     if (n == 0) continue;
-    if (threadIdx.x == 0) {
-      lambda_shared = LambdaStar(args, row, n);
-      prior_shared = MergedPrior(args, sequence, kv_head, n);
+    if (threadIdx.x < 32) {  // one warp merges the chunk partials
+      const float lambda = WarpLambdaStar(args, row, n);
+      const RowStat prior = WarpMergedPrior(args, sequence, kv_head, n);
+      if (threadIdx.x == 0) {
+        lambda_shared = lambda;
+        prior_shared = prior;
+      }
     }
     __syncthreads();
     const float lambda = lambda_shared;

@@ -1,17 +1,18 @@
 // SFI Selector on the GPU (sfi_selector.cuh): workspace layout, launcher, validation. The kernels
 // run back to back on the caller's stream and talk through the workspace (R = batch * KV heads
-// rows, C = ceil(max_j_count / 4096) chunks, grids (chunk, row) unless said otherwise):
-//   1. SfiRowStatsKernel          softmax statistics per chunk, log prior; clears the counters
-//   2. SfiEvidenceKernel<W == 1>  f (W = 1) or μ (W > 1), per-chunk sums
-//   3. SfiNormalizeEvidenceKernel W > 1 only: f and the Eq. 18 sums
-//   4. SfiLargeWindowKernel       (1, row), only for soft-NMS half-widths or continuation reaches
-//                                 above kHaloMax: per-row segmented window maxima
+// rows, C = ceil(max_j_count / kChunk) chunks of 1024 positions):
+//   1. SfiRowStatsKernel          one warp per (query row, chunk): softmax statistics, log prior
+//   2. SfiEvidenceKernel<W == 1>  one warp per (row, chunk): f (W = 1) or μ (W > 1), chunk sums
+//   3. SfiNormalizeEvidenceKernel W > 1 only, as 2.: f and the Eq. 18 sums
+//   4. SfiLargeWindowKernel       (1, row), only for soft-NMS half-widths above kHaloMax or
+//                                 continuation reaches above kDirectReach: per-row segmented
+//                                 window maxima
 //   5. SfiScoresKernel            (tile, sequence): z, soft-NMS, stage C, cross-head, rank keys
 //   6. SfiTopKKernel              (1, row), 1024 threads: radix select of the K best ranks and
 //                                 the selected positions, ascending
 // Traffic at 16 sequences x 8 KV heads x 32K positions (W = 1, G = 4): the logits (67 MB) are
-// read twice (2. walks the blocks in reverse so that part of the second read may hit L2), every
-// other pass reads or writes [R][|J|] 4-byte arrays (16.7 MB; the top-K reads them from L2).
+// read twice (1. and 2.), every other pass reads or writes [R][|J|] 4-byte arrays (16.7 MB; the
+// top-K reads them from L2). Measured times: bench/results/sfi_selector_h200.md.
 #include <algorithm>
 #include <climits>
 #include <cmath>

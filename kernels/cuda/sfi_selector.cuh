@@ -70,7 +70,8 @@ struct SfiSelectParams {
 
 // Device scratch for these shapes: about 12 bytes per (sequence, KV head, position of
 // max_j_count) (the evidence, the keys, stage C's priorities), 16 more when config.nms_window / 2
-// or config.continuation exceeds 256 (the wide-window maxima), plus per-chunk statistics that
+// exceeds 256 or config.continuation exceeds 32 (the wide-window maxima), plus per-chunk
+// statistics that
 // grow with window * group. The defaults cover window * group <= 128 and the default config;
 // 0 when batch, num_kv_heads or max_j_count is <= 0 (then workspace may be null).
 size_t SfiSelectWorkspaceBytes(int batch, int num_kv_heads, int max_j_count, int window = 16,

@@ -1,6 +1,6 @@
 // What the SFI Selector's kernels share (sfi_selector.cu launches them): the kernel argument
 // struct with the workspace arrays, the f32 config, the clamped allowed set of a sequence, the
-// prior formulas, the partial-statistics merges and the block- and warp-wide primitives.
+// prior formulas, the merge of two softmax statistics and the order-preserving key of a float.
 // Internal to sfi_selector.cu; the op's API is sfi_selector.cuh.
 #pragma once
 
@@ -156,145 +156,12 @@ __device__ __forceinline__ RowStat MergeRowStat(RowStat a, RowStat b) {
   return {a.max, a.sum + b.sum * static_cast<double>(expf(b.max - a.max))};
 }
 
-// MergeRowStat over stats[0, count) in index order (every block that merges the same partials
-// gets the same bits), loading 8 at a time so that the loads overlap.
-__device__ __forceinline__ RowStat MergeRowStats(const RowStat* stats, int count) {
-  RowStat total{-INFINITY, 0.0};
-  for (int c = 0; c < count; c += 8) {
-    RowStat batch[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) batch[u] = c + u < count ? stats[c + u] : RowStat{-INFINITY, 0.0};
-#pragma unroll
-    for (int u = 0; u < 8; ++u) total = MergeRowStat(total, batch[u]);
-  }
-  return total;
-}
-
-// The prior's log-sum-exp over J of (sequence, kv_head), merged over its chunks in a fixed order
-// (every block that needs it gets the same bits).
-__device__ __forceinline__ RowStat MergedPrior(const KernelArgs& args, int sequence, int kv_head,
-                                              int n) {
-  const int row = sequence * args.num_kv_heads + (args.config.gamma > 0.f ? kv_head : 0);
-  return MergeRowStats(args.prior_stats + static_cast<int64_t>(row) * args.num_chunks,
-                       ChunksOf(n));
-}
-
-// Eq. 18: λ* = clip(fᵀ(f − r) / ‖f − r‖², 0, λ_clip), 0 when f == r (kernels/cpu SfiLambdaStar),
-// from the chunk sums in a fixed order.
-__device__ __forceinline__ float LambdaStar(const KernelArgs& args, int row, int n) {
-  const LambdaSums* sums = args.lambda_sums + static_cast<int64_t>(row) * args.num_chunks;
-  double numerator = 0.0, denominator = 0.0;
-  const int count = ChunksOf(n);
-  for (int c = 0; c < count; c += 8) {
-    LambdaSums batch[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) batch[u] = c + u < count ? sums[c + u] : LambdaSums{0.0, 0.0};
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      numerator += batch[u].numerator;
-      denominator += batch[u].denominator;
-    }
-  }
-  if (denominator == 0.0) return 0.f;
-  return static_cast<float>(fmin(fmax(numerator / denominator, 0.0), args.config.lambda_clip));
-}
-
 // a > b  <=>  OrderedKey(a) > OrderedKey(b) for non-NaN floats; -0 maps like +0 because the CPU
 // compares values.
 __device__ __forceinline__ uint32_t OrderedKey(float x) {
   uint32_t bits = __float_as_uint(x);
   if ((bits & 0x7fffffffu) == 0) bits = 0;
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
-// ---- block-wide primitives (kThreads threads; called in uniform control flow) ----------------
-
-struct SumOp {
-  template <typename T>
-  __device__ T operator()(T a, T b) const {
-    return a + b;
-  }
-};
-struct MaxOp {
-  template <typename T>
-  __device__ T operator()(T a, T b) const {
-    return a > b ? a : b;
-  }
-};
-
-// The reduction of `value` over the block; every thread gets the same bits (each combines the
-// warp partials in the same order). `scratch`: [kWarps] shared.
-template <typename T, typename Op>
-__device__ T BlockReduce(T value, Op op, T* scratch) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value = op(value, __shfl_xor_sync(kFullMask, value, offset));
-  }
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = value;
-  __syncthreads();
-  T result = scratch[0];
-  for (int w = 1; w < kWarps; ++w) result = op(result, scratch[w]);
-  __syncthreads();  // the scratch is free again
-  return result;
-}
-
-struct RowStatScratch {
-  float max[kWarps];
-  double sum[kWarps];
-};
-
-// MergeRowStat over the block; every thread gets the same bits.
-__device__ __forceinline__ RowStat BlockMergeRowStat(RowStat v, RowStatScratch& scratch) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const RowStat other{__shfl_xor_sync(kFullMask, v.max, offset),
-                        __shfl_xor_sync(kFullMask, v.sum, offset)};
-    v = MergeRowStat(v, other);
-  }
-  if (threadIdx.x % 32 == 0) {
-    scratch.max[threadIdx.x / 32] = v.max;
-    scratch.sum[threadIdx.x / 32] = v.sum;
-  }
-  __syncthreads();
-  RowStat total{scratch.max[0], scratch.sum[0]};
-  for (int w = 1; w < kWarps; ++w) total = MergeRowStat(total, {scratch.max[w], scratch.sum[w]});
-  __syncthreads();
-  return total;
-}
-
-// The sum of `value` over the threads before this one, and in `total` over the block.
-// `scratch`: [kWarps] shared.
-template <typename T>
-__device__ T BlockExclusiveScan(T value, T& total, T* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  T inclusive = value;
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const T up = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += up;
-  }
-  T exclusive = __shfl_up_sync(kFullMask, inclusive, 1);
-  if (lane == 0) exclusive = T{};
-  if (lane == 31) scratch[warp] = inclusive;
-  __syncthreads();
-  T before{};
-  total = T{};
-  for (int w = 0; w < kWarps; ++w) {
-    if (w == warp) before = total;
-    total += scratch[w];
-  }
-  __syncthreads();
-  return before + exclusive;
-}
-
-// hist[bin] += 1 for each lane with bin >= 0, one atomic per distinct bin of the warp (the keys
-// of neighbouring positions mostly share their top digits). Every lane of the warp must call it.
-__device__ __forceinline__ void WarpHistogramAdd(uint32_t* hist, int bin) {
-  unsigned active = __ballot_sync(kFullMask, bin >= 0);
-  while (active != 0) {
-    const int leader = __ffs(active) - 1;
-    const int leader_bin = __shfl_sync(kFullMask, bin, leader);
-    const unsigned peers = __ballot_sync(kFullMask, bin == leader_bin);
-    if (static_cast<int>(threadIdx.x % 32) == leader) atomicAdd(&hist[leader_bin], __popc(peers));
-    active &= ~peers;
-  }
 }
 
 }  // namespace rubato::cuda::sfi

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -144,26 +143,7 @@ std::vector<std::vector<int>> GenerateGreedy(std::unique_ptr<Model> model,
   options.max_context = 1024;
   options.block_size = 16;
   options.prefill_chunk = 64;
-  auto engine = Engine::Create(std::move(model), options);
-  EXPECT_TRUE(engine.ok()) << engine.status().message();
-  if (!engine.ok()) return {};
-  std::map<uint64_t, size_t> index;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerationRequest request;
-    request.prompt_ids = prompts[i];
-    request.max_new_tokens = 40;
-    auto id = (*engine)->Submit(request);
-    EXPECT_TRUE(id.ok()) << id.status().message();
-    if (id.ok()) index[*id] = i;
-  }
-  std::vector<std::vector<int>> tokens(prompts.size());
-  for (int step = 0; (*engine)->HasWork() && step < 10000; ++step) {
-    auto events = (*engine)->Step();
-    EXPECT_TRUE(events.ok()) << events.status().message();
-    if (!events.ok()) break;
-    for (const TokenEvent& event : *events) tokens[index[event.request_id]].push_back(event.token);
-  }
-  return tokens;
+  return EngineGreedyTokens(std::move(model), options, prompts);
 }
 
 // The engine on the CUDA model generates the CPU engine's greedy tokens. bf16 rounding may only

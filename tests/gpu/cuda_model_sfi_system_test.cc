@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -55,18 +54,7 @@ CudaRun RunCuda(CudaModel& model, const SfiPolicyConfig& config, const std::vect
     if (!status.ok()) return run;
     run.logits.push_back(result.logits);
     run.tokens.push_back(result.sampled_tokens);
-    for (size_t e = 0; e < jobs.size(); ++e) {
-      Request& r = *jobs[e].request;
-      const bool prefill = r.prompt_done < static_cast<int>(r.prompt.size());
-      if (prefill) {
-        r.prompt_done += static_cast<int>(jobs[e].tokens.size());
-      } else {
-        ++r.decoded;
-        const bool slow = jobs[e].sfi && jobs[e].forward[1].step == SfiStepKind::kSlow;
-        r.fast_since_slow = slow ? 0 : r.fast_since_slow + 1;
-      }
-      if (result.sampled_tokens[e] >= 0) r.next_token = result.sampled_tokens[e];
-    }
+    Advance(jobs, 1, result.sampled_tokens);
   }
   run.replays = model.graph_replays() - replays_before;
   return run;
@@ -199,31 +187,7 @@ std::vector<std::vector<int>> Generate(std::unique_ptr<Model> model,
   options.prefill_chunk = 96;
   options.max_context = 512;
   options.sfi = sfi;
-  auto engine = Engine::Create(std::move(model), options);
-  EXPECT_TRUE(engine.ok()) << engine.status().message();
-  if (!engine.ok()) return {};
-  std::map<uint64_t, size_t> index;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerationRequest request;
-    request.prompt_ids = prompts[i];
-    request.max_new_tokens = 40;
-    auto id = (*engine)->Submit(request);
-    EXPECT_TRUE(id.ok()) << id.status().message();
-    if (id.ok()) index[*id] = i;
-  }
-  std::vector<std::vector<int>> tokens(prompts.size());
-  *min_retained = 1.0;
-  while ((*engine)->HasWork()) {
-    auto events = (*engine)->Step();
-    EXPECT_TRUE(events.ok()) << events.status().message();
-    if (!events.ok()) break;
-    for (const TokenEvent& event : *events) {
-      tokens[index[event.request_id]].push_back(event.token);
-      *min_retained = std::min(*min_retained, event.retained_kv_ratio);
-    }
-  }
-  *counters = (*engine)->counters();
-  return tokens;
+  return EngineGreedyTokens(std::move(model), options, prompts, counters, min_retained);
 }
 
 // The engine on the CUDA model runs SFI's schedule (first decode step slow, t_max, more requests

@@ -101,8 +101,10 @@ inline std::vector<Job> NextJobs(std::vector<Request>& requests, int chunk,
   return jobs;
 }
 
-// After a step ran on every model: the requests' progress and the token they decode next.
-inline void Advance(std::vector<Job>& jobs, const ForwardResult& reference) {
+// After a step ran: the requests' progress, and the token they decode next (next_tokens[e]; -1
+// for a prefill chunk that does not end its prompt). `model` is the index of the forward that
+// ran (its SfiForward says whether the step was slow).
+inline void Advance(std::vector<Job>& jobs, int model, std::span<const int> next_tokens) {
   for (size_t e = 0; e < jobs.size(); ++e) {
     Request& r = *jobs[e].request;
     const bool prefill = r.prompt_done < static_cast<int>(r.prompt.size());
@@ -110,12 +112,21 @@ inline void Advance(std::vector<Job>& jobs, const ForwardResult& reference) {
       r.prompt_done += static_cast<int>(jobs[e].tokens.size());
     } else {
       ++r.decoded;
-      const bool slow = jobs[e].sfi && jobs[e].forward[0].step == SfiStepKind::kSlow;
+      const bool slow = jobs[e].sfi && jobs[e].forward[model].step == SfiStepKind::kSlow;
       r.fast_since_slow = slow ? 0 : r.fast_since_slow + 1;
     }
-    const auto last = reference.LastLogits(static_cast<int>(e));
-    if (!last.empty()) r.next_token = ArgMax(last);
+    if (next_tokens[e] >= 0) r.next_token = next_tokens[e];
   }
+}
+
+// Advance with the CPU model's greedy tokens (forward 0).
+inline void Advance(std::vector<Job>& jobs, const ForwardResult& reference) {
+  std::vector<int> next(jobs.size(), -1);
+  for (size_t e = 0; e < jobs.size(); ++e) {
+    const auto last = reference.LastLogits(static_cast<int>(e));
+    if (!last.empty()) next[e] = ArgMax(last);
+  }
+  Advance(jobs, 0, next);
 }
 
 inline std::vector<ForwardEntry> Entries(std::vector<Job>& jobs, int m,

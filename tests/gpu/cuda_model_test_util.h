@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "inference_rank/engine/engine.h"
 #include "inference_rank/model/cpu_model.h"
 #include "inference_rank/model/cuda_model.h"
 #include "kernels/cpu/sampling.h"
@@ -165,6 +167,42 @@ inline std::unique_ptr<PagedKvCache> NewCache(Model& model, int block_tokens, in
   auto cache = model.CreateKvCache(block_tokens, num_blocks);
   EXPECT_TRUE(cache.ok()) << cache.status().message();
   return cache.ok() ? std::move(cache).value() : nullptr;
+}
+
+// Greedy tokens per prompt from an engine on `model` under `options`, every prompt submitted at
+// once with 40 new tokens (at most 10000 engine steps). Optionally the engine's counters and the
+// smallest retained-KV ratio any event reported.
+inline std::vector<std::vector<int>> EngineGreedyTokens(
+    std::unique_ptr<Model> model, const EngineOptions& options,
+    const std::vector<std::vector<int>>& prompts, EngineCounters* counters = nullptr,
+    double* min_retained = nullptr) {
+  auto engine = Engine::Create(std::move(model), options);
+  EXPECT_TRUE(engine.ok()) << engine.status().message();
+  if (!engine.ok()) return {};
+  std::map<uint64_t, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest request;
+    request.prompt_ids = prompts[i];
+    request.max_new_tokens = 40;
+    auto id = (*engine)->Submit(request);
+    EXPECT_TRUE(id.ok()) << id.status().message();
+    if (id.ok()) index[*id] = i;
+  }
+  std::vector<std::vector<int>> tokens(prompts.size());
+  if (min_retained != nullptr) *min_retained = 1.0;
+  for (int step = 0; (*engine)->HasWork() && step < 10000; ++step) {
+    auto events = (*engine)->Step();
+    EXPECT_TRUE(events.ok()) << events.status().message();
+    if (!events.ok()) break;
+    for (const TokenEvent& event : *events) {
+      tokens[index[event.request_id]].push_back(event.token);
+      if (min_retained != nullptr) {
+        *min_retained = std::min(*min_retained, event.retained_kv_ratio);
+      }
+    }
+  }
+  if (counters != nullptr) *counters = (*engine)->counters();
+  return tokens;
 }
 
 }  // namespace rubato::cuda_model_test

@@ -2,7 +2,7 @@
 // without a reference, each also compared with the CPU twin (sfi_selector_op_test_util.h): the
 // span after a sharp peak, anchors ordered by evidence when their spans exceed the budget, spans
 // clipped at the end of J and crossing tile and chunk boundaries, the threshold, and many anchors
-// at scale on both sides of the budget (the multi-block radix select and the forced-only select).
+// at scale on both sides of the budget (the radix select of the others and the forced-only one).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -168,8 +168,9 @@ TEST(SfiSelectorContinuationOp, OrdersAnchorsByEvidenceAndStopsAtTheEndOfJ) {
   }
 }
 
-// Anchors at the edges of the kernels' blocks: the end of a 512-position tile, the end of a
-// 4096-position chunk, the last position of J (a span of one) and the first.
+// Anchors at the edges of the kernels' blocks: the end of a scores tile (992 positions with two
+// KV heads), the end of a 1024-position stage A chunk, the last position of J (a span of one) and
+// the first.
 TEST(SfiSelectorContinuationOp, SpansAcrossBlockEdgesAndAtTheEndsOfJ) {
   SelectorCase c;
   c.heads = 2;
@@ -181,7 +182,7 @@ TEST(SfiSelectorContinuationOp, SpansAcrossBlockEdgesAndAtTheEndsOfJ) {
   c.config = Config(64);
   std::mt19937_64 rng = gpu_test::FreshRng();
   Inputs in = MakeInputs(c, rng);
-  const int anchors[] = {0, 1020, 4095, 4099};
+  const int anchors[] = {0, 988, 1020, 4095, 4099};
   for (int h = 0; h < 2; ++h) {
     for (int j : anchors) SetLogit(c, in, 0, h, j, 11.f - 0.1f * h);
   }

@@ -120,9 +120,10 @@ TEST(SfiSelectorOp, SoftNmsWindows) {
 }
 
 TEST(SfiSelectorOp, ContinuationReaches) {
-  // 1, 3, 8 (default), 256 (the widest halo in shared memory), 257 and 3000 (the per-row
-  // segmented maxima), 1 << 30 (every anchor reaches the end of J). Spread 4: many anchors.
-  for (int reach : {1, 3, 8, 256, 257, 3000, 1 << 30}) {
+  // 1, 3, 8 (default), 32 (the widest read directly from the f tile), 33, 256, 3000 (the
+  // per-row segmented maxima), 1 << 30 (every anchor reaches the end of J). Spread 4: many
+  // anchors.
+  for (int reach : {1, 3, 8, 32, 33, 256, 3000, 1 << 30}) {
     SelectorCase c;
     c.heads = 3;
     c.group = 2;
