@@ -159,7 +159,7 @@ class CudaModel : public Model {
   // forward's window), before the SFI specifics.
   // The fields every decode attention launch of `layer` shares: the layer's K/V pools, the
   // head shapes, the scale, the output row stride and the workspace (cuda_model_forward.cc).
-  cuda::DecodeAttentionParams LayerDecodeParams(int layer, const DeviceKvStorage& kv);
+  cuda::DecodeAttentionParams LayerDecodeParams(int layer, DeviceKvStorage& kv);
   cuda::DecodeAttentionParams DecodeRows(int layer, DeviceKvStorage& kv, int first_row, int rows,
                                          const AttentionWindow& window);
 

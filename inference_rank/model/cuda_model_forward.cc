@@ -93,7 +93,7 @@ Status CudaModel::DecoderLayer(int layer, DeviceKvStorage& kv, const AttentionWi
   return Mlp(layer, stream);
 }
 
-cuda::DecodeAttentionParams CudaModel::LayerDecodeParams(int layer, const DeviceKvStorage& kv) {
+cuda::DecodeAttentionParams CudaModel::LayerDecodeParams(int layer, DeviceKvStorage& kv) {
   cuda::DecodeAttentionParams decode;
   decode.key_pool = kv.layer_keys(layer);
   decode.value_pool = kv.layer_values(layer);
