@@ -31,12 +31,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// " sfi_slow_steps=N sfi_fast_steps=M" for SFI runs, "" otherwise: the stats line's SFI part.
+// " sfi_slow_steps=N sfi_fast_steps=M sfi_discarded_steps=D" for SFI runs (D of the M fast steps
+// were recomputed by the confidence trigger), "" otherwise: the stats line's SFI part.
 std::string SfiStats(const Engine& engine) {
   if (!engine.options().sfi.has_value()) return "";
   const EngineCounters& counters = engine.counters();
   return " sfi_slow_steps=" + std::to_string(counters.sfi_slow_steps) +
-         " sfi_fast_steps=" + std::to_string(counters.sfi_fast_steps);
+         " sfi_fast_steps=" + std::to_string(counters.sfi_fast_steps) +
+         " sfi_discarded_steps=" + std::to_string(counters.sfi_discarded_steps);
 }
 
 double MillisecondsBetween(Clock::time_point a, Clock::time_point b) {

@@ -158,6 +158,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
                             registry.AddCounter("rubato:fast_steps_total",
                                                 "SFI steps that attended their sparse working set."));
     RUBATO_ASSIGN_OR_RETURN(
+        engine->discarded_steps_metric_,
+        registry.AddCounter("rubato:discarded_fast_steps_total",
+                            "SFI fast steps whose token fell below the confidence threshold; "
+                            "each was recomputed as a slow step."));
+    RUBATO_ASSIGN_OR_RETURN(
         engine->retained_kv_metric_,
         registry.AddGauge("rubato:retained_kv_ratio",
                           "Share of the KV positions the last step's queries attended (mean)."));
@@ -267,6 +272,20 @@ FinishReason Engine::FinishAfter(const Request& request, int token) const {
   return FinishReason::kNone;
 }
 
+void Engine::DiscardFastStep(Request& request) {
+  // The step wrote K/V at the last position; the slow step's forward starts there again and
+  // overwrites it (ForwardEntry: a smaller start_position rewinds).
+  --request.kv.num_tokens;
+  for (auto& [owner, rng] : rng_before_step_) {
+    if (owner == &request) request.rng = rng;  // the redo draws the same uniform
+  }
+  request.schedule->OnFastStepDiscarded();
+  ++counters_.sfi_fast_steps;
+  ++counters_.sfi_discarded_steps;
+  if (fast_steps_metric_ != nullptr) fast_steps_metric_->Increment();
+  if (discarded_steps_metric_ != nullptr) discarded_steps_metric_->Increment();
+}
+
 Result<std::vector<TokenEvent>> Engine::Step() {
   std::vector<TokenEvent> events;
   RUBATO_RETURN_IF_ERROR(AdmitWaiting());
@@ -313,6 +332,9 @@ Result<std::vector<TokenEvent>> Engine::Step() {
       }
       TokenSampling& sampling = batch_sampling_[batch_.size() - 1];
       sampling = NextSampling(request);
+      const SfiForward* sfi = batch_.back().sfi;
+      sampling.report_probability = sfi != nullptr && sfi->step == SfiStepKind::kFast &&
+                                    options_.sfi->confidence_threshold > 0.0;
       batch_.back().sampling = &sampling;
     }
     batch_requests_.push_back(&request);
@@ -342,6 +364,11 @@ Result<std::vector<TokenEvent>> Engine::Step() {
       return InternalError("engine step: the " + std::string(model_->backend_name()) +
                            " model sampled token " + std::to_string(token) + " for request " +
                            std::to_string(request.id));
+    }
+    if (batch_[e].sampling->report_probability &&
+        forward_result_.sampled_probabilities[e] < options_.sfi->confidence_threshold) {
+      DiscardFastStep(request);
+      continue;
     }
     request.last_token = token;
     ++request.generated;

@@ -16,8 +16,9 @@
 //      freeing their blocks.
 // Every forward attends through options.attention_window (dense, or a policy's sink + recent
 // window) unless options.sfi is set (then each request follows its SFI schedule: slow steps
-// dense, fast steps over its selection), and each token event reports the share of the
-// request's KV its query attended.
+// dense, fast steps over its selection; a fast step whose token falls below the confidence
+// threshold is thrown away and recomputed by a slow step), and each token event reports the
+// share of the request's KV its query attended.
 //
 // A request's tokens do not depend on the other requests in its batch: attention and sampling
 // are per request (each request owns an RNG seeded from its seed and draws exactly one uniform
@@ -79,7 +80,8 @@ struct EngineOptions {
   std::optional<SfiPolicyConfig> sfi;
   std::vector<int> sfi_trigger_ids;
   // Optional: where the engine registers and updates its metrics (DESIGN §3 names):
-  // rubato:slow_steps_total, rubato:fast_steps_total (SFI entries by step kind) and
+  // rubato:slow_steps_total, rubato:fast_steps_total (SFI entries by step kind),
+  // rubato:discarded_fast_steps_total (fast steps the confidence trigger recomputed) and
   // rubato:retained_kv_ratio (mean over the last step's sampled tokens). Must outlive the engine.
   MetricsRegistry* metrics = nullptr;
 };
@@ -88,6 +90,9 @@ struct EngineOptions {
 struct EngineCounters {
   int64_t sfi_slow_steps = 0;  // SFI entries that attended densely and refreshed a selection
   int64_t sfi_fast_steps = 0;  // SFI entries that attended their sparse working set
+  // Of sfi_fast_steps, those whose token the confidence trigger threw away (recomputed by the
+  // request's next step, a slow one).
+  int64_t sfi_discarded_steps = 0;
 };
 
 enum class FinishReason {
@@ -136,7 +141,7 @@ class Engine {
 
   // One scheduler step (see the file comment). Returns the tokens generated in this step, at
   // most one per running request, in admission order; empty when only prefill chunks ran or
-  // there is no work.
+  // there is no work. A request whose SFI fast step was discarded has no event this step.
   Result<std::vector<TokenEvent>> Step();
 
   bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
@@ -175,6 +180,10 @@ class Engine {
   // greedy.
   TokenSampling NextSampling(Request& request);
   FinishReason FinishAfter(const Request& request, int token) const;
+  // The confidence trigger (SfiPolicyConfig::confidence_threshold): forgets the fast step that
+  // just ran for `request` (its KV position, its RNG draw; no token event) and makes its next
+  // step a slow one at the same position.
+  void DiscardFastStep(Request& request);
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<PagedKvCache> kv_cache_;
@@ -195,6 +204,7 @@ class Engine {
   // In options_.metrics, when set (else null).
   Counter* slow_steps_metric_ = nullptr;
   Counter* fast_steps_metric_ = nullptr;
+  Counter* discarded_steps_metric_ = nullptr;
   Gauge* retained_kv_metric_ = nullptr;
   ForwardResult forward_result_;
 };

@@ -1,6 +1,7 @@
 // Tests for SFI in the engine (EngineOptions::sfi, DESIGN §4.2) on the CPU reference: a budget
 // covering the context generates exactly the dense tokens; the schedule's step kinds reach the
-// model and the counters (first decode step slow, t_max, triggers); a small budget attends less
+// model and the counters (first decode step slow, t_max, triggers); the confidence trigger
+// recomputes improbable fast steps as slow ones (same draw, same position); a small budget attends less
 // and keeps each request independent of its batch; the model rejects inconsistent SFI entries;
 // option validation.
 #include <gtest/gtest.h>
@@ -149,6 +150,59 @@ TEST_F(EngineSfiTest, TriggerTokenMakesTheNextStepSlow) {
   EXPECT_EQ(never_run.counters.sfi_fast_steps, static_cast<int64_t>(never_run.events[0].size()) - 2);
 }
 
+TEST_F(EngineSfiTest, ConfidenceTriggerRecomputesImprobableFastStepsAsSlowOnes) {
+  // A tiny budget attends too little to reproduce the dense tokens; with a confidence threshold
+  // no token of the random tiny model reaches, every fast step is thrown away and recomputed by
+  // a slow (dense) step at the same position with the same draw: exactly the dense tokens, in a
+  // batch, sampled at temperature 1.
+  const std::vector<GenerationRequest> requests = {Sampled(37, 1, 16), Sampled(50, 2, 12),
+                                                   Sampled(29, 3, 20)};
+  SfiPolicyConfig sparse = SmallSfi(/*budget=*/2, /*t_max=*/64);
+  SfiPolicyConfig redo = sparse;
+  redo.confidence_threshold = 0.999;
+  auto dense = NewEngine(std::nullopt);
+  auto sparse_engine = NewEngine(sparse);
+  auto redo_engine = NewEngine(redo);
+  ASSERT_NE(dense, nullptr);
+  ASSERT_NE(sparse_engine, nullptr);
+  ASSERT_NE(redo_engine, nullptr);
+  const RunResult dense_run = Run(*dense, requests);
+  const RunResult sparse_run = Run(*sparse_engine, requests);
+  const RunResult redo_run = Run(*redo_engine, requests);
+  ASSERT_NE(Tokens(sparse_run), Tokens(dense_run)) << "the budget is too large to test anything";
+  EXPECT_EQ(sparse_run.counters.sfi_discarded_steps, 0);
+  EXPECT_EQ(Tokens(redo_run), Tokens(dense_run));
+  int64_t tokens = 0;
+  for (const auto& events : redo_run.events) {
+    tokens += static_cast<int64_t>(events.size());
+    for (const TokenEvent& event : events) EXPECT_EQ(event.retained_kv_ratio, 1.0);
+  }
+  // One slow step per token (the prompt's selection samples the first), and every fast step
+  // that ran was discarded: one after each decode slow step but the last token's.
+  EXPECT_EQ(redo_run.counters.sfi_slow_steps, tokens);
+  EXPECT_GT(redo_run.counters.sfi_discarded_steps, 0);
+  EXPECT_EQ(redo_run.counters.sfi_discarded_steps, redo_run.counters.sfi_fast_steps);
+}
+
+TEST_F(EngineSfiTest, ConfidenceTriggerKeepsConfidentFastSteps) {
+  // A threshold below every probability discards nothing: the same tokens and step counts as
+  // without the trigger.
+  GenerationRequest request = Sampled(40, 5, 16);
+  SfiPolicyConfig sparse = SmallSfi(/*budget=*/4, /*t_max=*/3);
+  SfiPolicyConfig low = sparse;
+  low.confidence_threshold = 1e-30;
+  auto off = NewEngine(sparse);
+  auto on = NewEngine(low);
+  ASSERT_NE(off, nullptr);
+  ASSERT_NE(on, nullptr);
+  const RunResult off_run = Run(*off, {request});
+  const RunResult on_run = Run(*on, {request});
+  EXPECT_EQ(Tokens(on_run), Tokens(off_run));
+  EXPECT_EQ(on_run.counters.sfi_discarded_steps, 0);
+  EXPECT_EQ(on_run.counters.sfi_fast_steps, off_run.counters.sfi_fast_steps);
+  EXPECT_GT(on_run.counters.sfi_fast_steps, 0);
+}
+
 TEST_F(EngineSfiTest, SmallBudgetKeepsEachRequestIndependentOfItsBatch) {
   const std::vector<GenerationRequest> requests = {Sampled(41, 7, 16), Sampled(23, 8, 16),
                                                    Sampled(60, 9, 12)};
@@ -182,6 +236,7 @@ TEST_F(EngineSfiTest, MetricsRegistryCountsTheSteps) {
       << text;
   EXPECT_GT(run.counters.sfi_fast_steps, 0);
   EXPECT_NE(text.find("rubato:retained_kv_ratio "), std::string::npos) << text;
+  EXPECT_NE(text.find("rubato:discarded_fast_steps_total 0"), std::string::npos) << text;
 }
 
 TEST_F(EngineSfiTest, RejectsBadOptions) {

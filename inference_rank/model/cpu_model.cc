@@ -17,6 +17,7 @@
 #include "kernels/cpu/qk_norm.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/sampling.h"
 #include "kernels/cpu/swiglu.h"
 
 namespace rubato {
@@ -311,8 +312,12 @@ void CpuModel::ComputeLogits(std::span<const ForwardEntry> batch, ForwardResult&
 void CpuModel::SampleTokens(std::span<const ForwardEntry> batch, ForwardResult& result) {
   for (size_t e = 0; e < batch.size(); ++e) {
     if (batch[e].sampling == nullptr) continue;
-    result.sampled_tokens[e] = SampleOnHost(result.LastLogits(static_cast<int>(e)),
-                                            *batch[e].sampling, sampling_workspace_);
+    const std::span<const float> logits = result.LastLogits(static_cast<int>(e));
+    const int token = SampleOnHost(logits, *batch[e].sampling, sampling_workspace_);
+    result.sampled_tokens[e] = token;
+    if (batch[e].sampling->report_probability) {
+      result.sampled_probabilities[e] = TokenProbability(logits, token);
+    }
   }
 }
 

@@ -321,6 +321,7 @@ void FillStepInputs(std::span<const ForwardEntry> batch, const KvCacheShape& sha
       row.top_k = s.top_k;
       row.top_p = s.top_p;
       row.uniform = s.uniform;  // the very draw the CPU twin would use (double)
+      row.report_probability = s.report_probability ? 1 : 0;
     }
     const int host_first = plan.sample_rows + plan.entry_host_row[e];
     const int host_rows = plan.entry_host_rows[e];

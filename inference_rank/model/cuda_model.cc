@@ -286,10 +286,11 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
     drop_graphs();
     const int rows = RoundUpPow2(plan.sample_rows);
     sample_capacity_ = 0;
-    RUBATO_RETURN_IF_ERROR(Reallocate(sampled_, static_cast<size_t>(rows), "sampled tokens"));
+    RUBATO_RETURN_IF_ERROR(
+        Reallocate(sampled_, 2 * static_cast<size_t>(rows), "sampled tokens"));
     sampled_host_ = PinnedBuffer();
     RUBATO_ASSIGN_OR_RETURN(sampled_host_,
-                            PinnedBuffer::Allocate(sizeof(int32_t) * rows, "sampled tokens"));
+                            PinnedBuffer::Allocate(2 * sizeof(int32_t) * rows, "sampled tokens"));
     sample_capacity_ = rows;
   }
   if (plan.decode_rows > 0 || plan.sfi_window_rows > 0) {
@@ -382,9 +383,10 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
           "copying the SFI compact counts to the host");
     }
     if (plan_.sample_rows > 0) {
+      // Tokens and probabilities in one copy: [0, rows) and [capacity, capacity + rows).
       RUBATO_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(sampled_host_.data(), sampled_.data(),
-                          sizeof(int32_t) * static_cast<size_t>(plan_.sample_rows),
+                          sizeof(int32_t) * static_cast<size_t>(sample_capacity_ + plan_.sample_rows),
                           cudaMemcpyDeviceToHost, stream_),
           "copying the sampled tokens to the host");
     }
@@ -411,13 +413,17 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
   RUBATO_RETURN_IF_ERROR(FinishSfiStep(batch));
 
   const auto* sampled = reinterpret_cast<const int32_t*>(sampled_host_.data());
+  const auto* probabilities =
+      reinterpret_cast<const float*>(sampled_host_.data()) + sample_capacity_;
   for (size_t e = 0; e < batch.size(); ++e) {
     const ForwardEntry& entry = batch[e];
     entry.sequence->num_tokens = entry.start_position + static_cast<int>(entry.tokens.size());
     result.entry_first_row[e] = plan_.entry_host_row[e];
     result.entry_row_count[e] = plan_.entry_host_rows[e];
-    if (plan_.entry_sample_row[e] >= 0)
-      result.sampled_tokens[e] = sampled[plan_.entry_sample_row[e]];
+    if (const int row = plan_.entry_sample_row[e]; row >= 0) {
+      result.sampled_tokens[e] = sampled[row];
+      if (entry.sampling->report_probability) result.sampled_probabilities[e] = probabilities[row];
+    }
   }
   return Status::Ok();
 }

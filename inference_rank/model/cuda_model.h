@@ -209,8 +209,10 @@ class CudaModel : public Model {
   cuda::DeviceBuffer<__nv_bfloat16> logit_inputs_;  // [logit rows][hidden], bf16, gathered
   cuda::DeviceBuffer<float> logits_;                // [logit rows][vocab], f32
   int sample_capacity_ = 0;
-  cuda::DeviceBuffer<int32_t> sampled_;                 // [sample rows], device token ids
-  PinnedBuffer sampled_host_;                           // [sample rows] int32, host copy
+  // [2][sample capacity] words, device: the token ids (int32), then their probabilities (f32,
+  // cuda::SampleParams::probabilities; -1 for rows that did not ask).
+  cuda::DeviceBuffer<int32_t> sampled_;
+  PinnedBuffer sampled_host_;  // the same layout, host copy
   cuda::DeviceBuffer<unsigned char> decode_workspace_;  // DecodeAttentionWorkspaceBytes
   cuda::DeviceBuffer<unsigned char> sample_workspace_;  // SampleWorkspaceBytes
 

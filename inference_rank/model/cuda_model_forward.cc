@@ -283,6 +283,7 @@ Status CudaModel::LogitsAndSampling(cudaStream_t stream) {
   sample.tokens = sampled_.data();
   sample.workspace = sample_workspace_.data();
   sample.workspace_bytes = sample_workspace_.size();
+  sample.probabilities = reinterpret_cast<float*>(sampled_.data() + sample_capacity_);
   return cuda::SampleTokens(sample, stream);
 }
 

@@ -49,6 +49,8 @@ struct TokenSampling {
   float top_p = 1.f;        // (0, 1]
   double uniform = 0.0;     // [0, 1): the request's draw (kernels/cpu/sampling.h DrawUniform);
                             // unused when greedy
+  bool report_probability = false;  // also report the chosen token's TokenProbability
+                                    // (ForwardResult::sampled_probabilities)
 };
 
 struct ForwardEntry {
@@ -74,6 +76,9 @@ struct ForwardResult {
   std::vector<int> entry_row_count;  // [entries] 0 (kNone or logits left on the device),
                                      // 1 (kLast) or tokens (kAll)
   std::vector<int> sampled_tokens;   // [entries] token id, -1 where the entry had no sampling
+  // [entries] kernels/cpu TokenProbability of the sampled token (softmax of the entry's last
+  // logits at temperature 1) where the entry's sampling asked for it, else -1.
+  std::vector<float> sampled_probabilities;
 
   // Empties the result for a batch of `entries` (no logits rows, no sampled tokens); what every
   // backend's Forward does first.
@@ -83,6 +88,7 @@ struct ForwardResult {
     entry_first_row.assign(entries, 0);
     entry_row_count.assign(entries, 0);
     sampled_tokens.assign(entries, -1);
+    sampled_probabilities.assign(entries, -1.0f);
   }
 
   // [entry_row_count[entry]][vocab] logits of one entry.

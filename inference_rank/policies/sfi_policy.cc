@@ -105,6 +105,8 @@ Result<SfiPolicyConfig> ParseSfiPolicyConfig(const PolicySection& section) {
   RUBATO_RETURN_IF_ERROR(
       params.ReadInt("prefill_window", 1, kSfiMaxPrefillWindow, &config.prefill_window));
   RUBATO_RETURN_IF_ERROR(params.ReadStringList("triggers", &config.triggers));
+  RUBATO_RETURN_IF_ERROR(params.ReadDouble("confidence_threshold", {0, 1, true, false},
+                                           &config.confidence_threshold));
   for (size_t i = 0; i < config.triggers.size(); ++i) {
     const std::string_view problem = TriggerProblem(config.triggers[i]);
     if (!problem.empty()) {
@@ -132,6 +134,10 @@ Status ValidateSfiPolicyConfig(const SfiPolicyConfig& config) {
   if (config.prefill_window < 1 || config.prefill_window > kSfiMaxPrefillWindow) {
     return FieldRangeError("prefill_window", config.prefill_window,
                            fmt::format("[1, {}]", kSfiMaxPrefillWindow));
+  }
+  if (!(config.confidence_threshold >= 0.0 && config.confidence_threshold < 1.0)) {
+    return InvalidArgumentError(fmt::format(
+        "SfiPolicyConfig.confidence_threshold = {} is outside [0, 1)", config.confidence_threshold));
   }
   for (size_t i = 0; i < config.triggers.size(); ++i) {
     const std::string_view problem = TriggerProblem(config.triggers[i]);
@@ -183,7 +189,8 @@ SfiSchedule::SfiSchedule(int t_max, const std::vector<int>* trigger_ids)
 }
 
 SfiStepKind SfiSchedule::NextStep() const {
-  const bool slow = slow_steps_ == 0 || previous_is_trigger_ || fast_since_slow_ >= t_max_;
+  const bool slow =
+      slow_steps_ == 0 || previous_is_trigger_ || redo_ || fast_since_slow_ >= t_max_;
   return slow ? SfiStepKind::kSlow : SfiStepKind::kFast;
 }
 
@@ -191,6 +198,7 @@ void SfiSchedule::OnStep(SfiStepKind executed, int generated_token) {
   if (executed == SfiStepKind::kSlow) {
     ++slow_steps_;
     fast_since_slow_ = 0;
+    redo_ = false;
   } else {
     ++fast_steps_;
     ++fast_since_slow_;
@@ -198,6 +206,11 @@ void SfiSchedule::OnStep(SfiStepKind executed, int generated_token) {
   previous_is_trigger_ =
       trigger_ids_ != nullptr &&
       std::binary_search(trigger_ids_->begin(), trigger_ids_->end(), generated_token);
+}
+
+void SfiSchedule::OnFastStepDiscarded() {
+  ++discarded_steps_;
+  redo_ = true;
 }
 
 }  // namespace rubato

@@ -50,6 +50,10 @@ struct SfiPolicyConfig {
   // Non-empty strings, none ending in a space or tab (the rule above could never match it).
   // An empty list is allowed: slow steps then come only from t_max.
   std::vector<std::string> triggers = {".", "?", "!", ";", "\n"};
+  // [0, 1); 0 = off. Ours, beyond the paper (docs/sfi.md, "Confidence trigger"): a fast step
+  // whose token has a probability (softmax of the logits at temperature 1) below this is
+  // discarded and recomputed as a slow step at the same position.
+  double confidence_threshold = 0.0;
   SfiSelectorConfig selector;  // selector.budget is K, selected positions per KV head (2048)
 };
 
@@ -81,7 +85,8 @@ enum class SfiStepKind {
 // The step schedule of one request (Eq. 5 plus the T_max bound): the first decode step is slow
 // (as is every step until a slow one has been reported); later, a step is slow when the token the
 // previous step generated is a trigger, or when t_max fast steps have run since the last slow step
-// (so never more than t_max fast steps in a row); otherwise it is fast. A token that is a trigger
+// (so never more than t_max fast steps in a row), or when the previous step was a fast one that
+// the caller discarded (OnFastStepDiscarded); otherwise it is fast. A token that is a trigger
 // and the t_max bound falling due on the same step give one slow step, after which both counts
 // restart.
 //
@@ -101,17 +106,25 @@ class SfiSchedule {
   // after any slow step). Any token id is accepted; ids outside the trigger set are ordinary.
   void OnStep(SfiStepKind executed, int generated_token);
 
-  // Steps reported so far, by kind (for metrics and logs).
+  // Reports that the fast step that just ran was thrown away instead (the confidence trigger:
+  // its token was too improbable); the next step is slow and recomputes the same position.
+  void OnFastStepDiscarded();
+
+  // Steps reported so far, by kind (for metrics and logs); discarded fast steps count in
+  // discarded_steps() only.
   int64_t slow_steps() const { return slow_steps_; }
   int64_t fast_steps() const { return fast_steps_; }
+  int64_t discarded_steps() const { return discarded_steps_; }
 
  private:
   int t_max_;
   const std::vector<int>* trigger_ids_;  // sorted; nullptr: none
   int64_t fast_since_slow_ = 0;          // fast steps since the last slow one
   bool previous_is_trigger_ = false;     // the last generated token is a trigger
+  bool redo_ = false;                    // the last fast step was discarded
   int64_t slow_steps_ = 0;
   int64_t fast_steps_ = 0;
+  int64_t discarded_steps_ = 0;
 };
 
 }  // namespace rubato

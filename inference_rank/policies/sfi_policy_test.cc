@@ -117,6 +117,20 @@ TEST(SfiSchedule, CallerMayRunASlowStepWhenAFastOneWasDue) {
   EXPECT_EQ(StepKinds(schedule, std::vector<int>(4, 1)), "FFFS");
 }
 
+TEST(SfiSchedule, DiscardedFastStepMakesTheNextStepSlow) {
+  SfiSchedule schedule(3, &kTriggers);
+  EXPECT_EQ(StepKinds(schedule, {1, 1}), "SF");
+  ASSERT_EQ(schedule.NextStep(), SfiStepKind::kFast);
+  schedule.OnFastStepDiscarded();  // the confidence trigger threw the fast step away
+  EXPECT_EQ(schedule.NextStep(), SfiStepKind::kSlow);
+  EXPECT_EQ(schedule.NextStep(), SfiStepKind::kSlow);  // asking again does not consume it
+  EXPECT_EQ(schedule.fast_steps(), 1);
+  EXPECT_EQ(schedule.discarded_steps(), 1);
+  // The redo ran as a slow step: the t_max count restarts from it.
+  EXPECT_EQ(StepKinds(schedule, std::vector<int>(5, 1)), "SFFFS");
+  EXPECT_EQ(schedule.slow_steps(), 3);
+}
+
 TEST(SfiSchedule, TokensOutsideTheTriggerSetAreOrdinary) {
   SfiSchedule schedule(64, &kTriggers);
   EXPECT_EQ(StepKinds(schedule, {-1, 4, 6, 8, 10, 11, 13, 1 << 30, 2}), "SFFFFFFFF");
@@ -213,12 +227,14 @@ TEST(SfiPolicyConfig, ReadsEveryKey) {
       "  alpha_cross: 1.5\n"
       "  temperature: 0.5\n"
       "  continuation: 0\n"
-      "  continuation_threshold: 0.25\n");
+      "  continuation_threshold: 0.25\n"
+      "  confidence_threshold: 0.125\n");
   ASSERT_TRUE(config.ok()) << config.status().message();
   EXPECT_EQ(config->sink_tokens, 0);
   EXPECT_EQ(config->recent_window, 1);
   EXPECT_EQ(config->t_max, 3);
   EXPECT_EQ(config->prefill_window, 64);
+  EXPECT_EQ(config->confidence_threshold, 0.125);
   // Double-quoted YAML escapes arrive decoded; single quotes keep the backslash.
   EXPECT_EQ(config->triggers,
             (std::vector<std::string>{"\n\n", ".", "\xe3\x80\x82", std::string("\\n")}));
@@ -263,6 +279,10 @@ TEST(SfiPolicyConfig, RejectsBadValuesNamingTheKeyPath) {
       {"triggers: ['. ']", "s.yaml: policy.triggers[0]: '. ' ends with a space or tab"},
       {"triggers: [\"\\n\\t\"]", "s.yaml: policy.triggers[0]: '\\n\\t' ends with a space or tab"},
       {"triggers: [[a]]", "s.yaml: policy.triggers[0]: expected a string, got a list"},
+      {"confidence_threshold: 1",
+       "s.yaml: policy.confidence_threshold: must be in [0, 1), got 1"},
+      {"confidence_threshold: -0.5",
+       "s.yaml: policy.confidence_threshold: must be in [0, 1), got -0.5"},
       {"alpha: 0", "s.yaml: policy.alpha: must be in (0, 1], got 0"},
       {"alpha: 1.5", "s.yaml: policy.alpha: must be in (0, 1], got 1.5"},
       {"gamma: -0.1", "s.yaml: policy.gamma: must be in [0, inf), got -0.1"},
@@ -309,6 +329,8 @@ TEST(SfiPolicyConfig, ValidateChecksConfigsBuiltInCode) {
       {[](SfiPolicyConfig& c) { c.t_max = 0; }, "SfiPolicyConfig.t_max = 0 is outside [1, inf)"},
       {[](SfiPolicyConfig& c) { c.prefill_window = 65; },
        "SfiPolicyConfig.prefill_window = 65 is outside [1, 64]"},
+      {[](SfiPolicyConfig& c) { c.confidence_threshold = 1.0; },
+       "SfiPolicyConfig.confidence_threshold = 1 is outside [0, 1)"},
       {[](SfiPolicyConfig& c) {
          c.triggers = {".", ""};
        },
@@ -338,7 +360,8 @@ TEST(SfiPolicyConfig, ParserBoundariesPassTheSelectorValidation) {
         "lambda_clip: 1", "epsilon: 1e-300", "nms_window: 1", "alpha_soft: 0", "alpha_cross: 0",
         "temperature: 1e-300", "budget: 1", "budget: 2147483647", "prefill_window: 1",
         "continuation: 0", "continuation: 2147483647", "continuation_threshold: 1e-300",
-        "continuation_threshold: 1"}) {
+        "continuation_threshold: 1", "confidence_threshold: 0",
+        "confidence_threshold: 0.999999"}) {
     const std::string yaml = std::string("policy: {name: sfi, ") + params + "}\n";
     auto config = Parse(yaml);
     EXPECT_TRUE(config.ok()) << yaml << " -> " << config.status().message();

@@ -93,6 +93,20 @@ int SampleTokenWithUniform(std::span<const float> logits, const SamplingFilter& 
   return workspace.candidates.front();
 }
 
+float TokenProbability(std::span<const float> logits, int token) {
+  float max_logit = -INFINITY;
+  for (const float value : logits) {
+    if (!std::isnan(value)) max_logit = std::max(max_logit, value);
+  }
+  const float token_logit = logits[static_cast<size_t>(token)];
+  if (!std::isfinite(max_logit) || std::isnan(token_logit)) return 0.0f;
+  double total = 0.0;
+  for (const float value : logits) {
+    if (!std::isnan(value)) total += std::exp(static_cast<double>(value) - max_logit);
+  }
+  return static_cast<float>(std::exp(static_cast<double>(token_logit) - max_logit) / total);
+}
+
 int SampleToken(std::span<const float> logits, const SamplingFilter& filter, std::mt19937_64& rng,
                 SamplingWorkspace& workspace) {
   return SampleTokenWithUniform(logits, filter, DrawUniform(rng), workspace);

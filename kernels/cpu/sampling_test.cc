@@ -1,11 +1,12 @@
 // Tests for greedy and filtered sampling: tie breaking, top-k / top-p sets, temperature,
-// seeded determinism and the empirical distribution of draws.
+// seeded determinism, the empirical distribution of draws, and the token's probability.
 #include "kernels/cpu/sampling.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -182,6 +183,27 @@ TEST(SampleTokenWithUniform, UniformAtOneNeverPicksAZeroProbabilityCandidate) {
   ASSERT_EQ(workspace.candidates, (std::vector<int>{2, 1, 0}));
   EXPECT_EQ(SampleTokenWithUniform(logits, SamplingFilter{1.0f, 3, 1.0f}, 1.0, workspace), 1);
   EXPECT_EQ(SampleTokenWithUniform(logits, SamplingFilter{1.0f, 0, 1.0f}, 1.0, workspace), 2);
+}
+
+TEST(TokenProbability, IsSoftmaxAtTemperatureOne) {
+  const std::vector<float> logits = {1.0f, 3.0f, -INFINITY, 0.5f, 3.0f};
+  const double total = std::exp(1.0 - 3.0) + 2.0 + std::exp(0.5 - 3.0);
+  EXPECT_NEAR(TokenProbability(logits, 1), 1.0 / total, 1e-7);
+  EXPECT_NEAR(TokenProbability(logits, 0), std::exp(-2.0) / total, 1e-7);
+  EXPECT_EQ(TokenProbability(logits, 2), 0.0f);  // -inf
+  // Shift invariance: the model's confidence does not depend on a constant added to the row.
+  std::vector<float> shifted = logits;
+  for (float& value : shifted) value += 1000.0f;
+  EXPECT_NEAR(TokenProbability(shifted, 4), TokenProbability(logits, 4), 1e-6);
+}
+
+TEST(TokenProbability, NaNIsSkippedAndNonFiniteMaximaGiveZero) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NEAR(TokenProbability(std::vector<float>{nan, 0.0f, 0.0f}, 1), 0.5f, 1e-7);
+  EXPECT_EQ(TokenProbability(std::vector<float>{nan, 0.0f, 0.0f}, 0), 0.0f);
+  EXPECT_EQ(TokenProbability(std::vector<float>{-INFINITY, -INFINITY}, 0), 0.0f);
+  EXPECT_EQ(TokenProbability(std::vector<float>{INFINITY, 1.0f}, 0), 0.0f);
+  EXPECT_EQ(TokenProbability(std::vector<float>{7.0f}, 0), 1.0f);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Batched next-token sampling on the GPU (sampling.cuh): kernels, launcher, validation.
 //
-// One thread block per row. A greedy row is a block-wide argmax. A sampled row reproduces
+// One thread block per row. A greedy row is a block-wide argmax. A row that reports its token's
+// probability adds a max and a sum-of-exponentials pass over its logits. A sampled row reproduces
 // kernels/cpu SampleTokenWithUniform without sorting the vocabulary:
 //   1. the largest logit (softmax's shift; always the first candidate in sorted order);
 //   2. top-k: a radix select over the logits' order-preserving bit patterns finds the k-th
@@ -610,6 +611,29 @@ __device__ int SampleRow(Candidates c, const SamplingRow& rp, int* kept_ids, Nar
   return token.id >= 0 ? token.id : best_id;
 }
 
+// kernels/cpu TokenProbability: softmax(row)[token] at temperature 1 over the non-NaN logits, the
+// sum in double (block order, not the CPU's: the two agree to ~1e-12 relative, then f32 rounding).
+__device__ float TokenProbability(const Candidates& row, int token, SharedState& sh) {
+  const u64 best = RowMax(row, /*skip_nan=*/true, sh);
+  const float max_logit = best == 0 ? NAN : KeyValue(static_cast<uint32_t>(best >> 32));
+  const float token_logit = row.logits[token];
+  if (!isfinite(max_logit) || isnan(token_logit)) return 0.f;  // uniform over the block
+  double local = 0.0;
+  for (int e = kPerThread * static_cast<int>(threadIdx.x); e < row.count; e += kTile) {
+    int id[kPerThread];
+    float logit[kPerThread];
+    LoadCandidates(row, e, id, logit);
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      if (id[j] >= 0 && !isnan(logit[j])) {
+        local += exp(static_cast<double>(logit[j]) - static_cast<double>(max_logit));
+      }
+    }
+  }
+  const double total = BlockReduce(local, SumOp{}, sh);
+  return static_cast<float>(exp(static_cast<double>(token_logit) - max_logit) / total);
+}
+
 // ---- kernel -------------------------------------------------------------------------------------
 
 // Workspace per row, in 4-byte words (multiples of kPerThread, so every array is 16-byte
@@ -639,6 +663,11 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p) {
   const int token = rp.temperature > 0.f ? SampleRow(candidates, rp, kept_ids, scratch, sh)
                                          : GreedyRow(candidates, sh);
   if (threadIdx.x == 0) p.tokens[row] = token;
+  if (p.probabilities != nullptr) {
+    const float probability =
+        rp.report_probability != 0 ? TokenProbability(candidates, token, sh) : -1.f;
+    if (threadIdx.x == 0) p.probabilities[row] = probability;
+  }
 }
 
 Status Validate(const SampleParams& p);

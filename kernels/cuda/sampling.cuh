@@ -25,6 +25,7 @@ struct SamplingRow {
   double uniform = 0.0;     // in [0, 1): the row's draw, kernels/cpu DrawUniform's 53-bit value
                             // (double so that the CPU twin sees the very same number); unused
                             // when greedy
+  int report_probability = 0;  // != 0: write the token's probability (SampleParams::probabilities)
 };
 
 // The row parameters are device data, so the launcher cannot check them; the engine validates
@@ -41,6 +42,9 @@ struct SampleParams {
                               // per row, f32 probabilities and int32 candidate ids (about
                               // 8 * vocab_size bytes); no contents carry over between calls
   size_t workspace_bytes = 0;
+  // Optional, [rows], device: kernels/cpu TokenProbability of the chosen id (softmax of the row
+  // at temperature 1) for rows with report_probability, -1 for the others. nullptr: not written.
+  float* probabilities = nullptr;
 };
 
 size_t SampleWorkspaceBytes(int rows, int vocab_size);

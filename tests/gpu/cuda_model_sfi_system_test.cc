@@ -190,6 +190,34 @@ std::vector<std::vector<int>> Generate(std::unique_ptr<Model> model,
   return EngineGreedyTokens(std::move(model), options, prompts, counters, min_retained);
 }
 
+// `tokens` equal `dense` request by request, or first diverge where the dense logits of that
+// prefix (recomputed on `model`) have their top two within bf16 rounding of each other.
+void ExpectDenseTokensUpToNearTies(const ModelConfig& config, std::unique_ptr<Model> model,
+                                   const std::vector<std::vector<int>>& prompts,
+                                   const std::vector<std::vector<int>>& dense,
+                                   const std::vector<std::vector<int>>& tokens, const char* what) {
+  ASSERT_TRUE(model);
+  ASSERT_EQ(tokens.size(), dense.size());
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    const size_t shorter = std::min(tokens[r].size(), dense[r].size());
+    size_t k = 0;
+    while (k < shorter && tokens[r][k] == dense[r][k]) ++k;
+    std::printf("[ engine    ] request %zu: SFI (%s) = dense for %zu of %zu tokens\n", r,
+                what, k, dense[r].size());
+    if (k == tokens[r].size() && k == dense[r].size()) continue;
+    ASSERT_LT(k, shorter) << "request " << r << ": one run stopped without diverging";
+    // The first divergence must be a near-tie of the dense logits at that prefix.
+    std::vector<int> context = prompts[r];
+    context.insert(context.end(), dense[r].begin(), dense[r].begin() + static_cast<ptrdiff_t>(k));
+    auto cache = NewCache(*model, 16, static_cast<int>(context.size()) / 16 + 2);
+    KvSequence seq;
+    const std::vector<float> rows = FeedAll(*model, *cache, seq, context, 0, 64);
+    const auto last = std::span<const float>(rows).last(static_cast<size_t>(config.vocab_size));
+    EXPECT_LE(Top2Margin(last), 0.1 * Rms(last))
+        << "request " << r << " diverges from dense at token " << k << " with a clear margin";
+  }
+}
+
 // The engine on the CUDA model runs SFI's schedule (first decode step slow, t_max, more requests
 // than fit at once so that slots are reused); with a budget covering the context it generates
 // the dense engine's greedy tokens on the same CUDA weights, up to a flip where bf16 leaves the
@@ -221,28 +249,20 @@ TEST(CudaSfiEngineTest, EngineRunsSlowAndFastStepsAndKeepsTheDenseTokens) {
   EXPECT_GT(sfi_counters.sfi_fast_steps, sfi_counters.sfi_slow_steps);
   EXPECT_GT(sparse_counters.sfi_fast_steps, 0);
   EXPECT_LT(sparse_retained, 0.5) << "a budget of 16 over 100+ positions attends a fraction";
-  ASSERT_EQ(full.size(), dense.size());
-  auto model = make();
-  ASSERT_TRUE(model);
-  for (size_t r = 0; r < prompts.size(); ++r) {
-    ASSERT_FALSE(sparse[r].empty());
-    const size_t shorter = std::min(full[r].size(), dense[r].size());
-    size_t k = 0;
-    while (k < shorter && full[r][k] == dense[r][k]) ++k;
-    std::printf("[ engine    ] request %zu: SFI (full budget) = dense for %zu of %zu tokens\n", r,
-                k, dense[r].size());
-    if (k == full[r].size() && k == dense[r].size()) continue;
-    ASSERT_LT(k, shorter) << "request " << r << ": one run stopped without diverging";
-    // The first divergence must be a near-tie of the dense logits at that prefix.
-    std::vector<int> context = prompts[r];
-    context.insert(context.end(), dense[r].begin(), dense[r].begin() + static_cast<ptrdiff_t>(k));
-    auto cache = NewCache(*model, 16, static_cast<int>(context.size()) / 16 + 2);
-    KvSequence seq;
-    const std::vector<float> rows = FeedAll(*model, *cache, seq, context, 0, 64);
-    const auto last = std::span<const float>(rows).last(static_cast<size_t>(config->vocab_size));
-    EXPECT_LE(Top2Margin(last), 0.1 * Rms(last))
-        << "request " << r << " diverges from dense at token " << k << " with a clear margin";
-  }
+  ExpectDenseTokensUpToNearTies(*config, make(), prompts, dense, full, "full budget");
+  for (size_t r = 0; r < prompts.size(); ++r) ASSERT_FALSE(sparse[r].empty());
+
+  // The confidence trigger at a threshold no token of the random model reaches: every fast step
+  // is thrown away and recomputed by a slow (dense) one, so a budget of 16 gives the dense tokens.
+  SfiPolicyConfig redo_config = SfiConfig(4, 16, 16, 5, 16);
+  redo_config.confidence_threshold = 0.999;
+  EngineCounters redo_counters;
+  double redo_retained = 0;
+  const auto redo = Generate(make(), redo_config, prompts, &redo_counters, &redo_retained);
+  EXPECT_GT(redo_counters.sfi_discarded_steps, 0);
+  EXPECT_EQ(redo_counters.sfi_discarded_steps, redo_counters.sfi_fast_steps);
+  EXPECT_EQ(redo_retained, 1.0) << "every token came from a slow step";
+  ExpectDenseTokensUpToNearTies(*config, make(), prompts, dense, redo, "confidence trigger");
 }
 
 }  // namespace

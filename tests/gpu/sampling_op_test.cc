@@ -268,6 +268,58 @@ TEST(SampleOpTest, SameInputsSameTokens) {
   EXPECT_EQ(SampleOnGpu(logits, rows, vocab, batch), SampleOnGpu(logits, rows, vocab, batch));
 }
 
+// Rows with report_probability get kernels/cpu TokenProbability of the token the kernel chose
+// (to f32 rounding: the block sums in another order), the others -1; NaN, -inf, a single entry
+// and a row without a finite logit included. Reporting does not change the token.
+TEST(SampleOpTest, ReportsTheTokenProbability) {
+  std::mt19937_64 rng = gpu_test::FreshRng();
+  for (int vocab : {1, 4099, 151936}) {
+    const int rows = 11;
+    std::vector<float> logits;
+    std::vector<SamplingRow> batch;
+    const std::vector<SamplingRow> configs = RowConfigs(vocab);
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> row = RandomLogitRow(rng, vocab, r % kShapes);
+      if (r == 5 && vocab > 1) row[static_cast<size_t>(rng() % uint64_t(vocab))] = NAN;
+      if (r == 7) std::fill(row.begin(), row.end(), -INFINITY);  // no finite logit: 0
+      logits.insert(logits.end(), row.begin(), row.end());
+      batch.push_back(configs[size_t(r) % configs.size()]);
+      batch.back().uniform = DrawUniform(rng);
+      batch.back().report_probability = r % 4 != 3;
+    }
+    auto device_logits = Upload(logits);
+    auto device_rows = Upload(batch);
+    auto tokens = Poisoned<int32_t>(size_t(rows));
+    auto probabilities = Poisoned<float>(size_t(rows));
+    const size_t bytes = SampleWorkspaceBytes(rows, vocab);
+    auto workspace = Poisoned<uint8_t>(bytes);
+    SampleParams params{device_logits.data(), rows,     vocab, device_rows.data(), tokens.data(),
+                        workspace.data(),     bytes};
+    params.probabilities = probabilities.data();
+    ASSERT_TRUE(SampleTokens(params, nullptr).ok());
+    const std::vector<int32_t> got_tokens = Download(tokens);
+    const std::vector<float> got = Download(probabilities);
+    for (auto& row : batch) row.report_probability = 0;
+    device_rows = Upload(batch);
+    params.row_params = device_rows.data();
+    params.probabilities = nullptr;
+    ASSERT_TRUE(SampleTokens(params, nullptr).ok());
+    EXPECT_EQ(Download(tokens), got_tokens) << "vocab " << vocab;
+    for (int r = 0; r < rows; ++r) {
+      const std::span<const float> row(logits.data() + size_t(r) * vocab, size_t(vocab));
+      if (r % 4 == 3) {
+        EXPECT_EQ(got[size_t(r)], -1.f) << "vocab " << vocab << " row " << r;
+        continue;
+      }
+      const float want = TokenProbability(row, got_tokens[size_t(r)]);
+      EXPECT_NEAR(got[size_t(r)], want, 1e-6f * want + 1e-12f) << "vocab " << vocab << " row " << r;
+      if (r == 7) {
+        EXPECT_EQ(got[size_t(r)], 0.f);
+      }
+    }
+  }
+}
+
 TEST(SampleOpTest, RejectsBadParams) {
   const int rows = 2, vocab = 832;
   auto logits = Poisoned<float>(size_t(rows) * vocab);
