@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,28 @@ TEST(PolicyRegistry, DenseIsKnownAndTakesNoParameters) {
   ASSERT_FALSE(rejected.ok());
   EXPECT_NE(rejected.status().message().find("p.yaml: policy.recent_window"), std::string::npos)
       << rejected.status().message();
+}
+
+// Every shipped policy file loads and resolves (the tests run from the source tree), and the
+// SFI ones carry what their names promise.
+TEST(PolicyRegistry, ShippedPolicyFilesResolve) {
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("configs/policies")) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++files;
+    auto config = LoadConfigFile(entry.path().string());
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    auto choice = ResolvePolicy(config->policy);
+    ASSERT_TRUE(choice.ok()) << choice.status().message();
+    const std::string name = entry.path().stem().string();
+    if (name.starts_with("sfi")) {
+      ASSERT_EQ(choice->kind, PolicyKind::kSfi) << name;
+      EXPECT_EQ(choice->sfi.selector.budget, name == "sfi_k512" ? 512 : 2048) << name;
+      EXPECT_EQ(choice->sfi.selector.continuation, name == "sfi_paper" ? 0 : 8) << name;
+      EXPECT_EQ(choice->sfi.confidence_threshold, name == "sfi_confident" ? 0.9 : 0.0) << name;
+    }
+  }
+  EXPECT_GE(files, 5);
 }
 
 TEST(PolicyRegistry, UnknownNameListsKnownOnes) {
