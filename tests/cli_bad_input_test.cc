@@ -250,7 +250,9 @@ TEST_F(CliBadInputTest, SfiPolicyGeneratesAndReportsItsSteps) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("policy=sfi"), std::string::npos) << r.out;
   // 6 tokens: the prompt's selection, then decode steps slow, fast, fast, slow, fast.
-  EXPECT_NE(r.out.find("sfi_slow_steps=3 sfi_fast_steps=3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sfi_slow_steps=3 sfi_fast_steps=3 sfi_discarded_steps=0"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(CliBadInputTest, UnknownPolicyParameter) {

@@ -1,8 +1,8 @@
 // Tests for SFI in the engine (EngineOptions::sfi, DESIGN §4.2) on the CPU reference: a budget
 // covering the context generates exactly the dense tokens; the schedule's step kinds reach the
 // model and the counters (first decode step slow, t_max, triggers); the confidence trigger
-// recomputes improbable fast steps as slow ones (same draw, same position); a small budget attends less
-// and keeps each request independent of its batch; the model rejects inconsistent SFI entries;
+// recomputes improbable fast steps as slow ones (same draw, same position); a small budget attends
+// less and keeps each request independent of its batch; the model rejects inconsistent SFI entries;
 // option validation.
 #include <gtest/gtest.h>
 

@@ -286,8 +286,7 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
     drop_graphs();
     const int rows = RoundUpPow2(plan.sample_rows);
     sample_capacity_ = 0;
-    RUBATO_RETURN_IF_ERROR(
-        Reallocate(sampled_, 2 * static_cast<size_t>(rows), "sampled tokens"));
+    RUBATO_RETURN_IF_ERROR(Reallocate(sampled_, 2 * static_cast<size_t>(rows), "sampled tokens"));
     sampled_host_ = PinnedBuffer();
     RUBATO_ASSIGN_OR_RETURN(sampled_host_,
                             PinnedBuffer::Allocate(2 * sizeof(int32_t) * rows, "sampled tokens"));
@@ -385,9 +384,10 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
     if (plan_.sample_rows > 0) {
       // Tokens and probabilities in one copy: [0, rows) and [capacity, capacity + rows).
       RUBATO_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(sampled_host_.data(), sampled_.data(),
-                          sizeof(int32_t) * static_cast<size_t>(sample_capacity_ + plan_.sample_rows),
-                          cudaMemcpyDeviceToHost, stream_),
+          cudaMemcpyAsync(
+              sampled_host_.data(), sampled_.data(),
+              sizeof(int32_t) * static_cast<size_t>(sample_capacity_ + plan_.sample_rows),
+              cudaMemcpyDeviceToHost, stream_),
           "copying the sampled tokens to the host");
     }
     if (plan_.host_rows > 0) {

@@ -212,7 +212,7 @@ class CudaModel : public Model {
   // [2][sample capacity] words, device: the token ids (int32), then their probabilities (f32,
   // cuda::SampleParams::probabilities; -1 for rows that did not ask).
   cuda::DeviceBuffer<int32_t> sampled_;
-  PinnedBuffer sampled_host_;  // the same layout, host copy
+  PinnedBuffer sampled_host_;                           // the same layout, host copy
   cuda::DeviceBuffer<unsigned char> decode_workspace_;  // DecodeAttentionWorkspaceBytes
   cuda::DeviceBuffer<unsigned char> sample_workspace_;  // SampleWorkspaceBytes
 

@@ -105,8 +105,8 @@ Result<SfiPolicyConfig> ParseSfiPolicyConfig(const PolicySection& section) {
   RUBATO_RETURN_IF_ERROR(
       params.ReadInt("prefill_window", 1, kSfiMaxPrefillWindow, &config.prefill_window));
   RUBATO_RETURN_IF_ERROR(params.ReadStringList("triggers", &config.triggers));
-  RUBATO_RETURN_IF_ERROR(params.ReadDouble("confidence_threshold", {0, 1, true, false},
-                                           &config.confidence_threshold));
+  RUBATO_RETURN_IF_ERROR(
+      params.ReadDouble("confidence_threshold", {0, 1, true, false}, &config.confidence_threshold));
   for (size_t i = 0; i < config.triggers.size(); ++i) {
     const std::string_view problem = TriggerProblem(config.triggers[i]);
     if (!problem.empty()) {
@@ -136,8 +136,9 @@ Status ValidateSfiPolicyConfig(const SfiPolicyConfig& config) {
                            fmt::format("[1, {}]", kSfiMaxPrefillWindow));
   }
   if (!(config.confidence_threshold >= 0.0 && config.confidence_threshold < 1.0)) {
-    return InvalidArgumentError(fmt::format(
-        "SfiPolicyConfig.confidence_threshold = {} is outside [0, 1)", config.confidence_threshold));
+    return InvalidArgumentError(
+        fmt::format("SfiPolicyConfig.confidence_threshold = {} is outside [0, 1)",
+                    config.confidence_threshold));
   }
   for (size_t i = 0; i < config.triggers.size(); ++i) {
     const std::string_view problem = TriggerProblem(config.triggers[i]);
@@ -189,8 +190,7 @@ SfiSchedule::SfiSchedule(int t_max, const std::vector<int>* trigger_ids)
 }
 
 SfiStepKind SfiSchedule::NextStep() const {
-  const bool slow =
-      slow_steps_ == 0 || previous_is_trigger_ || redo_ || fast_since_slow_ >= t_max_;
+  const bool slow = slow_steps_ == 0 || previous_is_trigger_ || redo_ || fast_since_slow_ >= t_max_;
   return slow ? SfiStepKind::kSlow : SfiStepKind::kFast;
 }
 

@@ -279,8 +279,7 @@ TEST(SfiPolicyConfig, RejectsBadValuesNamingTheKeyPath) {
       {"triggers: ['. ']", "s.yaml: policy.triggers[0]: '. ' ends with a space or tab"},
       {"triggers: [\"\\n\\t\"]", "s.yaml: policy.triggers[0]: '\\n\\t' ends with a space or tab"},
       {"triggers: [[a]]", "s.yaml: policy.triggers[0]: expected a string, got a list"},
-      {"confidence_threshold: 1",
-       "s.yaml: policy.confidence_threshold: must be in [0, 1), got 1"},
+      {"confidence_threshold: 1", "s.yaml: policy.confidence_threshold: must be in [0, 1), got 1"},
       {"confidence_threshold: -0.5",
        "s.yaml: policy.confidence_threshold: must be in [0, 1), got -0.5"},
       {"alpha: 0", "s.yaml: policy.alpha: must be in (0, 1], got 0"},
@@ -355,13 +354,13 @@ TEST(SfiPolicyConfig, ValidateChecksConfigsBuiltInCode) {
 // The parser's ranges are the selector's: every boundary value the parser accepts, the selector
 // accepts (ParseSfiPolicyConfig validates its result, so a drift shows up as a parse error).
 TEST(SfiPolicyConfig, ParserBoundariesPassTheSelectorValidation) {
-  for (const char* params :
-       {"alpha: 1e-300", "alpha: 1", "gamma: 0", "beta: 0", "p: 1", "eta: 0", "lambda_clip: 0",
-        "lambda_clip: 1", "epsilon: 1e-300", "nms_window: 1", "alpha_soft: 0", "alpha_cross: 0",
-        "temperature: 1e-300", "budget: 1", "budget: 2147483647", "prefill_window: 1",
-        "continuation: 0", "continuation: 2147483647", "continuation_threshold: 1e-300",
-        "continuation_threshold: 1", "confidence_threshold: 0",
-        "confidence_threshold: 0.999999"}) {
+  const char* const boundaries[] = {
+      "alpha: 1e-300", "alpha: 1", "gamma: 0", "beta: 0", "p: 1", "eta: 0", "lambda_clip: 0",
+      "lambda_clip: 1", "epsilon: 1e-300", "nms_window: 1", "alpha_soft: 0", "alpha_cross: 0",
+      "temperature: 1e-300", "budget: 1", "budget: 2147483647", "prefill_window: 1",
+      "continuation: 0", "continuation: 2147483647", "continuation_threshold: 1e-300",
+      "continuation_threshold: 1", "confidence_threshold: 0", "confidence_threshold: 0.999999"};
+  for (const char* params : boundaries) {
     const std::string yaml = std::string("policy: {name: sfi, ") + params + "}\n";
     auto config = Parse(yaml);
     EXPECT_TRUE(config.ok()) << yaml << " -> " << config.status().message();

@@ -202,8 +202,8 @@ void ExpectDenseTokensUpToNearTies(const ModelConfig& config, std::unique_ptr<Mo
     const size_t shorter = std::min(tokens[r].size(), dense[r].size());
     size_t k = 0;
     while (k < shorter && tokens[r][k] == dense[r][k]) ++k;
-    std::printf("[ engine    ] request %zu: SFI (%s) = dense for %zu of %zu tokens\n", r,
-                what, k, dense[r].size());
+    std::printf("[ engine    ] request %zu: SFI (%s) = dense for %zu of %zu tokens\n", r, what, k,
+                dense[r].size());
     if (k == tokens[r].size() && k == dense[r].size()) continue;
     ASSERT_LT(k, shorter) << "request " << r << ": one run stopped without diverging";
     // The first divergence must be a near-tie of the dense logits at that prefix.

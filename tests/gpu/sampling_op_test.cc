@@ -293,7 +293,7 @@ TEST(SampleOpTest, ReportsTheTokenProbability) {
     auto probabilities = Poisoned<float>(size_t(rows));
     const size_t bytes = SampleWorkspaceBytes(rows, vocab);
     auto workspace = Poisoned<uint8_t>(bytes);
-    SampleParams params{device_logits.data(), rows,     vocab, device_rows.data(), tokens.data(),
+    SampleParams params{device_logits.data(), rows, vocab, device_rows.data(), tokens.data(),
                         workspace.data(),     bytes};
     params.probabilities = probabilities.data();
     ASSERT_TRUE(SampleTokens(params, nullptr).ok());
