@@ -250,21 +250,30 @@ struct TiedWeight {  // Weight for the candidates whose key is `key`, else 0
 
 // ---- passes -------------------------------------------------------------------------------------
 
-// The largest logit and the lowest id holding it, packed (PackKeyId); 0 if none. skip_nan: ArgMax
-// semantics (NaN is never chosen); else NaN counts as -inf.
-__device__ u64 RowMax(const Candidates& c, bool skip_nan, SharedState& sh) {
-  u64 best = 0;
+// Calls visit(id, logit) for this thread's candidates, kPerThread consecutive ones per tile
+// (ids past the end skipped).
+template <typename Visit>
+__device__ __forceinline__ void ForEachCandidate(const Candidates& c, Visit visit) {
   for (int e = kPerThread * static_cast<int>(threadIdx.x); e < c.count; e += kTile) {
     int id[kPerThread];
     float logit[kPerThread];
     LoadCandidates(c, e, id, logit);
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
-      if (id[j] < 0 || (skip_nan && isnan(logit[j]))) continue;
-      const u64 packed = PackKeyId(SampleKey(logit[j]), id[j]);
-      best = packed > best ? packed : best;
+      if (id[j] >= 0) visit(id[j], logit[j]);
     }
   }
+}
+
+// The largest logit and the lowest id holding it, packed (PackKeyId); 0 if none. skip_nan: ArgMax
+// semantics (NaN is never chosen); else NaN counts as -inf.
+__device__ u64 RowMax(const Candidates& c, bool skip_nan, SharedState& sh) {
+  u64 best = 0;
+  ForEachCandidate(c, [&](int id, float logit) {
+    if (skip_nan && isnan(logit)) return;
+    const u64 packed = PackKeyId(SampleKey(logit), id);
+    best = packed > best ? packed : best;
+  });
   return BlockReduce(best, MaxOp{}, sh);
 }
 
@@ -619,17 +628,9 @@ __device__ float TokenProbability(const Candidates& row, int token, SharedState&
   const float token_logit = row.logits[token];
   if (!isfinite(max_logit) || isnan(token_logit)) return 0.f;  // uniform over the block
   double local = 0.0;
-  for (int e = kPerThread * static_cast<int>(threadIdx.x); e < row.count; e += kTile) {
-    int id[kPerThread];
-    float logit[kPerThread];
-    LoadCandidates(row, e, id, logit);
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      if (id[j] >= 0 && !isnan(logit[j])) {
-        local += exp(static_cast<double>(logit[j]) - static_cast<double>(max_logit));
-      }
-    }
-  }
+  ForEachCandidate(row, [&](int, float logit) {
+    if (!isnan(logit)) local += exp(static_cast<double>(logit) - static_cast<double>(max_logit));
+  });
   const double total = BlockReduce(local, SumOp{}, sh);
   return static_cast<float>(exp(static_cast<double>(token_logit) - max_logit) / total);
 }
