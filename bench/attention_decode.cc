@@ -53,6 +53,9 @@ struct Options {
   // the same DRAM channel (an experiment knob; 0 = none).
   size_t v_offset_bytes = 0;
   std::vector<int> splits = {0};  // 0 = the kernel's own choice; others force a split count
+  // Also write every raw score (DecodeAttentionParams::scores, [batch][heads][context] f32), as
+  // an SFI slow step's decode launch does: what that output costs the kernel.
+  bool scores = false;
   std::string out;
 };
 
@@ -168,6 +171,13 @@ Status Run(const Options& options, nlohmann::json& report) {
     params.workspace_bytes = workspace_bytes;
     params.num_splits = splits;
     params.num_pool_blocks = options.row_copies ? 0 : static_cast<int64_t>(num_blocks);
+    DeviceBuffer<float> scores;
+    if (options.scores) {
+      const size_t count = static_cast<size_t>(options.batch) * options.heads * context;
+      RUBATO_ASSIGN_OR_RETURN(scores, DeviceBuffer<float>::Allocate(count, "scores"));
+      params.scores = scores.data();
+      params.scores_stride = context;
+    }
 
     cudaEvent_t start, stop;
     cudaEventCreate(&start);
@@ -190,14 +200,16 @@ Status Run(const Options& options, nlohmann::json& report) {
     const double read_bandwidth = kv_bytes / (median_ms / 1e3);
     // The floor: K + V read once at the copy's rate (a copy's bytes read + written per second).
     const double floor_ms = kv_bytes / copy_bandwidth * 1e3;
-    std::printf("context %7d splits %3d: %.4f ms, K+V read %.0f GB/s, floor %.4f ms (%.2fx)\n",
-                context, splits, median_ms, read_bandwidth / 1e9, floor_ms, median_ms / floor_ms);
+    std::printf("context %7d splits %3d%s: %.4f ms, K+V read %.0f GB/s, floor %.4f ms (%.2fx)\n",
+                context, splits, options.scores ? " scores" : "", median_ms,
+                read_bandwidth / 1e9, floor_ms, median_ms / floor_ms);
     if (splits != 0) {  // a sweep point, not the kernel as shipped
       report["split_sweep"].push_back({{"context", context}, {"splits", splits},
                                        {"median_ms", median_ms}});
       continue;
     }
     report["points"].push_back({{"context", context},
+                                {"scores", options.scores},
                                 {"median_ms", median_ms},
                                 {"min_ms", *std::min_element(ms.begin(), ms.end())},
                                 {"kv_bytes", kv_bytes},
@@ -226,6 +238,8 @@ int main(int argc, char** argv) {
   app.add_option("--v-offset-bytes", options.v_offset_bytes)->check(CLI::Range(0, 1 << 30));
   app.add_option("--splits", options.splits, "split counts to sweep; 0 = the kernel's choice")
       ->delimiter(',');
+  app.add_flag("--scores", options.scores,
+               "also write the raw scores, as an SFI slow step's launch does");
   app.add_option("--warmup", options.warmup)->check(CLI::Range(0, 100000));
   app.add_option("--iterations", options.iterations)->check(CLI::Range(1, 100000));
   app.add_option("--out", options.out, "JSON report path");
