@@ -1,7 +1,7 @@
 // Batched next-token sampling on the GPU (sampling.cuh): kernels, launcher, validation.
 //
 // One thread block per row. A greedy row is a block-wide argmax. A row that reports its token's
-// probability adds a max and a sum-of-exponentials pass over its logits. A sampled row reproduces
+// probability adds a sum-of-exponentials pass over its logits. A sampled row reproduces
 // kernels/cpu SampleTokenWithUniform without sorting the vocabulary:
 //   1. the largest logit (softmax's shift; always the first candidate in sorted order);
 //   2. top-k: a radix select over the logits' order-preserving bit patterns finds the k-th
@@ -571,18 +571,21 @@ __device__ double WriteProbabilities(const Candidates& c, float temperature, flo
 // ---- rows ---------------------------------------------------------------------------------------
 
 // Greedy: kernels/cpu ArgMax (lowest id among equal maxima; NaN never chosen unless all are
-// NaN, then 0).
-__device__ int GreedyRow(const Candidates& row, SharedState& sh) {
-  const u64 best = RowMax(row, /*skip_nan=*/true, sh);
-  return best == 0 ? 0 : PackedId(best);
+// NaN, then 0), from the row's RowMax(skip_nan = true).
+__device__ int GreedyToken(u64 best) { return best == 0 ? 0 : PackedId(best); }
+
+// The largest logit of a RowMax result (either NaN mode: NaN counts as -inf or not at all);
+// NaN when the row had no candidate.
+__device__ float MaxLogit(u64 best) {
+  return best == 0 ? NAN : KeyValue(static_cast<uint32_t>(best >> 32));
 }
 
-// kernels/cpu SampleTokenWithUniform (see the file comment for the steps).
-__device__ int SampleRow(Candidates c, const SamplingRow& rp, int* kept_ids, NarrowScratch scratch,
-                         SharedState& sh) {
-  const u64 best = RowMax(c, /*skip_nan=*/false, sh);
+// kernels/cpu SampleTokenWithUniform (see the file comment for the steps); best: the row's
+// RowMax(skip_nan = false).
+__device__ int SampleRow(Candidates c, const SamplingRow& rp, u64 best, int* kept_ids,
+                         NarrowScratch scratch, SharedState& sh) {
   const int best_id = PackedId(best);
-  const float max_logit = KeyValue(static_cast<uint32_t>(best >> 32));
+  const float max_logit = MaxLogit(best);
   if (!isfinite(max_logit)) return best_id;  // no finite logit, or +inf: outside the contract
   const float max_scaled = __fdiv_rn(max_logit, rp.temperature);
   const bool top_k = rp.top_k > 0 && rp.top_k < c.count;
@@ -622,9 +625,9 @@ __device__ int SampleRow(Candidates c, const SamplingRow& rp, int* kept_ids, Nar
 
 // kernels/cpu TokenProbability: softmax(row)[token] at temperature 1 over the non-NaN logits, the
 // sum in double (block order, not the CPU's: the two agree to ~1e-12 relative, then f32 rounding).
-__device__ float TokenProbability(const Candidates& row, int token, SharedState& sh) {
-  const u64 best = RowMax(row, /*skip_nan=*/true, sh);
-  const float max_logit = best == 0 ? NAN : KeyValue(static_cast<uint32_t>(best >> 32));
+// max_logit: MaxLogit of the row's RowMax (the largest non-NaN logit in both NaN modes).
+__device__ float TokenProbability(const Candidates& row, int token, float max_logit,
+                                  SharedState& sh) {
   const float token_logit = row.logits[token];
   if (!isfinite(max_logit) || isnan(token_logit)) return 0.f;  // uniform over the block
   double local = 0.0;
@@ -660,13 +663,17 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p) {
   const Candidates candidates{logits, nullptr, probs, p.vocab_size,
                               reinterpret_cast<uintptr_t>(logits) % 16 == 0};
   const SamplingRow rp = p.row_params[row];
-  // temperature <= 0 or NaN (outside the contract) is greedy too.
-  const int token = rp.temperature > 0.f ? SampleRow(candidates, rp, kept_ids, scratch, sh)
-                                         : GreedyRow(candidates, sh);
+  // temperature <= 0 or NaN (outside the contract) is greedy too. One pass finds the row's
+  // maximum for the token and for its probability.
+  const bool greedy = !(rp.temperature > 0.f);
+  const u64 best = RowMax(candidates, /*skip_nan=*/greedy, sh);
+  const int token =
+      greedy ? GreedyToken(best) : SampleRow(candidates, rp, best, kept_ids, scratch, sh);
   if (threadIdx.x == 0) p.tokens[row] = token;
   if (p.probabilities != nullptr) {
-    const float probability =
-        rp.report_probability != 0 ? TokenProbability(candidates, token, sh) : -1.f;
+    const float probability = rp.report_probability != 0
+                                  ? TokenProbability(candidates, token, MaxLogit(best), sh)
+                                  : -1.f;
     if (threadIdx.x == 0) p.probabilities[row] = probability;
   }
 }
