@@ -1,25 +1,35 @@
 // Helpers shared by the end-to-end decode benchmarks (decode_e2e.cc: dense; decode_e2e_sfi.cc:
-// SFI against dense): batch x context points, percentiles, the device's copy bandwidth, the
-// bytes a decode step reads, and writing the JSON report.
+// SFI against dense): their common flags and main(), the random-weight model, the KV pool for a
+// list of batch x context points, percentiles, the device's copy bandwidth, the bytes a decode
+// step reads, and the JSON report.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/hf_config.h"
 #include "common/status.h"
+#include "inference_rank/model/cuda_kv_storage.h"
+#include "inference_rank/model/cuda_model.h"
 #include "inference_rank/model/cuda_weights.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
+
+#ifndef RUBATO_GIT_COMMIT
+#define RUBATO_GIT_COMMIT "unknown"
+#endif
 
 namespace rubato::bench {
 
@@ -27,6 +37,30 @@ struct Point {
   int batch = 0;
   int context = 0;
 };
+
+// Memory kept free beyond the KV pool (and a benchmark's other buffers) for activations,
+// workspaces and cuBLASLt.
+constexpr size_t kHeadroomBytes = size_t{2} << 30;
+
+// The flags every end-to-end decode benchmark takes (AddCommonOptions); the rest are its own.
+struct CommonOptions {
+  std::string config;  // model directory with config.json
+  int block_size = 64;
+  uint64_t seed = 1;
+  int device = 0;
+  std::string commit;        // empty: the build's
+  std::string out;           // JSON report path; empty: none
+  std::string command_line;  // set by BenchMain
+};
+
+inline void AddCommonOptions(CLI::App& app, CommonOptions& options) {
+  app.add_option("--config", options.config, "model directory with config.json")->required();
+  app.add_option("--block-size", options.block_size, "KV block tokens: 16 or 64");
+  app.add_option("--seed", options.seed, "seed of the weights and KV values");
+  app.add_option("--device", options.device, "CUDA device index");
+  app.add_option("--commit", options.commit, "commit to record (default: the build's)");
+  app.add_option("--out", options.out, "JSON report path");
+}
 
 // Writes `report` to `path` as indented JSON (nothing when the path is empty); false, with a
 // message on stderr naming `program`, when the file cannot be written.
@@ -108,6 +142,103 @@ inline double WeightBytesPerStep(const ModelConfig& config) {
 inline double KvBytesPerStep(const ModelConfig& config, int batch, double keys) {
   return static_cast<double>(batch) * keys * config.num_layers * 2.0 * config.num_kv_heads *
          config.head_dim * 2.0;
+}
+
+// The config's model with random bf16 weights generated on the device, and the device's name.
+struct BenchModel {
+  std::unique_ptr<Model> owner;
+  CudaModel* model = nullptr;
+  std::string device_name;
+};
+inline Result<BenchModel> LoadBenchModel(const CommonOptions& options) {
+  CudaModelOptions model_options;
+  model_options.random_weights = true;
+  model_options.seed = options.seed;
+  model_options.device = options.device;
+  BenchModel loaded;
+  RUBATO_ASSIGN_OR_RETURN(loaded.owner, LoadCudaModel(options.config, model_options));
+  loaded.model = dynamic_cast<CudaModel*>(loaded.owner.get());
+  if (loaded.model == nullptr) return InternalError("LoadCudaModel did not return a CudaModel");
+  cudaDeviceProp properties{};
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, options.device),
+                              "reading the device properties");
+  loaded.device_name = properties.name;
+  return loaded;
+}
+
+// Blocks of `block_size` tokens that the largest point needs once each sequence grows by `grown`
+// tokens (points run one after the other and release their blocks).
+inline int BlocksForPoints(const std::vector<Point>& points, int grown, int block_size) {
+  int blocks = 0;
+  for (const Point& p : points) {
+    blocks = std::max(blocks, p.batch * ((p.context + grown + block_size - 1) / block_size));
+  }
+  return blocks;
+}
+
+// The KV pool of `num_blocks` blocks for `model`, after checking that it, `extra_bytes` of other
+// buffers (`extra_what`, e.g. ", the SFI maintenance ring up to N"; empty when none) and
+// kHeadroomBytes fit in the free device memory: ResourceExhausted naming every term otherwise.
+inline Result<std::unique_ptr<PagedKvCache>> CreateBenchKvCache(CudaModel& model, int block_size,
+                                                                int num_blocks, size_t extra_bytes,
+                                                                const std::string& extra_what) {
+  const ModelConfig& config = model.config();
+  const KvCacheShape shape{config.num_layers, config.num_kv_heads, config.head_dim, block_size,
+                           num_blocks};
+  const size_t pool_bytes = DeviceKvStorage::PoolBytes(shape);
+  size_t free_bytes = 0, total_bytes = 0;
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "querying memory");
+  if (pool_bytes + extra_bytes + kHeadroomBytes > free_bytes) {
+    return ResourceExhaustedError(
+        "the KV cache for these points needs " + std::to_string(pool_bytes) + " bytes (" +
+        std::to_string(num_blocks) + " blocks of " + std::to_string(block_size) + " tokens)" +
+        extra_what + ", plus " + std::to_string(kHeadroomBytes) + " bytes of headroom, but only " +
+        std::to_string(free_bytes) + " of " + std::to_string(total_bytes) +
+        " bytes are free after the weights; run fewer or smaller points");
+  }
+  return model.CreateKvCache(block_size, num_blocks);
+}
+
+// The report's device, commit, command, model and KV cache entries.
+inline void AddReportHeader(nlohmann::json& report, const CommonOptions& options,
+                            const BenchModel& loaded, const PagedKvCache& cache,
+                            const char* kv_values) {
+  const ModelConfig& config = loaded.model->config();
+  report["device"] = loaded.device_name;
+  report["commit"] = options.commit.empty() ? std::string(RUBATO_GIT_COMMIT) : options.commit;
+  report["command"] = options.command_line;
+  report["model"] = {{"config", options.config},
+                     {"architecture", config.architecture},
+                     {"layers", config.num_layers},
+                     {"hidden", config.hidden_size},
+                     {"heads", config.num_heads},
+                     {"kv_heads", config.num_kv_heads},
+                     {"head_dim", config.head_dim},
+                     {"vocab", config.vocab_size},
+                     {"weights", "random, generated on the device, bf16"},
+                     {"weight_bytes", loaded.model->weight_bytes()}};
+  report["kv_cache"] = {{"dtype", "bf16"},
+                        {"block_size", options.block_size},
+                        {"blocks", cache.shape().num_blocks},
+                        {"pool_bytes", cache.pool_bytes()},
+                        {"values", kv_values}};
+}
+
+// main() of a benchmark: parses the flags (app holds AddCommonOptions' and the benchmark's own),
+// runs `run(report)` (which prints its own table), writes the report. Exit status 0, or 1 with
+// the error on stderr naming `program`.
+template <typename Run>
+int BenchMain(const char* program, CLI::App& app, CommonOptions& options, int argc, char** argv,
+              Run run) {
+  CLI11_PARSE(app, argc, argv);
+  for (int i = 0; i < argc; ++i) options.command_line += (i ? " " : "") + std::string(argv[i]);
+  nlohmann::json report;
+  const Status status = run(report);
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s: %s\n", program, status.message().c_str());
+    return 1;
+  }
+  return WriteReport(report, options.out, program) ? 0 : 1;
 }
 
 }  // namespace rubato::bench

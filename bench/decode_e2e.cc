@@ -33,10 +33,6 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
 
-#ifndef RUBATO_GIT_COMMIT
-#define RUBATO_GIT_COMMIT "unknown"
-#endif
-
 namespace rubato {
 namespace {
 
@@ -47,22 +43,13 @@ using bench::Point;
 using bench::WeightBytesPerStep;
 
 struct Options {
-  std::string config;
+  bench::CommonOptions common;  // --config, --block-size, --seed, --device, --commit, --out
   int batch = 16;
   int context = 32768;
   std::string points;  // "8x12288,16x32768": overrides batch / context
-  int block_size = 64;
   int steps = 20;
   int warmup = 3;
-  uint64_t seed = 1;
-  int device = 0;
-  std::string commit;
-  std::string out;
-  std::string command_line;
 };
-
-// Memory kept free beyond the KV pool for activations, workspaces and cuBLASLt.
-constexpr size_t kHeadroomBytes = size_t{2} << 30;
 
 struct PointResult {
   Point point;
@@ -145,69 +132,26 @@ Status Run(const Options& options, nlohmann::json& report, std::vector<PointResu
         "--steps must be >= 1 and --warmup >= 2 (the first step of a shape runs eagerly, the "
         "second captures its graph)");
   }
-  CudaModelOptions model_options;
-  model_options.random_weights = true;
-  model_options.seed = options.seed;
-  model_options.device = options.device;
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Model> loaded,
-                          LoadCudaModel(options.config, model_options));
-  auto* model = dynamic_cast<CudaModel*>(loaded.get());
-  if (model == nullptr) return InternalError("LoadCudaModel did not return a CudaModel");
-  const ModelConfig& config = model->config();
-
-  cudaDeviceProp properties{};
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, options.device),
-                              "reading the device properties");
+  RUBATO_ASSIGN_OR_RETURN(bench::BenchModel loaded, bench::LoadBenchModel(options.common));
+  CudaModel* model = loaded.model;
   RUBATO_ASSIGN_OR_RETURN(const double copy_bandwidth,
                           CopyBandwidth(size_t{4} << 30, model->stream()));
   std::printf(
       "device %s, device-to-device copy %.0f GB/s (read + write), %s: %.2f GB of bf16 "
       "weights\n",
-      properties.name, copy_bandwidth / 1e9, options.config.c_str(), model->weight_bytes() / 1e9);
+      loaded.device_name.c_str(), copy_bandwidth / 1e9, options.common.config.c_str(),
+      model->weight_bytes() / 1e9);
 
   // One pool for the largest point; points run one after the other and release their blocks.
-  int num_blocks = 0;
-  const int grown = options.warmup + options.steps;
-  for (const Point& p : points) {
-    const int per_sequence = (p.context + grown + options.block_size - 1) / options.block_size;
-    num_blocks = std::max(num_blocks, p.batch * per_sequence);
-  }
-  const KvCacheShape shape{config.num_layers, config.num_kv_heads, config.head_dim,
-                           options.block_size, num_blocks};
-  const size_t pool_bytes = DeviceKvStorage::PoolBytes(shape);
-  size_t free_bytes = 0, total_bytes = 0;
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "querying memory");
-  if (pool_bytes + kHeadroomBytes > free_bytes) {
-    return ResourceExhaustedError(
-        "the KV cache for these points needs " + std::to_string(pool_bytes) + " bytes (" +
-        std::to_string(num_blocks) + " blocks of " + std::to_string(options.block_size) +
-        " tokens) plus " + std::to_string(kHeadroomBytes) + " bytes of headroom, but only " +
-        std::to_string(free_bytes) + " of " + std::to_string(total_bytes) +
-        " bytes are free after the weights; run fewer or smaller points");
-  }
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> cache,
-                          model->CreateKvCache(options.block_size, num_blocks));
+  const int num_blocks =
+      bench::BlocksForPoints(points, options.warmup + options.steps, options.common.block_size);
+  RUBATO_ASSIGN_OR_RETURN(
+      std::unique_ptr<PagedKvCache> cache,
+      bench::CreateBenchKvCache(*model, options.common.block_size, num_blocks, 0, ""));
 
-  report["device"] = properties.name;
-  report["commit"] = options.commit.empty() ? std::string(RUBATO_GIT_COMMIT) : options.commit;
-  report["command"] = options.command_line;
-  report["model"] = {{"config", options.config},
-                     {"architecture", config.architecture},
-                     {"layers", config.num_layers},
-                     {"hidden", config.hidden_size},
-                     {"heads", config.num_heads},
-                     {"kv_heads", config.num_kv_heads},
-                     {"head_dim", config.head_dim},
-                     {"vocab", config.vocab_size},
-                     {"weights", "random, generated on the device, bf16"},
-                     {"weight_bytes", model->weight_bytes()}};
-  report["kv_cache"] = {{"dtype", "bf16"},
-                        {"block_size", options.block_size},
-                        {"blocks", num_blocks},
-                        {"pool_bytes", pool_bytes},
-                        {"values",
-                         "random bf16 in [-1, 1] written directly, no prefill: decode "
-                         "speed does not depend on the KV values"}};
+  bench::AddReportHeader(report, options.common, loaded, *cache,
+                         "random bf16 in [-1, 1] written directly, no prefill: decode speed "
+                         "does not depend on the KV values");
   report["copy_bandwidth_bytes_per_s"] = copy_bandwidth;
   report["steps"] = options.steps;
   report["warmup"] = options.warmup;
@@ -215,7 +159,7 @@ Status Run(const Options& options, nlohmann::json& report, std::vector<PointResu
 
   for (size_t i = 0; i < points.size(); ++i) {
     RUBATO_ASSIGN_OR_RETURN(PointResult r, RunPoint(*model, *cache, points[i], options,
-                                                    copy_bandwidth, options.seed + 1 + i));
+                                                    copy_bandwidth, options.common.seed + 1 + i));
     std::printf("%dx%d: step %.3f ms (p90 %.3f), roofline %.3f ms, ratio %.3f\n", r.point.batch,
                 r.point.context, r.median_ms, r.p90_ms, r.roofline_ms, r.median_ms / r.roofline_ms);
     report["points"].push_back({{"batch", r.point.batch},
@@ -253,29 +197,18 @@ void PrintTable(const std::vector<PointResult>& results) {
 int main(int argc, char** argv) {
   rubato::Options options;
   CLI::App app{"rubato end-to-end decode benchmark (CUDA model, random weights)"};
-  app.add_option("--config", options.config, "model directory with config.json")->required();
+  rubato::bench::AddCommonOptions(app, options.common);
   app.add_option("--batch", options.batch, "sequences per step (without --points)");
   app.add_option("--context", options.context,
                  "tokens per sequence at the start (without --points)");
   app.add_option("--points", options.points, "BATCHxCONTEXT list, e.g. 8x12288,16x32768");
-  app.add_option("--block-size", options.block_size, "KV block tokens: 16 or 64");
   app.add_option("--steps", options.steps, "timed decode steps per point");
   app.add_option("--warmup", options.warmup, "untimed steps per point (>= 2: eager, capture)");
-  app.add_option("--seed", options.seed, "seed of the weights and KV values");
-  app.add_option("--device", options.device, "CUDA device index");
-  app.add_option("--commit", options.commit, "commit to record (default: the build's)");
-  app.add_option("--out", options.out, "JSON report path");
-  CLI11_PARSE(app, argc, argv);
-  for (int i = 0; i < argc; ++i) options.command_line += (i ? " " : "") + std::string(argv[i]);
-
-  nlohmann::json report;
-  std::vector<rubato::PointResult> results;
-  const rubato::Status status = rubato::Run(options, report, results);
-  if (!status.ok()) {
-    std::fprintf(stderr, "rubato_bench_decode: %s\n", status.message().c_str());
-    return 1;
-  }
-  if (!rubato::bench::WriteReport(report, options.out, "rubato_bench_decode")) return 1;
-  rubato::PrintTable(results);
-  return 0;
+  return rubato::bench::BenchMain("rubato_bench_decode", app, options.common, argc, argv,
+                                  [&](nlohmann::json& report) {
+                                    std::vector<rubato::PointResult> results;
+                                    RUBATO_RETURN_IF_ERROR(rubato::Run(options, report, results));
+                                    rubato::PrintTable(results);
+                                    return rubato::Status::Ok();
+                                  });
 }

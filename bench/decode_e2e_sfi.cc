@@ -38,10 +38,6 @@
 #include "inference_rank/model/cuda_model.h"
 #include "kernels/cuda/cuda_status.h"
 
-#ifndef RUBATO_GIT_COMMIT
-#define RUBATO_GIT_COMMIT "unknown"
-#endif
-
 namespace rubato {
 namespace {
 
@@ -49,10 +45,9 @@ using bench::Percentile;
 using bench::Point;
 
 struct Options {
-  std::string config;
+  bench::CommonOptions common;  // --config, --block-size, --seed, --device, --commit, --out
   std::string points = "8x12288,16x32768,4x131072";
   std::string slow_every = "16,tmax";  // N per schedule; "tmax" = t_max + 1
-  int block_size = 64;
   int dense_steps = 20;
   int dense_warmup = 3;
   int cycles = 4;         // timed cycles per schedule
@@ -61,16 +56,7 @@ struct Options {
   int recent = 256;
   int budget = 2048;
   int t_max = 64;
-  uint64_t seed = 1;
-  int device = 0;
-  std::string commit;
-  std::string out;
-  std::string command_line;
 };
-
-// Memory kept free beyond the KV pool and the SFI compact pool: activations, workspaces,
-// cuBLASLt, and the SFI maintenance ring (sized below).
-constexpr size_t kHeadroomBytes = size_t{2} << 30;
 
 struct Timings {
   std::vector<double> slow_ms, fast_ms;  // timed steps by kind (dense steps count as slow)
@@ -205,75 +191,42 @@ Status Run(const Options& options, nlohmann::json& report, std::vector<Row>& row
   sfi.selector.budget = options.budget;
   RUBATO_RETURN_IF_ERROR(ValidateSfiPolicyConfig(sfi));
 
-  CudaModelOptions model_options;
-  model_options.random_weights = true;
-  model_options.seed = options.seed;
-  model_options.device = options.device;
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Model> loaded,
-                          LoadCudaModel(options.config, model_options));
-  auto* model = dynamic_cast<CudaModel*>(loaded.get());
-  if (model == nullptr) return InternalError("LoadCudaModel did not return a CudaModel");
+  RUBATO_ASSIGN_OR_RETURN(bench::BenchModel loaded, bench::LoadBenchModel(options.common));
+  CudaModel* model = loaded.model;
   const ModelConfig& config = model->config();
-  cudaDeviceProp properties{};
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, options.device),
-                              "reading the device properties");
 
-  // The compact pool for the largest batch, then one KV pool for the largest point.
+  // The compact pool for the largest batch, then one KV pool for the largest point, beside the
+  // SFI maintenance ring.
   int max_batch = 0, grown = options.dense_warmup + options.dense_steps;
   for (const Point& p : points) max_batch = std::max(max_batch, p.batch);
   for (int n : schedules) grown = std::max(grown, (options.warmup_cycles + options.cycles) * n);
   RUBATO_RETURN_IF_ERROR(model->PrepareSfi(sfi, max_batch));
-  int num_blocks = 0;
+  const int num_blocks = bench::BlocksForPoints(points, grown, options.common.block_size);
   size_t ring_bytes = 0;
   for (const Point& p : points) {
-    const int per_sequence = (p.context + grown + options.block_size - 1) / options.block_size;
-    num_blocks = std::max(num_blocks, p.batch * per_sequence);
     ring_bytes = std::max(ring_bytes, RingBytes(config, sfi, p.batch, p.context + grown));
   }
-  const KvCacheShape shape{config.num_layers, config.num_kv_heads, config.head_dim,
-                           options.block_size, num_blocks};
-  const size_t pool_bytes = DeviceKvStorage::PoolBytes(shape);
-  size_t free_bytes = 0, total_bytes = 0;
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "querying memory");
-  if (pool_bytes + ring_bytes + kHeadroomBytes > free_bytes) {
-    return ResourceExhaustedError(
-        "the KV cache for these points needs " + std::to_string(pool_bytes) + " bytes (" +
-        std::to_string(num_blocks) + " blocks of " + std::to_string(options.block_size) +
-        " tokens), the SFI maintenance ring up to " + std::to_string(ring_bytes) + ", plus " +
-        std::to_string(kHeadroomBytes) + " bytes of headroom, but only " +
-        std::to_string(free_bytes) + " of " + std::to_string(total_bytes) +
-        " bytes are free after the weights and the SFI compact pool; run fewer or smaller points");
-  }
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> cache,
-                          model->CreateKvCache(options.block_size, num_blocks));
+  RUBATO_ASSIGN_OR_RETURN(
+      std::unique_ptr<PagedKvCache> cache,
+      bench::CreateBenchKvCache(*model, options.common.block_size, num_blocks, ring_bytes,
+                                ", the SFI maintenance ring up to " + std::to_string(ring_bytes) +
+                                    " (the SFI compact pool is already allocated)"));
   RUBATO_ASSIGN_OR_RETURN(const double copy_bandwidth,
                           bench::CopyBandwidth(size_t{4} << 30, model->stream()));
   std::printf(
       "device %s, device-to-device copy %.0f GB/s, %s: %.2f GB of bf16 weights; SFI sink "
       "%d, recent %d, budget %d, t_max %d\n",
-      properties.name, copy_bandwidth / 1e9, options.config.c_str(), model->weight_bytes() / 1e9,
-      sfi.sink_tokens, sfi.recent_window, sfi.selector.budget, sfi.t_max);
+      loaded.device_name.c_str(), copy_bandwidth / 1e9, options.common.config.c_str(),
+      model->weight_bytes() / 1e9, sfi.sink_tokens, sfi.recent_window, sfi.selector.budget,
+      sfi.t_max);
 
-  report["device"] = properties.name;
-  report["commit"] = options.commit.empty() ? std::string(RUBATO_GIT_COMMIT) : options.commit;
-  report["command"] = options.command_line;
-  report["model"] = {{"config", options.config},
-                     {"layers", config.num_layers},
-                     {"heads", config.num_heads},
-                     {"kv_heads", config.num_kv_heads},
-                     {"head_dim", config.head_dim},
-                     {"weights", "random, generated on the device, bf16"},
-                     {"weight_bytes", model->weight_bytes()}};
+  bench::AddReportHeader(report, options.common, loaded, *cache,
+                         "random bf16 in [-1, 1], no prefill");
   report["sfi"] = {{"sink_tokens", sfi.sink_tokens},
                    {"recent_window", sfi.recent_window},
                    {"budget", sfi.selector.budget},
                    {"t_max", sfi.t_max},
                    {"selector", "GPU SfiSelect, decode W = 1"}};
-  report["kv_cache"] = {{"dtype", "bf16"},
-                        {"block_size", options.block_size},
-                        {"blocks", num_blocks},
-                        {"pool_bytes", pool_bytes},
-                        {"values", "random bf16 in [-1, 1], no prefill"}};
   report["copy_bandwidth_bytes_per_s"] = copy_bandwidth;
   report["timing"] =
       "events around each whole Forward (host planning, input copy, graph or eager launches, SFI "
@@ -281,7 +234,7 @@ Status Run(const Options& options, nlohmann::json& report, std::vector<Row>& row
 
   for (size_t p = 0; p < points.size(); ++p) {
     const Point& point = points[p];
-    const uint64_t seed = options.seed + 1 + p;
+    const uint64_t seed = options.common.seed + 1 + p;
     RUBATO_ASSIGN_OR_RETURN(const Timings dense,
                             RunSteps(*model, *cache, point, nullptr, 1, options.dense_warmup,
                                      options.dense_steps, seed));
@@ -354,12 +307,11 @@ void PrintTable(const std::vector<Row>& rows) {
 int main(int argc, char** argv) {
   rubato::Options options;
   CLI::App app{"rubato end-to-end SFI decode benchmark (CUDA model, random weights)"};
-  app.add_option("--config", options.config, "model directory with config.json")->required();
+  rubato::bench::AddCommonOptions(app, options.common);
   app.add_option("--points", options.points, "BATCHxCONTEXT list, e.g. 8x12288,16x32768");
   app.add_option("--slow-every", options.slow_every,
                  "schedules: a slow step every N steps (1 slow, N - 1 fast), comma-separated; "
                  "'tmax' = t_max + 1 (no trigger tokens)");
-  app.add_option("--block-size", options.block_size, "KV block tokens: 16 or 64");
   app.add_option("--dense-steps", options.dense_steps, "timed dense steps per point");
   app.add_option("--dense-warmup", options.dense_warmup, "untimed dense steps per point (>= 2)");
   app.add_option("--cycles", options.cycles, "timed SFI cycles per schedule");
@@ -368,21 +320,11 @@ int main(int argc, char** argv) {
   app.add_option("--recent", options.recent, "SFI recent window");
   app.add_option("--budget", options.budget, "SFI selected positions per KV head (K)");
   app.add_option("--t-max", options.t_max, "SFI t_max (the 'tmax' schedule is t_max + 1)");
-  app.add_option("--seed", options.seed, "seed of the weights and KV values");
-  app.add_option("--device", options.device, "CUDA device index");
-  app.add_option("--commit", options.commit, "commit to record (default: the build's)");
-  app.add_option("--out", options.out, "JSON report path");
-  CLI11_PARSE(app, argc, argv);
-  for (int i = 0; i < argc; ++i) options.command_line += (i ? " " : "") + std::string(argv[i]);
-
-  nlohmann::json report;
-  std::vector<rubato::Row> rows;
-  const rubato::Status status = rubato::Run(options, report, rows);
-  if (!status.ok()) {
-    std::fprintf(stderr, "rubato_bench_decode_sfi: %s\n", status.message().c_str());
-    return 1;
-  }
-  if (!rubato::bench::WriteReport(report, options.out, "rubato_bench_decode_sfi")) return 1;
-  rubato::PrintTable(rows);
-  return 0;
+  return rubato::bench::BenchMain("rubato_bench_decode_sfi", app, options.common, argc, argv,
+                                  [&](nlohmann::json& report) {
+                                    std::vector<rubato::Row> rows;
+                                    RUBATO_RETURN_IF_ERROR(rubato::Run(options, report, rows));
+                                    rubato::PrintTable(rows);
+                                    return rubato::Status::Ok();
+                                  });
 }
