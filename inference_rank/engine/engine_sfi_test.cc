@@ -203,17 +203,22 @@ TEST_F(EngineSfiTest, ConfidenceTriggerKeepsConfidentFastSteps) {
   EXPECT_GT(on_run.counters.sfi_fast_steps, 0);
 }
 
+// Also with the key-norm prior (gamma > 0: the model computes its keys' norms at each slow step).
 TEST_F(EngineSfiTest, SmallBudgetKeepsEachRequestIndependentOfItsBatch) {
   const std::vector<GenerationRequest> requests = {Sampled(41, 7, 16), Sampled(23, 8, 16),
                                                    Sampled(60, 9, 12)};
-  const SfiPolicyConfig sfi = SmallSfi(/*budget=*/6, /*t_max=*/4);
-  auto batched = NewEngine(sfi);
-  ASSERT_NE(batched, nullptr);
-  const std::vector<std::vector<int>> together = Tokens(Run(*batched, requests));
-  for (size_t r = 0; r < requests.size(); ++r) {
-    auto alone = NewEngine(sfi);
-    ASSERT_NE(alone, nullptr);
-    EXPECT_EQ(Tokens(Run(*alone, {requests[r]}))[0], together[r]) << "request " << r;
+  for (double gamma : {0.0, 1.0}) {
+    SfiPolicyConfig sfi = SmallSfi(/*budget=*/6, /*t_max=*/4);
+    sfi.selector.gamma = gamma;
+    auto batched = NewEngine(sfi);
+    ASSERT_NE(batched, nullptr);
+    const std::vector<std::vector<int>> together = Tokens(Run(*batched, requests));
+    for (size_t r = 0; r < requests.size(); ++r) {
+      auto alone = NewEngine(sfi);
+      ASSERT_NE(alone, nullptr);
+      EXPECT_EQ(Tokens(Run(*alone, {requests[r]}))[0], together[r])
+          << "request " << r << ", gamma " << gamma;
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include "inference_rank/model/cpu_model.h"
 #include "kernels/cpu/compact_gather.h"
 #include "kernels/cpu/dot.h"
+#include "kernels/cpu/key_norms.h"
 #include "kernels/cpu/sfi_selector.h"
 #include "kernels/cpu/two_segment_attention.h"
 
@@ -83,15 +84,12 @@ Status CpuModel::SfiRefreshLayer(int layer, PagedKvCache& cache, const EntryPlan
   if (want_norms) GrowTo(sfi_key_norms_, static_cast<size_t>(kv_heads) * j_count);
   const float* first_query =
       q_.data() + static_cast<size_t>(p.first_token + p.tokens - window) * q_dim;
+  if (want_norms) {
+    RUBATO_RETURN_IF_ERROR(KeyNorms(kv, sink_end, j_count, sfi_key_norms_.data(), j_count));
+  }
   thread_pool_->ParallelFor(kv_heads, [&](int kv_head, int /*worker*/) {
     for (int j = 0; j < j_count; ++j) {
       const float* key = kv.keys + kv.Offset(sink_end + j, kv_head);
-      if (want_norms) {
-        double squares = 0.0;
-        for (int d = 0; d < head_dim; ++d) squares += static_cast<double>(key[d]) * key[d];
-        sfi_key_norms_[static_cast<size_t>(kv_head) * j_count + j] =
-            static_cast<float>(std::sqrt(squares));
-      }
       for (int w = 0; w < window; ++w) {
         for (int g = 0; g < group; ++g) {
           const int head = kv_head * group + g;

@@ -166,11 +166,6 @@ Result<std::unique_ptr<PagedKvCache>> CudaModel::CreateKvCache(int block_tokens,
 
 Status CudaModel::PrepareSfi(const SfiPolicyConfig& config, int max_sequences) {
   RUBATO_RETURN_IF_ERROR(Model::PrepareSfi(config, max_sequences));
-  if (config.selector.gamma > 0.0) {
-    return UnsupportedError("PrepareSfi: SFI selector gamma " +
-                            std::to_string(config.selector.gamma) +
-                            " > 0 (the key-norm prior) has no CUDA kernel yet; use gamma 0");
-  }
   const int64_t capacity = static_cast<int64_t>(config.sink_tokens) + config.selector.budget;
   if (capacity > (int64_t{1} << 24)) {
     return InvalidArgumentError("PrepareSfi: sink_tokens + budget = " + std::to_string(capacity) +

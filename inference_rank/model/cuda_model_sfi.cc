@@ -24,6 +24,7 @@
 #include "kernels/cuda/compact_gather.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/gather_rows.cuh"
+#include "kernels/cuda/key_norms.cuh"
 #include "kernels/cuda/sfi_selector.cuh"
 
 namespace rubato {
@@ -59,11 +60,6 @@ Status CudaModel::CheckSfiBatch(std::span<const ForwardEntry> batch) const {
       return UnsupportedError(where() +
                               ": the SFI entries of one CUDA forward must share one "
                               "SfiPolicyConfig object (the engine's)");
-    }
-    if (config->selector.gamma > 0.0) {
-      return UnsupportedError(where() +
-                              ": SFI selector gamma > 0 (key-norm prior) has no CUDA "
-                              "kernel yet");
     }
     if (CompactRows(*config) > sfi_pool_->shape().capacity) {
       return InvalidArgumentError(where() + ": its SFI config keeps " +
@@ -138,6 +134,10 @@ Status CudaModel::EnsureSfiCapacity(const ForwardPlan& plan) {
   sizes.selected_ints = static_cast<size_t>(plan.sfi_selections) * kv_heads *
                         static_cast<size_t>(config.selector.budget);
   sizes.count_ints = static_cast<size_t>(plan.sfi_selections) * kv_heads;
+  if (config.selector.gamma > 0.0) {  // the key-norm prior's norms, indexed by position
+    sizes.norm_floats = static_cast<size_t>(plan.sfi_selections) * kv_heads *
+                        static_cast<size_t>(plan.sfi_score_stride);
+  }
   // The Selector's workspace depends on W x G and the config (its windows) as well as the shapes.
   const int group = config_.num_heads / config_.num_kv_heads;
   sizes.workspace_bytes = cuda::SfiSelectWorkspaceBytes(plan.sfi_slow_rows, config_.num_kv_heads,
@@ -258,7 +258,28 @@ Status CudaModel::SfiMaintenance(int layer, DeviceKvStorage& kv) {
   const int32_t* j_count = StepInput<const int32_t>(input_layout_.sfi_j_count);
   const int32_t* slots = StepInput<const int32_t>(input_layout_.sfi_slow_slots);
 
-  // Selections [first, first + count): the Selector over their scores (W rows each) ...
+  const bool key_norm_prior = config.selector.gamma > 0.0;
+  const size_t norms_row = static_cast<size_t>(kv_heads) * plan_.sfi_score_stride;
+  // Selections [first, first + count): with gamma > 0 the norms of their keys over J first ...
+  auto norms = [&](int first, int count, int max_j_count, const int32_t* block_tables,
+                   int table_stride) {
+    cuda::KeyNormsParams params;
+    params.key_pool = kv.layer_keys(layer);
+    params.num_pool_blocks = kv.shape().num_blocks;
+    params.block_tables = block_tables;
+    params.block_table_stride = table_stride;
+    params.begin = sink_end + first;
+    params.count = j_count + first;
+    params.max_count = max_j_count;
+    params.batch = count;
+    params.num_kv_heads = kv_heads;
+    params.head_dim = config_.head_dim;
+    params.block_tokens = kv.shape().block_tokens;
+    params.norms = ring.key_norms.data() + static_cast<size_t>(first) * norms_row;
+    params.norms_stride = plan_.sfi_score_stride;
+    return cuda::KeyNorms(params, stream);
+  };
+  // ... the Selector over their scores (W rows each) ...
   auto select = [&](int first, int count, int window, const float* logits, int max_j_count) {
     cuda::SfiSelectParams select;
     select.logits = logits;
@@ -272,6 +293,10 @@ Status CudaModel::SfiMaintenance(int layer, DeviceKvStorage& kv) {
     select.window = window;
     select.max_j_count = max_j_count;
     select.config = config.selector;
+    if (key_norm_prior) {
+      select.key_norms = ring.key_norms.data() + static_cast<size_t>(first) * norms_row;
+      select.norms_stride = plan_.sfi_score_stride;
+    }
     select.selected = ring.selected.data() + static_cast<size_t>(first) * kv_heads * budget;
     select.selected_count = ring.selected_count.data() + static_cast<size_t>(first) * kv_heads;
     select.workspace = ring.workspace.data();
@@ -306,10 +331,14 @@ Status CudaModel::SfiMaintenance(int layer, DeviceKvStorage& kv) {
   };
 
   if (plan_.sfi_slow_rows > 0) {  // decode rows [F, F + S): selections [0, S), W = 1
-    RUBATO_RETURN_IF_ERROR(
-        select(0, plan_.sfi_slow_rows, 1, ring.scores.data(), plan_.sfi_max_j_count));
     const int32_t* tables = StepInput<const int32_t>(input_layout_.decode_block_tables) +
                             static_cast<size_t>(plan_.sfi_fast_rows) * plan_.decode_table_stride;
+    if (key_norm_prior) {
+      RUBATO_RETURN_IF_ERROR(norms(0, plan_.sfi_slow_rows, plan_.sfi_max_j_count, tables,
+                                   plan_.decode_table_stride));
+    }
+    RUBATO_RETURN_IF_ERROR(
+        select(0, plan_.sfi_slow_rows, 1, ring.scores.data(), plan_.sfi_max_j_count));
     RUBATO_RETURN_IF_ERROR(gather(0, plan_.sfi_slow_rows, tables, plan_.decode_table_stride));
   }
   for (size_t k = 0; k < plan_.sfi_windows.size(); ++k) {  // prefill chunks: one each
@@ -317,9 +346,13 @@ Status CudaModel::SfiMaintenance(int layer, DeviceKvStorage& kv) {
     const int selection = plan_.sfi_slow_rows + static_cast<int>(k);
     const float* logits = ring.scores.data() +
                           static_cast<size_t>(plan_.sfi_slow_rows + window.first_row) * score_row;
-    RUBATO_RETURN_IF_ERROR(select(selection, 1, window.window, logits, window.j_count));
     const int32_t* table = StepInput<const int32_t>(input_layout_.prefill_block_tables) +
                            static_cast<size_t>(window.prefill_index) * plan_.prefill_table_stride;
+    if (key_norm_prior) {
+      RUBATO_RETURN_IF_ERROR(
+          norms(selection, 1, window.j_count, table, plan_.prefill_table_stride));
+    }
+    RUBATO_RETURN_IF_ERROR(select(selection, 1, window.window, logits, window.j_count));
     RUBATO_RETURN_IF_ERROR(gather(selection, 1, table, plan_.prefill_table_stride));
   }
   return sfi_ring_->EndMaintenance(layer);

@@ -59,6 +59,7 @@ Status SfiMaintenanceRing::Reserve(const Sizes& sizes) {
     RUBATO_RETURN_IF_ERROR(GrowTo(s.selected_count, sizes.count_ints, what + " (selected counts)"));
     RUBATO_RETURN_IF_ERROR(
         GrowTo(s.workspace, sizes.workspace_bytes, what + " (Selector workspace)"));
+    RUBATO_RETURN_IF_ERROR(GrowTo(s.key_norms, sizes.norm_floats, what + " (key norms)"));
   }
   return Status::Ok();
 }
@@ -66,7 +67,8 @@ Status SfiMaintenanceRing::Reserve(const Sizes& sizes) {
 bool SfiMaintenanceRing::Covers(const Sizes& sizes) const {
   const Slot& s = slots_[0];  // every slot alike
   return sizes.score_floats <= s.scores.size() && sizes.selected_ints <= s.selected.size() &&
-         sizes.count_ints <= s.selected_count.size() && sizes.workspace_bytes <= s.workspace.size();
+         sizes.count_ints <= s.selected_count.size() &&
+         sizes.workspace_bytes <= s.workspace.size() && sizes.norm_floats <= s.key_norms.size();
 }
 
 void SfiMaintenanceRing::BeginStep(cudaStream_t main, bool overlap) {

@@ -45,12 +45,14 @@ class SfiMaintenanceRing {
     size_t selected_ints = 0;    // [selections][num_kv_heads][budget], int32
     size_t count_ints = 0;       // [selections][num_kv_heads], int32
     size_t workspace_bytes = 0;  // SfiSelect workspace of the largest Selector call
+    size_t norm_floats = 0;      // [selections][num_kv_heads][score stride], f32 (gamma > 0)
   };
   struct Slot {
     cuda::DeviceBuffer<float> scores;
     cuda::DeviceBuffer<int32_t> selected;
     cuda::DeviceBuffer<int32_t> selected_count;
     cuda::DeviceBuffer<unsigned char> workspace;
+    cuda::DeviceBuffer<float> key_norms;
   };
 
   // The aux stream (non-blocking, lowest priority) and the events, on the current device.

@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/add.h"
 #include "kernels/cpu/all_close_for_test.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/key_norms.h"
 #include "kernels/cpu/kv_append.h"
 #include "kernels/cpu/qk_norm.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -161,6 +164,58 @@ TEST(KvAppend, WritesThroughTheBlockTable) {
       ASSERT_EQ(keys_pool[i], 0.0f);
     }
   }
+}
+
+}  // namespace
+}  // namespace rubato
+
+namespace rubato {
+namespace {
+
+// Key norms (the SFI key-norm prior's input) over a paged layout with a shuffled block table:
+// every head's norm of every position in the range, against a double-precision sum written
+// here; entries past `count` and a rejected call leave the output alone.
+TEST(KeyNormsTest, NormOfEveryHeadAndPositionInTheRange) {
+  const int block_tokens = 4, kv_heads = 3, head_dim = 24, blocks = 6;
+  std::vector<float> keys =
+      RandomVector(static_cast<size_t>(blocks) * kv_heads * block_tokens * head_dim, 41, 2.0f);
+  const std::vector<int32_t> table = {5, 0, 3, 1, 4, 2};
+  PagedKvView kv{keys.data(), nullptr, table.data(), block_tokens, kv_heads, head_dim};
+  const int begin = 3, count = 17, stride = 20;
+  std::vector<float> norms(static_cast<size_t>(kv_heads) * stride, -7.0f);
+  ASSERT_TRUE(KeyNorms(kv, begin, count, norms.data(), stride).ok());
+  for (int h = 0; h < kv_heads; ++h) {
+    for (int i = 0; i < stride; ++i) {
+      const float got = norms[static_cast<size_t>(h) * stride + i];
+      if (i >= count) {
+        EXPECT_EQ(got, -7.0f) << "head " << h << " entry " << i << " past count was written";
+        continue;
+      }
+      const int position = begin + i;
+      const float* key = keys.data() +
+                         ((static_cast<size_t>(table[position / block_tokens]) * kv_heads + h) *
+                              block_tokens +
+                          position % block_tokens) *
+                             head_dim;
+      double squares = 0.0;
+      for (int d = 0; d < head_dim; ++d) squares += static_cast<double>(key[d]) * key[d];
+      EXPECT_EQ(got, static_cast<float>(std::sqrt(squares))) << "head " << h << " position "
+                                                             << position;
+    }
+  }
+
+  const std::vector<float> before = norms;
+  EXPECT_EQ(KeyNorms(kv, begin, count, norms.data(), count - 1).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(KeyNorms(kv, -1, count, norms.data(), stride).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(KeyNorms(kv, begin, count, nullptr, stride).code(), StatusCode::kInvalidArgument);
+  PagedKvView no_keys = kv;
+  no_keys.keys = nullptr;
+  const Status status = KeyNorms(no_keys, begin, count, norms.data(), stride);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("keys"), std::string::npos) << status.message();
+  EXPECT_EQ(norms, before);
+  EXPECT_TRUE(KeyNorms(no_keys, begin, 0, nullptr, 0).ok());  // nothing to do
 }
 
 }  // namespace

@@ -126,10 +126,6 @@ TEST(CudaSfiTest, ErrorsNameTheProblem) {
   EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.message();
   EXPECT_NE(status.message().find("PrepareSfi"), std::string::npos) << status.message();
 
-  SfiPolicyConfig gamma = config;
-  gamma.selector.gamma = 0.5;
-  status = pair.cuda->PrepareSfi(gamma, 4);
-  EXPECT_EQ(status.code(), StatusCode::kUnsupported) << status.message();
   EXPECT_EQ(pair.cuda->PrepareSfi(config, 0).code(), StatusCode::kInvalidArgument);
   ASSERT_STATUS_OK(pair.cuda->PrepareSfi(config, 4));
 

@@ -7,7 +7,8 @@
 //   * Small budget over a context of hundreds: the CUDA selection is a valid one (sink, then
 //     positions of J ascending, sink + min(budget, |J|) rows) and overlaps the CPU's (bf16
 //     logits may reorder near-ties only); the CPU state is then given the CUDA selection, so
-//     that both attend the same working set and fast steps compare to bf16 tolerance.
+//     that both attend the same working set and fast steps compare to bf16 tolerance. Also with
+//     the key-norm prior (gamma 1): the CUDA model's norms of the paged bf16 keys.
 //   * Slots: a pool of N serves requests that come and go; the N+1st is ResourceExhausted and
 //     changes nothing.
 // Bitwise properties, errors and the engine: cuda_model_sfi_system_test.cc.
@@ -87,6 +88,9 @@ TEST(CudaSfiTest, SmallBudgetSparseFastStepsMatchCpu) {
   o.chunk = 128;
   o.decode_steps = 16;
   RunCpuVsCuda("tiny qwen3 budget 32", o);
+  o.config.selector.gamma = 1.0;  // the key-norm prior: norms of the paged keys on the GPU
+  RunCpuVsCuda("tiny qwen3 budget 32 gamma 1", o);
+  o.config.selector.gamma = 0.0;
   o.json = LlamaHd64Group8();
   o.block_tokens = 64;
   o.config = SfiConfig(4, 64, 64, 5, 8);

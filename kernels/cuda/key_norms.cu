@@ -1,0 +1,131 @@
+// Key norms (key_norms.cuh): kernel, launcher, validation. One warp per (sequence, KV head,
+// position): each lane reads 16 bytes (8 bf16) of the key row, squares and sums them in f32, and
+// a butterfly reduction gives every lane the sum.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/key_norms.cuh"
+#include "kernels/cuda/launch_checks.h"
+
+namespace rubato::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxGridY = 65535;
+constexpr int kMaxHeadDim = 256;  // 32 lanes x 8 dims
+
+// ---- kernel -----------------------------------------------------------------------------------
+
+// grid.x covers max_count positions, kWarps per block; grid.y strides over the batch *
+// num_kv_heads (sequence, KV head) pairs.
+__global__ void __launch_bounds__(kThreads) KeyNormsKernel(const KeyNormsParams p) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int index = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x / 32);
+  const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_kv_heads;
+  for (int64_t pair = blockIdx.y; pair < pairs; pair += gridDim.y) {
+    const int sequence = static_cast<int>(pair / p.num_kv_heads);
+    const int kv_head = static_cast<int>(pair % p.num_kv_heads);
+    const int count = min(max(p.count[sequence], 0), p.max_count);
+    if (index >= count) continue;
+    const int64_t position = static_cast<int64_t>(max(p.begin[sequence], 0)) + index;
+    if (position >= p.norms_stride) continue;
+    const int64_t table_index = position / p.block_tokens;
+    const int64_t block =
+        table_index < p.block_table_stride
+            ? p.block_tables[sequence * static_cast<int64_t>(p.block_table_stride) + table_index]
+            : -1;
+    float squares = 0.f;
+    if (block >= 0 && block < p.num_pool_blocks) {
+      const int column = lane * 8;
+      if (column < p.head_dim) {
+        // [blocks][num_kv_heads][block_tokens][head_dim]
+        const int64_t source =
+            ((block * p.num_kv_heads + kv_head) * p.block_tokens + position % p.block_tokens) *
+                p.head_dim +
+            column;
+        const uint4 packed = *reinterpret_cast<const uint4*>(p.key_pool + source);
+        const __nv_bfloat162* pairs_of = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 v = __bfloat1622float2(pairs_of[k]);
+          squares = fmaf(v.x, v.x, squares);
+          squares = fmaf(v.y, v.y, squares);
+        }
+      }
+    } else {
+      squares = __int_as_float(0x7fffffff);  // NaN: a caller bug shows up in the selection
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+    }
+    if (lane == 0) p.norms[pair * p.norms_stride + position] = sqrtf(squares);
+  }
+}
+
+Status Validate(const KeyNormsParams& p);
+
+}  // namespace
+
+// ---- launcher ---------------------------------------------------------------------------------
+
+Status KeyNorms(const KeyNormsParams& params, cudaStream_t stream) {
+  RUBATO_RETURN_IF_ERROR(Validate(params));
+  if (params.batch == 0 || params.max_count == 0) return Status::Ok();
+  const int64_t pairs = static_cast<int64_t>(params.batch) * params.num_kv_heads;
+  const dim3 grid(static_cast<unsigned>((params.max_count + kWarps - 1) / kWarps),
+                  static_cast<unsigned>(std::min<int64_t>(pairs, kMaxGridY)));
+  KeyNormsKernel<<<grid, kThreads, 0, stream>>>(params);
+  return LaunchStatus("key_norms");
+}
+
+// ---- validation -------------------------------------------------------------------------------
+
+namespace {
+
+Status Validate(const KeyNormsParams& p) {
+  const auto invalid = [](const std::string& what) {
+    return InvalidArgumentError("KeyNorms: " + what);
+  };
+  if (p.batch < 0) return invalid("batch = " + std::to_string(p.batch) + " must be >= 0");
+  if (p.max_count < 0) {
+    return invalid("max_count = " + std::to_string(p.max_count) + " must be >= 0");
+  }
+  if (p.num_kv_heads < 1) {
+    return invalid("num_kv_heads = " + std::to_string(p.num_kv_heads) + " must be >= 1");
+  }
+  if (p.head_dim < 8 || p.head_dim % 8 != 0 || p.head_dim > kMaxHeadDim) {
+    return invalid("head_dim = " + std::to_string(p.head_dim) +
+                   " must be a multiple of 8 (16-byte rows) in [8, 256]");
+  }
+  if (p.block_tokens < 1) {
+    return invalid("block_tokens = " + std::to_string(p.block_tokens) + " must be >= 1");
+  }
+  if (p.num_pool_blocks < 1) {
+    return invalid("num_pool_blocks = " + std::to_string(p.num_pool_blocks) + " must be >= 1");
+  }
+  if (p.block_table_stride < 1) {
+    return invalid("block_table_stride = " + std::to_string(p.block_table_stride) +
+                   " must be >= 1");
+  }
+  if (p.norms_stride < 1) {
+    return invalid("norms_stride = " + std::to_string(p.norms_stride) + " must be >= 1");
+  }
+  if (p.batch == 0 || p.max_count == 0) return Status::Ok();  // nothing is read or written
+  if (p.key_pool == nullptr) return invalid("key_pool is null");
+  if (!Aligned16(p.key_pool)) return invalid("key_pool must be 16-byte aligned");
+  if (p.block_tables == nullptr) return invalid("block_tables is null");
+  if (p.begin == nullptr) return invalid("begin is null");
+  if (p.count == nullptr) return invalid("count is null");
+  if (p.norms == nullptr) return invalid("norms is null");
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace rubato::cuda
