@@ -56,6 +56,7 @@ struct Options {
   int recent = 256;
   int budget = 2048;
   int t_max = 64;
+  double gamma = 0.0;  // the key-norm prior's exponent (0: off, the default)
 };
 
 struct Timings {
@@ -149,7 +150,8 @@ Result<std::vector<int>> ParseSchedules(const std::string& list, int t_max) {
 }
 
 // Device bytes of the SFI maintenance ring at its largest (cuda_sfi_ring.h: 4 slots, buffers
-// rounded up to powers of two): scores, Selector workspace, selected positions and counts.
+// rounded up to powers of two): scores, Selector workspace, selected positions and counts, and
+// key norms (gamma > 0).
 size_t RingBytes(const ModelConfig& config, const SfiPolicyConfig& sfi, int batch, int keys) {
   const size_t stride = static_cast<size_t>(keys + 4096);  // the decode bucket's excess, at most
   const size_t b = static_cast<size_t>(batch);
@@ -157,7 +159,10 @@ size_t RingBytes(const ModelConfig& config, const SfiPolicyConfig& sfi, int batc
   const size_t workspace = std::bit_ceil(3 * b * config.num_kv_heads * stride * sizeof(float));
   const size_t selected =
       std::bit_ceil(b * config.num_kv_heads * static_cast<size_t>(sfi.selector.budget)) * 4;
-  return 4 * (scores + workspace + selected + std::bit_ceil(b * config.num_kv_heads) * 4);
+  const size_t norms =  // gamma > 0: the key norms of J
+      sfi.selector.gamma > 0.0 ? std::bit_ceil(b * config.num_kv_heads * stride) * sizeof(float)
+                               : 0;
+  return 4 * (scores + workspace + selected + norms + std::bit_ceil(b * config.num_kv_heads) * 4);
 }
 
 struct Row {  // one (point, schedule)
@@ -189,6 +194,7 @@ Status Run(const Options& options, nlohmann::json& report, std::vector<Row>& row
   sfi.t_max = options.t_max;
   sfi.triggers.clear();  // the schedule is the benchmark's
   sfi.selector.budget = options.budget;
+  sfi.selector.gamma = options.gamma;
   RUBATO_RETURN_IF_ERROR(ValidateSfiPolicyConfig(sfi));
 
   RUBATO_ASSIGN_OR_RETURN(bench::BenchModel loaded, bench::LoadBenchModel(options.common));
@@ -226,6 +232,7 @@ Status Run(const Options& options, nlohmann::json& report, std::vector<Row>& row
                    {"recent_window", sfi.recent_window},
                    {"budget", sfi.selector.budget},
                    {"t_max", sfi.t_max},
+                   {"gamma", sfi.selector.gamma},
                    {"selector", "GPU SfiSelect, decode W = 1"}};
   report["copy_bandwidth_bytes_per_s"] = copy_bandwidth;
   report["timing"] =
@@ -320,6 +327,8 @@ int main(int argc, char** argv) {
   app.add_option("--recent", options.recent, "SFI recent window");
   app.add_option("--budget", options.budget, "SFI selected positions per KV head (K)");
   app.add_option("--t-max", options.t_max, "SFI t_max (the 'tmax' schedule is t_max + 1)");
+  app.add_option("--gamma", options.gamma,
+                 "SFI key-norm prior exponent (> 0 adds the key norms of J to each slow step)");
   return rubato::bench::BenchMain("rubato_bench_decode_sfi", app, options.common, argc, argv,
                                   [&](nlohmann::json& report) {
                                     std::vector<rubato::Row> rows;
