@@ -1,9 +1,14 @@
-// Key norms (key_norms.cuh): kernel, launcher, validation. One warp per (sequence, KV head,
-// position): each lane reads 16 bytes (8 bf16) of the key row, squares and sums them in f32, and
-// a butterfly reduction gives every lane the sum.
+// Key norms (key_norms.cuh): kernel, launcher, validation. A key row of head_dim bf16 is read by
+// a segment of `lanes` = head_dim / 8 lanes rounded up to a power of two (16 bytes each; 16 lanes
+// at head_dim 128, so a warp reads two rows per load), squared and summed in f32, and a butterfly
+// reduction within the segment gives the row's sum. Each warp takes kRowsPerLane loads per lane
+// (rows spaced a warp-load apart) before reducing, so that every lane has several loads in
+// flight; a block covers kWarps x that many consecutive positions of one (sequence, KV head).
+// (One warp per position and block per 8 positions was launch-bound: ~1 ms a layer at 16 x 32K.)
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -17,55 +22,76 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerLane = 8;  // loads in flight per lane
 constexpr int kMaxGridY = 65535;
 constexpr int kMaxHeadDim = 256;  // 32 lanes x 8 dims
 
+// Lanes per key row: head_dim / 8 rounded up to a power of two (<= 32).
+int LanesPerRow(int head_dim) {
+  return static_cast<int>(std::bit_ceil(static_cast<unsigned>(head_dim / 8)));
+}
+
 // ---- kernel -----------------------------------------------------------------------------------
 
-// grid.x covers max_count positions, kWarps per block; grid.y strides over the batch *
-// num_kv_heads (sequence, KV head) pairs.
-__global__ void __launch_bounds__(kThreads) KeyNormsKernel(const KeyNormsParams p) {
+// grid.x covers max_count positions, PositionsPerBlock each; grid.y strides over the batch *
+// num_kv_heads (sequence, KV head) pairs. lanes: LanesPerRow(head_dim).
+__global__ void __launch_bounds__(kThreads) KeyNormsKernel(const KeyNormsParams p, int lanes) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int index = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x / 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int rows_per_load = 32 / lanes;               // rows a warp reads per load
+  const int segment_lane = lane % lanes;              // this lane's 16 bytes of its row
+  const int column = segment_lane * 8;
+  const int warp_rows = rows_per_load * kRowsPerLane;  // positions per warp
+  const int first = (static_cast<int>(blockIdx.x) * kWarps + warp) * warp_rows + lane / lanes;
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_kv_heads;
   for (int64_t pair = blockIdx.y; pair < pairs; pair += gridDim.y) {
     const int sequence = static_cast<int>(pair / p.num_kv_heads);
     const int kv_head = static_cast<int>(pair % p.num_kv_heads);
     const int count = min(max(p.count[sequence], 0), p.max_count);
-    if (index >= count) continue;
-    const int64_t position = static_cast<int64_t>(max(p.begin[sequence], 0)) + index;
-    if (position >= p.norms_stride) continue;
-    const int64_t table_index = position / p.block_tokens;
-    const int64_t block =
-        table_index < p.block_table_stride
-            ? p.block_tables[sequence * static_cast<int64_t>(p.block_table_stride) + table_index]
-            : -1;
-    float squares = 0.f;
-    if (block >= 0 && block < p.num_pool_blocks) {
-      const int column = lane * 8;
-      if (column < p.head_dim) {
-        // [blocks][num_kv_heads][block_tokens][head_dim]
-        const int64_t source =
-            ((block * p.num_kv_heads + kv_head) * p.block_tokens + position % p.block_tokens) *
-                p.head_dim +
-            column;
-        const uint4 packed = *reinterpret_cast<const uint4*>(p.key_pool + source);
-        const __nv_bfloat162* pairs_of = reinterpret_cast<const __nv_bfloat162*>(&packed);
+    if (first - lane / lanes >= count) continue;  // the warp's first row: warp-uniform
+    const int64_t begin = max(p.begin[sequence], 0);
+    const int32_t* table = p.block_tables + sequence * static_cast<int64_t>(p.block_table_stride);
+    float squares[kRowsPerLane];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 v = __bfloat1622float2(pairs_of[k]);
-          squares = fmaf(v.x, v.x, squares);
-          squares = fmaf(v.y, v.y, squares);
+    for (int r = 0; r < kRowsPerLane; ++r) {
+      const int index = first + r * rows_per_load;
+      const int64_t position = begin + index;
+      const int64_t table_index = position / p.block_tokens;
+      const int64_t block =
+          index < count && table_index < p.block_table_stride ? table[table_index] : -1;
+      squares[r] = 0.f;
+      if (block >= 0 && block < p.num_pool_blocks) {
+        if (column < p.head_dim) {
+          // [blocks][num_kv_heads][block_tokens][head_dim]
+          const int64_t source =
+              ((block * p.num_kv_heads + kv_head) * p.block_tokens +
+               position % p.block_tokens) *
+                  p.head_dim +
+              column;
+          const uint4 packed = *reinterpret_cast<const uint4*>(p.key_pool + source);
+          const __nv_bfloat162* halves = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 v = __bfloat1622float2(halves[k]);
+            squares[r] = fmaf(v.x, v.x, squares[r]);
+            squares[r] = fmaf(v.y, v.y, squares[r]);
+          }
         }
+      } else if (index < count) {
+        squares[r] = __int_as_float(0x7fffffff);  // NaN: a caller bug shows up in the selection
       }
-    } else {
-      squares = __int_as_float(0x7fffffff);  // NaN: a caller bug shows up in the selection
     }
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+    for (int r = 0; r < kRowsPerLane; ++r) {
+      for (int offset = lanes / 2; offset > 0; offset /= 2) {
+        squares[r] += __shfl_xor_sync(0xffffffffu, squares[r], offset);
+      }
+      const int index = first + r * rows_per_load;
+      const int64_t position = begin + index;
+      if (segment_lane == 0 && index < count && position < p.norms_stride) {
+        p.norms[pair * p.norms_stride + position] = sqrtf(squares[r]);
+      }
     }
-    if (lane == 0) p.norms[pair * p.norms_stride + position] = sqrtf(squares);
   }
 }
 
@@ -78,10 +104,13 @@ Status Validate(const KeyNormsParams& p);
 Status KeyNorms(const KeyNormsParams& params, cudaStream_t stream) {
   RUBATO_RETURN_IF_ERROR(Validate(params));
   if (params.batch == 0 || params.max_count == 0) return Status::Ok();
+  const int lanes = LanesPerRow(params.head_dim);
+  const int64_t positions_per_block = static_cast<int64_t>(kWarps) * (32 / lanes) * kRowsPerLane;
   const int64_t pairs = static_cast<int64_t>(params.batch) * params.num_kv_heads;
-  const dim3 grid(static_cast<unsigned>((params.max_count + kWarps - 1) / kWarps),
-                  static_cast<unsigned>(std::min<int64_t>(pairs, kMaxGridY)));
-  KeyNormsKernel<<<grid, kThreads, 0, stream>>>(params);
+  const dim3 grid(
+      static_cast<unsigned>((params.max_count + positions_per_block - 1) / positions_per_block),
+      static_cast<unsigned>(std::min<int64_t>(pairs, kMaxGridY)));
+  KeyNormsKernel<<<grid, kThreads, 0, stream>>>(params, lanes);
   return LaunchStatus("key_norms");
 }
 
