@@ -10,7 +10,8 @@
 // It also times one layer's slow-step maintenance at the same shapes: the GPU Selector (W = 1,
 // budget 2048, DESIGN §4.2 defaults, stage C reach --continuation) over J = [4, L - 256) plus the
 // compact gather, next to the layer's dense decode attention (what the aux stream must hide
-// behind the next layer).
+// behind the next layer). With --gamma > 0 the key norms of J (KeyNorms over the K pool) come
+// first and the Selector runs the key-norm prior.
 //
 // At retention r the working set of every (sequence, KV head) is round(r/100 x context) keys:
 // the last min(256, kept) positions as the recent segment, the rest as compact rows. Inputs are
@@ -36,6 +37,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/key_norms.cuh"
 #include "kernels/cuda/compact_gather.cuh"
 #include "kernels/cuda/random_fill.cuh"
 #include "kernels/cuda/sfi_selector.cuh"
@@ -56,6 +58,7 @@ struct Options {
   std::vector<double> retentions = {1.6, 6.3, 12.5, 25, 50, 100};
   int budget = 2048;  // the Selector's K for the maintenance timing
   int continuation = 8;  // the Selector's stage C reach (0: the paper's selection)
+  double gamma = 0.0;    // > 0: the key-norm prior, its norms computed (and timed) first
   int warmup = 10;
   int iterations = 100;
   std::string out;
@@ -101,8 +104,9 @@ Result<double> TimeLaunch(const cuda::DecodeAttentionParams& params, const Optio
   return Median(ms);
 }
 
-// One layer's slow-step maintenance at the dense launch's shapes: SfiSelect over J = [4, L - 256)
-// from random logits (W = 1), then the compact gather of sink + selected rows.
+// One layer's slow-step maintenance at the dense launch's shapes: with gamma > 0 the key norms of
+// J, then SfiSelect over J = [4, L - 256) from random logits (W = 1), then the compact gather of
+// sink + selected rows.
 Status TimeMaintenance(const Options& options, const cuda::DecodeAttentionParams& dense,
                        const DeviceBuffer<__nv_bfloat16>& keys,
                        const DeviceBuffer<__nv_bfloat16>& values, size_t num_blocks,
@@ -150,6 +154,27 @@ Status TimeMaintenance(const Options& options, const cuda::DecodeAttentionParams
   select.max_j_count = std::max(1, j_count);
   select.config.budget = options.budget;
   select.config.continuation = options.continuation;
+  select.config.gamma = options.gamma;
+  DeviceBuffer<float> norms;  // [batch][kv_heads][L], indexed by position
+  cuda::KeyNormsParams norm_params;
+  if (options.gamma > 0.0) {
+    RUBATO_ASSIGN_OR_RETURN(norms, DeviceBuffer<float>::Allocate(pairs * L, "key norms"));
+    norm_params.key_pool = keys.data();
+    norm_params.num_pool_blocks = static_cast<int64_t>(num_blocks);
+    norm_params.block_tables = dense.block_tables;
+    norm_params.block_table_stride = dense.block_table_stride;
+    norm_params.begin = j_begin.data();
+    norm_params.count = j_counts.data();
+    norm_params.max_count = j_count;
+    norm_params.batch = options.batch;
+    norm_params.num_kv_heads = options.kv_heads;
+    norm_params.head_dim = options.head_dim;
+    norm_params.block_tokens = options.block_size;
+    norm_params.norms = norms.data();
+    norm_params.norms_stride = L;
+    select.key_norms = norms.data();
+    select.norms_stride = L;
+  }
   select.selected = selected.data();
   select.selected_count = selected_count.data();
   const size_t workspace_bytes = cuda::SfiSelectWorkspaceBytes(
@@ -179,15 +204,18 @@ Status TimeMaintenance(const Options& options, const cuda::DecodeAttentionParams
   gather.compact_capacity = capacity;
   gather.compact_counts = compact_counts.data();
 
-  cudaEvent_t start, middle, stop;
+  cudaEvent_t before, start, middle, stop;
+  cudaEventCreate(&before);
   cudaEventCreate(&start);
   cudaEventCreate(&middle);
   cudaEventCreate(&stop);
-  std::vector<double> select_ms, gather_ms;
+  std::vector<double> norms_ms, select_ms, gather_ms;
   Status status = Status::Ok();
   for (int i = 0; i < options.warmup + options.iterations && status.ok(); ++i) {
+    cudaEventRecord(before);
+    if (options.gamma > 0.0) status = cuda::KeyNorms(norm_params, nullptr);
     cudaEventRecord(start);
-    status = cuda::SfiSelect(select, nullptr);
+    if (status.ok()) status = cuda::SfiSelect(select, nullptr);
     cudaEventRecord(middle);
     if (status.ok()) status = cuda::GatherCompactKv(gather, nullptr);
     cudaEventRecord(stop);
@@ -195,26 +223,32 @@ Status TimeMaintenance(const Options& options, const cuda::DecodeAttentionParams
       status = InternalError("timing the SFI maintenance: " +
                              std::string(cudaGetErrorString(cudaGetLastError())));
     }
-    float first = 0, second = 0;
+    float zeroth = 0, first = 0, second = 0;
+    cudaEventElapsedTime(&zeroth, before, start);
     cudaEventElapsedTime(&first, start, middle);
     cudaEventElapsedTime(&second, middle, stop);
     if (i >= options.warmup) {
+      norms_ms.push_back(zeroth);
       select_ms.push_back(first);
       gather_ms.push_back(second);
     }
   }
+  cudaEventDestroy(before);
   cudaEventDestroy(start);
   cudaEventDestroy(middle);
   cudaEventDestroy(stop);
   RUBATO_RETURN_IF_ERROR(status);
-  const double select_median = Median(select_ms), gather_median = Median(gather_ms);
-  std::printf("slow-step maintenance per layer (|J| = %d, K = %d, continuation %d): selector "
-              "%.4f ms + gather %.4f ms vs dense attention %.4f ms\n",
-              j_count, options.budget, options.continuation, select_median, gather_median,
-              report["dense_ms"].get<double>());
+  const double norms_median = Median(norms_ms), select_median = Median(select_ms),
+               gather_median = Median(gather_ms);
+  std::printf("slow-step maintenance per layer (|J| = %d, K = %d, continuation %d, gamma %g): "
+              "key norms %.4f ms + selector %.4f ms + gather %.4f ms vs dense attention %.4f ms\n",
+              j_count, options.budget, options.continuation, options.gamma, norms_median,
+              select_median, gather_median, report["dense_ms"].get<double>());
   report["maintenance"] = {{"j_count", j_count},
                            {"budget", options.budget},
                            {"continuation", options.continuation},
+                           {"gamma", options.gamma},
+                           {"key_norms_ms", norms_median},
                            {"selector_ms", select_median},
                            {"gather_ms", gather_median},
                            {"dense_attention_ms", report["dense_ms"]}};
@@ -348,6 +382,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--continuation", options.continuation, "the Selector's stage C reach")
       ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--gamma", options.gamma, "the Selector's key-norm prior exponent")
+      ->check(CLI::Range(0.0, 1e6));
   app.add_option("--warmup", options.warmup)->check(CLI::Range(0, 100000));
   app.add_option("--iterations", options.iterations)->check(CLI::Range(1, 100000));
   app.add_option("--out", options.out, "JSON report path");
