@@ -51,35 +51,43 @@ __global__ void __launch_bounds__(kThreads) KeyNormsKernel(const KeyNormsParams 
     if (first - lane / lanes >= count) continue;  // the warp's first row: warp-uniform
     const int64_t begin = max(p.begin[sequence], 0);
     const int32_t* table = p.block_tables + sequence * static_cast<int64_t>(p.block_table_stride);
-    float squares[kRowsPerLane];
+    // Every lane loads all its rows unconditionally (a row without a valid block reads block
+    // 0, masked below): a load behind a branch on the block id would wait for the table read
+    // of each row in turn.
+    uint4 packed[kRowsPerLane];
+    bool valid[kRowsPerLane];
+    const int safe_column = min(column, p.head_dim - 8);
 #pragma unroll
     for (int r = 0; r < kRowsPerLane; ++r) {
       const int index = first + r * rows_per_load;
       const int64_t position = begin + index;
-      const int64_t table_index = position / p.block_tokens;
-      const int64_t block =
-          index < count && table_index < p.block_table_stride ? table[table_index] : -1;
-      squares[r] = 0.f;
-      if (block >= 0 && block < p.num_pool_blocks) {
-        if (column < p.head_dim) {
-          // [blocks][num_kv_heads][block_tokens][head_dim]
-          const int64_t source =
-              ((block * p.num_kv_heads + kv_head) * p.block_tokens +
-               position % p.block_tokens) *
-                  p.head_dim +
-              column;
-          const uint4 packed = *reinterpret_cast<const uint4*>(p.key_pool + source);
-          const __nv_bfloat162* halves = reinterpret_cast<const __nv_bfloat162*>(&packed);
+      const int64_t table_index = min(position / p.block_tokens,
+                                      static_cast<int64_t>(p.block_table_stride) - 1);
+      const int64_t block = table[table_index];
+      valid[r] = index < count && position / p.block_tokens < p.block_table_stride &&
+                 block >= 0 && block < p.num_pool_blocks;
+      // [blocks][num_kv_heads][block_tokens][head_dim]
+      const int64_t source =
+          (((valid[r] ? block : 0) * p.num_kv_heads + kv_head) * p.block_tokens +
+           position % p.block_tokens) *
+              p.head_dim +
+          safe_column;
+      packed[r] = *reinterpret_cast<const uint4*>(p.key_pool + source);
+    }
+    float squares[kRowsPerLane];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 v = __bfloat1622float2(halves[k]);
-            squares[r] = fmaf(v.x, v.x, squares[r]);
-            squares[r] = fmaf(v.y, v.y, squares[r]);
-          }
+    for (int r = 0; r < kRowsPerLane; ++r) {
+      squares[r] = 0.f;
+      if (column < p.head_dim) {
+        const __nv_bfloat162* halves = reinterpret_cast<const __nv_bfloat162*>(&packed[r]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 v = __bfloat1622float2(halves[k]);
+          squares[r] = fmaf(v.x, v.x, squares[r]);
+          squares[r] = fmaf(v.y, v.y, squares[r]);
         }
-      } else if (index < count) {
-        squares[r] = __int_as_float(0x7fffffff);  // NaN: a caller bug shows up in the selection
       }
+      if (!valid[r]) squares[r] = __int_as_float(0x7fffffff);  // NaN: shows a caller bug
     }
 #pragma unroll
     for (int r = 0; r < kRowsPerLane; ++r) {
