@@ -49,8 +49,9 @@ __global__ void __launch_bounds__(kThreads) KeyNormsKernel(const KeyNormsParams 
     const int kv_head = static_cast<int>(pair % p.num_kv_heads);
     const int count = min(max(p.count[sequence], 0), p.max_count);
     if (first - lane / lanes >= count) continue;  // the warp's first row: warp-uniform
-    const int64_t begin = max(p.begin[sequence], 0);
+    const int begin = max(p.begin[sequence], 0);
     const int32_t* table = p.block_tables + sequence * static_cast<int64_t>(p.block_table_stride);
+    const int64_t table_positions = static_cast<int64_t>(p.block_table_stride) * p.block_tokens;
     // Every lane loads all its rows unconditionally (a row without a valid block reads block
     // 0, masked below): a load behind a branch on the block id would wait for the table read
     // of each row in turn.
@@ -59,17 +60,21 @@ __global__ void __launch_bounds__(kThreads) KeyNormsKernel(const KeyNormsParams 
     const int safe_column = min(column, p.head_dim - 8);
 #pragma unroll
     for (int r = 0; r < kRowsPerLane; ++r) {
+      // 32-bit division (a 64-bit one is a software routine per row): positions past the
+      // table (< 2^31, Validate) are clamped to its end and masked.
       const int index = first + r * rows_per_load;
-      const int64_t position = begin + index;
-      const int64_t table_index = min(position / p.block_tokens,
-                                      static_cast<int64_t>(p.block_table_stride) - 1);
-      const int64_t block = table[table_index];
-      valid[r] = index < count && position / p.block_tokens < p.block_table_stride &&
-                 block >= 0 && block < p.num_pool_blocks;
+      const int64_t wide_position = static_cast<int64_t>(begin) + index;
+      const int position = static_cast<int>(min(wide_position, table_positions - 1));
+      const int table_index = position / p.block_tokens;
+      const int row = position - table_index * p.block_tokens;
+      const int block = table[table_index];
+      valid[r] = index < count && wide_position < table_positions && block >= 0 &&
+                 block < p.num_pool_blocks;
       // [blocks][num_kv_heads][block_tokens][head_dim]
       const int64_t source =
-          (((valid[r] ? block : 0) * p.num_kv_heads + kv_head) * p.block_tokens +
-           position % p.block_tokens) *
+          ((static_cast<int64_t>(valid[r] ? block : 0) * p.num_kv_heads + kv_head) *
+               p.block_tokens +
+           row) *
               p.head_dim +
           safe_column;
       packed[r] = *reinterpret_cast<const uint4*>(p.key_pool + source);
@@ -95,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) KeyNormsKernel(const KeyNormsParams 
         squares[r] += __shfl_xor_sync(0xffffffffu, squares[r], offset);
       }
       const int index = first + r * rows_per_load;
-      const int64_t position = begin + index;
+      const int64_t position = static_cast<int64_t>(begin) + index;
       if (segment_lane == 0 && index < count && position < p.norms_stride) {
         p.norms[pair * p.norms_stride + position] = sqrtf(squares[r]);
       }
@@ -150,6 +155,11 @@ Status Validate(const KeyNormsParams& p) {
   if (p.block_table_stride < 1) {
     return invalid("block_table_stride = " + std::to_string(p.block_table_stride) +
                    " must be >= 1");
+  }
+  if (static_cast<int64_t>(p.block_table_stride) * p.block_tokens > INT_MAX) {
+    return invalid("block_table_stride x block_tokens = " +
+                   std::to_string(static_cast<int64_t>(p.block_table_stride) * p.block_tokens) +
+                   " positions exceed 2^31 - 1");
   }
   if (p.norms_stride < 1) {
     return invalid("norms_stride = " + std::to_string(p.norms_stride) + " must be >= 1");

@@ -199,6 +199,11 @@ TEST(KeyNormsOpTest, BadParametersNameTheField) {
       {"num_pool_blocks", [](KeyNormsParams& p) { p.num_pool_blocks = 0; }},
       {"block_table_stride", [](KeyNormsParams& p) { p.block_table_stride = 0; }},
       {"norms_stride", [](KeyNormsParams& p) { p.norms_stride = 0; }},
+      {"exceed 2^31",
+       [](KeyNormsParams& p) {
+         p.block_table_stride = 1 << 20;
+         p.block_tokens = 1 << 12;
+       }},
       {"key_pool", [](KeyNormsParams& p) { p.key_pool = nullptr; }},
       {"key_pool must be 16-byte aligned",
        [](KeyNormsParams& p) { p.key_pool = reinterpret_cast<const __nv_bfloat16*>(1); }},
