@@ -4,7 +4,10 @@
 // reduction within the segment gives the row's sum. Each warp takes kRowsPerLane loads per lane
 // (rows spaced a warp-load apart) before reducing, so that every lane has several loads in
 // flight; a block covers kWarps x that many consecutive positions of one (sequence, KV head).
-// (One warp per position and block per 8 positions was launch-bound: ~1 ms a layer at 16 x 32K.)
+// Loads are issued unconditionally (clamped, masked after) and positions use 32-bit math. H200,
+// 16 x 32K x 8 KV heads x 128 dims (1.07 GB): 0.49 ms, ~2.2 TB/s, still latency-bound at 3
+// blocks per SM (bench/results: the key-norm prior's cost, docs/sfi.md); one warp per position
+// was launch-bound at ~1 ms.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -33,8 +36,8 @@ int LanesPerRow(int head_dim) {
 
 // ---- kernel -----------------------------------------------------------------------------------
 
-// grid.x covers max_count positions, PositionsPerBlock each; grid.y strides over the batch *
-// num_kv_heads (sequence, KV head) pairs. lanes: LanesPerRow(head_dim).
+// grid.x covers max_count positions, kWarps x (32 / lanes) x kRowsPerLane per block; grid.y
+// strides over the batch * num_kv_heads (sequence, KV head) pairs. lanes: LanesPerRow(head_dim).
 __global__ void __launch_bounds__(kThreads) KeyNormsKernel(const KeyNormsParams p, int lanes) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
