@@ -5,9 +5,8 @@
 // (rows spaced a warp-load apart) before reducing, so that every lane has several loads in
 // flight; a block covers kWarps x that many consecutive positions of one (sequence, KV head).
 // Loads are issued unconditionally (clamped, masked after) and positions use 32-bit math. H200,
-// 16 x 32K x 8 KV heads x 128 dims (1.07 GB): 0.49 ms, ~2.2 TB/s, still latency-bound at 3
-// blocks per SM (bench/results: the key-norm prior's cost, docs/sfi.md); one warp per position
-// was launch-bound at ~1 ms.
+// 16 x 32K x 8 KV heads x 128 dims (1.07 GB): 0.42 ms, ~2.5 TB/s, still latency-bound (the key-
+// norm prior's cost: docs/sfi.md); one warp per position was launch-bound at ~1 ms.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -26,6 +25,10 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerLane = 8;  // loads in flight per lane
+// Blocks per SM the registers must allow (64 per thread): H200, 16 x 32K, 0.42 ms at 4 against
+// 0.61 ms with the compiler's choice (82 registers, 3 blocks); 16 rows per lane at 2 blocks
+// 0.71 ms, 4 rows at 4 blocks 0.47 ms.
+constexpr int kMinBlocksPerSm = 4;
 constexpr int kMaxGridY = 65535;
 constexpr int kMaxHeadDim = 256;  // 32 lanes x 8 dims
 
@@ -38,7 +41,8 @@ int LanesPerRow(int head_dim) {
 
 // grid.x covers max_count positions, kWarps x (32 / lanes) x kRowsPerLane per block; grid.y
 // strides over the batch * num_kv_heads (sequence, KV head) pairs. lanes: LanesPerRow(head_dim).
-__global__ void __launch_bounds__(kThreads) KeyNormsKernel(const KeyNormsParams p, int lanes) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    KeyNormsKernel(const KeyNormsParams p, int lanes) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int rows_per_load = 32 / lanes;               // rows a warp reads per load
