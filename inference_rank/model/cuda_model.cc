@@ -193,6 +193,32 @@ Status CudaModel::PrepareSfi(const SfiPolicyConfig& config, int max_sequences) {
   return Status::Ok();
 }
 
+Result<std::vector<float>> CudaModel::SfiKeyNormsForTest(int layer, int selection, int positions) {
+  const SfiPolicyConfig* config = plan_.sfi_config;
+  const int oldest = std::max(0, config_.num_layers - SfiMaintenanceRing::kSlots);
+  if (config == nullptr || config->selector.gamma <= 0.0 || sfi_ring_ == nullptr ||
+      layer < oldest || layer >= config_.num_layers || selection < 0 ||
+      selection >= plan_.sfi_selections || positions < 0 || positions > plan_.sfi_score_stride) {
+    return FailedPreconditionError(
+        "SfiKeyNormsForTest: the last forward computed no key norms of selection " +
+        std::to_string(selection) + " at layer " + std::to_string(layer) + " for " +
+        std::to_string(positions) + " positions that the ring still holds");
+  }
+  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
+  const size_t kv_heads = static_cast<size_t>(config_.num_kv_heads);
+  const size_t stride = static_cast<size_t>(plan_.sfi_score_stride);
+  const float* first = sfi_ring_->slot(layer).key_norms.data() +
+                       static_cast<size_t>(selection) * kv_heads * stride;
+  std::vector<float> norms(kv_heads * static_cast<size_t>(positions));
+  RUBATO_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy2DAsync(norms.data(), static_cast<size_t>(positions) * sizeof(float), first,
+                        stride * sizeof(float), static_cast<size_t>(positions) * sizeof(float),
+                        kv_heads, cudaMemcpyDeviceToHost, stream_),
+      "copying SFI key norms to the host");
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "copying SFI key norms");
+  return norms;
+}
+
 Result<std::vector<std::vector<int>>> CudaModel::SfiKeptPositions(const SfiSequenceState& state,
                                                                   int layer) {
   const int slot = sfi_pool_ == nullptr ? -1 : sfi_pool_->SlotOf(state);

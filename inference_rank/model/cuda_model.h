@@ -119,6 +119,13 @@ class CudaModel : public Model {
   // Copies from the device synchronously. FailedPrecondition when the state holds no selection
   // made by this model.
   Result<std::vector<std::vector<int>>> SfiKeptPositions(const SfiSequenceState& state, int layer);
+  // TESTING: the key norms (gamma > 0) the last forward computed for its Selector call number
+  // `selection` (its slow decode rows first, in the plan's row order, then its prefill windows)
+  // at `layer`: [num_kv_heads][positions] f32, row h holding position p at index p (entries
+  // outside J hold whatever the ring held). The ring keeps only the last
+  // SfiMaintenanceRing::kSlots layers of a step: FailedPrecondition for an older layer, a
+  // selection the last forward did not make, more positions than its score rows hold, or gamma 0.
+  Result<std::vector<float>> SfiKeyNormsForTest(int layer, int selection, int positions);
   int sfi_slots_in_use() const { return sfi_pool_ == nullptr ? 0 : sfi_pool_->slots_in_use(); }
   // BENCHMARK (bench/decode_e2e_sfi.cc): switches CudaModelOptions::sfi_overlap, dropping the
   // captured graphs (they hold the old mode's launches).

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/key_norms.h"
 #include "tests/gpu/cuda_model_sfi_test_util.h"
 
 namespace rubato {
@@ -97,6 +98,56 @@ TEST(CudaSfiTest, SmallBudgetSparseFastStepsMatchCpu) {
   o.prompt_lens = {700, 901};
   o.chunk = 256;
   RunCpuVsCuda("llama hd64 group 8 budget 64", o);
+}
+
+// The key-norm prior's inputs: after an SFI prompt's last chunk (its window selection) and after
+// slow decode steps, the norms the CUDA model computed over J for every KV head of the last
+// layers equal the norms of the CPU model's keys at the same positions (bf16 against f32 keys:
+// 3 % relative). A norm read at the wrong position or for the wrong head would differ by the
+// spread of the keys' norms, several times that.
+TEST(CudaSfiTest, KeyNormPriorNormsMatchCpuKeys) {
+  Twins twins;
+  SfiPolicyConfig config = SfiConfig(/*sink=*/4, /*recent=*/16, /*budget=*/32, /*t_max=*/2, 16);
+  config.selector.gamma = 1.0;
+  ASSERT_TRUE(twins.Init(TinyQwen3(), config, /*max_batch=*/1, /*block_tokens=*/16, 32));
+  std::mt19937_64 rng = gpu_test::FreshRng();
+  std::vector<Request> requests(1);
+  requests[0].prompt = RandomTokens(rng, 211, twins.pair.cpu->config().vocab_size);
+  requests[0].period = 2;
+  const ModelConfig& model = twins.pair.cuda->config();
+  int checked = 0;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<Job> jobs = NextJobs(requests, /*chunk=*/256, config);
+    const bool slow = jobs[0].sfi && jobs[0].forward[0].step == SfiStepKind::kSlow;
+    twins.Step("step " + std::to_string(step), jobs, /*full_budget=*/false);
+    if (::testing::Test::HasFatalFailure() || !slow) continue;
+    Request& r = requests[0];
+    const int length = r.seq[0].num_tokens;
+    const int sink_end = SfiSinkEnd(config, length);
+    const int j_count = SfiAnchor(config, length) - sink_end;
+    ASSERT_GT(j_count, 0);
+    for (int layer = std::max(0, model.num_layers - SfiMaintenanceRing::kSlots);
+         layer < model.num_layers; ++layer) {
+      auto got = twins.pair.cuda->SfiKeyNormsForTest(layer, /*selection=*/0, sink_end + j_count);
+      ASSERT_STATUS_OK(got.status());
+      std::vector<float> want(static_cast<size_t>(model.num_kv_heads) * j_count);
+      ASSERT_STATUS_OK(KeyNorms(twins.cache[0]->LayerView(layer, r.seq[0]), sink_end, j_count,
+                                want.data(), j_count));
+      for (int h = 0; h < model.num_kv_heads; ++h) {
+        for (int i = 0; i < j_count; ++i) {
+          const float expected = want[static_cast<size_t>(h) * j_count + i];
+          const float actual = (*got)[static_cast<size_t>(h) * (sink_end + j_count) + sink_end + i];
+          ASSERT_NEAR(actual, expected, 0.03f * expected)
+              << "step " << step << " layer " << layer << " KV head " << h << " position "
+              << sink_end + i;
+        }
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 3) << "the scenario checked too few slow steps";
+  // Asking for what the ring no longer holds, or for a selection the step did not make, fails.
+  EXPECT_FALSE(twins.pair.cuda->SfiKeyNormsForTest(0, 5, 8).ok());
 }
 
 // SFI and dense requests in the same batches: prefill chunks (SFI and dense) next to decode rows
