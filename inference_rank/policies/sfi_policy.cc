@@ -78,7 +78,8 @@ std::string Escaped(std::string_view text) {
   return out;
 }
 
-Status FieldRangeError(std::string_view field, int64_t value, std::string_view range) {
+template <typename Value>
+Status FieldRangeError(std::string_view field, Value value, std::string_view range) {
   return InvalidArgumentError(
       fmt::format("SfiPolicyConfig.{} = {} is outside {}", field, value, range));
 }
@@ -136,9 +137,7 @@ Status ValidateSfiPolicyConfig(const SfiPolicyConfig& config) {
                            fmt::format("[1, {}]", kSfiMaxPrefillWindow));
   }
   if (!(config.confidence_threshold >= 0.0 && config.confidence_threshold < 1.0)) {
-    return InvalidArgumentError(
-        fmt::format("SfiPolicyConfig.confidence_threshold = {} is outside [0, 1)",
-                    config.confidence_threshold));
+    return FieldRangeError("confidence_threshold", config.confidence_threshold, "[0, 1)");
   }
   for (size_t i = 0; i < config.triggers.size(); ++i) {
     const std::string_view problem = TriggerProblem(config.triggers[i]);
