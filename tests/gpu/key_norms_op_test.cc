@@ -44,7 +44,7 @@ std::string Describe(const NormsCase& c) {
   return out.str();
 }
 
-// The pool, tables and parameters of a case (the norms pointer left for the caller).
+// The host side of a case: the pool and the block tables.
 struct Fixture {
   std::vector<float> keys;      // [blocks][heads][block_tokens][head_dim], bf16-exact values
   std::vector<int32_t> tables;  // [batch][stride]
@@ -74,6 +74,40 @@ Fixture MakeFixture(const NormsCase& c, std::mt19937_64& rng) {
   return f;
 }
 
+// A case on the device: its buffers, the norms poisoned ([batch][heads][norms_stride]), and the
+// launch's parameters over them.
+struct DeviceCase {
+  DeviceBuffer<__nv_bfloat16> pool;
+  DeviceBuffer<int32_t> tables, begins, counts;
+  DeviceBuffer<float> norms;
+  KeyNormsParams params;
+};
+
+DeviceCase ToDevice(const NormsCase& c, const Fixture& f, int64_t norms_stride) {
+  DeviceCase d;
+  d.pool = UploadBf16(f.keys);
+  d.tables = Upload(f.tables);
+  d.begins = Upload(c.begins);
+  d.counts = Upload(c.counts);
+  const int batch = static_cast<int>(c.seq_lens.size());
+  d.norms = Poisoned<float>(static_cast<size_t>(batch) * c.heads * norms_stride);
+  KeyNormsParams& p = d.params;
+  p.key_pool = d.pool.data();
+  p.num_pool_blocks = f.blocks;
+  p.block_tables = d.tables.data();
+  p.block_table_stride = f.stride;
+  p.begin = d.begins.data();
+  p.count = d.counts.data();
+  p.max_count = *std::max_element(c.counts.begin(), c.counts.end());
+  p.batch = batch;
+  p.num_kv_heads = c.heads;
+  p.head_dim = c.head_dim;
+  p.block_tokens = c.block_tokens;
+  p.norms = d.norms.data();
+  p.norms_stride = norms_stride;
+  return d;
+}
+
 void RunCase(const NormsCase& c) {
   SCOPED_TRACE(Describe(c));
   std::mt19937_64 rng = gpu_test::FreshRng();
@@ -81,27 +115,9 @@ void RunCase(const NormsCase& c) {
   const int batch = static_cast<int>(c.seq_lens.size());
   const int64_t norms_stride = *std::max_element(c.seq_lens.begin(), c.seq_lens.end()) + 3;
 
-  auto pool = UploadBf16(f.keys);
-  auto tables = Upload(f.tables);
-  auto begins = Upload(c.begins);
-  auto counts = Upload(c.counts);
-  auto norms = Poisoned<float>(static_cast<size_t>(batch) * c.heads * norms_stride);
-  KeyNormsParams p;
-  p.key_pool = pool.data();
-  p.num_pool_blocks = f.blocks;
-  p.block_tables = tables.data();
-  p.block_table_stride = f.stride;
-  p.begin = begins.data();
-  p.count = counts.data();
-  p.max_count = *std::max_element(c.counts.begin(), c.counts.end());
-  p.batch = batch;
-  p.num_kv_heads = c.heads;
-  p.head_dim = c.head_dim;
-  p.block_tokens = c.block_tokens;
-  p.norms = norms.data();
-  p.norms_stride = norms_stride;
-  ASSERT_STATUS_OK(KeyNorms(p, nullptr));
-  const std::vector<float> got = Download(norms);
+  const DeviceCase d = ToDevice(c, f, norms_stride);
+  ASSERT_STATUS_OK(KeyNorms(d.params, nullptr));
+  const std::vector<float> got = Download(d.norms);
 
   std::vector<float> keys = f.keys;  // the CPU view is mutable
   for (int b = 0; b < batch; ++b) {
@@ -140,28 +156,9 @@ TEST(KeyNormsOpTest, BlockOutsideThePoolGivesNan) {
   const NormsCase c{{32}, {0}, {32}, 1, 64, 16};
   Fixture f = MakeFixture(c, rng);
   f.tables[1] = f.blocks + 5;  // positions 16..31
-  auto pool = UploadBf16(f.keys);
-  auto tables = Upload(f.tables);
-  const std::vector<int32_t> zero = {0}, count = {32};
-  auto begins = Upload(zero);
-  auto counts = Upload(count);
-  auto norms = Poisoned<float>(32);
-  KeyNormsParams p;
-  p.key_pool = pool.data();
-  p.num_pool_blocks = f.blocks;
-  p.block_tables = tables.data();
-  p.block_table_stride = f.stride;
-  p.begin = begins.data();
-  p.count = counts.data();
-  p.max_count = 32;
-  p.batch = 1;
-  p.num_kv_heads = 1;
-  p.head_dim = 64;
-  p.block_tokens = 16;
-  p.norms = norms.data();
-  p.norms_stride = 32;
-  ASSERT_STATUS_OK(KeyNorms(p, nullptr));
-  const std::vector<float> got = Download(norms);
+  const DeviceCase d = ToDevice(c, f, /*norms_stride=*/32);
+  ASSERT_STATUS_OK(KeyNorms(d.params, nullptr));
+  const std::vector<float> got = Download(d.norms);
   for (int position = 0; position < 32; ++position) {
     EXPECT_EQ(std::isnan(got[position]), position >= 16) << "position " << position;
   }
