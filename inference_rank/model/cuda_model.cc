@@ -207,11 +207,10 @@ Result<std::vector<float>> CudaModel::SfiKeyNormsForTest(int layer, int selectio
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
   const size_t kv_heads = static_cast<size_t>(config_.num_kv_heads);
   const size_t stride = static_cast<size_t>(plan_.sfi_score_stride);
-  const float* first = sfi_ring_->slot(layer).key_norms.data() +
-                       static_cast<size_t>(selection) * kv_heads * stride;
   std::vector<float> norms(kv_heads * static_cast<size_t>(positions));
   RUBATO_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy2DAsync(norms.data(), static_cast<size_t>(positions) * sizeof(float), first,
+      cudaMemcpy2DAsync(norms.data(), static_cast<size_t>(positions) * sizeof(float),
+                        SfiKeyNorms(layer, selection),
                         stride * sizeof(float), static_cast<size_t>(positions) * sizeof(float),
                         kv_heads, cudaMemcpyDeviceToHost, stream_),
       "copying SFI key norms to the host");

@@ -184,6 +184,13 @@ class CudaModel : public Model {
   Status SfiFastAttention(int layer, DeviceKvStorage& kv, cudaStream_t stream);
   Status SfiSlowAttention(int layer, DeviceKvStorage& kv, cudaStream_t stream);
   Status SfiMaintenance(int layer, DeviceKvStorage& kv);
+  // The key norms (gamma > 0) of Selector call `selection` of the current plan at `layer`, in
+  // layer's ring slot: [num_kv_heads][score stride] f32 indexed by position. KeyNorms writes them
+  // and SfiSelect (and SfiKeyNormsForTest) read them here.
+  float* SfiKeyNorms(int layer, int selection) {
+    const size_t row = static_cast<size_t>(config_.num_kv_heads) * plan_.sfi_score_stride;
+    return sfi_ring_->slot(layer).key_norms.data() + static_cast<size_t>(selection) * row;
+  }
   // Device address of a step-input array at `offset` (StepInputLayout).
   template <typename T>
   T* StepInput(size_t offset) {

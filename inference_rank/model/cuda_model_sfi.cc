@@ -259,12 +259,6 @@ Status CudaModel::SfiMaintenance(int layer, DeviceKvStorage& kv) {
   const int32_t* slots = StepInput<const int32_t>(input_layout_.sfi_slow_slots);
 
   const bool key_norm_prior = config.selector.gamma > 0.0;
-  const size_t norms_row = static_cast<size_t>(kv_heads) * plan_.sfi_score_stride;
-  // Selection `first`'s norms: [kv_heads][score stride], by position; KeyNorms writes and
-  // SfiSelect reads them at this one address (SfiKeyNormsForTest reads the same layout).
-  auto norms_of = [&](int first) {
-    return ring.key_norms.data() + static_cast<size_t>(first) * norms_row;
-  };
   // Selections [first, first + count): with gamma > 0 the norms of their keys over J first ...
   auto norms = [&](int first, int count, int max_j_count, const int32_t* block_tables,
                    int table_stride) {
@@ -280,7 +274,7 @@ Status CudaModel::SfiMaintenance(int layer, DeviceKvStorage& kv) {
     params.num_kv_heads = kv_heads;
     params.head_dim = config_.head_dim;
     params.block_tokens = kv.shape().block_tokens;
-    params.norms = norms_of(first);
+    params.norms = SfiKeyNorms(layer, first);
     params.norms_stride = plan_.sfi_score_stride;
     return cuda::KeyNorms(params, stream);
   };
@@ -299,7 +293,7 @@ Status CudaModel::SfiMaintenance(int layer, DeviceKvStorage& kv) {
     select.max_j_count = max_j_count;
     select.config = config.selector;
     if (key_norm_prior) {
-      select.key_norms = norms_of(first);
+      select.key_norms = SfiKeyNorms(layer, first);
       select.norms_stride = plan_.sfi_score_stride;
     }
     select.selected = ring.selected.data() + static_cast<size_t>(first) * kv_heads * budget;
