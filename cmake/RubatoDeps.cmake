@@ -28,3 +28,39 @@ target_link_libraries(rubato_cblas INTERFACE PkgConfig::OPENBLAS)
 if(RUBATO_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
+
+# ---- control and data planes (transport/, cache_rank/) ------------------------------------
+# Protobuf schemas (common/proto) and Boost.Asio (header-only in Boost >= 1.69) for the RPC.
+find_package(Protobuf REQUIRED)
+if(NOT Protobuf_PROTOC_EXECUTABLE)
+  message(FATAL_ERROR "protoc not found (Debian: protobuf-compiler)")
+endif()
+find_package(Boost 1.74 REQUIRED)
+
+# RUBATO_UCX / RUBATO_MPI = AUTO|ON|OFF: AUTO builds the backend when its development files are
+# found (the GPU machines have UCX's libraries but not its headers: AUTO turns it off there).
+foreach(option RUBATO_UCX RUBATO_MPI)
+  if(NOT ${option} MATCHES "^(AUTO|ON|OFF)$")
+    message(FATAL_ERROR "${option}='${${option}}': expected AUTO, ON or OFF")
+  endif()
+endforeach()
+
+set(RUBATO_UCX_ENABLED OFF)
+if(NOT RUBATO_UCX STREQUAL "OFF")
+  pkg_check_modules(UCX IMPORTED_TARGET ucx)
+  if(UCX_FOUND)
+    set(RUBATO_UCX_ENABLED ON)
+  elseif(RUBATO_UCX STREQUAL "ON")
+    message(FATAL_ERROR "RUBATO_UCX=ON but UCX (pkg-config ucx, Debian libucx-dev) was not found")
+  endif()
+endif()
+
+set(RUBATO_MPI_ENABLED OFF)
+if(NOT RUBATO_MPI STREQUAL "OFF")
+  find_package(MPI COMPONENTS C)
+  if(MPI_C_FOUND)
+    set(RUBATO_MPI_ENABLED ON)
+  elseif(RUBATO_MPI STREQUAL "ON")
+    message(FATAL_ERROR "RUBATO_MPI=ON but MPI (Debian libopenmpi-dev) was not found")
+  endif()
+endif()

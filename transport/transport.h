@@ -1,0 +1,106 @@
+// The data-plane transport between inference ranks and cache ranks (DESIGN §3 "Transport"):
+// tagged, non-blocking point-to-point transfers of host or device buffers. One file per backend
+// (loopback_transport.h, ucx_transport.h, nccl_transport.h); callers see only this interface.
+//
+//   RUBATO_ASSIGN_OR_RETURN(TransferId send,
+//       transport.Post({TransferOp::Send(/*peer=*/1, /*tag=*/7, pack.data(), pack.size())}));
+//   ... compute the next layer pack ...
+//   RUBATO_RETURN_IF_ERROR(transport.Wait(send, std::chrono::milliseconds(5000)));
+//
+// Semantics every backend keeps:
+// * A transfer is matched by (source peer, tag) and delivered in order among transfers with the
+//   same (peer, tag). Tags are 48-bit (kMaxTag): backends fold the sender's rank into the rest.
+// * Sizes are exact: a receive completes with an error (kDataLoss, naming peer, tag and both
+//   sizes) when the message is longer or shorter than its buffer. The layer-pack protocol knows
+//   every size from the session shape, which is also what NCCL needs.
+// * Buffers belong to the caller and must stay valid, unread (sends) / untouched (receives),
+//   until the transfer completes or fails. Device buffers need a backend that supports them
+//   (SupportsMemory); `ready_event` (a cudaEvent_t, may be null) orders a device send after
+//   the producer's work without a host wait.
+// * Nothing blocks except Wait. A lost peer is noticed by the RPC heartbeat (the data plane of
+//   NCCL cannot notice it); Wait's timeout bounds every wait, and Cancel releases a transfer.
+// * Thread-compatible, not thread-safe: one thread drives a Transport (the engine's, or the
+//   cache rank's service loop).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace rubato::transport {
+
+enum class MemoryKind { kHost, kCuda };
+
+// "host" / "cuda": used in errors and in the metrics label of the memory.
+std::string_view MemoryKindName(MemoryKind memory);
+
+inline constexpr uint64_t kMaxTag = (uint64_t{1} << 48) - 1;
+
+// One send or receive of a group that Post starts together (NCCL: one ncclGroupStart/End).
+struct TransferOp {
+  enum class Direction { kSend, kRecv };
+
+  Direction direction = Direction::kSend;
+  int peer = 0;         // rank of the other side, [0, WorldSize()), != Rank()
+  uint64_t tag = 0;     // <= kMaxTag
+  void* data = nullptr;  // `bytes` bytes of `memory`; may be null only when bytes == 0
+  size_t bytes = 0;
+  MemoryKind memory = MemoryKind::kHost;
+  void* ready_event = nullptr;  // sends of device memory: cudaEvent_t to wait for, or null
+
+  static TransferOp Send(int peer, uint64_t tag, const void* data, size_t bytes,
+                         MemoryKind memory = MemoryKind::kHost, void* ready_event = nullptr) {
+    return {Direction::kSend, peer, tag, const_cast<void*>(data), bytes, memory, ready_event};
+  }
+  static TransferOp Recv(int peer, uint64_t tag, void* data, size_t bytes,
+                         MemoryKind memory = MemoryKind::kHost) {
+    return {Direction::kRecv, peer, tag, data, bytes, memory, nullptr};
+  }
+};
+
+// Names one Post's group of transfers until Wait / Test reports it done, or Cancel.
+using TransferId = uint64_t;
+
+// Totals since the transport was created (the `rubato:transport_bytes_total` counters).
+struct TransportStats {
+  uint64_t bytes_sent = 0;      // of completed sends
+  uint64_t bytes_received = 0;  // of completed receives
+  uint64_t transfers_failed = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // "loopback", "ucx" or "nccl": the `backend` label of the transport metrics.
+  virtual std::string_view BackendName() const = 0;
+  virtual int Rank() const = 0;
+  virtual int WorldSize() const = 0;
+  virtual bool SupportsMemory(MemoryKind memory) const = 0;
+
+  // Starts every op of `ops` (at least one) as one group and returns its id. Invalid ops (peer
+  // out of range or self, tag > kMaxTag, null data with bytes > 0, unsupported memory) are
+  // refused before anything starts, with an error naming the op's index and the problem.
+  virtual Result<TransferId> Post(std::span<const TransferOp> ops) = 0;
+
+  // Makes progress; true once every op of the group completed. An error when one failed (the
+  // group is then finished and its id released). An unknown id is kInvalidArgument.
+  virtual Result<bool> Test(TransferId id) = 0;
+
+  // Blocks until the group completes (ok, id released), fails (its error, id released), or
+  // `timeout` passes (kDeadlineExceeded; the group stays posted: Wait again or Cancel it).
+  virtual Status Wait(TransferId id, std::chrono::milliseconds timeout) = 0;
+
+  // Gives up on a group: its ops are cancelled where the backend can, and its buffers may be
+  // reused once this returns. Backends that cannot take back a posted transfer (NCCL) fail the
+  // whole transport instead: every later call returns kUnavailable. Unknown ids are ignored.
+  virtual void Cancel(TransferId id) = 0;
+
+  virtual TransportStats Stats() const = 0;
+};
+
+}  // namespace rubato::transport
