@@ -99,8 +99,8 @@ void CpuModel::PlanBatch(std::span<const ForwardEntry> batch) {
   int scratch_floats = 0;
   for (const ForwardEntry& entry : batch) {
     const int tokens = static_cast<int>(entry.tokens.size());
-    plan_.push_back(
-        EntryPlan{total_tokens_, tokens, entry.start_position, entry.sequence, entry.sfi});
+    plan_.push_back(EntryPlan{total_tokens_, tokens, entry.start_position, entry.sequence,
+                              entry.sfi, entry.offload});
     total_tokens_ += tokens;
     if (entry.sfi != nullptr && entry.sfi->step == SfiStepKind::kFast) {
       scratch_floats = std::max(scratch_floats, SfiFastScratchFloats(plan_.back()));
@@ -223,19 +223,20 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
     AppendToPagedKv(k_.data() + offset, v_.data() + offset, p.tokens, p.start_position,
                     cache.LayerView(layer, *p.sequence));
   }
-  sfi_fast_args_.resize(plan_.size());
+  two_segment_args_.resize(plan_.size());
   for (size_t e = 0; e < plan_.size(); ++e) {
     const EntryPlan& p = plan_[e];
     if (p.sfi != nullptr && p.sfi->step == SfiStepKind::kFast) {
-      RUBATO_RETURN_IF_ERROR(SfiFastArgs(layer, cache, p, sfi_fast_args_[e]));
+      RUBATO_RETURN_IF_ERROR(SfiFastArgs(layer, cache, p, two_segment_args_[e]));
     }
   }
+  RUBATO_RETURN_IF_ERROR(OffloadLayer(layer, cache));
   // One work item per (entry, KV head); items write disjoint rows of attention_.
   const int items = static_cast<int>(plan_.size()) * kv_heads;
   thread_pool_->ParallelFor(items, [&](int item, int worker) {
     const EntryPlan& p = plan_[static_cast<size_t>(item / kv_heads)];
-    if (p.sfi != nullptr && p.sfi->step == SfiStepKind::kFast) {
-      TwoSegmentAttentionForKvHead(sfi_fast_args_[static_cast<size_t>(item / kv_heads)],
+    if ((p.sfi != nullptr && p.sfi->step == SfiStepKind::kFast) || p.AttendsOffloaded()) {
+      TwoSegmentAttentionForKvHead(two_segment_args_[static_cast<size_t>(item / kv_heads)],
                                    item % kv_heads,
                                    attention_scratch_[static_cast<size_t>(worker)].data());
       return;
@@ -258,6 +259,56 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
   }
   Linear(attention_.data(), w.o_proj.data(), OrNull(w.o_bias), tokens, q_dim, hidden,
          projected_.data());
+  return Status::Ok();
+}
+
+Status CpuModel::OffloadLayer(int layer, PagedKvCache& cache) {
+  const int kv_dim = config_.kv_dim();
+  const int q_dim = config_.q_dim();
+  // Every exchange of the batch gets its entries' K/V (usually one exchange: one cache rank).
+  for (size_t e = 0; e < plan_.size(); ++e) {
+    KvOffloadExchange* exchange = plan_[e].offload != nullptr ? plan_[e].offload->exchange : nullptr;
+    bool first_of_exchange = exchange != nullptr;
+    for (size_t before = 0; before < e && first_of_exchange; ++before) {
+      first_of_exchange = plan_[before].offload == nullptr ||
+                          plan_[before].offload->exchange != exchange;
+    }
+    if (!first_of_exchange) continue;
+    offload_layer_kv_.clear();
+    for (size_t i = e; i < plan_.size(); ++i) {
+      const EntryPlan& p = plan_[i];
+      if (p.offload == nullptr || p.offload->exchange != exchange) continue;
+      const size_t row = static_cast<size_t>(p.first_token);
+      const size_t last = row + static_cast<size_t>(p.tokens) - 1;
+      offload_layer_kv_.push_back(OffloadLayerKv{p.offload->session_id, p.start_position,
+                                                 p.tokens, k_.data() + row * kv_dim,
+                                                 v_.data() + row * kv_dim,
+                                                 q_.data() + last * q_dim});
+    }
+    RUBATO_RETURN_IF_ERROR(exchange->LayerComputed(layer, offload_layer_kv_));
+  }
+  for (size_t e = 0; e < plan_.size(); ++e) {
+    const EntryPlan& p = plan_[e];
+    if (!p.AttendsOffloaded()) continue;
+    RUBATO_ASSIGN_OR_RETURN(
+        const OffloadCompactKv compact,
+        p.offload->exchange->CompactFor(layer, p.offload->session_id, p.start_position));
+    TwoSegmentAttentionArgs& args = two_segment_args_[e];
+    const size_t offset = static_cast<size_t>(p.first_token) * q_dim;
+    args.query = q_.data() + offset;
+    args.output = attention_.data() + offset;
+    args.num_heads = config_.num_heads;
+    args.compact = compact.compact;
+    args.compact_counts = compact.counts;
+    args.kv = cache.LayerView(layer, *p.sequence);
+    args.recent_begin = compact.recent_begin;
+    args.recent_end = p.start_position + 1;
+    RUBATO_RETURN_IF_ERROR(ValidateTwoSegmentAttention(args).WithContext(
+        "offloaded attention of layer " + std::to_string(layer)));
+    // The compact capacity is the cache rank's to choose: grow the workers' scratch to it.
+    const size_t scratch = static_cast<size_t>(TwoSegmentAttentionScratchSize(args));
+    for (std::vector<float>& worker_scratch : attention_scratch_) Grow(worker_scratch, scratch);
+  }
   return Status::Ok();
 }
 

@@ -82,6 +82,11 @@ class CpuModel : public Model {
     int start_position = 0;
     const KvSequence* sequence = nullptr;
     const SfiForward* sfi = nullptr;  // the entry's SFI step, if any (sfi_state.h)
+    const OffloadForward* offload = nullptr;  // set when its KV is offloaded (kv_offload.h)
+    // Offloaded one-token entries past position 0 attend the exchange's compact KV.
+    bool AttendsOffloaded() const {
+      return offload != nullptr && tokens == 1 && start_position > 0;
+    }
   };
 
   void PlanBatch(std::span<const ForwardEntry> batch);
@@ -99,6 +104,9 @@ class CpuModel : public Model {
   // A slow entry, after this layer's dense attention: the Selector's logits over J from the
   // entry's last W queries, the selection, and the gather into the layer's compact buffer.
   Status SfiRefreshLayer(int layer, PagedKvCache& cache, const EntryPlan& p);
+  // Offloaded entries: hand this layer's new K/V to their exchanges, then fetch the compact KV
+  // every offloaded decode token attends (its two_segment_args_).
+  Status OffloadLayer(int layer, PagedKvCache& cache);
   // Scratch floats a fast entry's two-segment attention needs.
   int SfiFastScratchFloats(const EntryPlan& p) const;
   // normed -> projected: down(silu(gate(x)) * up(x)).
@@ -115,6 +123,7 @@ class CpuModel : public Model {
 
   // Per-forward state. Buffers only grow, so steady decoding does not allocate.
   std::vector<EntryPlan> plan_;
+  std::vector<OffloadLayerKv> offload_layer_kv_;  // one layer's offloaded entries, batch order
   int total_tokens_ = 0;
   std::vector<int> token_ids_;     // [tokens]
   std::vector<int> positions_;     // [tokens]
@@ -137,7 +146,9 @@ class CpuModel : public Model {
   std::vector<float> sfi_logits_;
   std::vector<float> sfi_key_norms_;
   std::vector<std::vector<int>> sfi_selected_;  // [num_kv_heads] the Selector's output
-  std::vector<TwoSegmentAttentionArgs> sfi_fast_args_;  // [entries] fast entries' args, per layer
+  // [entries] per layer: the args of the entries that attend through the two-segment op (SFI
+  // fast steps, offloaded decode tokens); unused for the others.
+  std::vector<TwoSegmentAttentionArgs> two_segment_args_;
 };
 
 }  // namespace rubato

@@ -351,6 +351,13 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
         "not on the GPU");
   }
   RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
+  for (size_t e = 0; e < batch.size(); ++e) {
+    if (batch[e].offload != nullptr) {
+      return UnsupportedError("forward: batch entry " + std::to_string(e) +
+                              " has offloaded KV (a cache rank), which the CUDA model does not "
+                              "run yet; use engine.backend: cpu");
+    }
+  }
   RUBATO_RETURN_IF_ERROR(CheckSfiBatch(batch));
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
 

@@ -126,6 +126,17 @@ Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardEn
       RUBATO_RETURN_IF_ERROR(ValidateSampling(*entry.sampling, where));
     }
     if (entry.sfi != nullptr) RUBATO_RETURN_IF_ERROR(ValidateSfiEntry(config, entry, window, where));
+    if (entry.offload != nullptr) {
+      if (entry.offload->exchange == nullptr) {
+        return InvalidArgumentError(where + ": offloaded entry without an exchange");
+      }
+      if (entry.sfi != nullptr) {
+        return InvalidArgumentError(where + " is both an SFI entry and offloaded");
+      }
+      if (!window.IsDense()) {
+        return InvalidArgumentError(where + ": offloaded entries need a dense forward window");
+      }
+    }
   }
   return Status::Ok();
 }

@@ -21,6 +21,7 @@
 #include "common/hf_config.h"
 #include "common/status.h"
 #include "inference_rank/kv/paged_kv_cache.h"
+#include "inference_rank/model/kv_offload.h"
 #include "inference_rank/model/model_weights.h"
 #include "inference_rank/model/sfi_state.h"
 #include "kernels/cpu/attention_window.h"
@@ -66,6 +67,11 @@ struct ForwardEntry {
   // from the entry's last window_queries queries; fast (one token, after a slow step): sink +
   // selected from the compact buffers, recent in place. Must outlive the Forward call.
   const SfiForward* sfi = nullptr;
+  // Set: the entry's KV is offloaded to a cache rank (kv_offload.h): every layer's new K/V go to
+  // offload->exchange; a one-token entry past position 0 attends the compact KV it returns plus
+  // the recent segment, longer entries attend locally. Needs a dense window; not with `sfi`.
+  // The CPU model runs it; the CUDA model refuses it (Unsupported). Must outlive the Forward.
+  const OffloadForward* offload = nullptr;
 };
 
 // Output of a forward. Reused across calls, so that a steady decode loop does not allocate.

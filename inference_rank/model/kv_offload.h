@@ -1,0 +1,62 @@
+// Offloaded KV residency, the model's side (DESIGN §1, §3 "KV residency"): an entry whose full
+// KV lives on a cache rank. In every layer the model hands the entry's new K/V (and the query of
+// its last token) to a KvOffloadExchange, which ships them in layer packs; a decode token then
+// attends the compact KV the exchange returns (sink + selected rows from the cache rank) plus
+// the recent segment read in place from the local paged cache, through the two-segment op.
+// Prefill chunks attend locally (causal, dense) and only ship their K/V.
+//
+// The exchange (inference_rank/offload/cache_client.h) owns packs, transports and timing: when a
+// layer's K/V leave, when a reply is waited for. The model only calls it, in layer order:
+//   for each layer: q, k, v -> LayerComputed(layer, ...) -> CompactFor(layer, ...) per decode
+//   entry -> attention.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "common/status.h"
+#include "kernels/cpu/compact_kv_view.h"
+
+namespace rubato {
+
+// One entry's new K/V of one layer, as the model computed them (post q/k-norm and RoPE).
+struct OffloadLayerKv {
+  uint64_t session_id = 0;       // the entry's session on the cache rank
+  int start_position = 0;        // position of the first new token
+  int tokens = 0;                // new tokens (1 in decode, more for a prefill chunk)
+  const float* keys = nullptr;   // [tokens][num_kv_heads][head_dim], f32
+  const float* values = nullptr;  // [tokens][num_kv_heads][head_dim], f32
+  const float* last_query = nullptr;  // [num_heads][head_dim], f32: the last new token's query
+};
+
+// What a decode token attends in one layer: rows [0, counts[h]) of the compact buffer for KV
+// head h, then positions [recent_begin, position + 1) of the local paged cache. The compact rows
+// and the recent segment never share a position.
+struct OffloadCompactKv {
+  CompactKvView compact;  // [num_kv_heads][capacity][head_dim], f32; read only
+  const int* counts = nullptr;  // [num_kv_heads]
+  int recent_begin = 0;
+};
+
+class KvOffloadExchange {
+ public:
+  virtual ~KvOffloadExchange() = default;
+
+  // Layer `layer` of this forward computed the new K/V of `entries` (every offloaded entry of
+  // the batch, in batch order; the same entries in every layer of one forward). The buffers are
+  // valid during the call only.
+  virtual Status LayerComputed(int layer, std::span<const OffloadLayerKv> entries) = 0;
+
+  // The compact KV the decode token of `session_id` at `position` attends in `layer`; blocks
+  // until it has arrived (bounded by the exchange's timeout: kDeadlineExceeded /
+  // kUnavailable name the cache rank). Valid until the next LayerComputed or the forward ends.
+  virtual Result<OffloadCompactKv> CompactFor(int layer, uint64_t session_id, int position) = 0;
+};
+
+// Set on a ForwardEntry: the entry's KV is offloaded through `exchange` (model.h).
+struct OffloadForward {
+  KvOffloadExchange* exchange = nullptr;
+  uint64_t session_id = 0;
+};
+
+}  // namespace rubato
