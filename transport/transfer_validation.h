@@ -1,0 +1,23 @@
+// Validation of a Post's ops that every Transport backend shares (transport.h: "Invalid ops are
+// refused before anything starts, with an error naming the op's index and the problem").
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace rubato::transport {
+
+// kInvalidArgument for the first invalid op of `ops`, ok when all are valid. Checks, in order:
+// at least one op; peer in [0, WorldSize()) and != Rank(); tag <= kMaxTag; data non-null when
+// bytes > 0; memory supported (SupportsMemory). The message starts with the backend's name
+// and the op's index, e.g. "ucx: Post op 2 of 3 (send to peer 5, tag 7, 64 bytes of host
+// memory): peer 5 is out of range [0, 4)".
+Status ValidateOps(const Transport& transport, std::span<const TransferOp> ops);
+
+// "send to peer 5, tag 7, 64 bytes of host memory": names an op in errors and logs.
+std::string DescribeOp(const TransferOp& op);
+
+}  // namespace rubato::transport
