@@ -1,0 +1,400 @@
+// CacheRankClient (cache_client.h): KV packs out per P layers, replies in, compact KV served to
+// the model's two-segment attention.
+#include "inference_rank/offload/cache_client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace rubato {
+namespace {
+
+using transport::MemoryKind;
+using transport::TransferId;
+using transport::TransferOp;
+using Clock = std::chrono::steady_clock;
+
+// How often a wait on the data plane looks at the control plane's health.
+constexpr std::chrono::milliseconds kHealthPollInterval{20};
+
+std::string LayerRange(int first, int count) {
+  return count == 1 ? "layer " + std::to_string(first)
+                    : "layers " + std::to_string(first) + "-" + std::to_string(first + count - 1);
+}
+
+}  // namespace
+
+std::span<std::byte> CacheRankClient::MessageBuffer::Bytes(uint64_t size) {
+  const size_t words_needed = static_cast<size_t>((size + 7) / 8);
+  if (words.size() < words_needed) words.resize(words_needed);
+  return {reinterpret_cast<std::byte*>(words.data()), static_cast<size_t>(size)};
+}
+
+CacheRankClient::CacheRankClient(const CacheClientOptions& options, const ModelConfig& model,
+                                 transport::Transport& transport, int cache_peer,
+                                 CacheSessionControl& control)
+    : options_(options),
+      model_(model),
+      transport_(transport),
+      cache_peer_(cache_peer),
+      control_(control) {
+  pack_layers_ = options.selection.selection == OffloadSelection::kTopK
+                     ? 1
+                     : std::clamp(options.pack_layers, 1, std::max(model.num_layers, 1));
+  num_packs_ = (model.num_layers + pack_layers_ - 1) / pack_layers_;
+  outgoing_.resize(static_cast<size_t>(num_packs_));
+  session_shape_.num_layers = static_cast<uint32_t>(model.num_layers);
+  session_shape_.num_kv_heads = static_cast<uint32_t>(model.num_kv_heads);
+  session_shape_.num_query_heads = static_cast<uint32_t>(model.num_heads);
+  session_shape_.head_dim = static_cast<uint32_t>(model.head_dim);
+  session_shape_.dtype = DType::kF32;  // the CPU model's K/V
+}
+
+CacheRankClient::~CacheRankClient() {
+  // Nothing posted may outlive the buffers it reads or writes.
+  for (OutgoingPack& pack : outgoing_) {
+    for (const TransferId id : pack.sends) transport_.Cancel(id);
+  }
+  for (const std::shared_ptr<Reply>& reply : inflight_) {
+    if (!reply->arrived) transport_.Cancel(reply->receive);
+  }
+}
+
+int CacheRankClient::PackLayers(int pack) const {
+  return std::min(pack_layers_, model_.num_layers - PackFirstLayer(pack));
+}
+
+Status CacheRankClient::Broken(Status why) {
+  if (broken_.ok()) {
+    broken_ = std::move(why);
+    RUBATO_LOG_WARN("offload", "{}: offloaded KV stops: {}", options_.cache_name,
+                    broken_.message());
+  }
+  return broken_;
+}
+
+// ---- sessions ---------------------------------------------------------------------------------
+
+Result<uint64_t> CacheRankClient::OpenSession(uint64_t request_id, int capacity_tokens) {
+  if (!broken_.ok()) return broken_;
+  if (capacity_tokens < 1) {
+    return InvalidArgumentError("offload: a session needs a capacity of >= 1 tokens, got " +
+                                std::to_string(capacity_tokens));
+  }
+  SessionShape shape = session_shape_;
+  shape.capacity_tokens = static_cast<uint32_t>(capacity_tokens);
+  RUBATO_ASSIGN_OR_RETURN(const uint64_t session,
+                          control_.OpenSession(request_id, shape, options_.selection));
+  sessions_[session] = SessionState();
+  return session;
+}
+
+Status CacheRankClient::CloseSession(uint64_t session_id) {
+  sessions_.erase(session_id);
+  return control_.CloseSession(session_id);
+}
+
+// ---- outgoing packs ---------------------------------------------------------------------------
+
+Status CacheRankClient::LayerComputed(int layer, std::span<const OffloadLayerKv> entries) {
+  if (!broken_.ok()) return broken_;
+  if (layer < 0 || layer >= model_.num_layers) {
+    return InvalidArgumentError("offload: layer " + std::to_string(layer) + " outside [0, " +
+                                std::to_string(model_.num_layers) + ")");
+  }
+  if (layer == 0) RUBATO_RETURN_IF_ERROR(StartStep(entries));
+  if (entries.size() != step_requests_.size()) {
+    return InvalidArgumentError("offload: layer " + std::to_string(layer) + " hands over " +
+                                std::to_string(entries.size()) + " entries, layer 0 had " +
+                                std::to_string(step_requests_.size()));
+  }
+  const int pack = PackOf(layer);
+  if (layer == PackFirstLayer(pack)) {
+    OutgoingPack& outgoing = outgoing_[static_cast<size_t>(pack)];
+    for (const TransferId id : outgoing.sends) {
+      RUBATO_RETURN_IF_ERROR(Wait(id, "sending the KV pack of " +
+                                          LayerRange(PackFirstLayer(pack), PackLayers(pack))));
+    }
+    outgoing.sends.clear();
+    LayerPackShape shape;
+    shape.kind = LayerPackKind::kKvPack;
+    shape.step = step_;
+    shape.first_layer = static_cast<uint32_t>(PackFirstLayer(pack));
+    shape.num_layers = static_cast<uint32_t>(PackLayers(pack));
+    shape.dtype = session_shape_.dtype;
+    shape.num_kv_heads = session_shape_.num_kv_heads;
+    shape.num_query_heads = session_shape_.num_query_heads;
+    shape.head_dim = session_shape_.head_dim;
+    shape.has_query = options_.selection.selection == OffloadSelection::kTopK;
+    RUBATO_ASSIGN_OR_RETURN(const uint64_t bytes, KvPackBytes(shape, step_requests_));
+    RUBATO_ASSIGN_OR_RETURN(LayerPackWriter writer,
+                            LayerPackWriter::Create(shape, step_requests_,
+                                                    outgoing.buffer.Bytes(bytes)));
+    writer_ = std::make_unique<LayerPackWriter>(std::move(writer));
+  }
+  RUBATO_RETURN_IF_ERROR(WritePackLayer(layer, entries));
+  if (layer == PackFirstLayer(pack) + PackLayers(pack) - 1) RUBATO_RETURN_IF_ERROR(SendPack(pack));
+  return Status::Ok();
+}
+
+Status CacheRankClient::StartStep(std::span<const OffloadLayerKv> entries) {
+  ++step_;
+  // Replies nobody will read again (their sessions moved on or closed) are dropped once their
+  // receive is done; the transport still writes into a buffer until then.
+  std::erase_if(inflight_, [&](const std::shared_ptr<Reply>& reply) {
+    if (!reply->arrived && reply.use_count() == 1) {
+      const Result<bool> done = transport_.Test(reply->receive);
+      if (done.ok() && *done) reply->arrived = true;
+      if (!done.ok()) (void)Broken(done.status());
+    }
+    return reply->arrived && reply.use_count() == 1;
+  });
+  RUBATO_RETURN_IF_ERROR(broken_);
+  step_requests_.clear();
+  for (const OffloadLayerKv& entry : entries) {
+    if (!sessions_.contains(entry.session_id)) {
+      return InvalidArgumentError("offload: session " + std::to_string(entry.session_id) +
+                                  " is not open on " + options_.cache_name);
+    }
+    if (entry.tokens < 1 || entry.start_position < 0) {
+      return InvalidArgumentError("offload: entry of session " +
+                                  std::to_string(entry.session_id) + " has " +
+                                  std::to_string(entry.tokens) + " tokens at position " +
+                                  std::to_string(entry.start_position));
+    }
+    LayerPackRequest request;
+    request.session_id = entry.session_id;
+    request.first_position = static_cast<uint32_t>(entry.start_position);
+    request.new_tokens = static_cast<uint32_t>(entry.tokens);
+    request.reply_slots = static_cast<uint32_t>(
+        ReplyRangeFor(options_.selection, entry.start_position, entry.tokens).slots);
+    step_requests_.push_back(request);
+  }
+  step_replies_ = std::make_shared<StepReplies>();
+  step_replies_->step = step_;
+  step_replies_->requests = step_requests_;
+  step_replies_->packs.resize(static_cast<size_t>(num_packs_));
+  return Status::Ok();
+}
+
+Status CacheRankClient::WritePackLayer(int layer, std::span<const OffloadLayerKv> entries) {
+  const uint32_t layer_index = static_cast<uint32_t>(layer - PackFirstLayer(PackOf(layer)));
+  const int kv_heads = model_.num_kv_heads;
+  const int head_dim = model_.head_dim;
+  for (uint32_t i = 0; i < entries.size(); ++i) {
+    const OffloadLayerKv& entry = entries[i];
+    const LayerPackRequest& request = step_requests_[i];
+    if (entry.session_id != request.session_id ||
+        entry.start_position != static_cast<int>(request.first_position) ||
+        entry.tokens != static_cast<int>(request.new_tokens)) {
+      return InvalidArgumentError("offload: layer " + std::to_string(layer) + " entry " +
+                                  std::to_string(i) + " differs from layer 0's");
+    }
+    // The model's rows are [tokens][kv_heads][head_dim]; the pack's [kv_heads][tokens][head_dim].
+    float* keys = reinterpret_cast<float*>(writer_->Key(layer_index, i).data());
+    float* values = reinterpret_cast<float*>(writer_->Value(layer_index, i).data());
+    for (int h = 0; h < kv_heads; ++h) {
+      for (int t = 0; t < entry.tokens; ++t) {
+        const size_t from = (static_cast<size_t>(t) * kv_heads + h) * head_dim;
+        const size_t to = (static_cast<size_t>(h) * entry.tokens + t) * head_dim;
+        std::memcpy(keys + to, entry.keys + from, head_dim * sizeof(float));
+        std::memcpy(values + to, entry.values + from, head_dim * sizeof(float));
+      }
+    }
+    const std::span<std::byte> query = writer_->Query(layer_index, i);
+    if (!query.empty()) std::memcpy(query.data(), entry.last_query, query.size());
+  }
+  return Status::Ok();
+}
+
+Status CacheRankClient::SendPack(int pack) {
+  OutgoingPack& outgoing = outgoing_[static_cast<size_t>(pack)];
+  const std::span<std::byte> message = writer_->bytes();
+  const TransferOp sends[] = {
+      TransferOp::Send(cache_peer_, kPackHeaderTag, message.data(), sizeof(LayerPackHeader)),
+      TransferOp::Send(cache_peer_, kPackTag, message.data(), message.size())};
+  const Result<TransferId> sent = transport_.Post(sends);
+  if (!sent.ok()) return Broken(sent.status().WithContext(options_.cache_name));
+  outgoing.sends.push_back(*sent);
+  bytes_sent_ += message.size() + sizeof(LayerPackHeader);
+
+  LayerPackShape shape;
+  shape.kind = LayerPackKind::kReplyPack;
+  shape.step = step_;
+  shape.first_layer = static_cast<uint32_t>(PackFirstLayer(pack));
+  shape.num_layers = static_cast<uint32_t>(PackLayers(pack));
+  shape.dtype = session_shape_.dtype;
+  shape.num_kv_heads = session_shape_.num_kv_heads;
+  shape.num_query_heads = session_shape_.num_query_heads;
+  shape.head_dim = session_shape_.head_dim;
+  auto reply = std::make_shared<Reply>();
+  RUBATO_ASSIGN_OR_RETURN(reply->bytes, ReplyPackBytes(shape, step_requests_));
+  const std::span<std::byte> into = reply->buffer.Bytes(reply->bytes);
+  const TransferOp receive = TransferOp::Recv(cache_peer_, kReplyTag, into.data(), into.size());
+  const Result<TransferId> posted = transport_.Post({&receive, 1});
+  if (!posted.ok()) return Broken(posted.status().WithContext(options_.cache_name));
+  reply->receive = *posted;
+  inflight_.push_back(reply);
+  step_replies_->packs[static_cast<size_t>(pack)] = reply;
+
+  if (pack == num_packs_ - 1) {
+    // The step's last pack is out: each session's next decode token reads these replies.
+    for (uint32_t i = 0; i < step_requests_.size(); ++i) {
+      SessionState& session = sessions_[step_requests_[i].session_id];
+      session.replies = step_replies_;
+      session.request_index = i;
+      session.request = step_requests_[i];
+    }
+  }
+  return Status::Ok();
+}
+
+// ---- replies ----------------------------------------------------------------------------------
+
+Status CacheRankClient::Wait(TransferId id, const std::string& what) {
+  const auto start = Clock::now();
+  const auto deadline = start + options_.timeout;
+  Status result;
+  while (true) {
+    const auto now = Clock::now();
+    const auto slice = std::min<std::chrono::nanoseconds>(kHealthPollInterval, deadline - now);
+    const Status waited = transport_.Wait(
+        id, std::chrono::duration_cast<std::chrono::milliseconds>(slice));
+    if (waited.ok()) break;
+    if (waited.code() != StatusCode::kDeadlineExceeded) {
+      result = Broken(Status(waited.code(), options_.cache_name + ": " + what + ": " +
+                                                waited.message()));
+      break;
+    }
+    const Status health = control_.Health();
+    if (!health.ok()) {
+      result = Broken(UnavailableError(options_.cache_name + " is lost (" + health.message() +
+                                       ") while " + what));
+      break;
+    }
+    if (Clock::now() >= deadline) {
+      result = Broken(DeadlineExceededError(
+          options_.cache_name + ": no progress within " +
+          std::to_string(options_.timeout.count()) + " ms while " + what));
+      break;
+    }
+  }
+  pack_wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+Status CacheRankClient::AwaitReply(Reply& reply, uint64_t step, int pack) {
+  if (reply.arrived && reply.view != nullptr) return Status::Ok();
+  const std::string what = "waiting for the reply to " +
+                           LayerRange(PackFirstLayer(pack), PackLayers(pack)) + " of step " +
+                           std::to_string(step);
+  if (!reply.arrived) RUBATO_RETURN_IF_ERROR(Wait(reply.receive, what));
+  reply.arrived = true;
+  bytes_received_ += reply.bytes;
+  const std::span<const std::byte> bytes = reply.buffer.Bytes(reply.bytes);
+  Result<LayerPackView> view = LayerPackView::Parse(bytes);
+  if (!view.ok()) return Broken(view.status().WithContext(options_.cache_name + ": " + what));
+  const Status contents = ValidateReplyContents(*view);
+  if (!contents.ok()) return Broken(contents.WithContext(options_.cache_name + ": " + what));
+  if (view->kind() != LayerPackKind::kReplyPack || view->step() != step ||
+      view->first_layer() != static_cast<uint32_t>(PackFirstLayer(pack)) ||
+      view->num_layers() != static_cast<uint32_t>(PackLayers(pack))) {
+    return Broken(DataLossError(options_.cache_name + ": " + what + ": got a reply for step " +
+                                std::to_string(view->step()) + ", " +
+                                LayerRange(static_cast<int>(view->first_layer()),
+                                           static_cast<int>(view->num_layers()))));
+  }
+  reply.view = std::make_unique<LayerPackView>(std::move(view).value());
+  return Status::Ok();
+}
+
+Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session_id,
+                                                     int position) {
+  if (!broken_.ok()) return broken_;
+  const auto found = sessions_.find(session_id);
+  if (found == sessions_.end()) {
+    return InvalidArgumentError("offload: session " + std::to_string(session_id) +
+                                " is not open on " + options_.cache_name);
+  }
+  // kDense attends the reply of the session's previous step; kTopK the current step's.
+  std::shared_ptr<StepReplies> replies;
+  uint32_t index = 0;
+  LayerPackRequest request;
+  int recent_begin = 0;
+  if (options_.selection.selection == OffloadSelection::kDense) {
+    const SessionState& session = found->second;
+    if (session.replies == nullptr) {
+      return FailedPreconditionError("offload: session " + std::to_string(session_id) +
+                                     " has no reply yet: its first tokens must be a prefill");
+    }
+    request = session.request;
+    const int next = static_cast<int>(request.first_position + request.new_tokens);
+    if (position != next) {
+      return FailedPreconditionError("offload: session " + std::to_string(session_id) +
+                                     " decodes position " + std::to_string(position) +
+                                     " but its last step ended at " + std::to_string(next));
+    }
+    replies = session.replies;
+    index = session.request_index;
+    recent_begin = next;
+  } else {
+    const auto in_step =
+        std::find_if(step_requests_.begin(), step_requests_.end(),
+                     [&](const LayerPackRequest& r) { return r.session_id == session_id; });
+    if (in_step == step_requests_.end() ||
+        static_cast<int>(in_step->first_position) != position) {
+      return FailedPreconditionError("offload: session " + std::to_string(session_id) +
+                                     " at position " + std::to_string(position) +
+                                     " is not in this step's packs");
+    }
+    replies = step_replies_;
+    index = static_cast<uint32_t>(in_step - step_requests_.begin());
+    request = *in_step;
+    recent_begin = ReplyRangeFor(options_.selection, position, 1).recent_begin;
+  }
+  const int pack = PackOf(layer);
+  const std::shared_ptr<Reply>& reply = replies->packs[static_cast<size_t>(pack)];
+  if (reply == nullptr) {
+    return FailedPreconditionError("offload: the pack of layer " + std::to_string(layer) +
+                                   " was not sent before its compact KV was asked for");
+  }
+  RUBATO_RETURN_IF_ERROR(AwaitReply(*reply, replies->step, pack));
+  const LayerPackView& view = *reply->view;
+  if (view.requests()[index] != request) {
+    return Broken(DataLossError(options_.cache_name + ": the reply's request table differs "
+                                "from the pack's"));
+  }
+  const uint32_t layer_index = static_cast<uint32_t>(layer - PackFirstLayer(pack));
+  const std::span<const std::byte> counts = view.Counts(layer_index, index);
+  const std::span<const std::byte> positions = view.Positions(layer_index, index);
+  const int slots = static_cast<int>(request.reply_slots);
+  const int kv_heads = model_.num_kv_heads;
+  // Every head must carry its whole range, and nothing from the recent segment: a short or
+  // overlapping reply would be a silently wrong attention.
+  for (int h = 0; h < kv_heads; ++h) {
+    const int count = LoadInt32(counts, static_cast<size_t>(h));
+    const int last = count > 0 ? LoadInt32(positions, static_cast<size_t>(h) * slots + count - 1)
+                               : -1;
+    if (count != slots || last >= recent_begin) {
+      return Broken(DataLossError(
+          options_.cache_name + ": reply for session " + std::to_string(session_id) +
+          " layer " + std::to_string(layer) + " KV head " + std::to_string(h) + " has " +
+          std::to_string(count) + " rows ending at position " + std::to_string(last) +
+          ", expected " + std::to_string(slots) + " rows before position " +
+          std::to_string(recent_begin)));
+    }
+  }
+  OffloadCompactKv compact;
+  compact.compact = CompactKvView{
+      const_cast<float*>(reinterpret_cast<const float*>(view.Key(layer_index, index).data())),
+      const_cast<float*>(reinterpret_cast<const float*>(view.Value(layer_index, index).data())),
+      kv_heads, slots, model_.head_dim};
+  compact.counts = reinterpret_cast<const int*>(counts.data());
+  compact.recent_begin = recent_begin;
+  return compact;
+}
+
+}  // namespace rubato

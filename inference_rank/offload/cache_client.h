@@ -1,0 +1,146 @@
+// The inference rank's side of offloaded KV (DESIGN §1 steps 1-4): CacheRankClient turns the
+// model's per-layer K/V (kv_offload.h) into layer packs of P layers sent to a cache rank over a
+// Transport while the next pack computes, and serves each decode token's compact KV from the
+// cache rank's replies (transport/pack_protocol.h). Sessions are opened and closed through a
+// CacheSessionControl: the RPC client of a remote cache rank, or the in-process service.
+//
+//   CacheRankClient client(options, model.config(), transport, /*cache_peer=*/1, control);
+//   RUBATO_ASSIGN_OR_RETURN(uint64_t session, client.OpenSession(request_id, capacity));
+//   OffloadForward offload{&client, session};   // on the request's ForwardEntry
+//   ... model.Forward(...) ...
+//   RUBATO_RETURN_IF_ERROR(client.CloseSession(session));
+//
+// Failures: every wait is bounded by options.timeout and also ends as soon as the control
+// plane reports the cache rank lost (heartbeats). After a data-plane failure the pack stream
+// can no longer be trusted: the client is broken and every later call returns that first error
+// (kUnavailable / kDeadlineExceeded naming the cache rank); the engine fails the requests and a
+// new client (a reconnect) starts clean. One thread drives a client (the engine's).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/hf_config.h"
+#include "common/status.h"
+#include "inference_rank/model/kv_offload.h"
+#include "transport/layer_pack.h"
+#include "transport/pack_protocol.h"
+#include "transport/transport.h"
+
+namespace rubato {
+
+// Opens and closes sessions on the cache rank and says whether it is alive.
+class CacheSessionControl {
+ public:
+  virtual ~CacheSessionControl() = default;
+  virtual Result<uint64_t> OpenSession(uint64_t request_id, const SessionShape& shape,
+                                       const OffloadSelectionParams& selection) = 0;
+  virtual Status CloseSession(uint64_t session_id) = 0;
+  // Ok while the cache rank answers (RPC heartbeats); else why not.
+  virtual Status Health() = 0;
+};
+
+struct CacheClientOptions {
+  int pack_layers = 4;  // P; kTopK always uses 1 (its reply is needed before attention)
+  OffloadSelectionParams selection;
+  std::chrono::milliseconds timeout{5000};  // longest wait for a reply or a send
+  std::string cache_name = "cache rank";    // names the peer in errors ("cache rank 10.0.0.2:7000")
+};
+
+class CacheRankClient final : public KvOffloadExchange {
+ public:
+  // `transport` and `control` must outlive the client; `cache_peer` is the cache rank's rank in
+  // the transport.
+  CacheRankClient(const CacheClientOptions& options, const ModelConfig& model,
+                  transport::Transport& transport, int cache_peer, CacheSessionControl& control);
+  ~CacheRankClient() override;
+
+  CacheRankClient(const CacheRankClient&) = delete;
+  CacheRankClient& operator=(const CacheRankClient&) = delete;
+
+  // A session for a request of up to `capacity_tokens` positions (prompt + generated).
+  Result<uint64_t> OpenSession(uint64_t request_id, int capacity_tokens);
+  Status CloseSession(uint64_t session_id);
+
+  Status LayerComputed(int layer, std::span<const OffloadLayerKv> entries) override;
+  Result<OffloadCompactKv> CompactFor(int layer, uint64_t session_id, int position) override;
+
+  // The first data-plane error, or ok.
+  const Status& broken() const { return broken_; }
+  int pack_layers() const { return pack_layers_; }
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  uint64_t bytes_received() const { return bytes_received_; }
+  // Seconds spent waiting for replies (the `rubato:pack_wait_seconds` metric).
+  double pack_wait_seconds() const { return pack_wait_seconds_; }
+
+ private:
+  // A message buffer: 8-byte aligned storage for f32 / int32 sections.
+  struct MessageBuffer {
+    std::vector<uint64_t> words;
+    std::span<std::byte> Bytes(uint64_t size);
+  };
+  // One reply pack of one step: its buffer, its receive, and the parsed view once it arrived.
+  struct Reply {
+    MessageBuffer buffer;
+    uint64_t bytes = 0;
+    transport::TransferId receive = 0;
+    bool arrived = false;
+    std::unique_ptr<LayerPackView> view;
+  };
+  struct StepReplies {
+    uint64_t step = 0;
+    std::vector<LayerPackRequest> requests;     // the step's request table
+    std::vector<std::shared_ptr<Reply>> packs;  // [pack index]
+  };
+  // Where a session's latest reply is.
+  struct SessionState {
+    std::shared_ptr<StepReplies> replies;
+    uint32_t request_index = 0;  // its entry in those replies' request table
+    LayerPackRequest request;
+  };
+  // The KV pack being filled / in flight, per pack index.
+  struct OutgoingPack {
+    MessageBuffer buffer;
+    std::vector<transport::TransferId> sends;  // to finish before the buffer is rewritten
+  };
+
+  int PackOf(int layer) const { return layer / pack_layers_; }
+  int PackFirstLayer(int pack) const { return pack * pack_layers_; }
+  int PackLayers(int pack) const;
+  Status StartStep(std::span<const OffloadLayerKv> entries);
+  Status WritePackLayer(int layer, std::span<const OffloadLayerKv> entries);
+  Status SendPack(int pack);
+  Status AwaitReply(Reply& reply, uint64_t step, int pack);
+  Status Wait(transport::TransferId id, const std::string& what);
+  Status Broken(Status why);
+
+  const CacheClientOptions options_;
+  const ModelConfig model_;
+  transport::Transport& transport_;
+  const int cache_peer_;
+  CacheSessionControl& control_;
+  int pack_layers_ = 1;
+  int num_packs_ = 1;
+  SessionShape session_shape_;
+
+  uint64_t step_ = 0;
+  std::vector<LayerPackRequest> step_requests_;  // [entries] of the current step
+  std::shared_ptr<StepReplies> step_replies_;    // the current step's replies
+  std::vector<OutgoingPack> outgoing_;           // [num_packs_]
+  std::unique_ptr<LayerPackWriter> writer_;      // the pack being filled
+  std::map<uint64_t, SessionState> sessions_;
+  // Every reply whose receive may still be in flight, so that no buffer is freed under it.
+  std::vector<std::shared_ptr<Reply>> inflight_;
+
+  Status broken_;
+  uint64_t bytes_sent_ = 0;
+  uint64_t bytes_received_ = 0;
+  double pack_wait_seconds_ = 0;
+};
+
+}  // namespace rubato
