@@ -1,0 +1,88 @@
+// The UCX Transport (DESIGN §3 "Transport"): UCP's tag API between processes, host memory
+// everywhere and CUDA memory where the UCX runtime has CUDA support.
+//
+//   RUBATO_ASSIGN_OR_RETURN(auto ucx, UcxTransport::Create(rank, world_size));
+//   std::vector<std::byte> mine = ucx->LocalAddress();      // give it to every peer (RPC, MPI)
+//   RUBATO_RETURN_IF_ERROR(ucx->Connect(peer, peer_address)); // for each peer this rank sends to
+//
+// One UCP context and one worker per transport (thread mode single: one thread drives it, as
+// transport.h says). Progress happens only inside Post, Test, Wait and Cancel.
+//
+// Which UCX transports carry the bytes is UCX's own environment, read when Create runs:
+//   UCX_TLS=tcp          TCP sockets (between hosts or pods)
+//   UCX_TLS=posix,self   shared memory between processes of one host (sysv,self also works in a
+//                        container; cma needs ptrace rights, which containers usually lack)
+//   UCX_TLS=cuda_copy,cuda_ipc,...  device buffers, where the runtime has CUDA support
+// unset: UCX picks among everything it finds. UCX_NET_DEVICES restricts the network devices.
+//
+// Wire tags: the sender's rank in the top 16 bits and the 48-bit user tag below; receives
+// match the full 64 bits, so a transfer is matched by (source, tag) and, as UCX keeps order per
+// (sender, tag), delivered in order. World size is at most 65536.
+//
+// Endpoints use UCX's error handling mode PEER: when UCX notices a peer is gone (a TCP reset,
+// a keepalive timeout), the peer's sends fail, its pending receives fail with kUnavailable and
+// later Posts to it are refused; Wait's timeout bounds everything UCX has not noticed yet.
+//
+// Not supported yet: `ready_event` on device sends (UCX has no stream ordering: synchronize
+// the event before Post); such ops are refused with kUnsupported.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace rubato::transport {
+
+class UcxTransport final : public Transport {
+ public:
+  // A context and worker for `rank` of `world_size` (in [1, 65536]). kUnavailable when UCX
+  // cannot start (no usable transport in UCX_TLS, e.g. a misspelt name), naming UCX's error.
+  static Result<std::unique_ptr<UcxTransport>> Create(int rank, int world_size);
+
+  // Cancels outstanding transfers, flushes and closes endpoints (at most ~1 s in all, then
+  // forced: a dead peer cannot hang it), destroys the worker and the context.
+  ~UcxTransport() override;
+
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  // This rank's address for its peers' Connect: a small rubato header (magic, rank, world
+  // size, length and checksum of the UCX bytes) followed by the UCP worker address.
+  std::span<const std::byte> LocalAddress() const { return local_address_; }
+
+  // Creates the endpoint to `peer` from the bytes its LocalAddress returned. kInvalidArgument
+  // when peer is out of range or self, or the bytes are not an address of rank `peer` of a
+  // world of the same size (wrong length, magic, rank, size or checksum); kFailedPrecondition
+  // when `peer` is already connected; kUnavailable when UCX refuses the address.
+  Status Connect(int peer, std::span<const std::byte> address);
+
+  std::string_view BackendName() const override { return "ucx"; }
+  int Rank() const override { return rank_; }
+  int WorldSize() const override { return world_size_; }
+  bool SupportsMemory(MemoryKind memory) const override;
+
+  // Also refused: a send to a peer not yet connected (kFailedPrecondition) or lost
+  // (kUnavailable), and a device send with a ready_event (kUnsupported).
+  Result<TransferId> Post(std::span<const TransferOp> ops) override;
+  Result<bool> Test(TransferId id) override;
+  Status Wait(TransferId id, std::chrono::milliseconds timeout) override;
+  void Cancel(TransferId id) override;
+  TransportStats Stats() const override;
+
+  struct State;  // UCX handles, peers and posted groups (ucx_transport.cc)
+
+ private:
+  UcxTransport(int rank, int world_size, std::unique_ptr<State> state,
+               std::vector<std::byte> local_address);
+
+  const int rank_;
+  const int world_size_;
+  std::unique_ptr<State> state_;
+  std::vector<std::byte> local_address_;  // header + UCP worker address, see LocalAddress
+};
+
+}  // namespace rubato::transport
