@@ -1,0 +1,109 @@
+// The client side of the RPC control plane (DESIGN §3), used by an inference rank to talk to
+// one cache rank.
+//
+// Calls are blocking, typed and thread-safe: several threads may call at once on one client;
+// responses are matched to calls by call id. Every call has a deadline (the call's `timeout`,
+// or RpcClientOptions::call_timeout_ms) and returns kDeadlineExceeded when it passes. An Error
+// sent by the server comes back as a Status with the server's code and message.
+//
+// A background thread heartbeats the server every heartbeat_ms. When no frame at all arrives
+// for peer_timeout_ms (the server process is stopped or hung: TCP stays up but nothing
+// answers), or the connection drops, the client becomes unhealthy: Healthy() is false,
+// LostReason() says which endpoint and what happened, and pending and later calls fail at once
+// with kUnavailable. The loss is noticed within peer_timeout_ms + heartbeat_ms.
+// Reconnect() (or a new client) connects again, e.g. to a restarted server; Hello must then
+// be called again, since the server requires it on every connection.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "common/config.h"
+#include "common/proto/rpc.pb.h"
+#include "common/status.h"
+#include "transport/rpc/rpc_frame.h"
+
+namespace rubato::rpc {
+
+struct RpcClientOptions {
+  int call_timeout_ms = 5000;  // default deadline of one call (LimitsSection::rpc_timeout_ms)
+  int heartbeat_ms = 1000;     // interval between heartbeats (LimitsSection::heartbeat_ms)
+  // Silence after which the server counts as lost. Default: 5 heartbeats, enough to ride out
+  // a busy server or a scheduling hiccup while still noticing a dead peer within seconds.
+  int peer_timeout_ms = 5000;
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+
+  // rpc_timeout_ms and heartbeat_ms from the config, peer timeout = 5 heartbeats.
+  static RpcClientOptions FromLimits(const LimitsSection& limits);
+};
+
+// "host:port" (or "[v6]:port") split into its parts; kInvalidArgument naming the endpoint and
+// what is wrong (no port, port not a number in [1, 65535], empty host).
+struct RpcEndpoint {
+  std::string host;
+  uint16_t port = 0;
+};
+Result<RpcEndpoint> ParseRpcEndpoint(std::string_view endpoint);
+
+class ClientConnection;  // rpc_client.cc: one TCP connection and its I/O thread
+
+class RpcClient {
+ public:
+  // A timeout of 0 in the calls below means RpcClientOptions::call_timeout_ms.
+  static constexpr std::chrono::milliseconds kDefaultTimeout{0};
+
+  // Connects within `connect_timeout`. Errors: kInvalidArgument for a bad endpoint string or
+  // bad options, kUnavailable when the host does not resolve or refuses the connection,
+  // kDeadlineExceeded when no connection is made in time.
+  static Result<std::unique_ptr<RpcClient>> Connect(std::string_view endpoint,
+                                                    std::chrono::milliseconds connect_timeout,
+                                                    const RpcClientOptions& options = {});
+
+  ~RpcClient();  // Close()
+  RpcClient(const RpcClient&) = delete;
+  RpcClient& operator=(const RpcClient&) = delete;
+
+  // protocol_version 0 in the request is sent as kProtocolVersion. Fails with
+  // kFailedPrecondition if the server answers with another version.
+  Result<HelloResponse> Hello(HelloRequest request, std::chrono::milliseconds timeout = {});
+  Result<OpenSessionResponse> OpenSession(const OpenSessionRequest& request,
+                                          std::chrono::milliseconds timeout = {});
+  Result<CloseSessionResponse> CloseSession(const CloseSessionRequest& request,
+                                            std::chrono::milliseconds timeout = {});
+  Result<StatsResponse> Stats(std::chrono::milliseconds timeout = {});
+  Result<HealthResponse> Health(std::chrono::milliseconds timeout = {});
+  Result<ShutdownResponse> Shutdown(const ShutdownRequest& request,
+                                    std::chrono::milliseconds timeout = {});
+
+  bool Healthy() const;
+  Status LostReason() const;  // ok while healthy
+
+  // Drops the current connection (its pending calls fail with kUnavailable) and connects to
+  // the same endpoint again. On failure the client keeps the old, unhealthy connection.
+  Status Reconnect(std::chrono::milliseconds connect_timeout);
+
+  // Closes the connection and joins the I/O thread; later calls fail with kUnavailable.
+  void Close();
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  RpcClient(std::string endpoint, RpcClientOptions options,
+            std::shared_ptr<ClientConnection> connection);
+
+  // Sends `request`, waits for the response whose body is `expected`, or the error.
+  Result<Envelope> Call(Envelope request, Envelope::BodyCase expected,
+                        std::chrono::milliseconds timeout);
+  std::shared_ptr<ClientConnection> Current() const;
+
+  const std::string endpoint_;
+  const RpcClientOptions options_;
+  mutable std::mutex connection_mutex_;            // guards connection_ (the pointer)
+  std::shared_ptr<ClientConnection> connection_;  // never null
+};
+
+}  // namespace rubato::rpc
