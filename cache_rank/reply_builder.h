@@ -1,0 +1,26 @@
+// Builds the cache rank's reply pack for a KV pack (DESIGN §1 step 3; AsyncSpade §4): per
+// layer and request, the selected positions per KV head and the compact K / V rows gathered
+// from the store at them (layer_pack.h "reply pack").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "cache_rank/kv_store.h"
+#include "common/status.h"
+#include "transport/layer_pack.h"
+
+namespace rubato {
+
+// `selections` holds one KvHeadSelection per (layer_index, request) of `kv_pack`, at index
+// layer_index * batch + request: num_kv_heads lists of strictly ascending positions, each at
+// most the request's reply_slots long and below the layer's readable tokens. Writes the reply
+// (same step, layers and request table; kind reply, no query) into out[0, returned size):
+// counts, positions padded with -1, and K / V rows with rows past each count zeroed. Every
+// selection is checked before anything is written; `out` must hold ReplyPackBytes.
+Result<uint64_t> BuildReplyPack(KvStore& store, const LayerPackView& kv_pack,
+                                std::span<const KvHeadSelection> selections,
+                                std::span<std::byte> out);
+
+}  // namespace rubato
