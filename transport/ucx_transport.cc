@@ -96,7 +96,8 @@ struct UcxTransport::State {
     return any;
   }
 
-  // Finishes `op` of `group` with UCX's `status`; `received` is a receive's message length.
+  // Finishes `op` of `group` with UCX's `status`; `received` is a receive's message length
+  // (0 for sends and where UCX did not say).
   void FinishOp(UcxGroup& group, UcxOp& op, ucs_status_t status, size_t received) {
     if (op.request != nullptr) ucp_request_free(op.request);
     op.request = nullptr;
@@ -117,7 +118,9 @@ struct UcxTransport::State {
     const bool send = o.direction == TransferOp::Direction::kSend;
     const UcxPeer& peer = peers[static_cast<size_t>(o.peer)];
     if (status == UCS_OK && (send || received == o.bytes)) return Status::Ok();
-    if (status == UCS_OK) {
+    // A shorter message completes; a longer one is truncated, with its length in the receive
+    // info where UCX knows it (eager and rendezvous headers carry it).
+    if (status == UCS_OK || (status == UCS_ERR_MESSAGE_TRUNCATED && received > o.bytes)) {
       return DataLossError(fmt::format(
           "ucx: rank {}: receive from peer {}, tag {}: the message has {} bytes but the receive "
           "buffer has {} bytes (sizes must match exactly)",
