@@ -164,17 +164,17 @@ class ClientConnection {
     closed_ = true;
     if (io_thread_.joinable()) {
       asio::post(io_, [this] {
-        MarkLost(UnavailableError(fmt::format("the RPC client to {} was closed", endpoint_)));
+        MarkLost(ClosedByUs(), /*log_warning=*/false);
         io_.stop();
       });
       io_thread_.join();
-    } else {
-      MarkLost(UnavailableError(fmt::format("the RPC client to {} was closed", endpoint_)));
     }
+    // Without an I/O thread (never opened, or it ended after a loss) nothing else runs.
+    MarkLost(ClosedByUs(), /*log_warning=*/false);
   }
 
  private:
-  // Removes the call from the table; false when the I/O thread already completed it.
+  // Removes the call from the table; nullptr when the I/O thread already completed it.
   std::shared_ptr<std::promise<Result<Envelope>>> TakePending(uint64_t call_id) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = pending_.find(call_id);
@@ -184,8 +184,13 @@ class ClientConnection {
     return promise;
   }
 
+  Status ClosedByUs() const {
+    return UnavailableError(fmt::format("the RPC client to {} was closed", endpoint_));
+  }
+
   // First loss wins: records the reason, fails every pending call with it, closes the socket.
-  void MarkLost(Status reason) {
+  // A loss is a warning; a deliberate Close() is not.
+  void MarkLost(Status reason, bool log_warning = true) {
     std::map<uint64_t, std::shared_ptr<std::promise<Result<Envelope>>>> failed;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -193,7 +198,11 @@ class ClientConnection {
       lost_ = reason;
       failed.swap(pending_);
     }
-    RUBATO_LOG_WARN(kLog, "{}", reason.ToString());
+    if (log_warning) {
+      RUBATO_LOG_WARN(kLog, "{}", reason.ToString());
+    } else {
+      RUBATO_LOG_INFO(kLog, "{}", reason.ToString());
+    }
     for (auto& [id, promise] : failed) promise->set_value(reason);
     boost::system::error_code ignored;
     socket_.close(ignored);

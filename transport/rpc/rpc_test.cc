@@ -505,6 +505,21 @@ TEST_F(RpcTest, SilentServerMakesTheClientUnhealthyWithinThePeerTimeout) {
       std::this_thread::sleep_for(milliseconds(5));
     }
   });
+  // Ends the fake server on every way out of this test (its accept() returns at connect).
+  struct JoinFakeServer {
+    std::atomic<bool>* stop;
+    std::thread* thread;
+    uint16_t port;
+    ~JoinFakeServer() {
+      *stop = true;
+      // Unblocks accept() in case the client never connected (harmless otherwise).
+      asio::io_context io;
+      tcp::socket unblock(io);
+      boost::system::error_code ignored;
+      unblock.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), ignored);
+      thread->join();
+    }
+  } join_fake_server{&stop_reading, &fake_server, port};
   RpcClientOptions options = FastOptions();
   options.heartbeat_ms = 50;
   options.peer_timeout_ms = 300;
@@ -513,7 +528,8 @@ TEST_F(RpcTest, SilentServerMakesTheClientUnhealthyWithinThePeerTimeout) {
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   // A call in flight when the peer is declared lost fails fast with kUnavailable, not at its
   // (much later) deadline.
-  auto pending = std::async(std::launch::async, [&] { return (*client)->Stats(milliseconds(60000)); });
+  auto pending =
+      std::async(std::launch::async, [&] { return (*client)->Stats(milliseconds(10000)); });
   const bool pending_done = pending.wait_for(kBound) == std::future_status::ready;
   EXPECT_TRUE(pending_done);
   EXPECT_TRUE(WaitFor([&] { return !(*client)->Healthy(); }));
@@ -524,12 +540,10 @@ TEST_F(RpcTest, SilentServerMakesTheClientUnhealthyWithinThePeerTimeout) {
   if (pending_done) {
     EXPECT_EQ(pending.get().status().code(), StatusCode::kUnavailable);
   }
-  Result<HealthResponse> later = (*client)->Health(milliseconds(60000));
+  Result<HealthResponse> later = (*client)->Health(milliseconds(10000));
   EXPECT_EQ(later.status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(later.status().message(), reason.message());
   (*client)->Close();
-  stop_reading = true;
-  fake_server.join();
 }
 
 TEST_F(RpcTest, StoppedServerMakesTheClientUnhealthy) {
@@ -588,6 +602,31 @@ TEST_F(RpcTest, ConnectErrorsSayWhatIsWrong) {
   zero_heartbeat.heartbeat_ms = 0;
   EXPECT_EQ(RpcClient::Connect("127.0.0.1:1", kBound, zero_heartbeat).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+TEST_F(RpcTest, ConnectToAFullListenQueueTimesOut) {
+  // A listener that never accepts, with a backlog of 0: once its accept queue is full, Linux
+  // drops further SYNs and connect() hangs, which is what an unreachable host looks like.
+  asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  acceptor.listen(0);
+  const std::string endpoint =
+      "127.0.0.1:" + std::to_string(acceptor.local_endpoint().port());
+  std::vector<std::unique_ptr<RpcClient>> queued;  // connected, never accepted
+  Status timed_out;
+  for (int attempt = 0; attempt < 8 && timed_out.ok(); ++attempt) {
+    Result<std::unique_ptr<RpcClient>> client =
+        RpcClient::Connect(endpoint, milliseconds(200), FastOptions());
+    if (client.ok()) {
+      queued.push_back(std::move(client).value());
+    } else {
+      timed_out = client.status();
+    }
+  }
+  ASSERT_FALSE(timed_out.ok()) << "8 connections to a backlog-0 listener all succeeded";
+  EXPECT_EQ(timed_out.code(), StatusCode::kDeadlineExceeded) << timed_out.ToString();
+  EXPECT_TRUE(Contains(timed_out.message(), endpoint)) << timed_out.message();
+  EXPECT_TRUE(Contains(timed_out.message(), "200 ms")) << timed_out.message();
 }
 
 TEST_F(RpcTest, ServerRefusesBadOptions) {
