@@ -109,6 +109,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
       }
     }
   }
+  if (options.offload != nullptr) {
+    if (!window.IsDense() || options.sfi.has_value()) {
+      return InvalidArgumentError("engine: offloaded KV needs the dense policy's window and no "
+                                  "SFI (the cache rank chooses what each token attends)");
+    }
+  }
   if (options.max_kv_blocks < 0) {
     return InvalidArgumentError("engine.max_kv_blocks must be >= 0 (0 = automatic), got " +
                                 std::to_string(options.max_kv_blocks));
@@ -238,11 +244,24 @@ Result<uint64_t> Engine::Submit(GenerationRequest request) {
   return waiting_.back().id;
 }
 
-Status Engine::AdmitWaiting() {
+Status Engine::AdmitWaiting(std::vector<TokenEvent>& events) {
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_batch) {
     Request& next = waiting_.front();
     const int tokens = ReservedTokens(next.params);
     if (kv_cache_->BlocksFor(tokens) > kv_cache_->free_blocks()) break;  // FCFS: wait
+    if (options_.offload != nullptr) {
+      // Positions 0..tokens are handed over: the last sampled token is never fed back.
+      Result<uint64_t> session = options_.offload->OpenSession(next.id, tokens + 1);
+      if (!session.ok()) {
+        const Status error = session.status().WithContext(
+            "request " + std::to_string(next.id) + ": opening its cache-rank session");
+        RUBATO_LOG_WARN(kLogSubsystem, "{}", error.message());
+        events.push_back(TokenEvent{next.id, -1, FinishReason::kError, 1.0, error});
+        waiting_.pop_front();
+        continue;
+      }
+      next.offload_session = *session;
+    }
     RUBATO_RETURN_IF_ERROR(kv_cache_->Reserve(next.kv, tokens));
     if (options_.sfi.has_value()) {
       next.sfi = std::make_unique<SfiSequenceState>();
@@ -288,7 +307,7 @@ void Engine::DiscardFastStep(Request& request) {
 
 Result<std::vector<TokenEvent>> Engine::Step() {
   std::vector<TokenEvent> events;
-  RUBATO_RETURN_IF_ERROR(AdmitWaiting());
+  RUBATO_RETURN_IF_ERROR(AdmitWaiting(events));
 
   batch_.clear();
   batch_requests_.clear();
@@ -296,6 +315,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   // Sized before any entry points into it: no reallocation while the batch is built.
   batch_sampling_.resize(running_.size());
   batch_sfi_.resize(running_.size());
+  batch_offload_.resize(running_.size());
   int prefill_budget = options_.prefill_chunk;
   for (Request& request : running_) {
     const std::vector<int>& prompt = request.params.prompt_ids;
@@ -325,6 +345,11 @@ Result<std::vector<TokenEvent>> Engine::Step() {
         batch_.back().sfi = &sfi;
       }
     }
+    if (request.offload_session.has_value()) {
+      OffloadForward& offload = batch_offload_[batch_.size() - 1];
+      offload = OffloadForward{options_.offload, *request.offload_session};
+      batch_.back().offload = &offload;
+    }
     if (batch_.back().logits != LogitsWanted::kNone) {
       // A failed forward gives the draw back, so that a retried step samples the same tokens.
       if (request.params.sampling.temperature > 0.0f) {
@@ -344,6 +369,11 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   Status forward = model_->Forward(batch_, *kv_cache_, forward_result_, options_.attention_window);
   if (!forward.ok()) {
     for (auto& [request, rng] : rng_before_step_) request->rng = rng;
+    if (options_.offload != nullptr && !options_.offload->Broken().ok()) {
+      // The cache rank is gone: its requests cannot continue, the engine can.
+      FailOffloadedRequests(options_.offload->Broken(), events);
+      return events;
+    }
     return forward.WithContext("engine step");
   }
   if (forward_result_.sampled_tokens.size() != batch_.size()) {
@@ -386,7 +416,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
       // The schedule counts decode steps; the prompt's selection is not one of them.
       if (decode_entry) request.schedule->OnStep(sfi->step, token);
     }
-    events.push_back(TokenEvent{request.id, token, request.finish, retained});
+    events.push_back(TokenEvent{request.id, token, request.finish, retained, Status::Ok()});
   }
   if (!events.empty()) {
     double retained_sum = 0.0;
@@ -400,11 +430,40 @@ Result<std::vector<TokenEvent>> Engine::Step() {
       ++it;
       continue;
     }
-    RUBATO_RETURN_IF_ERROR(kv_cache_->Release(it->kv));
+    RUBATO_RETURN_IF_ERROR(Retire(*it));
     RUBATO_LOG_DEBUG(kLogSubsystem, "request {} finished after {} tokens", it->id, it->generated);
     it = running_.erase(it);
   }
   return events;
+}
+
+Status Engine::Retire(Request& request) {
+  if (request.offload_session.has_value() && options_.offload->Broken().ok()) {
+    const Status closed = options_.offload->CloseSession(*request.offload_session);
+    if (!closed.ok()) {
+      RUBATO_LOG_WARN(kLogSubsystem, "request {}: closing its cache-rank session: {}", request.id,
+                      closed.message());
+    }
+  }
+  request.offload_session.reset();
+  return kv_cache_->Release(request.kv);
+}
+
+void Engine::FailOffloadedRequests(const Status& why, std::vector<TokenEvent>& events) {
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (!it->offload_session.has_value()) {
+      ++it;
+      continue;
+    }
+    const Status error = Status(why.code(), "request " + std::to_string(it->id) + ": " +
+                                                why.message());
+    RUBATO_LOG_WARN(kLogSubsystem, "{}", error.message());
+    events.push_back(TokenEvent{it->id, -1, FinishReason::kError, 1.0, error});
+    it->finish = FinishReason::kError;
+    const Status released = Retire(*it);
+    if (!released.ok()) RUBATO_LOG_ERROR(kLogSubsystem, "{}", released.message());
+    it = running_.erase(it);
+  }
 }
 
 }  // namespace rubato

@@ -84,6 +84,13 @@ struct EngineOptions {
   // rubato:discarded_fast_steps_total (fast steps the confidence trigger recomputed) and
   // rubato:retained_kv_ratio (mean over the last step's sampled tokens). Must outlive the engine.
   MetricsRegistry* metrics = nullptr;
+  // Offloaded KV (DESIGN §3 "KV residency"): set, every request gets a session on the cache rank
+  // behind this client at admission (capacity: its prompt + max_new_tokens), its forward entries
+  // hand their K/V over and decode through the compact KV it returns (kv_offload.h), and the
+  // session is closed when the request ends. Needs a dense attention_window and no SFI. When the
+  // client breaks (the cache rank died or stalled), every offloaded request ends with an error
+  // event; requests that fail to open a session end alike. Must outlive the engine.
+  KvOffloadClient* offload = nullptr;
 };
 
 // Steps the engine ran, for metrics and the CLI's stats line.
@@ -99,6 +106,7 @@ enum class FinishReason {
   kNone,    // more tokens follow
   kStop,    // the token is a stop token (it is reported; callers usually do not print it)
   kLength,  // max_new_tokens generated, or prompt + generated reached max_context
+  kError,   // the request failed (TokenEvent::error says why); token is -1
 };
 
 struct TokenEvent {
@@ -110,6 +118,7 @@ struct TokenEvent {
   // window, (sink + recent) / context once the context is longer than sink + recent; for SFI,
   // 1 on slow steps and (sink + selected + recent segment) / context on fast ones.
   double retained_kv_ratio = 1.0;
+  Status error;  // kError: why the request failed (e.g. its cache rank was lost)
 };
 
 // VisibleKeys / context for the query at position context - 1 (context >= 1).
@@ -167,6 +176,7 @@ class Engine {
     // SFI only: the selection state and the step schedule (its trigger ids are options_'s).
     std::unique_ptr<SfiSequenceState> sfi;
     std::optional<SfiSchedule> schedule;
+    std::optional<uint64_t> offload_session;  // its session on the cache rank (options.offload)
   };
 
   Engine(std::unique_ptr<Model> model, std::unique_ptr<PagedKvCache> kv_cache,
@@ -175,7 +185,13 @@ class Engine {
   // Positions of a request's KV that may ever be written (prompt + generated - 1, the last
   // sampled token is never fed back).
   int ReservedTokens(const GenerationRequest& request) const;
-  Status AdmitWaiting();
+  // Moves waiting requests to running while the batch and the KV cache have room; a request
+  // whose cache-rank session cannot be opened ends with an error event in `events`.
+  Status AdmitWaiting(std::vector<TokenEvent>& events);
+  // The offload client broke: every running request ends with an error event naming why.
+  void FailOffloadedRequests(const Status& why, std::vector<TokenEvent>& events);
+  // Frees a finished request's KV blocks and closes its cache-rank session.
+  Status Retire(Request& request);
   // The TokenSampling of a request's next token: its filter, and one draw of its RNG unless
   // greedy.
   TokenSampling NextSampling(Request& request);
@@ -200,6 +216,7 @@ class Engine {
   std::vector<std::pair<Request*, std::mt19937_64>> rng_before_step_;
   std::vector<TokenSampling> batch_sampling_;  // [batch entries]; what entries' sampling points to
   std::vector<SfiForward> batch_sfi_;          // [batch entries]; what entries' sfi points to
+  std::vector<OffloadForward> batch_offload_;  // [batch entries]; what entries' offload points to
   EngineCounters counters_;
   // In options_.metrics, when set (else null).
   Counter* slow_steps_metric_ = nullptr;

@@ -53,6 +53,17 @@ class KvOffloadExchange {
   virtual Result<OffloadCompactKv> CompactFor(int layer, uint64_t session_id, int position) = 0;
 };
 
+// The engine's handle on a cache rank: sessions per request, the exchange their entries use, and
+// whether the data plane still works (inference_rank/offload/cache_client.h implements it).
+class KvOffloadClient : public KvOffloadExchange {
+ public:
+  // A session for a request of up to `capacity_tokens` positions.
+  virtual Result<uint64_t> OpenSession(uint64_t request_id, int capacity_tokens) = 0;
+  virtual Status CloseSession(uint64_t session_id) = 0;
+  // The error that stopped the data plane (every offloaded request is then lost), or ok.
+  virtual Status Broken() const = 0;
+};
+
 // Set on a ForwardEntry: the entry's KV is offloaded through `exchange` (model.h).
 struct OffloadForward {
   KvOffloadExchange* exchange = nullptr;

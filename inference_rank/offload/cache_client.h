@@ -52,7 +52,7 @@ struct CacheClientOptions {
   std::string cache_name = "cache rank";    // names the peer in errors ("cache rank 10.0.0.2:7000")
 };
 
-class CacheRankClient final : public KvOffloadExchange {
+class CacheRankClient final : public KvOffloadClient {
  public:
   // `transport` and `control` must outlive the client; `cache_peer` is the cache rank's rank in
   // the transport.
@@ -64,14 +64,13 @@ class CacheRankClient final : public KvOffloadExchange {
   CacheRankClient& operator=(const CacheRankClient&) = delete;
 
   // A session for a request of up to `capacity_tokens` positions (prompt + generated).
-  Result<uint64_t> OpenSession(uint64_t request_id, int capacity_tokens);
-  Status CloseSession(uint64_t session_id);
+  Result<uint64_t> OpenSession(uint64_t request_id, int capacity_tokens) override;
+  Status CloseSession(uint64_t session_id) override;
+  Status Broken() const override { return broken_; }
 
   Status LayerComputed(int layer, std::span<const OffloadLayerKv> entries) override;
   Result<OffloadCompactKv> CompactFor(int layer, uint64_t session_id, int position) override;
 
-  // The first data-plane error, or ok.
-  const Status& broken() const { return broken_; }
   int pack_layers() const { return pack_layers_; }
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
