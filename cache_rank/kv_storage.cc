@@ -36,23 +36,23 @@ std::shared_ptr<KvStorageAllocator> MakeHostKvStorageAllocator() {
   return std::make_shared<HostKvStorageAllocator>();
 }
 
-Result<KvStorage> KvStorage::Allocate(std::shared_ptr<KvStorageAllocator> allocator,
+Result<SessionKvStorage> SessionKvStorage::Allocate(std::shared_ptr<KvStorageAllocator> allocator,
                                       uint64_t bytes) {
   if (allocator == nullptr) return InvalidArgumentError("kv storage: no allocator given");
   RUBATO_ASSIGN_OR_RETURN(std::byte* data, allocator->Allocate(bytes));
-  KvStorage storage;
+  SessionKvStorage storage;
   storage.allocator_ = std::move(allocator);
   storage.data_ = data;
   storage.bytes_ = bytes;
   return storage;
 }
 
-KvStorage::KvStorage(KvStorage&& other) noexcept
+SessionKvStorage::SessionKvStorage(SessionKvStorage&& other) noexcept
     : allocator_(std::move(other.allocator_)),
       data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)) {}
 
-KvStorage& KvStorage::operator=(KvStorage&& other) noexcept {
+SessionKvStorage& SessionKvStorage::operator=(SessionKvStorage&& other) noexcept {
   if (this != &other) {
     Release();
     allocator_ = std::move(other.allocator_);
@@ -62,9 +62,9 @@ KvStorage& KvStorage::operator=(KvStorage&& other) noexcept {
   return *this;
 }
 
-KvStorage::~KvStorage() { Release(); }
+SessionKvStorage::~SessionKvStorage() { Release(); }
 
-void KvStorage::Release() {
+void SessionKvStorage::Release() {
   if (data_ != nullptr) allocator_->Free(data_, bytes_);
   data_ = nullptr;
   bytes_ = 0;

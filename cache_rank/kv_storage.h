@@ -32,16 +32,16 @@ class KvStorageAllocator {
 std::shared_ptr<KvStorageAllocator> MakeHostKvStorageAllocator();
 
 // One allocation owned: freed by the allocator that made it when this is destroyed.
-class KvStorage {
+class SessionKvStorage {
  public:
-  KvStorage() = default;
-  static Result<KvStorage> Allocate(std::shared_ptr<KvStorageAllocator> allocator,
+  SessionKvStorage() = default;
+  static Result<SessionKvStorage> Allocate(std::shared_ptr<KvStorageAllocator> allocator,
                                     uint64_t bytes);
-  KvStorage(KvStorage&& other) noexcept;
-  KvStorage& operator=(KvStorage&& other) noexcept;
-  KvStorage(const KvStorage&) = delete;
-  KvStorage& operator=(const KvStorage&) = delete;
-  ~KvStorage();
+  SessionKvStorage(SessionKvStorage&& other) noexcept;
+  SessionKvStorage& operator=(SessionKvStorage&& other) noexcept;
+  SessionKvStorage(const SessionKvStorage&) = delete;
+  SessionKvStorage& operator=(const SessionKvStorage&) = delete;
+  ~SessionKvStorage();
 
   std::byte* data() const { return data_; }
   uint64_t size() const { return bytes_; }

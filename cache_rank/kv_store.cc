@@ -17,7 +17,7 @@ struct KvStore::Session {
   uint64_t id = 0;
   uint64_t request_id = 0;
   SessionShape shape;
-  KvStorage storage;            // keys then values, see kv_store.h
+  SessionKvStorage storage;            // keys then values, see kv_store.h
   uint64_t head_stride = 0;     // bytes of one [capacity][head_dim] block
   uint64_t values_offset = 0;   // byte offset of the values half
   uint32_t length = 0;          // tokens complete in every layer
@@ -104,7 +104,7 @@ Result<uint64_t> KvStore::OpenSession(uint64_t request_id, const SessionShape& s
         request_id, bytes, shape.num_layers, shape.num_kv_heads, shape.capacity_tokens,
         shape.head_dim, DTypeName(shape.dtype), in_use, options_.budget_bytes));
   }
-  RUBATO_ASSIGN_OR_RETURN(KvStorage storage, KvStorage::Allocate(options_.allocator, bytes));
+  RUBATO_ASSIGN_OR_RETURN(SessionKvStorage storage, SessionKvStorage::Allocate(options_.allocator, bytes));
   auto session = std::make_unique<Session>();
   session->id = next_session_id_++;
   session->request_id = request_id;
