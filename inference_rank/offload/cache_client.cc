@@ -93,7 +93,25 @@ Result<uint64_t> CacheRankClient::OpenSession(uint64_t request_id, int capacity_
 }
 
 Status CacheRankClient::CloseSession(uint64_t session_id) {
+  // The control plane overtakes the data plane: the cache rank must have taken the session's
+  // last packs before it is closed, else it would read them as packs of an unknown session. Packs
+  // are processed in order, so the replies of the session's last step say it has.
+  std::shared_ptr<StepReplies> last;
+  const auto in_step =
+      std::find_if(step_requests_.begin(), step_requests_.end(),
+                   [&](const LayerPackRequest& r) { return r.session_id == session_id; });
+  if (in_step != step_requests_.end() && step_replies_ != nullptr) {
+    last = step_replies_;
+  } else if (const auto found = sessions_.find(session_id); found != sessions_.end()) {
+    last = found->second.replies;
+  }
   sessions_.erase(session_id);
+  if (last != nullptr && broken_.ok()) {
+    for (size_t pack = 0; pack < last->packs.size(); ++pack) {
+      if (last->packs[pack] == nullptr) continue;  // not sent: the step failed part way
+      RUBATO_RETURN_IF_ERROR(AwaitReply(*last->packs[pack], last->step, static_cast<int>(pack)));
+    }
+  }
   return control_.CloseSession(session_id);
 }
 
@@ -153,6 +171,18 @@ Status CacheRankClient::StartStep(std::span<const OffloadLayerKv> entries) {
     return reply->arrived && reply.use_count() == 1;
   });
   RUBATO_RETURN_IF_ERROR(broken_);
+  if (step_replies_ != nullptr && step_sent_) {
+    // The last step went out whole: its sessions' next decode tokens (this step's) read its
+    // replies. Not earlier: layers of that step still attended the step before.
+    for (uint32_t i = 0; i < step_requests_.size(); ++i) {
+      const auto session = sessions_.find(step_requests_[i].session_id);
+      if (session == sessions_.end()) continue;  // closed since
+      session->second.replies = step_replies_;
+      session->second.request_index = i;
+      session->second.request = step_requests_[i];
+    }
+  }
+  step_sent_ = false;
   step_requests_.clear();
   for (const OffloadLayerKv& entry : entries) {
     if (!sessions_.contains(entry.session_id)) {
@@ -240,15 +270,7 @@ Status CacheRankClient::SendPack(int pack) {
   inflight_.push_back(reply);
   step_replies_->packs[static_cast<size_t>(pack)] = reply;
 
-  if (pack == num_packs_ - 1) {
-    // The step's last pack is out: each session's next decode token reads these replies.
-    for (uint32_t i = 0; i < step_requests_.size(); ++i) {
-      SessionState& session = sessions_[step_requests_[i].session_id];
-      session.replies = step_replies_;
-      session.request_index = i;
-      session.request = step_requests_[i];
-    }
-  }
+  step_sent_ = pack == num_packs_ - 1;
   return Status::Ok();
 }
 

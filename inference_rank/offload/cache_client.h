@@ -130,6 +130,7 @@ class CacheRankClient final : public KvOffloadClient {
   uint64_t step_ = 0;
   std::vector<LayerPackRequest> step_requests_;  // [entries] of the current step
   std::shared_ptr<StepReplies> step_replies_;    // the current step's replies
+  bool step_sent_ = false;                       // every pack of the current step went out
   std::vector<OutgoingPack> outgoing_;           // [num_packs_]
   std::unique_ptr<LayerPackWriter> writer_;      // the pack being filled
   std::map<uint64_t, SessionState> sessions_;

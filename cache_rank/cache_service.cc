@@ -1,0 +1,345 @@
+// CacheService (cache_service.h): sessions, peers, and the data-plane thread's receive /
+// append / select / gather / reply cycle.
+#include "cache_rank/cache_service.h"
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "cache_rank/exact_top_k.h"
+#include "cache_rank/reply_builder.h"
+#include "common/dtype.h"
+#include "common/logging.h"
+
+namespace rubato {
+namespace {
+
+using transport::TransferId;
+using transport::TransferOp;
+
+constexpr const char* kLogSubsystem = "cache";
+// How long the loop sleeps when no peer made progress (a busy loop would take a core from the
+// model on a shared machine).
+constexpr std::chrono::microseconds kIdleSleep{50};
+// How long a reply may take to leave before the next one needs its buffer.
+constexpr std::chrono::milliseconds kReplySendTimeout{60000};
+
+std::span<std::byte> AsBytes(std::vector<uint64_t>& words, uint64_t bytes) {
+  const size_t needed = static_cast<size_t>((bytes + 7) / 8);
+  if (words.size() < needed) words.resize(needed);
+  return {reinterpret_cast<std::byte*>(words.data()), static_cast<size_t>(bytes)};
+}
+
+}  // namespace
+
+struct CacheService::Peer {
+  enum class Phase { kIdle, kHeader, kBody };
+
+  uint64_t id = 0;
+  std::unique_ptr<transport::Transport> transport;
+  int rank = 0;
+  Phase phase = Phase::kIdle;
+  std::vector<uint64_t> header;  // LayerPackHeader, 8-byte aligned
+  std::vector<uint64_t> body;    // the KV pack
+  uint64_t body_bytes = 0;
+  std::vector<uint64_t> reply;   // the reply pack
+  uint64_t reply_bytes = 0;
+  TransferId receive = 0;
+  std::optional<TransferId> reply_send;
+  Status health;  // the error that stopped this peer, or ok
+};
+
+CacheService::CacheService(const CacheServiceOptions& options)
+    : options_(options), store_(KvStoreOptions{options.budget_bytes, nullptr}) {}
+
+CacheService::~CacheService() { Stop(); }
+
+// ---- control plane ----------------------------------------------------------------------------
+
+Result<uint64_t> CacheService::OpenSession(uint64_t peer, uint64_t request_id,
+                                           const SessionShape& shape,
+                                           const OffloadSelectionParams& selection) {
+  if (selection.selection == OffloadSelection::kTopK &&
+      (selection.top_k < 1 || selection.sink_tokens < 0 || selection.recent_tokens < 1)) {
+    return InvalidArgumentError("open session: topk selection needs top_k >= 1, sink_tokens >= "
+                                "0 and recent_tokens >= 1, got " +
+                                std::to_string(selection.top_k) + ", " +
+                                std::to_string(selection.sink_tokens) + ", " +
+                                std::to_string(selection.recent_tokens));
+  }
+  std::lock_guard lock(mutex_);
+  RUBATO_ASSIGN_OR_RETURN(const uint64_t session, store_.OpenSession(request_id, shape));
+  sessions_[session] = SessionInfo{peer, selection};
+  RUBATO_LOG_DEBUG(kLogSubsystem, "peer {} opened session {} for request {} ({} selection)",
+                   peer, session, request_id, OffloadSelectionName(selection.selection));
+  return session;
+}
+
+Status CacheService::CloseSession(uint64_t peer, uint64_t session_id) {
+  std::lock_guard lock(mutex_);
+  const auto found = sessions_.find(session_id);
+  if (found == sessions_.end() || found->second.peer != peer) {
+    return NotFoundError("close session: session " + std::to_string(session_id) +
+                         " is not open for this peer");
+  }
+  sessions_.erase(found);
+  return store_.CloseSession(session_id);
+}
+
+void CacheService::ForgetPeer(uint64_t peer) {
+  std::lock_guard lock(mutex_);
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (it->second.peer != peer) {
+      ++it;
+      continue;
+    }
+    (void)store_.CloseSession(it->first);
+    it = sessions_.erase(it);
+  }
+  // The data-plane thread is not inside Progress while we hold the mutex: the transport is not
+  // in use and may go (its destructor cancels what it still has posted).
+  if (peers_.erase(peer) > 0) RUBATO_LOG_INFO(kLogSubsystem, "peer {} forgotten", peer);
+}
+
+Status CacheService::PeerHealth(uint64_t peer) const {
+  std::lock_guard lock(mutex_);
+  const auto found = peers_.find(peer);
+  if (found == peers_.end()) {
+    return NotFoundError("peer " + std::to_string(peer) + " has no data plane on this cache rank");
+  }
+  return found->second->health;
+}
+
+CacheServiceStats CacheService::Stats() const {
+  CacheServiceStats stats;
+  stats.store = store_.Stats();
+  stats.packs_received = packs_received_.load();
+  stats.bytes_received = bytes_received_.load();
+  stats.replies_sent = replies_sent_.load();
+  stats.bytes_sent = bytes_sent_.load();
+  std::lock_guard lock(mutex_);
+  stats.peers = peers_.size();
+  return stats;
+}
+
+// ---- data plane -------------------------------------------------------------------------------
+
+Status CacheService::AddPeer(uint64_t peer, std::unique_ptr<transport::Transport> transport,
+                             int peer_rank) {
+  if (transport == nullptr) return InvalidArgumentError("cache service: peer without transport");
+  if (peer_rank < 0 || peer_rank >= transport->WorldSize() || peer_rank == transport->Rank()) {
+    return InvalidArgumentError("cache service: peer rank " + std::to_string(peer_rank) +
+                                " is not another rank of the transport");
+  }
+  auto state = std::make_unique<Peer>();
+  state->id = peer;
+  state->transport = std::move(transport);
+  state->rank = peer_rank;
+  std::lock_guard lock(mutex_);
+  if (peers_.contains(peer)) {
+    return FailedPreconditionError("cache service: peer " + std::to_string(peer) +
+                                   " already has a data plane");
+  }
+  peers_[peer] = std::move(state);
+  return Status::Ok();
+}
+
+void CacheService::Start() {
+  if (thread_.joinable()) return;
+  stop_ = false;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void CacheService::Stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lock(mutex_);
+  peers_.clear();  // transports cancel what they still have posted
+}
+
+void CacheService::Run() {
+  while (!stop_) {
+    bool progressed = false;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& [id, peer] : peers_) {
+        if (!peer->health.ok()) continue;
+        progressed |= Progress(*peer);
+      }
+    }
+    if (!progressed) std::this_thread::sleep_for(kIdleSleep);
+  }
+}
+
+bool CacheService::Progress(Peer& peer) {
+  transport::Transport& transport = *peer.transport;
+  const auto fail = [&](const Status& why) {
+    peer.health = why.WithContext("cache rank: data plane of peer " + std::to_string(peer.id));
+    RUBATO_LOG_WARN(kLogSubsystem, "{}", peer.health.message());
+    return true;
+  };
+  bool progressed = false;
+  if (peer.reply_send.has_value()) {
+    const Result<bool> sent = transport.Test(*peer.reply_send);
+    if (!sent.ok()) return fail(sent.status().WithContext("sending a reply"));
+    if (*sent) {
+      peer.reply_send.reset();
+      ++replies_sent_;
+      bytes_sent_ += peer.reply_bytes;
+      progressed = true;
+    }
+  }
+  switch (peer.phase) {
+    case Peer::Phase::kIdle: {
+      const std::span<std::byte> header = AsBytes(peer.header, sizeof(LayerPackHeader));
+      const TransferOp receive =
+          TransferOp::Recv(peer.rank, kPackHeaderTag, header.data(), header.size());
+      const Result<TransferId> posted = transport.Post({&receive, 1});
+      if (!posted.ok()) return fail(posted.status());
+      peer.receive = *posted;
+      peer.phase = Peer::Phase::kHeader;
+      return true;
+    }
+    case Peer::Phase::kHeader: {
+      const Result<bool> done = transport.Test(peer.receive);
+      if (!done.ok()) return fail(done.status().WithContext("receiving a pack header"));
+      if (!*done) return progressed;
+      LayerPackHeader header;
+      std::memcpy(&header, peer.header.data(), sizeof(header));
+      if (std::memcmp(header.magic, kLayerPackMagic, sizeof(header.magic)) != 0 ||
+          header.kind != static_cast<uint8_t>(LayerPackKind::kKvPack) ||
+          header.total_bytes < sizeof(LayerPackHeader) ||
+          header.total_bytes > options_.max_pack_bytes) {
+        return fail(DataLossError(
+            "a KV pack header with bad magic or kind, or announcing " +
+            std::to_string(header.total_bytes) + " bytes (limit " +
+            std::to_string(options_.max_pack_bytes) + ")"));
+      }
+      peer.body_bytes = header.total_bytes;
+      const std::span<std::byte> body = AsBytes(peer.body, peer.body_bytes);
+      const TransferOp receive = TransferOp::Recv(peer.rank, kPackTag, body.data(), body.size());
+      const Result<TransferId> posted = transport.Post({&receive, 1});
+      if (!posted.ok()) return fail(posted.status());
+      peer.receive = *posted;
+      peer.phase = Peer::Phase::kBody;
+      bytes_received_ += sizeof(LayerPackHeader);
+      return true;
+    }
+    case Peer::Phase::kBody: {
+      const Result<bool> done = transport.Test(peer.receive);
+      if (!done.ok()) return fail(done.status().WithContext("receiving a KV pack"));
+      if (!*done) return progressed;
+      ++packs_received_;
+      bytes_received_ += peer.body_bytes;
+      if (peer.reply_send.has_value()) {  // the reply buffer is about to be rewritten
+        const Status sent = transport.Wait(*peer.reply_send, kReplySendTimeout);
+        if (!sent.ok()) return fail(sent.WithContext("sending a reply"));
+        peer.reply_send.reset();
+        ++replies_sent_;
+        bytes_sent_ += peer.reply_bytes;
+      }
+      const Status processed = ProcessPack(peer);
+      if (!processed.ok()) return fail(processed);
+      const TransferOp send = TransferOp::Send(
+          peer.rank, kReplyTag, AsBytes(peer.reply, peer.reply_bytes).data(), peer.reply_bytes);
+      const Result<TransferId> posted = transport.Post({&send, 1});
+      if (!posted.ok()) return fail(posted.status());
+      peer.reply_send = *posted;
+      peer.phase = Peer::Phase::kIdle;
+      return true;
+    }
+  }
+  return progressed;
+}
+
+Status CacheService::ProcessPack(Peer& peer) {
+  RUBATO_ASSIGN_OR_RETURN(const LayerPackView pack,
+                          LayerPackView::Parse(AsBytes(peer.body, peer.body_bytes)));
+  const std::string where = "KV pack of step " + std::to_string(pack.step()) + ", layers " +
+                            std::to_string(pack.first_layer()) + "-" +
+                            std::to_string(pack.first_layer() + pack.num_layers() - 1);
+  std::vector<const SessionInfo*> sessions;
+  for (const LayerPackRequest& request : pack.requests()) {
+    const auto found = sessions_.find(request.session_id);
+    if (found == sessions_.end() || found->second.peer != peer.id) {
+      return NotFoundError(where + ": session " + std::to_string(request.session_id) +
+                           " is not open for this peer");
+    }
+    const ReplyRange range = ReplyRangeFor(found->second.selection,
+                                           static_cast<int>(request.first_position),
+                                           static_cast<int>(request.new_tokens));
+    if (static_cast<int64_t>(request.reply_slots) != range.slots) {
+      return InvalidArgumentError(where + ": session " + std::to_string(request.session_id) +
+                                  " asks for " + std::to_string(request.reply_slots) +
+                                  " reply rows per KV head, its selection gives " +
+                                  std::to_string(range.slots));
+    }
+    if (found->second.selection.selection == OffloadSelection::kTopK && range.slots > 0 &&
+        !pack.has_query()) {
+      return InvalidArgumentError(where + ": topk session " +
+                                  std::to_string(request.session_id) + " sent no query");
+    }
+    sessions.push_back(&found->second);
+  }
+  RUBATO_RETURN_IF_ERROR(store_.AppendKvPack(pack).WithContext(where));
+
+  std::vector<KvHeadSelection> selections;
+  selections.reserve(static_cast<size_t>(pack.num_layers()) * pack.batch());
+  for (uint32_t layer_index = 0; layer_index < pack.num_layers(); ++layer_index) {
+    for (uint32_t request = 0; request < pack.batch(); ++request) {
+      RUBATO_ASSIGN_OR_RETURN(KvHeadSelection selection,
+                              Select(pack, layer_index, request, *sessions[request]));
+      selections.push_back(std::move(selection));
+    }
+  }
+  LayerPackShape reply_shape = pack.shape();
+  reply_shape.kind = LayerPackKind::kReplyPack;
+  reply_shape.has_query = false;
+  RUBATO_ASSIGN_OR_RETURN(peer.reply_bytes, ReplyPackBytes(reply_shape, pack.requests()));
+  RUBATO_ASSIGN_OR_RETURN(
+      const uint64_t written,
+      BuildReplyPack(store_, pack, selections, AsBytes(peer.reply, peer.reply_bytes)));
+  if (written != peer.reply_bytes) {
+    return InternalError(where + ": reply of " + std::to_string(written) + " bytes, expected " +
+                         std::to_string(peer.reply_bytes));
+  }
+  return Status::Ok();
+}
+
+Result<KvHeadSelection> CacheService::Select(const LayerPackView& pack, uint32_t layer_index,
+                                             uint32_t request_index,
+                                             const SessionInfo& session) {
+  const LayerPackRequest& request = pack.requests()[request_index];
+  const ReplyRange range =
+      ReplyRangeFor(session.selection, static_cast<int>(request.first_position),
+                    static_cast<int>(request.new_tokens));
+  const uint32_t kv_heads = pack.num_kv_heads();
+  KvHeadSelection selection(kv_heads);
+  if (range.slots == 0) return selection;
+  if (session.selection.selection == OffloadSelection::kDense) {
+    for (std::vector<int32_t>& positions : selection) {
+      positions.resize(static_cast<size_t>(range.slots));
+      for (int j = 0; j < range.slots; ++j) positions[static_cast<size_t>(j)] = j;
+    }
+    return selection;
+  }
+  // topk: the sink, then the exact top-k of [sink_end, recent_begin) by the pack's query.
+  const std::span<const std::byte> query_bytes = pack.Query(layer_index, request_index);
+  std::vector<float> query(static_cast<size_t>(pack.num_query_heads()) * pack.head_dim());
+  ConvertToF32(pack.dtype(), query_bytes.data(), query.data(), query.size());
+  RUBATO_ASSIGN_OR_RETURN(
+      KvHeadSelection top,
+      ExactTopK(store_, request.session_id, pack.first_layer() + layer_index, query,
+                static_cast<uint32_t>(session.selection.top_k),
+                static_cast<uint32_t>(range.sink_end), static_cast<uint32_t>(range.recent_begin)));
+  for (uint32_t h = 0; h < kv_heads; ++h) {
+    std::vector<int32_t>& positions = selection[h];
+    for (int j = 0; j < range.sink_end; ++j) positions.push_back(j);
+    positions.insert(positions.end(), top[h].begin(), top[h].end());
+  }
+  return selection;
+}
+
+}  // namespace rubato

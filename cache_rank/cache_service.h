@@ -1,0 +1,105 @@
+// The cache rank's service (DESIGN §1, §4.5): sessions with their selection rule, and the data
+// plane that serves them. For each connected inference rank ("peer") a loop on the service's own
+// thread receives KV packs over the peer's Transport (transport/pack_protocol.h: header, pack),
+// appends them to the KV store, selects per (layer, request, KV head) what the reply carries
+// (every position for `dense` sessions; sink + exact top-k of the pack's query for `topk`),
+// gathers the rows into a reply pack and sends it back.
+//
+// The control plane (the RPC handler in cache_rpc_handler.h, or the in-process control of the
+// colocated mode) calls OpenSession / CloseSession / PeerHealth / Stats from its own thread; the
+// store is shared under one mutex. A pack that fails (invalid, a session of another peer, over
+// capacity) stops that peer's data plane: the inference rank learns why from PeerHealth (the
+// RPC Health call) while its wait for the reply goes on; other peers are not affected.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cache_rank/kv_store.h"
+#include "common/status.h"
+#include "transport/layer_pack.h"
+#include "transport/pack_protocol.h"
+#include "transport/transport.h"
+
+namespace rubato {
+
+struct CacheServiceOptions {
+  uint64_t budget_bytes = uint64_t{1} << 30;  // KV storage all sessions may reserve
+  uint64_t max_pack_bytes = uint64_t{4} << 30;  // a KV pack header announcing more is refused
+};
+
+// What the data plane has done (the cache rank's metrics and Stats RPC).
+struct CacheServiceStats {
+  KvStoreStats store;
+  uint64_t packs_received = 0;
+  uint64_t bytes_received = 0;  // KV packs and their headers
+  uint64_t replies_sent = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t peers = 0;
+};
+
+class CacheService {
+ public:
+  explicit CacheService(const CacheServiceOptions& options);
+  ~CacheService();  // Stop()
+
+  CacheService(const CacheService&) = delete;
+  CacheService& operator=(const CacheService&) = delete;
+
+  // ---- control plane (any thread) ----
+  // A session of `peer` for `request_id`: storage reserved by the store (kResourceExhausted
+  // over budget), packs of `peer` only.
+  Result<uint64_t> OpenSession(uint64_t peer, uint64_t request_id, const SessionShape& shape,
+                               const OffloadSelectionParams& selection);
+  Status CloseSession(uint64_t peer, uint64_t session_id);
+  // Frees every session `peer` opened (its connection was lost) and drops its data plane.
+  void ForgetPeer(uint64_t peer);
+  // Ok while the peer's data plane works; else the error that stopped it. kNotFound for a peer
+  // the service does not know.
+  Status PeerHealth(uint64_t peer) const;
+  CacheServiceStats Stats() const;
+
+  // ---- data plane ----
+  // Serves the KV packs `peer_rank` sends over `transport` from now on. The service drives the
+  // transport from its thread; it is destroyed when the peer is forgotten or the service stops.
+  Status AddPeer(uint64_t peer, std::unique_ptr<transport::Transport> transport, int peer_rank);
+  // Starts the data-plane thread (idempotent); Stop joins it.
+  void Start();
+  void Stop();
+
+ private:
+  struct Peer;
+  struct SessionInfo {
+    uint64_t peer = 0;
+    OffloadSelectionParams selection;
+  };
+
+  void Run();
+  // One step of a peer's receive / process / reply cycle; true when something happened.
+  bool Progress(Peer& peer);
+  // Appends a received KV pack and builds its reply into peer.reply.
+  Status ProcessPack(Peer& peer);
+  Result<KvHeadSelection> Select(const LayerPackView& pack, uint32_t layer_index,
+                                 uint32_t request, const SessionInfo& session);
+
+  const CacheServiceOptions options_;
+  mutable std::mutex mutex_;  // guards store_, sessions_, peers_ membership and peer health
+  KvStore store_;
+  std::map<uint64_t, SessionInfo> sessions_;          // by session id
+  std::map<uint64_t, std::unique_ptr<Peer>> peers_;   // by peer id
+  std::vector<uint64_t> forgotten_;                   // peers to drop on the service thread
+
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::atomic<uint64_t> packs_received_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> replies_sent_{0};
+  std::atomic<uint64_t> bytes_sent_{0};
+};
+
+}  // namespace rubato

@@ -1,0 +1,51 @@
+// ColocatedCacheRank (colocated_cache.h): a CacheService and a CacheRankClient joined by a
+// two-rank loopback hub (rank 0 the cache, rank 1 the engine).
+#include "inference_rank/offload/colocated_cache.h"
+
+#include <utility>
+
+namespace rubato {
+
+// Sessions by direct calls into the service; health is the service's view of this peer.
+class ColocatedCacheRank::InProcessControl final : public CacheSessionControl {
+ public:
+  explicit InProcessControl(CacheService& service) : service_(service) {}
+
+  Result<uint64_t> OpenSession(uint64_t request_id, const SessionShape& shape,
+                               const OffloadSelectionParams& selection) override {
+    return service_.OpenSession(kPeerId, request_id, shape, selection);
+  }
+  Status CloseSession(uint64_t session_id) override {
+    return service_.CloseSession(kPeerId, session_id);
+  }
+  Status Health() override { return service_.PeerHealth(kPeerId); }
+
+ private:
+  CacheService& service_;
+};
+
+Result<std::unique_ptr<ColocatedCacheRank>> ColocatedCacheRank::Create(
+    const ModelConfig& model, const CacheClientOptions& client_options,
+    const CacheServiceOptions& service_options) {
+  std::unique_ptr<ColocatedCacheRank> cache(new ColocatedCacheRank());
+  RUBATO_ASSIGN_OR_RETURN(cache->hub_, transport::LoopbackHub::Create(2));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> cache_side,
+                          cache->hub_->Endpoint(0));
+  RUBATO_ASSIGN_OR_RETURN(cache->client_transport_, cache->hub_->Endpoint(1));
+  cache->service_ = std::make_unique<CacheService>(service_options);
+  RUBATO_RETURN_IF_ERROR(cache->service_->AddPeer(kPeerId, std::move(cache_side), 1));
+  cache->control_ = std::make_unique<InProcessControl>(*cache->service_);
+  CacheClientOptions options = client_options;
+  if (options.cache_name == CacheClientOptions().cache_name) options.cache_name = "colocated cache";
+  cache->client_ = std::make_unique<CacheRankClient>(options, model, *cache->client_transport_,
+                                                     /*cache_peer=*/0, *cache->control_);
+  cache->service_->Start();
+  return cache;
+}
+
+ColocatedCacheRank::~ColocatedCacheRank() {
+  client_.reset();            // cancels what it still has posted
+  if (service_ != nullptr) service_->Stop();
+}
+
+}  // namespace rubato

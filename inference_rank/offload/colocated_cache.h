@@ -1,0 +1,43 @@
+// The colocated mode's cache rank (DESIGN §1 "Colocated mode"): the cache service runs in this
+// process, behind the same client the disaggregated mode uses, over the loopback transport.
+// Sessions go to the service by direct calls instead of the RPC. This is how offloaded KV runs
+// on one machine (and in CI): the same packs, replies and checks as between two processes.
+//
+//   RUBATO_ASSIGN_OR_RETURN(auto cache, ColocatedCacheRank::Create(model.config(), client, {}));
+//   engine_options.offload = &cache->client();
+#pragma once
+
+#include <memory>
+
+#include "cache_rank/cache_service.h"
+#include "common/hf_config.h"
+#include "common/status.h"
+#include "inference_rank/offload/cache_client.h"
+#include "transport/loopback_transport.h"
+
+namespace rubato {
+
+class ColocatedCacheRank {
+ public:
+  static Result<std::unique_ptr<ColocatedCacheRank>> Create(
+      const ModelConfig& model, const CacheClientOptions& client_options,
+      const CacheServiceOptions& service_options);
+  ~ColocatedCacheRank();
+
+  KvOffloadClient& client() { return *client_; }
+  CacheService& service() { return *service_; }
+  // The peer id the service knows the client by (for fault tests: service().ForgetPeer(...)).
+  static constexpr uint64_t kPeerId = 1;
+
+ private:
+  class InProcessControl;
+  ColocatedCacheRank() = default;
+
+  std::unique_ptr<transport::LoopbackHub> hub_;
+  std::unique_ptr<CacheService> service_;
+  std::unique_ptr<InProcessControl> control_;
+  std::unique_ptr<transport::Transport> client_transport_;
+  std::unique_ptr<CacheRankClient> client_;
+};
+
+}  // namespace rubato

@@ -1,0 +1,201 @@
+// The engine with offloaded KV through the colocated cache rank (the same client, packs and
+// service as two processes, over the loopback transport), on the tiny random Qwen3 model:
+//   * offload-dense gives exactly the tokens of local dense attention, for packs of 1, 2 and
+//     all layers, several requests batched with chunked prefill, sampled decoding;
+//   * offload-topk with top_k >= the context gives the dense tokens too; a small top_k still
+//     runs end to end (and attends less);
+//   * the service saw one KV pack per pack of layers per step and sent one reply each;
+//   * a cache rank that goes away mid-generation ends every offloaded request with an error
+//     event naming it, within the timeout, and the engine goes on; a session over the cache
+//     rank's budget ends its request with the refusal.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <vector>
+
+#include "common/test_temp_dir.h"
+#include "inference_rank/engine/engine.h"
+#include "inference_rank/engine/engine_test_requests.h"
+#include "inference_rank/model/tiny_test_models.h"
+#include "inference_rank/offload/colocated_cache.h"
+
+namespace rubato {
+namespace {
+
+using engine_test::Sampled;
+
+struct Output {
+  std::vector<int> tokens;
+  FinishReason finish = FinishReason::kNone;
+  Status error;
+};
+
+class OffloadEngineTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Model> LoadModel() {
+    auto model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/3);
+    EXPECT_TRUE(model.ok()) << model.status().ToString();
+    return std::move(model).value();
+  }
+
+  // Runs three sampled requests (prompts of 37, 20 and 5 tokens) to completion with a prefill
+  // chunk of 16 tokens per step; offloaded through `cache` when set.
+  std::map<uint64_t, Output> Run(ColocatedCacheRank* cache, int max_new_tokens = 12) {
+    EngineOptions options;
+    options.max_batch = 4;
+    options.max_context = 128;
+    options.prefill_chunk = 16;
+    options.num_threads = 2;
+    options.offload = cache != nullptr ? &cache->client() : nullptr;
+    auto engine = Engine::Create(LoadModel(), options);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    std::map<uint64_t, Output> outputs;
+    for (const auto& [length, salt] : {std::pair{37, 1}, std::pair{20, 2}, std::pair{5, 3}}) {
+      auto id = (*engine)->Submit(Sampled(length, salt, max_new_tokens));
+      EXPECT_TRUE(id.ok()) << id.status().ToString();
+    }
+    while ((*engine)->HasWork()) {
+      auto events = (*engine)->Step();
+      EXPECT_TRUE(events.ok()) << events.status().ToString();
+      if (!events.ok()) break;
+      for (const TokenEvent& event : *events) {
+        Output& output = outputs[event.request_id];
+        if (event.finish != FinishReason::kError) output.tokens.push_back(event.token);
+        output.finish = event.finish;
+        output.error = event.error;
+      }
+    }
+    return outputs;
+  }
+
+  std::unique_ptr<ColocatedCacheRank> MakeCache(const CacheClientOptions& client,
+                                                uint64_t budget = uint64_t{64} << 20) {
+    auto model = LoadModel();
+    auto cache = ColocatedCacheRank::Create(model->config(), client,
+                                            CacheServiceOptions{budget, uint64_t{1} << 30});
+    EXPECT_TRUE(cache.ok()) << cache.status().ToString();
+    return std::move(cache).value();
+  }
+
+  TestTempDir dir_{"offload_engine"};
+};
+
+TEST_F(OffloadEngineTest, OffloadDenseGivesTheDenseTokensForEveryPackSize) {
+  const std::map<uint64_t, Output> dense = Run(nullptr);
+  ASSERT_EQ(dense.size(), 3u);
+  for (const int pack_layers : {1, 2, 8}) {
+    CacheClientOptions client;
+    client.pack_layers = pack_layers;
+    std::unique_ptr<ColocatedCacheRank> cache = MakeCache(client);
+    const std::map<uint64_t, Output> offloaded = Run(cache.get());
+    ASSERT_EQ(offloaded.size(), 3u);
+    for (const auto& [id, output] : dense) {
+      EXPECT_EQ(offloaded.at(id).tokens, output.tokens) << "request " << id << ", P "
+                                                        << pack_layers;
+      EXPECT_NE(offloaded.at(id).finish, FinishReason::kError) << offloaded.at(id).error.message();
+    }
+    // The tiny model has 2 layers: one pack a step for P >= 2, two for P = 1; one reply each.
+    const CacheServiceStats stats = cache->service().Stats();
+    EXPECT_GT(stats.packs_received, 0u);
+    EXPECT_EQ(stats.packs_received % (pack_layers == 1 ? 2 : 1), 0u);
+    EXPECT_EQ(stats.store.sessions_open, 0u) << "every finished request closed its session";
+  }
+}
+
+TEST_F(OffloadEngineTest, OffloadTopKCoveringTheContextGivesTheDenseTokens) {
+  const std::map<uint64_t, Output> dense = Run(nullptr);
+  CacheClientOptions client;
+  client.selection = OffloadSelectionParams{OffloadSelection::kTopK, /*top_k=*/128,
+                                            /*sink_tokens=*/4, /*recent_tokens=*/8};
+  std::unique_ptr<ColocatedCacheRank> cache = MakeCache(client);
+  const std::map<uint64_t, Output> offloaded = Run(cache.get());
+  for (const auto& [id, output] : dense) {
+    EXPECT_EQ(offloaded.at(id).tokens, output.tokens) << "request " << id;
+  }
+}
+
+TEST_F(OffloadEngineTest, OffloadTopKWithASmallBudgetRunsAndDiffers) {
+  const std::map<uint64_t, Output> dense = Run(nullptr, 24);
+  CacheClientOptions client;
+  client.selection = OffloadSelectionParams{OffloadSelection::kTopK, /*top_k=*/3,
+                                            /*sink_tokens=*/1, /*recent_tokens=*/2};
+  std::unique_ptr<ColocatedCacheRank> cache = MakeCache(client);
+  const std::map<uint64_t, Output> offloaded = Run(cache.get(), 24);
+  bool differs = false;
+  for (const auto& [id, output] : dense) {
+    ASSERT_NE(offloaded.at(id).finish, FinishReason::kError) << offloaded.at(id).error.message();
+    ASSERT_FALSE(offloaded.at(id).tokens.empty());
+    differs |= offloaded.at(id).tokens != output.tokens;
+  }
+  EXPECT_TRUE(differs) << "6 of up to 61 positions attended, yet every token equals dense";
+}
+
+TEST_F(OffloadEngineTest, ALostCacheRankEndsEveryOffloadedRequestWithAnError) {
+  CacheClientOptions client;
+  client.timeout = std::chrono::milliseconds(2000);
+  std::unique_ptr<ColocatedCacheRank> cache = MakeCache(client);
+  EngineOptions options;
+  options.max_batch = 4;
+  options.max_context = 128;
+  options.num_threads = 2;
+  options.offload = &cache->client();
+  auto engine = Engine::Create(LoadModel(), options);
+  ASSERT_TRUE(engine.ok());
+  for (int salt = 1; salt <= 2; ++salt) ASSERT_TRUE((*engine)->Submit(Sampled(9, salt, 40)).ok());
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE((*engine)->Step().ok());
+  cache->service().ForgetPeer(ColocatedCacheRank::kPeerId);  // its sessions and data plane go
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<TokenEvent> errors;
+  while ((*engine)->HasWork()) {
+    auto events = (*engine)->Step();
+    ASSERT_TRUE(events.ok()) << events.status().ToString();
+    for (const TokenEvent& event : *events) {
+      if (event.finish == FinishReason::kError) errors.push_back(event);
+    }
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2000) * 3);
+  ASSERT_EQ(errors.size(), 2u);
+  for (const TokenEvent& event : errors) {
+    EXPECT_EQ(event.error.code(), StatusCode::kUnavailable) << event.error.message();
+    // Named by the client's cache name; here the loopback transport saw the peer go first.
+    EXPECT_NE(event.error.message().find("colocated cache"), std::string::npos)
+        << event.error.message();
+  }
+  // New requests on the broken client end at admission, with the same reason.
+  ASSERT_TRUE((*engine)->Submit(Sampled(5, 9, 4)).ok());
+  auto events = (*engine)->Step();
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].finish, FinishReason::kError);
+}
+
+TEST_F(OffloadEngineTest, ASessionOverTheCacheBudgetEndsItsRequestWithTheRefusal) {
+  // Each session reserves 2 layers x 2 KV heads x capacity x 16 x 4 bytes x 2 (K and V):
+  // 128 tokens -> 64 KiB. A 100 KiB budget takes one request, not two.
+  std::unique_ptr<ColocatedCacheRank> cache = MakeCache(CacheClientOptions(), 100 << 10);
+  EngineOptions options;
+  options.max_batch = 4;
+  options.max_context = 128;
+  options.num_threads = 2;
+  options.offload = &cache->client();
+  auto engine = Engine::Create(LoadModel(), options);
+  ASSERT_TRUE(engine.ok());
+  GenerationRequest request = Sampled(20, 1, 107);  // 20 + 107 - 1 + 1 = 127 tokens
+  ASSERT_TRUE((*engine)->Submit(request).ok());
+  ASSERT_TRUE((*engine)->Submit(request).ok());
+  auto events = (*engine)->Step();
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);  // request 2 refused at admission, request 1's first token
+  const TokenEvent& refused = (*events)[0];
+  EXPECT_EQ(refused.request_id, 2u);
+  EXPECT_EQ(refused.finish, FinishReason::kError);
+  EXPECT_EQ(refused.error.code(), StatusCode::kResourceExhausted) << refused.error.message();
+  EXPECT_NE(refused.error.message().find("budget"), std::string::npos) << refused.error.message();
+  EXPECT_EQ((*events)[1].request_id, 1u);
+  EXPECT_EQ((*events)[1].finish, FinishReason::kNone);
+}
+
+}  // namespace
+}  // namespace rubato
