@@ -56,7 +56,7 @@ Result<DType> DTypeFromWire(uint8_t code) {
     case 1: return DType::kBF16;
     case 2: return DType::kF16;
     default:
-      return InvalidArgumentError(fmt::format(
+      return DataLossError(fmt::format(
           "layer pack: header field 'dtype' is {}, expected 0 (f32), 1 (bf16) or 2 (f16)", code));
   }
 }
@@ -397,7 +397,9 @@ Result<LayerPackView> LayerPackView::Parse(std::span<const std::byte> bytes) {
                                          entry.new_tokens, entry.reply_slots};
   }
   auto layout = LayerPackLayout::Compute(shape, view.requests_);
-  if (!layout.ok()) return layout.status();
+  if (!layout.ok()) {  // a header or table the sender could not have written: corrupt
+    return Status(StatusCode::kDataLoss, layout.status().message());
+  }
   if (layout->total_bytes() != header.total_bytes) {
     return DataLossError(fmt::format(
         "layer pack: header field 'total_bytes' is {} but its header and request table "

@@ -259,9 +259,11 @@ void Poke(Bytes& bytes, size_t offset, T value) {
   std::memcpy(bytes.data() + offset, &value, sizeof(value));
 }
 
-void ExpectParseError(const Bytes& bytes, const std::string& text) {
+void ExpectParseError(const Bytes& bytes, const std::string& text,
+                      StatusCode code = StatusCode::kDataLoss) {
   auto view = LayerPackView::Parse(bytes);
   ASSERT_FALSE(view.ok()) << "expected an error containing: " << text;
+  EXPECT_EQ(view.status().code(), code) << view.status().ToString();
   EXPECT_NE(view.status().message().find(text), std::string::npos)
       << "error: " << view.status().ToString() << "\nexpected to contain: " << text;
 }
@@ -275,7 +277,7 @@ TEST(LayerPackParse, RefusesEveryHeaderCorruption) {
   ExpectParseError(b, "'magic'");
   b = pack.bytes;
   Poke<uint16_t>(b, offsetof(LayerPackHeader, version), 2);
-  ExpectParseError(b, "'version' is 2, this build reads version 1");
+  ExpectParseError(b, "'version' is 2, this build reads version 1", StatusCode::kUnsupported);
   b = pack.bytes;
   Poke<uint8_t>(b, offsetof(LayerPackHeader, kind), 3);
   ExpectParseError(b, "'kind' is 3");
