@@ -34,6 +34,8 @@ Status ApplyPolicy(const PolicyChoice& policy, const Tokenizer* tokenizer, Engin
   switch (policy.kind) {
     case PolicyKind::kDense:
     case PolicyKind::kStreamingLlm:
+    case PolicyKind::kOffloadDense:  // the caller connects options.offload to a cache rank
+    case PolicyKind::kOffloadTopK:
       return Status::Ok();
     case PolicyKind::kSfi:
       if (!policy.sfi.triggers.empty()) {

@@ -43,14 +43,38 @@ Result<PolicyChoice> ResolveSfi(const PolicySection& section) {
   return choice;
 }
 
+// The offloaded policies: the window stays dense (the cache rank chooses the keys).
+Result<PolicyChoice> ResolveOffload(const PolicySection& section, OffloadSelection selection) {
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader params, section.ParamsReader());
+  OffloadSelectionParams offload;
+  offload.selection = selection;
+  if (selection == OffloadSelection::kTopK) {
+    constexpr int64_t kMax = std::numeric_limits<int>::max();
+    RUBATO_RETURN_IF_ERROR(params.ReadInt("top_k", 1, kMax, &offload.top_k));
+    RUBATO_RETURN_IF_ERROR(params.ReadInt("sink_tokens", 0, kMax, &offload.sink_tokens));
+    RUBATO_RETURN_IF_ERROR(params.ReadInt("recent_window", 1, kMax, &offload.recent_tokens));
+  }
+  RUBATO_RETURN_IF_ERROR(params.Finish());
+  PolicyChoice choice;
+  choice.kind = selection == OffloadSelection::kDense ? PolicyKind::kOffloadDense
+                                                      : PolicyKind::kOffloadTopK;
+  choice.name = section.name;
+  choice.offload = offload;
+  return choice;
+}
+
 }  // namespace
 
-std::vector<std::string> KnownPolicyNames() { return {"dense", "streaming_llm", "sfi"}; }
+std::vector<std::string> KnownPolicyNames() {
+  return {"dense", "streaming_llm", "sfi", "offload_dense", "offload_topk"};
+}
 
 Result<PolicyChoice> ResolvePolicy(const PolicySection& section) {
   if (section.name == "dense") return ResolveDense(section);
   if (section.name == "streaming_llm") return ResolveStreamingLlm(section);
   if (section.name == "sfi") return ResolveSfi(section);
+  if (section.name == "offload_dense") return ResolveOffload(section, OffloadSelection::kDense);
+  if (section.name == "offload_topk") return ResolveOffload(section, OffloadSelection::kTopK);
   std::string known;
   for (const std::string& name : KnownPolicyNames()) known += (known.empty() ? "" : ", ") + name;
   return InvalidArgumentError(section.source + ": " + section.key_path + ".name: unknown policy '" +

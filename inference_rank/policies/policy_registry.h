@@ -1,7 +1,9 @@
 // The attention policies rubato knows, and validation of the config's `policy` section.
 //
 // Registered today: `dense` (DESIGN §4.1), `streaming_llm` (DESIGN §4.7, the sink + recent
-// window baseline) and `sfi` (DESIGN §4.2, Slow-Fast Inference: parameters in sfi_policy.h,
+// window baseline), `offload_dense` and `offload_topk` (issue #6: the KV on a cache rank, which
+// returns every position or the exact top-k of the current query; the sequential baseline that
+// AsyncSpade later removes) and `sfi` (DESIGN §4.2, Slow-Fast Inference: parameters in sfi_policy.h,
 // trigger tokens resolved there through the tokenizer: a non-special token whose text, trailing
 // spaces and tabs removed, ends with a trigger string); the other sparse policies of DESIGN §4
 // register here as they land. Validation happens once at start so that a typo ends the process
@@ -12,6 +14,7 @@
 // engine.h), which also resolves SFI's trigger tokens.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,10 +22,11 @@
 #include "common/status.h"
 #include "inference_rank/policies/sfi_policy.h"
 #include "kernels/cpu/attention_window.h"
+#include "transport/pack_protocol.h"
 
 namespace rubato {
 
-enum class PolicyKind { kDense, kStreamingLlm, kSfi };
+enum class PolicyKind { kDense, kStreamingLlm, kSfi, kOffloadDense, kOffloadTopK };
 
 // Parameters of `streaming_llm` and their defaults.
 inline constexpr int kDefaultSinkTokens = 4;      // policy.sink_tokens, >= 0
@@ -38,6 +42,11 @@ struct PolicyChoice {
   AttentionWindow window;
   // The parameters of `sfi`; default-constructed for the other policies.
   SfiPolicyConfig sfi;
+  // `offload_dense` / `offload_topk`: the KV lives on a cache rank (transport/pack_protocol.h):
+  // dense returns every position, topk the sink + exact top_k of the current query + the
+  // recent window read locally. Parameters of offload_topk: top_k (2048), sink_tokens (4),
+  // recent_window (256). Unset for the other policies.
+  std::optional<OffloadSelectionParams> offload;
 };
 
 // Names accepted by `policy.name` / `--policy`.

@@ -56,7 +56,48 @@ TEST(PolicyRegistry, UnknownNameListsKnownOnes) {
   auto rejected = ResolvePolicy(config->policy);
   ASSERT_FALSE(rejected.ok());
   EXPECT_EQ(rejected.status().message(),
-            "p.yaml: policy.name: unknown policy 'quest9' (known: dense, streaming_llm, sfi)");
+            "p.yaml: policy.name: unknown policy 'quest9' (known: dense, streaming_llm, sfi, "
+            "offload_dense, offload_topk)");
+}
+
+TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
+  auto dense = ParseConfig("policy:\n  name: offload_dense\n", "p.yaml");
+  ASSERT_TRUE(dense.ok());
+  auto dense_choice = ResolvePolicy(dense->policy);
+  ASSERT_TRUE(dense_choice.ok()) << dense_choice.status().message();
+  EXPECT_EQ(dense_choice->kind, PolicyKind::kOffloadDense);
+  ASSERT_TRUE(dense_choice->offload.has_value());
+  EXPECT_EQ(dense_choice->offload->selection, OffloadSelection::kDense);
+  EXPECT_TRUE(dense_choice->window.IsDense());
+
+  auto topk = ParseConfig(
+      "policy:\n  name: offload_topk\n  top_k: 64\n  sink_tokens: 2\n  recent_window: 16\n",
+      "p.yaml");
+  ASSERT_TRUE(topk.ok());
+  auto topk_choice = ResolvePolicy(topk->policy);
+  ASSERT_TRUE(topk_choice.ok()) << topk_choice.status().message();
+  EXPECT_EQ(topk_choice->kind, PolicyKind::kOffloadTopK);
+  EXPECT_EQ(topk_choice->offload->top_k, 64);
+  EXPECT_EQ(topk_choice->offload->sink_tokens, 2);
+  EXPECT_EQ(topk_choice->offload->recent_tokens, 16);
+
+  auto defaults = ResolvePolicy(ParseConfig("policy:\n  name: offload_topk\n", "p.yaml")->policy);
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->offload->top_k, 2048);
+  EXPECT_EQ(defaults->offload->sink_tokens, 4);
+  EXPECT_EQ(defaults->offload->recent_tokens, 256);
+
+  for (const std::string& bad :
+       {std::string("policy:\n  name: offload_topk\n  top_k: 0\n"),
+        std::string("policy:\n  name: offload_topk\n  recent_window: 0\n"),
+        std::string("policy:\n  name: offload_dense\n  top_k: 8\n")}) {
+    auto config = ParseConfig(bad, "p.yaml");
+    ASSERT_TRUE(config.ok());
+    auto rejected = ResolvePolicy(config->policy);
+    ASSERT_FALSE(rejected.ok()) << bad;
+    EXPECT_NE(rejected.status().message().find("p.yaml: policy."), std::string::npos)
+        << rejected.status().message();
+  }
 }
 
 Result<PolicyChoice> Resolve(const std::string& yaml) {
@@ -109,8 +150,9 @@ TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
   }
 }
 
-TEST(PolicyRegistry, KnownNamesIncludeSfi) {
-  EXPECT_EQ(KnownPolicyNames(), (std::vector<std::string>{"dense", "streaming_llm", "sfi"}));
+TEST(PolicyRegistry, KnownNamesIncludeSfiAndTheOffloadedOnes) {
+  EXPECT_EQ(KnownPolicyNames(), (std::vector<std::string>{"dense", "streaming_llm", "sfi",
+                                                          "offload_dense", "offload_topk"}));
 }
 
 TEST(PolicyRegistry, SfiDefaults) {
