@@ -55,8 +55,7 @@ std::string UcxTlsForErrors() {
 // One op of a group: its UCX request while in flight.
 struct UcxOp {
   TransferOp op;
-  void* request = nullptr;       // UCX request, null once finished (or completed at once)
-  bool finished = false;
+  void* request = nullptr;        // UCX request; null once finished (or completed at once)
   bool cancel_requested = false;  // ucp_request_cancel was called for it
 };
 
@@ -84,16 +83,18 @@ struct UcxTransport::State {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   bool cuda_memory = false;
+  // An earlier Connect found no transport for mode PEER: later ones go straight to NONE
+  // (which spares a UCX error line per peer).
+  bool peer_mode_unreachable = false;
   std::vector<UcxPeer> peers;  // [world_size]; fixed size: error handlers hold pointers
   std::map<TransferId, UcxGroup> groups;
   TransferId next_id = 1;
   TransportStats stats;
 
-  // Progresses the worker until it has nothing more to do right now; true if it did anything.
-  bool ProgressWorker() {
-    bool any = false;
-    while (ucp_worker_progress(worker) != 0) any = true;
-    return any;
+  // Progresses the worker until it has nothing more to do right now.
+  void ProgressWorker() {
+    while (ucp_worker_progress(worker) != 0) {
+    }
   }
 
   // Finishes `op` of `group` with UCX's `status`; `received` is a receive's message length
@@ -101,7 +102,6 @@ struct UcxTransport::State {
   void FinishOp(UcxGroup& group, UcxOp& op, ucs_status_t status, size_t received) {
     if (op.request != nullptr) ucp_request_free(op.request);
     op.request = nullptr;
-    op.finished = true;
     --group.ops_pending;
     const Status result = OpResult(op, status, received);
     if (result.ok()) {
@@ -146,7 +146,7 @@ struct UcxTransport::State {
   void Sweep() {
     for (auto& [id, group] : groups) {
       for (UcxOp& op : group.ops) {
-        if (op.finished || op.request == nullptr) continue;
+        if (op.request == nullptr) continue;
         const bool send = op.op.direction == TransferOp::Direction::kSend;
         if (!send && !op.cancel_requested && !peers[size_t(op.op.peer)].failure.ok()) {
           ucp_request_cancel(worker, op.request);
@@ -165,38 +165,50 @@ struct UcxTransport::State {
     Sweep();
   }
 
-  // Cancels the group's in-flight ops and waits (bounded) until UCX hands them back, so their
-  // buffers are free; a request UCX still holds after the bound is released on completion.
-  void CancelInFlight(TransferId id, UcxGroup& group, std::chrono::milliseconds bound) {
-    for (UcxOp& op : group.ops) {
-      if (op.request != nullptr) ucp_request_cancel(worker, op.request);
-    }
+  // Waits (bounded) for UCX to complete `requests` and frees them; one still in flight at the
+  // bound is freed too (UCX then releases it when it completes). Returns how many were.
+  size_t CompleteRequests(std::vector<void*>& requests, std::chrono::milliseconds bound) {
     const auto deadline = std::chrono::steady_clock::now() + bound;
-    size_t held = 0;
     for (;;) {
       ProgressWorker();
-      held = 0;
-      for (UcxOp& op : group.ops) {
-        if (op.request == nullptr) continue;
-        if (ucp_request_check_status(op.request) == UCS_INPROGRESS) {
-          ++held;
-          continue;
-        }
-        ucp_request_free(op.request);
-        op.request = nullptr;
-      }
-      if (held == 0 || std::chrono::steady_clock::now() > deadline) break;
+      std::erase_if(requests, [](void* request) {
+        if (ucp_request_check_status(request) == UCS_INPROGRESS) return false;
+        ucp_request_free(request);
+        return true;
+      });
+      if (requests.empty() || std::chrono::steady_clock::now() > deadline) break;
       std::this_thread::yield();
     }
-    for (UcxOp& op : group.ops) {
-      if (op.request != nullptr) ucp_request_free(op.request);  // UCX frees it when done
-      op.request = nullptr;
+    const size_t held = requests.size();
+    for (void* request : requests) ucp_request_free(request);
+    requests.clear();
+    return held;
+  }
+
+  // Cancels the in-flight ops of `ids` (all groups when empty) and waits, bounded, until UCX
+  // hands them back so that their buffers are free again.
+  void CancelInFlight(const std::vector<TransferId>& ids) {
+    std::vector<void*> requests;
+    auto take = [&](UcxGroup& group) {
+      for (UcxOp& op : group.ops) {
+        if (op.request == nullptr) continue;
+        ucp_request_cancel(worker, op.request);
+        requests.push_back(op.request);
+        op.request = nullptr;
+      }
+    };
+    if (ids.empty()) {
+      for (auto& [id, group] : groups) take(group);
+    } else {
+      for (TransferId id : ids) take(groups.at(id));
     }
+    if (requests.empty()) return;
+    const size_t held = CompleteRequests(requests, kCancelBound);
     if (held > 0) {
       RUBATO_LOG_WARN("transport",
-                      "ucx: rank {}: {} op(s) of cancelled transfer {} were still held by UCX "
-                      "after {} ms; their buffers may still be accessed",
-                      rank, held, id, bound.count());
+                      "ucx: rank {}: {} cancelled op(s) were still held by UCX after {} ms (a "
+                      "lost peer?); their buffers may still be accessed",
+                      rank, held, kCancelBound.count());
     }
   }
 };
@@ -210,24 +222,6 @@ void OnPeerError(void* arg, ucp_ep_h /*endpoint*/, ucs_status_t status) {
       fmt::format("lost peer {}: {}", peer->rank, ucs_status_string(status)));
   RUBATO_LOG_WARN("transport", "ucx: rank {}: lost peer {}: {}", peer->owner->rank, peer->rank,
                   ucs_status_string(status));
-}
-
-// Waits (bounded) for the UCX requests of `requests` and frees them.
-void CompleteRequests(UcxTransport::State& state, std::vector<void*>& requests,
-                      std::chrono::milliseconds bound) {
-  const auto deadline = std::chrono::steady_clock::now() + bound;
-  for (;;) {
-    state.ProgressWorker();
-    std::erase_if(requests, [](void* request) {
-      if (ucp_request_check_status(request) == UCS_INPROGRESS) return false;
-      ucp_request_free(request);
-      return true;
-    });
-    if (requests.empty() || std::chrono::steady_clock::now() > deadline) break;
-    std::this_thread::yield();
-  }
-  for (void* request : requests) ucp_request_free(request);
-  requests.clear();
 }
 
 }  // namespace
@@ -317,7 +311,7 @@ UcxTransport::UcxTransport(int rank, int world_size, std::unique_ptr<State> stat
 
 UcxTransport::~UcxTransport() {
   State& s = *state_;
-  for (auto& [id, group] : s.groups) s.CancelInFlight(id, group, kCancelBound);
+  s.CancelInFlight({});
   s.groups.clear();
   // Flush what live peers still have to receive (bounded: a flush to a dead peer may never
   // finish), then close every endpoint, by force where the mode allows it.
@@ -328,7 +322,7 @@ UcxTransport::~UcxTransport() {
     void* flush = ucp_ep_flush_nbx(peer.endpoint, &param);
     if (UCS_PTR_IS_PTR(flush)) requests.push_back(flush);
   }
-  CompleteRequests(s, requests, kTeardownBound);
+  s.CompleteRequests(requests, kTeardownBound);
   for (UcxPeer& peer : s.peers) {
     if (peer.endpoint == nullptr) continue;
     // A forced close needs mode PEER on both sides; without it, a flushing close (bounded
@@ -339,7 +333,7 @@ UcxTransport::~UcxTransport() {
     if (UCS_PTR_IS_PTR(close)) requests.push_back(close);
     peer.endpoint = nullptr;
   }
-  CompleteRequests(s, requests, kTeardownBound);
+  s.CompleteRequests(requests, kTeardownBound);
   ucp_worker_destroy(s.worker);
   ucp_cleanup(s.context);
 }
@@ -395,15 +389,20 @@ Status UcxTransport::Connect(int peer, std::span<const std::byte> address) {
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = OnPeerError;
   params.err_handler.arg = &target;
-  ucs_status_t status = ucp_ep_create(state_->worker, &params, &target.endpoint);
-  target.detects_failure = status == UCS_OK;
+  ucs_status_t status = UCS_ERR_UNREACHABLE;
+  if (!state_->peer_mode_unreachable) {
+    status = ucp_ep_create(state_->worker, &params, &target.endpoint);
+    target.detects_failure = status == UCS_OK;
+  }
   if (status == UCS_ERR_UNREACHABLE) {
-    // UCX 1.13's shared-memory transports (posix, sysv, cma) have no peer failure handler,
-    // and mode PEER then finds no transport at all: connect without failure detection.
+    // UCX 1.13's shared-memory transports (posix, sysv; cma carries no messages) have no peer
+    // failure handler, and mode PEER then finds no transport at all: connect without failure
+    // detection.
     params.field_mask &= ~uint64_t{UCP_EP_PARAM_FIELD_ERR_HANDLER};
     params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     status = ucp_ep_create(state_->worker, &params, &target.endpoint);
-    if (status == UCS_OK) {
+    if (status == UCS_OK && !state_->peer_mode_unreachable) {
+      state_->peer_mode_unreachable = true;
       RUBATO_LOG_WARN("transport",
                       "ucx: rank {}: no transport in {} can detect a lost peer (UCX's 'no peer "
                       "failure handler' above); peer {} is connected without failure detection, "
@@ -499,7 +498,7 @@ Result<bool> UcxTransport::Test(TransferId id) {
   UcxGroup& group = it->second;
   if (!group.first_error.ok()) {
     const Status error = group.first_error;
-    s.CancelInFlight(id, group, kCancelBound);
+    s.CancelInFlight({id});
     s.groups.erase(it);
     return error;
   }
@@ -528,7 +527,7 @@ Status UcxTransport::Wait(TransferId id, std::chrono::milliseconds timeout) {
 void UcxTransport::Cancel(TransferId id) {
   auto it = state_->groups.find(id);
   if (it == state_->groups.end()) return;
-  state_->CancelInFlight(id, it->second, kCancelBound);
+  state_->CancelInFlight({id});
   state_->groups.erase(it);
 }
 

@@ -9,19 +9,24 @@
 // transport.h says). Progress happens only inside Post, Test, Wait and Cancel.
 //
 // Which UCX transports carry the bytes is UCX's own environment, read when Create runs:
-//   UCX_TLS=tcp          TCP sockets (between hosts or pods)
-//   UCX_TLS=posix,self   shared memory between processes of one host (sysv,self also works in a
-//                        container; cma needs ptrace rights, which containers usually lack)
+//   UCX_TLS=tcp          TCP sockets (between hosts or pods); a dead peer is noticed at once
+//   UCX_TLS=posix,self   shared memory between processes of one host (sysv,self works too;
+//                        both run in a Docker container as root; cma carries no messages)
 //   UCX_TLS=cuda_copy,cuda_ipc,...  device buffers, where the runtime has CUDA support
 // unset: UCX picks among everything it finds. UCX_NET_DEVICES restricts the network devices.
-//
+// With UCX 1.13 the shared-memory transports cannot detect a lost peer, so error mode PEER
+// finds no transport over them: Connect then falls back to mode NONE with a warning, and a
+// dead peer shows only as Wait timeouts (the RPC heartbeat notices it). Adding tcp
+// (sm,self,tcp) keeps detection but, measured here, moves every lane to TCP over loopback.
+
 // Wire tags: the sender's rank in the top 16 bits and the 48-bit user tag below; receives
 // match the full 64 bits, so a transfer is matched by (source, tag) and, as UCX keeps order per
 // (sender, tag), delivered in order. World size is at most 65536.
 //
-// Endpoints use UCX's error handling mode PEER: when UCX notices a peer is gone (a TCP reset,
-// a keepalive timeout), the peer's sends fail, its pending receives fail with kUnavailable and
-// later Posts to it are refused; Wait's timeout bounds everything UCX has not noticed yet.
+// Endpoints use UCX's error handling mode PEER where a transport supports it: when UCX
+// notices a peer is gone (a TCP reset, a keepalive timeout), the peer's sends fail, its pending
+// receives fail with kUnavailable and later Posts with it are refused; Wait's timeout bounds
+// everything UCX has not noticed. RUBATO_LOG_SUBSYS=transport=debug logs each endpoint's lanes.
 //
 // Not supported yet: `ready_event` on device sends (UCX has no stream ordering: synchronize
 // the event before Post); such ops are refused with kUnsupported.
@@ -70,6 +75,9 @@ class UcxTransport final : public Transport {
   Result<TransferId> Post(std::span<const TransferOp> ops) override;
   Result<bool> Test(TransferId id) override;
   Status Wait(TransferId id, std::chrono::milliseconds timeout) override;
+  // ucp_request_cancel on each op, then waits (at most 0.5 s) for UCX to hand the requests
+  // back; one UCX still holds after that (a rendezvous with a peer lost over shared memory) is
+  // logged as a warning and released by UCX when it completes.
   void Cancel(TransferId id) override;
   TransportStats Stats() const override;
 
