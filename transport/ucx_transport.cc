@@ -73,7 +73,7 @@ struct UcxPeer {
   int rank = 0;
   ucp_ep_h endpoint = nullptr;
   // Error handling mode PEER: UCX reports the peer's death. False where the transports cannot
-  // (UCX 1.13's shared memory): a dead peer is then noticed only through Wait's timeout.
+  // (shared memory, UCX 1.13 and 1.16): a dead peer then shows only as Wait timeouts.
   bool detects_failure = false;
   Status failure;  // set by the error handler: the peer is gone
 };
@@ -395,7 +395,7 @@ Status UcxTransport::Connect(int peer, std::span<const std::byte> address) {
     target.detects_failure = status == UCS_OK;
   }
   if (status == UCS_ERR_UNREACHABLE) {
-    // UCX 1.13's shared-memory transports (posix, sysv; cma carries no messages) have no peer
+    // UCX's shared-memory transports (posix, sysv; cma carries no messages) have no peer
     // failure handler, and mode PEER then finds no transport at all: connect without failure
     // detection.
     params.field_mask &= ~uint64_t{UCP_EP_PARAM_FIELD_ERR_HANDLER};

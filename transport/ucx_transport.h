@@ -12,13 +12,15 @@
 //   UCX_TLS=tcp          TCP sockets (between hosts or pods); a dead peer is noticed at once
 //   UCX_TLS=posix,self   shared memory between processes of one host (sysv,self works too;
 //                        both run in a Docker container as root; cma carries no messages)
-//   UCX_TLS=cuda_copy,cuda_ipc,...  device buffers, where the runtime has CUDA support
+//   UCX_TLS=cuda_copy,cuda_ipc,...  device buffers, where the runtime has CUDA support (the
+//                        GPU machine's UCX, Ubuntu libucx0 1.16.0, has no CUDA module:
+//                        SupportsMemory(kCuda) is false there, checked; NCCL moves device data)
 // unset: UCX picks among everything it finds. UCX_NET_DEVICES restricts the network devices.
-// With UCX 1.13 the shared-memory transports cannot detect a lost peer, so error mode PEER
-// finds no transport over them: Connect then falls back to mode NONE with a warning, and a
-// dead peer shows only as Wait timeouts (the RPC heartbeat notices it). Adding tcp
-// (sm,self,tcp) keeps detection but, measured here, moves every lane to TCP over loopback.
-
+// With UCX 1.13 and 1.16 the shared-memory transports cannot detect a lost peer, so error
+// mode PEER finds no transport over them: Connect then falls back to mode NONE with a warning,
+// and a dead peer shows only as Wait timeouts (the RPC heartbeat notices it). Adding tcp
+// (sm,self,tcp) keeps detection but, seen with UCX 1.13, moves every lane to TCP on loopback.
+//
 // Wire tags: the sender's rank in the top 16 bits and the 48-bit user tag below; receives
 // match the full 64 bits, so a transfer is matched by (source, tag) and, as UCX keeps order per
 // (sender, tag), delivered in order. World size is at most 65536.
