@@ -19,7 +19,7 @@
 namespace rubato {
 namespace {
 
-using testing::BuildKvPack;
+using cache_rank_test::BuildKvPack;
 
 // The keys of one layer as the store holds them, in fp32: [kv_head][tokens][head_dim].
 struct LayerKeys {

@@ -20,9 +20,9 @@
 namespace rubato {
 namespace {
 
-using testing::BuildKvPack;
-using testing::RowPatternByte;
-using testing::Snapshot;
+using cache_rank_test::BuildKvPack;
+using cache_rank_test::RowPatternByte;
+using cache_rank_test::Snapshot;
 
 SessionShape SmallShape(DType dtype = DType::kBF16, uint32_t capacity = 32) {
   SessionShape shape;

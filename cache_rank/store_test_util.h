@@ -13,7 +13,7 @@
 #include "cache_rank/kv_store.h"
 #include "transport/layer_pack.h"
 
-namespace rubato::testing {
+namespace rubato::cache_rank_test {
 
 // Writes one row (head_dim elements, session dtype) of K (kv == 0) or V (kv == 1) for
 // (request index, absolute layer, kv head, absolute position).
@@ -119,4 +119,4 @@ inline StoreSnapshot Snapshot(const KvStore& store, const std::vector<uint64_t>&
   return snapshot;
 }
 
-}  // namespace rubato::testing
+}  // namespace rubato::cache_rank_test
