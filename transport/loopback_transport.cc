@@ -178,6 +178,15 @@ class LoopbackTransport final : public Transport {
 
   Result<TransferId> Post(std::span<const TransferOp> ops) override {
     RUBATO_RETURN_IF_ERROR(ValidateOps(*this, ops));
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].ready_event != nullptr) {
+        // No CUDA here to wait on the event with: copying at once could read unwritten bytes.
+        return UnsupportedError(fmt::format(
+            "loopback: Post op {} of {} ({}): ready_event is not supported by the loopback "
+            "transport; synchronize the event before Post",
+            i, ops.size(), DescribeOp(ops[i])));
+      }
+    }
     std::lock_guard lock(hub_->mutex);
     auto group = std::make_shared<LoopbackGroup>();
     group->ops_pending = ops.size();

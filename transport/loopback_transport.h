@@ -2,7 +2,8 @@
 // process as the engine). A LoopbackHub connects N ranks; each rank gets one Transport from
 // Endpoint(rank). A send is matched with the receive its peer posts for the same (source, tag),
 // in posting order, whichever of the two is posted first; the bytes are copied with memcpy at
-// the moment the second of the pair is posted, and both ops complete then. Host memory only.
+// the moment the second of the pair is posted, and both ops complete then. Host memory only;
+// ops with a ready_event are refused (kUnsupported: there is no CUDA here to wait on it).
 //
 //   RUBATO_ASSIGN_OR_RETURN(auto hub, LoopbackHub::Create(/*world_size=*/2));
 //   RUBATO_ASSIGN_OR_RETURN(auto engine_side, hub->Endpoint(0));

@@ -185,6 +185,14 @@ TEST(LoopbackTransport, RefusesInvalidOpsNamingTheirIndex) {
     EXPECT_NE(id.status().message().find(c.expected), std::string::npos)
         << id.status().message();
   }
+  int not_an_event = 0;
+  auto with_event = ranks[0].Post({{TransferOp::Send(1, 1, &byte, 1, MemoryKind::kHost,
+                                                     &not_an_event)}});
+  ASSERT_FALSE(with_event.ok());
+  EXPECT_EQ(with_event.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(with_event.status().message().find("op 0 of 1"), std::string::npos);
+  EXPECT_NE(with_event.status().message().find("ready_event is not supported"),
+            std::string::npos);
   auto empty = ranks[0].Post({});
   ASSERT_FALSE(empty.ok());
   EXPECT_NE(empty.status().message().find("at least one op"), std::string::npos);
