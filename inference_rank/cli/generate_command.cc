@@ -3,6 +3,7 @@
 // them and prints one stats line.
 #include "inference_rank/cli/generate_command.h"
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +21,8 @@
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/cpu_model.h"
 #include "inference_rank/model/model.h"
+#include "inference_rank/offload/colocated_cache.h"
+#include "inference_rank/offload/remote_cache.h"
 #include "inference_rank/policies/policy_registry.h"
 
 #ifdef RUBATO_HAS_CUDA
@@ -67,6 +70,11 @@ Result<RubatoConfig> ResolveConfig(const GenerateArgs& args) {
     if (!args.config_file) config.policy.source = "command line";
   }
   if (args.threads) config.engine.threads = *args.threads;
+  if (args.cache_endpoint) {
+    config.topology.mode = TopologySection::Mode::kDisaggregated;
+    config.topology.cache_endpoints = {*args.cache_endpoint};
+    config.topology.transport = TopologySection::Transport::kUcx;
+  }
   return config;
 }
 
@@ -83,11 +91,77 @@ Status CheckSupportedByThisBuild(const RubatoConfig& config) {
                               "': the CUDA backend stores weights and KV in bf16 only");
     }
   }
-  if (config.topology.mode != TopologySection::Mode::kColocated) {
-    return UnsupportedError("topology.mode: '" + std::string(ConfigEnumName(config.topology.mode)) +
-                            "' is not available in this build yet; use 'colocated'");
+  return Status::Ok();
+}
+
+// Offload policies need the CPU backend and, disaggregated, a cache endpoint; a cache endpoint
+// needs an offload policy.
+Status CheckOffloadChoice(const RubatoConfig& config, const PolicyChoice& policy) {
+  const bool disaggregated = config.topology.mode == TopologySection::Mode::kDisaggregated;
+  if (!policy.offload.has_value()) {
+    if (disaggregated) {
+      return InvalidArgumentError(
+          "a cache rank (--cache / topology.mode disaggregated) holds the KV of an offload "
+          "policy: use --policy offload_dense or offload_topk, not '" + policy.name + "'");
+    }
+    return Status::Ok();
+  }
+  if (config.engine.backend != EngineSection::Backend::kCpu) {
+    return UnsupportedError("policy '" + policy.name +
+                            "' runs on engine.backend 'cpu' in this build (the CUDA model does "
+                            "not offload its KV yet)");
+  }
+  if (disaggregated && config.topology.cache_endpoints.empty()) {
+    return InvalidArgumentError("topology.mode disaggregated needs topology.cache_endpoints "
+                                "(\"host:port\" of a `rubato cache --listen`) or --cache");
+  }
+  if (disaggregated && config.topology.transport != TopologySection::Transport::kUcx) {
+    return UnsupportedError("topology.transport '" +
+                            std::string(ConfigEnumName(config.topology.transport)) +
+                            "': a cache rank in another process is reached over ucx");
   }
   return Status::Ok();
+}
+
+// Where an offload policy's KV goes: the remote cache rank, or one in this process.
+struct OffloadTarget {
+  std::unique_ptr<RemoteCacheRank> remote;
+  std::unique_ptr<ColocatedCacheRank> colocated;
+  CacheRankClient* client = nullptr;
+};
+
+Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyChoice& policy,
+                                     const ModelConfig& model) {
+  CacheClientOptions options;
+  options.pack_layers = config.topology.pack_layers;
+  options.selection = *policy.offload;
+  // A reply may wait for a whole pack of another request's prefill: the control plane's
+  // deadline, not the heartbeat, bounds it; a lost cache rank ends it sooner.
+  options.timeout = std::chrono::milliseconds(
+      std::max(config.limits.rpc_timeout_ms, 5 * config.limits.heartbeat_ms));
+  OffloadTarget target;
+  if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
+    RUBATO_ASSIGN_OR_RETURN(target.remote,
+                            RemoteCacheRank::Connect(config.topology.cache_endpoints.front(), model,
+                                                     options, config.limits));
+    target.client = &target.remote->client();
+  } else {
+    RUBATO_ASSIGN_OR_RETURN(target.colocated,
+                            ColocatedCacheRank::Create(model, options, CacheServiceOptions()));
+    target.client = &target.colocated->client();
+  }
+  return target;
+}
+
+// " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=..." for offload runs.
+std::string OffloadStats(const CacheRankClient* client) {
+  if (client == nullptr) return "";
+  char text[160];
+  std::snprintf(text, sizeof(text), " offload_bytes_sent=%llu offload_bytes_received=%llu pack_wait_ms=%.1f",
+                static_cast<unsigned long long>(client->bytes_sent()),
+                static_cast<unsigned long long>(client->bytes_received()),
+                client->pack_wait_seconds() * 1e3);
+  return text;
 }
 
 // "1,2,3" -> {1, 2, 3}. Range against the vocabulary is checked by the engine.
@@ -160,6 +234,7 @@ Status RunGenerate(const GenerateArgs& args) {
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
   RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
   RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
+  RUBATO_RETURN_IF_ERROR(CheckOffloadChoice(config, policy));
 
   const std::filesystem::path model_dir = config.model.path;
   if (!std::filesystem::is_directory(model_dir)) {
@@ -201,6 +276,11 @@ Status RunGenerate(const GenerateArgs& args) {
   engine_options.prefill_chunk = config.engine.prefill_chunk;
   engine_options.num_threads = config.engine.threads;
   RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, tokenizer.get(), engine_options));
+  OffloadTarget offload;
+  if (policy.offload.has_value()) {
+    RUBATO_ASSIGN_OR_RETURN(offload, ConnectOffload(config, policy, model->config()));
+    engine_options.offload = offload.client;
+  }
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           Engine::Create(std::move(model), engine_options));
 
@@ -225,6 +305,11 @@ Status RunGenerate(const GenerateArgs& args) {
   while (engine->HasWork()) {
     RUBATO_ASSIGN_OR_RETURN(std::vector<TokenEvent> events, engine->Step());
     for (const TokenEvent& event : events) {
+      if (event.finish == FinishReason::kError) {
+        if (decoder) Print(decoder->Flush());
+        Print("\n");
+        return event.error;
+      }
       retained_kv_sum += event.retained_kv_ratio;
       last_token_time = Clock::now();
       if (generated++ == 0) first_token_time = last_token_time;
@@ -240,9 +325,9 @@ Status RunGenerate(const GenerateArgs& args) {
   const double retained_kv = generated > 0 ? retained_kv_sum / generated : 1.0;
   std::printf(
       "\n[rubato] prompt_tokens=%zu generated_tokens=%d prefill_ms=%.1f "
-      "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s%s\n",
+      "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s%s%s\n",
       prompt_ids.size(), generated, prefill_ms, decode_tok_s, policy.name.c_str(), retained_kv,
-      backend.c_str(), SfiStats(*engine).c_str());
+      backend.c_str(), SfiStats(*engine).c_str(), OffloadStats(offload.client).c_str());
   std::fflush(stdout);
   return Status::Ok();
 }

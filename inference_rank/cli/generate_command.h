@@ -5,6 +5,10 @@
 // The prompt is text (--prompt, needs the model's tokenizer) or token ids (--prompt-ids 1,2,3).
 // With ids and a model directory without tokenizer.json (a config.json alone, for
 // --random-weights benchmarks at real shapes), the generated tokens are printed as ids.
+//
+// Offload policies (offload_dense, offload_topk; CPU backend) keep the KV on a cache rank: the
+// one at --cache / topology.cache_endpoints[0] (disaggregated), else a cache service in this
+// process (colocated). A lost cache rank ends the run with its error.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +34,9 @@ struct GenerateArgs {
   std::optional<std::string> policy;       // overrides config policy.name
   std::optional<std::string> config_file;  // YAML config (DESIGN §6)
   std::optional<int> threads;              // overrides config engine.threads
+  // "host:port" of a cache rank (`rubato cache --listen`): an offload policy's KV goes there
+  // instead of to the in-process (colocated) cache service. Overrides topology.cache_endpoints.
+  std::optional<std::string> cache_endpoint;
 };
 
 // Runs the command. Text goes to stdout as it is generated; errors are returned.

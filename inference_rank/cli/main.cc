@@ -2,6 +2,8 @@
 //   rubato generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N
 //                   --temperature T --top-p P --top-k K --seed S --policy NAME --config FILE
 //                   --chat --threads N --backend cpu|cuda --random-weights]
+//                   [--cache HOST:PORT]
+//   rubato cache --listen HOST:PORT [--budget-mb N --config FILE]
 //   rubato tokenize --model DIR [--count --add-special-tokens]
 //                   (stdin: one JSON string per line; stdout: ids or counts, one line each)
 // Every error ends the process with one line on stderr ("rubato: error: ...") and exit 1;
@@ -12,6 +14,7 @@
 #include <exception>
 #include <string>
 
+#include "inference_rank/cli/cache_command.h"
 #include "inference_rank/cli/generate_command.h"
 #include "inference_rank/cli/tokenize_command.h"
 
@@ -58,6 +61,18 @@ int main(int argc, char** argv) {
   generate->add_option("--threads", gen.threads, "CPU threads (overrides engine.threads)")
       ->check(CLI::Range(0, 1024));
 
+  generate->add_option("--cache", gen.cache_endpoint,
+                       "host:port of a cache rank (rubato cache --listen) for an offload policy");
+
+  rubato::CacheArgs cache_args;
+  CLI::App* cache = app.add_subcommand(
+      "cache", "Run a cache rank: offloaded KV, token selection and compact buffers for "
+               "inference ranks that connect to it");
+  cache->add_option("--listen", cache_args.listen, "host:port of its RPC server (port 0: any)");
+  cache->add_option("--budget-mb", cache_args.budget_mb, "KV storage for all sessions, MiB")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cache->add_option("--config", cache_args.config_file, "YAML config (limits, logging)");
+
   rubato::TokenizeArgs tok;
   CLI::App* tokenize = app.add_subcommand(
       "tokenize", "Token ids (or counts) of JSON strings read from stdin, one per line");
@@ -84,6 +99,10 @@ int main(int argc, char** argv) {
   try {
     if (*generate) {
       const rubato::Status status = rubato::RunGenerate(gen);
+      if (!status.ok()) return PrintError(status.message(), 1);
+    }
+    if (*cache) {
+      const rubato::Status status = rubato::RunCache(cache_args);
       if (!status.ok()) return PrintError(status.message(), 1);
     }
     if (*tokenize) {

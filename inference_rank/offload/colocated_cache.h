@@ -24,7 +24,7 @@ class ColocatedCacheRank {
       const CacheServiceOptions& service_options);
   ~ColocatedCacheRank();
 
-  KvOffloadClient& client() { return *client_; }
+  CacheRankClient& client() { return *client_; }
   CacheService& service() { return *service_; }
   // The peer id the service knows the client by (for fault tests: service().ForgetPeer(...)).
   static constexpr uint64_t kPeerId = 1;

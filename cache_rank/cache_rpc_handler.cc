@@ -1,0 +1,141 @@
+// CacheRpcHandler (cache_rpc_handler.h).
+#include "cache_rank/cache_rpc_handler.h"
+
+#include <span>
+#include <utility>
+
+#include "common/dtype.h"
+#include "common/logging.h"
+
+#ifdef RUBATO_HAS_UCX
+#include "transport/ucx_transport.h"
+#endif
+
+namespace rubato {
+namespace {
+
+constexpr const char* kLogSubsystem = "cache";
+
+}  // namespace
+
+Result<OffloadSelectionParams> SelectionFromRequest(const rpc::OpenSessionRequest& request) {
+  OffloadSelectionParams selection;
+  if (request.selection() == "dense" || request.selection().empty()) {
+    selection.selection = OffloadSelection::kDense;
+    return selection;
+  }
+  if (request.selection() != "topk") {
+    return InvalidArgumentError("open session: selection '" + request.selection() +
+                                "' is not one of dense, topk");
+  }
+  selection.selection = OffloadSelection::kTopK;
+  selection.top_k = static_cast<int>(std::min<uint32_t>(request.top_k(), INT32_MAX));
+  selection.sink_tokens = static_cast<int>(std::min<uint32_t>(request.sink_tokens(), INT32_MAX));
+  selection.recent_tokens =
+      static_cast<int>(std::min<uint32_t>(request.recent_tokens(), INT32_MAX));
+  return selection;
+}
+
+CacheRpcHandler::CacheRpcHandler(CacheService& service,
+                                 std::function<void(const std::string&)> on_shutdown)
+    : service_(service), on_shutdown_(std::move(on_shutdown)) {}
+
+Result<rpc::HelloResponse> CacheRpcHandler::OnHello(rpc::ConnectionId connection,
+                                                    const rpc::HelloRequest& request) {
+  if (request.transport_backend() != "ucx") {
+    return UnsupportedError("hello: data-plane backend '" + request.transport_backend() +
+                            "' is not served by a standalone cache rank (it serves ucx)");
+  }
+#ifdef RUBATO_HAS_UCX
+  // A world of two per connection: the cache rank is rank 0, the inference rank rank 1.
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::UcxTransport> ucx,
+                          transport::UcxTransport::Create(0, 2));
+  const std::string& peer_address = request.transport_address();
+  RUBATO_RETURN_IF_ERROR(ucx->Connect(
+      1, std::span<const std::byte>(reinterpret_cast<const std::byte*>(peer_address.data()),
+                                    peer_address.size())));
+  rpc::HelloResponse response;
+  response.set_transport_backend("ucx");
+  const std::span<const std::byte> mine = ucx->LocalAddress();
+  response.set_transport_address(std::string(reinterpret_cast<const char*>(mine.data()),
+                                             mine.size()));
+  RUBATO_RETURN_IF_ERROR(service_.AddPeer(connection, std::move(ucx), 1));
+  RUBATO_LOG_INFO(kLogSubsystem, "peer {} (rank {}) connected its ucx data plane", connection,
+                  request.rank());
+  return response;
+#else
+  return UnsupportedError("hello: this cache rank was built without UCX (RUBATO_UCX)");
+#endif
+}
+
+Result<rpc::OpenSessionResponse> CacheRpcHandler::OnOpenSession(
+    rpc::ConnectionId connection, const rpc::OpenSessionRequest& request) {
+  SessionShape shape;
+  shape.num_layers = request.num_layers();
+  shape.num_kv_heads = request.num_kv_heads();
+  shape.num_query_heads = request.num_query_heads();
+  shape.head_dim = request.head_dim();
+  RUBATO_ASSIGN_OR_RETURN(shape.dtype, ParseDTypeName(request.dtype()));
+  if (request.capacity_tokens() > UINT32_MAX) {
+    return InvalidArgumentError("open session: capacity of " +
+                                std::to_string(request.capacity_tokens()) + " tokens is too large");
+  }
+  shape.capacity_tokens = static_cast<uint32_t>(request.capacity_tokens());
+  RUBATO_ASSIGN_OR_RETURN(const OffloadSelectionParams selection, SelectionFromRequest(request));
+  RUBATO_ASSIGN_OR_RETURN(const uint64_t session,
+                          service_.OpenSession(connection, request.request_id(), shape, selection));
+  rpc::OpenSessionResponse response;
+  response.set_session_id(session);
+  response.set_bytes_reserved(2ull * shape.num_layers * shape.num_kv_heads *
+                              shape.capacity_tokens * shape.head_dim * DTypeSize(shape.dtype));
+  return response;
+}
+
+Result<rpc::CloseSessionResponse> CacheRpcHandler::OnCloseSession(
+    rpc::ConnectionId connection, const rpc::CloseSessionRequest& request) {
+  RUBATO_RETURN_IF_ERROR(service_.CloseSession(connection, request.session_id()));
+  return rpc::CloseSessionResponse();
+}
+
+Result<rpc::StatsResponse> CacheRpcHandler::OnStats(rpc::ConnectionId /*connection*/,
+                                                    const rpc::StatsRequest& /*request*/) {
+  const CacheServiceStats stats = service_.Stats();
+  rpc::StatsResponse response;
+  response.set_sessions_open(stats.store.sessions_open);
+  response.set_bytes_in_use(stats.store.bytes_reserved);
+  response.set_bytes_capacity(stats.store.budget_bytes);
+  auto& counters = *response.mutable_counters();
+  counters["packs_received"] = static_cast<double>(stats.packs_received);
+  counters["bytes_received"] = static_cast<double>(stats.bytes_received);
+  counters["replies_sent"] = static_cast<double>(stats.replies_sent);
+  counters["bytes_sent"] = static_cast<double>(stats.bytes_sent);
+  counters["peers"] = static_cast<double>(stats.peers);
+  return response;
+}
+
+Result<rpc::HealthResponse> CacheRpcHandler::OnHealth(rpc::ConnectionId connection,
+                                                      const rpc::HealthRequest& /*request*/) {
+  rpc::HealthResponse response;
+  const Status peer = service_.PeerHealth(connection);
+  // A connection without a data plane (a control-only client) is healthy as far as it goes.
+  response.set_status(peer.ok() || peer.code() == StatusCode::kNotFound ? "ok" : peer.message());
+  response.set_uptime_s(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+  return response;
+}
+
+Result<rpc::ShutdownResponse> CacheRpcHandler::OnShutdown(rpc::ConnectionId connection,
+                                                          const rpc::ShutdownRequest& request) {
+  RUBATO_LOG_INFO(kLogSubsystem, "peer {} asks the cache rank to stop: {}", connection,
+                  request.reason());
+  if (on_shutdown_) on_shutdown_(request.reason());
+  return rpc::ShutdownResponse();
+}
+
+void CacheRpcHandler::OnConnectionLost(rpc::ConnectionId connection, const Status& reason) {
+  RUBATO_LOG_INFO(kLogSubsystem, "peer {} lost ({}): its sessions are freed", connection,
+                  reason.message());
+  service_.ForgetPeer(connection);
+}
+
+}  // namespace rubato

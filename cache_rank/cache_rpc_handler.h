@@ -1,0 +1,46 @@
+// The cache rank's RPC handler (DESIGN §3 "RPC control plane"): turns the control-plane calls of
+// each inference-rank connection into CacheService calls. The connection id is the peer id:
+// Hello connects that peer's data plane (a UCX endpoint pair whose addresses the Hello and its
+// response carry), OpenSession / CloseSession act on its sessions, Health reports its data
+// plane, and a lost connection frees its sessions.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "cache_rank/cache_service.h"
+#include "transport/rpc/rpc_server.h"
+
+namespace rubato {
+
+class CacheRpcHandler final : public rpc::RpcHandler {
+ public:
+  // `on_shutdown(reason)` runs when a peer asks the cache rank to stop (it must not stop the
+  // RPC server from inside the call: signal the owner). `service` must outlive the handler.
+  CacheRpcHandler(CacheService& service, std::function<void(const std::string&)> on_shutdown);
+
+  Result<rpc::HelloResponse> OnHello(rpc::ConnectionId connection,
+                                     const rpc::HelloRequest& request) override;
+  Result<rpc::OpenSessionResponse> OnOpenSession(rpc::ConnectionId connection,
+                                                 const rpc::OpenSessionRequest& request) override;
+  Result<rpc::CloseSessionResponse> OnCloseSession(
+      rpc::ConnectionId connection, const rpc::CloseSessionRequest& request) override;
+  Result<rpc::StatsResponse> OnStats(rpc::ConnectionId connection,
+                                     const rpc::StatsRequest& request) override;
+  Result<rpc::HealthResponse> OnHealth(rpc::ConnectionId connection,
+                                       const rpc::HealthRequest& request) override;
+  Result<rpc::ShutdownResponse> OnShutdown(rpc::ConnectionId connection,
+                                           const rpc::ShutdownRequest& request) override;
+  void OnConnectionLost(rpc::ConnectionId connection, const Status& reason) override;
+
+ private:
+  CacheService& service_;
+  std::function<void(const std::string&)> on_shutdown_;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+};
+
+// The session request's selection rule, checked ("dense" / "topk" with their numbers).
+Result<OffloadSelectionParams> SelectionFromRequest(const rpc::OpenSessionRequest& request);
+
+}  // namespace rubato

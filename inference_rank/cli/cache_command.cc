@@ -1,0 +1,97 @@
+// `rubato cache` (cache_command.h): CacheService + its RPC server until asked to stop.
+#include "inference_rank/cli/cache_command.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <mutex>
+#include <string>
+
+#include "cache_rank/cache_rpc_handler.h"
+#include "cache_rank/cache_service.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "transport/rpc/rpc_client.h"
+#include "transport/rpc/rpc_server.h"
+
+namespace rubato {
+namespace {
+
+volatile std::sig_atomic_t signal_received = 0;
+
+void OnSignal(int signal) { signal_received = signal; }
+
+// "host:port" where port 0 asks for any free port (ParseRpcEndpoint, for connecting, wants a
+// real one).
+Result<rpc::RpcEndpoint> ParseListenAddress(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (colon != std::string::npos && listen.substr(colon + 1) == "0") {
+    RUBATO_ASSIGN_OR_RETURN(rpc::RpcEndpoint endpoint,
+                            rpc::ParseRpcEndpoint(listen.substr(0, colon + 1) + "1"));
+    endpoint.port = 0;
+    return endpoint;
+  }
+  Result<rpc::RpcEndpoint> parsed = rpc::ParseRpcEndpoint(listen);
+  if (!parsed.ok()) return parsed.status().WithContext("--listen");
+  return parsed;
+}
+
+}  // namespace
+
+Status RunCache(const CacheArgs& args) {
+  RubatoConfig config = DefaultConfig();
+  if (args.config_file) {
+    RUBATO_ASSIGN_OR_RETURN(config, LoadConfigFile(*args.config_file));
+  }
+  RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
+  RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint, ParseListenAddress(args.listen));
+  if (args.budget_mb < 1 || args.budget_mb > (int64_t{1} << 30)) {
+    return InvalidArgumentError("--budget-mb must be in [1, 2^30], got " +
+                                std::to_string(args.budget_mb));
+  }
+
+  CacheServiceOptions service_options;
+  service_options.budget_bytes = static_cast<uint64_t>(args.budget_mb) << 20;
+  CacheService service(service_options);
+  std::mutex mutex;
+  std::condition_variable stop_requested;
+  std::string stop_reason;
+  CacheRpcHandler handler(service, [&](const std::string& reason) {
+    std::lock_guard lock(mutex);
+    stop_reason = "a peer asked: " + reason;
+    stop_requested.notify_all();
+  });
+  rpc::RpcServerOptions server_options;
+  server_options.host = endpoint.host;
+  server_options.port = endpoint.port;
+  server_options.peer_timeout_ms = 5 * config.limits.heartbeat_ms;
+  service.Start();
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<rpc::RpcServer> server,
+                          rpc::RpcServer::Start(server_options, &handler));
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::printf("rubato cache: listening on %s\n", server->endpoint().c_str());
+  std::fflush(stdout);
+
+  std::unique_lock lock(mutex);
+  while (stop_reason.empty() && signal_received == 0) {
+    stop_requested.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  if (stop_reason.empty()) stop_reason = "signal " + std::to_string(signal_received);
+  lock.unlock();
+  RUBATO_LOG_INFO("cache", "stopping ({})", stop_reason);
+  server->Stop();
+  service.Stop();
+  const CacheServiceStats stats = service.Stats();
+  std::printf("rubato cache: stopped (%s) packs=%llu replies=%llu bytes_received=%llu "
+              "bytes_sent=%llu\n",
+              stop_reason.c_str(), static_cast<unsigned long long>(stats.packs_received),
+              static_cast<unsigned long long>(stats.replies_sent),
+              static_cast<unsigned long long>(stats.bytes_received),
+              static_cast<unsigned long long>(stats.bytes_sent));
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+}  // namespace rubato
