@@ -251,5 +251,35 @@ TEST_F(RpcTest, ConcurrentCallsFromSeveralThreadsGetTheirOwnAnswers) {
   EXPECT_EQ(mismatches.load(), 0);
 }
 
+TEST(RpcClientOptionsTest, FromLimitsTakesTheConfigAndFiveHeartbeatsOfPeerTimeout) {
+  LimitsSection limits;
+  limits.rpc_timeout_ms = 1234;
+  limits.heartbeat_ms = 200;
+  const RpcClientOptions options = RpcClientOptions::FromLimits(limits);
+  EXPECT_EQ(options.call_timeout_ms, 1234);
+  EXPECT_EQ(options.heartbeat_ms, 200);
+  EXPECT_EQ(options.peer_timeout_ms, 1000);
+}
+
+TEST(RpcEndpointTest, ParsesHostAndPortIncludingBracketedIpv6) {
+  Result<RpcEndpoint> v4 = ParseRpcEndpoint("10.0.0.7:7000");
+  ASSERT_TRUE(v4.ok()) << v4.status().ToString();
+  EXPECT_EQ(v4->host, "10.0.0.7");
+  EXPECT_EQ(v4->port, 7000);
+  Result<RpcEndpoint> dns = ParseRpcEndpoint("cache-0.rubato.svc:65535");
+  ASSERT_TRUE(dns.ok());
+  EXPECT_EQ(dns->host, "cache-0.rubato.svc");
+  EXPECT_EQ(dns->port, 65535);
+  Result<RpcEndpoint> v6 = ParseRpcEndpoint("[::1]:1");
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->port, 1);
+  const Result<RpcEndpoint> bad = ParseRpcEndpoint("cache-0:http");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            "RPC endpoint 'cache-0:http': port 'http' is not a number in [1, 65535] "
+            "(expected host:port, e.g. 127.0.0.1:7000)");
+}
+
 }  // namespace
 }  // namespace rubato::rpc
