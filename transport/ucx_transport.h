@@ -6,7 +6,8 @@
 //   RUBATO_RETURN_IF_ERROR(ucx->Connect(peer, peer_address)); // for each peer this rank sends to
 //
 // One UCP context and one worker per transport (thread mode single: one thread drives it, as
-// transport.h says). Progress happens only inside Post, Test, Wait and Cancel.
+// transport.h says). Progress happens only inside Test, Wait, Cancel and the destructor; Wait
+// polls the worker (yielding the CPU between polls) rather than sleeping on an event.
 //
 // Which UCX transports carry the bytes is UCX's own environment, read when Create runs:
 //   UCX_TLS=tcp          TCP sockets (between hosts or pods); a dead peer is noticed at once

@@ -9,10 +9,10 @@
 // GPU machine) cannot detect a dead peer: there the killed-peer test's receive times out.
 #include "transport/ucx_transport.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -164,9 +164,13 @@ void RunChildren(const std::vector<std::function<std::string()>>& bodies,
     std::array<int, 2> result{-1, -1};
     ASSERT_EQ(pipe(result.data()), 0);
     fflush(nullptr);
+    const pid_t parent = getpid();
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
+      // Dies with the test process too (a ctest timeout kills only the parent).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
       for (const auto& c : children) close(c->result_fd);
       close(result[0]);
       const std::string report = body();
