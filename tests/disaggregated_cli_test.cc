@@ -1,0 +1,181 @@
+// The disaggregated mode end to end, as a user runs it: `rubato cache --listen` in one process,
+// `rubato generate --cache HOST:PORT` in another, KV over UCX (TCP: UCX_TLS=tcp, set for the
+// children), control over the RPC, on the bundled tiny model.
+//   * offload_dense through the cache rank prints the text of colocated dense; offload_topk
+//     with top_k covering the context too; the cache rank counts the packs it served;
+//   * a cache rank killed (SIGKILL) or stopped (SIGSTOP) mid-generation ends the run with one
+//     clear error line naming the cache rank, within the heartbeat timeout (no hang, no crash);
+//   * a cache rank restarted on the same port serves a new run;
+//   * bad uses are refused by name (a cache endpoint with a non-offload policy, nothing
+//     listening).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "common/test_temp_dir.h"
+#include "tests/cli_runner.h"
+
+namespace rubato {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::BackgroundProcess;
+using testing::ProcessResult;
+using testing::RunProcess;
+
+constexpr const char* kModel = "models/tiny-qwen3-longctx";
+constexpr const char* kPrompt = "The passkey is 4711. Remember it. What is the passkey?";
+
+// The generated text: stdout without the final stats line.
+std::string GeneratedText(const std::string& out) {
+  const size_t stats = out.rfind("\n[rubato]");
+  return stats == std::string::npos ? out : out.substr(0, stats);
+}
+
+class DisaggregatedCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // UCX over TCP for every child: the transport that notices a dead peer, between pods too.
+    setenv("UCX_TLS", "tcp", 1);
+    // Heartbeats every 100 ms: a lost cache rank shows within 5 of them (0.5 s).
+    config_ = (dir_.path() / "fast_heartbeat.yaml").string();
+    std::ofstream(config_) << "limits:\n  heartbeat_ms: 100\n  rpc_timeout_ms: 2000\n";
+    topk_config_ = (dir_.path() / "topk.yaml").string();
+    std::ofstream(topk_config_) << "policy:\n  name: offload_topk\n  top_k: 4096\n"
+                                   "  sink_tokens: 4\n  recent_window: 8\n";
+  }
+
+  // Starts a cache rank on `listen` and returns it once it prints its endpoint.
+  std::unique_ptr<BackgroundProcess> StartCache(const std::string& listen = "127.0.0.1:0") {
+    auto cache = std::make_unique<BackgroundProcess>(
+        RUBATO_BINARY, std::vector<std::string>{"cache", "--listen", listen, "--config", config_});
+    EXPECT_TRUE(cache->WaitForOutput("listening on", milliseconds(20000)))
+        << cache->Out() << cache->Err();
+    std::smatch match;
+    const std::string out = cache->Out();
+    if (std::regex_search(out, match, std::regex("listening on (\\S+)"))) endpoint_ = match[1];
+    return cache;
+  }
+
+  std::vector<std::string> GenerateArgs(const std::string& policy, int max_tokens) {
+    return {"generate", "--model", kModel, "--prompt", kPrompt, "--max-tokens",
+            std::to_string(max_tokens), "--policy", policy, "--threads", "1"};
+  }
+
+  TestTempDir dir_{"disaggregated_cli"};
+  std::string config_;
+  std::string topk_config_;
+  std::string endpoint_;
+};
+
+TEST_F(DisaggregatedCliTest, AStandaloneCacheRankGivesTheColocatedDenseText) {
+  const ProcessResult dense = RunProcess(RUBATO_BINARY, GenerateArgs("dense", 24));
+  ASSERT_EQ(dense.exit_code, 0) << dense.err;
+  ASSERT_FALSE(GeneratedText(dense.out).empty());
+
+  std::unique_ptr<BackgroundProcess> cache = StartCache();
+  ASSERT_FALSE(endpoint_.empty());
+  std::vector<std::string> args = GenerateArgs("offload_dense", 24);
+  args.insert(args.end(), {"--cache", endpoint_, "--config", config_});
+  const ProcessResult offloaded = RunProcess(RUBATO_BINARY, args);
+  ASSERT_EQ(offloaded.exit_code, 0) << offloaded.err;
+  EXPECT_EQ(GeneratedText(offloaded.out), GeneratedText(dense.out));
+  EXPECT_NE(offloaded.out.find("policy=offload_dense"), std::string::npos) << offloaded.out;
+
+  std::vector<std::string> topk = GenerateArgs("offload_topk", 24);
+  topk.erase(topk.end() - 4, topk.end() - 2);  // the policy comes from the config file
+  topk.insert(topk.end(), {"--cache", endpoint_, "--config", topk_config_});
+  const ProcessResult selected = RunProcess(RUBATO_BINARY, topk);
+  ASSERT_EQ(selected.exit_code, 0) << selected.err;
+  EXPECT_EQ(GeneratedText(selected.out), GeneratedText(dense.out));
+
+  cache->Signal(SIGTERM);
+  const ProcessResult stopped = cache->Wait(milliseconds(10000));
+  EXPECT_EQ(stopped.exit_code, 0) << stopped.err;
+  // Two runs of 24 tokens over 28 layers in packs of 4: 7 packs a step, one reply each.
+  std::smatch packs;
+  ASSERT_TRUE(std::regex_search(stopped.out, packs, std::regex("packs=(\\d+) replies=(\\d+)")))
+      << stopped.out;
+  EXPECT_GT(std::stoi(packs[1]), 0);
+  EXPECT_EQ(packs[1], packs[2]);
+}
+
+// Starts a long offloaded generation, lets it produce some text, does `interrupt` to the cache
+// rank, and expects the run to end with one error line naming the cache rank.
+void ExpectTheRunEndsWithAClearError(BackgroundProcess& cache, const std::string& endpoint,
+                                     std::vector<std::string> args, int signal) {
+  args.insert(args.end(), {"--cache", endpoint});
+  BackgroundProcess generate(RUBATO_BINARY, args);
+  ASSERT_TRUE(generate.WaitForOutputBytes(40, milliseconds(30000))) << generate.Err();
+  const auto interrupted = std::chrono::steady_clock::now();
+  cache.Signal(signal);
+  const ProcessResult result = generate.Wait(milliseconds(15000));
+  const auto took = std::chrono::steady_clock::now() - interrupted;
+  ASSERT_FALSE(result.signaled) << "generate was killed: it hung or crashed\n" << result.err;
+  EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
+  EXPECT_NE(result.err.find("rubato: error: "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("cache rank " + endpoint), std::string::npos) << result.err;
+  // Well inside the wait above: 5 heartbeats of 100 ms, plus the CI machine's slack.
+  EXPECT_LT(took, milliseconds(10000)) << result.err;
+}
+
+TEST_F(DisaggregatedCliTest, AKilledCacheRankEndsTheRunAndARestartedOneServesAgain) {
+  std::unique_ptr<BackgroundProcess> cache = StartCache();
+  ASSERT_FALSE(endpoint_.empty());
+  std::vector<std::string> args = GenerateArgs("offload_dense", 4000);
+  args.insert(args.end(), {"--config", config_});
+  ExpectTheRunEndsWithAClearError(*cache, endpoint_, args, SIGKILL);
+  const ProcessResult killed = cache->Wait(milliseconds(5000));
+  EXPECT_TRUE(killed.signaled);
+
+  // A new cache rank on the same port: a new run connects to it.
+  const std::string endpoint = endpoint_;
+  std::unique_ptr<BackgroundProcess> restarted = StartCache(endpoint);
+  ASSERT_EQ(endpoint_, endpoint) << restarted->Err();
+  std::vector<std::string> again = GenerateArgs("offload_dense", 8);
+  again.insert(again.end(), {"--cache", endpoint, "--config", config_});
+  const ProcessResult result = RunProcess(RUBATO_BINARY, again);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+}
+
+TEST_F(DisaggregatedCliTest, AStoppedCacheRankEndsTheRunWithinTheHeartbeatTimeout) {
+  std::unique_ptr<BackgroundProcess> cache = StartCache();
+  ASSERT_FALSE(endpoint_.empty());
+  std::vector<std::string> args = GenerateArgs("offload_dense", 4000);
+  args.insert(args.end(), {"--config", config_});
+  ExpectTheRunEndsWithAClearError(*cache, endpoint_, args, SIGSTOP);
+  cache->Signal(SIGCONT);
+}
+
+TEST_F(DisaggregatedCliTest, BadUsesAreRefusedByName) {
+  // A cache endpoint holds the KV of an offload policy only.
+  ProcessResult result = RunProcess(RUBATO_BINARY, [&] {
+    std::vector<std::string> args = GenerateArgs("dense", 4);
+    args.insert(args.end(), {"--cache", "127.0.0.1:9"});
+    return args;
+  }());
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("offload_dense"), std::string::npos) << result.err;
+
+  // Nothing listens there: the connection is refused, by name.
+  std::vector<std::string> args = GenerateArgs("offload_dense", 4);
+  args.insert(args.end(), {"--cache", "127.0.0.1:9", "--config", config_});
+  result = RunProcess(RUBATO_BINARY, args, 30);
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("127.0.0.1:9"), std::string::npos) << result.err;
+
+  // --listen that is no endpoint.
+  result = RunProcess(RUBATO_BINARY, {"cache", "--listen", "nowhere"}, 30);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("--listen"), std::string::npos) << result.err;
+}
+
+}  // namespace
+}  // namespace rubato
