@@ -42,6 +42,8 @@ CacheRpcHandler::CacheRpcHandler(CacheService& service,
 
 Result<rpc::HelloResponse> CacheRpcHandler::OnHello(rpc::ConnectionId connection,
                                                     const rpc::HelloRequest& request) {
+  // A control-only peer (stats, health, shutdown) connects no data plane.
+  if (request.transport_backend().empty()) return rpc::HelloResponse();
   if (request.transport_backend() != "ucx") {
     return UnsupportedError("hello: data-plane backend '" + request.transport_backend() +
                             "' is not served by a standalone cache rank (it serves ucx)");

@@ -1,7 +1,7 @@
 // The cache rank's RPC handler (DESIGN §3 "RPC control plane"): turns the control-plane calls of
 // each inference-rank connection into CacheService calls. The connection id is the peer id:
 // Hello connects that peer's data plane (a UCX endpoint pair whose addresses the Hello and its
-// response carry), OpenSession / CloseSession act on its sessions, Health reports its data
+// response carry; a Hello without a transport backend is a control-only peer), OpenSession / CloseSession act on its sessions, Health reports its data
 // plane, and a lost connection frees its sessions.
 #pragma once
 

@@ -177,7 +177,12 @@ bool CacheService::Progress(Peer& peer) {
   transport::Transport& transport = *peer.transport;
   const auto fail = [&](const Status& why) {
     peer.health = why.WithContext("cache rank: data plane of peer " + std::to_string(peer.id));
-    RUBATO_LOG_WARN(kLogSubsystem, "{}", peer.health.message());
+    // A peer that went away (its process ended) is routine; anything else is worth a warning.
+    if (why.code() == StatusCode::kUnavailable) {
+      RUBATO_LOG_INFO(kLogSubsystem, "{}", peer.health.message());
+    } else {
+      RUBATO_LOG_WARN(kLogSubsystem, "{}", peer.health.message());
+    }
     return true;
   };
   bool progressed = false;

@@ -6,6 +6,7 @@
 //   * a cache rank killed (SIGKILL) or stopped (SIGSTOP) mid-generation ends the run with one
 //     clear error line naming the cache rank, within the heartbeat timeout (no hang, no crash);
 //   * a cache rank restarted on the same port serves a new run;
+//   * `mpirun -np 2` with the roles of configs/disagg-mpi.yaml gives the dense text and ends;
 //   * bad uses are refused by name (a cache endpoint with a non-offload policy, nothing
 //     listening).
 #include <gtest/gtest.h>
@@ -153,6 +154,32 @@ TEST_F(DisaggregatedCliTest, AStoppedCacheRankEndsTheRunWithinTheHeartbeatTimeou
   ExpectTheRunEndsWithAClearError(*cache, endpoint_, args, SIGSTOP);
   cache->Signal(SIGCONT);
 }
+
+#ifdef RUBATO_MPIEXEC
+// `mpirun -np 2 rubato generate --config configs/disagg-mpi.yaml`: rank 0 the inference rank,
+// rank 1 the cache rank (roles from the config), the dense text, and the job ends by itself.
+TEST_F(DisaggregatedCliTest, MpirunWithTwoRanksGivesTheColocatedDenseText) {
+  // CI runs as root in a container with fewer cores than ranks.
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  const ProcessResult dense = RunProcess(RUBATO_BINARY, GenerateArgs("dense", 24));
+  ASSERT_EQ(dense.exit_code, 0) << dense.err;
+  const ProcessResult mpi = RunProcess(
+      RUBATO_MPIEXEC, {"-np", "2", "--oversubscribe", RUBATO_BINARY, "generate", "--config",
+                       "configs/disagg-mpi.yaml", "--prompt", kPrompt, "--max-tokens", "24",
+                       "--threads", "1"},
+      120);
+  ASSERT_FALSE(mpi.signaled) << "mpirun hung\n" << mpi.out << mpi.err;
+  ASSERT_EQ(mpi.exit_code, 0) << mpi.out << mpi.err;
+  EXPECT_NE(mpi.out.find("rubato cache (mpi rank 1): listening on"), std::string::npos)
+      << mpi.out;
+  EXPECT_NE(mpi.out.find("policy=offload_dense"), std::string::npos) << mpi.out;
+  // The inference rank's text, between the cache rank's lines: the dense text is in it.
+  EXPECT_NE(mpi.out.find(GeneratedText(dense.out)), std::string::npos)
+      << "mpirun:\n" << mpi.out << "\ndense:\n" << dense.out;
+  EXPECT_NE(mpi.out.find("rubato cache: stopped (a peer asked"), std::string::npos) << mpi.out;
+}
+#endif
 
 TEST_F(DisaggregatedCliTest, BadUsesAreRefusedByName) {
   // A cache endpoint holds the KV of an offload policy only.

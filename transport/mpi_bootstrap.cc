@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstdlib>
 #include <string>
 
 namespace rubato::transport {
@@ -94,6 +95,11 @@ Result<std::string> MpiBootstrap::Broadcast(std::string_view value, int root) {
   RUBATO_RETURN_IF_ERROR(MpiStatus(
       MPI_Bcast(result.data(), size, MPI_BYTE, root, MPI_COMM_WORLD), "broadcasting a blob"));
   return result;
+}
+
+void MpiBootstrap::Abort(int exit_code) {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }
 
 Status MpiBootstrap::Barrier() { return MpiStatus(MPI_Barrier(MPI_COMM_WORLD), "barrier"); }

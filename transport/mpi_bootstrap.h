@@ -47,6 +47,8 @@ class MpiBootstrap {
   // `root`'s value on every rank (the others' `value` is ignored).
   Result<std::string> Broadcast(std::string_view value, int root);
   Status Barrier();
+  // MPI_Abort on the world: every rank of the job ends with `exit_code`. Does not return.
+  [[noreturn]] void Abort(int exit_code);
 
  private:
   MpiBootstrap() = default;

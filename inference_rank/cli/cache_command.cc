@@ -45,14 +45,24 @@ Status RunCache(const CacheArgs& args) {
     RUBATO_ASSIGN_OR_RETURN(config, LoadConfigFile(*args.config_file));
   }
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
-  RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint, ParseListenAddress(args.listen));
-  if (args.budget_mb < 1 || args.budget_mb > (int64_t{1} << 30)) {
+  return ServeCacheRank(args.listen, args.budget_mb, config.limits,
+                        [](const std::string& endpoint) {
+                          std::printf("rubato cache: listening on %s\n", endpoint.c_str());
+                          std::fflush(stdout);
+                          return Status::Ok();
+                        });
+}
+
+Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const LimitsSection& limits,
+                      const std::function<Status(const std::string&)>& on_listening) {
+  RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint, ParseListenAddress(listen));
+  if (budget_mb < 1 || budget_mb > (int64_t{1} << 30)) {
     return InvalidArgumentError("--budget-mb must be in [1, 2^30], got " +
-                                std::to_string(args.budget_mb));
+                                std::to_string(budget_mb));
   }
 
   CacheServiceOptions service_options;
-  service_options.budget_bytes = static_cast<uint64_t>(args.budget_mb) << 20;
+  service_options.budget_bytes = static_cast<uint64_t>(budget_mb) << 20;
   CacheService service(service_options);
   std::mutex mutex;
   std::condition_variable stop_requested;
@@ -65,14 +75,13 @@ Status RunCache(const CacheArgs& args) {
   rpc::RpcServerOptions server_options;
   server_options.host = endpoint.host;
   server_options.port = endpoint.port;
-  server_options.peer_timeout_ms = 5 * config.limits.heartbeat_ms;
+  server_options.peer_timeout_ms = 5 * limits.heartbeat_ms;
   service.Start();
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<rpc::RpcServer> server,
                           rpc::RpcServer::Start(server_options, &handler));
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  std::printf("rubato cache: listening on %s\n", server->endpoint().c_str());
-  std::fflush(stdout);
+  RUBATO_RETURN_IF_ERROR(on_listening(server->endpoint()));
 
   std::unique_lock lock(mutex);
   while (stop_reason.empty() && signal_received == 0) {

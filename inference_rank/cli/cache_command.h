@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
+#include "common/config.h"
 #include "common/status.h"
 
 namespace rubato {
@@ -19,5 +21,11 @@ struct CacheArgs {
 };
 
 Status RunCache(const CacheArgs& args);
+
+// The cache rank's serving loop, shared by `rubato cache` and the cache role of an mpirun
+// launch: binds `listen`, calls `on_listening(bound endpoint)` once the RPC server runs (an
+// error from it stops the rank), and serves until a peer's Shutdown, SIGINT or SIGTERM.
+Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const LimitsSection& limits,
+                      const std::function<Status(const std::string&)>& on_listening);
 
 }  // namespace rubato

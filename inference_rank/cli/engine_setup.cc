@@ -1,0 +1,143 @@
+// Config overrides, build / policy checks, model loading and offload connection shared by
+// `rubato generate` and `rubato serve` (see engine_setup.h).
+#include "inference_rank/cli/engine_setup.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "inference_rank/model/cpu_model.h"
+
+#ifdef RUBATO_HAS_CUDA
+#include "inference_rank/model/cuda_model.h"
+#endif
+
+namespace rubato {
+
+Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides) {
+  RubatoConfig config = DefaultConfig();
+  if (overrides.config_file) {
+    RUBATO_ASSIGN_OR_RETURN(config, LoadConfigFile(*overrides.config_file));
+  }
+  if (overrides.model_dir) config.model.path = *overrides.model_dir;
+  if (overrides.random_weights) config.model.random_weights = true;
+  if (overrides.backend) {
+    if (*overrides.backend == "cpu") {
+      config.engine.backend = EngineSection::Backend::kCpu;
+    } else if (*overrides.backend == "cuda") {
+      config.engine.backend = EngineSection::Backend::kCuda;
+    } else {
+      return InvalidArgumentError("--backend: '" + *overrides.backend +
+                                  "' is not one of cpu, cuda");
+    }
+  }
+  if (overrides.policy) {
+    config.policy.name = *overrides.policy;
+    if (!overrides.config_file) config.policy.source = "command line";
+  }
+  if (overrides.threads) config.engine.threads = *overrides.threads;
+  if (overrides.cache_endpoint) {
+    config.topology.mode = TopologySection::Mode::kDisaggregated;
+    config.topology.cache_endpoints = {*overrides.cache_endpoint};
+    config.topology.transport = TopologySection::Transport::kUcx;
+  }
+  return config;
+}
+
+Status CheckSupportedByThisBuild(const RubatoConfig& config) {
+  if (config.engine.backend == EngineSection::Backend::kCuda) {
+#ifndef RUBATO_HAS_CUDA
+    return UnsupportedError(
+        "engine.backend 'cuda': this rubato was built without CUDA (configure with "
+        "-DRUBATO_CUDA=ON)");
+#endif
+    if (config.engine.dtype != DType::kBF16) {
+      return UnsupportedError("engine.dtype '" + std::string(DTypeName(config.engine.dtype)) +
+                              "': the CUDA backend stores weights and KV in bf16 only");
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckOffloadChoice(const RubatoConfig& config, const PolicyChoice& policy) {
+  const bool disaggregated = config.topology.mode == TopologySection::Mode::kDisaggregated;
+  if (!policy.offload.has_value()) {
+    if (disaggregated) {
+      return InvalidArgumentError(
+          "a cache rank (--cache / topology.mode disaggregated) holds the KV of an offload "
+          "policy: use --policy offload_dense or offload_topk, not '" + policy.name + "'");
+    }
+    return Status::Ok();
+  }
+  if (config.engine.backend != EngineSection::Backend::kCpu) {
+    return UnsupportedError("policy '" + policy.name +
+                            "' runs on engine.backend 'cpu' in this build (the CUDA model does "
+                            "not offload its KV yet)");
+  }
+  if (disaggregated && config.topology.cache_endpoints.empty()) {
+    return InvalidArgumentError("topology.mode disaggregated needs topology.cache_endpoints "
+                                "(\"host:port\" of a `rubato cache --listen`) or --cache");
+  }
+  if (disaggregated && config.topology.transport != TopologySection::Transport::kUcx) {
+    return UnsupportedError("topology.transport '" +
+                            std::string(ConfigEnumName(config.topology.transport)) +
+                            "': a cache rank in another process is reached over ucx");
+  }
+  return Status::Ok();
+}
+
+Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyChoice& policy,
+                                     const ModelConfig& model) {
+  CacheClientOptions options;
+  options.pack_layers = config.topology.pack_layers;
+  options.selection = *policy.offload;
+  // A reply may wait for a whole pack of another request's prefill: the control plane's
+  // deadline, not the heartbeat, bounds it; a lost cache rank ends it sooner.
+  options.timeout = std::chrono::milliseconds(
+      std::max(config.limits.rpc_timeout_ms, 5 * config.limits.heartbeat_ms));
+  OffloadTarget target;
+  if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
+    RUBATO_ASSIGN_OR_RETURN(target.remote,
+                            RemoteCacheRank::Connect(config.topology.cache_endpoints.front(), model,
+                                                     options, config.limits));
+    target.client = &target.remote->client();
+  } else {
+    RUBATO_ASSIGN_OR_RETURN(target.colocated,
+                            ColocatedCacheRank::Create(model, options, CacheServiceOptions()));
+    target.client = &target.colocated->client();
+  }
+  return target;
+}
+
+Result<std::unique_ptr<Model>> LoadModel(const RubatoConfig& config,
+                                         const std::filesystem::path& model_dir) {
+  if (config.engine.backend == EngineSection::Backend::kCuda) {
+#ifdef RUBATO_HAS_CUDA
+    CudaModelOptions options;
+    options.random_weights = config.model.random_weights;
+    options.seed = config.model.seed;
+    options.device = config.engine.device;
+    return LoadCudaModel(model_dir, options);
+#else
+    return UnsupportedError("engine.backend 'cuda': this rubato was built without CUDA");
+#endif
+  }
+  ModelLoadOptions options;
+  options.random_weights = config.model.random_weights;
+  options.seed = config.model.seed;
+  options.num_threads = config.engine.threads;
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<CpuModel> model, CpuModel::Load(model_dir, options));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+EngineOptions EngineOptionsFromConfig(const RubatoConfig& config) {
+  EngineOptions options;
+  options.max_batch = config.engine.max_batch;
+  options.max_context = config.engine.max_context;
+  options.block_size = config.engine.block_size;
+  options.prefill_chunk = config.engine.prefill_chunk;
+  options.num_threads = config.engine.threads;
+  return options;
+}
+
+}  // namespace rubato

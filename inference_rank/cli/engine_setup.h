@@ -1,0 +1,63 @@
+// What `rubato generate` and `rubato serve` share before their first token: the config with the
+// command-line overrides, the checks of what this build and the policy can run, the model
+// (CPU or CUDA backend), the engine options from the config, and the cache rank that an offload
+// policy's KV goes to. Every failure is a Status naming the flag or config key.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "inference_rank/engine/engine.h"
+#include "inference_rank/model/model.h"
+#include "inference_rank/offload/colocated_cache.h"
+#include "inference_rank/offload/remote_cache.h"
+#include "inference_rank/policies/policy_registry.h"
+
+namespace rubato {
+
+// Command-line flags that override config keys (unset: the config file's value, or the default).
+struct ConfigOverrides {
+  std::optional<std::string> config_file;     // YAML config (DESIGN §6)
+  std::optional<std::string> model_dir;       // model.path
+  bool random_weights = false;                // model.random_weights
+  std::optional<std::string> backend;         // "cpu" | "cuda": engine.backend
+  std::optional<std::string> policy;          // policy.name
+  std::optional<int> threads;                 // engine.threads
+  // "host:port" of a cache rank (`rubato cache --listen`): topology.mode disaggregated over ucx
+  // with this one cache endpoint.
+  std::optional<std::string> cache_endpoint;
+};
+
+// The config file (or the defaults) with the overrides applied.
+Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides);
+
+// Backends and topologies this build cannot run, rejected before anything is loaded.
+Status CheckSupportedByThisBuild(const RubatoConfig& config);
+
+// Offload policies need the CPU backend and, disaggregated, a cache endpoint reached over ucx;
+// a cache endpoint needs an offload policy.
+Status CheckOffloadChoice(const RubatoConfig& config, const PolicyChoice& policy);
+
+// Where an offload policy's KV goes: the remote cache rank, or one in this process. Must outlive
+// the engine whose EngineOptions::offload is `client`.
+struct OffloadTarget {
+  std::unique_ptr<RemoteCacheRank> remote;
+  std::unique_ptr<ColocatedCacheRank> colocated;
+  CacheRankClient* client = nullptr;
+};
+Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyChoice& policy,
+                                     const ModelConfig& model);
+
+// The model of `model_dir` on config.engine.backend (random weights when model.random_weights).
+Result<std::unique_ptr<Model>> LoadModel(const RubatoConfig& config,
+                                         const std::filesystem::path& model_dir);
+
+// engine.max_batch / max_context / block_size / prefill_chunk / threads as EngineOptions (the
+// policy, metrics and offload fields are left for the caller).
+EngineOptions EngineOptionsFromConfig(const RubatoConfig& config);
+
+}  // namespace rubato

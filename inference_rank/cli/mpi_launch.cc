@@ -1,0 +1,130 @@
+// JoinMpiLaunch / MpiLaunch (mpi_launch.h).
+#include "inference_rank/cli/mpi_launch.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "inference_rank/cli/cache_command.h"
+#include "transport/mpi_bootstrap.h"
+
+namespace rubato {
+
+#ifdef RUBATO_HAS_MPI
+class MpiBootstrapHandle {
+ public:
+  std::unique_ptr<transport::MpiBootstrap> mpi;
+};
+#else
+class MpiBootstrapHandle {};
+#endif
+
+MpiLaunch::~MpiLaunch() = default;
+MpiLaunch::MpiLaunch(MpiLaunch&&) noexcept = default;
+MpiLaunch& MpiLaunch::operator=(MpiLaunch&&) noexcept = default;
+
+namespace {
+
+constexpr int64_t kMpiCacheBudgetMb = 4096;
+
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+}  // namespace
+
+Result<std::optional<MpiLaunch>> JoinMpiLaunch(RubatoConfig& config) {
+  if (!transport::LaunchedByMpirun() || config.topology.ranks.empty()) {
+    return std::optional<MpiLaunch>();
+  }
+#ifndef RUBATO_HAS_MPI
+  return UnsupportedError("launched by mpirun with topology.ranks, but this rubato was built "
+                          "without MPI (RUBATO_MPI)");
+#else
+  MpiLaunch launch;
+  launch.mpi_ = std::make_unique<MpiBootstrapHandle>();
+  RUBATO_ASSIGN_OR_RETURN(launch.mpi_->mpi, transport::MpiBootstrap::Init(nullptr, nullptr));
+  transport::MpiBootstrap& mpi = *launch.mpi_->mpi;
+  launch.rank_ = mpi.Rank();
+  const int world = mpi.WorldSize();
+  std::vector<int> roles(static_cast<size_t>(world), -1);
+  for (const RankSpec& spec : config.topology.ranks) {
+    if (spec.rank >= world) {
+      return InvalidArgumentError("topology.ranks names rank " + std::to_string(spec.rank) +
+                                  " but mpirun started " + std::to_string(world) + " processes");
+    }
+    roles[static_cast<size_t>(spec.rank)] = static_cast<int>(spec.role);
+  }
+  int first_cache = -1;
+  for (int r = 0; r < world; ++r) {
+    if (roles[static_cast<size_t>(r)] < 0) {
+      return InvalidArgumentError("topology.ranks gives no role to rank " + std::to_string(r) +
+                                  " of the " + std::to_string(world) + " mpirun started");
+    }
+    if (roles[static_cast<size_t>(r)] == static_cast<int>(RankSpec::Role::kCache) &&
+        first_cache < 0) {
+      first_cache = r;
+    }
+  }
+  if (first_cache < 0) {
+    return InvalidArgumentError("topology.ranks has no cache rank");
+  }
+  launch.role_ = static_cast<RankSpec::Role>(roles[static_cast<size_t>(launch.rank_)]);
+  RUBATO_ASSIGN_OR_RETURN(const std::vector<std::string> hosts, mpi.AllGather(HostName()));
+  for (const std::string& host : hosts) launch.all_on_one_node_ &= host == hosts.front();
+  config.engine.device = mpi.LocalRank();
+  if (launch.is_cache_rank()) return std::optional<MpiLaunch>(std::move(launch));
+
+  // The cache rank publishes its endpoint once its server runs (ServeAsCacheRank).
+  RUBATO_ASSIGN_OR_RETURN(const std::vector<std::string> endpoints, mpi.AllGather(""));
+  const std::string& endpoint = endpoints[static_cast<size_t>(first_cache)];
+  if (endpoint.empty()) {
+    return UnavailableError("cache rank " + std::to_string(first_cache) +
+                            " did not start its RPC server");
+  }
+  config.topology.mode = TopologySection::Mode::kDisaggregated;
+  config.topology.transport = TopologySection::Transport::kUcx;
+  config.topology.cache_endpoints = {endpoint};
+  return std::optional<MpiLaunch>(std::move(launch));
+#endif
+}
+
+void MpiLaunch::Abort(int exit_code) {
+#ifdef RUBATO_HAS_MPI
+  mpi_->mpi->Abort(exit_code);
+#endif
+  std::_Exit(exit_code);
+}
+
+Status MpiLaunch::ServeAsCacheRank(const RubatoConfig& config) {
+#ifndef RUBATO_HAS_MPI
+  return UnsupportedError("this rubato was built without MPI");
+#else
+  transport::MpiBootstrap& mpi = *mpi_->mpi;
+  // One node: loopback; several: this host's name, which the inference ranks resolve.
+  const std::string host = all_on_one_node_ ? "127.0.0.1" : HostName();
+  const std::string listen = (all_on_one_node_ ? "127.0.0.1" : "0.0.0.0") + std::string(":0");
+  bool published = false;
+  const Status served = ServeCacheRank(
+      listen, kMpiCacheBudgetMb, config.limits, [&](const std::string& bound) -> Status {
+        const std::string port = bound.substr(bound.rfind(':') + 1);
+        published = true;
+        std::printf("rubato cache (mpi rank %d): listening on %s:%s\n", rank_, host.c_str(),
+                    port.c_str());
+        std::fflush(stdout);
+        return mpi.AllGather(host + ":" + port).status();
+      });
+  if (!published) {
+    // The inference ranks wait in the endpoint all-gather: give them an empty endpoint, which
+    // they report, instead of leaving them blocked.
+    (void)mpi.AllGather("");
+  }
+  return served;
+#endif
+}
+
+}  // namespace rubato
