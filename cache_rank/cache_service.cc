@@ -49,6 +49,8 @@ struct CacheService::Peer {
   TransferId receive = 0;
   std::optional<TransferId> reply_send;
   Status health;  // the error that stopped this peer, or ok
+  Counter* tx_bytes_metric = nullptr;  // rubato:transport_bytes_total children, once looked up
+  Counter* rx_bytes_metric = nullptr;
 };
 
 CacheService::CacheService(const CacheServiceOptions& options)
@@ -72,6 +74,7 @@ Result<uint64_t> CacheService::OpenSession(uint64_t peer, uint64_t request_id,
   std::lock_guard lock(mutex_);
   RUBATO_ASSIGN_OR_RETURN(const uint64_t session, store_.OpenSession(request_id, shape));
   sessions_[session] = SessionInfo{peer, selection};
+  UpdateStoreGauges();
   RUBATO_LOG_DEBUG(kLogSubsystem, "peer {} opened session {} for request {} ({} selection)",
                    peer, session, request_id, OffloadSelectionName(selection.selection));
   return session;
@@ -85,7 +88,9 @@ Status CacheService::CloseSession(uint64_t peer, uint64_t session_id) {
                          " is not open for this peer");
   }
   sessions_.erase(found);
-  return store_.CloseSession(session_id);
+  const Status closed = store_.CloseSession(session_id);
+  UpdateStoreGauges();
+  return closed;
 }
 
 void CacheService::ForgetPeer(uint64_t peer) {
@@ -98,6 +103,7 @@ void CacheService::ForgetPeer(uint64_t peer) {
     (void)store_.CloseSession(it->first);
     it = sessions_.erase(it);
   }
+  UpdateStoreGauges();
   // The data-plane thread is not inside Progress while we hold the mutex: the transport is not
   // in use and may go (its destructor cancels what it still has posted).
   if (peers_.erase(peer) > 0) RUBATO_LOG_INFO(kLogSubsystem, "peer {} forgotten", peer);
@@ -122,6 +128,35 @@ CacheServiceStats CacheService::Stats() const {
   std::lock_guard lock(mutex_);
   stats.peers = peers_.size();
   return stats;
+}
+
+Status CacheService::RegisterMetrics(MetricsRegistry& registry) {
+  std::lock_guard lock(mutex_);
+  RUBATO_ASSIGN_OR_RETURN(sessions_metric_,
+                          registry.AddGauge("rubato:cache_rank_sessions",
+                                            "Sessions (requests) holding KV on this cache rank."));
+  RUBATO_ASSIGN_OR_RETURN(GaugeFamily * memory,
+                          registry.AddGaugeFamily("rubato:cache_rank_memory_bytes",
+                                                  "KV storage of this cache rank: reserved by "
+                                                  "open sessions, and the budget.",
+                                                  {"kind"}));
+  RUBATO_ASSIGN_OR_RETURN(reserved_bytes_metric_, memory->WithLabels({"reserved"}));
+  RUBATO_ASSIGN_OR_RETURN(Gauge * budget, memory->WithLabels({"budget"}));
+  budget->Set(static_cast<double>(options_.budget_bytes));
+  RUBATO_ASSIGN_OR_RETURN(transport_bytes_metric_,
+                          registry.AddCounterFamily("rubato:transport_bytes_total",
+                                                    "Bytes moved between inference and cache "
+                                                    "ranks, by direction and transport backend.",
+                                                    {"direction", "backend"}));
+  UpdateStoreGauges();
+  return Status::Ok();
+}
+
+void CacheService::UpdateStoreGauges() {
+  if (sessions_metric_ == nullptr) return;
+  const KvStoreStats stats = store_.Stats();
+  sessions_metric_->Set(static_cast<double>(stats.sessions_open));
+  reserved_bytes_metric_->Set(static_cast<double>(stats.bytes_reserved));
 }
 
 // ---- data plane -------------------------------------------------------------------------------
@@ -173,6 +208,30 @@ void CacheService::Run() {
   }
 }
 
+// The peer's transport-bytes counter for `direction` ("tx" / "rx"), looked up once.
+Counter* CacheService::TransportBytes(Peer& peer, bool sent) {
+  Counter*& counter = sent ? peer.tx_bytes_metric : peer.rx_bytes_metric;
+  if (counter == nullptr && transport_bytes_metric_ != nullptr) {
+    const Result<Counter*> found = transport_bytes_metric_->WithLabels(
+        {sent ? "tx" : "rx", std::string(peer.transport->BackendName())});
+    if (found.ok()) counter = *found;
+  }
+  return counter;
+}
+
+void CacheService::CountReplySent(Peer& peer) {
+  ++replies_sent_;
+  bytes_sent_ += peer.reply_bytes;
+  if (Counter* tx = TransportBytes(peer, /*sent=*/true)) {
+    tx->Increment(static_cast<double>(peer.reply_bytes));
+  }
+}
+
+void CacheService::CountReceived(Peer& peer, uint64_t bytes) {
+  bytes_received_ += bytes;
+  if (Counter* rx = TransportBytes(peer, /*sent=*/false)) rx->Increment(static_cast<double>(bytes));
+}
+
 bool CacheService::Progress(Peer& peer) {
   transport::Transport& transport = *peer.transport;
   const auto fail = [&](const Status& why) {
@@ -191,8 +250,7 @@ bool CacheService::Progress(Peer& peer) {
     if (!sent.ok()) return fail(sent.status().WithContext("sending a reply"));
     if (*sent) {
       peer.reply_send.reset();
-      ++replies_sent_;
-      bytes_sent_ += peer.reply_bytes;
+      CountReplySent(peer);
       progressed = true;
     }
   }
@@ -229,7 +287,7 @@ bool CacheService::Progress(Peer& peer) {
       if (!posted.ok()) return fail(posted.status());
       peer.receive = *posted;
       peer.phase = Peer::Phase::kBody;
-      bytes_received_ += sizeof(LayerPackHeader);
+      CountReceived(peer, sizeof(LayerPackHeader));
       return true;
     }
     case Peer::Phase::kBody: {
@@ -237,13 +295,12 @@ bool CacheService::Progress(Peer& peer) {
       if (!done.ok()) return fail(done.status().WithContext("receiving a KV pack"));
       if (!*done) return progressed;
       ++packs_received_;
-      bytes_received_ += peer.body_bytes;
+      CountReceived(peer, peer.body_bytes);
       if (peer.reply_send.has_value()) {  // the reply buffer is about to be rewritten
         const Status sent = transport.Wait(*peer.reply_send, kReplySendTimeout);
         if (!sent.ok()) return fail(sent.WithContext("sending a reply"));
         peer.reply_send.reset();
-        ++replies_sent_;
-        bytes_sent_ += peer.reply_bytes;
+        CountReplySent(peer);
       }
       const Status processed = ProcessPack(peer);
       if (!processed.ok()) return fail(processed);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cache_rank/kv_store.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "transport/layer_pack.h"
 #include "transport/pack_protocol.h"
@@ -63,6 +64,11 @@ class CacheService {
   // the service does not know.
   Status PeerHealth(uint64_t peer) const;
   CacheServiceStats Stats() const;
+  // Registers and from then on updates (DESIGN §3): rubato:cache_rank_sessions,
+  // rubato:cache_rank_memory_bytes{kind="reserved"|"budget"} (KV storage) and
+  // rubato:transport_bytes_total{direction, backend} of the cache rank's data plane.
+  // `registry` must outlive the service.
+  Status RegisterMetrics(MetricsRegistry& registry);
 
   // ---- data plane ----
   // Serves the KV packs `peer_rank` sends over `transport` from now on. The service drives the
@@ -82,6 +88,9 @@ class CacheService {
   void Run();
   // One step of a peer's receive / process / reply cycle; true when something happened.
   bool Progress(Peer& peer);
+  Counter* TransportBytes(Peer& peer, bool sent);
+  void CountReplySent(Peer& peer);
+  void CountReceived(Peer& peer, uint64_t bytes);
   // Appends a received KV pack and builds its reply into peer.reply.
   Status ProcessPack(Peer& peer);
   Result<KvHeadSelection> Select(const LayerPackView& pack, uint32_t layer_index,
@@ -93,6 +102,12 @@ class CacheService {
   std::map<uint64_t, SessionInfo> sessions_;          // by session id
   std::map<uint64_t, std::unique_ptr<Peer>> peers_;   // by peer id
   std::vector<uint64_t> forgotten_;                   // peers to drop on the service thread
+
+  // Set by RegisterMetrics (under mutex_); updated where the numbers change.
+  Gauge* sessions_metric_ = nullptr;
+  Gauge* reserved_bytes_metric_ = nullptr;
+  CounterFamily* transport_bytes_metric_ = nullptr;
+  void UpdateStoreGauges();  // with mutex_ held
 
   std::atomic<bool> stop_{false};
   std::thread thread_;

@@ -76,6 +76,24 @@ Status CacheRankClient::Broken(Status why) {
   return broken_;
 }
 
+Status CacheRankClient::RegisterMetrics(MetricsRegistry& registry) {
+  RUBATO_ASSIGN_OR_RETURN(CounterFamily * bytes,
+                          registry.AddCounterFamily("rubato:transport_bytes_total",
+                                                    "Bytes moved between inference and cache "
+                                                    "ranks, by direction and transport backend.",
+                                                    {"direction", "backend"}));
+  const std::string backend(transport_.BackendName());
+  RUBATO_ASSIGN_OR_RETURN(tx_bytes_metric_, bytes->WithLabels({"tx", backend}));
+  RUBATO_ASSIGN_OR_RETURN(rx_bytes_metric_, bytes->WithLabels({"rx", backend}));
+  RUBATO_ASSIGN_OR_RETURN(
+      pack_wait_metric_,
+      registry.AddHistogram("rubato:pack_wait_seconds",
+                            "Time the inference rank waited for a layer pack's reply (or for a "
+                            "pack to leave) before it could go on.",
+                            {1e-5, 1e-4, 1e-3, 0.01, 0.1, 1, 10}));
+  return Status::Ok();
+}
+
 // ---- sessions ---------------------------------------------------------------------------------
 
 Result<uint64_t> CacheRankClient::OpenSession(uint64_t request_id, int capacity_tokens) {
@@ -165,7 +183,13 @@ Status CacheRankClient::StartStep(std::span<const OffloadLayerKv> entries) {
   std::erase_if(inflight_, [&](const std::shared_ptr<Reply>& reply) {
     if (!reply->arrived && reply.use_count() == 1) {
       const Result<bool> done = transport_.Test(reply->receive);
-      if (done.ok() && *done) reply->arrived = true;
+      if (done.ok() && *done) {
+        reply->arrived = true;
+        bytes_received_ += reply->bytes;
+        if (rx_bytes_metric_ != nullptr) {
+          rx_bytes_metric_->Increment(static_cast<double>(reply->bytes));
+        }
+      }
       if (!done.ok()) (void)Broken(done.status());
     }
     return reply->arrived && reply.use_count() == 1;
@@ -250,6 +274,9 @@ Status CacheRankClient::SendPack(int pack) {
   if (!sent.ok()) return Broken(sent.status().WithContext(options_.cache_name));
   outgoing.sends.push_back(*sent);
   bytes_sent_ += message.size() + sizeof(LayerPackHeader);
+  if (tx_bytes_metric_ != nullptr) {
+    tx_bytes_metric_->Increment(static_cast<double>(message.size() + sizeof(LayerPackHeader)));
+  }
 
   LayerPackShape shape;
   shape.kind = LayerPackKind::kReplyPack;
@@ -304,7 +331,9 @@ Status CacheRankClient::Wait(TransferId id, const std::string& what) {
       break;
     }
   }
-  pack_wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  pack_wait_seconds_ += waited;
+  if (pack_wait_metric_ != nullptr) pack_wait_metric_->Observe(waited);
   return result;
 }
 
@@ -316,6 +345,7 @@ Status CacheRankClient::AwaitReply(Reply& reply, uint64_t step, int pack) {
   if (!reply.arrived) RUBATO_RETURN_IF_ERROR(Wait(reply.receive, what));
   reply.arrived = true;
   bytes_received_ += reply.bytes;
+  if (rx_bytes_metric_ != nullptr) rx_bytes_metric_->Increment(static_cast<double>(reply.bytes));
   const std::span<const std::byte> bytes = reply.buffer.Bytes(reply.bytes);
   Result<LayerPackView> view = LayerPackView::Parse(bytes);
   if (!view.ok()) return Broken(view.status().WithContext(options_.cache_name + ": " + what));

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/hf_config.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "inference_rank/model/kv_offload.h"
 #include "transport/layer_pack.h"
@@ -76,6 +77,11 @@ class CacheRankClient final : public KvOffloadClient {
   uint64_t bytes_received() const { return bytes_received_; }
   // Seconds spent waiting for replies (the `rubato:pack_wait_seconds` metric).
   double pack_wait_seconds() const { return pack_wait_seconds_; }
+
+  // Registers and from then on updates (DESIGN §3): rubato:transport_bytes_total{direction=
+  // "tx"|"rx", backend} (KV packs out, replies in) and rubato:pack_wait_seconds (a histogram of
+  // each wait for a reply or a send). `registry` must outlive the client.
+  Status RegisterMetrics(MetricsRegistry& registry);
 
  private:
   // A message buffer: 8-byte aligned storage for f32 / int32 sections.
@@ -136,6 +142,10 @@ class CacheRankClient final : public KvOffloadClient {
   std::map<uint64_t, SessionState> sessions_;
   // Every reply whose receive may still be in flight, so that no buffer is freed under it.
   std::vector<std::shared_ptr<Reply>> inflight_;
+
+  Counter* tx_bytes_metric_ = nullptr;  // set by RegisterMetrics
+  Counter* rx_bytes_metric_ = nullptr;
+  Histogram* pack_wait_metric_ = nullptr;
 
   Status broken_;
   uint64_t bytes_sent_ = 0;

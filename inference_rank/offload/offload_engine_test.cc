@@ -4,7 +4,8 @@
 //     all layers, several requests batched with chunked prefill, sampled decoding;
 //   * offload-topk with top_k >= the context gives the dense tokens too; a small top_k still
 //     runs end to end (and attends less);
-//   * the service saw one KV pack per pack of layers per step and sent one reply each;
+//   * the service saw one KV pack per pack of layers per step and sent one reply each; the
+//     metrics of both sides count the same bytes, the waits and the sessions;
 //   * a cache rank that goes away mid-generation ends every offloaded request with an error
 //     event naming it, within the timeout, and the engine goes on; a session over the cache
 //     rank's budget ends its request with the refusal.
@@ -129,6 +130,41 @@ TEST_F(OffloadEngineTest, OffloadTopKWithASmallBudgetRunsAndDiffers) {
     differs |= offloaded.at(id).tokens != output.tokens;
   }
   EXPECT_TRUE(differs) << "6 of up to 61 positions attended, yet every token equals dense";
+}
+
+TEST_F(OffloadEngineTest, MetricsCountTheBytesTheWaitsAndTheSessions) {
+  std::unique_ptr<ColocatedCacheRank> cache = MakeCache(CacheClientOptions());
+  MetricsRegistry inference_metrics;
+  MetricsRegistry cache_metrics;
+  ASSERT_TRUE(cache->client().RegisterMetrics(inference_metrics).ok());
+  ASSERT_TRUE(cache->service().RegisterMetrics(cache_metrics).ok());
+  Run(cache.get());
+  const std::string inference = inference_metrics.ExpositionText();
+  const std::string served = cache_metrics.ExpositionText();
+  const auto sample = [](const std::string& text, const std::string& name) {
+    const size_t at = text.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + name.size() + 2));
+  };
+  const double sent = static_cast<double>(cache->client().bytes_sent());
+  const double received = static_cast<double>(cache->client().bytes_received());
+  ASSERT_GT(sent, 0);
+  EXPECT_EQ(sample(inference,
+                   "rubato:transport_bytes_total{direction=\"tx\",backend=\"loopback\"}"),
+            sent)
+      << inference;
+  EXPECT_EQ(sample(inference,
+                   "rubato:transport_bytes_total{direction=\"rx\",backend=\"loopback\"}"),
+            received);
+  EXPECT_GT(sample(inference, "rubato:pack_wait_seconds_count"), 0) << inference;
+  // What one side sent the other received; every session was closed again.
+  EXPECT_EQ(sample(served, "rubato:transport_bytes_total{direction=\"rx\",backend=\"loopback\"}"),
+            sent)
+      << served;
+  EXPECT_EQ(sample(served, "rubato:transport_bytes_total{direction=\"tx\",backend=\"loopback\"}"),
+            received);
+  EXPECT_EQ(sample(served, "rubato:cache_rank_sessions"), 0) << served;
+  EXPECT_EQ(sample(served, "rubato:cache_rank_memory_bytes{kind=\"reserved\"}"), 0);
+  EXPECT_EQ(sample(served, "rubato:cache_rank_memory_bytes{kind=\"budget\"}"), 64 << 20);
 }
 
 TEST_F(OffloadEngineTest, ALostCacheRankEndsEveryOffloadedRequestWithAnError) {
