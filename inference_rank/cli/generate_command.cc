@@ -18,18 +18,12 @@
 #include "common/logging.h"
 #include "common/tokenizer/stream_decoder.h"
 #include "common/tokenizer/tokenizer.h"
+#include "inference_rank/cli/engine_setup.h"
 #include "inference_rank/cli/mpi_launch.h"
 #include "inference_rank/engine/engine.h"
-#include "inference_rank/model/cpu_model.h"
 #include "inference_rank/model/model.h"
-#include "inference_rank/offload/colocated_cache.h"
-#include "inference_rank/offload/remote_cache.h"
 #include "transport/rpc/rpc_client.h"
 #include "inference_rank/policies/policy_registry.h"
-
-#ifdef RUBATO_HAS_CUDA
-#include "inference_rank/model/cuda_model.h"
-#endif
 
 namespace rubato {
 namespace {
@@ -50,109 +44,17 @@ double MillisecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// The config file (or the defaults) with the command-line overrides applied.
-Result<RubatoConfig> ResolveConfig(const GenerateArgs& args) {
-  RubatoConfig config = DefaultConfig();
-  if (args.config_file) {
-    RUBATO_ASSIGN_OR_RETURN(config, LoadConfigFile(*args.config_file));
-  }
-  if (args.model_dir) config.model.path = *args.model_dir;
-  if (args.random_weights) config.model.random_weights = true;
-  if (args.backend) {
-    if (*args.backend == "cpu") {
-      config.engine.backend = EngineSection::Backend::kCpu;
-    } else if (*args.backend == "cuda") {
-      config.engine.backend = EngineSection::Backend::kCuda;
-    } else {
-      return InvalidArgumentError("--backend: '" + *args.backend + "' is not one of cpu, cuda");
-    }
-  }
-  if (args.policy) {
-    config.policy.name = *args.policy;
-    if (!args.config_file) config.policy.source = "command line";
-  }
-  if (args.threads) config.engine.threads = *args.threads;
-  if (args.cache_endpoint) {
-    config.topology.mode = TopologySection::Mode::kDisaggregated;
-    config.topology.cache_endpoints = {*args.cache_endpoint};
-    config.topology.transport = TopologySection::Transport::kUcx;
-  }
-  return config;
-}
-
-// Backends and topologies this build cannot run, rejected before anything is loaded.
-Status CheckSupportedByThisBuild(const RubatoConfig& config) {
-  if (config.engine.backend == EngineSection::Backend::kCuda) {
-#ifndef RUBATO_HAS_CUDA
-    return UnsupportedError(
-        "engine.backend 'cuda': this rubato was built without CUDA (configure with "
-        "-DRUBATO_CUDA=ON)");
-#endif
-    if (config.engine.dtype != DType::kBF16) {
-      return UnsupportedError("engine.dtype '" + std::string(DTypeName(config.engine.dtype)) +
-                              "': the CUDA backend stores weights and KV in bf16 only");
-    }
-  }
-  return Status::Ok();
-}
-
-// Offload policies need the CPU backend and, disaggregated, a cache endpoint; a cache endpoint
-// needs an offload policy.
-Status CheckOffloadChoice(const RubatoConfig& config, const PolicyChoice& policy) {
-  const bool disaggregated = config.topology.mode == TopologySection::Mode::kDisaggregated;
-  if (!policy.offload.has_value()) {
-    if (disaggregated) {
-      return InvalidArgumentError(
-          "a cache rank (--cache / topology.mode disaggregated) holds the KV of an offload "
-          "policy: use --policy offload_dense or offload_topk, not '" + policy.name + "'");
-    }
-    return Status::Ok();
-  }
-  if (config.engine.backend != EngineSection::Backend::kCpu) {
-    return UnsupportedError("policy '" + policy.name +
-                            "' runs on engine.backend 'cpu' in this build (the CUDA model does "
-                            "not offload its KV yet)");
-  }
-  if (disaggregated && config.topology.cache_endpoints.empty()) {
-    return InvalidArgumentError("topology.mode disaggregated needs topology.cache_endpoints "
-                                "(\"host:port\" of a `rubato cache --listen`) or --cache");
-  }
-  if (disaggregated && config.topology.transport != TopologySection::Transport::kUcx) {
-    return UnsupportedError("topology.transport '" +
-                            std::string(ConfigEnumName(config.topology.transport)) +
-                            "': a cache rank in another process is reached over ucx");
-  }
-  return Status::Ok();
-}
-
-// Where an offload policy's KV goes: the remote cache rank, or one in this process.
-struct OffloadTarget {
-  std::unique_ptr<RemoteCacheRank> remote;
-  std::unique_ptr<ColocatedCacheRank> colocated;
-  CacheRankClient* client = nullptr;
-};
-
-Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyChoice& policy,
-                                     const ModelConfig& model) {
-  CacheClientOptions options;
-  options.pack_layers = config.topology.pack_layers;
-  options.selection = *policy.offload;
-  // A reply may wait for a whole pack of another request's prefill: the control plane's
-  // deadline, not the heartbeat, bounds it; a lost cache rank ends it sooner.
-  options.timeout = std::chrono::milliseconds(
-      std::max(config.limits.rpc_timeout_ms, 5 * config.limits.heartbeat_ms));
-  OffloadTarget target;
-  if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
-    RUBATO_ASSIGN_OR_RETURN(target.remote,
-                            RemoteCacheRank::Connect(config.topology.cache_endpoints.front(), model,
-                                                     options, config.limits));
-    target.client = &target.remote->client();
-  } else {
-    RUBATO_ASSIGN_OR_RETURN(target.colocated,
-                            ColocatedCacheRank::Create(model, options, CacheServiceOptions()));
-    target.client = &target.colocated->client();
-  }
-  return target;
+// The flags that override config keys (engine_setup.h).
+ConfigOverrides OverridesOf(const GenerateArgs& args) {
+  ConfigOverrides overrides;
+  overrides.config_file = args.config_file;
+  overrides.model_dir = args.model_dir;
+  overrides.random_weights = args.random_weights;
+  overrides.backend = args.backend;
+  overrides.policy = args.policy;
+  overrides.threads = args.threads;
+  overrides.cache_endpoint = args.cache_endpoint;
+  return overrides;
 }
 
 // " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=..." for offload runs.
@@ -202,27 +104,6 @@ Result<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer, const Generate
   return tokenizer.Encode(text, /*add_special_tokens=*/false);
 }
 
-Result<std::unique_ptr<Model>> LoadModel(const RubatoConfig& config,
-                                         const std::filesystem::path& model_dir) {
-  if (config.engine.backend == EngineSection::Backend::kCuda) {
-#ifdef RUBATO_HAS_CUDA
-    CudaModelOptions options;
-    options.random_weights = config.model.random_weights;
-    options.seed = config.model.seed;
-    options.device = config.engine.device;
-    return LoadCudaModel(model_dir, options);
-#else
-    return UnsupportedError("engine.backend 'cuda': this rubato was built without CUDA");
-#endif
-  }
-  ModelLoadOptions options;
-  options.random_weights = config.model.random_weights;
-  options.seed = config.model.seed;
-  options.num_threads = config.engine.threads;
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<CpuModel> model, CpuModel::Load(model_dir, options));
-  return std::unique_ptr<Model>(std::move(model));
-}
-
 void Print(const std::string& text) {
   if (text.empty()) return;
   std::fwrite(text.data(), 1, text.size(), stdout);
@@ -235,7 +116,7 @@ Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config);
 }  // namespace
 
 Status RunGenerate(const GenerateArgs& args) {
-  RUBATO_ASSIGN_OR_RETURN(RubatoConfig config, ResolveConfig(args));
+  RUBATO_ASSIGN_OR_RETURN(RubatoConfig config, ResolveConfig(OverridesOf(args)));
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
   // Under mpirun with topology.ranks: a cache rank serves; this rank finds it (mpi_launch.h).
   RUBATO_ASSIGN_OR_RETURN(std::optional<MpiLaunch> mpi_launch, JoinMpiLaunch(config));
@@ -310,12 +191,7 @@ Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config) {
                   model->backend_name(), policy.name);
   const std::string backend(model->backend_name());
 
-  EngineOptions engine_options;
-  engine_options.max_batch = config.engine.max_batch;
-  engine_options.max_context = config.engine.max_context;
-  engine_options.block_size = config.engine.block_size;
-  engine_options.prefill_chunk = config.engine.prefill_chunk;
-  engine_options.num_threads = config.engine.threads;
+  EngineOptions engine_options = EngineOptionsFromConfig(config);
   RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, tokenizer.get(), engine_options));
   OffloadTarget offload;
   if (policy.offload.has_value()) {

@@ -3,6 +3,8 @@
 //                   --temperature T --top-p P --top-k K --seed S --policy NAME --config FILE
 //                   --chat --threads N --backend cpu|cuda --random-weights]
 //                   [--cache HOST:PORT]
+//   rubato serve [--config FILE --model DIR --policy NAME --host H --port P --cache HOST:PORT
+//                 --threads N --backend cpu|cuda]   (OpenAI-compatible HTTP API until SIGTERM)
 //   rubato cache --listen HOST:PORT [--budget-mb N --config FILE]
 //   rubato tokenize --model DIR [--count --add-special-tokens]
 //                   (stdin: one JSON string per line; stdout: ids or counts, one line each)
@@ -16,6 +18,7 @@
 
 #include "inference_rank/cli/cache_command.h"
 #include "inference_rank/cli/generate_command.h"
+#include "inference_rank/cli/serve_command.h"
 #include "inference_rank/cli/tokenize_command.h"
 
 namespace {
@@ -64,6 +67,28 @@ int main(int argc, char** argv) {
   generate->add_option("--cache", gen.cache_endpoint,
                        "host:port of a cache rank (rubato cache --listen) for an offload policy");
 
+  rubato::ServeArgs serve_args;
+  CLI::App* serve = app.add_subcommand(
+      "serve", "Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+               "/v1/models, /health, /metrics) until SIGINT or SIGTERM");
+  serve->add_option("--config", serve_args.overrides.config_file, "YAML config file");
+  serve->add_option("--model", serve_args.overrides.model_dir,
+                    "Hugging Face model directory (overrides model.path)");
+  serve->add_option("--policy", serve_args.overrides.policy,
+                    "Attention policy (overrides policy.name)");
+  serve->add_option("--host", serve_args.host, "Address to listen on (overrides server.host)");
+  serve->add_option("--port", serve_args.port,
+                    "TCP port (overrides server.port; 0: any free port, printed at start)")
+      ->check(CLI::Range(0, 65535));
+  serve->add_option("--cache", serve_args.overrides.cache_endpoint,
+                    "host:port of a cache rank (rubato cache --listen) for an offload policy");
+  serve->add_option("--threads", serve_args.overrides.threads,
+                    "CPU threads (overrides engine.threads)")
+      ->check(CLI::Range(0, 1024));
+  serve->add_option("--backend", serve_args.overrides.backend,
+                    "Compute backend (overrides engine.backend)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+
   rubato::CacheArgs cache_args;
   CLI::App* cache = app.add_subcommand(
       "cache", "Run a cache rank: offloaded KV, token selection and compact buffers for "
@@ -99,6 +124,10 @@ int main(int argc, char** argv) {
   try {
     if (*generate) {
       const rubato::Status status = rubato::RunGenerate(gen);
+      if (!status.ok()) return PrintError(status.message(), 1);
+    }
+    if (*serve) {
+      const rubato::Status status = rubato::RunServe(serve_args);
       if (!status.ok()) return PrintError(status.message(), 1);
     }
     if (*cache) {

@@ -439,6 +439,21 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   return events;
 }
 
+Status Engine::Cancel(uint64_t request_id) {
+  const auto has_id = [request_id](const Request& request) { return request.id == request_id; };
+  if (auto it = std::find_if(waiting_.begin(), waiting_.end(), has_id); it != waiting_.end()) {
+    waiting_.erase(it);  // nothing reserved yet
+    return Status::Ok();
+  }
+  if (auto it = std::find_if(running_.begin(), running_.end(), has_id); it != running_.end()) {
+    const Status released = Retire(*it);
+    running_.erase(it);
+    RUBATO_LOG_DEBUG(kLogSubsystem, "request {} cancelled", request_id);
+    return released;
+  }
+  return NotFoundError("engine: no waiting or running request " + std::to_string(request_id));
+}
+
 Status Engine::Retire(Request& request) {
   if (request.offload_session.has_value() && options_.offload->Broken().ok()) {
     const Status closed = options_.offload->CloseSession(*request.offload_session);

@@ -153,6 +153,12 @@ class Engine {
   // there is no work. A request whose SFI fast step was discarded has no event this step.
   Result<std::vector<TokenEvent>> Step();
 
+  // Ends request `request_id` without another token event: a waiting request leaves the queue,
+  // a running one is retired (its KV blocks go back to the free list, its cache-rank session is
+  // closed). Used when a client goes away or a stop string ended the text. NotFound when no
+  // waiting or running request has that id (it finished already, or never existed).
+  Status Cancel(uint64_t request_id);
+
   bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
   const Model& model() const { return *model_; }
 

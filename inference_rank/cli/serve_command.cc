@@ -1,0 +1,106 @@
+// `rubato serve` (see serve_command.h): config -> model -> Engine -> ServingEngine -> routes ->
+// HTTP server, then waits for a signal and shuts down in the reverse order.
+#include "inference_rank/cli/serve_command.h"
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/tokenizer/tokenizer.h"
+#include "inference_rank/server/http_server.h"
+#include "inference_rank/server/openai_router.h"
+#include "inference_rank/server/serving_engine.h"
+
+namespace rubato {
+namespace {
+
+volatile std::sig_atomic_t signal_received = 0;
+void OnSignal(int signal) { signal_received = signal; }
+
+// Running requests get this long to finish after a signal; the rest are cancelled.
+constexpr std::chrono::seconds kShutdownGrace(5);
+
+}  // namespace
+
+Status RunServe(const ServeArgs& args) {
+  RUBATO_ASSIGN_OR_RETURN(RubatoConfig config, ResolveConfig(args.overrides));
+  if (args.host) config.server.host = *args.host;
+  if (args.port) {
+    if (*args.port < 0 || *args.port > 65535) {
+      return InvalidArgumentError("--port: " + std::to_string(*args.port) +
+                                  " is not a TCP port (0..65535; 0 picks a free one)");
+    }
+    config.server.port = *args.port;
+  }
+  RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
+  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
+  RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
+  RUBATO_RETURN_IF_ERROR(CheckOffloadChoice(config, policy));
+  const std::filesystem::path model_dir = config.model.path;
+  if (!std::filesystem::is_directory(model_dir)) {
+    return NotFoundError("model directory '" + model_dir.string() + "' does not exist");
+  }
+  if (!std::filesystem::exists(model_dir / "tokenizer.json")) {
+    return NotFoundError("model directory '" + model_dir.string() +
+                         "' has no tokenizer.json; `rubato serve` needs it to read prompts "
+                         "and write text");
+  }
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                          Tokenizer::LoadFromDirectory(model_dir));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(config, model_dir));
+  RUBATO_LOG_INFO("cli", "model {}: {} parameters, {} backend, policy {}", model_dir.string(),
+                  model->parameter_count(), model->backend_name(), policy.name);
+
+  // Declared before everything that points into them: destroyed last.
+  MetricsRegistry metrics;
+  OffloadTarget offload;
+  EngineOptions engine_options = EngineOptionsFromConfig(config);
+  engine_options.metrics = &metrics;
+  RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, tokenizer.get(), engine_options));
+  if (policy.offload.has_value()) {
+    RUBATO_ASSIGN_OR_RETURN(offload, ConnectOffload(config, policy, model->config()));
+    engine_options.offload = offload.client;
+  }
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                          Engine::Create(std::move(model), engine_options));
+  server::ServingEngineOptions serving_options;
+  serving_options.max_queue = config.limits.max_queue;
+  serving_options.request_timeout_s = config.limits.request_timeout_s;
+  serving_options.metrics = &metrics;
+  RUBATO_ASSIGN_OR_RETURN(
+      std::unique_ptr<server::ServingEngine> serving,
+      server::ServingEngine::Create(std::move(engine), tokenizer.get(), serving_options));
+  server::OpenAiRouter router(serving.get(), tokenizer.get(), &metrics,
+                              {server::ModelNameFromDirectory(model_dir.string()),
+                               config.limits.max_prompt_tokens});
+  serving->Start();
+
+  server::HttpServerOptions http_options;
+  http_options.host = config.server.host;
+  http_options.port = static_cast<uint16_t>(config.server.port);
+  RUBATO_ASSIGN_OR_RETURN(
+      std::unique_ptr<server::HttpServer> http,
+      server::HttpServer::Start(http_options, [&router](const server::HttpRequest& request) {
+        return router.Handle(request);
+      }));
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::printf("rubato serve: listening on http://%s:%u\n", config.server.host.c_str(),
+              static_cast<unsigned>(http->port()));
+  std::fflush(stdout);
+
+  while (signal_received == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  RUBATO_LOG_INFO("cli", "signal {}: stopping", static_cast<int>(signal_received));
+  // Stop accepting; running requests finish (the engine still steps) within the grace period;
+  // then the engine loop ends every request left.
+  http->Stop(kShutdownGrace);
+  serving->Stop();
+  return Status::Ok();
+}
+
+}  // namespace rubato

@@ -1,0 +1,24 @@
+// `rubato serve`: load a model like `rubato generate` (config, policy, backend, offload cache
+// rank) and serve the OpenAI-compatible HTTP API (inference_rank/server/) until SIGINT or
+// SIGTERM. Prints "rubato serve: listening on http://HOST:PORT" once it accepts requests (port
+// 0 picks a free port; the line says which). On a signal it stops accepting, gives running
+// requests a few seconds to finish, cancels the rest and returns ok.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "inference_rank/cli/engine_setup.h"
+
+namespace rubato {
+
+struct ServeArgs {
+  ConfigOverrides overrides;          // --config --model --policy --threads --backend --cache
+  std::optional<std::string> host;    // overrides server.host
+  std::optional<int> port;            // overrides server.port; 0: any free port
+};
+
+Status RunServe(const ServeArgs& args);
+
+}  // namespace rubato

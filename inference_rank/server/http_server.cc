@@ -1,0 +1,483 @@
+// The HTTP/1.1 connection handling of `rubato serve` (see http_server.h): an acceptor and one
+// Session per connection, all on one io_context thread.
+#include "inference_rank/server/http_server.h"
+
+#include <sys/socket.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "common/logging.h"
+#include "inference_rank/server/openai_api.h"
+
+namespace rubato::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+
+namespace {
+constexpr const char* kLogSubsystem = "http";
+}  // namespace
+
+// ---- PendingReply ---------------------------------------------------------------------------
+
+void PendingReply::Complete(int status, std::string content_type, std::string body) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (finished_ || progress_.stream_started) return;
+  finished_ = true;
+  progress_.complete = true;
+  progress_.status = status;
+  progress_.content_type = std::move(content_type);
+  progress_.body = std::move(body);
+  Notify(lock);
+}
+
+void PendingReply::StartStream(std::string content_type) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (finished_ || progress_.stream_started) return;
+  progress_.stream_started = true;
+  progress_.content_type = std::move(content_type);
+  Notify(lock);
+}
+
+void PendingReply::Write(std::string piece) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (finished_ || !progress_.stream_started || piece.empty()) return;
+  progress_.body += piece;
+  Notify(lock);
+}
+
+void PendingReply::EndStream(bool close_connection) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (finished_ || !progress_.stream_started) return;
+  finished_ = true;
+  progress_.stream_ended = true;
+  progress_.close_connection = close_connection;
+  Notify(lock);
+}
+
+void PendingReply::SetOnCancel(std::function<void()> on_cancel) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  on_cancel_ = std::move(on_cancel);
+}
+
+void PendingReply::SetNotify(std::function<void()> notify) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  notify_ = std::move(notify);
+  Notify(lock);  // something may be ready already
+}
+
+void PendingReply::Notify(std::unique_lock<std::mutex>& lock) {
+  std::function<void()> notify = notify_;
+  lock.unlock();
+  if (notify) notify();
+}
+
+PendingReply::Progress PendingReply::Take() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Progress taken = progress_;
+  // What stays: the stream's state flags; the body pieces and the whole reply are handed over.
+  progress_.body.clear();
+  progress_.complete = false;
+  if (content_type_taken_) taken.content_type.clear();
+  if (progress_.stream_started) content_type_taken_ = true;
+  return taken;
+}
+
+void PendingReply::Cancel() {
+  std::function<void()> on_cancel;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cancelled_ || finished_) return;
+    cancelled_ = true;
+    on_cancel = std::move(on_cancel_);
+  }
+  if (on_cancel) on_cancel();
+}
+
+// ---- Session --------------------------------------------------------------------------------
+
+class Session;
+
+struct HttpServer::State {
+  net::io_context io;
+  tcp::acceptor acceptor{io};
+  HttpServerOptions options;
+  HttpHandler handler;
+  std::set<std::shared_ptr<Session>> sessions;  // I/O thread only
+  bool stopping = false;                       // I/O thread only
+  std::weak_ptr<State> self;  // for notifications that may outlive the server
+  std::atomic<int> open_sessions{0};
+  std::atomic<int> pending_replies{0};
+};
+
+namespace {
+
+std::string StatusLine(int status) {
+  return std::to_string(status) + " " +
+         std::string(http::obsolete_reason(static_cast<http::status>(status)));
+}
+
+std::string ChunkOf(const std::string& data) {
+  char size[32];
+  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+  return size + data + "\r\n";
+}
+
+std::string JsonError(int status, const std::string& message, const std::string& type) {
+  ApiError error;
+  error.http_status = status;
+  error.message = message;
+  error.type = type;
+  return ApiErrorBody(error);
+}
+
+}  // namespace
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, HttpServer::State* state)
+      : stream_(std::move(socket)), state_(state) {
+    ++state_->open_sessions;
+  }
+  ~Session() { --state_->open_sessions; }
+
+  void Run() { ReadHeader(); }
+
+  // Server stop: idle connections close now; one with a pending reply closes when it ends.
+  void CloseIfIdle() {
+    if (pending_ == nullptr) Close();
+  }
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+  }
+
+ private:
+  void ReadHeader() {
+    if (state_->stopping) return Forget();
+    parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(state_->options.max_header_bytes));
+    parser_->body_limit(state_->options.max_body_bytes);
+    stream_.expires_after(state_->options.idle_timeout);
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code error, size_t) {
+                              self->OnHeader(error);
+                            });
+  }
+
+  void OnHeader(beast::error_code error) {
+    if (error) return OnReadError(error);
+    const auto& header = parser_->get();
+    if (beast::iequals(header[http::field::expect], "100-continue")) {
+      auto interim = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
+      net::async_write(stream_, net::buffer(*interim),
+                       [self = shared_from_this(), interim](beast::error_code error, size_t) {
+                         if (error) return self->Forget();
+                         self->ReadBody();
+                       });
+      return;
+    }
+    ReadBody();
+  }
+
+  void ReadBody() {
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code error, size_t) {
+                       if (error) return self->OnReadError(error);
+                       self->OnRequest();
+                     });
+  }
+
+  void OnReadError(beast::error_code error) {
+    if (error == http::error::end_of_stream || error == beast::error::timeout ||
+        error == net::error::operation_aborted || error == net::error::connection_reset ||
+        error == net::error::eof) {
+      Close();
+      return Forget();
+    }
+    if (error == http::error::body_limit) {
+      return WriteWhole(413, "application/json",
+                        JsonError(413, "the request body is larger than the server's limit of " +
+                                           std::to_string(state_->options.max_body_bytes) +
+                                           " bytes", "invalid_request_error"),
+                        /*keep_alive=*/false);
+    }
+    if (error == http::error::header_limit) {
+      return WriteWhole(431, "application/json",
+                        JsonError(431, "the request line and headers are larger than the "
+                                       "server's limit of " +
+                                           std::to_string(state_->options.max_header_bytes) +
+                                           " bytes", "invalid_request_error"),
+                        false);
+    }
+    if (error.category() == http::make_error_code(http::error::bad_method).category()) {
+      return WriteWhole(400, "application/json",
+                        JsonError(400, "malformed HTTP request: " + error.message(),
+                                  "invalid_request_error"),
+                        false);
+    }
+    Close();
+    Forget();
+  }
+
+  void OnRequest() {
+    http::request<http::string_body> request = parser_->release();
+    parser_.reset();
+    keep_alive_ = request.keep_alive();
+    HttpRequest view;
+    view.method = std::string(request.method_string());
+    const std::string_view target(request.target().data(), request.target().size());
+    view.path = std::string(target.substr(0, target.find('?')));
+    view.body = std::move(request.body());
+    HttpReply reply;
+    try {
+      reply = state_->handler(view);
+    } catch (const std::exception& e) {  // a handler bug: one 500, the server goes on
+      RUBATO_LOG_ERROR(kLogSubsystem, "handler for {} {} threw: {}", view.method, view.path,
+                       e.what());
+      reply = HttpReply{500, "application/json",
+                        JsonError(500, std::string("internal error: ") + e.what(),
+                                  "internal_error"),
+                        nullptr};
+    }
+    if (reply.pending == nullptr) {
+      return WriteWhole(reply.status, reply.content_type, std::move(reply.body), keep_alive_);
+    }
+    pending_ = std::move(reply.pending);
+    ++state_->pending_replies;
+    stream_.expires_never();  // the engine's time; the write timeout guards the writes
+    WatchForHangup();
+    std::weak_ptr<Session> weak = shared_from_this();
+    pending_->SetNotify([weak, weak_state = state_->self] {
+      const std::shared_ptr<HttpServer::State> state = weak_state.lock();
+      if (state == nullptr) return;  // the server is gone
+      net::post(state->io, [weak] {
+        if (auto self = weak.lock()) self->Pump();
+      });
+    });
+  }
+
+  // While a reply is pending nothing reads the socket: wait for it to become readable, and
+  // cancel when that is the peer's EOF or an error (not a pipelined next request).
+  void WatchForHangup() {
+    stream_.socket().async_wait(
+        tcp::socket::wait_read, [self = shared_from_this()](beast::error_code error) {
+          if (self->pending_ == nullptr || error == net::error::operation_aborted) return;
+          char byte;
+          const ssize_t peeked = ::recv(self->stream_.socket().native_handle(), &byte, 1,
+                                        MSG_PEEK | MSG_DONTWAIT);
+          if (error || peeked == 0 || (peeked < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+            self->CancelPending();
+          }
+        });
+  }
+
+  void Pump() {
+    if (pending_ == nullptr || writing_) return;
+    PendingReply::Progress progress = pending_->Take();
+    std::string out;
+    bool done = false;
+    if (progress.complete) {
+      keep_alive_ = keep_alive_ && !state_->stopping;
+      out = ResponseHead(progress.status, progress.content_type, progress.body.size(), false) +
+            progress.body;
+      done = true;
+    } else if (progress.stream_started) {
+      if (!header_sent_) {
+        out = ResponseHead(200, progress.content_type, 0, /*chunked=*/true);
+        header_sent_ = true;
+      }
+      if (!progress.body.empty()) out += ChunkOf(progress.body);
+      if (progress.stream_ended) {
+        out += "0\r\n\r\n";
+        done = true;
+        if (progress.close_connection || state_->stopping) keep_alive_ = false;
+      }
+    }
+    if (out.empty()) return;
+    writing_ = true;
+    auto data = std::make_shared<std::string>(std::move(out));
+    stream_.expires_after(state_->options.write_timeout);
+    net::async_write(stream_, net::buffer(*data),
+                     [self = shared_from_this(), data, done](beast::error_code error, size_t) {
+                       self->writing_ = false;
+                       if (error) {
+                         self->CancelPending();
+                         return;
+                       }
+                       if (!done) {
+                         self->stream_.expires_never();
+                         return self->Pump();
+                       }
+                       self->EndPending();
+                       self->AfterReply();
+                     });
+  }
+
+  void CancelPending() {
+    if (pending_ == nullptr) return;
+    std::shared_ptr<PendingReply> pending = std::move(pending_);
+    pending_.reset();
+    --state_->pending_replies;
+    pending->Cancel();
+    Close();
+    Forget();
+  }
+
+  void EndPending() {
+    if (pending_ == nullptr) return;
+    pending_.reset();
+    header_sent_ = false;
+    --state_->pending_replies;
+    beast::error_code ignored;
+    stream_.socket().cancel(ignored);  // the hang-up watch
+  }
+
+  std::string ResponseHead(int status, const std::string& content_type, size_t length,
+                           bool chunked) const {
+    std::string head = "HTTP/1.1 " + StatusLine(status) + "\r\nServer: rubato\r\nContent-Type: " +
+                       content_type + "\r\n";
+    if (chunked) {
+      head += "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n";
+    } else {
+      head += "Content-Length: " + std::to_string(length) + "\r\n";
+    }
+    head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    return head;
+  }
+
+  void WriteWhole(int status, const std::string& content_type, std::string body,
+                  bool keep_alive) {
+    keep_alive_ = keep_alive && !state_->stopping;
+    auto data = std::make_shared<std::string>(
+        ResponseHead(status, content_type, body.size(), false) + body);
+    stream_.expires_after(state_->options.write_timeout);
+    net::async_write(stream_, net::buffer(*data),
+                     [self = shared_from_this(), data](beast::error_code error, size_t) {
+                       if (error) {
+                         self->Close();
+                         return self->Forget();
+                       }
+                       self->AfterReply();
+                     });
+  }
+
+  void AfterReply() {
+    if (keep_alive_ && !state_->stopping) return ReadHeader();
+    Close();
+    Forget();
+  }
+
+  // Drops the server's reference; the session ends when no handler holds it either.
+  void Forget() { state_->sessions.erase(shared_from_this()); }
+
+  beast::tcp_stream stream_;
+  HttpServer::State* state_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::shared_ptr<PendingReply> pending_;
+  bool keep_alive_ = true;
+  bool writing_ = false;
+  bool header_sent_ = false;
+};
+
+// ---- HttpServer -----------------------------------------------------------------------------
+
+namespace {
+
+void Accept(HttpServer::State* state) {
+  state->acceptor.async_accept([state](beast::error_code error, tcp::socket socket) {
+    if (state->stopping) return;
+    if (!error) {
+      auto session = std::make_shared<Session>(std::move(socket), state);
+      state->sessions.insert(session);
+      session->Run();
+    } else if (error == net::error::operation_aborted) {
+      return;
+    } else {
+      RUBATO_LOG_WARN(kLogSubsystem, "accept: {}", error.message());
+    }
+    Accept(state);
+  });
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                      HttpHandler handler) {
+  std::unique_ptr<HttpServer> server(new HttpServer());
+  server->state_ = std::make_shared<State>();
+  State& state = *server->state_;
+  state.self = server->state_;
+  state.options = options;
+  state.handler = std::move(handler);
+  const std::string where = options.host + ":" + std::to_string(options.port);
+  beast::error_code error;
+  tcp::resolver resolver(state.io);
+  const auto endpoints = resolver.resolve(options.host, std::to_string(options.port),
+                                          tcp::resolver::passive, error);
+  if (error || endpoints.empty()) {
+    return InvalidArgumentError("server.host '" + options.host +
+                                "' does not resolve: " + error.message());
+  }
+  const tcp::endpoint endpoint = endpoints.begin()->endpoint();
+  state.acceptor.open(endpoint.protocol(), error);
+  if (!error) state.acceptor.set_option(net::socket_base::reuse_address(true), error);
+  if (!error) state.acceptor.bind(endpoint, error);
+  if (!error) state.acceptor.listen(net::socket_base::max_listen_connections, error);
+  if (error) return UnavailableError("cannot listen on " + where + ": " + error.message());
+  server->port_ = state.acceptor.local_endpoint(error).port();
+  Accept(&state);
+  server->io_thread_ = std::thread([state = server->state_] {
+    try {
+      state->io.run();
+    } catch (const std::exception& e) {
+      RUBATO_LOG_ERROR(kLogSubsystem, "I/O thread stopped: {}", e.what());
+    }
+  });
+  return server;
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+void HttpServer::Stop(std::chrono::milliseconds grace) {
+  if (!io_thread_.joinable()) return;
+  State* state = state_.get();
+  net::post(state->io, [state] {
+    state->stopping = true;
+    beast::error_code ignored;
+    state->acceptor.close(ignored);
+    for (const auto& session : std::set<std::shared_ptr<Session>>(state->sessions)) {
+      session->CloseIfIdle();
+    }
+  });
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (state->pending_replies.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  net::post(state->io, [state] {
+    for (const auto& session : std::set<std::shared_ptr<Session>>(state->sessions)) {
+      session->Close();
+    }
+    state->sessions.clear();
+  });
+  // Let the closes run their handlers, then stop.
+  const auto close_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (state->open_sessions.load() > 0 && std::chrono::steady_clock::now() < close_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  state->io.stop();
+  io_thread_.join();
+}
+
+}  // namespace rubato::server

@@ -1,0 +1,116 @@
+// A small HTTP/1.1 server on Boost.Beast / Boost.Asio for `rubato serve`: accepts connections,
+// parses requests within size limits, hands each to one handler function and writes its reply,
+// with keep-alive, `Expect: 100-continue`, and replies that complete later or stream (chunked
+// transfer encoding, for Server-Sent Events).
+//
+// One I/O thread runs every connection asynchronously; handlers run on it and must not block
+// (the engine works on its own thread and completes a PendingReply from there). Bad input never
+// takes the server down: malformed requests get a 400 JSON error, bodies over the limit 413,
+// headers over the limit 431, and connections that stall past the idle timeout are closed. A
+// client that goes away while its reply is pending (noticed when the socket reads EOF or a
+// write fails) cancels the reply, so its request stops in the engine.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+
+namespace rubato::server {
+
+struct HttpRequest {
+  std::string method;  // "GET", "POST", ...
+  std::string path;    // the target without its query string
+  std::string body;
+};
+
+// A reply completed later, from any thread: either whole (Complete) or as a stream of body
+// pieces (StartStream, Write..., EndStream). Thread-safe.
+class PendingReply {
+ public:
+  // The whole reply; ignored after StartStream (a stream ends with EndStream).
+  void Complete(int status, std::string content_type, std::string body);
+  // A 200 reply with this content type whose body follows in pieces.
+  void StartStream(std::string content_type);
+  void Write(std::string piece);
+  // Ends the stream; `close_connection` also closes the connection afterwards (after an error).
+  void EndStream(bool close_connection = false);
+  // Called at most once, on the I/O thread, when the client went away before the reply ended.
+  void SetOnCancel(std::function<void()> on_cancel);
+
+  // The connection's side.
+  struct Progress {
+    bool complete = false;  // a whole reply: status, content_type, body
+    int status = 200;
+    std::string content_type;
+    std::string body;         // whole reply body, or the stream's new pieces
+    bool stream_started = false;  // StartStream happened (content_type set the first time)
+    bool stream_ended = false;
+    bool close_connection = false;
+  };
+  Progress Take();
+  void SetNotify(std::function<void()> notify);  // called after every producer call
+  void Cancel();  // runs on_cancel once
+
+ private:
+  void Notify(std::unique_lock<std::mutex>& lock);
+
+  std::mutex mutex_;
+  Progress progress_;           // what the connection has not taken yet
+  bool content_type_taken_ = false;
+  bool finished_ = false;       // Complete or EndStream happened
+  bool cancelled_ = false;
+  std::function<void()> notify_;
+  std::function<void()> on_cancel_;
+};
+
+struct HttpReply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::shared_ptr<PendingReply> pending;  // set: status/body come later through it
+};
+
+using HttpHandler = std::function<HttpReply(const HttpRequest&)>;
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;                  // 0: any free port (see HttpServer::port)
+  size_t max_body_bytes = 16 << 20;      // larger bodies: 413
+  size_t max_header_bytes = 64 << 10;    // larger request line + headers: 431
+  std::chrono::milliseconds idle_timeout{60000};   // reading a request, or idle keep-alive
+  std::chrono::milliseconds write_timeout{60000};  // a client that stops reading its reply
+};
+
+class HttpServer {
+ public:
+  // Binds, listens and starts the I/O thread. Unavailable when the address cannot be bound.
+  static Result<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options,
+                                                   HttpHandler handler);
+  ~HttpServer();  // Stop(0)
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  uint16_t port() const { return port_; }  // the bound port
+  // Stops accepting and closes idle connections; connections with a pending reply get up to
+  // `grace` to finish it; then every connection is closed and the I/O thread joined.
+  void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
+
+  struct State;  // the Asio objects and connections; defined in http_server.cc only
+
+ private:
+  HttpServer() = default;
+
+  std::shared_ptr<State> state_;
+  std::thread io_thread_;
+  uint16_t port_ = 0;
+};
+
+}  // namespace rubato::server

@@ -1,0 +1,363 @@
+// OpenAI request parsing and response JSON (see openai_api.h).
+#include "inference_rank/server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+namespace rubato::server {
+namespace {
+
+using nlohmann::json;
+
+ApiError FieldError(std::string param, std::string message) {
+  ApiError error;
+  error.message = std::move(message);
+  error.param = std::move(param);
+  return error;
+}
+
+// "a string", "a number", ... : what a JSON value is, for messages.
+std::string Describe(const json& value) {
+  switch (value.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_float: return "the number " + DumpJson(value);
+    default: return "the integer " + DumpJson(value);
+  }
+}
+
+// The value of `name`, or null when absent.
+const json& Field(const json& body, const char* name) {
+  static const json kNull;
+  const auto it = body.find(name);
+  return it == body.end() ? kNull : *it;
+}
+
+std::optional<ApiError> ReadNumber(const json& body, const char* name, double low, double high,
+                                   bool low_open, float& out) {
+  const json& value = Field(body, name);
+  if (value.is_null()) return std::nullopt;
+  const std::string range = std::string(low_open ? "(" : "[") + DumpJson(low) + ", " +
+                            DumpJson(high) + "]";
+  if (!value.is_number()) {
+    return FieldError(name, "'" + std::string(name) + "' must be a number in " + range +
+                                ", got " + Describe(value));
+  }
+  const double number = value.get<double>();
+  if (!std::isfinite(number) || number > high || number < low || (low_open && number == low)) {
+    return FieldError(name, "'" + std::string(name) + "' must be in " + range + ", got " +
+                                DumpJson(value));
+  }
+  out = static_cast<float>(number);
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadInt(const json& body, const char* name, int64_t low, int64_t high,
+                                std::optional<int64_t>& out) {
+  const json& value = Field(body, name);
+  if (value.is_null()) return std::nullopt;
+  const std::string range = "[" + std::to_string(low) + ", " + std::to_string(high) + "]";
+  if (!value.is_number_integer()) {
+    return FieldError(name, "'" + std::string(name) + "' must be an integer in " + range +
+                                ", got " + Describe(value));
+  }
+  // Unsigned values above INT64_MAX are out of range whatever the bounds.
+  if (value.is_number_unsigned() &&
+      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return FieldError(name, "'" + std::string(name) + "' must be in " + range + ", got " +
+                                DumpJson(value));
+  }
+  const int64_t number = value.get<int64_t>();
+  if (number < low || number > high) {
+    return FieldError(name, "'" + std::string(name) + "' must be in " + range + ", got " +
+                                std::to_string(number));
+  }
+  out = number;
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadBool(const json& body, const char* name, bool& out) {
+  const json& value = Field(body, name);
+  if (value.is_null()) return std::nullopt;
+  if (!value.is_boolean()) {
+    return FieldError(name, "'" + std::string(name) + "' must be true or false, got " +
+                                Describe(value));
+  }
+  out = value.get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadPrompt(const json& body, CompletionRequest& out) {
+  const json& prompt = Field(body, "prompt");
+  if (prompt.is_string()) {
+    out.prompt_text = prompt.get<std::string>();
+    return std::nullopt;
+  }
+  if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
+    out.prompt_text = prompt[0].get<std::string>();
+    return std::nullopt;
+  }
+  if (prompt.is_array() && !prompt.empty() && prompt[0].is_number()) {
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      const json& id = prompt[i];
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() > std::numeric_limits<int>::max() ||
+          (id.is_number_unsigned() && id.get<uint64_t>() > std::numeric_limits<int>::max())) {
+        return FieldError("prompt", "'prompt' token " + std::to_string(i) +
+                                        " must be a non-negative integer token id, got " +
+                                        Describe(id));
+      }
+      out.prompt_ids.push_back(id.get<int>());
+    }
+    return std::nullopt;
+  }
+  if (prompt.is_null()) {
+    return FieldError("prompt", "'prompt' is required: a string, or an array of token ids");
+  }
+  if (prompt.is_array() && prompt.size() > 1 && prompt[0].is_string()) {
+    return FieldError("prompt", "'prompt' with " + std::to_string(prompt.size()) +
+                                    " strings: rubato serves one prompt per request");
+  }
+  return FieldError("prompt", "'prompt' must be a string, an array of one string or an array "
+                              "of token ids, got " + Describe(prompt));
+}
+
+std::optional<ApiError> ReadMessages(const json& body, CompletionRequest& out) {
+  const json& messages = Field(body, "messages");
+  if (!messages.is_array() || messages.empty()) {
+    return FieldError("messages", "'messages' must be a non-empty array of {\"role\", "
+                                  "\"content\"} objects, got " + Describe(messages));
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& message = messages[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!message.is_object()) {
+      return FieldError(where, "'" + where + "' must be an object, got " + Describe(message));
+    }
+    const json& role = Field(message, "role");
+    if (!role.is_string() || (role != "system" && role != "user" && role != "assistant" &&
+                              role != "tool" && role != "developer")) {
+      return FieldError(where + ".role", "'" + where + ".role' must be one of system, user, "
+                                         "assistant, tool, developer; got " + DumpJson(role));
+    }
+    ChatMessage chat{role.get<std::string>(), ""};
+    if (chat.role == "developer") chat.role = "system";  // OpenAI's newer name for it
+    const json& content = Field(message, "content");
+    if (content.is_string()) {
+      chat.content = content.get<std::string>();
+    } else if (content.is_array()) {  // content parts: only text ones
+      for (size_t p = 0; p < content.size(); ++p) {
+        const json& part = content[p];
+        if (!part.is_object() || Field(part, "type") != "text" ||
+            !Field(part, "text").is_string()) {
+          return FieldError(where + ".content",
+                            "'" + where + ".content[" + std::to_string(p) +
+                                "]' must be {\"type\": \"text\", \"text\": \"...\"} (rubato "
+                                "serves text models)");
+        }
+        chat.content += Field(part, "text").get<std::string>();
+      }
+    } else if (!(content.is_null() && chat.role == "assistant")) {
+      return FieldError(where + ".content", "'" + where + ".content' must be a string, got " +
+                                                Describe(content));
+    }
+    out.messages.push_back(std::move(chat));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadStop(const json& body, CompletionRequest& out) {
+  const json& stop = Field(body, "stop");
+  if (stop.is_null()) return std::nullopt;
+  std::vector<json> items;
+  if (stop.is_string()) {
+    items.push_back(stop);
+  } else if (stop.is_array()) {
+    items.assign(stop.begin(), stop.end());
+  } else {
+    return FieldError("stop", "'stop' must be a string or an array of strings, got " +
+                                  Describe(stop));
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].is_string() || items[i].get_ref<const std::string&>().empty()) {
+      return FieldError("stop", "'stop' item " + std::to_string(i) +
+                                    " must be a non-empty string, got " + Describe(items[i]));
+    }
+    out.stop.push_back(items[i].get<std::string>());
+  }
+  return std::nullopt;
+}
+
+// Fields of features rubato does not implement: refused by name, never silently ignored.
+std::optional<ApiError> RefuseUnsupported(const json& body, CompletionKind kind) {
+  std::optional<int64_t> count;
+  if (auto error = ReadInt(body, "n", 1, 1, count)) {
+    error->message += " (rubato returns one choice per request)";
+    return error;
+  }
+  if (auto error = ReadInt(body, "best_of", 1, 1, count)) return error;
+  bool flag = false;
+  if (auto error = ReadBool(body, "echo", flag)) return error;
+  if (flag) return FieldError("echo", "'echo' is not supported by rubato serve");
+  const json& logprobs = Field(body, "logprobs");
+  if (!logprobs.is_null() && logprobs != false &&
+      !(kind == CompletionKind::kText && logprobs == 0)) {
+    return FieldError("logprobs", "'logprobs' is not supported by rubato serve");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string DumpJson(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string ApiErrorBody(const ApiError& error) {
+  json body = {{"error",
+                {{"message", error.message},
+                 {"type", error.type},
+                 {"param", error.param.empty() ? json() : json(error.param)},
+                 {"code", error.code.empty() ? json() : json(error.code)}}}};
+  return DumpJson(body);
+}
+
+std::optional<ApiError> ParseCompletionRequest(std::string_view body_text, CompletionKind kind,
+                                               CompletionRequest& out) {
+  out = CompletionRequest();
+  out.kind = kind;
+  const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    return FieldError("", "the request body is not valid JSON");
+  }
+  if (!body.is_object()) {
+    return FieldError("", "the request body must be a JSON object, got " + Describe(body));
+  }
+  const json& model = Field(body, "model");
+  if (!model.is_null()) {
+    if (!model.is_string()) {
+      return FieldError("model", "'model' must be a string, got " + Describe(model));
+    }
+    out.model = model.get<std::string>();
+  }
+  if (auto error = RefuseUnsupported(body, kind)) return error;
+  if (kind == CompletionKind::kText) {
+    if (auto error = ReadPrompt(body, out)) return error;
+  } else {
+    if (auto error = ReadMessages(body, out)) return error;
+  }
+  std::optional<int64_t> max_tokens;
+  if (auto error = ReadInt(body, "max_tokens", 1, 1 << 24, max_tokens)) return error;
+  if (kind == CompletionKind::kChat && !max_tokens) {
+    if (auto error = ReadInt(body, "max_completion_tokens", 1, 1 << 24, max_tokens)) {
+      return error;
+    }
+  }
+  if (max_tokens) out.max_tokens = static_cast<int>(*max_tokens);
+  if (auto error = ReadNumber(body, "temperature", 0.0, 100.0, false, out.temperature)) {
+    return error;
+  }
+  if (auto error = ReadNumber(body, "top_p", 0.0, 1.0, /*low_open=*/true, out.top_p)) {
+    return error;
+  }
+  std::optional<int64_t> top_k;
+  if (auto error = ReadInt(body, "top_k", -1, 1 << 30, top_k)) return error;
+  if (top_k) out.top_k = *top_k < 0 ? 0 : static_cast<int>(*top_k);
+  std::optional<int64_t> seed;
+  if (auto error = ReadInt(body, "seed", std::numeric_limits<int64_t>::min(),
+                           std::numeric_limits<int64_t>::max(), seed)) {
+    return error;
+  }
+  if (seed) out.seed = static_cast<uint64_t>(*seed);
+  if (auto error = ReadStop(body, out)) return error;
+  if (auto error = ReadBool(body, "stream", out.stream)) return error;
+  const json& stream_options = Field(body, "stream_options");
+  if (!stream_options.is_null()) {
+    if (!stream_options.is_object()) {
+      return FieldError("stream_options", "'stream_options' must be an object, got " +
+                                              Describe(stream_options));
+    }
+    if (auto error = ReadBool(stream_options, "include_usage", out.include_usage)) {
+      error->param = "stream_options.include_usage";
+      return error;
+    }
+  }
+  return std::nullopt;
+}
+
+json UsageJson(int prompt_tokens, int completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+namespace {
+
+json Head(const CompletionResult& result, const char* object) {
+  return {{"id", result.id}, {"object", object}, {"created", result.created},
+          {"model", result.model}};
+}
+
+json FinishReasonJson(std::string_view reason) {
+  return reason.empty() ? json() : json(std::string(reason));
+}
+
+}  // namespace
+
+json CompletionResponseJson(CompletionKind kind, const CompletionResult& result) {
+  json choice = {{"index", 0}, {"finish_reason", FinishReasonJson(result.finish_reason)}};
+  json response;
+  if (kind == CompletionKind::kText) {
+    response = Head(result, "text_completion");
+    choice["text"] = result.text;
+    choice["logprobs"] = nullptr;
+  } else {
+    response = Head(result, "chat.completion");
+    choice["message"] = {{"role", "assistant"}, {"content", result.text}};
+  }
+  response["choices"] = json::array({choice});
+  response["usage"] = UsageJson(result.prompt_tokens, result.completion_tokens);
+  return response;
+}
+
+json CompletionChunkJson(CompletionKind kind, const CompletionResult& head, std::string_view text,
+                         std::string_view finish_reason, bool first) {
+  json choice = {{"index", 0}, {"finish_reason", FinishReasonJson(finish_reason)}};
+  json chunk;
+  if (kind == CompletionKind::kText) {
+    chunk = Head(head, "text_completion");
+    choice["text"] = std::string(text);
+    choice["logprobs"] = nullptr;
+  } else {
+    chunk = Head(head, "chat.completion.chunk");
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || (first && finish_reason.empty())) delta["content"] = std::string(text);
+    choice["delta"] = std::move(delta);
+  }
+  chunk["choices"] = json::array({choice});
+  return chunk;
+}
+
+json UsageChunkJson(CompletionKind kind, const CompletionResult& result) {
+  json chunk =
+      Head(result, kind == CompletionKind::kText ? "text_completion" : "chat.completion.chunk");
+  chunk["choices"] = json::array();
+  chunk["usage"] = UsageJson(result.prompt_tokens, result.completion_tokens);
+  return chunk;
+}
+
+json ModelListJson(const std::string& model, int64_t created, int max_context) {
+  json entry = {{"id", model},         {"object", "model"},   {"created", created},
+                {"owned_by", "rubato"}, {"root", model},       {"parent", nullptr},
+                {"max_model_len", max_context}};
+  return {{"object", "list"}, {"data", json::array({entry})}};
+}
+
+std::string SseEvent(const json& payload) { return "data: " + DumpJson(payload) + "\n\n"; }
+
+}  // namespace rubato::server

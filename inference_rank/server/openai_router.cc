@@ -1,0 +1,244 @@
+// Routes of `rubato serve` and the adapter from ServingEngine updates to OpenAI responses and
+// SSE chunks (see openai_router.h).
+#include "inference_rank/server/openai_router.h"
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <utility>
+
+namespace rubato::server {
+namespace {
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// "cmpl-" / "chatcmpl-" and 24 random hex digits, like OpenAI's ids.
+std::string NewId(CompletionKind kind) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  char hex[32];
+  std::snprintf(hex, sizeof(hex), "%016llx%08x", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned>(rng() & 0xffffffffu));
+  return (kind == CompletionKind::kText ? "cmpl-" : "chatcmpl-") + std::string(hex);
+}
+
+ApiError Error(int status, std::string message, std::string type, std::string param = "",
+               std::string code = "") {
+  return ApiError{status, std::move(message), std::move(type), std::move(param), std::move(code)};
+}
+
+// The status of a request that failed in the engine: the client's fault when the engine refused
+// it as submitted, else the server's.
+ApiError EngineError(const ServingUpdate& update) {
+  if (update.rejected) return Error(400, update.error.message(), "invalid_request_error");
+  if (update.error.code() == StatusCode::kDeadlineExceeded) {
+    return Error(504, update.error.message(), "timeout_error", "", "request_timeout");
+  }
+  return Error(503, update.error.message(), "service_unavailable_error");
+}
+
+// What the engine thread accumulates for one request (its on_update closure owns it).
+struct ReplyState {
+  std::shared_ptr<PendingReply> reply;
+  CompletionKind kind;
+  bool stream = false;
+  bool include_usage = false;
+  bool stream_started = false;
+  CompletionResult result;  // id, created, model; text and counts as they come
+};
+
+void OnUpdate(ReplyState& state, const ServingUpdate& update) {
+  CompletionResult& result = state.result;
+  result.prompt_tokens = update.prompt_tokens;
+  result.completion_tokens = update.completion_tokens;
+  if (!update.error.ok()) {
+    const ApiError error = EngineError(update);
+    if (state.stream_started) {  // mid-stream: an error event, then the connection closes
+      state.reply->Write("data: " + ApiErrorBody(error) + "\n\n");
+      state.reply->EndStream(/*close_connection=*/true);
+    } else {
+      state.reply->Complete(error.http_status, "application/json", ApiErrorBody(error));
+    }
+    return;
+  }
+  if (!state.stream) {
+    result.text += update.text;
+    if (update.finished) {
+      result.finish_reason = update.finish_reason;
+      state.reply->Complete(200, "application/json",
+                            DumpJson(CompletionResponseJson(state.kind, result)));
+    }
+    return;
+  }
+  std::string events;
+  const bool first = !state.stream_started;
+  if (first) {
+    state.reply->StartStream("text/event-stream");
+    state.stream_started = true;
+  }
+  if (!update.text.empty() || (first && state.kind == CompletionKind::kChat)) {
+    events += SseEvent(CompletionChunkJson(state.kind, result, update.text, "", first));
+  }
+  if (update.finished) {
+    events += SseEvent(CompletionChunkJson(state.kind, result, "", update.finish_reason, false));
+    if (state.include_usage) events += SseEvent(UsageChunkJson(state.kind, result));
+    events += kSseDone;
+  }
+  state.reply->Write(std::move(events));
+  if (update.finished) state.reply->EndStream();
+}
+
+}  // namespace
+
+std::string ModelNameFromDirectory(const std::string& model_dir) {
+  std::filesystem::path path = std::filesystem::path(model_dir).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();
+  const std::string name = path.filename().string();
+  return name.empty() || name == "." ? model_dir : name;
+}
+
+HttpReply ErrorReply(const ApiError& error) {
+  return HttpReply{error.http_status, "application/json", ApiErrorBody(error), nullptr};
+}
+
+OpenAiRouter::OpenAiRouter(ServingEngine* serving, const Tokenizer* tokenizer,
+                           const MetricsRegistry* metrics, OpenAiRouterOptions options)
+    : serving_(serving),
+      tokenizer_(tokenizer),
+      metrics_(metrics),
+      options_(std::move(options)),
+      started_unix_s_(UnixSeconds()) {}
+
+HttpReply OpenAiRouter::Handle(const HttpRequest& request) {
+  const std::string& path = request.path;
+  const bool get = request.method == "GET";
+  const bool post = request.method == "POST";
+  const auto wrong_method = [&](const char* allowed) {
+    return ErrorReply(Error(405, "method " + request.method + " is not allowed on " + path +
+                                     "; use " + allowed,
+                            "invalid_request_error", "", "method_not_allowed"));
+  };
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    if (!post) return wrong_method("POST");
+    return Completion(request, path == "/v1/completions" ? CompletionKind::kText
+                                                         : CompletionKind::kChat);
+  }
+  if (path == "/v1/models") {
+    if (!get) return wrong_method("GET");
+    return HttpReply{200, "application/json",
+                     DumpJson(ModelListJson(options_.model_name, started_unix_s_,
+                                            serving_->max_context())),
+                     nullptr};
+  }
+  if (path == "/health") {
+    if (!get) return wrong_method("GET");
+    const Status health = serving_->Health();
+    if (health.ok()) return HttpReply{200, "text/plain; charset=utf-8", "ok", nullptr};
+    return ErrorReply(Error(503, health.message(), "service_unavailable_error"));
+  }
+  if (path == "/metrics") {
+    if (!get) return wrong_method("GET");
+    return HttpReply{200, "text/plain; version=0.0.4; charset=utf-8",
+                     metrics_ != nullptr ? metrics_->ExpositionText() : std::string(), nullptr};
+  }
+  return ErrorReply(Error(404, "no route for " + request.method + " " + path +
+                                   " (rubato serves /v1/completions, /v1/chat/completions, "
+                                   "/v1/models, /health, /metrics)",
+                          "invalid_request_error", "", "not_found"));
+}
+
+std::optional<ApiError> OpenAiRouter::PromptIds(const CompletionRequest& request,
+                                                std::vector<int>& ids) const {
+  if (request.kind == CompletionKind::kChat) {
+    Result<std::string> text = tokenizer_->ApplyChatTemplate(request.messages);
+    if (!text.ok()) return Error(400, text.status().message(), "invalid_request_error", "messages");
+    // The template holds every special token already.
+    ids = tokenizer_->Encode(*text, /*add_special_tokens=*/false);
+  } else if (request.prompt_text) {
+    // Like `rubato generate --prompt`: the post-processor adds BOS where the model has one.
+    ids = tokenizer_->Encode(*request.prompt_text, /*add_special_tokens=*/true);
+  } else {
+    ids = request.prompt_ids;
+  }
+  const char* param = request.kind == CompletionKind::kChat ? "messages" : "prompt";
+  if (ids.empty()) return Error(400, "the prompt is empty", "invalid_request_error", param);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= serving_->vocab_size()) {
+      return Error(400, "prompt token " + std::to_string(i) + " is " + std::to_string(ids[i]) +
+                            ", outside the vocabulary [0, " +
+                            std::to_string(serving_->vocab_size()) + ")",
+                   "invalid_request_error", param);
+    }
+  }
+  const int tokens = static_cast<int>(ids.size());
+  if (options_.max_prompt_tokens > 0 && tokens > options_.max_prompt_tokens) {
+    return Error(400, "the prompt has " + std::to_string(tokens) +
+                          " tokens but limits.max_prompt_tokens is " +
+                          std::to_string(options_.max_prompt_tokens),
+                 "invalid_request_error", param, "context_length_exceeded");
+  }
+  if (tokens >= serving_->max_context()) {
+    return Error(400, "the prompt has " + std::to_string(tokens) +
+                          " tokens but the model's context is " +
+                          std::to_string(serving_->max_context()) +
+                          " tokens, generated ones included",
+                 "invalid_request_error", param, "context_length_exceeded");
+  }
+  return std::nullopt;
+}
+
+HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKind kind) {
+  CompletionRequest request;
+  if (auto error = ParseCompletionRequest(http_request.body, kind, request)) {
+    return ErrorReply(*error);
+  }
+  if (request.model && *request.model != options_.model_name) {
+    return ErrorReply(Error(404, "the model '" + *request.model + "' does not exist; this " +
+                                     "server serves '" + options_.model_name + "'",
+                            "invalid_request_error", "model", "model_not_found"));
+  }
+  ServingRequest serving_request;
+  GenerationRequest& generation = serving_request.generation;
+  if (auto error = PromptIds(request, generation.prompt_ids)) return ErrorReply(*error);
+  const int prompt_tokens = static_cast<int>(generation.prompt_ids.size());
+  generation.max_new_tokens =
+      request.max_tokens.value_or(kind == CompletionKind::kText
+                                      ? 16
+                                      : serving_->max_context() - prompt_tokens);
+  uint64_t seed = 0;
+  if (request.seed) {
+    seed = *request.seed;
+  } else {
+    thread_local std::mt19937_64 seeds(std::random_device{}());
+    seed = seeds();
+  }
+  generation.sampling = {request.temperature, request.top_k, request.top_p, seed};
+  serving_request.stop_strings = request.stop;
+
+  auto state = std::make_shared<ReplyState>();
+  state->reply = std::make_shared<PendingReply>();
+  state->kind = kind;
+  state->stream = request.stream;
+  state->include_usage = request.include_usage;
+  state->result.id = NewId(kind);
+  state->result.created = UnixSeconds();
+  state->result.model = options_.model_name;
+  serving_request.on_update = [state](const ServingUpdate& update) { OnUpdate(*state, update); };
+  std::shared_ptr<PendingReply> reply = state->reply;
+  Result<uint64_t> id = serving_->Submit(std::move(serving_request));
+  if (!id.ok()) {
+    if (id.status().code() == StatusCode::kResourceExhausted) {
+      return ErrorReply(Error(429, id.status().message(), "rate_limit_error", "", "queue_full"));
+    }
+    return ErrorReply(Error(503, id.status().message(), "service_unavailable_error"));
+  }
+  ServingEngine* serving = serving_;
+  reply->SetOnCancel([serving, id = *id] { serving->Cancel(id); });
+  return HttpReply{200, "application/json", "", reply};
+}
+
+}  // namespace rubato::server

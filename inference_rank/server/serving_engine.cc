@@ -1,0 +1,387 @@
+// The engine thread of `rubato serve`: queue, Step loop, token -> text routing, stop strings and
+// serving metrics (see serving_engine.h).
+#include "inference_rank/server/serving_engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace rubato::server {
+namespace {
+
+constexpr const char* kLogSubsystem = "server";
+// How often an idle loop wakes to refresh health and deadlines.
+constexpr std::chrono::milliseconds kIdleWake(100);
+
+// Length of the longest suffix of `text` that is a proper prefix of one of `stops`: text that a
+// later token could turn into a stop string, so it is not delivered yet.
+size_t StopPrefixSuffix(const std::string& text, const std::vector<std::string>& stops) {
+  size_t longest = 0;
+  for (const std::string& stop : stops) {
+    for (size_t k = std::min(stop.size() - 1, text.size()); k > longest; --k) {
+      if (text.compare(text.size() - k, k, stop, 0, k) == 0) {
+        longest = k;
+        break;
+      }
+    }
+  }
+  return longest;
+}
+
+// The earliest position of any stop string in `text`, or npos.
+size_t FirstStop(const std::string& text, const std::vector<std::string>& stops) {
+  size_t first = std::string::npos;
+  for (const std::string& stop : stops) first = std::min(first, text.find(stop));
+  return first;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ServingEngine>> ServingEngine::Create(std::unique_ptr<Engine> engine,
+                                                             const Tokenizer* tokenizer,
+                                                             const ServingEngineOptions& options) {
+  if (engine == nullptr) return InvalidArgumentError("serving engine: no engine");
+  if (tokenizer == nullptr) {
+    return InvalidArgumentError("serving engine: the model directory has no tokenizer.json; "
+                                "`rubato serve` returns text and needs one");
+  }
+  if (options.max_queue < 1) {
+    return InvalidArgumentError("limits.max_queue must be at least 1, got " +
+                                std::to_string(options.max_queue));
+  }
+  if (!(options.request_timeout_s > 0)) {
+    return InvalidArgumentError("limits.request_timeout_s must be > 0, got " +
+                                std::to_string(options.request_timeout_s));
+  }
+  Metrics metrics;
+  if (options.metrics != nullptr) {
+    MetricsRegistry& registry = *options.metrics;
+    RUBATO_ASSIGN_OR_RETURN(
+        metrics.time_to_first_token,
+        registry.AddHistogram("rubato:time_to_first_token_seconds",
+                              "Time from a request's arrival to its first generated token.",
+                              {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                               1.0, 2.5, 5.0, 7.5, 10.0}));
+    RUBATO_ASSIGN_OR_RETURN(
+        metrics.inter_token_latency,
+        registry.AddHistogram("rubato:inter_token_latency_seconds",
+                              "Time between two consecutive tokens of a request.",
+                              {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                               0.5, 0.75, 1.0, 2.5}));
+    RUBATO_ASSIGN_OR_RETURN(
+        metrics.e2e_request_latency,
+        registry.AddHistogram("rubato:e2e_request_latency_seconds",
+                              "Time from a request's arrival to its last token.",
+                              {0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                               60.0}));
+    RUBATO_ASSIGN_OR_RETURN(metrics.requests_running,
+                            registry.AddGauge("rubato:num_requests_running",
+                                              "Requests in the engine's running batch."));
+    RUBATO_ASSIGN_OR_RETURN(metrics.requests_waiting,
+                            registry.AddGauge("rubato:num_requests_waiting",
+                                              "Requests queued and not yet running."));
+    RUBATO_ASSIGN_OR_RETURN(metrics.prompt_tokens,
+                            registry.AddCounter("rubato:prompt_tokens_total",
+                                                "Prompt tokens prefilled."));
+    RUBATO_ASSIGN_OR_RETURN(metrics.generation_tokens,
+                            registry.AddCounter("rubato:generation_tokens_total",
+                                                "Tokens generated."));
+    RUBATO_ASSIGN_OR_RETURN(
+        CounterFamily * success,
+        registry.AddCounterFamily("rubato:request_success_total",
+                                  "Requests finished without error, by finish reason.",
+                                  {"finish_reason"}));
+    RUBATO_ASSIGN_OR_RETURN(metrics.success_stop, success->WithLabels({"stop"}));
+    RUBATO_ASSIGN_OR_RETURN(metrics.success_length, success->WithLabels({"length"}));
+  }
+  return std::unique_ptr<ServingEngine>(
+      new ServingEngine(std::move(engine), tokenizer, options, metrics));
+}
+
+ServingEngine::ServingEngine(std::unique_ptr<Engine> engine, const Tokenizer* tokenizer,
+                             const ServingEngineOptions& options, Metrics metrics)
+    : engine_(std::move(engine)),
+      tokenizer_(tokenizer),
+      options_(options),
+      metrics_(metrics),
+      max_context_(engine_->options().max_context),
+      vocab_size_(engine_->model().config().vocab_size) {}
+
+ServingEngine::~ServingEngine() { Stop(); }
+
+void ServingEngine::Start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (thread_.joinable() || loop_stopped_) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Result<uint64_t> ServingEngine::Submit(ServingRequest request) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (loop_stopped_ || stop_requested_) {
+    return UnavailableError("the serving engine has stopped" +
+                            (health_.ok() ? std::string() : ": " + health_.message()));
+  }
+  const int waiting = static_cast<int>(incoming_.size()) + engine_waiting_;
+  if (waiting >= options_.max_queue) {
+    return ResourceExhaustedError("the server's queue is full: " + std::to_string(waiting) +
+                                  " requests wait (limits.max_queue " +
+                                  std::to_string(options_.max_queue) + "); retry later");
+  }
+  const uint64_t id = next_serving_id_++;
+  incoming_.push_back(Incoming{id, std::move(request), Clock::now()});
+  lock.unlock();
+  wake_.notify_one();
+  return id;
+}
+
+void ServingEngine::Cancel(uint64_t serving_id) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancels_.push_back(serving_id);
+  }
+  wake_.notify_one();
+}
+
+void ServingEngine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_requested_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+  // Never started, or requests that raced the loop's end: they still get their last update.
+  std::deque<Incoming> left;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    loop_stopped_ = true;
+    left.swap(incoming_);
+  }
+  for (Incoming& request : left) {
+    ServingUpdate update;
+    update.finished = true;
+    update.error = UnavailableError("the server is shutting down");
+    request.request.on_update(update);
+  }
+  FailAll(UnavailableError("the server is shutting down"));
+}
+
+Status ServingEngine::Health() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!health_.ok()) return health_;
+  if (loop_stopped_ || stop_requested_) return UnavailableError("the engine loop has stopped");
+  if (!thread_.joinable()) return UnavailableError("the engine loop has not started");
+  return Status::Ok();
+}
+
+void ServingEngine::Loop() {
+  while (true) {
+    std::deque<Incoming> incoming;
+    std::vector<uint64_t> cancels;
+    bool stopping = false;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!engine_->HasWork()) {
+        wake_.wait_for(lock, kIdleWake, [this] {
+          return stop_requested_ || !incoming_.empty() || !cancels_.empty();
+        });
+      }
+      incoming.swap(incoming_);
+      cancels.swap(cancels_);
+      stopping = stop_requested_;
+    }
+    if (stopping) {
+      for (Incoming& request : incoming) {
+        ServingUpdate update;
+        update.finished = true;
+        update.error = UnavailableError("the server is shutting down");
+        request.request.on_update(update);
+      }
+      FailAll(UnavailableError("the server is shutting down"));
+      break;
+    }
+    for (uint64_t id : cancels) {
+      CancelOnEngineThread(id, UnavailableError("request cancelled: its client went away"));
+    }
+    AdmitIncoming(incoming);
+    ExpireDeadlines();
+    if (const KvOffloadClient* offload = engine_->options().offload; offload != nullptr) {
+      Status broken = offload->Broken();
+      std::lock_guard<std::mutex> lock(mutex_);
+      health_ = broken.ok() ? Status::Ok() : broken.WithContext("cache rank lost");
+    }
+    if (engine_->HasWork()) {
+      Result<std::vector<TokenEvent>> events = engine_->Step();
+      if (!events.ok()) {
+        const Status why = events.status().WithContext("engine loop stopped");
+        RUBATO_LOG_ERROR(kLogSubsystem, "{}", why.message());
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          health_ = why;
+          loop_stopped_ = true;
+        }
+        FailAll(why);
+        break;
+      }
+      for (const TokenEvent& event : *events) RouteEvent(event);
+    }
+    UpdateGauges();
+  }
+}
+
+void ServingEngine::AdmitIncoming(std::deque<Incoming>& incoming) {
+  for (Incoming& next : incoming) {
+    LiveRequest live;
+    live.prompt_tokens = static_cast<int>(next.request.generation.prompt_ids.size());
+    live.arrival = next.arrival;
+    live.deadline = next.arrival + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(options_.request_timeout_s));
+    Result<uint64_t> engine_id = engine_->Submit(next.request.generation);
+    live.request = std::move(next.request);
+    if (!engine_id.ok()) {
+      ServingUpdate update;
+      update.finished = true;
+      update.prompt_tokens = live.prompt_tokens;
+      update.error = engine_id.status();
+      update.rejected = true;
+      live.request.on_update(update);
+      continue;
+    }
+    live.engine_id = *engine_id;
+    live.decoder = std::make_unique<StreamDecoder>(*tokenizer_, /*skip_special_tokens=*/true);
+    serving_by_engine_[live.engine_id] = next.serving_id;
+    live_.emplace(next.serving_id, std::move(live));
+  }
+}
+
+void ServingEngine::CancelOnEngineThread(uint64_t serving_id, const Status& why) {
+  const auto it = live_.find(serving_id);
+  if (it == live_.end()) return;  // finished already
+  const Status cancelled = engine_->Cancel(it->second.engine_id);
+  if (!cancelled.ok()) RUBATO_LOG_WARN(kLogSubsystem, "{}", cancelled.message());
+  ServingUpdate update;
+  update.finished = true;
+  update.error = why;
+  Finish(serving_id, std::move(update));
+}
+
+void ServingEngine::ExpireDeadlines() {
+  const Clock::time_point now = Clock::now();
+  std::vector<uint64_t> expired;
+  for (const auto& [id, live] : live_) {
+    if (now >= live.deadline) expired.push_back(id);
+  }
+  for (uint64_t id : expired) {
+    CancelOnEngineThread(id, DeadlineExceededError(
+                                 "the request ran longer than limits.request_timeout_s (" +
+                                 std::to_string(options_.request_timeout_s) + " s)"));
+  }
+}
+
+void ServingEngine::RouteEvent(const TokenEvent& event) {
+  const auto by_engine = serving_by_engine_.find(event.request_id);
+  if (by_engine == serving_by_engine_.end()) return;
+  const uint64_t serving_id = by_engine->second;
+  LiveRequest& live = live_.at(serving_id);
+  ServingUpdate update;
+  update.prompt_tokens = live.prompt_tokens;
+  if (event.finish == FinishReason::kError) {  // the engine has dropped the request already
+    update.finished = true;
+    update.error = event.error;
+    update.completion_tokens = live.completion_tokens;
+    Finish(serving_id, std::move(update));
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  if (live.completion_tokens == 0) {
+    if (metrics_.time_to_first_token != nullptr) {
+      metrics_.time_to_first_token->Observe(std::chrono::duration<double>(now - live.arrival).count());
+      metrics_.prompt_tokens->Increment(live.prompt_tokens);
+    }
+  } else if (metrics_.inter_token_latency != nullptr) {
+    metrics_.inter_token_latency->Observe(
+        std::chrono::duration<double>(now - live.last_token).count());
+  }
+  live.last_token = now;
+  ++live.completion_tokens;
+  if (metrics_.generation_tokens != nullptr) metrics_.generation_tokens->Increment();
+  update.completion_tokens = live.completion_tokens;
+
+  // The stop token itself is not text (as `rubato generate` prints it).
+  if (event.finish != FinishReason::kStop) live.held_text += live.decoder->Push(event.token);
+  const bool engine_finished = event.finish != FinishReason::kNone;
+  if (engine_finished) live.held_text += live.decoder->Flush();
+  const std::vector<std::string>& stops = live.request.stop_strings;
+  const size_t stop_at = FirstStop(live.held_text, stops);
+  if (stop_at != std::string::npos) {
+    update.text = live.held_text.substr(0, stop_at);
+    update.finished = true;
+    update.finish_reason = "stop";
+    if (!engine_finished) {
+      const Status cancelled = engine_->Cancel(live.engine_id);
+      if (!cancelled.ok()) RUBATO_LOG_WARN(kLogSubsystem, "{}", cancelled.message());
+    }
+  } else if (engine_finished) {
+    update.text = std::move(live.held_text);
+    update.finished = true;
+    update.finish_reason = event.finish == FinishReason::kStop ? "stop" : "length";
+  } else {
+    // Deliver all but a possible stop-string start; never split a UTF-8 character.
+    size_t cut = live.held_text.size() - StopPrefixSuffix(live.held_text, stops);
+    while (cut > 0 && cut < live.held_text.size() &&
+           (static_cast<unsigned char>(live.held_text[cut]) & 0xC0) == 0x80) {
+      --cut;
+    }
+    update.text = live.held_text.substr(0, cut);
+    live.held_text.erase(0, cut);
+  }
+  if (update.finished) {
+    Finish(serving_id, std::move(update));
+  } else if (!update.text.empty() || live.completion_tokens == 1) {
+    live.request.on_update(update);
+  }
+}
+
+void ServingEngine::Finish(uint64_t serving_id, ServingUpdate update) {
+  const auto it = live_.find(serving_id);
+  if (it == live_.end()) return;
+  LiveRequest live = std::move(it->second);
+  live_.erase(it);
+  serving_by_engine_.erase(live.engine_id);
+  update.finished = true;
+  update.prompt_tokens = live.prompt_tokens;
+  update.completion_tokens = live.completion_tokens;
+  if (update.error.ok() && metrics_.e2e_request_latency != nullptr) {
+    metrics_.e2e_request_latency->Observe(
+        std::chrono::duration<double>(Clock::now() - live.arrival).count());
+    (update.finish_reason == "stop" ? metrics_.success_stop : metrics_.success_length)
+        ->Increment();
+  }
+  live.request.on_update(update);
+}
+
+void ServingEngine::FailAll(const Status& why) {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, live] : live_) ids.push_back(id);
+  for (uint64_t id : ids) {
+    if (engine_ != nullptr) (void)engine_->Cancel(live_.at(id).engine_id);
+    ServingUpdate update;
+    update.error = why;
+    Finish(id, std::move(update));
+  }
+}
+
+void ServingEngine::UpdateGauges() {
+  int incoming = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    engine_waiting_ = engine_->num_waiting();
+    incoming = static_cast<int>(incoming_.size());
+  }
+  if (metrics_.requests_running != nullptr) {
+    metrics_.requests_running->Set(engine_->num_running());
+    metrics_.requests_waiting->Set(engine_->num_waiting() + incoming);
+  }
+}
+
+}  // namespace rubato::server

@@ -1,0 +1,160 @@
+// The serving side of the Engine: one thread owns the Engine and runs Step in a loop; HTTP
+// handlers on other threads Submit requests into a bounded queue and get their text back through
+// a callback, piece by piece (continuous batching: every Step advances all running requests).
+//
+// Per request the engine thread turns tokens into text with a StreamDecoder (never a broken UTF-8
+// character), applies the request's stop strings (the text ends before the first one found, and
+// text that could still become a stop string is held back until it cannot), and measures the
+// vLLM-compatible metrics of DESIGN §3 (TTFT, inter-token latency, end-to-end latency, running /
+// waiting gauges, prompt / generation token counters, finished requests by reason).
+//
+// Thread-safety: Submit, Cancel, Health, Stop may be called from any thread. on_update callbacks
+// run on the engine thread and must not block (they hand the update to an I/O thread).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/metrics.h"
+#include "common/status.h"
+#include "common/tokenizer/stream_decoder.h"
+#include "common/tokenizer/tokenizer.h"
+#include "inference_rank/engine/engine.h"
+
+namespace rubato::server {
+
+struct ServingEngineOptions {
+  int max_queue = 256;             // requests submitted but not yet running, at most (limits)
+  double request_timeout_s = 600;  // a request not finished by then ends with DeadlineExceeded
+  // Where the serving metrics are registered (the registry the Engine got through
+  // EngineOptions::metrics, so that one /metrics shows both). Null: no metrics. Must outlive
+  // the ServingEngine.
+  MetricsRegistry* metrics = nullptr;
+};
+
+// One step of a request's progress, delivered to its on_update callback.
+struct ServingUpdate {
+  std::string text;           // new text since the previous update (complete UTF-8)
+  int prompt_tokens = 0;
+  int completion_tokens = 0;  // tokens generated so far (an end-of-sequence token included)
+  bool finished = false;      // the last update of the request
+  std::string finish_reason;  // finished without error: "stop" (stop token or string) | "length"
+  // Finished with an error: why. `rejected` says the engine refused the request as submitted
+  // (InvalidArgument, OutOfRange, ResourceExhausted: the client's fault); otherwise the request
+  // failed while queued or running (cache rank lost, timeout, cancelled, server shutting down).
+  Status error;
+  bool rejected = false;
+};
+
+struct ServingRequest {
+  GenerationRequest generation;
+  std::vector<std::string> stop_strings;  // non-empty strings
+  std::function<void(const ServingUpdate&)> on_update;  // engine thread; must not block
+};
+
+class ServingEngine {
+ public:
+  // Takes the engine; `tokenizer` (must outlive this) turns tokens into text. The loop starts
+  // with Start().
+  static Result<std::unique_ptr<ServingEngine>> Create(std::unique_ptr<Engine> engine,
+                                                       const Tokenizer* tokenizer,
+                                                       const ServingEngineOptions& options);
+  ~ServingEngine();  // Stop()
+  ServingEngine(const ServingEngine&) = delete;
+  ServingEngine& operator=(const ServingEngine&) = delete;
+
+  // Starts the engine thread (once).
+  void Start();
+  // Queues a request and returns its serving id. ResourceExhausted when limits.max_queue
+  // requests wait already; Unavailable when the loop has stopped. Every accepted request gets
+  // exactly one finished update.
+  Result<uint64_t> Submit(ServingRequest request);
+  // Ends a request early (its client went away): its KV is released and its last update is an
+  // error. Unknown or finished ids are ignored.
+  void Cancel(uint64_t serving_id);
+  // Stops the loop: every queued or running request ends with Unavailable; joins the thread.
+  void Stop();
+  // Ok while the loop runs and its cache rank (if any) works; else why not.
+  Status Health() const;
+
+  int max_context() const { return max_context_; }
+  int vocab_size() const { return vocab_size_; }
+
+ private:
+  struct Metrics {
+    Histogram* time_to_first_token = nullptr;
+    Histogram* inter_token_latency = nullptr;
+    Histogram* e2e_request_latency = nullptr;
+    Gauge* requests_running = nullptr;
+    Gauge* requests_waiting = nullptr;
+    Counter* prompt_tokens = nullptr;
+    Counter* generation_tokens = nullptr;
+    Counter* success_stop = nullptr;    // rubato:request_success_total{finish_reason="stop"}
+    Counter* success_length = nullptr;  // {finish_reason="length"}
+  };
+  using Clock = std::chrono::steady_clock;
+  // A request the engine thread tracks, from Submit to its finished update.
+  struct LiveRequest {
+    ServingRequest request;
+    uint64_t engine_id = 0;  // 0 until Engine::Submit accepted it
+    std::unique_ptr<StreamDecoder> decoder;
+    std::string held_text;  // decoded, not yet delivered: may be the start of a stop string
+    int prompt_tokens = 0;
+    int completion_tokens = 0;
+    Clock::time_point arrival;
+    Clock::time_point last_token;
+    Clock::time_point deadline;
+  };
+  struct Incoming {
+    uint64_t serving_id;
+    ServingRequest request;
+    Clock::time_point arrival;
+  };
+
+  ServingEngine(std::unique_ptr<Engine> engine, const Tokenizer* tokenizer,
+                const ServingEngineOptions& options, Metrics metrics);
+  void Loop();
+  // Loop parts, on the engine thread.
+  void AdmitIncoming(std::deque<Incoming>& incoming);
+  void CancelOnEngineThread(uint64_t serving_id, const Status& why);
+  void ExpireDeadlines();
+  void RouteEvent(const TokenEvent& event);
+  // Delivers the finished update and forgets the request (it must have left the engine).
+  void Finish(uint64_t serving_id, ServingUpdate update);
+  void FailAll(const Status& why);
+  void UpdateGauges();
+
+  std::unique_ptr<Engine> engine_;
+  const Tokenizer* tokenizer_;
+  ServingEngineOptions options_;
+  Metrics metrics_;
+  int max_context_ = 0;
+  int vocab_size_ = 0;
+
+  // Engine thread only.
+  std::unordered_map<uint64_t, LiveRequest> live_;           // by serving id
+  std::unordered_map<uint64_t, uint64_t> serving_by_engine_;  // engine id -> serving id
+
+  mutable std::mutex mutex_;  // guards the fields below
+  std::condition_variable wake_;
+  std::deque<Incoming> incoming_;
+  std::vector<uint64_t> cancels_;
+  uint64_t next_serving_id_ = 1;
+  int engine_waiting_ = 0;  // requests waiting inside the engine after the last loop turn
+  bool stop_requested_ = false;
+  bool loop_stopped_ = false;
+  Status health_;
+  std::thread thread_;
+};
+
+}  // namespace rubato::server
