@@ -2,6 +2,7 @@
 #include "inference_rank/server/openai_api.h"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <utility>
 
@@ -41,8 +42,9 @@ std::optional<ApiError> ReadNumber(const json& body, const char* name, double lo
                                    bool low_open, float& out) {
   const json& value = Field(body, name);
   if (value.is_null()) return std::nullopt;
-  const std::string range = std::string(low_open ? "(" : "[") + DumpJson(low) + ", " +
-                            DumpJson(high) + "]";
+  char range_text[64];
+  std::snprintf(range_text, sizeof(range_text), "%s%g, %g]", low_open ? "(" : "[", low, high);
+  const std::string range = range_text;
   if (!value.is_number()) {
     return FieldError(name, "'" + std::string(name) + "' must be a number in " + range +
                                 ", got " + Describe(value));

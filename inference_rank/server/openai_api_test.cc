@@ -1,0 +1,232 @@
+// Tests for the OpenAI wire format of `rubato serve`: every request field parsed, every error
+// naming its field, the response / chunk / model-list JSON shapes, and SSE framing.
+#include "inference_rank/server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace rubato::server {
+namespace {
+
+using nlohmann::json;
+
+CompletionRequest ParseOk(const std::string& body, CompletionKind kind = CompletionKind::kText) {
+  CompletionRequest request;
+  const std::optional<ApiError> error = ParseCompletionRequest(body, kind, request);
+  EXPECT_FALSE(error.has_value()) << body << " -> " << (error ? error->message : "");
+  return request;
+}
+
+ApiError ParseError(const std::string& body, CompletionKind kind = CompletionKind::kText) {
+  CompletionRequest request;
+  const std::optional<ApiError> error = ParseCompletionRequest(body, kind, request);
+  EXPECT_TRUE(error.has_value()) << body << " was accepted";
+  return error.value_or(ApiError{});
+}
+
+TEST(OpenAiApiTest, CompletionDefaults) {
+  const CompletionRequest request = ParseOk(R"({"prompt": "hello"})");
+  EXPECT_EQ(request.prompt_text, "hello");
+  EXPECT_TRUE(request.prompt_ids.empty());
+  EXPECT_FALSE(request.model.has_value());
+  EXPECT_FALSE(request.max_tokens.has_value());  // the router uses 16 for completions
+  EXPECT_EQ(request.temperature, 1.f);
+  EXPECT_EQ(request.top_p, 1.f);
+  EXPECT_EQ(request.top_k, 0);
+  EXPECT_FALSE(request.seed.has_value());
+  EXPECT_TRUE(request.stop.empty());
+  EXPECT_FALSE(request.stream);
+  EXPECT_FALSE(request.include_usage);
+}
+
+TEST(OpenAiApiTest, CompletionEveryField) {
+  const CompletionRequest request = ParseOk(
+      R"({"model": "m", "prompt": ["one string"], "max_tokens": 7, "temperature": 0.5,
+          "top_p": 0.9, "top_k": 40, "seed": 1234, "stop": ["\n", "END"], "stream": true,
+          "stream_options": {"include_usage": true}, "n": 1, "user": "ignored",
+          "presence_penalty": 0})");
+  EXPECT_EQ(request.model, "m");
+  EXPECT_EQ(request.prompt_text, "one string");
+  EXPECT_EQ(request.max_tokens, 7);
+  EXPECT_FLOAT_EQ(request.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(request.top_p, 0.9f);
+  EXPECT_EQ(request.top_k, 40);
+  EXPECT_EQ(request.seed, 1234u);
+  EXPECT_EQ(request.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_TRUE(request.stream);
+  EXPECT_TRUE(request.include_usage);
+}
+
+TEST(OpenAiApiTest, PromptAsTokenIdsAndStopAsString) {
+  const CompletionRequest request = ParseOk(R"({"prompt": [1, 2, 300], "stop": "x", "top_k": -1})");
+  EXPECT_FALSE(request.prompt_text.has_value());
+  EXPECT_EQ(request.prompt_ids, (std::vector<int>{1, 2, 300}));
+  EXPECT_EQ(request.stop, (std::vector<std::string>{"x"}));
+  EXPECT_EQ(request.top_k, 0);  // -1: off, as vLLM
+}
+
+TEST(OpenAiApiTest, ChatMessagesAndMaxCompletionTokens) {
+  const CompletionRequest request = ParseOk(
+      R"({"messages": [{"role": "system", "content": "be brief"},
+                       {"role": "user", "content": [{"type": "text", "text": "hi "},
+                                                    {"type": "text", "text": "there"}]},
+                       {"role": "developer", "content": "d"}],
+          "max_completion_tokens": 3})",
+      CompletionKind::kChat);
+  ASSERT_EQ(request.messages.size(), 3u);
+  EXPECT_EQ(request.messages[0].role, "system");
+  EXPECT_EQ(request.messages[0].content, "be brief");
+  EXPECT_EQ(request.messages[1].content, "hi there");
+  EXPECT_EQ(request.messages[2].role, "system");
+  EXPECT_EQ(request.max_tokens, 3);
+}
+
+struct BadCase {
+  const char* body;
+  const char* param;      // the field the error must name ("" for the whole body)
+  const char* mentions;   // a piece of the message
+};
+
+TEST(OpenAiApiTest, EveryCompletionErrorNamesItsField) {
+  const BadCase cases[] = {
+      {"{not json", "", "not valid JSON"},
+      {"[1, 2]", "", "must be a JSON object"},
+      {"{}", "prompt", "required"},
+      {R"({"prompt": 5})", "prompt", "got the integer 5"},
+      {R"({"prompt": ["a", "b"]})", "prompt", "one prompt per request"},
+      {R"({"prompt": [1, -2]})", "prompt", "token 1"},
+      {R"({"prompt": [1, 2.5]})", "prompt", "token 1"},
+      {R"({"prompt": {}})", "prompt", "an object"},
+      {R"({"prompt": "x", "model": 3})", "model", "must be a string"},
+      {R"({"prompt": "x", "max_tokens": 0})", "max_tokens", "got 0"},
+      {R"({"prompt": "x", "max_tokens": "5"})", "max_tokens", "a string"},
+      {R"({"prompt": "x", "max_tokens": 1.5})", "max_tokens", "integer"},
+      {R"({"prompt": "x", "max_tokens": 99999999999999999999})", "max_tokens", "integer"},
+      {R"({"prompt": "x", "temperature": -0.1})", "temperature", "-0.1"},
+      {R"({"prompt": "x", "temperature": "hot"})", "temperature", "a string"},
+      {R"({"prompt": "x", "top_p": 0})", "top_p", "(0, 1]"},
+      {R"({"prompt": "x", "top_p": 1.5})", "top_p", "1.5"},
+      {R"({"prompt": "x", "top_k": -2})", "top_k", "got -2"},
+      {R"({"prompt": "x", "seed": "s"})", "seed", "a string"},
+      {R"({"prompt": "x", "stop": 3})", "stop", "string or an array"},
+      {R"({"prompt": "x", "stop": ["a", ""]})", "stop", "item 1"},
+      {R"({"prompt": "x", "stop": [null]})", "stop", "item 0"},
+      {R"({"prompt": "x", "stream": "yes"})", "stream", "true or false"},
+      {R"({"prompt": "x", "stream_options": 1})", "stream_options", "object"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": 1}})",
+       "stream_options.include_usage", "true or false"},
+      {R"({"prompt": "x", "n": 2})", "n", "one choice"},
+      {R"({"prompt": "x", "best_of": 3})", "best_of", "got 3"},
+      {R"({"prompt": "x", "echo": true})", "echo", "not supported"},
+      {R"({"prompt": "x", "logprobs": 5})", "logprobs", "not supported"},
+  };
+  for (const BadCase& bad : cases) {
+    const ApiError error = ParseError(bad.body);
+    EXPECT_EQ(error.http_status, 400) << bad.body;
+    EXPECT_EQ(error.type, "invalid_request_error") << bad.body;
+    EXPECT_EQ(error.param, bad.param) << bad.body << " -> " << error.message;
+    EXPECT_NE(error.message.find(bad.mentions), std::string::npos)
+        << bad.body << " -> " << error.message;
+  }
+}
+
+TEST(OpenAiApiTest, EveryChatErrorNamesItsField) {
+  const BadCase cases[] = {
+      {R"({"prompt": "x"})", "messages", "non-empty array"},
+      {R"({"messages": []})", "messages", "non-empty array"},
+      {R"({"messages": ["hi"]})", "messages[0]", "must be an object"},
+      {R"({"messages": [{"role": "robot", "content": "x"}]})", "messages[0].role", "robot"},
+      {R"({"messages": [{"content": "x"}]})", "messages[0].role", "null"},
+      {R"({"messages": [{"role": "user", "content": 1}]})", "messages[0].content", "integer"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+       "messages[0].content", "text"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})",
+       "max_completion_tokens", "got 0"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})", "logprobs",
+       "not supported"},
+  };
+  for (const BadCase& bad : cases) {
+    const ApiError error = ParseError(bad.body, CompletionKind::kChat);
+    EXPECT_EQ(error.param, bad.param) << bad.body << " -> " << error.message;
+    EXPECT_NE(error.message.find(bad.mentions), std::string::npos)
+        << bad.body << " -> " << error.message;
+  }
+}
+
+TEST(OpenAiApiTest, ErrorBodyShape) {
+  const json body = json::parse(ApiErrorBody({404, "no such model", "invalid_request_error",
+                                              "model", "model_not_found"}));
+  EXPECT_EQ(body["error"]["message"], "no such model");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(body["error"]["param"], "model");
+  EXPECT_EQ(body["error"]["code"], "model_not_found");
+  const json unnamed = json::parse(ApiErrorBody({400, "bad", "invalid_request_error", "", ""}));
+  EXPECT_TRUE(unnamed["error"]["param"].is_null());
+  EXPECT_TRUE(unnamed["error"]["code"].is_null());
+}
+
+CompletionResult SampleResult() {
+  CompletionResult result;
+  result.id = "cmpl-1";
+  result.created = 1700000000;
+  result.model = "tiny";
+  result.text = "hello";
+  result.finish_reason = "length";
+  result.prompt_tokens = 3;
+  result.completion_tokens = 4;
+  return result;
+}
+
+TEST(OpenAiApiTest, CompletionResponseShape) {
+  const json text = CompletionResponseJson(CompletionKind::kText, SampleResult());
+  EXPECT_EQ(text["object"], "text_completion");
+  EXPECT_EQ(text["id"], "cmpl-1");
+  EXPECT_EQ(text["created"], 1700000000);
+  EXPECT_EQ(text["model"], "tiny");
+  ASSERT_EQ(text["choices"].size(), 1u);
+  EXPECT_EQ(text["choices"][0]["text"], "hello");
+  EXPECT_EQ(text["choices"][0]["index"], 0);
+  EXPECT_EQ(text["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(text["usage"], json({{"prompt_tokens", 3}, {"completion_tokens", 4},
+                                 {"total_tokens", 7}}));
+  const json chat = CompletionResponseJson(CompletionKind::kChat, SampleResult());
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"], json({{"role", "assistant"}, {"content", "hello"}}));
+}
+
+TEST(OpenAiApiTest, ChunkShapes) {
+  const CompletionResult head = SampleResult();
+  const json text = CompletionChunkJson(CompletionKind::kText, head, "he", "", false);
+  EXPECT_EQ(text["object"], "text_completion");
+  EXPECT_EQ(text["choices"][0]["text"], "he");
+  EXPECT_TRUE(text["choices"][0]["finish_reason"].is_null());
+  const json first = CompletionChunkJson(CompletionKind::kChat, head, "he", "", true);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"], json({{"role", "assistant"}, {"content", "he"}}));
+  const json last = CompletionChunkJson(CompletionKind::kChat, head, "", "stop", false);
+  EXPECT_EQ(last["choices"][0]["delta"], json::object());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  const json usage = UsageChunkJson(CompletionKind::kChat, head);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 7);
+}
+
+TEST(OpenAiApiTest, SseFramingAndInvalidUtf8) {
+  EXPECT_EQ(SseEvent(json({{"a", 1}})), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
+  // A lone continuation byte never throws; it becomes U+FFFD.
+  EXPECT_EQ(DumpJson(json("a\x80z")), "\"a\xEF\xBF\xBDz\"");
+}
+
+TEST(OpenAiApiTest, ModelList) {
+  const json list = ModelListJson("tiny", 5, 4096);
+  EXPECT_EQ(list["object"], "list");
+  ASSERT_EQ(list["data"].size(), 1u);
+  EXPECT_EQ(list["data"][0]["id"], "tiny");
+  EXPECT_EQ(list["data"][0]["object"], "model");
+  EXPECT_EQ(list["data"][0]["max_model_len"], 4096);
+}
+
+}  // namespace
+}  // namespace rubato::server

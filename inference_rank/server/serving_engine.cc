@@ -81,6 +81,9 @@ Result<std::unique_ptr<ServingEngine>> ServingEngine::Create(std::unique_ptr<Eng
     RUBATO_ASSIGN_OR_RETURN(metrics.requests_waiting,
                             registry.AddGauge("rubato:num_requests_waiting",
                                               "Requests queued and not yet running."));
+    RUBATO_ASSIGN_OR_RETURN(metrics.kv_cache_usage,
+                            registry.AddGauge("rubato:kv_cache_usage_perc",
+                                              "Share of the KV cache blocks in use (1 = full)."));
     RUBATO_ASSIGN_OR_RETURN(metrics.prompt_tokens,
                             registry.AddCounter("rubato:prompt_tokens_total",
                                                 "Prompt tokens prefilled."));
@@ -381,6 +384,9 @@ void ServingEngine::UpdateGauges() {
   if (metrics_.requests_running != nullptr) {
     metrics_.requests_running->Set(engine_->num_running());
     metrics_.requests_waiting->Set(engine_->num_waiting() + incoming);
+    const PagedKvCache& kv = engine_->kv_cache();
+    metrics_.kv_cache_usage->Set(1.0 - static_cast<double>(kv.free_blocks()) /
+                                           std::max(1, kv.shape().num_blocks));
   }
 }
 

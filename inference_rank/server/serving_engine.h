@@ -6,7 +6,7 @@
 // character), applies the request's stop strings (the text ends before the first one found, and
 // text that could still become a stop string is held back until it cannot), and measures the
 // vLLM-compatible metrics of DESIGN §3 (TTFT, inter-token latency, end-to-end latency, running /
-// waiting gauges, prompt / generation token counters, finished requests by reason).
+// waiting / KV-usage gauges, prompt / generation token counters, finished requests by reason).
 //
 // Thread-safety: Submit, Cancel, Health, Stop may be called from any thread. on_update callbacks
 // run on the engine thread and must not block (they hand the update to an I/O thread).
@@ -97,6 +97,7 @@ class ServingEngine {
     Histogram* e2e_request_latency = nullptr;
     Gauge* requests_running = nullptr;
     Gauge* requests_waiting = nullptr;
+    Gauge* kv_cache_usage = nullptr;  // share of the KV blocks held by requests, in [0, 1]
     Counter* prompt_tokens = nullptr;
     Counter* generation_tokens = nullptr;
     Counter* success_stop = nullptr;    // rubato:request_success_total{finish_reason="stop"}

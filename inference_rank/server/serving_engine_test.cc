@@ -1,0 +1,306 @@
+// Tests for the ServingEngine on the bundled tiny model: concurrent requests give the text each
+// gives alone (greedy), stop strings, the bounded queue, cancellation releasing KV (also
+// Engine::Cancel directly), engine refusals, timeouts, shutdown, and the serving metrics.
+#include "inference_rank/server/serving_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/tokenizer/stream_decoder.h"
+#include "inference_rank/model/cpu_model.h"
+
+namespace rubato::server {
+namespace {
+
+constexpr const char* kModelDir = "models/tiny-qwen3-longctx";
+constexpr auto kWait = std::chrono::seconds(20);  // bound on every wait (ASan on 2 cores)
+
+std::unique_ptr<Engine> MakeEngine(int max_batch, MetricsRegistry* metrics = nullptr) {
+  Result<std::unique_ptr<CpuModel>> model = CpuModel::Load(kModelDir, ModelLoadOptions{});
+  EXPECT_TRUE(model.ok()) << model.status().message();
+  EngineOptions options;
+  options.max_batch = max_batch;
+  options.max_context = 1024;
+  options.num_threads = 1;
+  options.metrics = metrics;
+  Result<std::unique_ptr<Engine>> engine = Engine::Create(std::move(model).value(), options);
+  EXPECT_TRUE(engine.ok()) << engine.status().message();
+  return std::move(engine).value();
+}
+
+class ServingEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::LoadFromDirectory(kModelDir);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().message();
+    tokenizer_ = std::move(tokenizer).value();
+  }
+
+  std::vector<int> Encode(const std::string& text) const {
+    return tokenizer_->Encode(text, /*add_special_tokens=*/true);
+  }
+
+  // The text one Engine gives for `prompt` alone, as `rubato generate` prints it.
+  std::string GenerateAlone(const std::string& prompt, int max_tokens) {
+    std::unique_ptr<Engine> engine = MakeEngine(1);
+    GenerationRequest request;
+    request.prompt_ids = Encode(prompt);
+    request.max_new_tokens = max_tokens;
+    EXPECT_TRUE(engine->Submit(request).ok());
+    StreamDecoder decoder(*tokenizer_, /*skip_special_tokens=*/true);
+    std::string text;
+    while (engine->HasWork()) {
+      Result<std::vector<TokenEvent>> events = engine->Step();
+      EXPECT_TRUE(events.ok());
+      for (const TokenEvent& event : *events) {
+        if (event.finish != FinishReason::kStop) text += decoder.Push(event.token);
+      }
+    }
+    return text + decoder.Flush();
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+};
+
+// Collects the updates of many requests; waits are bounded.
+class Collector {
+ public:
+  struct Outcome {
+    std::string text;
+    int updates = 0;
+    ServingUpdate last;
+    bool finished = false;
+  };
+
+  std::function<void(const ServingUpdate&)> Callback(int key) {
+    return [this, key](const ServingUpdate& update) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Outcome& outcome = outcomes_[key];
+      EXPECT_FALSE(outcome.finished) << "an update after the finished one";
+      outcome.text += update.text;
+      ++outcome.updates;
+      outcome.last = update;
+      outcome.finished = update.finished;
+      changed_.notify_all();
+    };
+  }
+  bool WaitFinished(int count) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_for(lock, kWait, [&] {
+      int finished = 0;
+      for (const auto& [key, outcome] : outcomes_) finished += outcome.finished;
+      return finished >= count;
+    });
+  }
+  bool WaitUpdates(int key, int count) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_for(lock, kWait, [&] { return outcomes_[key].updates >= count; });
+  }
+  Outcome Get(int key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return outcomes_[key];
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<int, Outcome> outcomes_;
+};
+
+ServingRequest Greedy(std::vector<int> prompt, int max_tokens,
+                      std::function<void(const ServingUpdate&)> on_update) {
+  ServingRequest request;
+  request.generation.prompt_ids = std::move(prompt);
+  request.generation.max_new_tokens = max_tokens;
+  request.on_update = std::move(on_update);
+  return request;
+}
+
+TEST_F(ServingEngineTest, ConcurrentRequestsGiveTheTextEachGivesAlone) {
+  const std::vector<std::string> prompts = {"Once upon a time", "The cat sat on",
+                                            "In the beginning", "Hello, my name is"};
+  MetricsRegistry metrics;
+  ServingEngineOptions options;
+  options.metrics = &metrics;
+  auto serving = ServingEngine::Create(MakeEngine(4, &metrics), tokenizer_.get(), options);
+  ASSERT_TRUE(serving.ok()) << serving.status().message();
+  Collector collector;
+  int prompt_tokens = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    prompt_tokens += static_cast<int>(Encode(prompts[i]).size());
+    ASSERT_TRUE((*serving)->Submit(Greedy(Encode(prompts[i]), 12, collector.Callback(i))).ok());
+  }
+  (*serving)->Start();  // all four queued first: they run as one batch
+  ASSERT_TRUE(collector.WaitFinished(4));
+  int completion_tokens = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Collector::Outcome outcome = collector.Get(i);
+    EXPECT_TRUE(outcome.last.error.ok()) << outcome.last.error.message();
+    EXPECT_EQ(outcome.text, GenerateAlone(prompts[i], 12)) << prompts[i];
+    EXPECT_EQ(outcome.last.prompt_tokens, static_cast<int>(Encode(prompts[i]).size()));
+    completion_tokens += outcome.last.completion_tokens;
+    if (outcome.last.finish_reason == "length") {
+      EXPECT_EQ(outcome.last.completion_tokens, 12);
+    }
+  }
+  (*serving)->Stop();
+  const std::string exposition = metrics.ExpositionText();
+  EXPECT_NE(exposition.find("rubato:prompt_tokens_total " + std::to_string(prompt_tokens) + "\n"),
+            std::string::npos) << exposition;
+  EXPECT_NE(exposition.find("rubato:generation_tokens_total " +
+                            std::to_string(completion_tokens) + "\n"),
+            std::string::npos);
+  EXPECT_NE(exposition.find("rubato:time_to_first_token_seconds_count 4\n"), std::string::npos);
+  EXPECT_NE(exposition.find("rubato:e2e_request_latency_seconds_count 4\n"), std::string::npos);
+  EXPECT_NE(exposition.find("rubato:num_requests_running 0\n"), std::string::npos);
+}
+
+TEST_F(ServingEngineTest, StopStringEndsTheTextBeforeIt) {
+  const std::string full = GenerateAlone("Once upon a time", 24);
+  ASSERT_GT(full.size(), 16u);
+  const std::string stop = full.substr(8, 3);
+  const size_t first = full.find(stop);
+  auto serving = ServingEngine::Create(MakeEngine(2), tokenizer_.get(), {});
+  ASSERT_TRUE(serving.ok());
+  (*serving)->Start();
+  Collector collector;
+  ServingRequest request = Greedy(Encode("Once upon a time"), 24, collector.Callback(0));
+  request.stop_strings = {"never appears in this text", stop};
+  ASSERT_TRUE((*serving)->Submit(std::move(request)).ok());
+  ASSERT_TRUE(collector.WaitFinished(1));
+  const Collector::Outcome outcome = collector.Get(0);
+  EXPECT_EQ(outcome.text, full.substr(0, first));
+  EXPECT_EQ(outcome.last.finish_reason, "stop");
+  EXPECT_LT(outcome.last.completion_tokens, 24);
+}
+
+TEST_F(ServingEngineTest, FullQueueRefusesThenQueuedRequestsRun) {
+  ServingEngineOptions options;
+  options.max_queue = 2;
+  auto serving = ServingEngine::Create(MakeEngine(1), tokenizer_.get(), options);
+  ASSERT_TRUE(serving.ok());
+  Collector collector;
+  ASSERT_TRUE((*serving)->Submit(Greedy(Encode("a b"), 3, collector.Callback(0))).ok());
+  ASSERT_TRUE((*serving)->Submit(Greedy(Encode("c d"), 3, collector.Callback(1))).ok());
+  Result<uint64_t> refused = (*serving)->Submit(Greedy(Encode("e f"), 3, collector.Callback(2)));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("limits.max_queue 2"), std::string::npos);
+  (*serving)->Start();
+  ASSERT_TRUE(collector.WaitFinished(2));
+  EXPECT_TRUE(collector.Get(0).last.error.ok());
+  EXPECT_TRUE(collector.Get(1).last.error.ok());
+}
+
+TEST_F(ServingEngineTest, CancelEndsTheRequestAndReleasesItsKv) {
+  MetricsRegistry metrics;
+  ServingEngineOptions options;
+  options.metrics = &metrics;
+  auto serving = ServingEngine::Create(MakeEngine(2, &metrics), tokenizer_.get(), options);
+  ASSERT_TRUE(serving.ok());
+  (*serving)->Start();
+  Collector collector;
+  Result<uint64_t> id = (*serving)->Submit(Greedy(Encode("Once upon a time"), 900,
+                                                  collector.Callback(0)));
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(collector.WaitUpdates(0, 1));  // running: it holds KV blocks
+  (*serving)->Cancel(*id);
+  ASSERT_TRUE(collector.WaitFinished(1));
+  const Collector::Outcome cancelled = collector.Get(0);
+  EXPECT_EQ(cancelled.last.error.code(), StatusCode::kUnavailable);
+  EXPECT_NE(cancelled.last.error.message().find("cancelled"), std::string::npos);
+  EXPECT_LT(cancelled.last.completion_tokens, 900);
+  // A later request runs, and once idle the KV cache is empty again.
+  ASSERT_TRUE((*serving)->Submit(Greedy(Encode("x"), 2, collector.Callback(1))).ok());
+  ASSERT_TRUE(collector.WaitFinished(2));
+  (*serving)->Stop();
+  const std::string exposition = metrics.ExpositionText();
+  EXPECT_NE(exposition.find("rubato:kv_cache_usage_perc 0\n"), std::string::npos) << exposition;
+  EXPECT_NE(exposition.find("rubato:request_success_total{finish_reason=\"length\"} 1\n"),
+            std::string::npos);
+}
+
+TEST_F(ServingEngineTest, EngineCancelReleasesWaitingAndRunningRequests) {
+  std::unique_ptr<Engine> engine = MakeEngine(1);
+  const int free_before = engine->kv_cache().free_blocks();
+  GenerationRequest request;
+  request.prompt_ids = Encode("Once upon a time");
+  request.max_new_tokens = 100;
+  Result<uint64_t> running = engine->Submit(request);
+  Result<uint64_t> waiting = engine->Submit(request);
+  ASSERT_TRUE(running.ok() && waiting.ok());
+  ASSERT_TRUE(engine->Step().ok());
+  ASSERT_EQ(engine->num_running(), 1);
+  ASSERT_EQ(engine->num_waiting(), 1);
+  EXPECT_LT(engine->kv_cache().free_blocks(), free_before);
+  EXPECT_TRUE(engine->Cancel(*waiting).ok());
+  EXPECT_EQ(engine->num_waiting(), 0);
+  EXPECT_TRUE(engine->Cancel(*running).ok());
+  EXPECT_EQ(engine->num_running(), 0);
+  EXPECT_EQ(engine->kv_cache().free_blocks(), free_before);
+  EXPECT_FALSE(engine->HasWork());
+  EXPECT_EQ(engine->Cancel(*running).code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine->Cancel(12345).code(), StatusCode::kNotFound);
+}
+
+TEST_F(ServingEngineTest, EngineRefusalIsRejected) {
+  auto serving = ServingEngine::Create(MakeEngine(1), tokenizer_.get(), {});
+  ASSERT_TRUE(serving.ok());
+  (*serving)->Start();
+  Collector collector;
+  ServingRequest bad = Greedy({1, 2}, 4, collector.Callback(0));
+  bad.generation.sampling.top_p = 0.f;
+  ASSERT_TRUE((*serving)->Submit(std::move(bad)).ok());
+  ASSERT_TRUE(collector.WaitFinished(1));
+  const ServingUpdate last = collector.Get(0).last;
+  EXPECT_TRUE(last.rejected);
+  EXPECT_EQ(last.error.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(last.error.message().find("top_p"), std::string::npos);
+}
+
+TEST_F(ServingEngineTest, RequestTimeoutEndsTheRequest) {
+  ServingEngineOptions options;
+  options.request_timeout_s = 0.05;
+  auto serving = ServingEngine::Create(MakeEngine(1), tokenizer_.get(), options);
+  ASSERT_TRUE(serving.ok());
+  (*serving)->Start();
+  Collector collector;
+  ASSERT_TRUE((*serving)->Submit(Greedy(Encode("Once"), 1000, collector.Callback(0))).ok());
+  ASSERT_TRUE(collector.WaitFinished(1));
+  const ServingUpdate last = collector.Get(0).last;
+  EXPECT_EQ(last.error.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(last.error.message().find("limits.request_timeout_s"), std::string::npos);
+}
+
+TEST_F(ServingEngineTest, StopEndsQueuedRequestsAndRefusesNewOnes) {
+  auto serving = ServingEngine::Create(MakeEngine(1), tokenizer_.get(), {});
+  ASSERT_TRUE(serving.ok());
+  EXPECT_EQ((*serving)->Health().code(), StatusCode::kUnavailable);  // not started
+  Collector collector;
+  ASSERT_TRUE((*serving)->Submit(Greedy(Encode("a"), 5, collector.Callback(0))).ok());
+  (*serving)->Stop();
+  ASSERT_TRUE(collector.WaitFinished(1));
+  EXPECT_EQ(collector.Get(0).last.error.code(), StatusCode::kUnavailable);
+  Result<uint64_t> late = (*serving)->Submit(Greedy(Encode("a"), 5, collector.Callback(1)));
+  EXPECT_EQ(late.status().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(ServingEngineTest, CreateRefusesBadOptions) {
+  ServingEngineOptions options;
+  options.max_queue = 0;
+  auto refused = ServingEngine::Create(MakeEngine(1), tokenizer_.get(), options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("limits.max_queue"), std::string::npos);
+  auto no_tokenizer = ServingEngine::Create(MakeEngine(1), nullptr, {});
+  ASSERT_FALSE(no_tokenizer.ok());
+  EXPECT_NE(no_tokenizer.status().message().find("tokenizer.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace rubato::server
