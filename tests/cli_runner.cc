@@ -128,60 +128,9 @@ ProcessResult BackgroundProcess::Wait(std::chrono::milliseconds timeout) {
 
 ProcessResult RunProcess(const std::string& binary, const std::vector<std::string>& args,
                          int timeout_s) {
-  ProcessResult result;
-  char out_path[] = "/tmp/rubato_cli_out_XXXXXX";
-  char err_path[] = "/tmp/rubato_cli_err_XXXXXX";
-  const int out_fd = mkstemp(out_path);
-  const int err_fd = mkstemp(err_path);
-  if (out_fd < 0 || err_fd < 0) {
-    result.err = "mkstemp failed";
-    return result;
-  }
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out_fd, 1);
-  posix_spawn_file_actions_adddup2(&actions, err_fd, 2);
-
-  std::vector<std::string> argv_storage = {binary};
-  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_storage) argv.push_back(a.data());
-  argv.push_back(nullptr);
-
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(out_fd);
-  close(err_fd);
-  if (rc != 0) {
-    result.err = "posix_spawn failed for " + binary;
-    return result;
-  }
-
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  int status = 0;
-  while (true) {
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (WIFSIGNALED(status)) {
-    result.signaled = true;
-    result.signal = WTERMSIG(status);
-  } else {
-    result.exit_code = WEXITSTATUS(status);
-  }
-  result.out = ReadAll(out_path);
-  result.err = ReadAll(err_path);
-  std::remove(out_path);
-  std::remove(err_path);
+  BackgroundProcess process(binary, args);
+  ProcessResult result = process.Wait(std::chrono::seconds(timeout_s));
+  if (process.pid() < 0) result.err = "posix_spawn failed for " + binary;
   return result;
 }
 

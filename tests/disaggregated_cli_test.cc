@@ -70,6 +70,13 @@ class DisaggregatedCliTest : public ::testing::Test {
             std::to_string(max_tokens), "--policy", policy, "--threads", "1"};
   }
 
+  // An offload_dense run far longer than the tests wait (4000 tokens), fast heartbeats.
+  std::vector<std::string> LongOffloadedRun() {
+    std::vector<std::string> args = GenerateArgs("offload_dense", 4000);
+    args.insert(args.end(), {"--config", config_});
+    return args;
+  }
+
   TestTempDir dir_{"disaggregated_cli"};
   std::string config_;
   std::string topk_config_;
@@ -130,9 +137,7 @@ void ExpectTheRunEndsWithAClearError(BackgroundProcess& cache, const std::string
 TEST_F(DisaggregatedCliTest, AKilledCacheRankEndsTheRunAndARestartedOneServesAgain) {
   std::unique_ptr<BackgroundProcess> cache = StartCache();
   ASSERT_FALSE(endpoint_.empty());
-  std::vector<std::string> args = GenerateArgs("offload_dense", 4000);
-  args.insert(args.end(), {"--config", config_});
-  ExpectTheRunEndsWithAClearError(*cache, endpoint_, args, SIGKILL);
+  ExpectTheRunEndsWithAClearError(*cache, endpoint_, LongOffloadedRun(), SIGKILL);
   const ProcessResult killed = cache->Wait(milliseconds(5000));
   EXPECT_TRUE(killed.signaled);
 
@@ -149,9 +154,7 @@ TEST_F(DisaggregatedCliTest, AKilledCacheRankEndsTheRunAndARestartedOneServesAga
 TEST_F(DisaggregatedCliTest, AStoppedCacheRankEndsTheRunWithinTheHeartbeatTimeout) {
   std::unique_ptr<BackgroundProcess> cache = StartCache();
   ASSERT_FALSE(endpoint_.empty());
-  std::vector<std::string> args = GenerateArgs("offload_dense", 4000);
-  args.insert(args.end(), {"--config", config_});
-  ExpectTheRunEndsWithAClearError(*cache, endpoint_, args, SIGSTOP);
+  ExpectTheRunEndsWithAClearError(*cache, endpoint_, LongOffloadedRun(), SIGSTOP);
   cache->Signal(SIGCONT);
 }
 

@@ -67,6 +67,22 @@ int CacheRankClient::PackLayers(int pack) const {
   return std::min(pack_layers_, model_.num_layers - PackFirstLayer(pack));
 }
 
+LayerPackShape CacheRankClient::PackShape(LayerPackKind kind, int pack) const {
+  LayerPackShape shape;
+  shape.kind = kind;
+  shape.step = step_;
+  shape.first_layer = static_cast<uint32_t>(PackFirstLayer(pack));
+  shape.num_layers = static_cast<uint32_t>(PackLayers(pack));
+  shape.dtype = session_shape_.dtype;
+  shape.num_kv_heads = session_shape_.num_kv_heads;
+  shape.num_query_heads = session_shape_.num_query_heads;
+  shape.head_dim = session_shape_.head_dim;
+  // Only topk needs the query, and only a KV pack carries one.
+  shape.has_query =
+      kind == LayerPackKind::kKvPack && options_.selection.selection == OffloadSelection::kTopK;
+  return shape;
+}
+
 Status CacheRankClient::Broken(Status why) {
   if (broken_.ok()) {
     broken_ = std::move(why);
@@ -155,16 +171,7 @@ Status CacheRankClient::LayerComputed(int layer, std::span<const OffloadLayerKv>
                                           LayerRange(PackFirstLayer(pack), PackLayers(pack))));
     }
     outgoing.sends.clear();
-    LayerPackShape shape;
-    shape.kind = LayerPackKind::kKvPack;
-    shape.step = step_;
-    shape.first_layer = static_cast<uint32_t>(PackFirstLayer(pack));
-    shape.num_layers = static_cast<uint32_t>(PackLayers(pack));
-    shape.dtype = session_shape_.dtype;
-    shape.num_kv_heads = session_shape_.num_kv_heads;
-    shape.num_query_heads = session_shape_.num_query_heads;
-    shape.head_dim = session_shape_.head_dim;
-    shape.has_query = options_.selection.selection == OffloadSelection::kTopK;
+    const LayerPackShape shape = PackShape(LayerPackKind::kKvPack, pack);
     RUBATO_ASSIGN_OR_RETURN(const uint64_t bytes, KvPackBytes(shape, step_requests_));
     RUBATO_ASSIGN_OR_RETURN(LayerPackWriter writer,
                             LayerPackWriter::Create(shape, step_requests_,
@@ -278,17 +285,10 @@ Status CacheRankClient::SendPack(int pack) {
     tx_bytes_metric_->Increment(static_cast<double>(message.size() + sizeof(LayerPackHeader)));
   }
 
-  LayerPackShape shape;
-  shape.kind = LayerPackKind::kReplyPack;
-  shape.step = step_;
-  shape.first_layer = static_cast<uint32_t>(PackFirstLayer(pack));
-  shape.num_layers = static_cast<uint32_t>(PackLayers(pack));
-  shape.dtype = session_shape_.dtype;
-  shape.num_kv_heads = session_shape_.num_kv_heads;
-  shape.num_query_heads = session_shape_.num_query_heads;
-  shape.head_dim = session_shape_.head_dim;
   auto reply = std::make_shared<Reply>();
-  RUBATO_ASSIGN_OR_RETURN(reply->bytes, ReplyPackBytes(shape, step_requests_));
+  RUBATO_ASSIGN_OR_RETURN(reply->bytes,
+                          ReplyPackBytes(PackShape(LayerPackKind::kReplyPack, pack),
+                                         step_requests_));
   const std::span<std::byte> into = reply->buffer.Bytes(reply->bytes);
   const TransferOp receive = TransferOp::Recv(cache_peer_, kReplyTag, into.data(), into.size());
   const Result<TransferId> posted = transport_.Post({&receive, 1});

@@ -79,6 +79,16 @@ class OffloadEngineTest : public ::testing::Test {
     return std::move(cache).value();
   }
 
+  // Batch 4, context 128, offloaded through `cache`.
+  static EngineOptions OffloadedOptions(ColocatedCacheRank& cache) {
+    EngineOptions options;
+    options.max_batch = 4;
+    options.max_context = 128;
+    options.num_threads = 2;
+    options.offload = &cache.client();
+    return options;
+  }
+
   TestTempDir dir_{"offload_engine"};
 };
 
@@ -171,12 +181,7 @@ TEST_F(OffloadEngineTest, ALostCacheRankEndsEveryOffloadedRequestWithAnError) {
   CacheClientOptions client;
   client.timeout = std::chrono::milliseconds(2000);
   std::unique_ptr<ColocatedCacheRank> cache = MakeCache(client);
-  EngineOptions options;
-  options.max_batch = 4;
-  options.max_context = 128;
-  options.num_threads = 2;
-  options.offload = &cache->client();
-  auto engine = Engine::Create(LoadModel(), options);
+  auto engine = Engine::Create(LoadModel(), OffloadedOptions(*cache));
   ASSERT_TRUE(engine.ok());
   for (int salt = 1; salt <= 2; ++salt) ASSERT_TRUE((*engine)->Submit(Sampled(9, salt, 40)).ok());
   for (int step = 0; step < 3; ++step) ASSERT_TRUE((*engine)->Step().ok());
@@ -211,12 +216,7 @@ TEST_F(OffloadEngineTest, ASessionOverTheCacheBudgetEndsItsRequestWithTheRefusal
   // Each session reserves 2 layers x 2 KV heads x capacity x 16 x 4 bytes x 2 (K and V):
   // 128 tokens -> 64 KiB. A 100 KiB budget takes one request, not two.
   std::unique_ptr<ColocatedCacheRank> cache = MakeCache(CacheClientOptions(), 100 << 10);
-  EngineOptions options;
-  options.max_batch = 4;
-  options.max_context = 128;
-  options.num_threads = 2;
-  options.offload = &cache->client();
-  auto engine = Engine::Create(LoadModel(), options);
+  auto engine = Engine::Create(LoadModel(), OffloadedOptions(*cache));
   ASSERT_TRUE(engine.ok());
   GenerationRequest request = Sampled(20, 1, 107);  // 20 + 107 - 1 + 1 = 127 tokens
   ASSERT_TRUE((*engine)->Submit(request).ok());

@@ -411,6 +411,9 @@ Result<Envelope> RpcClient::Call(Envelope request, Envelope::BodyCase expected,
 
 Result<HelloResponse> RpcClient::Hello(HelloRequest request, std::chrono::milliseconds timeout) {
   if (request.protocol_version() == 0) request.set_protocol_version(kProtocolVersion);
+  if (request.heartbeat_ms() == 0) {
+    request.set_heartbeat_ms(static_cast<uint32_t>(options_.heartbeat_ms));
+  }
   Envelope envelope;
   *envelope.mutable_hello_request() = std::move(request);
   RUBATO_ASSIGN_OR_RETURN(Envelope response,

@@ -34,6 +34,20 @@ TEST_F(RpcTest, HeartbeatsKeepAnIdleConnectionAliveOnBothSides) {
   EXPECT_TRUE(client->Stats().ok());
 }
 
+TEST_F(RpcTest, AClientsSlowerHeartbeatRaisesTheServersPeerTimeout) {
+  // The server's own timeout (150 ms) is shorter than the client's heartbeat (250 ms): the
+  // client's Hello says so, and the server waits 5 of its heartbeats instead.
+  server_->Stop();
+  StartServer(0, /*peer_timeout_ms=*/150);
+  RpcClientOptions options = FastOptions();
+  options.heartbeat_ms = 250;
+  auto client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  std::this_thread::sleep_for(milliseconds(900));
+  EXPECT_TRUE(handler_.Read(&TestHandler::lost_).empty());
+  EXPECT_TRUE(client->Stats().ok());
+}
+
 TEST_F(RpcTest, ServerNoticesASilentClient) {
   server_->Stop();
   StartServer(0, /*peer_timeout_ms=*/300);

@@ -219,6 +219,12 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
                       envelope.error().message());
       return;
     }
+    if (envelope.has_hello_request() && envelope.hello_request().heartbeat_ms() > 0) {
+      // Wait 5 of the client's heartbeats, never less than the server's own peer timeout.
+      const int64_t five_beats = 5 * static_cast<int64_t>(envelope.hello_request().heartbeat_ms());
+      peer_timeout_ms_ = static_cast<int>(std::min<int64_t>(
+          std::max<int64_t>(server_->options_.peer_timeout_ms, five_beats), INT32_MAX));
+    }
     asio::post(server_->handler_pool_,
                [self = shared_from_this(), request = std::move(envelope)]() mutable {
                  Envelope response =
@@ -261,19 +267,18 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   }
 
   void ArmIdleTimer() {
-    idle_timer_.expires_at(last_receive_ +
-                           std::chrono::milliseconds(server_->options_.peer_timeout_ms));
+    idle_timer_.expires_at(last_receive_ + std::chrono::milliseconds(peer_timeout_ms_));
     idle_timer_.async_wait(
         [self = shared_from_this()](boost::system::error_code ec) { self->OnIdleTimer(ec); });
   }
 
   void OnIdleTimer(boost::system::error_code ec) {
     if (ec || closed_) return;
-    const auto timeout = std::chrono::milliseconds(server_->options_.peer_timeout_ms);
+    const auto timeout = std::chrono::milliseconds(peer_timeout_ms_);
     if (Clock::now() - last_receive_ >= timeout) {
       Close(UnavailableError(fmt::format(
           "connection {} from {} sent nothing (not even a heartbeat) for {} ms, the peer timeout",
-          id_, peer_, server_->options_.peer_timeout_ms)));
+          id_, peer_, peer_timeout_ms_)));
       return;
     }
     ArmIdleTimer();
@@ -292,6 +297,9 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   bool close_after_write_ = false;
   Status close_reason_;
   std::atomic<bool> hello_done_{false};
+  // The server's peer_timeout_ms, raised to 5 of the client's heartbeats by its Hello. I/O
+  // thread only.
+  int peer_timeout_ms_ = server_->options_.peer_timeout_ms;
 };
 
 Result<uint16_t> RpcServerImpl::Listen() {
