@@ -22,7 +22,6 @@
 #include "inference_rank/cli/mpi_launch.h"
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/model.h"
-#include "transport/rpc/rpc_client.h"
 #include "inference_rank/policies/policy_registry.h"
 
 namespace rubato {
@@ -110,7 +109,6 @@ void Print(const std::string& text) {
   std::fflush(stdout);
 }
 
-Status StopMpiCacheRank(const RubatoConfig& config);
 Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config);
 
 }  // namespace
@@ -119,43 +117,11 @@ Status RunGenerate(const GenerateArgs& args) {
   RUBATO_ASSIGN_OR_RETURN(RubatoConfig config, ResolveConfig(OverridesOf(args)));
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
   // Under mpirun with topology.ranks: a cache rank serves; this rank finds it (mpi_launch.h).
-  RUBATO_ASSIGN_OR_RETURN(std::optional<MpiLaunch> mpi_launch, JoinMpiLaunch(config));
-  if (mpi_launch.has_value() && mpi_launch->is_cache_rank()) {
-    return mpi_launch->ServeAsCacheRank(config);
-  }
-  Status status = GenerateWithConfig(args, config);
-  if (mpi_launch.has_value()) {
-    // The job ends when every rank does: tell the cache rank (its RPC connection is gone with
-    // this run's client, so a fresh one) to stop.
-    const Status stopped = StopMpiCacheRank(config);
-    if (status.ok()) status = stopped;
-    if (!status.ok()) {
-      std::fprintf(stderr, "rubato: error: %s\n", status.message().c_str());
-      mpi_launch->Abort(1);
-    }
-  }
-  return status;
+  return RunWithMpiRoles(config,
+                         [&](RubatoConfig& resolved) { return GenerateWithConfig(args, resolved); });
 }
 
 namespace {
-
-Status StopMpiCacheRank(const RubatoConfig& config) {
-  RUBATO_ASSIGN_OR_RETURN(
-      std::unique_ptr<rpc::RpcClient> rpc,
-      rpc::RpcClient::Connect(config.topology.cache_endpoints.front(),
-                              std::chrono::milliseconds(config.limits.rpc_timeout_ms),
-                              rpc::RpcClientOptions::FromLimits(config.limits)));
-  rpc::HelloRequest hello;
-  hello.set_role(rpc::ROLE_INFERENCE);
-  RUBATO_RETURN_IF_ERROR(rpc->Hello(hello).status());
-  rpc::ShutdownRequest request;
-  request.set_reason("the inference rank of this mpirun finished");
-  const Status stopped = rpc->Shutdown(request).status();
-  // The cache rank may close the connection before its answer is written: going away is what
-  // was asked for.
-  if (stopped.code() == StatusCode::kUnavailable) return Status::Ok();
-  return stopped;
-}
 
 Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config) {
   RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));

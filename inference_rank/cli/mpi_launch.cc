@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <chrono>
 #include <cstdlib>
 #include <vector>
 
 #include "inference_rank/cli/cache_command.h"
 #include "transport/mpi_bootstrap.h"
+#include "transport/rpc/rpc_client.h"
 
 namespace rubato {
 
@@ -91,6 +93,39 @@ Result<std::optional<MpiLaunch>> JoinMpiLaunch(RubatoConfig& config) {
   config.topology.cache_endpoints = {endpoint};
   return std::optional<MpiLaunch>(std::move(launch));
 #endif
+}
+
+Status RunWithMpiRoles(RubatoConfig& config,
+                       const std::function<Status(RubatoConfig&)>& run_inference) {
+  RUBATO_ASSIGN_OR_RETURN(std::optional<MpiLaunch> launch, JoinMpiLaunch(config));
+  if (!launch.has_value()) return run_inference(config);
+  if (launch->is_cache_rank()) return launch->ServeAsCacheRank(config);
+  Status status = run_inference(config);
+  const Status stopped = launch->StopCacheRank(config);
+  if (status.ok()) status = stopped;
+  if (!status.ok()) {
+    std::fprintf(stderr, "rubato: error: %s\n", status.message().c_str());
+    launch->Abort(1);
+  }
+  return status;
+}
+
+Status MpiLaunch::StopCacheRank(const RubatoConfig& config) {
+  RUBATO_ASSIGN_OR_RETURN(
+      std::unique_ptr<rpc::RpcClient> rpc,
+      rpc::RpcClient::Connect(config.topology.cache_endpoints.front(),
+                              std::chrono::milliseconds(config.limits.rpc_timeout_ms),
+                              rpc::RpcClientOptions::FromLimits(config.limits)));
+  rpc::HelloRequest hello;  // control only: no data plane
+  hello.set_role(rpc::ROLE_INFERENCE);
+  RUBATO_RETURN_IF_ERROR(rpc->Hello(hello).status());
+  rpc::ShutdownRequest request;
+  request.set_reason("the inference rank of this mpirun finished");
+  const Status stopped = rpc->Shutdown(request).status();
+  // The cache rank may close the connection before its answer is written: going away is what
+  // was asked for.
+  if (stopped.code() == StatusCode::kUnavailable) return Status::Ok();
+  return stopped;
 }
 
 void MpiLaunch::Abort(int exit_code) {

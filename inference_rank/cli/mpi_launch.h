@@ -4,11 +4,10 @@
 // MPI and then connects exactly as `--cache HOST:PORT` does (RPC + UCX). MPI carries only the
 // endpoint; the local GPU is the process's node-local rank.
 //
-//   RUBATO_ASSIGN_OR_RETURN(std::optional<MpiLaunch> launch, JoinMpiLaunch(config));
-//   if (launch && launch->is_cache_rank()) return launch->ServeAsCacheRank(config);
-//   // else config now names the cache rank: disaggregated, ucx, cache_endpoints = {...}
+//   return RunWithMpiRoles(config, [&](RubatoConfig& config) { return Generate(config); });
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +29,9 @@ class MpiLaunch {
   int rank() const { return rank_; }
   // Serves this cache rank until an inference rank's Shutdown (or SIGTERM).
   Status ServeAsCacheRank(const RubatoConfig& config);
+  // Asks the cache rank (at config.topology.cache_endpoints[0]) to stop: an inference rank's
+  // last act, since the job ends only when every rank does.
+  Status StopCacheRank(const RubatoConfig& config);
   // Ends every rank of the job (MPI_Abort): what an inference rank does on an error, since the
   // cache rank would otherwise serve on and MPI_Finalize wait for it. Does not return.
   [[noreturn]] void Abort(int exit_code);
@@ -43,6 +45,13 @@ class MpiLaunch {
   int rank_ = 0;
   bool all_on_one_node_ = true;
 };
+
+// What `rubato generate` and `rubato serve` do with their config: runs `run_inference(config)`
+// directly when not launched by mpirun with topology.ranks; under mpirun a cache rank serves
+// instead, and an inference rank runs it against the cache rank, then stops the cache rank so
+// the job ends, and aborts the job (after printing the error) when anything failed.
+Status RunWithMpiRoles(RubatoConfig& config,
+                       const std::function<Status(RubatoConfig&)>& run_inference);
 
 // Not launched by mpirun (or no topology.ranks in the config): nullopt and nothing changes.
 // Else joins MPI, checks the ranks table against the world (every rank listed once, at least one
