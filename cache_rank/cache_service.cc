@@ -54,7 +54,7 @@ struct CacheService::Peer {
 };
 
 CacheService::CacheService(const CacheServiceOptions& options)
-    : options_(options), store_(KvStoreOptions{options.budget_bytes, nullptr}) {}
+    : options_(options), store_(KvStoreOptions{options.budget_bytes, options.allocator}) {}
 
 CacheService::~CacheService() { Stop(); }
 

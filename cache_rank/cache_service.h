@@ -32,6 +32,9 @@ namespace rubato {
 struct CacheServiceOptions {
   uint64_t budget_bytes = uint64_t{1} << 30;  // KV storage all sessions may reserve
   uint64_t max_pack_bytes = uint64_t{4} << 30;  // a KV pack header announcing more is refused
+  // Where sessions' KV lives: null is pageable host memory (kv_storage.h); pinned host memory
+  // is MakePinnedKvStorageAllocator (CUDA builds).
+  std::shared_ptr<KvStorageAllocator> allocator;
 };
 
 // What the data plane has done (the cache rank's metrics and Stats RPC).

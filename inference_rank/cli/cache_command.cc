@@ -10,6 +10,9 @@
 
 #include "cache_rank/cache_rpc_handler.h"
 #include "cache_rank/cache_service.h"
+#ifdef RUBATO_HAS_CUDA_PINNED
+#include "cache_rank/pinned_kv_storage.h"
+#endif
 #include "common/config.h"
 #include "common/logging.h"
 #include "transport/rpc/rpc_client.h"
@@ -45,7 +48,7 @@ Status RunCache(const CacheArgs& args) {
     RUBATO_ASSIGN_OR_RETURN(config, LoadConfigFile(*args.config_file));
   }
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
-  return ServeCacheRank(args.listen, args.budget_mb, config.limits,
+  return ServeCacheRank(args.listen, args.budget_mb, args.memory, config.limits,
                         [](const std::string& endpoint) {
                           std::printf("rubato cache: listening on %s\n", endpoint.c_str());
                           std::fflush(stdout);
@@ -53,7 +56,8 @@ Status RunCache(const CacheArgs& args) {
                         });
 }
 
-Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const LimitsSection& limits,
+Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const std::string& memory,
+                      const LimitsSection& limits,
                       const std::function<Status(const std::string&)>& on_listening) {
   RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint, ParseListenAddress(listen));
   if (budget_mb < 1 || budget_mb > (int64_t{1} << 30)) {
@@ -63,6 +67,15 @@ Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const Limits
 
   CacheServiceOptions service_options;
   service_options.budget_bytes = static_cast<uint64_t>(budget_mb) << 20;
+  if (memory == "pinned") {
+#ifdef RUBATO_HAS_CUDA_PINNED
+    service_options.allocator = MakePinnedKvStorageAllocator();
+#else
+    return UnsupportedError("--memory pinned: this rubato was built without CUDA");
+#endif
+  } else if (memory != "host") {
+    return InvalidArgumentError("--memory: '" + memory + "' is not one of host, pinned");
+  }
   CacheService service(service_options);
   std::mutex mutex;
   std::condition_variable stop_requested;

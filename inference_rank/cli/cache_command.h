@@ -17,6 +17,7 @@ namespace rubato {
 struct CacheArgs {
   std::string listen = "127.0.0.1:0";      // host:port of the RPC server
   int64_t budget_mb = 1024;                // KV storage all sessions may reserve, MiB
+  std::string memory = "host";             // "host" (pageable) | "pinned" (cudaHostAlloc)
   std::optional<std::string> config_file;  // YAML config: limits (heartbeat, timeouts), logging
 };
 
@@ -25,7 +26,8 @@ Status RunCache(const CacheArgs& args);
 // The cache rank's serving loop, shared by `rubato cache` and the cache role of an mpirun
 // launch: binds `listen`, calls `on_listening(bound endpoint)` once the RPC server runs (an
 // error from it stops the rank), and serves until a peer's Shutdown, SIGINT or SIGTERM.
-Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const LimitsSection& limits,
+Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const std::string& memory,
+                      const LimitsSection& limits,
                       const std::function<Status(const std::string&)>& on_listening);
 
 }  // namespace rubato

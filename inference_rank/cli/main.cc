@@ -96,6 +96,9 @@ int main(int argc, char** argv) {
   cache->add_option("--listen", cache_args.listen, "host:port of its RPC server (port 0: any)");
   cache->add_option("--budget-mb", cache_args.budget_mb, "KV storage for all sessions, MiB")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cache->add_option("--memory", cache_args.memory,
+                    "Where the KV lives: host (pageable) or pinned (page-locked, CUDA builds)")
+      ->check(CLI::IsMember({"host", "pinned"}));
   cache->add_option("--config", cache_args.config_file, "YAML config (limits, logging)");
 
   rubato::TokenizeArgs tok;
