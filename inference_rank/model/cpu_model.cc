@@ -266,17 +266,16 @@ Status CpuModel::OffloadLayer(int layer, PagedKvCache& cache) {
   const int kv_dim = config_.kv_dim();
   const int q_dim = config_.q_dim();
   // Every exchange of the batch gets its entries' K/V (usually one exchange: one cache rank).
-  for (size_t e = 0; e < plan_.size(); ++e) {
-    KvOffloadExchange* exchange = plan_[e].offload != nullptr ? plan_[e].offload->exchange : nullptr;
-    bool first_of_exchange = exchange != nullptr;
-    for (size_t before = 0; before < e && first_of_exchange; ++before) {
-      first_of_exchange = plan_[before].offload == nullptr ||
-                          plan_[before].offload->exchange != exchange;
+  std::vector<KvOffloadExchange*> exchanges;
+  for (const EntryPlan& p : plan_) {
+    if (p.offload != nullptr && std::find(exchanges.begin(), exchanges.end(),
+                                          p.offload->exchange) == exchanges.end()) {
+      exchanges.push_back(p.offload->exchange);
     }
-    if (!first_of_exchange) continue;
+  }
+  for (KvOffloadExchange* exchange : exchanges) {
     offload_layer_kv_.clear();
-    for (size_t i = e; i < plan_.size(); ++i) {
-      const EntryPlan& p = plan_[i];
+    for (const EntryPlan& p : plan_) {
       if (p.offload == nullptr || p.offload->exchange != exchange) continue;
       const size_t row = static_cast<size_t>(p.first_token);
       const size_t last = row + static_cast<size_t>(p.tokens) - 1;

@@ -73,8 +73,9 @@ class OffloadEngineTest : public ::testing::Test {
   std::unique_ptr<ColocatedCacheRank> MakeCache(const CacheClientOptions& client,
                                                 uint64_t budget = uint64_t{64} << 20) {
     auto model = LoadModel();
-    auto cache = ColocatedCacheRank::Create(model->config(), client,
-                                            CacheServiceOptions{budget, uint64_t{1} << 30});
+    CacheServiceOptions service;
+    service.budget_bytes = budget;
+    auto cache = ColocatedCacheRank::Create(model->config(), client, service);
     EXPECT_TRUE(cache.ok()) << cache.status().ToString();
     return std::move(cache).value();
   }
