@@ -115,7 +115,8 @@ ServingEngine::~ServingEngine() { Stop(); }
 
 void ServingEngine::Start() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (thread_.joinable() || loop_stopped_) return;
+  if (started_ || loop_stopped_) return;
+  started_ = true;
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -152,6 +153,7 @@ void ServingEngine::Stop() {
     stop_requested_ = true;
   }
   wake_.notify_one();
+  // Start and Stop come from the owner's thread, never concurrently: thread_ needs no lock.
   if (thread_.joinable()) thread_.join();
   // Never started, or requests that raced the loop's end: they still get their last update.
   std::deque<Incoming> left;
@@ -173,7 +175,7 @@ Status ServingEngine::Health() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!health_.ok()) return health_;
   if (loop_stopped_ || stop_requested_) return UnavailableError("the engine loop has stopped");
-  if (!thread_.joinable()) return UnavailableError("the engine loop has not started");
+  if (!started_) return UnavailableError("the engine loop has not started");
   return Status::Ok();
 }
 

@@ -152,6 +152,7 @@ class ServingEngine {
   std::vector<uint64_t> cancels_;
   uint64_t next_serving_id_ = 1;
   int engine_waiting_ = 0;  // requests waiting inside the engine after the last loop turn
+  bool started_ = false;  // Start() ran (thread_ itself is touched by Start and Stop only)
   bool stop_requested_ = false;
   bool loop_stopped_ = false;
   Status health_;

@@ -10,10 +10,13 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/tokenizer/stream_decoder.h"
 #include "inference_rank/model/cpu_model.h"
+#include "inference_rank/model/kv_offload.h"
+#include "inference_rank/server/openai_router.h"
 
 namespace rubato::server {
 namespace {
@@ -21,7 +24,21 @@ namespace {
 constexpr const char* kModelDir = "models/tiny-qwen3-longctx";
 constexpr auto kWait = std::chrono::seconds(20);  // bound on every wait (ASan on 2 cores)
 
-std::unique_ptr<Engine> MakeEngine(int max_batch, MetricsRegistry* metrics = nullptr) {
+// A cache rank that is gone: no session opens, and the client reports itself broken.
+class LostCacheRank : public KvOffloadClient {
+ public:
+  Status LayerComputed(int, std::span<const OffloadLayerKv>) override { return Lost(); }
+  Result<OffloadCompactKv> CompactFor(int, uint64_t, int) override { return Lost(); }
+  Result<uint64_t> OpenSession(uint64_t, int) override { return Lost(); }
+  Status CloseSession(uint64_t) override { return Status::Ok(); }
+  Status Broken() const override { return Lost(); }
+
+ private:
+  static Status Lost() { return UnavailableError("cache rank 127.0.0.1:7000 stopped answering"); }
+};
+
+std::unique_ptr<Engine> MakeEngine(int max_batch, MetricsRegistry* metrics = nullptr,
+                                   KvOffloadClient* offload = nullptr) {
   Result<std::unique_ptr<CpuModel>> model = CpuModel::Load(kModelDir, ModelLoadOptions{});
   EXPECT_TRUE(model.ok()) << model.status().message();
   EngineOptions options;
@@ -29,6 +46,7 @@ std::unique_ptr<Engine> MakeEngine(int max_batch, MetricsRegistry* metrics = nul
   options.max_context = 1024;
   options.num_threads = 1;
   options.metrics = metrics;
+  options.offload = offload;
   Result<std::unique_ptr<Engine>> engine = Engine::Create(std::move(model).value(), options);
   EXPECT_TRUE(engine.ok()) << engine.status().message();
   return std::move(engine).value();
@@ -289,6 +307,34 @@ TEST_F(ServingEngineTest, StopEndsQueuedRequestsAndRefusesNewOnes) {
   EXPECT_EQ(collector.Get(0).last.error.code(), StatusCode::kUnavailable);
   Result<uint64_t> late = (*serving)->Submit(Greedy(Encode("a"), 5, collector.Callback(1)));
   EXPECT_EQ(late.status().code(), StatusCode::kUnavailable);
+}
+
+// A request that fails inside the engine (its cache rank is lost) answers 503 through the
+// router, and /health says why.
+TEST_F(ServingEngineTest, LostCacheRankAnswers503AndHealthSaysWhy) {
+  LostCacheRank lost;
+  auto serving = ServingEngine::Create(MakeEngine(1, nullptr, &lost), tokenizer_.get(), {});
+  ASSERT_TRUE(serving.ok());
+  (*serving)->Start();
+  OpenAiRouter router(serving->get(), tokenizer_.get(), nullptr, {"tiny", 0});
+  const HttpReply reply = router.Handle(
+      {"POST", "/v1/completions", R"({"prompt": "Once upon", "max_tokens": 4})"});
+  ASSERT_NE(reply.pending, nullptr);
+  PendingReply::Progress progress;
+  for (int i = 0; i < 400 && !progress.complete; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    progress = reply.pending->Take();
+  }
+  ASSERT_TRUE(progress.complete);
+  EXPECT_EQ(progress.status, 503);
+  EXPECT_NE(progress.body.find("stopped answering"), std::string::npos) << progress.body;
+  HttpReply health;
+  for (int i = 0; i < 400 && health.status != 503; ++i) {
+    health = router.Handle({"GET", "/health", ""});
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(health.status, 503);
+  EXPECT_NE(health.body.find("cache rank lost"), std::string::npos) << health.body;
 }
 
 TEST_F(ServingEngineTest, CreateRefusesBadOptions) {
