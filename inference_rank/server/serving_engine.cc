@@ -176,6 +176,7 @@ Status ServingEngine::Health() const {
   if (!health_.ok()) return health_;
   if (loop_stopped_ || stop_requested_) return UnavailableError("the engine loop has stopped");
   if (!started_) return UnavailableError("the engine loop has not started");
+  if (!engine_failure_.ok()) return engine_failure_;
   return Status::Ok();
 }
 
@@ -291,6 +292,10 @@ void ServingEngine::RouteEvent(const TokenEvent& event) {
   ServingUpdate update;
   update.prompt_tokens = live.prompt_tokens;
   if (event.finish == FinishReason::kError) {  // the engine has dropped the request already
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      engine_failure_ = event.error.WithContext("the last request failed in the engine");
+    }
     update.finished = true;
     update.error = event.error;
     update.completion_tokens = live.completion_tokens;
@@ -356,6 +361,10 @@ void ServingEngine::Finish(uint64_t serving_id, ServingUpdate update) {
   update.finished = true;
   update.prompt_tokens = live.prompt_tokens;
   update.completion_tokens = live.completion_tokens;
+  if (update.error.ok()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    engine_failure_ = Status::Ok();
+  }
   if (update.error.ok() && metrics_.e2e_request_latency != nullptr) {
     metrics_.e2e_request_latency->Observe(
         std::chrono::duration<double>(Clock::now() - live.arrival).count());

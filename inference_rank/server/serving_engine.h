@@ -84,7 +84,8 @@ class ServingEngine {
   void Cancel(uint64_t serving_id);
   // Stops the loop: every queued or running request ends with Unavailable; joins the thread.
   void Stop();
-  // Ok while the loop runs and its cache rank (if any) works; else why not.
+  // Ok while the loop runs, its cache rank (if any) works and the last request that ended did
+  // not fail inside the engine; else why not.
   Status Health() const;
 
   int max_context() const { return max_context_; }
@@ -155,7 +156,10 @@ class ServingEngine {
   bool started_ = false;  // Start() ran (thread_ itself is touched by Start and Stop only)
   bool stop_requested_ = false;
   bool loop_stopped_ = false;
-  Status health_;
+  Status health_;        // the loop's end, or the offload client's Broken()
+  // The error of the last request that failed inside the engine (kError: e.g. its cache rank
+  // could not be reached), until a request finishes well again.
+  Status engine_failure_;
   std::thread thread_;
 };
 
