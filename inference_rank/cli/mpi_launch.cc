@@ -111,19 +111,23 @@ Status RunWithMpiRoles(RubatoConfig& config,
 }
 
 Status MpiLaunch::StopCacheRank(const RubatoConfig& config) {
-  RUBATO_ASSIGN_OR_RETURN(
-      std::unique_ptr<rpc::RpcClient> rpc,
-      rpc::RpcClient::Connect(config.topology.cache_endpoints.front(),
-                              std::chrono::milliseconds(config.limits.rpc_timeout_ms),
-                              rpc::RpcClientOptions::FromLimits(config.limits)));
-  rpc::HelloRequest hello;  // control only: no data plane
-  hello.set_role(rpc::ROLE_INFERENCE);
-  RUBATO_RETURN_IF_ERROR(rpc->Hello(hello).status());
-  rpc::ShutdownRequest request;
-  request.set_reason("the inference rank of this mpirun finished");
-  const Status stopped = rpc->Shutdown(request).status();
-  // The cache rank may close the connection before its answer is written: going away is what
-  // was asked for.
+  const auto ask = [&]() -> Status {
+    RUBATO_ASSIGN_OR_RETURN(
+        std::unique_ptr<rpc::RpcClient> rpc,
+        rpc::RpcClient::Connect(config.topology.cache_endpoints.front(),
+                                std::chrono::milliseconds(config.limits.rpc_timeout_ms),
+                                rpc::RpcClientOptions::FromLimits(config.limits)));
+    rpc::HelloRequest hello;  // control only: no data plane
+    hello.set_role(rpc::ROLE_INFERENCE);
+    RUBATO_RETURN_IF_ERROR(rpc->Hello(hello).status());
+    rpc::ShutdownRequest request;
+    request.set_reason("the inference rank of this mpirun finished");
+    return rpc->Shutdown(request).status();
+  };
+  const Status stopped = ask();
+  // Unreachable or hanging up: the cache rank is going or gone (it may close the connection
+  // before its answer is written, or mpirun passed a SIGINT / SIGTERM to every rank), which is
+  // what was asked for.
   if (stopped.code() == StatusCode::kUnavailable) return Status::Ok();
   return stopped;
 }

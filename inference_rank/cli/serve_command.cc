@@ -11,6 +11,7 @@
 
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "inference_rank/cli/mpi_launch.h"
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/server/http_server.h"
 #include "inference_rank/server/openai_router.h"
@@ -25,6 +26,9 @@ void OnSignal(int signal) { signal_received = signal; }
 // Running requests get this long to finish after a signal; the rest are cancelled.
 constexpr std::chrono::seconds kShutdownGrace(5);
 
+// Loads the model and serves HTTP until SIGINT / SIGTERM.
+Status Serve(const RubatoConfig& config);
+
 }  // namespace
 
 Status RunServe(const ServeArgs& args) {
@@ -38,6 +42,13 @@ Status RunServe(const ServeArgs& args) {
     config.server.port = *args.port;
   }
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
+  // Under mpirun with topology.ranks: a cache rank serves KV; this rank serves HTTP against it.
+  return RunWithMpiRoles(config, [](RubatoConfig& resolved) { return Serve(resolved); });
+}
+
+namespace {
+
+Status Serve(const RubatoConfig& config) {
   RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
   RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
   RUBATO_RETURN_IF_ERROR(CheckOffloadChoice(config, policy));
@@ -64,6 +75,7 @@ Status RunServe(const ServeArgs& args) {
   RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, tokenizer.get(), engine_options));
   if (policy.offload.has_value()) {
     RUBATO_ASSIGN_OR_RETURN(offload, ConnectOffload(config, policy, model->config()));
+    RUBATO_RETURN_IF_ERROR(offload.client->RegisterMetrics(metrics));
     engine_options.offload = offload.client;
   }
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
@@ -103,4 +115,5 @@ Status RunServe(const ServeArgs& args) {
   return Status::Ok();
 }
 
+}  // namespace
 }  // namespace rubato
