@@ -16,7 +16,6 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -176,11 +175,12 @@ std::unique_ptr<BackgroundProcess> StartServer(int* port) {
       RUBATO_BINARY, std::vector<std::string>{"serve", "--model", kModelDir, "--port", "0",
                                               "--threads", "1"});
   EXPECT_TRUE(server->WaitForOutput("listening on http://", milliseconds(30000))) << server->Err();
-  std::smatch match;
+  // "rubato serve: listening on http://127.0.0.1:PORT"
   const std::string out = server->Out();
-  const std::regex line("listening on http://127\\.0\\.0\\.1:([0-9]+)");
-  EXPECT_TRUE(std::regex_search(out, match, line)) << out;
-  *port = match.empty() ? 0 : std::stoi(match[1]);
+  const std::string prefix = "listening on http://127.0.0.1:";
+  const size_t at = out.find(prefix);
+  EXPECT_NE(at, std::string::npos) << out;
+  *port = at == std::string::npos ? 0 : std::atoi(out.c_str() + at + prefix.size());
   return server;
 }
 
