@@ -140,4 +140,14 @@ EngineOptions EngineOptionsFromConfig(const RubatoConfig& config) {
   return options;
 }
 
+Result<PolicyChoice> ResolveAndCheck(const RubatoConfig& config) {
+  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
+  RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
+  RUBATO_RETURN_IF_ERROR(CheckOffloadChoice(config, policy));
+  if (!std::filesystem::is_directory(config.model.path)) {
+    return NotFoundError("model directory '" + config.model.path + "' does not exist");
+  }
+  return policy;
+}
+
 }  // namespace rubato

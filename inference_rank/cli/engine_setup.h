@@ -42,6 +42,10 @@ Status CheckSupportedByThisBuild(const RubatoConfig& config);
 // a cache endpoint needs an offload policy.
 Status CheckOffloadChoice(const RubatoConfig& config, const PolicyChoice& policy);
 
+// What every command checks before it loads anything: the policy of `config` (resolved), what
+// this build and that policy can run, and that the model directory exists.
+Result<PolicyChoice> ResolveAndCheck(const RubatoConfig& config);
+
 // Where an offload policy's KV goes: the remote cache rank, or one in this process. Must outlive
 // the engine whose EngineOptions::offload is `client`.
 struct OffloadTarget {

@@ -124,14 +124,8 @@ Status RunGenerate(const GenerateArgs& args) {
 namespace {
 
 Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config) {
-  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
-  RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
-  RUBATO_RETURN_IF_ERROR(CheckOffloadChoice(config, policy));
-
+  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolveAndCheck(config));
   const std::filesystem::path model_dir = config.model.path;
-  if (!std::filesystem::is_directory(model_dir)) {
-    return NotFoundError("model directory '" + model_dir.string() + "' does not exist");
-  }
   if (args.prompt.has_value() == args.prompt_ids.has_value()) {
     return InvalidArgumentError("give the prompt as --prompt TEXT or as --prompt-ids 1,2,3");
   }

@@ -49,13 +49,8 @@ Status RunServe(const ServeArgs& args) {
 namespace {
 
 Status Serve(const RubatoConfig& config) {
-  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
-  RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
-  RUBATO_RETURN_IF_ERROR(CheckOffloadChoice(config, policy));
+  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolveAndCheck(config));
   const std::filesystem::path model_dir = config.model.path;
-  if (!std::filesystem::is_directory(model_dir)) {
-    return NotFoundError("model directory '" + model_dir.string() + "' does not exist");
-  }
   if (!std::filesystem::exists(model_dir / "tokenizer.json")) {
     return NotFoundError("model directory '" + model_dir.string() +
                          "' has no tokenizer.json; `rubato serve` needs it to read prompts "
