@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "common/test_temp_dir.h"
@@ -150,14 +151,21 @@ TEST_F(OffloadEngineTest, MetricsCountTheBytesTheWaitsAndTheSessions) {
   ASSERT_TRUE(cache->client().RegisterMetrics(inference_metrics).ok());
   ASSERT_TRUE(cache->service().RegisterMetrics(cache_metrics).ok());
   Run(cache.get());
-  const std::string inference = inference_metrics.ExpositionText();
-  const std::string served = cache_metrics.ExpositionText();
   const auto sample = [](const std::string& text, const std::string& name) {
     const size_t at = text.find("\n" + name + " ");
     return at == std::string::npos ? -1.0 : std::stod(text.substr(at + name.size() + 2));
   };
   const double sent = static_cast<double>(cache->client().bytes_sent());
   const double received = static_cast<double>(cache->client().bytes_received());
+  // The service counts a reply once its loop sees the send complete, which may come just after
+  // the client has it: wait (bounded) for its last count.
+  const std::string served_tx =
+      "rubato:transport_bytes_total{direction=\"tx\",backend=\"loopback\"}";
+  for (int i = 0; i < 500 && sample(cache_metrics.ExpositionText(), served_tx) != received; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::string inference = inference_metrics.ExpositionText();
+  const std::string served = cache_metrics.ExpositionText();
   ASSERT_GT(sent, 0);
   EXPECT_EQ(sample(inference,
                    "rubato:transport_bytes_total{direction=\"tx\",backend=\"loopback\"}"),
@@ -171,8 +179,7 @@ TEST_F(OffloadEngineTest, MetricsCountTheBytesTheWaitsAndTheSessions) {
   EXPECT_EQ(sample(served, "rubato:transport_bytes_total{direction=\"rx\",backend=\"loopback\"}"),
             sent)
       << served;
-  EXPECT_EQ(sample(served, "rubato:transport_bytes_total{direction=\"tx\",backend=\"loopback\"}"),
-            received);
+  EXPECT_EQ(sample(served, served_tx), received);
   EXPECT_EQ(sample(served, "rubato:cache_rank_sessions"), 0) << served;
   EXPECT_EQ(sample(served, "rubato:cache_rank_memory_bytes{kind=\"reserved\"}"), 0);
   EXPECT_EQ(sample(served, "rubato:cache_rank_memory_bytes{kind=\"budget\"}"), 64 << 20);
