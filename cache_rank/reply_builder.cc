@@ -89,10 +89,14 @@ Result<uint64_t> BuildReplyPack(KvStore& store, const LayerPackView& kv_pack,
                                               chosen, keys.subspan(head_offset),
                                               values.subspan(head_offset)));
         }
+        // Slots past the chosen rows are zeroed (a pack with no slots has no buffer at all:
+        // memset may not see its null pointer, even for zero bytes).
         const uint64_t used = chosen.size() * row_bytes;
         const uint64_t unused = (slots - chosen.size()) * row_bytes;
-        std::memset(keys.data() + head_offset + used, 0, unused);
-        std::memset(values.data() + head_offset + used, 0, unused);
+        if (unused > 0) {
+          std::memset(keys.data() + head_offset + used, 0, unused);
+          std::memset(values.data() + head_offset + used, 0, unused);
+        }
       }
     }
   }
