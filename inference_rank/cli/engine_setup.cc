@@ -69,11 +69,6 @@ Status CheckOffloadChoice(const RubatoConfig& config, const PolicyChoice& policy
     }
     return Status::Ok();
   }
-  if (config.engine.backend != EngineSection::Backend::kCpu) {
-    return UnsupportedError("policy '" + policy.name +
-                            "' runs on engine.backend 'cpu' in this build (the CUDA model does "
-                            "not offload its KV yet)");
-  }
   if (disaggregated && config.topology.cache_endpoints.empty()) {
     return InvalidArgumentError("topology.mode disaggregated needs topology.cache_endpoints "
                                 "(\"host:port\" of a `rubato cache --listen`) or --cache");

@@ -351,13 +351,6 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
         "not on the GPU");
   }
   RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
-  for (size_t e = 0; e < batch.size(); ++e) {
-    if (batch[e].offload != nullptr) {
-      return UnsupportedError("forward: batch entry " + std::to_string(e) +
-                              " has offloaded KV (a cache rank), which the CUDA model does not "
-                              "run yet; use engine.backend: cpu");
-    }
-  }
   RUBATO_RETURN_IF_ERROR(CheckSfiBatch(batch));
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
 
@@ -368,6 +361,7 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
   const KvCacheShape& shape = cache.shape();
   PlanForward(batch, shape, plan_);
   RUBATO_RETURN_IF_ERROR(EnsureCapacity(plan_));
+  RUBATO_RETURN_IF_ERROR(PlanOffload(batch));
   RUBATO_RETURN_IF_ERROR(ReserveForwardBlocks(batch, cache));
   RUBATO_RETURN_IF_ERROR(AcquireSfiSlots(batch));
   FillStepInputs(batch, shape, plan_, input_layout_, staging_.data(), sfi_slots_);
@@ -381,7 +375,8 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
                         cudaMemcpyHostToDevice, stream_),
         "copying the step inputs to the device");
     auto device_work = [&](cudaStream_t stream) { return EnqueueForward(*kv, window, stream); };
-    if (options_.use_cuda_graph && plan_.decode_only()) {
+    // Offloaded entries wait for their exchange in every layer: never in a graph.
+    if (options_.use_cuda_graph && plan_.decode_only() && offload_entries_.empty()) {
       DecodeGraphKey key;
       key.batch = plan_.decode_rows;
       key.max_seq_len = plan_.decode_max_seq_len;

@@ -27,6 +27,11 @@
 // low-priority aux stream while the main stream goes on (cuda_sfi_ring.h). Decode steps replay
 // graphs whatever their SFI mix (the aux stream forks and joins inside the capture).
 //
+// Offloaded entries (kv_offload.h; cuda_model_offload.cc): per layer, after the KV append, their
+// new K/V go to the exchange through pinned host memory and their decode rows attend the compact
+// KV it returns plus the recent segment (two-segment attention). Synchronous per layer and never
+// in a graph: the correctness path.
+//
 // Not thread-safe: one thread drives a model (as the engine does).
 #pragma once
 
@@ -100,7 +105,8 @@ class CudaModel : public Model {
   Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override;
 
   // Model::Forward. `cache` must come from CreateKvCache of a CUDA model (InvalidArgument
-  // otherwise). SFI entries need PrepareSfi first and, within one forward, one config object
+  // otherwise). A batch with offloaded entries runs eagerly, waiting for the exchange in every
+  // layer. SFI entries need PrepareSfi first and, within one forward, one config object
   // (the engine's); their config must not change while the model runs (captured step graphs
   // keep the Selector settings they were captured with). A slow entry takes a pool slot for its
   // state if it holds none (all or nothing over the batch: ResourceExhausted when they are
@@ -191,6 +197,16 @@ class CudaModel : public Model {
     const size_t row = static_cast<size_t>(config_.num_kv_heads) * plan_.sfi_score_stride;
     return sfi_ring_->slot(layer).key_norms.data() + static_cast<size_t>(selection) * row;
   }
+  // Offloaded entries (cuda_model_offload.cc). PlanOffload (host, before the device work): the
+  // batch's offloaded entries and the pinned buffer their rows come back in. OffloadLayer (after
+  // the layer's KV append): ships their K/V and last query to the exchange and uploads the
+  // replies of their decode rows. OffloadedDecodeAttention: decode rows [first_row, + rows), the
+  // offloaded ones two-segment over their replies, the others dense in runs.
+  Status PlanOffload(std::span<const ForwardEntry> batch);
+  Status OffloadLayer(int layer, cudaStream_t stream);
+  Status OffloadedDecodeAttention(int layer, DeviceKvStorage& kv, int first_row, int rows,
+                                  const AttentionWindow& window, cudaStream_t stream);
+
   // Device address of a step-input array at `offset` (StepInputLayout).
   template <typename T>
   T* StepInput(size_t offset) {
@@ -238,6 +254,32 @@ class CudaModel : public Model {
   int sfi_window_capacity_ = 0;                       // rows the two buffers below hold
   cuda::DeviceBuffer<__nv_bfloat16> sfi_window_qkv_;  // [window rows][q_dim + 2 kv_dim], bf16
   cuda::DeviceBuffer<__nv_bfloat16> sfi_window_out_;  // [window rows][q_dim], bf16, unused
+
+  // Offloaded entries of the current forward (PlanOffload) and their decode rows' replies.
+  struct OffloadEntryPlan {
+    KvOffloadExchange* exchange = nullptr;
+    uint64_t session_id = 0;
+    int first_row = 0;       // batch row of the entry's first token
+    int tokens = 0;
+    int start_position = 0;
+    int download_row = 0;    // first row in offload_download_
+    bool attends = false;    // a decode row attending the exchange's compact KV
+  };
+  struct OffloadRow {        // one attending decode row's reply in offload_compact_
+    int decode_row = 0;
+    int capacity = 0;        // compact rows per KV head (>= 1)
+    int recent_tokens = 0;   // L - recent_begin
+    size_t keys_offset = 0;  // byte offsets (cuda_model_offload.cc has the layout)
+    size_t values_offset = 0;
+    size_t counts_offset = 0;
+    size_t recent_begin_offset = 0;
+  };
+  std::vector<OffloadEntryPlan> offload_entries_;
+  std::vector<OffloadRow> offload_rows_;
+  PinnedBuffer offload_download_;                      // [offloaded rows][qkv_dim] bf16
+  PinnedBuffer offload_upload_;                        // the replies, host
+  cuda::DeviceBuffer<unsigned char> offload_compact_;  // the replies, device
+  std::vector<float> offload_f32_;                     // the exchange's f32 K/V and queries
 };
 
 }  // namespace rubato

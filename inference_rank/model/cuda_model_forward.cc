@@ -187,6 +187,7 @@ Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionW
   append.key_pool = kv.layer_keys(layer);
   append.value_pool = kv.layer_values(layer);
   RUBATO_RETURN_IF_ERROR(cuda::AppendToPagedKv(append, stream));
+  if (!offload_entries_.empty()) RUBATO_RETURN_IF_ERROR(OffloadLayer(layer, stream));
 
   // Decode rows [0, decode_rows), one query each: [SFI fast | SFI slow | dense]. The slow rows
   // (and SFI prefill chunks' window rows) go first, so that their maintenance, forked right
@@ -198,7 +199,10 @@ Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionW
   }
   if (plan_.sfi_fast_rows > 0) RUBATO_RETURN_IF_ERROR(SfiFastAttention(layer, kv, stream));
   const int sfi_rows = plan_.sfi_fast_rows + plan_.sfi_slow_rows;
-  if (decode_rows > sfi_rows) {
+  if (decode_rows > sfi_rows && !offload_rows_.empty()) {
+    RUBATO_RETURN_IF_ERROR(OffloadedDecodeAttention(layer, kv, sfi_rows, decode_rows - sfi_rows,
+                                                    window, stream));
+  } else if (decode_rows > sfi_rows) {
     RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(
         DecodeRows(layer, kv, sfi_rows, decode_rows - sfi_rows, window), stream));
   }

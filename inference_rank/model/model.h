@@ -70,7 +70,7 @@ struct ForwardEntry {
   // Set: the entry's KV is offloaded to a cache rank (kv_offload.h): every layer's new K/V go to
   // offload->exchange; a one-token entry past position 0 attends the compact KV it returns plus
   // the recent segment, longer entries attend locally. Needs a dense window; not with `sfi`.
-  // The CPU model runs it; the CUDA model refuses it (Unsupported). Must outlive the Forward.
+  // Both models run it (the CUDA model eagerly, synchronous per layer). Must outlive Forward.
   const OffloadForward* offload = nullptr;
 };
 

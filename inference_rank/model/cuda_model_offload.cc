@@ -1,0 +1,246 @@
+// The CUDA model's offloaded entries (kv_offload.h, DESIGN §3 "KV residency"), the twin of the
+// CPU model's CpuModel::OffloadLayer: in every layer, after RoPE and the local KV append, the
+// offloaded entries' new K/V rows (and the query of their last token) go to their exchange, and
+// a decode token then attends the compact KV the exchange returns (sink + rows chosen by the
+// cache rank) plus the recent segment read in place from the local paged cache, through the
+// two-segment decode attention kernel. Prefill chunks attend locally and only ship their K/V.
+//
+// This is the correctness path, synchronous per layer: the q|k|v rows of the offloaded entries
+// come to pinned host memory (bf16, one copy per entry), the stream waits, the host widens them
+// to f32 for the exchange (whose packs are f32), takes the replies, narrows them to bf16 and
+// sends them back in one copy, and the layer goes on. bf16 -> f32 -> bf16 is exact, so the
+// cache rank holds the very K/V the local cache holds. A forward with offloaded entries runs
+// eagerly (a CUDA graph cannot wait for the host mid-step). Overlapping the exchange with the
+// next layers, and device-to-device packs (NCCL), are later work.
+//
+// Upload layout (pinned host, then device), per decode row that attends offloaded KV, each
+// section 256-byte aligned (tensor maps want 16):
+//   keys    [num_kv_heads][capacity][head_dim] bf16, rows past a head's count zero
+//   values  [num_kv_heads][capacity][head_dim] bf16
+//   counts  [num_kv_heads] int32
+//   recent_begin [1] int32
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "inference_rank/model/cuda_model.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace rubato {
+namespace {
+
+constexpr size_t kSectionAlign = 256;
+
+size_t AlignUp(size_t bytes) { return (bytes + kSectionAlign - 1) / kSectionAlign * kSectionAlign; }
+
+// The pinned buffer, grown (never shrunk) to hold `bytes`. Only call when no copy in flight
+// reads or writes it.
+Status EnsurePinned(PinnedBuffer& buffer, size_t bytes, const std::string& what) {
+  if (buffer.bytes() >= bytes) return Status::Ok();
+  buffer = PinnedBuffer();
+  RUBATO_ASSIGN_OR_RETURN(buffer, PinnedBuffer::Allocate(std::bit_ceil(bytes), what));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CudaModel::PlanOffload(std::span<const ForwardEntry> batch) {
+  offload_entries_.clear();
+  offload_rows_.clear();
+  size_t rows = 0;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const ForwardEntry& entry = batch[e];
+    if (entry.offload == nullptr) continue;
+    OffloadEntryPlan p;
+    p.exchange = entry.offload->exchange;
+    p.session_id = entry.offload->session_id;
+    p.first_row = plan_.entry_first_row[e];
+    p.tokens = static_cast<int>(entry.tokens.size());
+    p.start_position = entry.start_position;
+    p.download_row = static_cast<int>(rows);
+    // A decode row past position 0 attends the exchange's compact KV (the CPU model's rule).
+    p.attends = p.tokens == 1 && p.start_position > 0;
+    rows += static_cast<size_t>(p.tokens);
+    offload_entries_.push_back(p);
+  }
+  if (offload_entries_.empty()) return Status::Ok();
+  const size_t qkv_dim = static_cast<size_t>(config_.q_dim() + 2 * config_.kv_dim());
+  return EnsurePinned(offload_download_, rows * qkv_dim * sizeof(__nv_bfloat16),
+                      "the offloaded entries' q|k|v rows");
+}
+
+Status CudaModel::OffloadLayer(int layer, cudaStream_t stream) {
+  const int q_dim = config_.q_dim();
+  const int kv_dim = config_.kv_dim();
+  const size_t qkv_dim = static_cast<size_t>(q_dim + 2 * kv_dim);
+  auto* download = reinterpret_cast<__nv_bfloat16*>(offload_download_.data());
+  // The offloaded entries' q|k|v rows (after q/k-norm and RoPE), [download rows][qkv_dim] bf16.
+  for (const OffloadEntryPlan& p : offload_entries_) {
+    RUBATO_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(download + static_cast<size_t>(p.download_row) * qkv_dim,
+                        qkv_.data() + static_cast<size_t>(p.first_row) * qkv_dim,
+                        static_cast<size_t>(p.tokens) * qkv_dim * sizeof(__nv_bfloat16),
+                        cudaMemcpyDeviceToHost, stream),
+        "copying the offloaded entries' K/V of layer " + std::to_string(layer) + " to the host");
+  }
+  // Also orders this layer's upload after the previous layer's: that copy has finished once the
+  // stream is idle, so the upload buffer may be rewritten.
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream),
+                              "running layer " + std::to_string(layer) + " up to its KV append");
+
+  // f32 copies for the exchange: per entry keys [tokens][kv_dim], values [tokens][kv_dim], the
+  // last token's query [q_dim].
+  size_t floats = 0;
+  for (const OffloadEntryPlan& p : offload_entries_) {
+    floats += static_cast<size_t>(p.tokens) * 2 * kv_dim + q_dim;
+  }
+  offload_f32_.resize(floats);
+  std::vector<OffloadLayerKv> layer_kv;
+  layer_kv.reserve(offload_entries_.size());
+  float* out = offload_f32_.data();
+  auto widen = [&out](const __nv_bfloat16* in, size_t count) {
+    const float* begin = out;
+    const auto* bits = reinterpret_cast<const uint16_t*>(in);
+    for (size_t i = 0; i < count; ++i) out[i] = Bf16ToF32(bits[i]);
+    out += count;
+    return begin;
+  };
+  for (const OffloadEntryPlan& p : offload_entries_) {
+    const __nv_bfloat16* first = download + static_cast<size_t>(p.download_row) * qkv_dim;
+    OffloadLayerKv kv{p.session_id, p.start_position, p.tokens, nullptr, nullptr, nullptr};
+    float* keys = out;
+    for (int t = 0; t < p.tokens; ++t) widen(first + t * qkv_dim + q_dim, kv_dim);
+    float* values = out;
+    for (int t = 0; t < p.tokens; ++t) widen(first + t * qkv_dim + q_dim + kv_dim, kv_dim);
+    kv.keys = keys;
+    kv.values = values;
+    kv.last_query = widen(first + static_cast<size_t>(p.tokens - 1) * qkv_dim, q_dim);
+    layer_kv.push_back(kv);
+  }
+  // Every exchange of the batch gets its own entries, in batch order.
+  std::vector<OffloadLayerKv> for_exchange;
+  for (size_t i = 0; i < offload_entries_.size(); ++i) {
+    KvOffloadExchange* exchange = offload_entries_[i].exchange;
+    bool seen = false;
+    for (size_t j = 0; j < i; ++j) seen = seen || offload_entries_[j].exchange == exchange;
+    if (seen) continue;
+    for_exchange.clear();
+    for (size_t j = i; j < offload_entries_.size(); ++j) {
+      if (offload_entries_[j].exchange == exchange) for_exchange.push_back(layer_kv[j]);
+    }
+    RUBATO_RETURN_IF_ERROR(exchange->LayerComputed(layer, for_exchange));
+  }
+
+  // The replies of the decode rows, narrowed to bf16 into the upload buffer.
+  const int kv_heads = config_.num_kv_heads;
+  const int head_dim = config_.head_dim;
+  offload_rows_.clear();
+  std::vector<OffloadCompactKv> replies;
+  size_t upload_bytes = 0;
+  for (const OffloadEntryPlan& p : offload_entries_) {
+    if (!p.attends) continue;
+    RUBATO_ASSIGN_OR_RETURN(const OffloadCompactKv reply,
+                            p.exchange->CompactFor(layer, p.session_id, p.start_position));
+    const CompactKvView& view = reply.compact;
+    if (view.num_kv_heads != kv_heads || view.head_dim != head_dim || view.capacity < 0 ||
+        reply.recent_begin < 0 || reply.recent_begin > p.start_position) {
+      return InternalError("layer " + std::to_string(layer) + ": the exchange's compact KV for " +
+                           "session " + std::to_string(p.session_id) + " has " +
+                           std::to_string(view.num_kv_heads) + " KV heads of " +
+                           std::to_string(view.head_dim) + " and recent_begin " +
+                           std::to_string(reply.recent_begin) + " at position " +
+                           std::to_string(p.start_position));
+    }
+    OffloadRow row;
+    row.decode_row = p.first_row;
+    row.capacity = std::max(view.capacity, 1);  // the kernel wants >= 1 row; counts say 0
+    row.recent_tokens = p.start_position + 1 - reply.recent_begin;
+    const size_t slab = static_cast<size_t>(kv_heads) * row.capacity * head_dim * 2;
+    row.keys_offset = upload_bytes;
+    row.values_offset = row.keys_offset + AlignUp(slab);
+    row.counts_offset = row.values_offset + AlignUp(slab);
+    row.recent_begin_offset = row.counts_offset + AlignUp(sizeof(int32_t) * kv_heads);
+    upload_bytes = row.recent_begin_offset + AlignUp(sizeof(int32_t));
+    offload_rows_.push_back(row);
+    replies.push_back(reply);
+  }
+  if (offload_rows_.empty()) return Status::Ok();
+  RUBATO_RETURN_IF_ERROR(EnsurePinned(offload_upload_, upload_bytes, "the compact KV replies"));
+  if (offload_compact_.size() < upload_bytes) {
+    offload_compact_ = cuda::DeviceBuffer<unsigned char>();
+    RUBATO_ASSIGN_OR_RETURN(offload_compact_, cuda::DeviceBuffer<unsigned char>::Allocate(
+                                                  std::bit_ceil(upload_bytes),
+                                                  "the compact KV replies on the device"));
+  }
+  std::byte* upload = offload_upload_.data();
+  for (size_t r = 0; r < offload_rows_.size(); ++r) {
+    const OffloadRow& row = offload_rows_[r];
+    const OffloadCompactKv& reply = replies[r];
+    const CompactKvView& view = reply.compact;
+    auto* keys = reinterpret_cast<uint16_t*>(upload + row.keys_offset);
+    auto* values = reinterpret_cast<uint16_t*>(upload + row.values_offset);
+    auto* counts = reinterpret_cast<int32_t*>(upload + row.counts_offset);
+    for (int h = 0; h < kv_heads; ++h) {
+      const int count = reply.counts[h];
+      if (count < 0 || count > view.capacity) {
+        return InternalError("layer " + std::to_string(layer) + ": the exchange's compact KV " +
+                             "has " + std::to_string(count) + " rows for KV head " +
+                             std::to_string(h) + " in a capacity of " +
+                             std::to_string(view.capacity));
+      }
+      counts[h] = count;
+      const size_t head = static_cast<size_t>(h) * row.capacity * head_dim;
+      const size_t valid = static_cast<size_t>(count) * head_dim;
+      for (size_t i = 0; i < valid; ++i) {
+        keys[head + i] = F32ToBf16(view.keys[view.Offset(h, 0) + i]);
+        values[head + i] = F32ToBf16(view.values[view.Offset(h, 0) + i]);
+      }
+      const size_t unused = static_cast<size_t>(row.capacity) * head_dim - valid;
+      std::memset(keys + head + valid, 0, unused * sizeof(uint16_t));
+      std::memset(values + head + valid, 0, unused * sizeof(uint16_t));
+    }
+    *reinterpret_cast<int32_t*>(upload + row.recent_begin_offset) = reply.recent_begin;
+  }
+  return cuda::CudaStatus(cudaMemcpyAsync(offload_compact_.data(), upload, upload_bytes,
+                                          cudaMemcpyHostToDevice, stream),
+                          "copying the compact KV replies of layer " + std::to_string(layer) +
+                              " to the device");
+}
+
+Status CudaModel::OffloadedDecodeAttention(int layer, DeviceKvStorage& kv, int first_row,
+                                           int rows, const AttentionWindow& window,
+                                           cudaStream_t stream) {
+  // Rows that attend locally, in runs between the offloaded ones: one dense launch per run.
+  int run_begin = first_row;
+  auto flush = [&](int run_end) -> Status {
+    if (run_end > run_begin) {
+      RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(
+          DecodeRows(layer, kv, run_begin, run_end - run_begin, window), stream));
+    }
+    return Status::Ok();
+  };
+  for (int row = first_row; row < first_row + rows; ++row) {
+    const auto offloaded = std::find_if(offload_rows_.begin(), offload_rows_.end(),
+                                        [row](const OffloadRow& r) { return r.decode_row == row; });
+    if (offloaded == offload_rows_.end()) continue;
+    RUBATO_RETURN_IF_ERROR(flush(row));
+    run_begin = row + 1;
+    unsigned char* base = offload_compact_.data();
+    cuda::DecodeAttentionParams two_segment = DecodeRows(layer, kv, row, 1, AttentionWindow());
+    two_segment.compact_keys = reinterpret_cast<const __nv_bfloat16*>(base + offloaded->keys_offset);
+    two_segment.compact_values =
+        reinterpret_cast<const __nv_bfloat16*>(base + offloaded->values_offset);
+    two_segment.compact_capacity = offloaded->capacity;
+    two_segment.compact_counts = reinterpret_cast<const int32_t*>(base + offloaded->counts_offset);
+    two_segment.recent_begin =
+        reinterpret_cast<const int32_t*>(base + offloaded->recent_begin_offset);
+    two_segment.max_recent_tokens = offloaded->recent_tokens;
+    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(two_segment, stream));
+  }
+  return flush(first_row + rows);
+}
+
+}  // namespace rubato
