@@ -22,6 +22,7 @@
 
 #include "common/test_temp_dir.h"
 #include "tests/cli_runner.h"
+#include "tests/http_test_client.h"
 
 namespace rubato {
 namespace {
@@ -54,9 +55,11 @@ class DisaggregatedCliTest : public ::testing::Test {
   }
 
   // Starts a cache rank on `listen` and returns it once it prints its endpoint.
-  std::unique_ptr<BackgroundProcess> StartCache(const std::string& listen = "127.0.0.1:0") {
-    auto cache = std::make_unique<BackgroundProcess>(
-        RUBATO_BINARY, std::vector<std::string>{"cache", "--listen", listen, "--config", config_});
+  std::unique_ptr<BackgroundProcess> StartCache(const std::string& listen = "127.0.0.1:0",
+                                                const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args{"cache", "--listen", listen, "--config", config_};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto cache = std::make_unique<BackgroundProcess>(RUBATO_BINARY, args);
     EXPECT_TRUE(cache->WaitForOutput("listening on", milliseconds(20000)))
         << cache->Out() << cache->Err();
     std::smatch match;
@@ -113,6 +116,54 @@ TEST_F(DisaggregatedCliTest, AStandaloneCacheRankGivesTheColocatedDenseText) {
       << stopped.out;
   EXPECT_GT(std::stoi(packs[1]), 0);
   EXPECT_EQ(packs[1], packs[2]);
+}
+
+// `rubato cache --metrics HOST:PORT` serves its registry over HTTP: sessions, memory and the
+// transport bytes of what it served; /health; 404 / 405 for other routes and methods.
+TEST_F(DisaggregatedCliTest, TheCacheRanksMetricsEndpointCountsWhatItServed) {
+  std::unique_ptr<BackgroundProcess> cache =
+      StartCache("127.0.0.1:0", {"--metrics", "127.0.0.1:0"});
+  ASSERT_FALSE(endpoint_.empty());
+  std::smatch match;
+  const std::string out = cache->Out();
+  ASSERT_TRUE(
+      std::regex_search(out, match, std::regex("metrics on http://127\\.0\\.0\\.1:(\\d+)/metrics")))
+      << out;
+  const int port = std::stoi(match[1]);
+  EXPECT_EQ(testing::Request(port, "GET", "/health").status, 200);
+  const testing::HttpResponse before = testing::Request(port, "GET", "/metrics");
+  ASSERT_EQ(before.status, 200);
+  EXPECT_NE(before.body.find("\nrubato:cache_rank_sessions 0\n"), std::string::npos) << before.body;
+  EXPECT_NE(before.body.find("rubato:cache_rank_memory_bytes{"), std::string::npos) << before.body;
+
+  std::vector<std::string> args = GenerateArgs("offload_dense", 8);
+  args.insert(args.end(), {"--cache", endpoint_, "--config", config_});
+  const ProcessResult offloaded = RunProcess(RUBATO_BINARY, args);
+  ASSERT_EQ(offloaded.exit_code, 0) << offloaded.err;
+  std::smatch sent;
+  ASSERT_TRUE(std::regex_search(offloaded.out, sent, std::regex("offload_bytes_sent=(\\d+)")))
+      << offloaded.out;
+
+  // The inference rank's bytes sent are the cache rank's bytes received.
+  const testing::HttpResponse after = testing::Request(port, "GET", "/metrics");
+  ASSERT_EQ(after.status, 200);
+  std::smatch received;
+  ASSERT_TRUE(std::regex_search(
+      after.body, received,
+      std::regex("rubato:transport_bytes_total\\{[^}]*direction=\"rx\"[^}]*\\} (\\d+)")))
+      << after.body;
+  EXPECT_EQ(received[1].str(), sent[1].str()) << after.body;
+  EXPECT_NE(after.body.find("\nrubato:cache_rank_sessions 0\n"), std::string::npos)
+      << "the finished run closed its session\n" << after.body;
+  EXPECT_EQ(testing::Request(port, "GET", "/v1/models").status, 404);
+  EXPECT_EQ(testing::Request(port, "POST", "/metrics").status, 405);
+
+  cache->Signal(SIGTERM);
+  EXPECT_EQ(cache->Wait(milliseconds(10000)).exit_code, 0);
+
+  const ProcessResult bad = RunProcess(RUBATO_BINARY, {"cache", "--metrics", "nowhere"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--metrics"), std::string::npos) << bad.err;
 }
 
 // Starts a long offloaded generation, lets it produce some text, does `interrupt` to the cache

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "cache_rank/cache_rpc_handler.h"
@@ -15,6 +16,8 @@
 #endif
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/metrics.h"
+#include "inference_rank/server/http_server.h"
 #include "transport/rpc/rpc_client.h"
 #include "transport/rpc/rpc_server.h"
 
@@ -26,18 +29,37 @@ volatile std::sig_atomic_t signal_received = 0;
 void OnSignal(int signal) { signal_received = signal; }
 
 // "host:port" where port 0 asks for any free port (ParseRpcEndpoint, for connecting, wants a
-// real one).
-Result<rpc::RpcEndpoint> ParseListenAddress(const std::string& listen) {
+// real one); `flag` names the option in errors.
+Result<rpc::RpcEndpoint> ParseListenAddress(const std::string& listen, const std::string& flag) {
   const size_t colon = listen.rfind(':');
   if (colon != std::string::npos && listen.substr(colon + 1) == "0") {
-    RUBATO_ASSIGN_OR_RETURN(rpc::RpcEndpoint endpoint,
-                            rpc::ParseRpcEndpoint(listen.substr(0, colon + 1) + "1"));
-    endpoint.port = 0;
+    Result<rpc::RpcEndpoint> endpoint = rpc::ParseRpcEndpoint(listen.substr(0, colon + 1) + "1");
+    if (!endpoint.ok()) return endpoint.status().WithContext(flag);
+    endpoint->port = 0;
     return endpoint;
   }
   Result<rpc::RpcEndpoint> parsed = rpc::ParseRpcEndpoint(listen);
-  if (!parsed.ok()) return parsed.status().WithContext("--listen");
+  if (!parsed.ok()) return parsed.status().WithContext(flag);
   return parsed;
+}
+
+// GET /metrics (the registry's Prometheus text) and GET /health; 404 / 405 otherwise.
+server::HttpReply MetricsReply(const MetricsRegistry& registry,
+                               const server::HttpRequest& request) {
+  if (request.path != "/metrics" && request.path != "/health") {
+    return server::HttpReply{
+        404, "text/plain; charset=utf-8",
+        "no route for " + request.path + " (a cache rank serves /metrics and /health)\n", nullptr};
+  }
+  if (request.method != "GET") {
+    return server::HttpReply{405, "text/plain; charset=utf-8",
+                             request.path + " takes GET, not " + request.method + "\n", nullptr};
+  }
+  if (request.path == "/health") {
+    return server::HttpReply{200, "text/plain; charset=utf-8", "ok", nullptr};
+  }
+  return server::HttpReply{200, "text/plain; version=0.0.4; charset=utf-8",
+                           registry.ExpositionText(), nullptr};
 }
 
 }  // namespace
@@ -48,8 +70,8 @@ Status RunCache(const CacheArgs& args) {
     RUBATO_ASSIGN_OR_RETURN(config, LoadConfigFile(*args.config_file));
   }
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
-  return ServeCacheRank(args.listen, args.budget_mb, args.memory, config.limits,
-                        [](const std::string& endpoint) {
+  return ServeCacheRank(args.listen, args.budget_mb, args.memory, args.metrics_listen,
+                        config.limits, [](const std::string& endpoint) {
                           std::printf("rubato cache: listening on %s\n", endpoint.c_str());
                           std::fflush(stdout);
                           return Status::Ok();
@@ -57,9 +79,13 @@ Status RunCache(const CacheArgs& args) {
 }
 
 Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const std::string& memory,
-                      const LimitsSection& limits,
+                      const std::string& metrics_listen, const LimitsSection& limits,
                       const std::function<Status(const std::string&)>& on_listening) {
-  RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint, ParseListenAddress(listen));
+  RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint, ParseListenAddress(listen, "--listen"));
+  std::optional<rpc::RpcEndpoint> metrics_endpoint;
+  if (!metrics_listen.empty()) {
+    RUBATO_ASSIGN_OR_RETURN(metrics_endpoint, ParseListenAddress(metrics_listen, "--metrics"));
+  }
   if (budget_mb < 1 || budget_mb > (int64_t{1} << 30)) {
     return InvalidArgumentError("--budget-mb must be in [1, 2^30], got " +
                                 std::to_string(budget_mb));
@@ -89,6 +115,22 @@ Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const std::s
   server_options.host = endpoint.host;
   server_options.port = endpoint.port;
   server_options.peer_timeout_ms = 5 * limits.heartbeat_ms;
+  MetricsRegistry metrics;
+  RUBATO_RETURN_IF_ERROR(service.RegisterMetrics(metrics));
+  std::unique_ptr<server::HttpServer> metrics_server;
+  if (metrics_endpoint.has_value()) {
+    server::HttpServerOptions http;
+    http.host = metrics_endpoint->host;
+    http.port = metrics_endpoint->port;
+    Result<std::unique_ptr<server::HttpServer>> started = server::HttpServer::Start(
+        http,
+        [&metrics](const server::HttpRequest& request) { return MetricsReply(metrics, request); });
+    if (!started.ok()) return started.status().WithContext("--metrics");
+    metrics_server = std::move(started).value();
+    std::printf("rubato cache: metrics on http://%s:%u/metrics\n", http.host.c_str(),
+                static_cast<unsigned>(metrics_server->port()));
+    std::fflush(stdout);
+  }
   service.Start();
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<rpc::RpcServer> server,
                           rpc::RpcServer::Start(server_options, &handler));
@@ -105,6 +147,7 @@ Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const std::s
   RUBATO_LOG_INFO("cache", "stopping ({})", stop_reason);
   server->Stop();
   service.Stop();
+  if (metrics_server != nullptr) metrics_server->Stop();
   const CacheServiceStats stats = service.Stats();
   std::printf("rubato cache: stopped (%s) packs=%llu replies=%llu bytes_received=%llu "
               "bytes_sent=%llu\n",

@@ -5,7 +5,8 @@
 //                   [--cache HOST:PORT]
 //   rubato serve [--config FILE --model DIR --policy NAME --host H --port P --cache HOST:PORT
 //                 --threads N --backend cpu|cuda]   (OpenAI-compatible HTTP API until SIGTERM)
-//   rubato cache --listen HOST:PORT [--budget-mb N --config FILE]
+//   rubato cache --listen HOST:PORT [--budget-mb N --memory host|pinned --metrics HOST:PORT
+//                                    --config FILE]
 //   rubato tokenize --model DIR [--count --add-special-tokens]
 //                   (stdin: one JSON string per line; stdout: ids or counts, one line each)
 // Every error ends the process with one line on stderr ("rubato: error: ...") and exit 1;
@@ -100,6 +101,8 @@ int main(int argc, char** argv) {
                     "Where the KV lives: host (pageable) or pinned (page-locked, CUDA builds)")
       ->check(CLI::IsMember({"host", "pinned"}));
   cache->add_option("--config", cache_args.config_file, "YAML config (limits, logging)");
+  cache->add_option("--metrics", cache_args.metrics_listen,
+                    "host:port of an HTTP endpoint for GET /metrics and /health (port 0: any)");
 
   rubato::TokenizeArgs tok;
   CLI::App* tokenize = app.add_subcommand(

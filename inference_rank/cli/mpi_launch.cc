@@ -149,7 +149,8 @@ Status MpiLaunch::ServeAsCacheRank(const RubatoConfig& config) {
   const std::string listen = (all_on_one_node_ ? "127.0.0.1" : "0.0.0.0") + std::string(":0");
   bool published = false;
   const Status served = ServeCacheRank(
-      listen, kMpiCacheBudgetMb, "host", config.limits, [&](const std::string& bound) -> Status {
+      listen, kMpiCacheBudgetMb, "host", /*metrics_listen=*/"", config.limits,
+      [&](const std::string& bound) -> Status {
         const std::string port = bound.substr(bound.rfind(':') + 1);
         published = true;
         std::printf("rubato cache (mpi rank %d): listening on %s:%s\n", rank_, host.c_str(),

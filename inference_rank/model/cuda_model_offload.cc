@@ -147,12 +147,11 @@ Status CudaModel::OffloadLayer(int layer, cudaStream_t stream) {
     const CompactKvView& view = reply.compact;
     if (view.num_kv_heads != kv_heads || view.head_dim != head_dim || view.capacity < 0 ||
         reply.recent_begin < 0 || reply.recent_begin > p.start_position) {
-      return InternalError("layer " + std::to_string(layer) + ": the exchange's compact KV for " +
-                           "session " + std::to_string(p.session_id) + " has " +
-                           std::to_string(view.num_kv_heads) + " KV heads of " +
-                           std::to_string(view.head_dim) + " and recent_begin " +
-                           std::to_string(reply.recent_begin) + " at position " +
-                           std::to_string(p.start_position));
+      return InternalError(
+          "layer " + std::to_string(layer) + ": the exchange's compact KV for session " +
+          std::to_string(p.session_id) + " has " + std::to_string(view.num_kv_heads) +
+          " KV heads of " + std::to_string(view.head_dim) + " and recent_begin " +
+          std::to_string(reply.recent_begin) + " at position " + std::to_string(p.start_position));
     }
     OffloadRow row;
     row.decode_row = p.first_row;
@@ -171,9 +170,9 @@ Status CudaModel::OffloadLayer(int layer, cudaStream_t stream) {
   RUBATO_RETURN_IF_ERROR(EnsurePinned(offload_upload_, upload_bytes, "the compact KV replies"));
   if (offload_compact_.size() < upload_bytes) {
     offload_compact_ = cuda::DeviceBuffer<unsigned char>();
-    RUBATO_ASSIGN_OR_RETURN(offload_compact_, cuda::DeviceBuffer<unsigned char>::Allocate(
-                                                  std::bit_ceil(upload_bytes),
-                                                  "the compact KV replies on the device"));
+    RUBATO_ASSIGN_OR_RETURN(
+        offload_compact_, cuda::DeviceBuffer<unsigned char>::Allocate(
+                              std::bit_ceil(upload_bytes), "the compact KV replies on the device"));
   }
   std::byte* upload = offload_upload_.data();
   for (size_t r = 0; r < offload_rows_.size(); ++r) {
@@ -204,15 +203,14 @@ Status CudaModel::OffloadLayer(int layer, cudaStream_t stream) {
     }
     *reinterpret_cast<int32_t*>(upload + row.recent_begin_offset) = reply.recent_begin;
   }
-  return cuda::CudaStatus(cudaMemcpyAsync(offload_compact_.data(), upload, upload_bytes,
-                                          cudaMemcpyHostToDevice, stream),
-                          "copying the compact KV replies of layer " + std::to_string(layer) +
-                              " to the device");
+  return cuda::CudaStatus(
+      cudaMemcpyAsync(offload_compact_.data(), upload, upload_bytes, cudaMemcpyHostToDevice,
+                      stream),
+      "copying the compact KV replies of layer " + std::to_string(layer) + " to the device");
 }
 
-Status CudaModel::OffloadedDecodeAttention(int layer, DeviceKvStorage& kv, int first_row,
-                                           int rows, const AttentionWindow& window,
-                                           cudaStream_t stream) {
+Status CudaModel::OffloadedDecodeAttention(int layer, DeviceKvStorage& kv, int first_row, int rows,
+                                           const AttentionWindow& window, cudaStream_t stream) {
   // Rows that attend locally, in runs between the offloaded ones: one dense launch per run.
   int run_begin = first_row;
   auto flush = [&](int run_end) -> Status {
@@ -230,7 +228,8 @@ Status CudaModel::OffloadedDecodeAttention(int layer, DeviceKvStorage& kv, int f
     run_begin = row + 1;
     unsigned char* base = offload_compact_.data();
     cuda::DecodeAttentionParams two_segment = DecodeRows(layer, kv, row, 1, AttentionWindow());
-    two_segment.compact_keys = reinterpret_cast<const __nv_bfloat16*>(base + offloaded->keys_offset);
+    two_segment.compact_keys =
+        reinterpret_cast<const __nv_bfloat16*>(base + offloaded->keys_offset);
     two_segment.compact_values =
         reinterpret_cast<const __nv_bfloat16*>(base + offloaded->values_offset);
     two_segment.compact_capacity = offloaded->capacity;

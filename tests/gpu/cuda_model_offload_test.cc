@@ -38,7 +38,6 @@ namespace {
 
 using namespace cuda_model_test;
 
-
 struct OffloadCase {
   const char* name;
   const char* model_dir;
@@ -139,7 +138,8 @@ std::vector<std::vector<float>> TeacherForced(Model& model, ColocatedCacheRank* 
     }
   }
   for (size_t i = 0; i < forced.size(); ++i) {
-    if (!feed(std::span(forced).subspan(i, 1), static_cast<int>(prompt.size() + i), true)) return {};
+    const int position = static_cast<int>(prompt.size() + i);
+    if (!feed(std::span(forced).subspan(i, 1), position, true)) return {};
   }
   if (cache != nullptr) {
     EXPECT_TRUE(cache->client().CloseSession(offload.session_id).ok());
@@ -195,10 +195,11 @@ TEST_P(CudaOffloadTest, TeacherForcedLogitsOfOffloadDenseStayWithinBf16OfTheCpuM
       offload_dense = std::max(offload_dense, RelL2(offloaded[s], dense[s]));
       EXPECT_LE(RelL2(offloaded[s], cpu[s]), bound) << "step " << s << ", P " << pack_layers;
     }
-    std::printf("[ offload   ] %s P=%d teacher-forced %zu steps, worst row rel L2: offload-dense "
-                "vs CPU %.3g, local dense vs CPU %.3g, offload-dense vs local dense %.3g\n",
-                GetParam().name, cache->client().pack_layers(), dense.size(), offload_cpu,
-                dense_cpu, offload_dense);
+    std::printf(
+        "[ offload   ] %s P=%d teacher-forced %zu steps, worst row rel L2: offload-dense "
+        "vs CPU %.3g, local dense vs CPU %.3g, offload-dense vs local dense %.3g\n",
+        GetParam().name, cache->client().pack_layers(), dense.size(), offload_cpu, dense_cpu,
+        offload_dense);
   }
 }
 
@@ -220,8 +221,10 @@ void ExpectSameTokensUpToNearTies(CudaOffloadTest& test, const char* what,
     ASSERT_FALSE(a.empty());
     size_t k = 0;
     while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
-    std::printf("[ offload   ] %s %s request %zu: %zu dense tokens, %zu offloaded, identical "
-                "for %zu\n", test.GetParam().name, what, r, a.size(), b.size(), k);
+    std::printf(
+        "[ offload   ] %s %s request %zu: %zu dense tokens, %zu offloaded, identical "
+        "for %zu\n",
+        test.GetParam().name, what, r, a.size(), b.size(), k);
     if (k == a.size() && k == b.size()) continue;
     ASSERT_TRUE(k < a.size() && k < b.size()) << "one run stopped early without diverging";
     std::unique_ptr<Model> dense_model = test.Load();
@@ -235,9 +238,10 @@ void ExpectSameTokensUpToNearTies(CudaOffloadTest& test, const char* what,
     ASSERT_EQ(offload_rows.size(), k + 1);
     const double margin = Top2Margin(dense_rows[k]);
     const double diff = MaxAbsDiff(offload_rows[k], dense_rows[k]);
-    std::printf("[ offload   ] %s %s request %zu diverges at token %zu: dense %d, offloaded %d, "
-                "dense top-2 margin %.4g, max |offload - dense| logit %.4g\n",
-                test.GetParam().name, what, r, k, a[k], b[k], margin, diff);
+    std::printf(
+        "[ offload   ] %s %s request %zu diverges at token %zu: dense %d, offloaded %d, "
+        "dense top-2 margin %.4g, max |offload - dense| logit %.4g\n",
+        test.GetParam().name, what, r, k, a[k], b[k], margin, diff);
     EXPECT_LE(margin, 4 * diff) << what << " request " << r << ": tokens diverge at " << k
                                 << " although local dense's choice was clear";
   }
