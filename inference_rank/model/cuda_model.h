@@ -28,8 +28,9 @@
 // graphs whatever their SFI mix (the aux stream forks and joins inside the capture).
 //
 // Offloaded entries (kv_offload.h; cuda_model_offload.cc): per layer, after the KV append, their
-// new K/V go to the exchange through pinned host memory and their decode rows attend the compact
-// KV it returns plus the recent segment (two-segment attention). Synchronous per layer and never
+// new K/V go to the exchange through pinned host memory and their decode rows attend what it
+// returns: a whole prefix as paged blocks with the dense kernel (local dense's bits), a compact
+// selection plus the recent segment with the two-segment kernel. Synchronous per layer and never
 // in a graph: the correctness path.
 //
 // Not thread-safe: one thread drives a model (as the engine does).
@@ -203,7 +204,7 @@ class CudaModel : public Model {
   // replies of their decode rows. OffloadedDecodeAttention: decode rows [first_row, + rows), the
   // offloaded ones two-segment over their replies, the others dense in runs.
   Status PlanOffload(std::span<const ForwardEntry> batch);
-  Status OffloadLayer(int layer, cudaStream_t stream);
+  Status OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stream);
   Status OffloadedDecodeAttention(int layer, DeviceKvStorage& kv, int first_row, int rows,
                                   const AttentionWindow& window, cudaStream_t stream);
 
@@ -267,7 +268,10 @@ class CudaModel : public Model {
   };
   struct OffloadRow {        // one attending decode row's reply in offload_compact_
     int decode_row = 0;
-    int capacity = 0;        // compact rows per KV head (>= 1)
+    bool prefix = false;     // the whole prefix, as paged blocks (else a compact slab)
+    int first_block = 0;     // prefix: its first block in the upload pool
+    int table_row = 0;       // prefix: its row of the upload block tables
+    int capacity = 0;        // compact: rows per KV head (>= 1)
     int recent_tokens = 0;   // L - recent_begin
     size_t keys_offset = 0;  // byte offsets (cuda_model_offload.cc has the layout)
     size_t values_offset = 0;
@@ -276,6 +280,10 @@ class CudaModel : public Model {
   };
   std::vector<OffloadEntryPlan> offload_entries_;
   std::vector<OffloadRow> offload_rows_;
+  size_t offload_prefix_keys_offset_ = 0;    // the prefix replies' pool and tables in
+  size_t offload_prefix_values_offset_ = 0;  // offload_compact_ (cuda_model_offload.cc)
+  size_t offload_prefix_tables_offset_ = 0;
+  int offload_prefix_blocks_ = 0;
   PinnedBuffer offload_download_;                      // [offloaded rows][qkv_dim] bf16
   PinnedBuffer offload_upload_;                        // the replies, host
   cuda::DeviceBuffer<unsigned char> offload_compact_;  // the replies, device

@@ -187,7 +187,7 @@ Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionW
   append.key_pool = kv.layer_keys(layer);
   append.value_pool = kv.layer_values(layer);
   RUBATO_RETURN_IF_ERROR(cuda::AppendToPagedKv(append, stream));
-  if (!offload_entries_.empty()) RUBATO_RETURN_IF_ERROR(OffloadLayer(layer, stream));
+  if (!offload_entries_.empty()) RUBATO_RETURN_IF_ERROR(OffloadLayer(layer, kv, stream));
 
   // Decode rows [0, decode_rows), one query each: [SFI fast | SFI slow | dense]. The slow rows
   // (and SFI prefill chunks' window rows) go first, so that their maintenance, forked right

@@ -5,20 +5,32 @@
 // cache rank) plus the recent segment read in place from the local paged cache, through the
 // two-segment decode attention kernel. Prefill chunks attend locally and only ship their K/V.
 //
+// Two kinds of reply. A reply that is the whole prefix [0, p) of a decode token at p, in order
+// (offload-dense's), is written with the token's own K/V into paged blocks of an upload pool and
+// attended by the dense decode kernel with the same launch shape as local dense, so the result
+// is the same bits as local dense attention. Any other reply (offload-topk's sink + top-k) is a
+// compact slab per KV head, attended with the recent segment (read in place from the local
+// paged cache) by the two-segment kernel, which sums the softmax in another order.
+//
 // This is the correctness path, synchronous per layer: the q|k|v rows of the offloaded entries
 // come to pinned host memory (bf16, one copy per entry), the stream waits, the host widens them
 // to f32 for the exchange (whose packs are f32), takes the replies, narrows them to bf16 and
-// sends them back in one copy, and the layer goes on. bf16 -> f32 -> bf16 is exact, so the
-// cache rank holds the very K/V the local cache holds. A forward with offloaded entries runs
-// eagerly (a CUDA graph cannot wait for the host mid-step). Overlapping the exchange with the
-// next layers, and device-to-device packs (NCCL), are later work.
+// sends them back in one copy, and the layer goes on. bf16 -> f32 -> bf16 is exact, so the cache
+// rank holds the very K/V the local cache holds. A forward with offloaded entries runs eagerly
+// (a CUDA graph cannot wait for the host mid-step). Overlapping the exchange with the next
+// layers, and device-to-device packs (NCCL), are later work.
 //
-// Upload layout (pinned host, then device), per decode row that attends offloaded KV, each
-// section 256-byte aligned (tensor maps want 16):
-//   keys    [num_kv_heads][capacity][head_dim] bf16, rows past a head's count zero
-//   values  [num_kv_heads][capacity][head_dim] bf16
-//   counts  [num_kv_heads] int32
-//   recent_begin [1] int32
+// Upload layout (pinned host, then device), each section 256-byte aligned (tensor maps want 16):
+//   per compact reply, in decode-row order:
+//     keys    [num_kv_heads][capacity][head_dim] bf16, rows past a head's count zero
+//     values  [num_kv_heads][capacity][head_dim] bf16
+//     counts  [num_kv_heads] int32
+//     recent_begin [1] int32
+//   then the prefix replies' pool and tables:
+//     keys    [prefix blocks][num_kv_heads][block_tokens][head_dim] bf16 (the local pool's layout)
+//     values  the same
+//     tables  [prefix rows][decode_table_stride] int32, block ids into that pool, in decode-row
+//             order (unused entries 0)
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -43,6 +55,20 @@ Status EnsurePinned(PinnedBuffer& buffer, size_t bytes, const std::string& what)
   buffer = PinnedBuffer();
   RUBATO_ASSIGN_OR_RETURN(buffer, PinnedBuffer::Allocate(std::bit_ceil(bytes), what));
   return Status::Ok();
+}
+
+// Whether `reply` holds exactly positions [0, position) for every KV head, in order: the whole
+// prefix before a decode token at `position` (offload-dense's reply).
+bool IsWholePrefix(const OffloadCompactKv& reply, int position) {
+  if (reply.positions == nullptr || reply.recent_begin != position) return false;
+  const CompactKvView& view = reply.compact;
+  for (int h = 0; h < view.num_kv_heads; ++h) {
+    if (reply.counts[h] != position) return false;
+    for (int r = 0; r < position; ++r) {
+      if (reply.positions[static_cast<size_t>(h) * view.capacity + r] != r) return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -72,7 +98,7 @@ Status CudaModel::PlanOffload(std::span<const ForwardEntry> batch) {
                       "the offloaded entries' q|k|v rows");
 }
 
-Status CudaModel::OffloadLayer(int layer, cudaStream_t stream) {
+Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stream) {
   const int q_dim = config_.q_dim();
   const int kv_dim = config_.kv_dim();
   const size_t qkv_dim = static_cast<size_t>(q_dim + 2 * kv_dim);
@@ -110,15 +136,15 @@ Status CudaModel::OffloadLayer(int layer, cudaStream_t stream) {
   };
   for (const OffloadEntryPlan& p : offload_entries_) {
     const __nv_bfloat16* first = download + static_cast<size_t>(p.download_row) * qkv_dim;
-    OffloadLayerKv kv{p.session_id, p.start_position, p.tokens, nullptr, nullptr, nullptr};
+    OffloadLayerKv entry_kv{p.session_id, p.start_position, p.tokens, nullptr, nullptr, nullptr};
     float* keys = out;
     for (int t = 0; t < p.tokens; ++t) widen(first + t * qkv_dim + q_dim, kv_dim);
     float* values = out;
     for (int t = 0; t < p.tokens; ++t) widen(first + t * qkv_dim + q_dim + kv_dim, kv_dim);
-    kv.keys = keys;
-    kv.values = values;
-    kv.last_query = widen(first + static_cast<size_t>(p.tokens - 1) * qkv_dim, q_dim);
-    layer_kv.push_back(kv);
+    entry_kv.keys = keys;
+    entry_kv.values = values;
+    entry_kv.last_query = widen(first + static_cast<size_t>(p.tokens - 1) * qkv_dim, q_dim);
+    layer_kv.push_back(entry_kv);
   }
   // Every exchange of the batch gets its own entries, in batch order.
   std::vector<OffloadLayerKv> for_exchange;
@@ -134,12 +160,18 @@ Status CudaModel::OffloadLayer(int layer, cudaStream_t stream) {
     RUBATO_RETURN_IF_ERROR(exchange->LayerComputed(layer, for_exchange));
   }
 
-  // The replies of the decode rows, narrowed to bf16 into the upload buffer.
+  // The replies of the decode rows, narrowed to bf16 into the upload buffer: whole prefixes as
+  // paged blocks, other replies as compact slabs (the file comment has the layout).
   const int kv_heads = config_.num_kv_heads;
   const int head_dim = config_.head_dim;
+  const int block_tokens = kv.shape().block_tokens;
+  const int table_stride = plan_.decode_table_stride;
   offload_rows_.clear();
   std::vector<OffloadCompactKv> replies;
+  std::vector<const OffloadEntryPlan*> row_entries;
   size_t upload_bytes = 0;
+  int prefix_blocks = 0;
+  int prefix_rows = 0;
   for (const OffloadEntryPlan& p : offload_entries_) {
     if (!p.attends) continue;
     RUBATO_ASSIGN_OR_RETURN(const OffloadCompactKv reply,
@@ -153,20 +185,47 @@ Status CudaModel::OffloadLayer(int layer, cudaStream_t stream) {
           " KV heads of " + std::to_string(view.head_dim) + " and recent_begin " +
           std::to_string(reply.recent_begin) + " at position " + std::to_string(p.start_position));
     }
+    for (int h = 0; h < kv_heads; ++h) {
+      if (reply.counts[h] < 0 || reply.counts[h] > view.capacity) {
+        return InternalError("layer " + std::to_string(layer) + ": the exchange's compact KV " +
+                             "has " + std::to_string(reply.counts[h]) + " rows for KV head " +
+                             std::to_string(h) + " in a capacity of " +
+                             std::to_string(view.capacity));
+      }
+    }
     OffloadRow row;
     row.decode_row = p.first_row;
-    row.capacity = std::max(view.capacity, 1);  // the kernel wants >= 1 row; counts say 0
     row.recent_tokens = p.start_position + 1 - reply.recent_begin;
-    const size_t slab = static_cast<size_t>(kv_heads) * row.capacity * head_dim * 2;
-    row.keys_offset = upload_bytes;
-    row.values_offset = row.keys_offset + AlignUp(slab);
-    row.counts_offset = row.values_offset + AlignUp(slab);
-    row.recent_begin_offset = row.counts_offset + AlignUp(sizeof(int32_t) * kv_heads);
-    upload_bytes = row.recent_begin_offset + AlignUp(sizeof(int32_t));
+    row.prefix = IsWholePrefix(reply, p.start_position);
+    if (row.prefix) {
+      row.first_block = prefix_blocks;
+      row.table_row = prefix_rows++;
+      prefix_blocks += (p.start_position + 1 + block_tokens - 1) / block_tokens;
+    } else {
+      row.capacity = std::max(view.capacity, 1);  // the kernel wants >= 1 row; counts say 0
+      const size_t slab = static_cast<size_t>(kv_heads) * row.capacity * head_dim * 2;
+      row.keys_offset = upload_bytes;
+      row.values_offset = row.keys_offset + AlignUp(slab);
+      row.counts_offset = row.values_offset + AlignUp(slab);
+      row.recent_begin_offset = row.counts_offset + AlignUp(sizeof(int32_t) * kv_heads);
+      upload_bytes = row.recent_begin_offset + AlignUp(sizeof(int32_t));
+    }
     offload_rows_.push_back(row);
     replies.push_back(reply);
+    row_entries.push_back(&p);
   }
   if (offload_rows_.empty()) return Status::Ok();
+  // The prefix rows' blocks: keys [blocks][kv_heads][block_tokens][head_dim] bf16, values the
+  // same, then their block tables [prefix rows][decode_table_stride] int32.
+  const size_t block_elements = static_cast<size_t>(kv_heads) * block_tokens * head_dim;
+  const size_t pool_bytes = static_cast<size_t>(prefix_blocks) * block_elements * 2;
+  offload_prefix_keys_offset_ = upload_bytes;
+  offload_prefix_values_offset_ = offload_prefix_keys_offset_ + AlignUp(pool_bytes);
+  offload_prefix_tables_offset_ = offload_prefix_values_offset_ + AlignUp(pool_bytes);
+  offload_prefix_blocks_ = prefix_blocks;
+  upload_bytes = offload_prefix_tables_offset_ +
+                 AlignUp(sizeof(int32_t) * static_cast<size_t>(prefix_rows) * table_stride);
+
   RUBATO_RETURN_IF_ERROR(EnsurePinned(offload_upload_, upload_bytes, "the compact KV replies"));
   if (offload_compact_.size() < upload_bytes) {
     offload_compact_ = cuda::DeviceBuffer<unsigned char>();
@@ -175,21 +234,48 @@ Status CudaModel::OffloadLayer(int layer, cudaStream_t stream) {
                               std::bit_ceil(upload_bytes), "the compact KV replies on the device"));
   }
   std::byte* upload = offload_upload_.data();
+  auto* pool_keys = reinterpret_cast<uint16_t*>(upload + offload_prefix_keys_offset_);
+  auto* pool_values = reinterpret_cast<uint16_t*>(upload + offload_prefix_values_offset_);
+  auto* tables = reinterpret_cast<int32_t*>(upload + offload_prefix_tables_offset_);
+  std::memset(pool_keys, 0, pool_bytes);
+  std::memset(pool_values, 0, pool_bytes);
+  std::fill_n(tables, static_cast<size_t>(prefix_rows) * table_stride, 0);
   for (size_t r = 0; r < offload_rows_.size(); ++r) {
     const OffloadRow& row = offload_rows_[r];
     const OffloadCompactKv& reply = replies[r];
     const CompactKvView& view = reply.compact;
+    if (row.prefix) {
+      // Positions [0, p) from the reply, p (the token itself) from its downloaded q|k|v row.
+      const int position = row_entries[r]->start_position;
+      const auto* own = reinterpret_cast<const uint16_t*>(
+          download + static_cast<size_t>(row_entries[r]->download_row) * qkv_dim);
+      const int blocks = (position + 1 + block_tokens - 1) / block_tokens;
+      int32_t* table = tables + static_cast<size_t>(row.table_row) * table_stride;
+      for (int b = 0; b < blocks; ++b) table[b] = row.first_block + b;
+      for (int t = 0; t <= position; ++t) {
+        const size_t block = static_cast<size_t>(row.first_block + t / block_tokens);
+        for (int h = 0; h < kv_heads; ++h) {
+          const size_t at = block * block_elements +
+                            (static_cast<size_t>(h) * block_tokens + t % block_tokens) * head_dim;
+          if (t < position) {
+            for (int d = 0; d < head_dim; ++d) {
+              pool_keys[at + d] = F32ToBf16(view.keys[view.Offset(h, t) + d]);
+              pool_values[at + d] = F32ToBf16(view.values[view.Offset(h, t) + d]);
+            }
+          } else {
+            std::memcpy(pool_keys + at, own + q_dim + h * head_dim, head_dim * sizeof(uint16_t));
+            std::memcpy(pool_values + at, own + q_dim + kv_dim + h * head_dim,
+                        head_dim * sizeof(uint16_t));
+          }
+        }
+      }
+      continue;
+    }
     auto* keys = reinterpret_cast<uint16_t*>(upload + row.keys_offset);
     auto* values = reinterpret_cast<uint16_t*>(upload + row.values_offset);
     auto* counts = reinterpret_cast<int32_t*>(upload + row.counts_offset);
     for (int h = 0; h < kv_heads; ++h) {
       const int count = reply.counts[h];
-      if (count < 0 || count > view.capacity) {
-        return InternalError("layer " + std::to_string(layer) + ": the exchange's compact KV " +
-                             "has " + std::to_string(count) + " rows for KV head " +
-                             std::to_string(h) + " in a capacity of " +
-                             std::to_string(view.capacity));
-      }
       counts[h] = count;
       const size_t head = static_cast<size_t>(h) * row.capacity * head_dim;
       const size_t valid = static_cast<size_t>(count) * head_dim;
@@ -211,35 +297,54 @@ Status CudaModel::OffloadLayer(int layer, cudaStream_t stream) {
 
 Status CudaModel::OffloadedDecodeAttention(int layer, DeviceKvStorage& kv, int first_row, int rows,
                                            const AttentionWindow& window, cudaStream_t stream) {
-  // Rows that attend locally, in runs between the offloaded ones: one dense launch per run.
-  int run_begin = first_row;
-  auto flush = [&](int run_end) -> Status {
-    if (run_end > run_begin) {
-      RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(
-          DecodeRows(layer, kv, run_begin, run_end - run_begin, window), stream));
-    }
-    return Status::Ok();
+  unsigned char* base = offload_compact_.data();
+  // Consecutive rows of one kind share a launch: local rows the dense kernel over the local
+  // cache, prefix rows the dense kernel over their uploaded blocks (the same launch shape as
+  // local dense when every decode row is one, hence the same bits).
+  enum class Kind { kLocal, kPrefix, kCompact };
+  auto offloaded = [&](int row) {
+    return std::find_if(offload_rows_.begin(), offload_rows_.end(),
+                        [row](const OffloadRow& r) { return r.decode_row == row; });
   };
-  for (int row = first_row; row < first_row + rows; ++row) {
-    const auto offloaded = std::find_if(offload_rows_.begin(), offload_rows_.end(),
-                                        [row](const OffloadRow& r) { return r.decode_row == row; });
-    if (offloaded == offload_rows_.end()) continue;
-    RUBATO_RETURN_IF_ERROR(flush(row));
-    run_begin = row + 1;
-    unsigned char* base = offload_compact_.data();
-    cuda::DecodeAttentionParams two_segment = DecodeRows(layer, kv, row, 1, AttentionWindow());
-    two_segment.compact_keys =
-        reinterpret_cast<const __nv_bfloat16*>(base + offloaded->keys_offset);
-    two_segment.compact_values =
-        reinterpret_cast<const __nv_bfloat16*>(base + offloaded->values_offset);
-    two_segment.compact_capacity = offloaded->capacity;
-    two_segment.compact_counts = reinterpret_cast<const int32_t*>(base + offloaded->counts_offset);
-    two_segment.recent_begin =
-        reinterpret_cast<const int32_t*>(base + offloaded->recent_begin_offset);
-    two_segment.max_recent_tokens = offloaded->recent_tokens;
-    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(two_segment, stream));
+  auto kind_of = [&](int row) {
+    const auto it = offloaded(row);
+    if (it == offload_rows_.end()) return Kind::kLocal;
+    return it->prefix ? Kind::kPrefix : Kind::kCompact;
+  };
+  int row = first_row;
+  while (row < first_row + rows) {
+    const Kind kind = kind_of(row);
+    if (kind == Kind::kCompact) {
+      const auto it = offloaded(row);
+      cuda::DecodeAttentionParams two_segment = DecodeRows(layer, kv, row, 1, AttentionWindow());
+      two_segment.compact_keys = reinterpret_cast<const __nv_bfloat16*>(base + it->keys_offset);
+      two_segment.compact_values =
+          reinterpret_cast<const __nv_bfloat16*>(base + it->values_offset);
+      two_segment.compact_capacity = it->capacity;
+      two_segment.compact_counts = reinterpret_cast<const int32_t*>(base + it->counts_offset);
+      two_segment.recent_begin = reinterpret_cast<const int32_t*>(base + it->recent_begin_offset);
+      two_segment.max_recent_tokens = it->recent_tokens;
+      RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(two_segment, stream));
+      ++row;
+      continue;
+    }
+    int end = row + 1;
+    while (end < first_row + rows && kind_of(end) == kind) ++end;
+    cuda::DecodeAttentionParams params = DecodeRows(layer, kv, row, end - row, window);
+    if (kind == Kind::kPrefix) {
+      // Prefix rows were numbered in decode-row order: a run's table rows are consecutive.
+      params.key_pool = reinterpret_cast<const __nv_bfloat16*>(base + offload_prefix_keys_offset_);
+      params.value_pool =
+          reinterpret_cast<const __nv_bfloat16*>(base + offload_prefix_values_offset_);
+      params.num_pool_blocks = offload_prefix_blocks_;
+      const auto* tables = reinterpret_cast<const int32_t*>(base + offload_prefix_tables_offset_);
+      params.block_tables =
+          tables + static_cast<size_t>(offloaded(row)->table_row) * plan_.decode_table_stride;
+    }
+    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(params, stream));
+    row = end;
   }
-  return flush(first_row + rows);
+  return Status::Ok();
 }
 
 }  // namespace rubato
