@@ -126,11 +126,13 @@ struct UcxTransport::State {
           "buffer has {} bytes (sizes must match exactly)",
           rank, o.peer, o.tag, received, o.bytes));
     }
+    // Which of the two UCX reports depends on timing (whether the message was already waiting
+    // when the receive was posted), so both wordings end alike.
     if (status == UCS_ERR_MESSAGE_TRUNCATED) {
       return DataLossError(fmt::format(
-          "ucx: rank {}: receive from peer {}, tag {}: the message is longer than the receive "
-          "buffer of {} bytes (sizes must match exactly)",
-          rank, o.peer, o.tag, o.bytes));
+          "ucx: rank {}: receive from peer {}, tag {}: the message has more than {} bytes but "
+          "the receive buffer has {} bytes (sizes must match exactly)",
+          rank, o.peer, o.tag, o.bytes, o.bytes));
     }
     if (!peer.failure.ok()) {
       return Status(peer.failure.code(),
