@@ -10,6 +10,9 @@
 #ifdef RUBATO_HAS_UCX
 #include "transport/ucx_transport.h"
 #endif
+#ifdef RUBATO_HAS_NCCL
+#include "transport/nccl_host_staging.h"
+#endif
 
 namespace rubato {
 namespace {
@@ -37,36 +40,70 @@ Result<OffloadSelectionParams> SelectionFromRequest(const rpc::OpenSessionReques
 }
 
 CacheRpcHandler::CacheRpcHandler(CacheService& service,
-                                 std::function<void(const std::string&)> on_shutdown)
-    : service_(service), on_shutdown_(std::move(on_shutdown)) {}
+                                 std::function<void(const std::string&)> on_shutdown,
+                                 const CacheRpcHandlerOptions& options)
+    : service_(service), on_shutdown_(std::move(on_shutdown)), options_(options) {}
 
 Result<rpc::HelloResponse> CacheRpcHandler::OnHello(rpc::ConnectionId connection,
                                                     const rpc::HelloRequest& request) {
   // A control-only peer (stats, health, shutdown) connects no data plane.
   if (request.transport_backend().empty()) return rpc::HelloResponse();
-  if (request.transport_backend() != "ucx") {
-    return UnsupportedError("hello: data-plane backend '" + request.transport_backend() +
-                            "' is not served by a standalone cache rank (it serves ucx)");
-  }
+  rpc::HelloResponse response;
+  Result<std::unique_ptr<transport::Transport>> transport =
+      request.transport_backend() == "ucx"    ? ConnectUcx(request, response)
+      : request.transport_backend() == "nccl" ? JoinNccl(request)
+                                              : UnsupportedError(
+                                                    "hello: data-plane backend '" +
+                                                    request.transport_backend() +
+                                                    "' is not one of ucx, nccl");
+  if (!transport.ok()) return transport.status();
+  response.set_transport_backend(request.transport_backend());
+  RUBATO_RETURN_IF_ERROR(service_.AddPeer(connection, std::move(transport).value(), 1));
+  RUBATO_LOG_INFO(kLogSubsystem, "peer {} (rank {}) connected its {} data plane", connection,
+                  request.rank(), request.transport_backend());
+  return response;
+}
+
+// A world of two per connection: the cache rank is rank 0, the inference rank rank 1.
+Result<std::unique_ptr<transport::Transport>> CacheRpcHandler::ConnectUcx(
+    const rpc::HelloRequest& request, rpc::HelloResponse& response) {
 #ifdef RUBATO_HAS_UCX
-  // A world of two per connection: the cache rank is rank 0, the inference rank rank 1.
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::UcxTransport> ucx,
                           transport::UcxTransport::Create(0, 2));
   const std::string& peer_address = request.transport_address();
   RUBATO_RETURN_IF_ERROR(ucx->Connect(
       1, std::span<const std::byte>(reinterpret_cast<const std::byte*>(peer_address.data()),
                                     peer_address.size())));
-  rpc::HelloResponse response;
-  response.set_transport_backend("ucx");
   const std::span<const std::byte> mine = ucx->LocalAddress();
   response.set_transport_address(std::string(reinterpret_cast<const char*>(mine.data()),
                                              mine.size()));
-  RUBATO_RETURN_IF_ERROR(service_.AddPeer(connection, std::move(ucx), 1));
-  RUBATO_LOG_INFO(kLogSubsystem, "peer {} (rank {}) connected its ucx data plane", connection,
-                  request.rank());
-  return response;
+  return std::unique_ptr<transport::Transport>(std::move(ucx));
 #else
+  (void)request;
+  (void)response;
   return UnsupportedError("hello: this cache rank was built without UCX (RUBATO_UCX)");
+#endif
+}
+
+// The Hello carries the communicator's unique id; the inference rank joins as rank 1 while this
+// call joins as rank 0 (both return once the pair exchanged a byte).
+Result<std::unique_ptr<transport::Transport>> CacheRpcHandler::JoinNccl(
+    const rpc::HelloRequest& request) {
+#ifdef RUBATO_HAS_NCCL
+  Result<std::unique_ptr<transport::NcclTransport>> joined = transport::NcclTransport::Create(
+      {.unique_id = request.transport_address(), .rank = 0, .world_size = 2,
+       .device = options_.nccl_device, .init_timeout = options_.nccl_init_timeout});
+  if (!joined.ok()) {
+    return joined.status().WithContext("hello: joining the peer's NCCL communicator on GPU " +
+                                       std::to_string(options_.nccl_device) +
+                                       " (`rubato cache --device`; each rank needs its own GPU)");
+  }
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::NcclHostStagingTransport> staged,
+                          transport::NcclHostStagingTransport::Create(std::move(joined).value()));
+  return std::unique_ptr<transport::Transport>(std::move(staged));
+#else
+  (void)request;
+  return UnsupportedError("hello: this cache rank was built without NCCL (a CUDA build finds it)");
 #endif
 }
 

@@ -1,12 +1,15 @@
 // The cache rank's RPC handler (DESIGN §3 "RPC control plane"): turns the control-plane calls of
 // each inference-rank connection into CacheService calls. The connection id is the peer id:
 // Hello connects that peer's data plane (a UCX endpoint pair whose addresses the Hello and its
-// response carry; a Hello without a transport backend is a control-only peer), OpenSession / CloseSession act on its sessions, Health reports its data
+// response carry, or an NCCL communicator of two whose unique id the Hello carries and which the
+// handler joins as rank 0 on its GPU before answering; a Hello without a transport backend is a
+// control-only peer), OpenSession / CloseSession act on its sessions, Health reports its data
 // plane, and a lost connection frees its sessions.
 #pragma once
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "cache_rank/cache_service.h"
@@ -14,11 +17,18 @@
 
 namespace rubato {
 
+struct CacheRpcHandlerOptions {
+  int nccl_device = 0;  // the GPU of this rank's side of NCCL peers' communicators
+  // How long a Hello waits for an NCCL peer's communicator to form (the peer's RPC deadline).
+  std::chrono::milliseconds nccl_init_timeout{5000};
+};
+
 class CacheRpcHandler final : public rpc::RpcHandler {
  public:
   // `on_shutdown(reason)` runs when a peer asks the cache rank to stop (it must not stop the
   // RPC server from inside the call: signal the owner). `service` must outlive the handler.
-  CacheRpcHandler(CacheService& service, std::function<void(const std::string&)> on_shutdown);
+  CacheRpcHandler(CacheService& service, std::function<void(const std::string&)> on_shutdown,
+                  const CacheRpcHandlerOptions& options = {});
 
   Result<rpc::HelloResponse> OnHello(rpc::ConnectionId connection,
                                      const rpc::HelloRequest& request) override;
@@ -35,8 +45,14 @@ class CacheRpcHandler final : public rpc::RpcHandler {
   void OnConnectionLost(rpc::ConnectionId connection, const Status& reason) override;
 
  private:
+  // The data plane a Hello asks for ("ucx", "nccl"), connected, with what goes in the response.
+  Result<std::unique_ptr<transport::Transport>> ConnectUcx(const rpc::HelloRequest& request,
+                                                           rpc::HelloResponse& response);
+  Result<std::unique_ptr<transport::Transport>> JoinNccl(const rpc::HelloRequest& request);
+
   CacheService& service_;
   std::function<void(const std::string&)> on_shutdown_;
+  const CacheRpcHandlerOptions options_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 

@@ -8,7 +8,7 @@
 //   * a cache rank restarted on the same port serves a new run;
 //   * `mpirun -np 2` with the roles of configs/disagg-mpi.yaml gives the dense text and ends;
 //   * bad uses are refused by name (a cache endpoint with a non-offload policy, nothing
-//     listening).
+//     listening, an NCCL data plane in a build without NCCL).
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -240,6 +240,29 @@ TEST_F(DisaggregatedCliTest, MpirunWithTwoRanksGivesTheColocatedDenseText) {
   EXPECT_NE(mpi.out.find("rubato cache: stopped (a peer asked"), std::string::npos) << mpi.out;
 }
 #endif
+
+// topology.transport nccl in a build without NCCL (CI's) is refused by name, and the cache rank
+// serves on. (With NCCL, two GPUs: tests/gpu and scripts/gpu/run's disagg stage.)
+TEST_F(DisaggregatedCliTest, AnNcclDataPlaneThisBuildCannotMakeIsRefusedByName) {
+  std::unique_ptr<BackgroundProcess> cache = StartCache();
+  ASSERT_FALSE(endpoint_.empty());
+  const std::string nccl_config = (dir_.path() / "nccl.yaml").string();
+  std::ofstream(nccl_config) << "limits:\n  heartbeat_ms: 100\n  rpc_timeout_ms: 2000\n"
+                                "topology:\n  transport: nccl\n";
+  std::vector<std::string> args = GenerateArgs("offload_dense", 4);
+  args.insert(args.end(), {"--cache", endpoint_, "--config", nccl_config});
+  const ProcessResult refused = RunProcess(RUBATO_BINARY, args, 60);
+  EXPECT_EQ(refused.exit_code, 1) << refused.err;
+  EXPECT_NE(refused.err.find(endpoint_), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("nccl"), std::string::npos) << refused.err;
+  // The cache rank is unharmed: a UCX run right after works.
+  std::vector<std::string> ucx = GenerateArgs("offload_dense", 4);
+  ucx.insert(ucx.end(), {"--cache", endpoint_, "--config", config_});
+  const ProcessResult served = RunProcess(RUBATO_BINARY, ucx, 60);
+  EXPECT_EQ(served.exit_code, 0) << served.err;
+  cache->Signal(SIGTERM);
+  EXPECT_EQ(cache->Wait(milliseconds(10000)).exit_code, 0);
+}
 
 TEST_F(DisaggregatedCliTest, BadUsesAreRefusedByName) {
   // A cache endpoint holds the KV of an offload policy only.

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -34,13 +35,19 @@ Status NcclStatus(ncclResult_t result, std::string_view what) {
   return UnavailableError(message);
 }
 
-// Polls the non-blocking communicator until it leaves ncclInProgress or `timeout` passes.
-Status AwaitCommReady(ncclComm_t comm, std::chrono::milliseconds timeout, std::string_view what) {
+// Polls the non-blocking communicator until it leaves ncclInProgress, `timeout` passes or
+// `give_up` (may be null) reads true.
+Status AwaitCommReady(ncclComm_t comm, std::chrono::milliseconds timeout, std::string_view what,
+                      const std::atomic<bool>* give_up = nullptr) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     ncclResult_t state = ncclSuccess;
     RUBATO_RETURN_IF_ERROR(NcclStatus(ncclCommGetAsyncError(comm, &state), what));
     if (state != ncclInProgress) return NcclStatus(state, what);
+    if (give_up != nullptr && give_up->load()) {
+      return UnavailableError("nccl: " + std::string(what) + " given up (the other rank is not "
+                            "coming)");
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
       return DeadlineExceededError("nccl: " + std::string(what) + " did not finish within " +
                                    std::to_string(timeout.count()) +
@@ -97,9 +104,62 @@ Result<std::unique_ptr<NcclTransport>> NcclTransport::Create(const NcclTransport
       ncclCommInitRankConfig(&comm, options.world_size, id, options.rank, &config),
       "ncclCommInitRankConfig"));
   transport->comm_ = comm;
-  const Status ready = AwaitCommReady(comm, options.init_timeout, "joining the communicator");
-  if (!ready.ok()) return ready;  // the destructor aborts the communicator
+  const auto started = std::chrono::steady_clock::now();
+  RUBATO_RETURN_IF_ERROR(AwaitCommReady(comm, options.init_timeout, "joining the communicator",
+                                        options.give_up));  // the destructor aborts on errors
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      options.init_timeout - (std::chrono::steady_clock::now() - started));
+  RUBATO_RETURN_IF_ERROR(
+      transport->ConnectPeers(std::max(left, std::chrono::milliseconds(1)), options.give_up));
   return transport;
+}
+
+Status NcclTransport::ConnectPeers(std::chrono::milliseconds timeout,
+                                   const std::atomic<bool>* give_up) {
+  // One byte out to and in from each peer (bytes [0, world) out, [world, 2 world) in).
+  void* bytes = nullptr;
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaMalloc(&bytes, 2 * static_cast<size_t>(world_size_)),
+                              "nccl: connecting the peers");
+  const auto free_bytes = [&] { (void)cudaFree(bytes); };
+  auto* out = static_cast<uint8_t*>(bytes);
+  uint8_t* in = out + world_size_;
+  Status status = NcclStatus(ncclGroupStart(), "ncclGroupStart");
+  for (int peer = 0; peer < world_size_ && status.ok(); ++peer) {
+    if (peer == rank_) continue;
+    status = NcclStatus(ncclSend(out + peer, 1, ncclUint8, peer, AsComm(comm_),
+                                 AsStream(stream_)), "ncclSend");
+    if (status.ok()) {
+      status = NcclStatus(ncclRecv(in + peer, 1, ncclUint8, peer, AsComm(comm_),
+                                   AsStream(stream_)), "ncclRecv");
+    }
+  }
+  const Status end = NcclStatus(ncclGroupEnd(), "ncclGroupEnd");
+  if (status.ok()) status = end;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (status.ok()) status = AwaitCommReady(AsComm(comm_), timeout, "connecting the peers", give_up);
+  while (status.ok()) {
+    const cudaError_t query = cudaStreamQuery(AsStream(stream_));
+    if (query == cudaSuccess) break;
+    if (query != cudaErrorNotReady) {
+      status = cuda::CudaStatus(query, "nccl: connecting the peers");
+    } else if (give_up != nullptr && give_up->load()) {
+      status = UnavailableError("nccl: connecting the peers given up (the other rank is not "
+                              "coming)");
+    } else if (std::chrono::steady_clock::now() >= deadline) {
+      status = DeadlineExceededError("nccl: connecting the peers did not finish within " +
+                                     std::to_string(timeout.count()) + " ms");
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  if (!status.ok()) {
+    // The exchange may still be on the stream: abort before its buffer goes.
+    (void)ncclCommAbort(AsComm(comm_));
+    comm_ = nullptr;
+    (void)cudaStreamSynchronize(AsStream(stream_));
+  }
+  free_bytes();
+  return status;
 }
 
 NcclTransport::~NcclTransport() {

@@ -8,7 +8,10 @@
 //                                                             .world_size = 2, .device = 0}));
 //
 // What NCCL cannot do, and what this backend does about it:
-// * Device memory only (`SupportsMemory(kHost)` is false).
+// * Device memory only (`SupportsMemory(kHost)` is false; nccl_host_staging.h stages host
+//   buffers through device memory).
+// * Create is collective: it returns once every rank joined and every pair of ranks exchanged a
+//   byte (so no later Post waits for NCCL's lazy connection setup).
 // * NCCL does not see message sizes: a receive larger or smaller than its send is undefined
 //   behaviour in NCCL, not an error. The layer-pack protocol gives both sides every size from
 //   the session, so a mismatch is a caller bug; this backend cannot detect it.
@@ -19,6 +22,7 @@
 //   what tells the caller that the peer is gone.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -39,6 +43,9 @@ struct NcclTransportOptions {
   int device = 0;         // CUDA device of this rank's buffers and stream
   // How long Create waits for every rank to join before it gives up (kDeadlineExceeded).
   std::chrono::milliseconds init_timeout{30000};
+  // When set, Create gives up (kUnavailable) as soon as it reads true: another thread learned
+  // that the other ranks will not come (the RPC Hello that carried the id failed).
+  const std::atomic<bool>* give_up = nullptr;
 };
 
 class NcclTransport final : public Transport {
@@ -55,6 +62,7 @@ class NcclTransport final : public Transport {
   std::string_view BackendName() const override { return "nccl"; }
   int Rank() const override { return rank_; }
   int WorldSize() const override { return world_size_; }
+  int Device() const { return device_; }
   bool SupportsMemory(MemoryKind memory) const override { return memory == MemoryKind::kCuda; }
 
   Result<TransferId> Post(std::span<const TransferOp> ops) override;
@@ -78,6 +86,11 @@ class NcclTransport final : public Transport {
   };
 
   NcclTransport() = default;
+  // Exchanges a byte with every other rank so that NCCL sets up every peer connection now.
+  // NCCL connects a peer lazily, at the first group that names it, and that group cannot finish
+  // before the peer joins in; a cache rank's first receive would otherwise wait (and block its
+  // thread) until the inference rank's first pack, however late that comes.
+  Status ConnectPeers(std::chrono::milliseconds timeout, const std::atomic<bool>* give_up);
   // kUnavailable once the communicator is aborted, else the communicator's asynchronous error.
   Status Health();
   // Marks the transport failed with `why` and aborts the communicator (idempotent).

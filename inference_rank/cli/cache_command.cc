@@ -70,17 +70,22 @@ Status RunCache(const CacheArgs& args) {
     RUBATO_ASSIGN_OR_RETURN(config, LoadConfigFile(*args.config_file));
   }
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
-  return ServeCacheRank(args.listen, args.budget_mb, args.memory, args.metrics_listen,
-                        config.limits, [](const std::string& endpoint) {
+  return ServeCacheRank(args, config.limits, [](const std::string& endpoint) {
                           std::printf("rubato cache: listening on %s\n", endpoint.c_str());
                           std::fflush(stdout);
                           return Status::Ok();
                         });
 }
 
-Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const std::string& memory,
-                      const std::string& metrics_listen, const LimitsSection& limits,
+Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
                       const std::function<Status(const std::string&)>& on_listening) {
+  const std::string& listen = args.listen;
+  const std::string& metrics_listen = args.metrics_listen;
+  const std::string& memory = args.memory;
+  const int64_t budget_mb = args.budget_mb;
+  if (args.device < 0) {
+    return InvalidArgumentError("--device must be >= 0, got " + std::to_string(args.device));
+  }
   RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint, ParseListenAddress(listen, "--listen"));
   std::optional<rpc::RpcEndpoint> metrics_endpoint;
   if (!metrics_listen.empty()) {
@@ -106,11 +111,17 @@ Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const std::s
   std::mutex mutex;
   std::condition_variable stop_requested;
   std::string stop_reason;
-  CacheRpcHandler handler(service, [&](const std::string& reason) {
-    std::lock_guard lock(mutex);
-    stop_reason = "a peer asked: " + reason;
-    stop_requested.notify_all();
-  });
+  CacheRpcHandlerOptions handler_options;
+  handler_options.nccl_device = args.device;
+  handler_options.nccl_init_timeout = std::chrono::milliseconds(limits.rpc_timeout_ms);
+  CacheRpcHandler handler(
+      service,
+      [&](const std::string& reason) {
+        std::lock_guard lock(mutex);
+        stop_reason = "a peer asked: " + reason;
+        stop_requested.notify_all();
+      },
+      handler_options);
   rpc::RpcServerOptions server_options;
   server_options.host = endpoint.host;
   server_options.port = endpoint.port;

@@ -1,6 +1,7 @@
 // `rubato cache --listen HOST:PORT`: a standalone cache rank (DESIGN §1 "Disaggregated mode",
 // what a Kubernetes cache pod runs). Serves the RPC control plane on HOST:PORT (port 0: any free
-// port) and each connecting inference rank's KV packs over UCX, until a peer's Shutdown call,
+// port) and each connecting inference rank's KV packs over UCX or NCCL (the inference rank's
+// topology.transport; NCCL from GPU --device), until a peer's Shutdown call,
 // SIGINT or SIGTERM. Prints "rubato cache: listening on HOST:PORT" (the bound port) once ready,
 // and with --metrics HOST:PORT "rubato cache: metrics on http://HOST:PORT/metrics" before it.
 #pragma once
@@ -23,6 +24,7 @@ struct CacheArgs {
   // host:port (port 0: any free port) of an HTTP endpoint serving GET /metrics (Prometheus text:
   // sessions, memory, transport bytes) and GET /health; none when empty.
   std::string metrics_listen;
+  int device = 0;  // the GPU of this rank's side of NCCL data planes (CUDA builds with NCCL)
 };
 
 Status RunCache(const CacheArgs& args);
@@ -30,9 +32,8 @@ Status RunCache(const CacheArgs& args);
 // The cache rank's serving loop, shared by `rubato cache` and the cache role of an mpirun
 // launch: binds `listen`, calls `on_listening(bound endpoint)` once the RPC server runs (an
 // error from it stops the rank), and serves until a peer's Shutdown, SIGINT or SIGTERM.
-// `metrics_listen` as CacheArgs::metrics_listen.
-Status ServeCacheRank(const std::string& listen, int64_t budget_mb, const std::string& memory,
-                      const std::string& metrics_listen, const LimitsSection& limits,
+// `args.config_file` is not read here (RunCache reads it: `limits` come from it).
+Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
                       const std::function<Status(const std::string&)>& on_listening);
 
 }  // namespace rubato

@@ -39,7 +39,10 @@ Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides) {
   if (overrides.cache_endpoint) {
     config.topology.mode = TopologySection::Mode::kDisaggregated;
     config.topology.cache_endpoints = {*overrides.cache_endpoint};
-    config.topology.transport = TopologySection::Transport::kUcx;
+    // Over UCX unless the config file chose NCCL.
+    if (config.topology.transport != TopologySection::Transport::kNccl) {
+      config.topology.transport = TopologySection::Transport::kUcx;
+    }
   }
   return config;
 }
@@ -73,10 +76,11 @@ Status CheckOffloadChoice(const RubatoConfig& config, const PolicyChoice& policy
     return InvalidArgumentError("topology.mode disaggregated needs topology.cache_endpoints "
                                 "(\"host:port\" of a `rubato cache --listen`) or --cache");
   }
-  if (disaggregated && config.topology.transport != TopologySection::Transport::kUcx) {
+  if (disaggregated && config.topology.transport != TopologySection::Transport::kUcx &&
+      config.topology.transport != TopologySection::Transport::kNccl) {
     return UnsupportedError("topology.transport '" +
                             std::string(ConfigEnumName(config.topology.transport)) +
-                            "': a cache rank in another process is reached over ucx");
+                            "': a cache rank in another process is reached over ucx or nccl");
   }
   return Status::Ok();
 }
@@ -93,8 +97,10 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyCho
   OffloadTarget target;
   if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
     RUBATO_ASSIGN_OR_RETURN(target.remote,
-                            RemoteCacheRank::Connect(config.topology.cache_endpoints.front(), model,
-                                                     options, config.limits));
+                            RemoteCacheRank::Connect(
+                                config.topology.cache_endpoints.front(), model, options,
+                                config.limits,
+                                RemoteDataPlane{config.topology.transport, config.engine.device}));
     target.client = &target.remote->client();
   } else {
     RUBATO_ASSIGN_OR_RETURN(target.colocated,

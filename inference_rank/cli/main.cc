@@ -6,7 +6,7 @@
 //   rubato serve [--config FILE --model DIR --policy NAME --host H --port P --cache HOST:PORT
 //                 --threads N --backend cpu|cuda]   (OpenAI-compatible HTTP API until SIGTERM)
 //   rubato cache --listen HOST:PORT [--budget-mb N --memory host|pinned --metrics HOST:PORT
-//                                    --config FILE]
+//                                    --device N --config FILE]
 //   rubato tokenize --model DIR [--count --add-special-tokens]
 //                   (stdin: one JSON string per line; stdout: ids or counts, one line each)
 // Every error ends the process with one line on stderr ("rubato: error: ...") and exit 1;
@@ -103,6 +103,10 @@ int main(int argc, char** argv) {
   cache->add_option("--config", cache_args.config_file, "YAML config (limits, logging)");
   cache->add_option("--metrics", cache_args.metrics_listen,
                     "host:port of an HTTP endpoint for GET /metrics and /health (port 0: any)");
+  cache->add_option("--device", cache_args.device,
+                    "GPU of this rank's side of NCCL data planes (inference ranks with "
+                    "topology.transport nccl; another GPU than theirs)")
+      ->check(CLI::NonNegativeNumber);
 
   rubato::TokenizeArgs tok;
   CLI::App* tokenize = app.add_subcommand(

@@ -89,7 +89,10 @@ Result<std::optional<MpiLaunch>> JoinMpiLaunch(RubatoConfig& config) {
                             " did not start its RPC server");
   }
   config.topology.mode = TopologySection::Mode::kDisaggregated;
-  config.topology.transport = TopologySection::Transport::kUcx;
+  // NCCL when the config asks for it (its communicator forms over the RPC Hello), else UCX.
+  if (config.topology.transport != TopologySection::Transport::kNccl) {
+    config.topology.transport = TopologySection::Transport::kUcx;
+  }
   config.topology.cache_endpoints = {endpoint};
   return std::optional<MpiLaunch>(std::move(launch));
 #endif
@@ -148,9 +151,12 @@ Status MpiLaunch::ServeAsCacheRank(const RubatoConfig& config) {
   const std::string host = all_on_one_node_ ? "127.0.0.1" : HostName();
   const std::string listen = (all_on_one_node_ ? "127.0.0.1" : "0.0.0.0") + std::string(":0");
   bool published = false;
+  CacheArgs args;
+  args.listen = listen;
+  args.budget_mb = kMpiCacheBudgetMb;
+  args.device = config.engine.device;  // the node-local rank (JoinMpiLaunch)
   const Status served = ServeCacheRank(
-      listen, kMpiCacheBudgetMb, "host", /*metrics_listen=*/"", config.limits,
-      [&](const std::string& bound) -> Status {
+      args, config.limits, [&](const std::string& bound) -> Status {
         const std::string port = bound.substr(bound.rfind(':') + 1);
         published = true;
         std::printf("rubato cache (mpi rank %d): listening on %s:%s\n", rank_, host.c_str(),

@@ -1,8 +1,10 @@
 // Launch under `mpirun -np N` (DESIGN §1 "Disaggregated mode"): each process takes its role from
 // the config's topology.ranks by its MPI rank. A cache rank serves (ServeCacheRank) until an
 // inference rank asks it to stop; an inference rank learns the cache rank's RPC endpoint through
-// MPI and then connects exactly as `--cache HOST:PORT` does (RPC + UCX). MPI carries only the
-// endpoint; the local GPU is the process's node-local rank.
+// MPI and then connects exactly as `--cache HOST:PORT` does (RPC + UCX, or NCCL with
+// topology.transport nccl). MPI carries only the endpoint (an NCCL communicator's unique id goes
+// in the RPC Hello, as without mpirun); the local GPU is the process's node-local rank, for the
+// cache rank too.
 //
 //   return RunWithMpiRoles(config, [&](RubatoConfig& config) { return Generate(config); });
 #pragma once
@@ -56,8 +58,8 @@ Status RunWithMpiRoles(RubatoConfig& config,
 // Not launched by mpirun (or no topology.ranks in the config): nullopt and nothing changes.
 // Else joins MPI, checks the ranks table against the world (every rank listed once, at least one
 // of each role), and for an inference rank rewrites `config` to reach the first cache rank
-// (mode disaggregated, transport ucx, cache_endpoints) and its GPU (engine.device = node-local
-// rank). Collective: every rank calls it.
+// (mode disaggregated, transport nccl when the config says so else ucx, cache_endpoints); every
+// rank's GPU is engine.device = its node-local rank. Collective: every rank calls it.
 Result<std::optional<MpiLaunch>> JoinMpiLaunch(RubatoConfig& config);
 
 }  // namespace rubato

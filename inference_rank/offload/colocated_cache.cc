@@ -27,13 +27,31 @@ class ColocatedCacheRank::InProcessControl final : public CacheSessionControl {
 Result<std::unique_ptr<ColocatedCacheRank>> ColocatedCacheRank::Create(
     const ModelConfig& model, const CacheClientOptions& client_options,
     const CacheServiceOptions& service_options) {
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::LoopbackHub> hub,
+                          transport::LoopbackHub::Create(2));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> service_side, hub->Endpoint(0));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> client_side, hub->Endpoint(1));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<ColocatedCacheRank> cache,
+                          CreateOver(model, client_options, service_options,
+                                     std::move(service_side), std::move(client_side)));
+  cache->hub_ = std::move(hub);
+  return cache;
+}
+
+Result<std::unique_ptr<ColocatedCacheRank>> ColocatedCacheRank::CreateOver(
+    const ModelConfig& model, const CacheClientOptions& client_options,
+    const CacheServiceOptions& service_options,
+    std::unique_ptr<transport::Transport> service_transport,
+    std::unique_ptr<transport::Transport> client_transport) {
+  if (service_transport == nullptr || client_transport == nullptr ||
+      service_transport->Rank() != 0 || client_transport->Rank() != 1) {
+    return InvalidArgumentError(
+        "colocated cache: needs the transports of ranks 0 (service) and 1 (client)");
+  }
   std::unique_ptr<ColocatedCacheRank> cache(new ColocatedCacheRank());
-  RUBATO_ASSIGN_OR_RETURN(cache->hub_, transport::LoopbackHub::Create(2));
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> cache_side,
-                          cache->hub_->Endpoint(0));
-  RUBATO_ASSIGN_OR_RETURN(cache->client_transport_, cache->hub_->Endpoint(1));
+  cache->client_transport_ = std::move(client_transport);
   cache->service_ = std::make_unique<CacheService>(service_options);
-  RUBATO_RETURN_IF_ERROR(cache->service_->AddPeer(kPeerId, std::move(cache_side), 1));
+  RUBATO_RETURN_IF_ERROR(cache->service_->AddPeer(kPeerId, std::move(service_transport), 1));
   cache->control_ = std::make_unique<InProcessControl>(*cache->service_);
   CacheClientOptions options = client_options;
   if (options.cache_name == CacheClientOptions().cache_name) options.cache_name = "colocated cache";

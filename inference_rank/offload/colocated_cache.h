@@ -22,6 +22,14 @@ class ColocatedCacheRank {
   static Result<std::unique_ptr<ColocatedCacheRank>> Create(
       const ModelConfig& model, const CacheClientOptions& client_options,
       const CacheServiceOptions& service_options);
+  // The same over a given pair of transports of one world of two (rank 0 the service's, rank 1
+  // the client's), e.g. NCCL between two GPUs of this process
+  // (transport/nccl_host_staging.h: CreateNcclHostStagingPair).
+  static Result<std::unique_ptr<ColocatedCacheRank>> CreateOver(
+      const ModelConfig& model, const CacheClientOptions& client_options,
+      const CacheServiceOptions& service_options,
+      std::unique_ptr<transport::Transport> service_transport,
+      std::unique_ptr<transport::Transport> client_transport);
   ~ColocatedCacheRank();
 
   CacheRankClient& client() { return *client_; }

@@ -1,16 +1,22 @@
-// RemoteCacheRank (remote_cache.h): RPC Hello with the UCX address exchange, sessions over the
-// RPC, the cache rank's health from the heartbeat and its data-plane report.
+// RemoteCacheRank (remote_cache.h): RPC Hello that connects the data plane (UCX addresses or an
+// NCCL unique id), sessions over the RPC, the cache rank's health from the heartbeat and its
+// data-plane report.
 #include "inference_rank/offload/remote_cache.h"
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <span>
+#include <thread>
 #include <utility>
 
 #include "common/dtype.h"
 
 #ifdef RUBATO_HAS_UCX
 #include "transport/ucx_transport.h"
+#endif
+#ifdef RUBATO_HAS_NCCL
+#include "transport/nccl_host_staging.h"
 #endif
 
 namespace rubato {
@@ -78,23 +84,92 @@ class RemoteCacheRank::RpcSessionControl final : public CacheSessionControl {
   Status data_plane_;
 };
 
+namespace {
+
+std::string AsString(std::span<const std::byte> bytes) {
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+// The UCX data plane: this rank's worker address goes in the Hello, the cache rank's comes back.
+Result<std::unique_ptr<transport::Transport>> HelloOverUcx(rpc::RpcClient& rpc,
+                                                          rpc::HelloRequest hello) {
+#ifndef RUBATO_HAS_UCX
+  (void)rpc;
+  (void)hello;
+  return UnsupportedError("this rubato was built without UCX (RUBATO_UCX), which carries the KV "
+                          "to a cache rank in another process (or use topology.transport nccl)");
+#else
+  // This process is rank 1 of the connection's world of two; the cache rank is rank 0.
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::UcxTransport> ucx,
+                          transport::UcxTransport::Create(1, 2));
+  hello.set_transport_backend("ucx");
+  hello.set_transport_address(AsString(ucx->LocalAddress()));
+  RUBATO_ASSIGN_OR_RETURN(const rpc::HelloResponse response, rpc.Hello(hello));
+  const std::string& theirs = response.transport_address();
+  RUBATO_RETURN_IF_ERROR(ucx->Connect(
+      0, std::span<const std::byte>(reinterpret_cast<const std::byte*>(theirs.data()),
+                                    theirs.size())));
+  return std::unique_ptr<transport::Transport>(std::move(ucx));
+#endif
+}
+
+// The NCCL data plane: a new ncclUniqueId goes in the Hello; this rank (1) joins the
+// communicator on `device` while the cache rank's handler joins as rank 0 on its GPU; host
+// packs are staged through device memory (transport/nccl_host_staging.h).
+Result<std::unique_ptr<transport::Transport>> HelloOverNccl(rpc::RpcClient& rpc,
+                                                           rpc::HelloRequest hello, int device,
+                                                           const LimitsSection& limits) {
+#ifndef RUBATO_HAS_NCCL
+  (void)rpc;
+  (void)hello;
+  (void)device;
+  (void)limits;
+  return UnsupportedError("topology.transport nccl: this rubato was built without NCCL (a CUDA "
+                          "build finds it)");
+#else
+  RUBATO_ASSIGN_OR_RETURN(const std::string id, transport::NcclTransport::NewUniqueId());
+  std::atomic<bool> give_up{false};
+  Result<std::unique_ptr<transport::NcclTransport>> joined = InternalError("not joined");
+  std::thread join([&] {
+    joined = transport::NcclTransport::Create(
+        {.unique_id = id, .rank = 1, .world_size = 2, .device = device,
+         .init_timeout = milliseconds(limits.rpc_timeout_ms), .give_up = &give_up});
+  });
+  hello.set_transport_backend("nccl");
+  hello.set_transport_address(id);
+  const Result<rpc::HelloResponse> response = rpc.Hello(hello);
+  if (!response.ok()) give_up = true;  // the cache rank will not join
+  join.join();
+  RUBATO_RETURN_IF_ERROR(response.status());
+  if (!joined.ok()) {
+    return joined.status().WithContext("joining the cache rank's NCCL communicator on GPU " +
+                                       std::to_string(device) +
+                                       " (each rank needs a GPU of its own)");
+  }
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::NcclHostStagingTransport> staged,
+                          transport::NcclHostStagingTransport::Create(std::move(joined).value()));
+  return std::unique_ptr<transport::Transport>(std::move(staged));
+#endif
+}
+
+}  // namespace
+
 Result<std::unique_ptr<RemoteCacheRank>> RemoteCacheRank::Connect(
     const std::string& endpoint, const ModelConfig& model,
-    const CacheClientOptions& client_options, const LimitsSection& limits) {
-#ifndef RUBATO_HAS_UCX
-  return UnsupportedError("cache rank " + endpoint +
-                          ": this rubato was built without UCX (RUBATO_UCX), which carries the "
-                          "KV to a cache rank in another process");
-#else
+    const CacheClientOptions& client_options, const LimitsSection& limits,
+    const RemoteDataPlane& data_plane) {
+  if (data_plane.backend != TopologySection::Transport::kUcx &&
+      data_plane.backend != TopologySection::Transport::kNccl) {
+    return UnsupportedError("cache rank " + endpoint + ": topology.transport '" +
+                            std::string(ConfigEnumName(data_plane.backend)) +
+                            "' cannot reach another process (ucx or nccl can)");
+  }
   std::unique_ptr<RemoteCacheRank> cache(new RemoteCacheRank());
   cache->endpoint_ = endpoint;
   const rpc::RpcClientOptions rpc_options = rpc::RpcClientOptions::FromLimits(limits);
   RUBATO_ASSIGN_OR_RETURN(
       cache->rpc_, rpc::RpcClient::Connect(endpoint, milliseconds(limits.rpc_timeout_ms),
                                            rpc_options));
-  // This process is rank 1 of the connection's world of two; the cache rank is rank 0.
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::UcxTransport> ucx,
-                          transport::UcxTransport::Create(1, 2));
   rpc::HelloRequest hello;
   hello.set_role(rpc::ROLE_INFERENCE);
   hello.set_rank(1);
@@ -104,24 +179,18 @@ Result<std::unique_ptr<RemoteCacheRank>> RemoteCacheRank::Connect(
   shape.set_num_query_heads(static_cast<uint32_t>(model.num_heads));
   shape.set_head_dim(static_cast<uint32_t>(model.head_dim));
   shape.set_kv_dtype("f32");
-  hello.set_transport_backend("ucx");
-  const std::span<const std::byte> mine = ucx->LocalAddress();
-  hello.set_transport_address(std::string(reinterpret_cast<const char*>(mine.data()), mine.size()));
-  Result<rpc::HelloResponse> response = cache->rpc_->Hello(hello);
-  if (!response.ok()) return response.status().WithContext("cache rank " + endpoint);
-  const std::string& theirs = response->transport_address();
-  RUBATO_RETURN_IF_ERROR(
-      ucx->Connect(0, std::span<const std::byte>(reinterpret_cast<const std::byte*>(theirs.data()),
-                                                 theirs.size()))
-          .WithContext("cache rank " + endpoint));
-  cache->transport_ = std::move(ucx);
+  Result<std::unique_ptr<transport::Transport>> transport =
+      data_plane.backend == TopologySection::Transport::kNccl
+          ? HelloOverNccl(*cache->rpc_, hello, data_plane.device, limits)
+          : HelloOverUcx(*cache->rpc_, hello);
+  if (!transport.ok()) return transport.status().WithContext("cache rank " + endpoint);
+  cache->transport_ = std::move(transport).value();
   cache->control_ = std::make_unique<RpcSessionControl>(*cache->rpc_);
   CacheClientOptions options = client_options;
   options.cache_name = "cache rank " + endpoint;
   cache->client_ = std::make_unique<CacheRankClient>(options, model, *cache->transport_,
                                                      /*cache_peer=*/0, *cache->control_);
   return cache;
-#endif
 }
 
 RemoteCacheRank::~RemoteCacheRank() {

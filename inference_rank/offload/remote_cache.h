@@ -1,6 +1,7 @@
 // A cache rank in another process (DESIGN §1 "Disaggregated mode"): the RPC client to its
-// endpoint, the UCX data plane whose addresses the Hello exchanges, and the CacheRankClient the
-// engine offloads through. What `rubato generate --cache HOST:PORT` and the inference rank of an
+// endpoint, the data plane the Hello connects (UCX: the Hello swaps worker addresses; NCCL: it
+// carries the communicator's unique id, both ranks join while it is answered, and host packs are
+// staged through device memory), and the CacheRankClient the engine offloads through. What `rubato generate --cache HOST:PORT` and the inference rank of an
 // mpirun launch use.
 //
 //   RUBATO_ASSIGN_OR_RETURN(auto cache, RemoteCacheRank::Connect("10.0.0.2:7000", model.config(),
@@ -24,15 +25,22 @@
 
 namespace rubato {
 
+// Which data plane reaches the cache rank.
+struct RemoteDataPlane {
+  TopologySection::Transport backend = TopologySection::Transport::kUcx;  // ucx or nccl
+  int device = 0;  // nccl: this rank's GPU (the cache rank's must be another)
+};
+
 class RemoteCacheRank {
  public:
   // Connects the control plane (within limits.rpc_timeout_ms), says Hello with the model's
-  // shape and this rank's UCX address, and connects the data plane to the cache rank's.
-  // kUnsupported when this build has no UCX.
+  // shape and what connects `data_plane` (an NCCL communicator must also form within
+  // limits.rpc_timeout_ms). kUnsupported when this build lacks the backend.
   static Result<std::unique_ptr<RemoteCacheRank>> Connect(const std::string& endpoint,
                                                           const ModelConfig& model,
                                                           const CacheClientOptions& client_options,
-                                                          const LimitsSection& limits);
+                                                          const LimitsSection& limits,
+                                                          const RemoteDataPlane& data_plane = {});
   ~RemoteCacheRank();
 
   CacheRankClient& client() { return *client_; }

@@ -10,7 +10,9 @@
 //     divergence, and every divergence is a near-tie: local dense's top-2 margin within 4x the
 //     logit difference there;
 //   * a small top_k runs; the cache rank received every pack, replied to each, and every
-//     session was closed.
+//     session was closed;
+//   * with two GPUs, offload-dense with the cache service on the second GPU, its packs and
+//     replies crossing by NCCL (host-staged), gives local dense's tokens too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,6 +31,11 @@
 #include "tests/golden_reference.h"
 #include "tests/gpu/cuda_model_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
+#ifdef RUBATO_HAS_NCCL
+#include <cuda_runtime_api.h>
+
+#include "transport/nccl_host_staging.h"
+#endif
 
 namespace rubato {
 namespace {
@@ -260,6 +267,45 @@ TEST_P(CudaOffloadTest, OffloadDenseGivesTheLocalDenseTokens) {
     EXPECT_EQ(stats.store.sessions_open, 0u) << "every finished request closed its session";
   }
 }
+
+#ifdef RUBATO_HAS_NCCL
+// The cache service on GPU 1 (rank 0 of the NCCL world), the model and the client on GPU 0.
+TEST_P(CudaOffloadTest, OffloadDenseWithTheCacheOnAnotherGpuGivesTheLocalDenseTokens) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) GTEST_SKIP() << "needs two GPUs (nvidia-h200-x2), found " << devices;
+  const std::vector<std::vector<int>> dense = Generate(nullptr);
+  ASSERT_EQ(dense.size(), 3u);
+  for (const int pack_layers : {1, 64}) {
+    auto pair = transport::CreateNcclHostStagingPair({1, 0});
+    ASSERT_TRUE(pair.ok()) << pair.status().message();
+    std::unique_ptr<Model> model = Load();
+    ASSERT_NE(model, nullptr);
+    CacheClientOptions client;
+    client.pack_layers = pack_layers;
+    CacheServiceOptions service;
+    service.budget_bytes = uint64_t{256} << 20;
+    auto cache = ColocatedCacheRank::CreateOver(model->config(), client, service,
+                                                std::move((*pair)[0]), std::move((*pair)[1]));
+    ASSERT_TRUE(cache.ok()) << cache.status().message();
+    const std::vector<std::vector<int>> offloaded = Generate(cache->get());
+    ASSERT_EQ(offloaded.size(), dense.size());
+    for (size_t r = 0; r < dense.size(); ++r) {
+      EXPECT_EQ(offloaded[r], dense[r]) << "request " << r << ", P " << pack_layers;
+    }
+    const CacheServiceStats stats = (*cache)->service().Stats();
+    EXPECT_GT(stats.packs_received, 0u);
+    EXPECT_EQ(stats.replies_sent, stats.packs_received);
+    std::printf("[ offload   ] %s P=%d over NCCL GPU 0 <-> GPU 1: %llu packs, %llu bytes in, "
+                "%llu bytes out; tokens %s\n",
+                GetParam().name, pack_layers,
+                static_cast<unsigned long long>(stats.packs_received),
+                static_cast<unsigned long long>(stats.bytes_received),
+                static_cast<unsigned long long>(stats.bytes_sent),
+                offloaded == dense ? "identical" : "DIFFER");
+  }
+}
+#endif
 
 TEST_P(CudaOffloadTest, OffloadTopKCoveringTheContextGivesTheLocalDenseTokens) {
   const std::vector<std::vector<int>> dense = Generate(nullptr);

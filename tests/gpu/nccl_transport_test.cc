@@ -2,7 +2,8 @@
 // nvidia-h200-x2 machine; NCCL refuses two ranks on one GPU). Round trips checked byte for
 // byte, grouped send + receive, the ready event ordering a send after its producer, refused ops,
 // and a receive nobody sends to: Wait times out, Cancel aborts the communicator, later calls
-// say so.
+// say so. The host-staging wrapper (nccl_host_staging.h): host buffers of many sizes both ways,
+// staging buffers reused, a mix of host and device ops in one group, the pair helper's refusals.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "transport/nccl_host_staging.h"
 #include "transport/nccl_transport.h"
 
 namespace rubato::transport {
@@ -180,6 +182,109 @@ TEST_F(NcclTransportTest, AReceiveNobodySendsTimesOutAndCancelAbortsTheTransport
       << after.status().message();
   ranks_[1].reset();  // the destructor returns although rank 0 never joined the transfer
   cudaFree(device);
+}
+
+class NcclHostStagingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int devices = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+    if (devices < 2) GTEST_SKIP() << "needs two GPUs (nvidia-h200-x2), found " << devices;
+    auto pair = CreateNcclHostStagingPair({0, 1});
+    ASSERT_TRUE(pair.ok()) << pair.status().message();
+    for (int r = 0; r < 2; ++r) {
+      ranks_[r] = static_cast<NcclHostStagingTransport*>((*pair)[r].get());
+      owned_[r] = std::move((*pair)[r]);
+    }
+  }
+
+  // Each rank sends `bytes` of its pattern to the other from host memory and receives the
+  // other's; both compared byte for byte.
+  void ExchangeHost(size_t bytes, uint64_t tag) {
+    std::thread threads[2];
+    for (int r = 0; r < 2; ++r) {
+      threads[r] = std::thread([&, r] {
+        const std::vector<uint8_t> mine = Pattern(bytes, static_cast<uint8_t>(r + 3));
+        std::vector<uint8_t> theirs(bytes, 0xee);
+        const TransferOp ops[] = {TransferOp::Send(1 - r, tag, mine.data(), bytes),
+                                  TransferOp::Recv(1 - r, tag, theirs.data(), bytes)};
+        auto id = ranks_[r]->Post(ops);
+        ASSERT_TRUE(id.ok()) << id.status().message();
+        const Status waited = ranks_[r]->Wait(*id, kTimeout);
+        ASSERT_TRUE(waited.ok()) << waited.message();
+        EXPECT_EQ(theirs, Pattern(bytes, static_cast<uint8_t>(4 - r)))
+            << bytes << " bytes, rank " << r;
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+  }
+
+  std::unique_ptr<Transport> owned_[2];
+  NcclHostStagingTransport* ranks_[2] = {nullptr, nullptr};
+};
+
+TEST_F(NcclHostStagingTest, HostBuffersOfManySizesCrossBothWaysAndStagingIsReused) {
+  const size_t sizes[] = {0, 1, 64, 4093, size_t{1} << 20, (size_t{17} << 20) + 3};
+  for (const size_t bytes : sizes) ExchangeHost(bytes, 11);
+  const uint64_t staged = ranks_[0]->StagingBytes();
+  EXPECT_GT(staged, 0u);
+  for (const size_t bytes : sizes) ExchangeHost(bytes, 12);
+  EXPECT_EQ(ranks_[0]->StagingBytes(), staged) << "the second round reused the pool";
+  EXPECT_EQ(ranks_[0]->Stats().bytes_sent, ranks_[1]->Stats().bytes_received);
+}
+
+TEST_F(NcclHostStagingTest, HostAndDeviceOpsMixInOneGroup) {
+  constexpr size_t kBytes = 3000;
+  std::thread threads[2];
+  for (int r = 0; r < 2; ++r) {
+    threads[r] = std::thread([&, r] {
+      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+      if (r == 0) {  // a host send and a device send
+        const std::vector<uint8_t> host = Pattern(kBytes, 7), device_bytes = Pattern(kBytes, 8);
+        void* device = DeviceCopy(device_bytes);
+        const TransferOp ops[] = {TransferOp::Send(1, 1, host.data(), kBytes),
+                                  TransferOp::Send(1, 2, device, kBytes, MemoryKind::kCuda)};
+        auto id = ranks_[0]->Post(ops);
+        ASSERT_TRUE(id.ok()) << id.status().message();
+        ASSERT_TRUE(ranks_[0]->Wait(*id, kTimeout).ok());
+        cudaFree(device);
+      } else {  // received into device memory and into host memory
+        void* device = nullptr;
+        ASSERT_EQ(cudaMalloc(&device, kBytes), cudaSuccess);
+        std::vector<uint8_t> host(kBytes, 0);
+        const TransferOp ops[] = {TransferOp::Recv(0, 1, device, kBytes, MemoryKind::kCuda),
+                                  TransferOp::Recv(0, 2, host.data(), kBytes)};
+        auto id = ranks_[1]->Post(ops);
+        ASSERT_TRUE(id.ok()) << id.status().message();
+        ASSERT_TRUE(ranks_[1]->Wait(*id, kTimeout).ok());
+        EXPECT_EQ(HostCopy(device, kBytes), Pattern(kBytes, 7));
+        EXPECT_EQ(host, Pattern(kBytes, 8));
+        cudaFree(device);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+TEST_F(NcclHostStagingTest, AHostReceiveNobodySendsTimesOutAndCancelAbortsTheTransport) {
+  std::vector<uint8_t> host(256, 0xab);
+  const TransferOp receive = TransferOp::Recv(0, 77, host.data(), host.size());
+  auto id = ranks_[1]->Post({&receive, 1});
+  ASSERT_TRUE(id.ok()) << id.status().message();
+  EXPECT_EQ(ranks_[1]->Wait(*id, milliseconds(200)).code(), StatusCode::kDeadlineExceeded);
+  ranks_[1]->Cancel(*id);
+  EXPECT_EQ(host, std::vector<uint8_t>(256, 0xab)) << "a cancelled receive wrote its buffer";
+  auto after = ranks_[1]->Post({&receive, 1});
+  ASSERT_FALSE(after.ok());
+  EXPECT_EQ(after.status().code(), StatusCode::kUnavailable) << after.status().message();
+  owned_[1].reset();
+}
+
+TEST(NcclHostStagingPair, RefusesOneDeviceForBothRanks) {
+  auto pair = CreateNcclHostStagingPair({0, 0});
+  ASSERT_FALSE(pair.ok());
+  EXPECT_NE(pair.status().message().find("both ranks on device 0"), std::string::npos)
+      << pair.status().message();
 }
 
 }  // namespace
