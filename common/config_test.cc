@@ -94,6 +94,19 @@ TEST(Config, DefaultYamlFileEqualsDefaultConfig) {
   EXPECT_EQ(*config, DefaultConfig());
 }
 
+// The launch configs next to default.yaml load, and the NCCL one asks for NCCL.
+TEST(Config, TheShippedLaunchConfigsLoad) {
+  for (const char* path : {"configs/disagg-mpi.yaml", "configs/disagg-mpi-nccl.yaml"}) {
+    auto config = LoadConfigFile(path);
+    ASSERT_TRUE(config.ok()) << path << ": " << config.status().message();
+    EXPECT_EQ(config->topology.mode, TopologySection::Mode::kDisaggregated) << path;
+    EXPECT_EQ(config->topology.ranks.size(), 2u) << path;
+  }
+  auto nccl = LoadConfigFile("configs/disagg-mpi-nccl.yaml");
+  ASSERT_TRUE(nccl.ok());
+  EXPECT_EQ(nccl->topology.transport, TopologySection::Transport::kNccl);
+}
+
 // Collects "section.key" for every key of a two-level YAML map.
 std::set<std::string> KeyPaths(const YAML::Node& root) {
   std::set<std::string> paths;
