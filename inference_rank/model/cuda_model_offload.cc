@@ -215,6 +215,15 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
     row_entries.push_back(&p);
   }
   if (offload_rows_.empty()) return Status::Ok();
+  // Offloaded decode rows are all dense-kind rows, which the forward plan numbers in batch
+  // order: OffloadedDecodeAttention's binary search and the prefix tables rely on it.
+  if (!std::is_sorted(offload_rows_.begin(), offload_rows_.end(),
+                      [](const OffloadRow& a, const OffloadRow& b) {
+                        return a.decode_row < b.decode_row;
+                      })) {
+    return InternalError("layer " + std::to_string(layer) +
+                         ": the offloaded decode rows are not in row order");
+  }
   // The prefix rows' blocks: keys [blocks][kv_heads][block_tokens][head_dim] bf16, values the
   // same, then their block tables [prefix rows][decode_table_stride] int32.
   const size_t block_elements = static_cast<size_t>(kv_heads) * block_tokens * head_dim;
@@ -302,9 +311,12 @@ Status CudaModel::OffloadedDecodeAttention(int layer, DeviceKvStorage& kv, int f
   // cache, prefix rows the dense kernel over their uploaded blocks (the same launch shape as
   // local dense when every decode row is one, hence the same bits).
   enum class Kind { kLocal, kPrefix, kCompact };
+  // offload_rows_ is in decode-row order (built in batch order): found by binary search.
   auto offloaded = [&](int row) {
-    return std::find_if(offload_rows_.begin(), offload_rows_.end(),
-                        [row](const OffloadRow& r) { return r.decode_row == row; });
+    const auto it = std::lower_bound(
+        offload_rows_.begin(), offload_rows_.end(), row,
+        [](const OffloadRow& r, int decode_row) { return r.decode_row < decode_row; });
+    return it != offload_rows_.end() && it->decode_row == row ? it : offload_rows_.end();
   };
   auto kind_of = [&](int row) {
     const auto it = offloaded(row);
