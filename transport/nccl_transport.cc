@@ -291,17 +291,7 @@ Result<bool> NcclTransport::Test(TransferId id) {
 }
 
 Status NcclTransport::Wait(TransferId id, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    RUBATO_ASSIGN_OR_RETURN(const bool done, Test(id));
-    if (done) return Status::Ok();
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return DeadlineExceededError("nccl: transfer " + std::to_string(id) + " of rank " +
-                                   std::to_string(rank_) + " not done within " +
-                                   std::to_string(timeout.count()) + " ms");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+  return WaitByTesting(*this, id, timeout);
 }
 
 void NcclTransport::Cancel(TransferId id) {

@@ -2,6 +2,7 @@
 // refused before anything starts, with an error naming the op's index and the problem").
 #pragma once
 
+#include <chrono>
 #include <span>
 #include <string>
 
@@ -19,5 +20,11 @@ Status ValidateOps(const Transport& transport, std::span<const TransferOp> ops);
 
 // "send to peer 5, tag 7, 64 bytes of host memory": names an op in errors and logs.
 std::string DescribeOp(const TransferOp& op);
+
+// Wait by polling: calls transport.Test(id) until it reports done (ok) or an error, or
+// `timeout` passes (kDeadlineExceeded "<backend>: transfer <id> of rank <r> not done within
+// <timeout> ms"), sleeping `pause` between calls. For backends whose progress is a query.
+Status WaitByTesting(Transport& transport, TransferId id, std::chrono::milliseconds timeout,
+                     std::chrono::microseconds pause = std::chrono::microseconds(20));
 
 }  // namespace rubato::transport

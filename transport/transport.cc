@@ -1,8 +1,12 @@
-// What every Transport backend shares: memory kind names and the validation of a Post's ops
-// (transfer_validation.h).
+// What every Transport backend shares: memory kind names, the validation of a Post's ops and
+// the polling Wait (transfer_validation.h).
 #include "transport/transport.h"
 
 #include <fmt/format.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
 
 #include "transport/transfer_validation.h"
 
@@ -72,6 +76,22 @@ Status ValidateOps(const Transport& transport, std::span<const TransferOp> ops) 
     }
   }
   return Status::Ok();
+}
+
+Status WaitByTesting(Transport& transport, TransferId id, std::chrono::milliseconds timeout,
+                     std::chrono::microseconds pause) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    RUBATO_ASSIGN_OR_RETURN(const bool done, transport.Test(id));
+    if (done) return Status::Ok();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return DeadlineExceededError(std::string(transport.BackendName()) + ": transfer " +
+                                   std::to_string(id) + " of rank " +
+                                   std::to_string(transport.Rank()) + " not done within " +
+                                   std::to_string(timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(pause);
+  }
 }
 
 }  // namespace rubato::transport
