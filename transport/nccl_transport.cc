@@ -120,7 +120,6 @@ Status NcclTransport::ConnectPeers(std::chrono::milliseconds timeout,
   void* bytes = nullptr;
   RUBATO_CUDA_RETURN_IF_ERROR(cudaMalloc(&bytes, 2 * static_cast<size_t>(world_size_)),
                               "nccl: connecting the peers");
-  const auto free_bytes = [&] { (void)cudaFree(bytes); };
   auto* out = static_cast<uint8_t*>(bytes);
   uint8_t* in = out + world_size_;
   Status status = NcclStatus(ncclGroupStart(), "ncclGroupStart");
@@ -158,7 +157,7 @@ Status NcclTransport::ConnectPeers(std::chrono::milliseconds timeout,
     comm_ = nullptr;
     (void)cudaStreamSynchronize(AsStream(stream_));
   }
-  free_bytes();
+  (void)cudaFree(bytes);
   return status;
 }
 

@@ -71,10 +71,10 @@ Status RunCache(const CacheArgs& args) {
   }
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
   return ServeCacheRank(args, config.limits, [](const std::string& endpoint) {
-                          std::printf("rubato cache: listening on %s\n", endpoint.c_str());
-                          std::fflush(stdout);
-                          return Status::Ok();
-                        });
+    std::printf("rubato cache: listening on %s\n", endpoint.c_str());
+    std::fflush(stdout);
+    return Status::Ok();
+  });
 }
 
 Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,

@@ -86,10 +86,6 @@ class RemoteCacheRank::RpcSessionControl final : public CacheSessionControl {
 
 namespace {
 
-std::string AsString(std::span<const std::byte> bytes) {
-  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-}
-
 // The UCX data plane: this rank's worker address goes in the Hello, the cache rank's comes back.
 Result<std::unique_ptr<transport::Transport>> HelloOverUcx(rpc::RpcClient& rpc,
                                                           rpc::HelloRequest hello) {
@@ -103,7 +99,8 @@ Result<std::unique_ptr<transport::Transport>> HelloOverUcx(rpc::RpcClient& rpc,
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<transport::UcxTransport> ucx,
                           transport::UcxTransport::Create(1, 2));
   hello.set_transport_backend("ucx");
-  hello.set_transport_address(AsString(ucx->LocalAddress()));
+  const std::span<const std::byte> mine = ucx->LocalAddress();
+  hello.set_transport_address(std::string(reinterpret_cast<const char*>(mine.data()), mine.size()));
   RUBATO_ASSIGN_OR_RETURN(const rpc::HelloResponse response, rpc.Hello(hello));
   const std::string& theirs = response.transport_address();
   RUBATO_RETURN_IF_ERROR(ucx->Connect(
