@@ -12,6 +12,8 @@
 
 namespace rubato {
 
-std::shared_ptr<KvStorageAllocator> MakePinnedKvStorageAllocator();
+// Allocations make `device` current on the allocating thread (the cache rank's GPU, whose
+// context the pinned memory belongs to).
+std::shared_ptr<KvStorageAllocator> MakePinnedKvStorageAllocator(int device = 0);
 
 }  // namespace rubato

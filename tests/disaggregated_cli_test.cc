@@ -8,7 +8,7 @@
 //   * a cache rank restarted on the same port serves a new run;
 //   * `mpirun -np 2` with the roles of configs/disagg-mpi.yaml gives the dense text and ends;
 //   * bad uses are refused by name (a cache endpoint with a non-offload policy, nothing
-//     listening, an NCCL data plane in a build without NCCL).
+//     listening, an NCCL data plane where none can form).
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -241,9 +241,12 @@ TEST_F(DisaggregatedCliTest, MpirunWithTwoRanksGivesTheColocatedDenseText) {
 }
 #endif
 
-// topology.transport nccl in a build without NCCL (CI's) is refused by name, and the cache rank
-// serves on. (With NCCL, two GPUs: tests/gpu and scripts/gpu/run's disagg stage.)
-TEST_F(DisaggregatedCliTest, AnNcclDataPlaneThisBuildCannotMakeIsRefusedByName) {
+// topology.transport nccl where it cannot work is refused by name, and the cache rank serves
+// on: in a build without NCCL (CI's sanitizer pass: "built without NCCL") and in a CUDA build
+// on a machine without a GPU (CI's first pass: NCCL or CUDA says why, the Hello fails, and the
+// inference rank gives up its half at once). With two GPUs: tests/gpu and scripts/gpu/run's
+// transport stage.
+TEST_F(DisaggregatedCliTest, AnNcclDataPlaneThatCannotFormIsRefusedByName) {
   std::unique_ptr<BackgroundProcess> cache = StartCache();
   ASSERT_FALSE(endpoint_.empty());
   const std::string nccl_config = (dir_.path() / "nccl.yaml").string();

@@ -8,6 +8,10 @@
 //                                                             .world_size = 2, .device = 0}));
 //
 // What NCCL cannot do, and what this backend does about it:
+// * Create, Post and the destructor make `device` current on the calling thread and leave it so
+//   (restoring the caller's would be cudaSetDevice(0) on a thread that had none, creating a
+//   context on GPU 0 in a cache rank that lives on GPU 1); callers that work on several GPUs
+//   select theirs at every entry, as the CUDA model does.
 // * Device memory only (`SupportsMemory(kHost)` is false; nccl_host_staging.h stages host
 //   buffers through device memory).
 // * Create is collective: it returns once every rank joined and every pair of ranks exchanged a

@@ -100,7 +100,7 @@ Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
   service_options.budget_bytes = static_cast<uint64_t>(budget_mb) << 20;
   if (memory == "pinned") {
 #ifdef RUBATO_HAS_CUDA_PINNED
-    service_options.allocator = MakePinnedKvStorageAllocator();
+    service_options.allocator = MakePinnedKvStorageAllocator(args.device);
 #else
     return UnsupportedError("--memory pinned: this rubato was built without CUDA");
 #endif
