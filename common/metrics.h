@@ -20,8 +20,7 @@
 //   prompt_tokens->Increment(512);   // hot path: one atomic add, no lock
 //   tx_ucx->Increment(4096);
 //   ttft->Observe(0.042);
-//   std::string body = registry.ExpositionText();  // serve with
-//                                                  // "text/plain; version=0.0.4"
+//   std::string body = registry.ExpositionText();  // serve as kExpositionContentType
 //
 // Look children up once (at setup) and keep the pointer: WithLabels takes the registry mutex.
 // Every family and child pointer stays valid for the lifetime of the registry.
@@ -39,6 +38,9 @@
 #include "common/status.h"
 
 namespace rubato {
+
+// The Content-Type of ExpositionText (Prometheus text format 0.0.4).
+inline constexpr const char* kExpositionContentType = "text/plain; version=0.0.4; charset=utf-8";
 
 enum class MetricType { kCounter, kGauge, kHistogram };
 

@@ -58,7 +58,7 @@ server::HttpReply MetricsReply(const MetricsRegistry& registry,
   if (request.path == "/health") {
     return server::HttpReply{200, "text/plain; charset=utf-8", "ok", nullptr};
   }
-  return server::HttpReply{200, "text/plain; version=0.0.4; charset=utf-8",
+  return server::HttpReply{200, kExpositionContentType,
                            registry.ExpositionText(), nullptr};
 }
 
@@ -79,33 +79,30 @@ Status RunCache(const CacheArgs& args) {
 
 Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
                       const std::function<Status(const std::string&)>& on_listening) {
-  const std::string& listen = args.listen;
-  const std::string& metrics_listen = args.metrics_listen;
-  const std::string& memory = args.memory;
-  const int64_t budget_mb = args.budget_mb;
   if (args.device < 0) {
     return InvalidArgumentError("--device must be >= 0, got " + std::to_string(args.device));
   }
-  RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint, ParseListenAddress(listen, "--listen"));
+  RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint, ParseListenAddress(args.listen, "--listen"));
   std::optional<rpc::RpcEndpoint> metrics_endpoint;
-  if (!metrics_listen.empty()) {
-    RUBATO_ASSIGN_OR_RETURN(metrics_endpoint, ParseListenAddress(metrics_listen, "--metrics"));
+  if (!args.metrics_listen.empty()) {
+    RUBATO_ASSIGN_OR_RETURN(metrics_endpoint,
+                            ParseListenAddress(args.metrics_listen, "--metrics"));
   }
-  if (budget_mb < 1 || budget_mb > (int64_t{1} << 30)) {
+  if (args.budget_mb < 1 || args.budget_mb > (int64_t{1} << 30)) {
     return InvalidArgumentError("--budget-mb must be in [1, 2^30], got " +
-                                std::to_string(budget_mb));
+                                std::to_string(args.budget_mb));
   }
 
   CacheServiceOptions service_options;
-  service_options.budget_bytes = static_cast<uint64_t>(budget_mb) << 20;
-  if (memory == "pinned") {
+  service_options.budget_bytes = static_cast<uint64_t>(args.budget_mb) << 20;
+  if (args.memory == "pinned") {
 #ifdef RUBATO_HAS_CUDA_PINNED
     service_options.allocator = MakePinnedKvStorageAllocator(args.device);
 #else
     return UnsupportedError("--memory pinned: this rubato was built without CUDA");
 #endif
-  } else if (memory != "host") {
-    return InvalidArgumentError("--memory: '" + memory + "' is not one of host, pinned");
+  } else if (args.memory != "host") {
+    return InvalidArgumentError("--memory: '" + args.memory + "' is not one of host, pinned");
   }
   CacheService service(service_options);
   std::mutex mutex;

@@ -129,8 +129,7 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
   float* out = offload_f32_.data();
   auto widen = [&out](const __nv_bfloat16* in, size_t count) {
     const float* begin = out;
-    const auto* bits = reinterpret_cast<const uint16_t*>(in);
-    for (size_t i = 0; i < count; ++i) out[i] = Bf16ToF32(bits[i]);
+    ConvertToF32(DType::kBF16, in, out, count);
     out += count;
     return begin;
   };
@@ -236,18 +235,12 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
                  AlignUp(sizeof(int32_t) * static_cast<size_t>(prefix_rows) * table_stride);
 
   RUBATO_RETURN_IF_ERROR(EnsurePinned(offload_upload_, upload_bytes, "the compact KV replies"));
-  if (offload_compact_.size() < upload_bytes) {
-    offload_compact_ = cuda::DeviceBuffer<unsigned char>();
-    RUBATO_ASSIGN_OR_RETURN(
-        offload_compact_, cuda::DeviceBuffer<unsigned char>::Allocate(
-                              std::bit_ceil(upload_bytes), "the compact KV replies on the device"));
-  }
+  RUBATO_RETURN_IF_ERROR(
+      cuda::GrowTo(offload_compact_, upload_bytes, "the compact KV replies on the device"));
   std::byte* upload = offload_upload_.data();
   auto* pool_keys = reinterpret_cast<uint16_t*>(upload + offload_prefix_keys_offset_);
   auto* pool_values = reinterpret_cast<uint16_t*>(upload + offload_prefix_values_offset_);
   auto* tables = reinterpret_cast<int32_t*>(upload + offload_prefix_tables_offset_);
-  std::memset(pool_keys, 0, pool_bytes);
-  std::memset(pool_values, 0, pool_bytes);
   std::fill_n(tables, static_cast<size_t>(prefix_rows) * table_stride, 0);
   for (size_t r = 0; r < offload_rows_.size(); ++r) {
     const OffloadRow& row = offload_rows_[r];
@@ -261,16 +254,19 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
       const int blocks = (position + 1 + block_tokens - 1) / block_tokens;
       int32_t* table = tables + static_cast<size_t>(row.table_row) * table_stride;
       for (int b = 0; b < blocks; ++b) table[b] = row.first_block + b;
-      for (int t = 0; t <= position; ++t) {
+      // Every slot of the row's blocks is written: past the token itself, zeros.
+      for (int t = 0; t < blocks * block_tokens; ++t) {
         const size_t block = static_cast<size_t>(row.first_block + t / block_tokens);
         for (int h = 0; h < kv_heads; ++h) {
           const size_t at = block * block_elements +
                             (static_cast<size_t>(h) * block_tokens + t % block_tokens) * head_dim;
-          if (t < position) {
-            for (int d = 0; d < head_dim; ++d) {
-              pool_keys[at + d] = F32ToBf16(view.keys[view.Offset(h, t) + d]);
-              pool_values[at + d] = F32ToBf16(view.values[view.Offset(h, t) + d]);
-            }
+          if (t > position) {
+            std::memset(pool_keys + at, 0, head_dim * sizeof(uint16_t));
+            std::memset(pool_values + at, 0, head_dim * sizeof(uint16_t));
+          } else if (t < position) {
+            ConvertFromF32(DType::kBF16, view.keys + view.Offset(h, t), pool_keys + at, head_dim);
+            ConvertFromF32(DType::kBF16, view.values + view.Offset(h, t), pool_values + at,
+                           head_dim);
           } else {
             std::memcpy(pool_keys + at, own + q_dim + h * head_dim, head_dim * sizeof(uint16_t));
             std::memcpy(pool_values + at, own + q_dim + kv_dim + h * head_dim,
@@ -288,10 +284,8 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
       counts[h] = count;
       const size_t head = static_cast<size_t>(h) * row.capacity * head_dim;
       const size_t valid = static_cast<size_t>(count) * head_dim;
-      for (size_t i = 0; i < valid; ++i) {
-        keys[head + i] = F32ToBf16(view.keys[view.Offset(h, 0) + i]);
-        values[head + i] = F32ToBf16(view.values[view.Offset(h, 0) + i]);
-      }
+      ConvertFromF32(DType::kBF16, view.keys + view.Offset(h, 0), keys + head, valid);
+      ConvertFromF32(DType::kBF16, view.values + view.Offset(h, 0), values + head, valid);
       const size_t unused = static_cast<size_t>(row.capacity) * head_dim - valid;
       std::memset(keys + head + valid, 0, unused * sizeof(uint16_t));
       std::memset(values + head + valid, 0, unused * sizeof(uint16_t));

@@ -1,24 +1,11 @@
 // SFI slow-step maintenance ring: scratch, aux stream and events (cuda_sfi_ring.h).
 #include "inference_rank/model/cuda_sfi_ring.h"
 
-#include <bit>
 #include <string>
 
 #include "kernels/cuda/cuda_status.h"
 
 namespace rubato {
-namespace {
-
-// Grows `buffer` to at least `count` elements, a power of two.
-template <typename T>
-Status GrowTo(cuda::DeviceBuffer<T>& buffer, size_t count, const std::string& what) {
-  if (count <= buffer.size()) return Status::Ok();
-  buffer = cuda::DeviceBuffer<T>();  // free first: the old and new buffers need not coexist
-  RUBATO_ASSIGN_OR_RETURN(buffer, cuda::DeviceBuffer<T>::Allocate(std::bit_ceil(count), what));
-  return Status::Ok();
-}
-
-}  // namespace
 
 Result<std::unique_ptr<SfiMaintenanceRing>> SfiMaintenanceRing::Create() {
   std::unique_ptr<SfiMaintenanceRing> ring(new SfiMaintenanceRing());
@@ -54,12 +41,15 @@ Status SfiMaintenanceRing::Reserve(const Sizes& sizes) {
   for (int i = 0; i < kSlots; ++i) {
     Slot& s = slots_[static_cast<size_t>(i)];
     const std::string what = "SFI maintenance ring slot " + std::to_string(i);
-    RUBATO_RETURN_IF_ERROR(GrowTo(s.scores, sizes.score_floats, what + " (attention scores)"));
-    RUBATO_RETURN_IF_ERROR(GrowTo(s.selected, sizes.selected_ints, what + " (selected positions)"));
-    RUBATO_RETURN_IF_ERROR(GrowTo(s.selected_count, sizes.count_ints, what + " (selected counts)"));
     RUBATO_RETURN_IF_ERROR(
-        GrowTo(s.workspace, sizes.workspace_bytes, what + " (Selector workspace)"));
-    RUBATO_RETURN_IF_ERROR(GrowTo(s.key_norms, sizes.norm_floats, what + " (key norms)"));
+        cuda::GrowTo(s.scores, sizes.score_floats, what + " (attention scores)"));
+    RUBATO_RETURN_IF_ERROR(
+        cuda::GrowTo(s.selected, sizes.selected_ints, what + " (selected positions)"));
+    RUBATO_RETURN_IF_ERROR(
+        cuda::GrowTo(s.selected_count, sizes.count_ints, what + " (selected counts)"));
+    RUBATO_RETURN_IF_ERROR(
+        cuda::GrowTo(s.workspace, sizes.workspace_bytes, what + " (Selector workspace)"));
+    RUBATO_RETURN_IF_ERROR(cuda::GrowTo(s.key_norms, sizes.norm_floats, what + " (key norms)"));
   }
   return Status::Ok();
 }

@@ -142,7 +142,7 @@ HttpReply OpenAiRouter::Handle(const HttpRequest& request) {
   }
   if (path == "/metrics") {
     if (!get) return wrong_method("GET");
-    return HttpReply{200, "text/plain; version=0.0.4; charset=utf-8",
+    return HttpReply{200, kExpositionContentType,
                      metrics_ != nullptr ? metrics_->ExpositionText() : std::string(), nullptr};
   }
   return ErrorReply(Error(404, "no route for " + request.method + " " + path +

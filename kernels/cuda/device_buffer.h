@@ -7,8 +7,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <bit>
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "common/status.h"
@@ -78,5 +80,15 @@ class DeviceBuffer {
   T* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// Grows `buffer` to at least `count` elements, a power of two (growing workloads reallocate
+// rarely); keeps it when it is large enough. Contents are not kept.
+template <typename T>
+Status GrowTo(DeviceBuffer<T>& buffer, size_t count, std::string_view what) {
+  if (count <= buffer.size()) return Status::Ok();
+  buffer = DeviceBuffer<T>();  // free first: the old and new buffers need not coexist
+  RUBATO_ASSIGN_OR_RETURN(buffer, DeviceBuffer<T>::Allocate(std::bit_ceil(count), what));
+  return Status::Ok();
+}
 
 }  // namespace rubato::cuda

@@ -16,13 +16,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "common/hf_config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/cpu_model.h"
@@ -95,14 +98,57 @@ class CudaOffloadTest : public ::testing::TestWithParam<OffloadCase> {
     return EngineGreedyTokens(Load(), options, Prompts(GetParam()));
   }
 
-  std::unique_ptr<ColocatedCacheRank> MakeCache(const CacheClientOptions& client) {
-    std::unique_ptr<Model> model = Load();
-    if (model == nullptr) return nullptr;
+  // A colocated cache rank over the loopback transport, or over `transports` (ranks 0 and 1)
+  // when given.
+  std::unique_ptr<ColocatedCacheRank> MakeCache(
+      const CacheClientOptions& client,
+      std::array<std::unique_ptr<transport::Transport>, 2>* transports = nullptr) {
+    auto config = LoadModelConfig(GetParam().model_dir);
+    EXPECT_TRUE(config.ok()) << config.status().message();
+    if (!config.ok()) return nullptr;
     CacheServiceOptions service;
     service.budget_bytes = uint64_t{256} << 20;
-    auto cache = ColocatedCacheRank::Create(model->config(), client, service);
+    auto cache = transports == nullptr
+                     ? ColocatedCacheRank::Create(*config, client, service)
+                     : ColocatedCacheRank::CreateOver(*config, client, service,
+                                                      std::move((*transports)[0]),
+                                                      std::move((*transports)[1]));
     EXPECT_TRUE(cache.ok()) << cache.status().message();
     return cache.ok() ? std::move(cache).value() : nullptr;
+  }
+
+  // Greedy tokens offloaded through the cache `make_cache(client options)` gives, for packs of
+  // 1 layer and of every layer, equal local dense's; the cache rank answered every pack and
+  // every session was closed. `over` names the data plane in the printed line.
+  void ExpectOffloadDenseTokens(
+      const char* over,
+      const std::function<std::unique_ptr<ColocatedCacheRank>(const CacheClientOptions&)>&
+          make_cache) {
+    const std::vector<std::vector<int>> dense = Generate(nullptr);
+    ASSERT_EQ(dense.size(), 3u);
+    for (const int pack_layers : {1, 64}) {
+      CacheClientOptions client;
+      client.pack_layers = pack_layers;
+      std::unique_ptr<ColocatedCacheRank> cache = make_cache(client);
+      ASSERT_NE(cache, nullptr);
+      const std::vector<std::vector<int>> offloaded = Generate(cache.get());
+      ASSERT_EQ(offloaded.size(), dense.size());
+      for (size_t r = 0; r < dense.size(); ++r) {
+        ASSERT_FALSE(dense[r].empty());
+        EXPECT_EQ(offloaded[r], dense[r]) << "request " << r << ", P " << pack_layers;
+      }
+      const CacheServiceStats stats = cache->service().Stats();
+      EXPECT_GT(stats.packs_received, 0u);
+      EXPECT_EQ(stats.replies_sent, stats.packs_received);
+      EXPECT_EQ(stats.store.sessions_open, 0u) << "every finished request closed its session";
+      std::printf("[ offload   ] %s P=%d over %s: %llu packs, %llu bytes in, %llu bytes out; "
+                  "tokens %s\n",
+                  GetParam().name, pack_layers, over,
+                  static_cast<unsigned long long>(stats.packs_received),
+                  static_cast<unsigned long long>(stats.bytes_received),
+                  static_cast<unsigned long long>(stats.bytes_sent),
+                  offloaded == dense ? "identical" : "DIFFER");
+    }
   }
 };
 
@@ -248,24 +294,9 @@ void ExpectSameTokensUpToNearTies(CudaOffloadTest& test, const char* what,
 }
 
 TEST_P(CudaOffloadTest, OffloadDenseGivesTheLocalDenseTokens) {
-  const std::vector<std::vector<int>> dense = Generate(nullptr);
-  ASSERT_EQ(dense.size(), 3u);
-  for (const int pack_layers : {1, 64}) {
-    CacheClientOptions client;
-    client.pack_layers = pack_layers;
-    std::unique_ptr<ColocatedCacheRank> cache = MakeCache(client);
-    ASSERT_NE(cache, nullptr);
-    const std::vector<std::vector<int>> offloaded = Generate(cache.get());
-    ASSERT_EQ(offloaded.size(), dense.size());
-    for (size_t r = 0; r < dense.size(); ++r) {
-      ASSERT_FALSE(dense[r].empty());
-      EXPECT_EQ(offloaded[r], dense[r]) << "request " << r << ", P " << pack_layers;
-    }
-    const CacheServiceStats stats = cache->service().Stats();
-    EXPECT_GT(stats.packs_received, 0u);
-    EXPECT_EQ(stats.replies_sent, stats.packs_received);
-    EXPECT_EQ(stats.store.sessions_open, 0u) << "every finished request closed its session";
-  }
+  ExpectOffloadDenseTokens("the loopback transport", [this](const CacheClientOptions& client) {
+    return MakeCache(client);
+  });
 }
 
 #ifdef RUBATO_HAS_NCCL
@@ -274,36 +305,13 @@ TEST_P(CudaOffloadTest, OffloadDenseWithTheCacheOnAnotherGpuGivesTheLocalDenseTo
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   if (devices < 2) GTEST_SKIP() << "needs two GPUs (nvidia-h200-x2), found " << devices;
-  const std::vector<std::vector<int>> dense = Generate(nullptr);
-  ASSERT_EQ(dense.size(), 3u);
-  for (const int pack_layers : {1, 64}) {
-    auto pair = transport::CreateNcclHostStagingPair({1, 0});
-    ASSERT_TRUE(pair.ok()) << pair.status().message();
-    std::unique_ptr<Model> model = Load();
-    ASSERT_NE(model, nullptr);
-    CacheClientOptions client;
-    client.pack_layers = pack_layers;
-    CacheServiceOptions service;
-    service.budget_bytes = uint64_t{256} << 20;
-    auto cache = ColocatedCacheRank::CreateOver(model->config(), client, service,
-                                                std::move((*pair)[0]), std::move((*pair)[1]));
-    ASSERT_TRUE(cache.ok()) << cache.status().message();
-    const std::vector<std::vector<int>> offloaded = Generate(cache->get());
-    ASSERT_EQ(offloaded.size(), dense.size());
-    for (size_t r = 0; r < dense.size(); ++r) {
-      EXPECT_EQ(offloaded[r], dense[r]) << "request " << r << ", P " << pack_layers;
-    }
-    const CacheServiceStats stats = (*cache)->service().Stats();
-    EXPECT_GT(stats.packs_received, 0u);
-    EXPECT_EQ(stats.replies_sent, stats.packs_received);
-    std::printf("[ offload   ] %s P=%d over NCCL GPU 0 <-> GPU 1: %llu packs, %llu bytes in, "
-                "%llu bytes out; tokens %s\n",
-                GetParam().name, pack_layers,
-                static_cast<unsigned long long>(stats.packs_received),
-                static_cast<unsigned long long>(stats.bytes_received),
-                static_cast<unsigned long long>(stats.bytes_sent),
-                offloaded == dense ? "identical" : "DIFFER");
-  }
+  ExpectOffloadDenseTokens(
+      "NCCL GPU 0 <-> GPU 1",
+      [this](const CacheClientOptions& client) -> std::unique_ptr<ColocatedCacheRank> {
+        auto pair = transport::CreateNcclHostStagingPair({1, 0});
+        EXPECT_TRUE(pair.ok()) << pair.status().message();
+        return pair.ok() ? MakeCache(client, &*pair) : nullptr;
+      });
 }
 #endif
 
