@@ -171,9 +171,10 @@ Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config) {
   request.max_new_tokens = args.max_tokens;
   RUBATO_RETURN_IF_ERROR(engine->Submit(std::move(request)).status());
 
-  // Text through the tokenizer, or ids ("12 7 93 ") when the model directory has none.
+  // Text through the tokenizer, or ids ("12 7 93 ") when the model directory has none or
+  // --output-ids asks for them.
   std::unique_ptr<StreamDecoder> decoder;
-  if (tokenizer) {
+  if (tokenizer && !args.output_ids) {
     decoder = std::make_unique<StreamDecoder>(*tokenizer, /*skip_special_tokens=*/true);
   }
   const Clock::time_point start = Clock::now();

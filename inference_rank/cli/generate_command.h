@@ -27,6 +27,7 @@ struct GenerateArgs {
   bool random_weights = false;             // sets model.random_weights (config.json alone)
   std::optional<std::string> backend;      // "cpu" | "cuda", overrides config engine.backend
   int max_tokens = 128;
+  bool output_ids = false;                 // print the generated token ids, not their text
   float temperature = 0.f;                 // 0: greedy
   float top_p = 1.f;
   int top_k = 0;                           // 0: off

@@ -53,6 +53,8 @@ int main(int argc, char** argv) {
                      "template (ChatML or Llama-3)");
   generate->add_option("--max-tokens", gen.max_tokens, "Tokens to generate at most")
       ->check(CLI::Range(1, 1 << 24));
+  generate->add_flag("--output-ids", gen.output_ids,
+                     "Print the generated token ids (\"12 7 93 \") instead of their text");
   generate->add_option("--temperature", gen.temperature, "Sampling temperature; 0 = greedy")
       ->check(CLI::Range(0.0f, 100.0f));
   generate->add_option("--top-p", gen.top_p, "Nucleus sampling mass in (0, 1]")
