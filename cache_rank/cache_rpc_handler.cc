@@ -1,6 +1,8 @@
 // CacheRpcHandler (cache_rpc_handler.h).
 #include "cache_rank/cache_rpc_handler.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <span>
 #include <utility>
 
@@ -21,22 +23,15 @@ constexpr const char* kLogSubsystem = "cache";
 
 }  // namespace
 
-Result<OffloadSelectionParams> SelectionFromRequest(const rpc::OpenSessionRequest& request) {
-  OffloadSelectionParams selection;
-  if (request.selection() == "dense" || request.selection().empty()) {
-    selection.selection = OffloadSelection::kDense;
-    return selection;
-  }
-  if (request.selection() != "topk") {
-    return InvalidArgumentError("open session: selection '" + request.selection() +
-                                "' is not one of dense, topk");
-  }
-  selection.selection = OffloadSelection::kTopK;
-  selection.top_k = static_cast<int>(std::min<uint32_t>(request.top_k(), INT32_MAX));
-  selection.sink_tokens = static_cast<int>(std::min<uint32_t>(request.sink_tokens(), INT32_MAX));
-  selection.recent_tokens =
-      static_cast<int>(std::min<uint32_t>(request.recent_tokens(), INT32_MAX));
-  return selection;
+CacheSelectorSpec SelectorSpecFromRequest(const rpc::OpenSessionRequest& request) {
+  CacheSelectorSpec spec;
+  // Peers that never set the field want dense; "topk" is oracle_topk's name on older peers.
+  if (!request.selector().empty()) spec.name = request.selector();
+  if (spec.name == "topk") spec.name = "oracle_topk";
+  spec.top_k = static_cast<int>(std::min<uint32_t>(request.top_k(), INT32_MAX));
+  spec.sink_tokens = static_cast<int>(std::min<uint32_t>(request.sink_tokens(), INT32_MAX));
+  spec.recent_tokens = static_cast<int>(std::min<uint32_t>(request.recent_tokens(), INT32_MAX));
+  return spec;
 }
 
 CacheRpcHandler::CacheRpcHandler(CacheService& service,
@@ -120,9 +115,9 @@ Result<rpc::OpenSessionResponse> CacheRpcHandler::OnOpenSession(
                                 std::to_string(request.capacity_tokens()) + " tokens is too large");
   }
   shape.capacity_tokens = static_cast<uint32_t>(request.capacity_tokens());
-  RUBATO_ASSIGN_OR_RETURN(const OffloadSelectionParams selection, SelectionFromRequest(request));
   RUBATO_ASSIGN_OR_RETURN(const uint64_t session,
-                          service_.OpenSession(connection, request.request_id(), shape, selection));
+                          service_.OpenSession(connection, request.request_id(), shape,
+                                               SelectorSpecFromRequest(request)));
   rpc::OpenSessionResponse response;
   response.set_session_id(session);
   response.set_bytes_reserved(2ull * shape.num_layers * shape.num_kv_heads *

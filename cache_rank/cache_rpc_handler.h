@@ -56,7 +56,8 @@ class CacheRpcHandler final : public rpc::RpcHandler {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
-// The session request's selection rule, checked ("dense" / "topk" with their numbers).
-Result<OffloadSelectionParams> SelectionFromRequest(const rpc::OpenSessionRequest& request);
+// The selector a session request names, with its numbers: no name is "dense", and the old name
+// "topk" is "oracle_topk". Unchecked: CacheService::OpenSession refuses an unknown name.
+CacheSelectorSpec SelectorSpecFromRequest(const rpc::OpenSessionRequest& request);
 
 }  // namespace rubato

@@ -8,10 +8,9 @@
 #include <string>
 #include <utility>
 
-#include "cache_rank/exact_top_k.h"
 #include "cache_rank/reply_builder.h"
-#include "common/dtype.h"
 #include "common/logging.h"
+#include "transport/pack_protocol.h"
 
 namespace rubato {
 namespace {
@@ -62,21 +61,14 @@ CacheService::~CacheService() { Stop(); }
 
 Result<uint64_t> CacheService::OpenSession(uint64_t peer, uint64_t request_id,
                                            const SessionShape& shape,
-                                           const OffloadSelectionParams& selection) {
-  if (selection.selection == OffloadSelection::kTopK &&
-      (selection.top_k < 1 || selection.sink_tokens < 0 || selection.recent_tokens < 1)) {
-    return InvalidArgumentError("open session: topk selection needs top_k >= 1, sink_tokens >= "
-                                "0 and recent_tokens >= 1, got " +
-                                std::to_string(selection.top_k) + ", " +
-                                std::to_string(selection.sink_tokens) + ", " +
-                                std::to_string(selection.recent_tokens));
-  }
+                                           const CacheSelectorSpec& selector) {
+  RUBATO_ASSIGN_OR_RETURN(const CacheSelector* found, ResolveCacheSelector(selector));
   std::lock_guard lock(mutex_);
   RUBATO_ASSIGN_OR_RETURN(const uint64_t session, store_.OpenSession(request_id, shape));
-  sessions_[session] = SessionInfo{peer, selection};
+  sessions_[session] = SessionInfo{peer, found, selector};
   UpdateStoreGauges();
-  RUBATO_LOG_DEBUG(kLogSubsystem, "peer {} opened session {} for request {} ({} selection)",
-                   peer, session, request_id, OffloadSelectionName(selection.selection));
+  RUBATO_LOG_DEBUG(kLogSubsystem, "peer {} opened session {} for request {} ({} selector)", peer,
+                   session, request_id, found->name());
   return session;
 }
 
@@ -329,21 +321,22 @@ Status CacheService::ProcessPack(Peer& peer) {
       return NotFoundError(where + ": session " + std::to_string(request.session_id) +
                            " is not open for this peer");
     }
-    const ReplyRange range = ReplyRangeFor(found->second.selection,
-                                           static_cast<int>(request.first_position),
-                                           static_cast<int>(request.new_tokens));
+    const SessionInfo& session = found->second;
+    const ReplyRange range =
+        session.selector->ReplyRangeFor(session.spec, static_cast<int>(request.first_position),
+                                        static_cast<int>(request.new_tokens));
     if (static_cast<int64_t>(request.reply_slots) != range.slots) {
       return InvalidArgumentError(where + ": session " + std::to_string(request.session_id) +
                                   " asks for " + std::to_string(request.reply_slots) +
-                                  " reply rows per KV head, its selection gives " +
+                                  " reply rows per KV head, its selector gives " +
                                   std::to_string(range.slots));
     }
-    if (found->second.selection.selection == OffloadSelection::kTopK && range.slots > 0 &&
-        !pack.has_query()) {
-      return InvalidArgumentError(where + ": topk session " +
-                                  std::to_string(request.session_id) + " sent no query");
+    if (session.selector->traits().needs_query && range.slots > 0 && !pack.has_query()) {
+      return InvalidArgumentError(where + ": " + std::string(session.selector->name()) +
+                                  " session " + std::to_string(request.session_id) +
+                                  " sent no query");
     }
-    sessions.push_back(&found->second);
+    sessions.push_back(&session);
   }
   RUBATO_RETURN_IF_ERROR(store_.AppendKvPack(pack).WithContext(where));
 
@@ -351,8 +344,10 @@ Status CacheService::ProcessPack(Peer& peer) {
   selections.reserve(static_cast<size_t>(pack.num_layers()) * pack.batch());
   for (uint32_t layer_index = 0; layer_index < pack.num_layers(); ++layer_index) {
     for (uint32_t request = 0; request < pack.batch(); ++request) {
-      RUBATO_ASSIGN_OR_RETURN(KvHeadSelection selection,
-                              Select(pack, layer_index, request, *sessions[request]));
+      const SessionInfo& session = *sessions[request];
+      RUBATO_ASSIGN_OR_RETURN(
+          KvHeadSelection selection,
+          session.selector->Select(session.spec, store_, pack, layer_index, request));
       selections.push_back(std::move(selection));
     }
   }
@@ -368,40 +363,6 @@ Status CacheService::ProcessPack(Peer& peer) {
                          std::to_string(peer.reply_bytes));
   }
   return Status::Ok();
-}
-
-Result<KvHeadSelection> CacheService::Select(const LayerPackView& pack, uint32_t layer_index,
-                                             uint32_t request_index,
-                                             const SessionInfo& session) {
-  const LayerPackRequest& request = pack.requests()[request_index];
-  const ReplyRange range =
-      ReplyRangeFor(session.selection, static_cast<int>(request.first_position),
-                    static_cast<int>(request.new_tokens));
-  const uint32_t kv_heads = pack.num_kv_heads();
-  KvHeadSelection selection(kv_heads);
-  if (range.slots == 0) return selection;
-  if (session.selection.selection == OffloadSelection::kDense) {
-    for (std::vector<int32_t>& positions : selection) {
-      positions.resize(static_cast<size_t>(range.slots));
-      for (int j = 0; j < range.slots; ++j) positions[static_cast<size_t>(j)] = j;
-    }
-    return selection;
-  }
-  // topk: the sink, then the exact top-k of [sink_end, recent_begin) by the pack's query.
-  const std::span<const std::byte> query_bytes = pack.Query(layer_index, request_index);
-  std::vector<float> query(static_cast<size_t>(pack.num_query_heads()) * pack.head_dim());
-  ConvertToF32(pack.dtype(), query_bytes.data(), query.data(), query.size());
-  RUBATO_ASSIGN_OR_RETURN(
-      KvHeadSelection top,
-      ExactTopK(store_, request.session_id, pack.first_layer() + layer_index, query,
-                static_cast<uint32_t>(session.selection.top_k),
-                static_cast<uint32_t>(range.sink_end), static_cast<uint32_t>(range.recent_begin)));
-  for (uint32_t h = 0; h < kv_heads; ++h) {
-    std::vector<int32_t>& positions = selection[h];
-    for (int j = 0; j < range.sink_end; ++j) positions.push_back(j);
-    positions.insert(positions.end(), top[h].begin(), top[h].end());
-  }
-  return selection;
 }
 
 }  // namespace rubato

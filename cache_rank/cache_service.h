@@ -1,9 +1,8 @@
-// The cache rank's service (DESIGN §1, §4.5): sessions with their selection rule, and the data
-// plane that serves them. For each connected inference rank ("peer") a loop on the service's own
+// The cache rank's service (DESIGN §1, §4.5): sessions with their selector, and the data plane
+// that serves them. For each connected inference rank ("peer") a loop on the service's own
 // thread receives KV packs over the peer's Transport (transport/pack_protocol.h: header, pack),
-// appends them to the KV store, selects per (layer, request, KV head) what the reply carries
-// (every position for `dense` sessions; sink + exact top-k of the pack's query for `topk`),
-// gathers the rows into a reply pack and sends it back.
+// appends them to the KV store, asks the session's selector (cache_selector.h) what the reply
+// carries per (layer, request, KV head), gathers the rows into a reply pack and sends it back.
 //
 // The control plane (the RPC handler in cache_rpc_handler.h, or the in-process control of the
 // colocated mode) calls OpenSession / CloseSession / PeerHealth / Stats from its own thread; the
@@ -20,11 +19,11 @@
 #include <thread>
 #include <vector>
 
+#include "cache_rank/cache_selector.h"
 #include "cache_rank/kv_store.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "transport/layer_pack.h"
-#include "transport/pack_protocol.h"
 #include "transport/transport.h"
 
 namespace rubato {
@@ -56,10 +55,11 @@ class CacheService {
   CacheService& operator=(const CacheService&) = delete;
 
   // ---- control plane (any thread) ----
-  // A session of `peer` for `request_id`: storage reserved by the store (kResourceExhausted
+  // A session of `peer` for `request_id` whose replies `selector` picks (kInvalidArgument for an
+  // unknown selector or a bad parameter): storage reserved by the store (kResourceExhausted
   // over budget), packs of `peer` only.
   Result<uint64_t> OpenSession(uint64_t peer, uint64_t request_id, const SessionShape& shape,
-                               const OffloadSelectionParams& selection);
+                               const CacheSelectorSpec& selector);
   Status CloseSession(uint64_t peer, uint64_t session_id);
   // Frees every session `peer` opened (its connection was lost) and drops its data plane.
   void ForgetPeer(uint64_t peer);
@@ -85,7 +85,8 @@ class CacheService {
   struct Peer;
   struct SessionInfo {
     uint64_t peer = 0;
-    OffloadSelectionParams selection;
+    const CacheSelector* selector = nullptr;  // from the table, never null
+    CacheSelectorSpec spec;
   };
 
   void Run();
@@ -96,8 +97,6 @@ class CacheService {
   void CountReceived(Peer& peer, uint64_t bytes);
   // Appends a received KV pack and builds its reply into peer.reply.
   Status ProcessPack(Peer& peer);
-  Result<KvHeadSelection> Select(const LayerPackView& pack, uint32_t layer_index,
-                                 uint32_t request, const SessionInfo& session);
 
   const CacheServiceOptions options_;
   mutable std::mutex mutex_;  // guards store_, sessions_, peers_ membership and peer health

@@ -41,7 +41,14 @@ CacheRankClient::CacheRankClient(const CacheClientOptions& options, const ModelC
       transport_(transport),
       cache_peer_(cache_peer),
       control_(control) {
-  pack_layers_ = options.selection.selection == OffloadSelection::kTopK
+  Result<const CacheSelector*> selector = ResolveCacheSelector(options.selection);
+  if (selector.ok()) {
+    selector_ = *selector;
+  } else {  // every call returns the refusal; dense keeps the sizes below well defined
+    broken_ = selector.status();
+    selector_ = FindCacheSelector("dense");
+  }
+  pack_layers_ = selector_->traits().serves_same_step
                      ? 1
                      : std::clamp(options.pack_layers, 1, std::max(model.num_layers, 1));
   num_packs_ = (model.num_layers + pack_layers_ - 1) / pack_layers_;
@@ -77,9 +84,8 @@ LayerPackShape CacheRankClient::PackShape(LayerPackKind kind, int pack) const {
   shape.num_kv_heads = session_shape_.num_kv_heads;
   shape.num_query_heads = session_shape_.num_query_heads;
   shape.head_dim = session_shape_.head_dim;
-  // Only topk needs the query, and only a KV pack carries one.
-  shape.has_query =
-      kind == LayerPackKind::kKvPack && options_.selection.selection == OffloadSelection::kTopK;
+  // Only a KV pack carries the query, and only for a selector that scores it.
+  shape.has_query = kind == LayerPackKind::kKvPack && selector_->traits().needs_query;
   return shape;
 }
 
@@ -231,7 +237,7 @@ Status CacheRankClient::StartStep(std::span<const OffloadLayerKv> entries) {
     request.first_position = static_cast<uint32_t>(entry.start_position);
     request.new_tokens = static_cast<uint32_t>(entry.tokens);
     request.reply_slots = static_cast<uint32_t>(
-        ReplyRangeFor(options_.selection, entry.start_position, entry.tokens).slots);
+        selector_->ReplyRangeFor(options_.selection, entry.start_position, entry.tokens).slots);
     step_requests_.push_back(request);
   }
   step_replies_ = std::make_shared<StepReplies>();
@@ -371,12 +377,13 @@ Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session
     return InvalidArgumentError("offload: session " + std::to_string(session_id) +
                                 " is not open on " + options_.cache_name);
   }
-  // kDense attends the reply of the session's previous step; kTopK the current step's.
+  // A decode token attends the reply of the session's previous step, or the current step's for
+  // a selector that serves the same step.
   std::shared_ptr<StepReplies> replies;
   uint32_t index = 0;
   LayerPackRequest request;
   int recent_begin = 0;
-  if (options_.selection.selection == OffloadSelection::kDense) {
+  if (!selector_->traits().serves_same_step) {
     const SessionState& session = found->second;
     if (session.replies == nullptr) {
       return FailedPreconditionError("offload: session " + std::to_string(session_id) +
@@ -405,7 +412,7 @@ Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session
     replies = step_replies_;
     index = static_cast<uint32_t>(in_step - step_requests_.begin());
     request = *in_step;
-    recent_begin = ReplyRangeFor(options_.selection, position, 1).recent_begin;
+    recent_begin = selector_->ReplyRangeFor(options_.selection, position, 1).recent_begin;
   }
   const int pack = PackOf(layer);
   const std::shared_ptr<Reply>& reply = replies->packs[static_cast<size_t>(pack)];

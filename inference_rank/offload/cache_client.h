@@ -1,8 +1,10 @@
 // The inference rank's side of offloaded KV (DESIGN §1 steps 1-4): CacheRankClient turns the
 // model's per-layer K/V (kv_offload.h) into layer packs of P layers sent to a cache rank over a
 // Transport while the next pack computes, and serves each decode token's compact KV from the
-// cache rank's replies (transport/pack_protocol.h). Sessions are opened and closed through a
-// CacheSessionControl: the RPC client of a remote cache rank, or the in-process service.
+// cache rank's replies (transport/pack_protocol.h), sized and read by the session's cache
+// selector (cache_rank/cache_selector.h, the same table the cache rank uses). Sessions are opened
+// and closed through a CacheSessionControl: the RPC client of a remote cache rank, or the
+// in-process service.
 //
 //   CacheRankClient client(options, model.config(), transport, /*cache_peer=*/1, control);
 //   RUBATO_ASSIGN_OR_RETURN(uint64_t session, client.OpenSession(request_id, capacity));
@@ -25,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cache_rank/cache_selector.h"
 #include "common/hf_config.h"
 #include "common/metrics.h"
 #include "common/status.h"
@@ -40,15 +43,17 @@ class CacheSessionControl {
  public:
   virtual ~CacheSessionControl() = default;
   virtual Result<uint64_t> OpenSession(uint64_t request_id, const SessionShape& shape,
-                                       const OffloadSelectionParams& selection) = 0;
+                                       const CacheSelectorSpec& selection) = 0;
   virtual Status CloseSession(uint64_t session_id) = 0;
   // Ok while the cache rank answers (RPC heartbeats); else why not.
   virtual Status Health() = 0;
 };
 
 struct CacheClientOptions {
-  int pack_layers = 4;  // P; kTopK always uses 1 (its reply is needed before attention)
-  OffloadSelectionParams selection;
+  // P; 1 for a selector that serves the same step (its reply is needed before the layer's
+  // attention).
+  int pack_layers = 4;
+  CacheSelectorSpec selection;
   std::chrono::milliseconds timeout{5000};  // longest wait for a reply or a send
   std::string cache_name = "cache rank";    // names the peer in errors ("cache rank 10.0.0.2:7000")
 };
@@ -56,7 +61,7 @@ struct CacheClientOptions {
 class CacheRankClient final : public KvOffloadClient {
  public:
   // `transport` and `control` must outlive the client; `cache_peer` is the cache rank's rank in
-  // the transport.
+  // the transport. A selection the selector table refuses leaves the client broken (Broken()).
   CacheRankClient(const CacheClientOptions& options, const ModelConfig& model,
                   transport::Transport& transport, int cache_peer, CacheSessionControl& control);
   ~CacheRankClient() override;
@@ -131,6 +136,7 @@ class CacheRankClient final : public KvOffloadClient {
   transport::Transport& transport_;
   const int cache_peer_;
   CacheSessionControl& control_;
+  const CacheSelector* selector_ = nullptr;  // options_.selection's, never null
   int pack_layers_ = 1;
   int num_packs_ = 1;
   SessionShape session_shape_;

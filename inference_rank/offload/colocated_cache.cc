@@ -12,7 +12,7 @@ class ColocatedCacheRank::InProcessControl final : public CacheSessionControl {
   explicit InProcessControl(CacheService& service) : service_(service) {}
 
   Result<uint64_t> OpenSession(uint64_t request_id, const SessionShape& shape,
-                               const OffloadSelectionParams& selection) override {
+                               const CacheSelectorSpec& selection) override {
     return service_.OpenSession(kPeerId, request_id, shape, selection);
   }
   Status CloseSession(uint64_t session_id) override {
@@ -57,6 +57,7 @@ Result<std::unique_ptr<ColocatedCacheRank>> ColocatedCacheRank::CreateOver(
   if (options.cache_name == CacheClientOptions().cache_name) options.cache_name = "colocated cache";
   cache->client_ = std::make_unique<CacheRankClient>(options, model, *cache->client_transport_,
                                                      /*cache_peer=*/0, *cache->control_);
+  RUBATO_RETURN_IF_ERROR(cache->client_->Broken());  // a selection the table refuses
   cache->service_->Start();
   return cache;
 }

@@ -8,7 +8,8 @@
 //     metrics of both sides count the same bytes, the waits and the sessions;
 //   * a cache rank that goes away mid-generation ends every offloaded request with an error
 //     event naming it, within the timeout, and the engine goes on; a session over the cache
-//     rank's budget ends its request with the refusal.
+//     rank's budget ends its request with the refusal;
+//   * a selector the table does not know is refused by name when the cache is made.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -119,8 +120,8 @@ TEST_F(OffloadEngineTest, OffloadDenseGivesTheDenseTokensForEveryPackSize) {
 TEST_F(OffloadEngineTest, OffloadTopKCoveringTheContextGivesTheDenseTokens) {
   const std::map<uint64_t, Output> dense = Run(nullptr);
   CacheClientOptions client;
-  client.selection = OffloadSelectionParams{OffloadSelection::kTopK, /*top_k=*/128,
-                                            /*sink_tokens=*/4, /*recent_tokens=*/8};
+  client.selection =
+      CacheSelectorSpec{.name = "oracle_topk", .top_k = 128, .sink_tokens = 4, .recent_tokens = 8};
   std::unique_ptr<ColocatedCacheRank> cache = MakeCache(client);
   const std::map<uint64_t, Output> offloaded = Run(cache.get());
   for (const auto& [id, output] : dense) {
@@ -131,8 +132,8 @@ TEST_F(OffloadEngineTest, OffloadTopKCoveringTheContextGivesTheDenseTokens) {
 TEST_F(OffloadEngineTest, OffloadTopKWithASmallBudgetRunsAndDiffers) {
   const std::map<uint64_t, Output> dense = Run(nullptr, 24);
   CacheClientOptions client;
-  client.selection = OffloadSelectionParams{OffloadSelection::kTopK, /*top_k=*/3,
-                                            /*sink_tokens=*/1, /*recent_tokens=*/2};
+  client.selection =
+      CacheSelectorSpec{.name = "oracle_topk", .top_k = 3, .sink_tokens = 1, .recent_tokens = 2};
   std::unique_ptr<ColocatedCacheRank> cache = MakeCache(client);
   const std::map<uint64_t, Output> offloaded = Run(cache.get(), 24);
   bool differs = false;
@@ -239,6 +240,16 @@ TEST_F(OffloadEngineTest, ASessionOverTheCacheBudgetEndsItsRequestWithTheRefusal
   EXPECT_NE(refused.error.message().find("budget"), std::string::npos) << refused.error.message();
   EXPECT_EQ((*events)[1].request_id, 1u);
   EXPECT_EQ((*events)[1].finish, FinishReason::kNone);
+}
+
+TEST_F(OffloadEngineTest, AnUnknownSelectorIsRefusedByNameWhenTheCacheIsMade) {
+  CacheClientOptions client;
+  client.selection.name = "quest";
+  auto cache = ColocatedCacheRank::Create(LoadModel()->config(), client, CacheServiceOptions());
+  ASSERT_FALSE(cache.ok());
+  EXPECT_EQ(cache.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.status().message(),
+            "cache rank: unknown selector 'quest' (known: dense, oracle_topk)");
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ class RemoteCacheRank::RpcSessionControl final : public CacheSessionControl {
   explicit RpcSessionControl(rpc::RpcClient& rpc) : rpc_(rpc) {}
 
   Result<uint64_t> OpenSession(uint64_t request_id, const SessionShape& shape,
-                               const OffloadSelectionParams& selection) override {
+                               const CacheSelectorSpec& selection) override {
     rpc::OpenSessionRequest request;
     request.set_request_id(request_id);
     request.set_num_layers(shape.num_layers);
@@ -46,7 +46,7 @@ class RemoteCacheRank::RpcSessionControl final : public CacheSessionControl {
     request.set_head_dim(shape.head_dim);
     request.set_dtype(std::string(DTypeName(shape.dtype)));
     request.set_capacity_tokens(shape.capacity_tokens);
-    request.set_selection(std::string(OffloadSelectionName(selection.selection)));
+    request.set_selector(selection.name);
     request.set_top_k(static_cast<uint32_t>(selection.top_k));
     request.set_sink_tokens(static_cast<uint32_t>(selection.sink_tokens));
     request.set_recent_tokens(static_cast<uint32_t>(selection.recent_tokens));
@@ -187,6 +187,7 @@ Result<std::unique_ptr<RemoteCacheRank>> RemoteCacheRank::Connect(
   options.cache_name = "cache rank " + endpoint;
   cache->client_ = std::make_unique<CacheRankClient>(options, model, *cache->transport_,
                                                      /*cache_peer=*/0, *cache->control_);
+  RUBATO_RETURN_IF_ERROR(cache->client_->Broken());  // a selection the table refuses
   return cache;
 }
 

@@ -44,11 +44,11 @@ Result<PolicyChoice> ResolveSfi(const PolicySection& section) {
 }
 
 // The offloaded policies: the window stays dense (the cache rank chooses the keys).
-Result<PolicyChoice> ResolveOffload(const PolicySection& section, OffloadSelection selection) {
+Result<PolicyChoice> ResolveOffload(const PolicySection& section, PolicyKind kind) {
   RUBATO_ASSIGN_OR_RETURN(YamlMapReader params, section.ParamsReader());
-  OffloadSelectionParams offload;
-  offload.selection = selection;
-  if (selection == OffloadSelection::kTopK) {
+  CacheSelectorSpec offload;  // "dense"
+  if (kind == PolicyKind::kOffloadTopK) {
+    offload.name = "oracle_topk";
     constexpr int64_t kMax = std::numeric_limits<int>::max();
     RUBATO_RETURN_IF_ERROR(params.ReadInt("top_k", 1, kMax, &offload.top_k));
     RUBATO_RETURN_IF_ERROR(params.ReadInt("sink_tokens", 0, kMax, &offload.sink_tokens));
@@ -56,8 +56,7 @@ Result<PolicyChoice> ResolveOffload(const PolicySection& section, OffloadSelecti
   }
   RUBATO_RETURN_IF_ERROR(params.Finish());
   PolicyChoice choice;
-  choice.kind = selection == OffloadSelection::kDense ? PolicyKind::kOffloadDense
-                                                      : PolicyKind::kOffloadTopK;
+  choice.kind = kind;
   choice.name = section.name;
   choice.offload = offload;
   return choice;
@@ -73,8 +72,8 @@ Result<PolicyChoice> ResolvePolicy(const PolicySection& section) {
   if (section.name == "dense") return ResolveDense(section);
   if (section.name == "streaming_llm") return ResolveStreamingLlm(section);
   if (section.name == "sfi") return ResolveSfi(section);
-  if (section.name == "offload_dense") return ResolveOffload(section, OffloadSelection::kDense);
-  if (section.name == "offload_topk") return ResolveOffload(section, OffloadSelection::kTopK);
+  if (section.name == "offload_dense") return ResolveOffload(section, PolicyKind::kOffloadDense);
+  if (section.name == "offload_topk") return ResolveOffload(section, PolicyKind::kOffloadTopK);
   std::string known;
   for (const std::string& name : KnownPolicyNames()) known += (known.empty() ? "" : ", ") + name;
   return InvalidArgumentError(section.source + ": " + section.key_path + ".name: unknown policy '" +

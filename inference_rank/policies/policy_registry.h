@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "cache_rank/cache_selector.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "inference_rank/policies/sfi_policy.h"
 #include "kernels/cpu/attention_window.h"
-#include "transport/pack_protocol.h"
 
 namespace rubato {
 
@@ -42,11 +42,11 @@ struct PolicyChoice {
   AttentionWindow window;
   // The parameters of `sfi`; default-constructed for the other policies.
   SfiPolicyConfig sfi;
-  // `offload_dense` / `offload_topk`: the KV lives on a cache rank (transport/pack_protocol.h):
+  // `offload_dense` / `offload_topk`: the KV lives on a cache rank (cache_rank/cache_selector.h):
   // dense returns every position, topk the sink + exact top_k of the current query + the
   // recent window read locally. Parameters of offload_topk: top_k (2048), sink_tokens (4),
   // recent_window (256). Unset for the other policies.
-  std::optional<OffloadSelectionParams> offload;
+  std::optional<CacheSelectorSpec> offload;
 };
 
 // Names accepted by `policy.name` / `--policy`.

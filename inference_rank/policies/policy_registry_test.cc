@@ -67,7 +67,7 @@ TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
   ASSERT_TRUE(dense_choice.ok()) << dense_choice.status().message();
   EXPECT_EQ(dense_choice->kind, PolicyKind::kOffloadDense);
   ASSERT_TRUE(dense_choice->offload.has_value());
-  EXPECT_EQ(dense_choice->offload->selection, OffloadSelection::kDense);
+  EXPECT_EQ(dense_choice->offload->name, "dense");
   EXPECT_TRUE(dense_choice->window.IsDense());
 
   auto topk = ParseConfig(
@@ -77,6 +77,7 @@ TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
   auto topk_choice = ResolvePolicy(topk->policy);
   ASSERT_TRUE(topk_choice.ok()) << topk_choice.status().message();
   EXPECT_EQ(topk_choice->kind, PolicyKind::kOffloadTopK);
+  EXPECT_EQ(topk_choice->offload->name, "oracle_topk");
   EXPECT_EQ(topk_choice->offload->top_k, 64);
   EXPECT_EQ(topk_choice->offload->sink_tokens, 2);
   EXPECT_EQ(topk_choice->offload->recent_tokens, 16);

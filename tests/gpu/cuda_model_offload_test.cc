@@ -318,8 +318,8 @@ TEST_P(CudaOffloadTest, OffloadDenseWithTheCacheOnAnotherGpuGivesTheLocalDenseTo
 TEST_P(CudaOffloadTest, OffloadTopKCoveringTheContextGivesTheLocalDenseTokens) {
   const std::vector<std::vector<int>> dense = Generate(nullptr);
   CacheClientOptions client;
-  client.selection = OffloadSelectionParams{OffloadSelection::kTopK, /*top_k=*/512,
-                                            /*sink_tokens=*/4, /*recent_tokens=*/8};
+  client.selection =
+      CacheSelectorSpec{.name = "oracle_topk", .top_k = 512, .sink_tokens = 4, .recent_tokens = 8};
   std::unique_ptr<ColocatedCacheRank> cache = MakeCache(client);
   ASSERT_NE(cache, nullptr);
   const std::vector<std::vector<int>> offloaded = Generate(cache.get());
@@ -328,8 +328,8 @@ TEST_P(CudaOffloadTest, OffloadTopKCoveringTheContextGivesTheLocalDenseTokens) {
 
 TEST_P(CudaOffloadTest, OffloadTopKWithASmallBudgetRuns) {
   CacheClientOptions client;
-  client.selection = OffloadSelectionParams{OffloadSelection::kTopK, /*top_k=*/4,
-                                            /*sink_tokens=*/1, /*recent_tokens=*/4};
+  client.selection =
+      CacheSelectorSpec{.name = "oracle_topk", .top_k = 4, .sink_tokens = 1, .recent_tokens = 4};
   std::unique_ptr<ColocatedCacheRank> cache = MakeCache(client);
   ASSERT_NE(cache, nullptr);
   const std::vector<std::vector<int>> offloaded = Generate(cache.get());

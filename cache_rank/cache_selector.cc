@@ -1,0 +1,45 @@
+// The table of cache selectors (cache_selector.h) and the look-ups over it.
+#include "cache_rank/cache_selector.h"
+
+#include "cache_rank/selectors/dense_selector.h"
+#include "cache_rank/selectors/oracle_topk_selector.h"
+
+namespace rubato {
+namespace {
+
+// Every cache selector, one line each (the shape of NCCL's ncclTransports[]).
+constexpr const CacheSelector* kCacheSelectors[] = {
+    &kDenseCacheSelector,
+    &kOracleTopKCacheSelector,
+};
+
+}  // namespace
+
+const CacheSelector* FindCacheSelector(std::string_view name) {
+  for (const CacheSelector* selector : kCacheSelectors) {
+    if (selector->name() == name) return selector;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> CacheSelectorNames() {
+  std::vector<std::string> names;
+  for (const CacheSelector* selector : kCacheSelectors) names.emplace_back(selector->name());
+  return names;
+}
+
+Result<const CacheSelector*> ResolveCacheSelector(const CacheSelectorSpec& spec) {
+  const CacheSelector* selector = FindCacheSelector(spec.name);
+  if (selector == nullptr) {
+    std::string known;
+    for (const std::string& name : CacheSelectorNames()) {
+      known += (known.empty() ? "" : ", ") + name;
+    }
+    return InvalidArgumentError("cache rank: unknown selector '" + spec.name +
+                                "' (known: " + known + ")");
+  }
+  RUBATO_RETURN_IF_ERROR(selector->Validate(spec));
+  return selector;
+}
+
+}  // namespace rubato
