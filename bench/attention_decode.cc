@@ -1,10 +1,10 @@
-// Decode attention kernel benchmark (DESIGN §8, issue #4 4a): rubato's paged split-K decode
+// Decode attention kernel benchmark (DESIGN §8 "Kernel"): rubato's paged split-K decode
 // attention at batch x heads x contexts, with the device-to-device copy bandwidth measured in
 // the same process as the memory roofline. PyTorch SDPA is timed on the same shapes by
 // bench/attention_sdpa.py in the same device call (scripts/gpu/run), and
 // bench/attention_report.py joins the two into bench/results/.
 //
-//   rubato_bench_attention --batch 16 --heads 32 --kv-heads 8 --head-dim 128
+//   rubato_bench_attention_decode --batch 16 --heads 32 --kv-heads 8 --head-dim 128
 //       --contexts 8192,32768,131072 --block-size 64 --out attention.json   (one line)
 //
 // Inputs are random bf16 (never zeros: METHOD.md), blocks are shuffled across the pool as a
@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
   report["command"] = command.str();
   const rubato::Status status = rubato::Run(options, report);
   if (!status.ok()) {
-    std::fprintf(stderr, "rubato_bench_attention: error: %s\n", status.message().c_str());
+    std::fprintf(stderr, "rubato_bench_attention_decode: error: %s\n", status.message().c_str());
     return 1;
   }
   if (!options.out.empty()) std::ofstream(options.out) << report.dump(2) << "\n";

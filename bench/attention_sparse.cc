@@ -1,10 +1,11 @@
-// Two-segment sparse decode attention benchmark (issue #5 benchmark a, the layout of SFI
-// Table 1): rubato's decode attention in its two-segment mode (compact buffer of sink +
-// selected keys, then the recent keys read in place from the paged cache) against the same
-// kernel's dense launch, at one context, batch, and a sweep of retentions (attended keys /
-// context). Both run in this process on the same device; the speedup is dense ms / sparse ms.
+// Two-segment sparse decode attention benchmark (DESIGN §8 "Kernel": sparse kernels at
+// retention 1.6-100 %, the layout of SFI Table 1): rubato's decode attention in its two-segment
+// mode (compact buffer of sink + selected keys, then the recent keys read in place from the
+// paged cache) against the same kernel's dense launch, at one context, batch, and a sweep of
+// retentions (attended keys / context). Both run in this process on the same device; the
+// speedup is dense ms / sparse ms.
 //
-//   rubato_bench_sparse_attention --context 16384 --retentions 1.6,6.3,12.5,25,50,100
+//   rubato_bench_attention_sparse --context 16384 --retentions 1.6,6.3,12.5,25,50,100
 //       --out bench/results/sparse_attention_h200.json                      (one line)
 //
 // It also times one layer's slow-step maintenance at the same shapes: the GPU Selector (W = 1,
@@ -397,7 +398,7 @@ int main(int argc, char** argv) {
   report["command"] = command.str();
   const rubato::Status status = rubato::Run(options, report);
   if (!status.ok()) {
-    std::fprintf(stderr, "rubato_bench_sparse_attention: error: %s\n", status.message().c_str());
+    std::fprintf(stderr, "rubato_bench_attention_sparse: error: %s\n", status.message().c_str());
     return 1;
   }
   if (!options.out.empty()) std::ofstream(options.out) << report.dump(2) << "\n";

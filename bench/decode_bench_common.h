@@ -1,7 +1,7 @@
 // Helpers shared by the end-to-end decode benchmarks (decode_e2e.cc: dense; decode_e2e_sfi.cc:
 // SFI against dense): their common flags and main(), the random-weight model, the KV pool for a
-// list of batch x context points, percentiles, the device's copy bandwidth, the bytes a decode
-// step reads, and the JSON report.
+// list of batch x context points and its random fill, percentiles, the device's copy bandwidth,
+// the bytes a decode step reads, and the JSON report.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "inference_rank/model/cuda_weights.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/random_fill.cuh"
 
 #ifndef RUBATO_GIT_COMMIT
 #define RUBATO_GIT_COMMIT "unknown"
@@ -197,6 +199,49 @@ inline Result<std::unique_ptr<PagedKvCache>> CreateBenchKvCache(CudaModel& model
         " bytes are free after the weights; run fewer or smaller points");
   }
   return model.CreateKvCache(block_size, num_blocks);
+}
+
+// Makes every sequence hold `context` positions of random KV without a prefill: reserves their
+// blocks (all or nothing), fills the whole K and V pools of `cache` (made by `model`) with random
+// bf16 in [-1, 1] on the model's stream, and sets num_tokens = context. The values mean nothing;
+// decode speed does not depend on them. Sequences must be empty.
+inline Status FillRandomKv(CudaModel& model, PagedKvCache& cache,
+                           std::span<KvSequence* const> sequences, int context, uint64_t seed) {
+  auto* kv = dynamic_cast<DeviceKvStorage*>(cache.storage());
+  if (kv == nullptr) {
+    return InvalidArgumentError("FillRandomKv: the KV cache was not created by a CUDA model");
+  }
+  if (context < 1) {
+    return InvalidArgumentError("FillRandomKv: context " + std::to_string(context) + " < 1");
+  }
+  int needed = 0;
+  for (KvSequence* sequence : sequences) {
+    if (sequence == nullptr || sequence->num_tokens != 0 || !sequence->block_table.empty()) {
+      return InvalidArgumentError("FillRandomKv: sequences must be empty");
+    }
+    needed += cache.BlocksFor(context);
+  }
+  if (needed > cache.free_blocks()) {
+    return ResourceExhaustedError("FillRandomKv: " + std::to_string(sequences.size()) +
+                                  " sequences of " + std::to_string(context) + " tokens need " +
+                                  std::to_string(needed) + " KV blocks but only " +
+                                  std::to_string(cache.free_blocks()) + " are free");
+  }
+  for (KvSequence* sequence : sequences) RUBATO_RETURN_IF_ERROR(cache.Reserve(*sequence, context));
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(model.device()), "selecting the model's device");
+  int stream_id = 0;
+  for (cuda::DeviceBuffer<__nv_bfloat16>* pool : {&kv->keys(), &kv->values()}) {
+    cuda::RandomFillParams fill;
+    fill.out = pool->data();
+    fill.count = static_cast<int64_t>(pool->size());
+    fill.seed = seed;
+    fill.stream = static_cast<uint64_t>(stream_id++);
+    fill.bound = 1.f;
+    RUBATO_RETURN_IF_ERROR(cuda::RandomFill(fill, model.stream()));
+  }
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model.stream()), "filling the KV pools");
+  for (KvSequence* sequence : sequences) sequence->num_tokens = context;
+  return Status::Ok();
 }
 
 // The report's device, commit, command, model and KV cache entries.

@@ -1,17 +1,17 @@
-// End-to-end dense decode benchmark (DESIGN §8, issue #4): the CUDA model at real shapes (random
+// End-to-end dense decode benchmark (DESIGN §8): the CUDA model at real shapes (random
 // weights generated on the device from a config.json), batch x context points, decode steps
 // replayed as CUDA graphs with greedy sampling on the device, against the memory roofline:
 //   roofline = (weight bytes read per step + KV bytes read per step) / copy bandwidth
 // where the copy bandwidth is a large device-to-device cudaMemcpy measured in this process
 // (bytes read + written per second).
 //
-//   rubato_bench_decode --config configs/models/qwen3-8b --batch 16 --context 32768
+//   rubato_bench_decode_e2e --config configs/models/qwen3-8b --batch 16 --context 32768
 //       --block-size 64 --steps 20 --warmup 3 --out bench/results/decode_e2e.json
-//   rubato_bench_decode --config configs/models/qwen3-8b --points 8x12288,16x32768,4x131072 ...
+//   rubato_bench_decode_e2e --config configs/models/qwen3-8b --points 8x12288,16x32768,4x131072 ...
 //
-// No prefill: every sequence's KV is filled with random bf16 values directly (CudaModel::
-// FillKvForBenchmark; decode speed does not depend on the KV values), then each step decodes one
-// token per sequence, so contexts grow by `warmup + steps` over a point. The KV pool is sized for
+// No prefill: every sequence's KV is filled with random bf16 values directly (bench::FillRandomKv;
+// decode speed does not depend on the KV values), then each step decodes one token per
+// sequence, so contexts grow by `warmup + steps` over a point. The KV pool is sized for
 // the largest point (points run one after the other) and the run fails with the bytes if it
 // does not fit.
 #include <cuda_runtime_api.h>
@@ -64,7 +64,7 @@ Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point&
   std::vector<KvSequence> sequences(static_cast<size_t>(point.batch));
   std::vector<KvSequence*> pointers;
   for (KvSequence& s : sequences) pointers.push_back(&s);
-  RUBATO_RETURN_IF_ERROR(model.FillKvForBenchmark(cache, pointers, point.context, seed));
+  RUBATO_RETURN_IF_ERROR(bench::FillRandomKv(model, cache, pointers, point.context, seed));
 
   std::mt19937_64 rng(seed);
   std::vector<int> next(sequences.size());
@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
   app.add_option("--points", options.points, "BATCHxCONTEXT list, e.g. 8x12288,16x32768");
   app.add_option("--steps", options.steps, "timed decode steps per point");
   app.add_option("--warmup", options.warmup, "untimed steps per point (>= 2: eager, capture)");
-  return rubato::bench::BenchMain("rubato_bench_decode", app, options.common, argc, argv,
+  return rubato::bench::BenchMain("rubato_bench_decode_e2e", app, options.common, argc, argv,
                                   [&](nlohmann::json& report) {
                                     std::vector<rubato::PointResult> results;
                                     RUBATO_RETURN_IF_ERROR(rubato::Run(options, report, results));

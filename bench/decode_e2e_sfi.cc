@@ -1,21 +1,21 @@
-// End-to-end SFI decode benchmark (DESIGN §8, issue #5 benchmark b): the CUDA model at real
+// End-to-end SFI decode benchmark (DESIGN §8, per policy against dense): the CUDA model at real
 // shapes (random weights generated on the device from a config.json), batch x context points,
 // SFI decode against dense decode in the same process and run:
-//   * dense: every step dense, replayed as a CUDA graph (what rubato_bench_decode measures);
+//   * dense: every step dense, replayed as a CUDA graph (what rubato_bench_decode_e2e measures);
 //   * SFI, per schedule "slow every N": cycles of 1 slow step (dense attention + per layer the
 //     Selector and the compact gather on the aux stream) then N - 1 fast steps (two-segment
 //     attention over sink + selected + recent). N = t_max + 1 (65) is the T_max-only schedule,
 //     a text without trigger tokens;
-//   * SFI with the maintenance inline on the main stream (CudaModelOptions::sfi_overlap off),
+//   * SFI with the maintenance inline on the main stream (SfiCudaBackend::SetOverlap(false)),
 //     the first schedule again, for the slow steps: how much of the Selector and the gather
 //     the aux stream hides = 1 - (slow_overlap - dense) / (slow_inline - dense).
 // Per point and schedule: step medians (dense, fast, slow, slow inline), tok/s of dense and of
 // SFI over the timed cycles (whole cycles: slow steps included), their ratio, slow / dense.
 //
-//   rubato_bench_decode_sfi --config configs/models/qwen3-4b --points 8x12288,16x32768,4x131072
+//   rubato_bench_decode_e2e_sfi --config configs/models/qwen3-4b --points 8x12288,16x32768,4x131072
 //       --slow-every 16,tmax --out decode_e2e_sfi.json
 //
-// No prefill: every sequence's KV is random bf16 (CudaModel::FillKvForBenchmark) and every run
+// No prefill: every sequence's KV is random bf16 (bench::FillRandomKv) and every run
 // starts from fresh SFI states, so its first step is a slow one (no selection yet). Steps are
 // timed with events around the whole Forward (planning, input copy, graph, maintenance, the
 // copies back); timed steps are greedy-sampled on the device, as a server decodes.
@@ -36,6 +36,8 @@
 #include "common/status.h"
 #include "inference_rank/model/cuda_kv_storage.h"
 #include "inference_rank/model/cuda_model.h"
+#include "inference_rank/policies/sfi/sfi_cuda_backend.h"
+#include "inference_rank/policies/sfi/sfi_state.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace rubato {
@@ -67,17 +69,17 @@ struct Timings {
 };
 
 // `warmup + timed` decode steps of `point` from a fresh KV fill (and fresh SFI states when
-// `sfi`): step i is slow when i % slow_every == 0, fast otherwise.
-Result<Timings> RunSteps(CudaModel& model, PagedKvCache& cache, const Point& point,
-                         const SfiPolicyConfig* sfi, int slow_every, int warmup, int timed,
-                         uint64_t seed) {
+// `sfi`, planned for the model's SFI backend): step i is slow when i % slow_every == 0, fast
+// otherwise.
+Result<Timings> RunSteps(CudaModel& model, PagedKvCache& cache, const Point& point, bool sfi,
+                         int slow_every, int warmup, int timed, uint64_t seed) {
   const ModelConfig& config = model.config();
   std::vector<KvSequence> sequences(static_cast<size_t>(point.batch));
   std::vector<KvSequence*> pointers;
   for (KvSequence& s : sequences) pointers.push_back(&s);
-  RUBATO_RETURN_IF_ERROR(model.FillKvForBenchmark(cache, pointers, point.context, seed));
+  RUBATO_RETURN_IF_ERROR(bench::FillRandomKv(model, cache, pointers, point.context, seed));
   std::vector<SfiSequenceState> states(sequences.size());  // slots go back when they go
-  std::vector<SfiForward> forwards(sequences.size());
+  std::vector<EntryAttention> attentions(sequences.size());
 
   std::mt19937_64 rng(seed);
   std::vector<int> next(sequences.size());
@@ -98,10 +100,9 @@ Result<Timings> RunSteps(CudaModel& model, PagedKvCache& cache, const Point& poi
     for (size_t i = 0; i < sequences.size(); ++i) {
       batch[i] = ForwardEntry{
           &sequences[i], {&next[i], 1}, sequences[i].num_tokens, LogitsWanted::kLast, &greedy};
-      if (sfi != nullptr) {
-        forwards[i] =
-            SfiForward{slow ? SfiStepKind::kSlow : SfiStepKind::kFast, &states[i], sfi, 1};
-        batch[i].sfi = &forwards[i];
+      if (sfi) {
+        attentions[i] = SfiStep(slow ? SfiStepKind::kSlow : SfiStepKind::kFast, &states[i]);
+        batch[i].attention = &attentions[i];
       }
     }
     cudaEventRecord(start, model.stream());  // the stream is idle: the events bracket the step
@@ -111,7 +112,7 @@ Result<Timings> RunSteps(CudaModel& model, PagedKvCache& cache, const Point& poi
     float ms = 0;
     cudaEventElapsedTime(&ms, start, stop);
     if (step >= warmup) {
-      (slow || sfi == nullptr ? t.slow_ms : t.fast_ms).push_back(ms);
+      (slow || !sfi ? t.slow_ms : t.fast_ms).push_back(ms);
       t.total_ms += ms;
       ++t.timed_steps;
     }
@@ -206,7 +207,10 @@ Status Run(const Options& options, nlohmann::json& report, std::vector<Row>& row
   int max_batch = 0, grown = options.dense_warmup + options.dense_steps;
   for (const Point& p : points) max_batch = std::max(max_batch, p.batch);
   for (int n : schedules) grown = std::max(grown, (options.warmup_cycles + options.cycles) * n);
-  RUBATO_RETURN_IF_ERROR(model->PrepareSfi(sfi, max_batch));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> backend,
+                          MakeSfiCudaBackend(*model, sfi, max_batch));
+  auto* sfi_backend = static_cast<SfiCudaBackend*>(backend.get());
+  RUBATO_RETURN_IF_ERROR(model->SetAttentionBackend(std::move(backend)));
   const int num_blocks = bench::BlocksForPoints(points, grown, options.common.block_size);
   size_t ring_bytes = 0;
   for (const Point& p : points) {
@@ -243,18 +247,18 @@ Status Run(const Options& options, nlohmann::json& report, std::vector<Row>& row
     const Point& point = points[p];
     const uint64_t seed = options.common.seed + 1 + p;
     RUBATO_ASSIGN_OR_RETURN(const Timings dense,
-                            RunSteps(*model, *cache, point, nullptr, 1, options.dense_warmup,
+                            RunSteps(*model, *cache, point, /*sfi=*/false, 1, options.dense_warmup,
                                      options.dense_steps, seed));
-    model->SetSfiOverlap(false);  // the maintenance inline: what the overlap hides
+    sfi_backend->SetOverlap(false);  // the maintenance inline: what the overlap hides
     const int first = schedules.front();
     RUBATO_ASSIGN_OR_RETURN(const Timings inline_run,
-                            RunSteps(*model, *cache, point, &sfi, first,
+                            RunSteps(*model, *cache, point, /*sfi=*/true, first,
                                      options.warmup_cycles * first, options.cycles * first, seed));
-    model->SetSfiOverlap(true);
+    sfi_backend->SetOverlap(true);
     for (int n : schedules) {
       RUBATO_ASSIGN_OR_RETURN(const Timings run,
-                              RunSteps(*model, *cache, point, &sfi, n, options.warmup_cycles * n,
-                                       options.cycles * n, seed));
+                              RunSteps(*model, *cache, point, /*sfi=*/true, n,
+                                       options.warmup_cycles * n, options.cycles * n, seed));
       Row row;
       row.point = point;
       row.slow_every = n;
@@ -329,7 +333,7 @@ int main(int argc, char** argv) {
   app.add_option("--t-max", options.t_max, "SFI t_max (the 'tmax' schedule is t_max + 1)");
   app.add_option("--gamma", options.gamma,
                  "SFI key-norm prior exponent (> 0 adds the key norms of J to each slow step)");
-  return rubato::bench::BenchMain("rubato_bench_decode_sfi", app, options.common, argc, argv,
+  return rubato::bench::BenchMain("rubato_bench_decode_e2e_sfi", app, options.common, argc, argv,
                                   [&](nlohmann::json& report) {
                                     std::vector<rubato::Row> rows;
                                     RUBATO_RETURN_IF_ERROR(rubato::Run(options, report, rows));

@@ -71,6 +71,11 @@ Status ReadEngine(YamlMapReader& reader, EngineSection* engine) {
   }
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("prefill_chunk", 1, 1 << 20, &engine->prefill_chunk));
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("threads", 0, 1024, &engine->threads));
+  RUBATO_RETURN_IF_ERROR(reader.ReadString("kv_residency", &engine->kv_residency));
+  if (engine->kv_residency != "local" && engine->kv_residency != "offloaded") {
+    return reader.Error("kv_residency",
+                        "must be local or offloaded, got '" + engine->kv_residency + "'");
+  }
   return reader.Finish();
 }
 
@@ -263,6 +268,7 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
   key("block_size") << engine.block_size;
   key("prefill_chunk") << engine.prefill_chunk;
   key("threads") << engine.threads;
+  key("kv_residency") << engine.kv_residency;
   out << YAML::EndMap;
 
   key("policy") << YAML::BeginMap;

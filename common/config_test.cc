@@ -125,7 +125,7 @@ TEST(Config, DefaultYamlSpellsOutEveryKey) {
   const std::set<std::string> expected = KeyPaths(formatted);
   EXPECT_EQ(KeyPaths(file), expected);
   EXPECT_EQ(expected.size(),
-            26u);  // model 3, engine 8, policy 1, topology 5, server 3, limits 5, logging 1
+            27u);  // model 3, engine 9, policy 1, topology 5, server 3, limits 5, logging 1
 }
 
 TEST(Config, ParsesEveryKey) {

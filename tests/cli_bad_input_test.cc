@@ -1,5 +1,6 @@
 // Bad input through the `rubato generate` command: each case must end with exactly one line on
-// stderr naming the problem and a non-zero exit, never a crash or a hang (issue #2 point 8).
+// stderr naming the problem and a non-zero exit, never a crash or a hang (DESIGN §7 "Bad input
+// and faults").
 // Each case copies the bundled tiny model into a temporary directory and breaks one thing.
 // Also: the backend switch (`--backend cuda` without CUDA in the build or without a GPU), and
 // prompts given as token ids for a model directory holding only config.json (--random-weights).
@@ -83,8 +84,8 @@ class CliBadInputTest : public ::testing::Test {
 
   // Runs `rubato generate --model <copy> --prompt hello --max-tokens 2 extra...`.
   ProcessResult Generate(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {"generate", "--model", model_.string(), "--prompt",
-                                     "hello",    "--max-tokens", "2"};
+    std::vector<std::string> args = {
+        "generate", "--model", model_.string(), "--prompt", "hello", "--max-tokens", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
     return RunProcess(RUBATO_BINARY, args);
   }
@@ -140,8 +141,8 @@ TEST_F(CliBadInputTest, TruncatedSafetensorsHeaderLength) {
 TEST_F(CliBadInputTest, HeaderClaimsBytesPastTheEnd) {
   SafetensorsParts parts = SafetensorsParts::Read(Weights());
   auto& entry = parts.header["model.norm.weight"];
-  const uint64_t size = entry["data_offsets"][1].get<uint64_t>() -
-                        entry["data_offsets"][0].get<uint64_t>();
+  const uint64_t size =
+      entry["data_offsets"][1].get<uint64_t>() - entry["data_offsets"][0].get<uint64_t>();
   const uint64_t begin = parts.data.size() - size / 2;
   entry["data_offsets"] = {begin, begin + size};
   parts.Write(Weights());
@@ -225,6 +226,20 @@ TEST_F(CliBadInputTest, UnknownPolicyFlag) {
   ExpectCleanFailure(Generate({"--policy", "sfi2"}), {"unknown policy 'sfi2'", "dense"});
 }
 
+// A policy on a KV residency it does not support is refused by name from its traits, before
+// anything loads (the model directory does not even exist here).
+TEST_F(CliBadInputTest, UnsupportedPolicyResidencyPairIsRefusedByName) {
+  for (const std::string policy : {"sfi", "streaming_llm"}) {
+    ExpectCleanFailure(
+        RunProcess(RUBATO_BINARY,
+                   {"generate", "--model", (dir_.path() / "absent").string(), "--prompt", "hello",
+                    "--policy", policy, "--kv-residency", "offloaded"}),
+        {"policy '" + policy + "' does not support offloaded KV (supported: local)"});
+  }
+  ExpectCleanFailure(Generate({"--kv-residency", "evicting"}),
+                     {"--kv-residency: 'evicting' is not one of local, offloaded"});
+}
+
 TEST_F(CliBadInputTest, UnknownPolicyInYaml) {
   const fs::path yaml = WriteYaml("policy:\n  name: quest9\n");
   ExpectCleanFailure(Generate({"--config", yaml.string()}), {"unknown policy 'quest9'"});
@@ -234,7 +249,8 @@ TEST_F(CliBadInputTest, UnknownPolicyInYaml) {
 TEST_F(CliBadInputTest, SfiPolicyParametersAreValidated) {
   const fs::path bad = WriteYaml("policy:\n  name: sfi\n  t_max: 0\n");
   ExpectCleanFailure(Generate({"--config", bad.string()}), {"policy.t_max"});
-  const fs::path trigger = WriteYaml("policy:\n  name: sfi\n  triggers: [\"\\u00e9\\u00e9\\u00e9zz\"]\n");
+  const fs::path trigger =
+      WriteYaml("policy:\n  name: sfi\n  triggers: [\"\\u00e9\\u00e9\\u00e9zz\"]\n");
   ExpectCleanFailure(Generate({"--config", trigger.string()}), {"trigger"});
 }
 
@@ -264,17 +280,23 @@ TEST_F(CliBadInputTest, PromptLongerThanModelContext) {
   // The model's max_position_embeddings is 4096; this prompt is several thousand tokens.
   std::string prompt;
   for (int i = 0; i < 3000; ++i) prompt += "lighthouse keeper " + std::to_string(i) + ". ";
-  std::vector<std::string> args = {"generate", "--model",      model_.string(),
-                                   "--prompt", prompt,         "--max-tokens", "2"};
+  std::vector<std::string> args = {"generate",     "--model", model_.string(), "--prompt", prompt,
+                                   "--max-tokens", "2"};
   ExpectCleanFailure(RunProcess(RUBATO_BINARY, args), {"prompt has", "context"});
 }
 
 TEST_F(CliBadInputTest, PromptLongerThanConfiguredContext) {
   const fs::path yaml = WriteYaml("engine:\n  max_context: 16\n");
   std::vector<std::string> args = {
-      "generate", "--model",      model_.string(), "--config", yaml.string(), "--prompt",
+      "generate",
+      "--model",
+      model_.string(),
+      "--config",
+      yaml.string(),
+      "--prompt",
       "one two three four five six seven eight nine ten eleven twelve thirteen fourteen",
-      "--max-tokens", "2"};
+      "--max-tokens",
+      "2"};
   ExpectCleanFailure(RunProcess(RUBATO_BINARY, args), {"prompt has", "16"});
 }
 
@@ -329,9 +351,9 @@ TEST_F(CliBadInputTest, PromptIdsWithConfigOnlyAndRandomWeights) {
   const fs::path config_only = dir_.path() / "config_only";
   fs::create_directories(config_only);
   fs::copy_file(model_ / "config.json", config_only / "config.json");
-  const std::vector<std::string> args = {"generate",     "--model",      config_only.string(),
-                                         "--prompt-ids", "5, 17,300,9", "--random-weights",
-                                         "--max-tokens", "3"};
+  const std::vector<std::string> args = {
+      "generate",    "--model",          config_only.string(), "--prompt-ids",
+      "5, 17,300,9", "--random-weights", "--max-tokens",       "3"};
   const ProcessResult r = RunProcess(RUBATO_BINARY, args);
   ASSERT_FALSE(r.signaled) << r.err;
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -353,13 +375,13 @@ TEST_F(CliBadInputTest, PromptIdsWithConfigOnlyAndRandomWeights) {
 }
 
 TEST_F(CliBadInputTest, BadPromptIds) {
-  const ProcessResult r = RunProcess(RUBATO_BINARY, {"generate", "--model", model_.string(),
-                                                     "--prompt-ids", "1,x,3"});
+  const ProcessResult r =
+      RunProcess(RUBATO_BINARY, {"generate", "--model", model_.string(), "--prompt-ids", "1,x,3"});
   ExpectCleanFailure(r, {"--prompt-ids", "'x'"});
   // 5000 is outside the tiny model's 1024-token vocabulary.
-  ExpectCleanFailure(RunProcess(RUBATO_BINARY, {"generate", "--model", model_.string(),
-                                                "--prompt-ids", "1,5000"}),
-                     {"5000", "vocabulary"});
+  ExpectCleanFailure(
+      RunProcess(RUBATO_BINARY, {"generate", "--model", model_.string(), "--prompt-ids", "1,5000"}),
+      {"5000", "vocabulary"});
   ExpectCleanFailure(RunProcess(RUBATO_BINARY, {"generate", "--model", model_.string(),
                                                 "--prompt-ids", "1,2", "--chat"}),
                      {"--chat"});

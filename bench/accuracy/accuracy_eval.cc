@@ -29,7 +29,8 @@ Result<EngineOptions> EngineOptionsFrom(const RubatoConfig& config, const Policy
                                         const Tokenizer& tokenizer,
                                         const AccuracyEvalOptions& options) {
   EngineOptions engine_options;
-  RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, &tokenizer, engine_options));
+  RUBATO_RETURN_IF_ERROR(policy.policy->UseTokenizer(&tokenizer));
+  engine_options.policy = policy.policy;
   engine_options.max_batch = options.batch;
   engine_options.max_context = config.engine.max_context;
   engine_options.block_size = config.engine.block_size;
@@ -64,7 +65,7 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
   if (config.engine.backend != EngineSection::Backend::kCpu) {
     return UnsupportedError("accuracy: engine.backend must be 'cpu' in this build");
   }
-  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
+  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config));
   const std::filesystem::path model_dir = config.model.path;
   if (!std::filesystem::is_directory(model_dir)) {
     return NotFoundError("model directory '" + model_dir.string() + "' does not exist");
@@ -101,9 +102,8 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
 
   RUBATO_ASSIGN_OR_RETURN(EngineOptions engine_options,
                           EngineOptionsFrom(config, policy, *tokenizer, options));
-  RUBATO_ASSIGN_OR_RETURN(
-      std::unique_ptr<Engine> engine,
-      Engine::Create(std::move(model), engine_options));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                          Engine::Create(std::move(model), engine_options));
   std::unordered_map<uint64_t, size_t> instance_of_request;
   for (size_t i = 0; i < instances.size(); ++i) {
     GenerationRequest request;

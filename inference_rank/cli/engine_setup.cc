@@ -35,6 +35,13 @@ Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides) {
     config.policy.name = *overrides.policy;
     if (!overrides.config_file) config.policy.source = "command line";
   }
+  if (overrides.kv_residency) {
+    if (*overrides.kv_residency != "local" && *overrides.kv_residency != "offloaded") {
+      return InvalidArgumentError("--kv-residency: '" + *overrides.kv_residency +
+                                  "' is not one of local, offloaded");
+    }
+    config.engine.kv_residency = *overrides.kv_residency;
+  }
   if (overrides.threads) config.engine.threads = *overrides.threads;
   if (overrides.cache_endpoint) {
     config.topology.mode = TopologySection::Mode::kDisaggregated;
@@ -67,14 +74,17 @@ Status CheckOffloadChoice(const RubatoConfig& config, const PolicyChoice& policy
   if (!policy.offload.has_value()) {
     if (disaggregated) {
       return InvalidArgumentError(
-          "a cache rank (--cache / topology.mode disaggregated) holds the KV of an offload "
-          "policy: use --policy offload_dense or offload_topk, not '" + policy.name + "'");
+          "a cache rank (--cache / topology.mode disaggregated) holds offloaded KV: use "
+          "--kv-residency offloaded (engine.kv_residency; the old spellings --policy "
+          "offload_dense / offload_topk still work), not local KV with '" +
+          policy.name + "'");
     }
     return Status::Ok();
   }
   if (disaggregated && config.topology.cache_endpoints.empty()) {
-    return InvalidArgumentError("topology.mode disaggregated needs topology.cache_endpoints "
-                                "(\"host:port\" of a `rubato cache --listen`) or --cache");
+    return InvalidArgumentError(
+        "topology.mode disaggregated needs topology.cache_endpoints "
+        "(\"host:port\" of a `rubato cache --listen`) or --cache");
   }
   if (disaggregated && config.topology.transport != TopologySection::Transport::kUcx &&
       config.topology.transport != TopologySection::Transport::kNccl) {
@@ -96,11 +106,10 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyCho
       std::max(config.limits.rpc_timeout_ms, 5 * config.limits.heartbeat_ms));
   OffloadTarget target;
   if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
-    RUBATO_ASSIGN_OR_RETURN(target.remote,
-                            RemoteCacheRank::Connect(
-                                config.topology.cache_endpoints.front(), model, options,
-                                config.limits,
-                                RemoteDataPlane{config.topology.transport, config.engine.device}));
+    RUBATO_ASSIGN_OR_RETURN(
+        target.remote, RemoteCacheRank::Connect(
+                           config.topology.cache_endpoints.front(), model, options, config.limits,
+                           RemoteDataPlane{config.topology.transport, config.engine.device}));
     target.client = &target.remote->client();
   } else {
     RUBATO_ASSIGN_OR_RETURN(target.colocated,
@@ -141,8 +150,14 @@ EngineOptions EngineOptionsFromConfig(const RubatoConfig& config) {
   return options;
 }
 
+Status ApplyPolicy(const PolicyChoice& policy, const Tokenizer* tokenizer, EngineOptions& options) {
+  RUBATO_RETURN_IF_ERROR(policy.policy->UseTokenizer(tokenizer));
+  options.policy = policy.policy;
+  return Status::Ok();
+}
+
 Result<PolicyChoice> ResolveAndCheck(const RubatoConfig& config) {
-  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config.policy));
+  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config));
   RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
   RUBATO_RETURN_IF_ERROR(CheckOffloadChoice(config, policy));
   if (!std::filesystem::is_directory(config.model.path)) {

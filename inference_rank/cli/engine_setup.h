@@ -11,6 +11,7 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "common/tokenizer/tokenizer.h"
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/model.h"
 #include "inference_rank/offload/colocated_cache.h"
@@ -21,12 +22,13 @@ namespace rubato {
 
 // Command-line flags that override config keys (unset: the config file's value, or the default).
 struct ConfigOverrides {
-  std::optional<std::string> config_file;     // YAML config (DESIGN §6)
-  std::optional<std::string> model_dir;       // model.path
-  bool random_weights = false;                // model.random_weights
-  std::optional<std::string> backend;         // "cpu" | "cuda": engine.backend
-  std::optional<std::string> policy;          // policy.name
-  std::optional<int> threads;                 // engine.threads
+  std::optional<std::string> config_file;   // YAML config (DESIGN §6)
+  std::optional<std::string> model_dir;     // model.path
+  bool random_weights = false;              // model.random_weights
+  std::optional<std::string> backend;       // "cpu" | "cuda": engine.backend
+  std::optional<std::string> policy;        // policy.name
+  std::optional<std::string> kv_residency;  // engine.kv_residency: "local" | "offloaded"
+  std::optional<int> threads;               // engine.threads
   // "host:port" of a cache rank (`rubato cache --listen`): topology.mode disaggregated over ucx
   // with this one cache endpoint.
   std::optional<std::string> cache_endpoint;
@@ -38,15 +40,18 @@ Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides);
 // Backends and topologies this build cannot run, rejected before anything is loaded.
 Status CheckSupportedByThisBuild(const RubatoConfig& config);
 
-// Offload policies need the CPU backend and, disaggregated, a cache endpoint reached over ucx;
-// a cache endpoint needs an offload policy.
+// Offloaded KV needs, disaggregated, a cache endpoint reached over ucx or nccl; a cache endpoint
+// needs offloaded KV.
 Status CheckOffloadChoice(const RubatoConfig& config, const PolicyChoice& policy);
 
 // What every command checks before it loads anything: the policy of `config` (resolved), what
 // this build and that policy can run, and that the model directory exists.
 Result<PolicyChoice> ResolveAndCheck(const RubatoConfig& config);
 
-// Where an offload policy's KV goes: the remote cache rank, or one in this process. Must outlive
+// The policy's host half gets the tokenizer (may be null) and goes into `options`.
+Status ApplyPolicy(const PolicyChoice& policy, const Tokenizer* tokenizer, EngineOptions& options);
+
+// Where offloaded KV goes: the remote cache rank, or one in this process. Must outlive
 // the engine whose EngineOptions::offload is `client`.
 struct OffloadTarget {
   std::unique_ptr<RemoteCacheRank> remote;

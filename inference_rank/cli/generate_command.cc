@@ -29,16 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// " sfi_slow_steps=N sfi_fast_steps=M sfi_discarded_steps=D" for SFI runs (D of the M fast steps
-// were recomputed by the confidence trigger), "" otherwise: the stats line's SFI part.
-std::string SfiStats(const Engine& engine) {
-  if (!engine.options().sfi.has_value()) return "";
-  const EngineCounters& counters = engine.counters();
-  return " sfi_slow_steps=" + std::to_string(counters.sfi_slow_steps) +
-         " sfi_fast_steps=" + std::to_string(counters.sfi_fast_steps) +
-         " sfi_discarded_steps=" + std::to_string(counters.sfi_discarded_steps);
-}
-
 double MillisecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -51,6 +41,7 @@ ConfigOverrides OverridesOf(const GenerateArgs& args) {
   overrides.random_weights = args.random_weights;
   overrides.backend = args.backend;
   overrides.policy = args.policy;
+  overrides.kv_residency = args.kv_residency;
   overrides.threads = args.threads;
   overrides.cache_endpoint = args.cache_endpoint;
   return overrides;
@@ -60,10 +51,10 @@ ConfigOverrides OverridesOf(const GenerateArgs& args) {
 std::string OffloadStats(const CacheRankClient* client) {
   if (client == nullptr) return "";
   char text[160];
-  std::snprintf(text, sizeof(text), " offload_bytes_sent=%llu offload_bytes_received=%llu pack_wait_ms=%.1f",
-                static_cast<unsigned long long>(client->bytes_sent()),
-                static_cast<unsigned long long>(client->bytes_received()),
-                client->pack_wait_seconds() * 1e3);
+  std::snprintf(
+      text, sizeof(text), " offload_bytes_sent=%llu offload_bytes_received=%llu pack_wait_ms=%.1f",
+      static_cast<unsigned long long>(client->bytes_sent()),
+      static_cast<unsigned long long>(client->bytes_received()), client->pack_wait_seconds() * 1e3);
   return text;
 }
 
@@ -117,8 +108,8 @@ Status RunGenerate(const GenerateArgs& args) {
   RUBATO_ASSIGN_OR_RETURN(RubatoConfig config, ResolveConfig(OverridesOf(args)));
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
   // Under mpirun with topology.ranks: a cache rank serves; this rank finds it (mpi_launch.h).
-  return RunWithMpiRoles(config,
-                         [&](RubatoConfig& resolved) { return GenerateWithConfig(args, resolved); });
+  return RunWithMpiRoles(
+      config, [&](RubatoConfig& resolved) { return GenerateWithConfig(args, resolved); });
 }
 
 namespace {
@@ -208,8 +199,9 @@ Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config) {
   std::printf(
       "\n[rubato] prompt_tokens=%zu generated_tokens=%d prefill_ms=%.1f "
       "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s%s%s\n",
-      prompt_ids.size(), generated, prefill_ms, decode_tok_s, policy.name.c_str(), retained_kv,
-      backend.c_str(), SfiStats(*engine).c_str(), OffloadStats(offload.client).c_str());
+      prompt_ids.size(), generated, prefill_ms, decode_tok_s, config.policy.name.c_str(),
+      retained_kv, backend.c_str(), policy.policy->StatsLine().c_str(),
+      OffloadStats(offload.client).c_str());
   std::fflush(stdout);
   return Status::Ok();
 }

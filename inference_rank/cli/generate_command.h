@@ -6,9 +6,9 @@
 // With ids and a model directory without tokenizer.json (a config.json alone, for
 // --random-weights benchmarks at real shapes), the generated tokens are printed as ids.
 //
-// Offload policies (offload_dense, offload_topk; CPU backend) keep the KV on a cache rank: the
-// one at --cache / topology.cache_endpoints[0] (disaggregated), else a cache service in this
-// process (colocated). A lost cache rank ends the run with its error.
+// Offloaded KV (--kv-residency offloaded) lives on a cache rank: the one at --cache /
+// topology.cache_endpoints[0] (disaggregated), else a cache service in this process
+// (colocated). A lost cache rank ends the run with its error.
 #pragma once
 
 #include <cstdint>
@@ -20,21 +20,22 @@
 namespace rubato {
 
 struct GenerateArgs {
-  std::optional<std::string> model_dir;    // overrides config model.path
-  std::optional<std::string> prompt;       // text; exactly one of prompt and prompt_ids
-  std::optional<std::string> prompt_ids;   // "1,2,3": token ids instead of text
-  bool chat = false;                       // wrap the prompt in the model's chat template
-  bool random_weights = false;             // sets model.random_weights (config.json alone)
-  std::optional<std::string> backend;      // "cpu" | "cuda", overrides config engine.backend
+  std::optional<std::string> model_dir;   // overrides config model.path
+  std::optional<std::string> prompt;      // text; exactly one of prompt and prompt_ids
+  std::optional<std::string> prompt_ids;  // "1,2,3": token ids instead of text
+  bool chat = false;                      // wrap the prompt in the model's chat template
+  bool random_weights = false;            // sets model.random_weights (config.json alone)
+  std::optional<std::string> backend;     // "cpu" | "cuda", overrides config engine.backend
   int max_tokens = 128;
-  bool output_ids = false;                 // print the generated token ids, not their text
-  float temperature = 0.f;                 // 0: greedy
+  bool output_ids = false;  // print the generated token ids, not their text
+  float temperature = 0.f;  // 0: greedy
   float top_p = 1.f;
-  int top_k = 0;                           // 0: off
+  int top_k = 0;  // 0: off
   uint64_t seed = 0;
-  std::optional<std::string> policy;       // overrides config policy.name
-  std::optional<std::string> config_file;  // YAML config (DESIGN §6)
-  std::optional<int> threads;              // overrides config engine.threads
+  std::optional<std::string> policy;        // overrides config policy.name
+  std::optional<std::string> kv_residency;  // overrides config engine.kv_residency
+  std::optional<std::string> config_file;   // YAML config (DESIGN §6)
+  std::optional<int> threads;               // overrides config engine.threads
   // "host:port" of a cache rank (`rubato cache --listen`): an offload policy's KV goes there
   // instead of to the in-process (colocated) cache service. Overrides topology.cache_endpoints.
   std::optional<std::string> cache_endpoint;

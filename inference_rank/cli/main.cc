@@ -12,7 +12,6 @@
 // Every error ends the process with one line on stderr ("rubato: error: ...") and exit 1;
 // command-line syntax errors exit 2.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -38,7 +37,8 @@ int main(int argc, char** argv) {
 
   rubato::GenerateArgs gen;
   CLI::App* generate = app.add_subcommand("generate", "Generate text from a prompt");
-  generate->add_option("--model", gen.model_dir, "Hugging Face model directory (overrides "
+  generate->add_option("--model", gen.model_dir,
+                       "Hugging Face model directory (overrides "
                        "model.path of the config)");
   CLI::Option* prompt = generate->add_option("--prompt", gen.prompt, "Prompt text");
   CLI::Option* prompt_ids = generate->add_option(
@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
   generate->add_flag("--random-weights", gen.random_weights,
                      "Random weights from the model's config.json alone (sets "
                      "model.random_weights; for benchmarks at real shapes)");
-  generate->add_flag("--chat", gen.chat, "Wrap the prompt as a user turn in the model's chat "
+  generate->add_flag("--chat", gen.chat,
+                     "Wrap the prompt as a user turn in the model's chat "
                      "template (ChatML or Llama-3)");
   generate->add_option("--max-tokens", gen.max_tokens, "Tokens to generate at most")
       ->check(CLI::Range(1, 1 << 24));
@@ -63,6 +64,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   generate->add_option("--seed", gen.seed, "Sampling seed (same seed, same text)");
   generate->add_option("--policy", gen.policy, "Attention policy (overrides policy.name)");
+  generate->add_option("--kv-residency", gen.kv_residency,
+                       "Where the KV lives: local | offloaded (a cache rank; overrides "
+                       "engine.kv_residency)");
   generate->add_option("--config", gen.config_file, "YAML config file");
   generate->add_option("--threads", gen.threads, "CPU threads (overrides engine.threads)")
       ->check(CLI::Range(0, 1024));
@@ -72,42 +76,51 @@ int main(int argc, char** argv) {
 
   rubato::ServeArgs serve_args;
   CLI::App* serve = app.add_subcommand(
-      "serve", "Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
-               "/v1/models, /health, /metrics) until SIGINT or SIGTERM");
+      "serve",
+      "Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+      "/v1/models, /health, /metrics) until SIGINT or SIGTERM");
   serve->add_option("--config", serve_args.overrides.config_file, "YAML config file");
   serve->add_option("--model", serve_args.overrides.model_dir,
                     "Hugging Face model directory (overrides model.path)");
   serve->add_option("--policy", serve_args.overrides.policy,
                     "Attention policy (overrides policy.name)");
+  serve->add_option("--kv-residency", serve_args.overrides.kv_residency,
+                    "Where requests' KV lives: local | offloaded (overrides engine.kv_residency)");
   serve->add_option("--host", serve_args.host, "Address to listen on (overrides server.host)");
-  serve->add_option("--port", serve_args.port,
-                    "TCP port (overrides server.port; 0: any free port, printed at start)")
+  serve
+      ->add_option("--port", serve_args.port,
+                   "TCP port (overrides server.port; 0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535));
   serve->add_option("--cache", serve_args.overrides.cache_endpoint,
                     "host:port of a cache rank (rubato cache --listen) for an offload policy");
-  serve->add_option("--threads", serve_args.overrides.threads,
-                    "CPU threads (overrides engine.threads)")
+  serve
+      ->add_option("--threads", serve_args.overrides.threads,
+                   "CPU threads (overrides engine.threads)")
       ->check(CLI::Range(0, 1024));
-  serve->add_option("--backend", serve_args.overrides.backend,
-                    "Compute backend (overrides engine.backend)")
+  serve
+      ->add_option("--backend", serve_args.overrides.backend,
+                   "Compute backend (overrides engine.backend)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
 
   rubato::CacheArgs cache_args;
-  CLI::App* cache = app.add_subcommand(
-      "cache", "Run a cache rank: offloaded KV, token selection and compact buffers for "
-               "inference ranks that connect to it");
+  CLI::App* cache =
+      app.add_subcommand("cache",
+                         "Run a cache rank: offloaded KV, token selection and compact buffers for "
+                         "inference ranks that connect to it");
   cache->add_option("--listen", cache_args.listen, "host:port of its RPC server (port 0: any)");
   cache->add_option("--budget-mb", cache_args.budget_mb, "KV storage for all sessions, MiB")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  cache->add_option("--memory", cache_args.memory,
-                    "Where the KV lives: host (pageable) or pinned (page-locked, CUDA builds)")
+  cache
+      ->add_option("--memory", cache_args.memory,
+                   "Where the KV lives: host (pageable) or pinned (page-locked, CUDA builds)")
       ->check(CLI::IsMember({"host", "pinned"}));
   cache->add_option("--config", cache_args.config_file, "YAML config (limits, logging)");
   cache->add_option("--metrics", cache_args.metrics_listen,
                     "host:port of an HTTP endpoint for GET /metrics and /health (port 0: any)");
-  cache->add_option("--device", cache_args.device,
-                    "GPU of this rank's side of NCCL data planes (inference ranks with "
-                    "topology.transport nccl; another GPU than theirs)")
+  cache
+      ->add_option("--device", cache_args.device,
+                   "GPU of this rank's side of NCCL data planes (inference ranks with "
+                   "topology.transport nccl; another GPU than theirs)")
       ->check(CLI::NonNegativeNumber);
 
   rubato::TokenizeArgs tok;

@@ -27,46 +27,6 @@ double RetainedKvRatio(const AttentionWindow& window, int context) {
   return static_cast<double>(window.VisibleKeys(context - 1)) / context;
 }
 
-Status ApplyPolicy(const PolicyChoice& policy, const Tokenizer* tokenizer, EngineOptions& options) {
-  options.attention_window = policy.window;
-  options.sfi.reset();
-  options.sfi_trigger_ids.clear();
-  switch (policy.kind) {
-    case PolicyKind::kDense:
-    case PolicyKind::kStreamingLlm:
-    case PolicyKind::kOffloadDense:  // the caller connects options.offload to a cache rank
-    case PolicyKind::kOffloadTopK:
-      return Status::Ok();
-    case PolicyKind::kSfi:
-      if (!policy.sfi.triggers.empty()) {
-        if (tokenizer == nullptr) {
-          return InvalidArgumentError(
-              "policy sfi: resolving its trigger strings needs the model's tokenizer "
-              "(tokenizer.json), or give `triggers: []`");
-        }
-        RUBATO_ASSIGN_OR_RETURN(options.sfi_trigger_ids,
-                                ResolveTriggerTokens(*tokenizer, policy.sfi.triggers));
-      }
-      options.sfi = policy.sfi;
-      return Status::Ok();
-  }
-  return InternalError("policy '" + policy.name + "': unknown PolicyKind");
-}
-
-double SfiRetainedKvRatio(const SfiSequenceState& state, int context) {
-  if (state.layers.empty() || state.layers.front().counts.empty()) return 1.0;
-  int64_t kept = 0;
-  int64_t heads = 0;
-  for (const SfiLayerState& layer : state.layers) {
-    for (int count : layer.counts) {
-      kept += count;
-      ++heads;
-    }
-  }
-  const double per_head = static_cast<double>(kept) / static_cast<double>(heads);
-  return (per_head + (context - state.anchor)) / context;
-}
-
 Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
                                                const EngineOptions& options) {
   if (model == nullptr) return InvalidArgumentError("engine: no model");
@@ -89,33 +49,17 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
         std::to_string(options.max_context));
   }
   if (resolved.max_context == 0) resolved.max_context = config.max_position_embeddings;
-  const AttentionWindow& window = options.attention_window;
+  const AttentionWindow window =
+      options.policy != nullptr ? options.policy->window() : AttentionWindow();
   if (window.sink_tokens < 0 || window.recent_tokens < 1) {
     return InvalidArgumentError(
         "engine: attention window sink_tokens must be >= 0 and recent_tokens >= 1, got " +
         std::to_string(window.sink_tokens) + " and " + std::to_string(window.recent_tokens));
   }
-  if (options.sfi.has_value()) {
-    if (!window.IsDense()) {
-      return InvalidArgumentError("engine: SFI needs a dense attention_window (it keeps its own "
-                                  "sink and recent segments)");
-    }
-    RUBATO_RETURN_IF_ERROR(ValidateSfiPolicyConfig(*options.sfi).WithContext("engine"));
-    if (!std::is_sorted(options.sfi_trigger_ids.begin(), options.sfi_trigger_ids.end())) {
-      return InvalidArgumentError("engine: sfi_trigger_ids must be sorted");
-    }
-    for (int id : options.sfi_trigger_ids) {
-      if (id < 0 || id >= config.vocab_size) {
-        return InvalidArgumentError("engine: SFI trigger token " + std::to_string(id) +
-                                    " is outside the vocabulary");
-      }
-    }
-  }
-  if (options.offload != nullptr) {
-    if (!window.IsDense() || options.sfi.has_value()) {
-      return InvalidArgumentError("engine: offloaded KV needs the dense policy's window and no "
-                                  "SFI (the cache rank chooses what each token attends)");
-    }
+  if (options.policy != nullptr) {
+    const KvResidency residency =
+        options.offload != nullptr ? KvResidency::kOffloaded : KvResidency::kLocal;
+    RUBATO_RETURN_IF_ERROR(CheckResidency(*options.policy, residency).WithContext("engine"));
   }
   if (options.max_kv_blocks < 0) {
     return InvalidArgumentError("engine.max_kv_blocks must be >= 0 (0 = automatic), got " +
@@ -133,47 +77,35 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
     resolved.max_kv_blocks = static_cast<int>(blocks);
   }
   model->SetNumThreads(resolved.num_threads);
-  // SFI state first (the CUDA compact pool: at most max_batch requests hold a selection at
-  // once), then the KV cache, the large allocation.
-  if (resolved.sfi.has_value()) {
-    RUBATO_RETURN_IF_ERROR(
-        model->PrepareSfi(*resolved.sfi, resolved.max_batch).WithContext("engine"));
+  // The policy's backend half first (the CUDA model's pools: at most max_batch requests hold a
+  // selection at once), then the KV cache, the large allocation.
+  if (resolved.policy != nullptr) {
+    RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> backend,
+                            resolved.policy->MakeBackend(*model, resolved.max_batch));
+    RUBATO_RETURN_IF_ERROR(model->SetAttentionBackend(std::move(backend)).WithContext("engine"));
   }
   Result<std::unique_ptr<PagedKvCache>> cache =
       model->CreateKvCache(resolved.block_size, resolved.max_kv_blocks);
   if (!cache.ok()) return cache.status().WithContext("engine");
   RUBATO_LOG_INFO(kLogSubsystem,
                   "backend {}, max_batch {}, max_context {}, {} KV blocks of {} tokens ({} MiB), "
-                  "prefill chunk {}, attention {}",
+                  "prefill chunk {}, policy {}",
                   model->backend_name(), resolved.max_batch, resolved.max_context,
                   resolved.max_kv_blocks, resolved.block_size, (*cache)->pool_bytes() >> 20,
                   resolved.prefill_chunk,
-                  options.sfi.has_value()
-                      ? "sfi (budget " + std::to_string(options.sfi->selector.budget) + ", " +
-                            std::to_string(options.sfi_trigger_ids.size()) + " trigger tokens)"
-                  : window.IsDense() ? std::string("dense")
-                                     : "sink " + std::to_string(window.sink_tokens) +
-                                           " + recent " + std::to_string(window.recent_tokens));
+                  resolved.policy != nullptr ? std::string(resolved.policy->name()) : "dense");
   auto engine =
       std::unique_ptr<Engine>(new Engine(std::move(model), std::move(cache).value(), resolved));
+  engine->window_ = window;
   if (options.metrics != nullptr) {
-    MetricsRegistry& registry = *options.metrics;
-    RUBATO_ASSIGN_OR_RETURN(
-        engine->slow_steps_metric_,
-        registry.AddCounter("rubato:slow_steps_total",
-                            "SFI steps that attended densely and refreshed a selection."));
-    RUBATO_ASSIGN_OR_RETURN(engine->fast_steps_metric_,
-                            registry.AddCounter("rubato:fast_steps_total",
-                                                "SFI steps that attended their sparse working set."));
-    RUBATO_ASSIGN_OR_RETURN(
-        engine->discarded_steps_metric_,
-        registry.AddCounter("rubato:discarded_fast_steps_total",
-                            "SFI fast steps whose token fell below the confidence threshold; "
-                            "each was recomputed as a slow step."));
     RUBATO_ASSIGN_OR_RETURN(
         engine->retained_kv_metric_,
-        registry.AddGauge("rubato:retained_kv_ratio",
-                          "Share of the KV positions the last step's queries attended (mean)."));
+        options.metrics->AddGauge(
+            "rubato:retained_kv_ratio",
+            "Share of the KV positions the last step's queries attended (mean)."));
+    if (options.policy != nullptr) {
+      RUBATO_RETURN_IF_ERROR(options.policy->RegisterMetrics(*options.metrics));
+    }
   }
   return engine;
 }
@@ -255,8 +187,8 @@ Status Engine::AdmitWaiting(std::vector<TokenEvent>& events) {
       // Positions 0..tokens are handed over: the last sampled token is never fed back.
       Result<uint64_t> session = options_.offload->OpenSession(next.id, tokens + 1);
       if (!session.ok()) {
-        const Status error = session.status().WithContext(
-            "request " + std::to_string(next.id) + ": opening its cache-rank session");
+        const Status error = session.status().WithContext("request " + std::to_string(next.id) +
+                                                          ": opening its cache-rank session");
         RUBATO_LOG_WARN(kLogSubsystem, "{}", error.message());
         events.push_back(TokenEvent{next.id, -1, FinishReason::kError, 1.0, error});
         waiting_.pop_front();
@@ -265,9 +197,9 @@ Status Engine::AdmitWaiting(std::vector<TokenEvent>& events) {
       next.offload_session = *session;
     }
     RUBATO_RETURN_IF_ERROR(kv_cache_->Reserve(next.kv, tokens));
-    if (options_.sfi.has_value()) {
-      next.sfi = std::make_unique<SfiSequenceState>();
-      next.schedule.emplace(options_.sfi->t_max, &options_.sfi_trigger_ids);
+    if (options_.policy != nullptr) {
+      next.policy = options_.policy->Admit(
+          next.offload_session.has_value() ? KvResidency::kOffloaded : KvResidency::kLocal);
     }
     RUBATO_LOG_DEBUG(kLogSubsystem, "admit request {} ({} prompt tokens, {} KV blocks)", next.id,
                      next.params.prompt_ids.size(), next.kv.block_table.size());
@@ -293,18 +225,13 @@ FinishReason Engine::FinishAfter(const Request& request, int token) const {
   return FinishReason::kNone;
 }
 
-void Engine::DiscardFastStep(Request& request) {
-  // The step wrote K/V at the last position; the slow step's forward starts there again and
+void Engine::DiscardStep(Request& request) {
+  // The step wrote K/V at the last position; the redo's forward starts there again and
   // overwrites it (ForwardEntry: a smaller start_position rewinds).
   --request.kv.num_tokens;
   for (auto& [owner, rng] : rng_before_step_) {
     if (owner == &request) request.rng = rng;  // the redo draws the same uniform
   }
-  request.schedule->OnFastStepDiscarded();
-  ++counters_.sfi_fast_steps;
-  ++counters_.sfi_discarded_steps;
-  if (fast_steps_metric_ != nullptr) fast_steps_metric_->Increment();
-  if (discarded_steps_metric_ != nullptr) discarded_steps_metric_->Increment();
 }
 
 Result<std::vector<TokenEvent>> Engine::Step() {
@@ -316,7 +243,6 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   rng_before_step_.clear();
   // Sized before any entry points into it: no reallocation while the batch is built.
   batch_sampling_.resize(running_.size());
-  batch_sfi_.resize(running_.size());
   batch_offload_.resize(running_.size());
   int prefill_budget = options_.prefill_chunk;
   for (Request& request : running_) {
@@ -330,21 +256,14 @@ Result<std::vector<TokenEvent>> Engine::Step() {
       batch_.push_back(ForwardEntry{
           &request.kv, std::span<const int>(prompt).subspan(request.prompt_done, chunk),
           request.prompt_done, last_chunk ? LogitsWanted::kLast : LogitsWanted::kNone});
-      if (request.sfi != nullptr && last_chunk) {  // the prompt's selection: its W tail queries
-        SfiForward& sfi = batch_sfi_[batch_.size() - 1];
-        sfi = SfiForward{SfiStepKind::kSlow, request.sfi.get(), &*options_.sfi,
-                         std::min(chunk, options_.sfi->prefill_window)};
-        batch_.back().sfi = &sfi;
+      if (request.policy != nullptr) {
+        batch_.back().attention = request.policy->PlanPrefill(chunk, last_chunk);
       }
     } else {
       batch_.push_back(ForwardEntry{&request.kv, std::span<const int>(&request.last_token, 1),
                                     request.kv.num_tokens, LogitsWanted::kLast});
-      if (request.sfi != nullptr) {
-        SfiStepKind step = request.schedule->NextStep();
-        if (!request.sfi->has_selection) step = SfiStepKind::kSlow;
-        SfiForward& sfi = batch_sfi_[batch_.size() - 1];
-        sfi = SfiForward{step, request.sfi.get(), &*options_.sfi, 1};
-        batch_.back().sfi = &sfi;
+      if (request.policy != nullptr) {
+        batch_.back().attention = request.policy->PlanDecode(request.kv.num_tokens);
       }
     }
     if (request.offload_session.has_value()) {
@@ -359,16 +278,15 @@ Result<std::vector<TokenEvent>> Engine::Step() {
       }
       TokenSampling& sampling = batch_sampling_[batch_.size() - 1];
       sampling = NextSampling(request);
-      const SfiForward* sfi = batch_.back().sfi;
-      sampling.report_probability = sfi != nullptr && sfi->step == SfiStepKind::kFast &&
-                                    options_.sfi->confidence_threshold > 0.0;
+      sampling.report_probability =
+          request.policy != nullptr && request.policy->WantsTokenProbability();
       batch_.back().sampling = &sampling;
     }
     batch_requests_.push_back(&request);
   }
   if (batch_.empty()) return events;
 
-  Status forward = model_->Forward(batch_, *kv_cache_, forward_result_, options_.attention_window);
+  Status forward = model_->Forward(batch_, *kv_cache_, forward_result_, window_);
   if (!forward.ok()) {
     for (auto& [request, rng] : rng_before_step_) request->rng = rng;
     if (options_.offload != nullptr && !options_.offload->Broken().ok()) {
@@ -397,27 +315,19 @@ Result<std::vector<TokenEvent>> Engine::Step() {
                            " model sampled token " + std::to_string(token) + " for request " +
                            std::to_string(request.id));
     }
-    if (batch_[e].sampling->report_probability &&
-        forward_result_.sampled_probabilities[e] < options_.sfi->confidence_threshold) {
-      DiscardFastStep(request);
-      continue;
+    double retained = RetainedKvRatio(window_, request.kv.num_tokens);
+    if (request.policy != nullptr) {
+      const float probability = forward_result_.sampled_probabilities[e];
+      if (request.policy->Observe(decode_entry, token, probability) ==
+          PolicyRequest::Verdict::kRedo) {
+        DiscardStep(request);
+        continue;
+      }
+      retained = request.policy->RetainedKvRatio(request.kv.num_tokens);
     }
     request.last_token = token;
     ++request.generated;
     request.finish = FinishAfter(request, token);
-    double retained = RetainedKvRatio(options_.attention_window, request.kv.num_tokens);
-    if (const SfiForward* sfi = batch_[e].sfi; sfi != nullptr) {
-      if (sfi->step == SfiStepKind::kSlow) {
-        ++counters_.sfi_slow_steps;
-        if (slow_steps_metric_ != nullptr) slow_steps_metric_->Increment();
-      } else {
-        ++counters_.sfi_fast_steps;
-        if (fast_steps_metric_ != nullptr) fast_steps_metric_->Increment();
-        retained = SfiRetainedKvRatio(*sfi->state, request.kv.num_tokens);
-      }
-      // The schedule counts decode steps; the prompt's selection is not one of them.
-      if (decode_entry) request.schedule->OnStep(sfi->step, token);
-    }
     events.push_back(TokenEvent{request.id, token, request.finish, retained, Status::Ok()});
   }
   if (!events.empty()) {
@@ -472,8 +382,8 @@ void Engine::FailOffloadedRequests(const Status& why, std::vector<TokenEvent>& e
       ++it;
       continue;
     }
-    const Status error = Status(why.code(), "request " + std::to_string(it->id) + ": " +
-                                                why.message());
+    const Status error =
+        Status(why.code(), "request " + std::to_string(it->id) + ": " + why.message());
     RUBATO_LOG_WARN(kLogSubsystem, "{}", error.message());
     events.push_back(TokenEvent{it->id, -1, FinishReason::kError, 1.0, error});
     it->finish = FinishReason::kError;

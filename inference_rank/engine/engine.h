@@ -14,11 +14,11 @@
 //      right after the forward, from a uniform the engine drew from the request's RNG), and
 //      retires requests that finished (stop token, max_new_tokens, or max_context reached),
 //      freeing their blocks.
-// Every forward attends through options.attention_window (dense, or a policy's sink + recent
-// window) unless options.sfi is set (then each request follows its SFI schedule: slow steps
-// dense, fast steps over its selection; a fast step whose token falls below the confidence
-// threshold is thrown away and recomputed by a slow step), and each token event reports the
-// share of the request's KV its query attended.
+// The attention policy (options.policy, inference_rank/attention/policy.h) plans every entry of a
+// request and judges the token it produced: accepted, or thrown away and recomputed (the
+// engine rewinds the position and gives the request's sampling draw back). Each token event
+// reports the share of the request's KV its query attended. Without a policy every forward is
+// dense.
 //
 // A request's tokens do not depend on the other requests in its batch: attention and sampling
 // are per request (each request owns an RNG seeded from its seed and draws exactly one uniform
@@ -41,11 +41,9 @@
 
 #include "common/metrics.h"
 #include "common/status.h"
+#include "inference_rank/attention/policy.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/model.h"
-#include "inference_rank/model/sfi_state.h"
-#include "inference_rank/policies/policy_registry.h"
-#include "inference_rank/policies/sfi_policy.h"
 
 namespace rubato {
 
@@ -70,36 +68,21 @@ struct EngineOptions {
   int prefill_chunk = 512;  // prompt tokens per step, over all requests
   int num_threads = 0;      // 0 = all cores; sets OpenBLAS threads (process-wide)
   int max_kv_blocks = 0;    // 0 = enough for max_batch x max_context
-  // Keys every query attends, prefill and decode (the policy's window, PolicyChoice::window):
-  // dense by default; sink_tokens >= 0, recent_tokens >= 1. The KV cache still stores every
-  // position (the CPU reference masks; it does not evict).
-  AttentionWindow attention_window;
-  // SFI (DESIGN §4.2) instead of the window (which must then be dense): per request, the last
-  // prompt chunk and slow decode steps attend densely and refresh the selection, fast steps
-  // attend sink + selected + recent. sfi_trigger_ids: ResolveTriggerTokens' result (sorted).
-  std::optional<SfiPolicyConfig> sfi;
-  std::vector<int> sfi_trigger_ids;
+  // The attention policy every request follows (its host half; the engine installs its backend
+  // half in the model). Null: dense. Shared with the caller, who may read its counters.
+  std::shared_ptr<AttentionPolicy> policy;
   // Optional: where the engine registers and updates its metrics (DESIGN §3 names):
-  // rubato:slow_steps_total, rubato:fast_steps_total (SFI entries by step kind),
-  // rubato:discarded_fast_steps_total (fast steps the confidence trigger recomputed) and
-  // rubato:retained_kv_ratio (mean over the last step's sampled tokens). Must outlive the engine.
+  // rubato:retained_kv_ratio (mean over the last step's sampled tokens) and the policy's own
+  // (AttentionPolicy::RegisterMetrics). Must outlive the engine.
   MetricsRegistry* metrics = nullptr;
   // Offloaded KV (DESIGN §3 "KV residency"): set, every request gets a session on the cache rank
   // behind this client at admission (capacity: its prompt + max_new_tokens), its forward entries
   // hand their K/V over and decode through the compact KV it returns (kv_offload.h), and the
-  // session is closed when the request ends. Needs a dense attention_window and no SFI. When the
-  // client breaks (the cache rank died or stalled), every offloaded request ends with an error
-  // event; requests that fail to open a session end alike. Must outlive the engine.
+  // session is closed when the request ends. Needs a policy that supports offloaded KV (its
+  // traits; the cache rank's selector chooses the rows). When the client breaks (the cache rank
+  // died or stalled), every offloaded request ends with an error event; requests that fail to open
+  // a session end alike. Must outlive the engine.
   KvOffloadClient* offload = nullptr;
-};
-
-// Steps the engine ran, for metrics and the CLI's stats line.
-struct EngineCounters {
-  int64_t sfi_slow_steps = 0;  // SFI entries that attended densely and refreshed a selection
-  int64_t sfi_fast_steps = 0;  // SFI entries that attended their sparse working set
-  // Of sfi_fast_steps, those whose token the confidence trigger threw away (recomputed by the
-  // request's next step, a slow one).
-  int64_t sfi_discarded_steps = 0;
 };
 
 enum class FinishReason {
@@ -114,31 +97,22 @@ struct TokenEvent {
   int token;
   FinishReason finish;
   // Fraction of the request's KV positions that the query which produced this token could
-  // attend: the last query's when finish != kNone. 1 for dense attention; for a StreamingLLM
-  // window, (sink + recent) / context once the context is longer than sink + recent; for SFI,
-  // 1 on slow steps and (sink + selected + recent segment) / context on fast ones.
+  // attend: the last query's when finish != kNone. 1 for dense attention; for a window,
+  // (sink + recent) / context once the context is longer than sink + recent; for a selection,
+  // what the policy kept (PolicyRequest::RetainedKvRatio).
   double retained_kv_ratio = 1.0;
   Status error;  // kError: why the request failed (e.g. its cache rank was lost)
 };
 
 // VisibleKeys / context for the query at position context - 1 (context >= 1).
 double RetainedKvRatio(const AttentionWindow& window, int context);
-// An SFI fast step's share: (kept positions averaged over layers and KV heads + the recent
-// segment [anchor, context)) / context.
-double SfiRetainedKvRatio(const SfiSequenceState& state, int context);
-
-// Sets the options' attention policy from a resolved PolicyChoice: the window for `dense` and
-// `streaming_llm`; for `sfi` the SFI config and its trigger tokens, resolved through
-// `tokenizer` (InvalidArgument when the policy has triggers and there is no tokenizer, or a
-// trigger matches no token).
-Status ApplyPolicy(const PolicyChoice& policy, const Tokenizer* tokenizer, EngineOptions& options);
 
 class Engine {
  public:
   // Validates `options` (positive sizes, block_size 16 or 64, max_context within the model's
-  // max_position_embeddings, an attention window with sink >= 0 and recent >= 1), prepares the
-  // model for max_batch SFI requests when options.sfi is set (Model::PrepareSfi: the CUDA model's
-  // compact pool), and creates the KV cache.
+  // max_position_embeddings, the policy's window and its support of the KV residency), installs
+  // the policy's backend half for max_batch requests (Model::SetAttentionBackend: e.g. the CUDA
+  // model's compact pool), and creates the KV cache.
   static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<Model> model,
                                                 const EngineOptions& options);
 
@@ -150,7 +124,7 @@ class Engine {
 
   // One scheduler step (see the file comment). Returns the tokens generated in this step, at
   // most one per running request, in admission order; empty when only prefill chunks ran or
-  // there is no work. A request whose SFI fast step was discarded has no event this step.
+  // there is no work. A request whose token its policy threw away has no event this step.
   Result<std::vector<TokenEvent>> Step();
 
   // Ends request `request_id` without another token event: a waiting request leaves the queue,
@@ -167,7 +141,6 @@ class Engine {
   int num_running() const { return static_cast<int>(running_.size()); }
   const PagedKvCache& kv_cache() const { return *kv_cache_; }
   const EngineOptions& options() const { return options_; }  // with defaults resolved
-  const EngineCounters& counters() const { return counters_; }
 
  private:
   struct Request {
@@ -179,9 +152,7 @@ class Engine {
     int generated = 0;
     int last_token = -1;  // newest generated token: the input of the next decode step
     FinishReason finish = FinishReason::kNone;
-    // SFI only: the selection state and the step schedule (its trigger ids are options_'s).
-    std::unique_ptr<SfiSequenceState> sfi;
-    std::optional<SfiSchedule> schedule;
+    std::unique_ptr<PolicyRequest> policy;    // the policy's state of it, or null (dense)
     std::optional<uint64_t> offload_session;  // its session on the cache rank (options.offload)
   };
 
@@ -202,10 +173,9 @@ class Engine {
   // greedy.
   TokenSampling NextSampling(Request& request);
   FinishReason FinishAfter(const Request& request, int token) const;
-  // The confidence trigger (SfiPolicyConfig::confidence_threshold): forgets the fast step that
-  // just ran for `request` (its KV position, its RNG draw; no token event) and makes its next
-  // step a slow one at the same position.
-  void DiscardFastStep(Request& request);
+  // The policy threw the step's token away: forgets the position it wrote and the RNG draw it
+  // used (no token event); the next step plans the same position again.
+  void DiscardStep(Request& request);
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<PagedKvCache> kv_cache_;
@@ -221,14 +191,9 @@ class Engine {
   // the forward fails (one draw per sampled token, never per attempt).
   std::vector<std::pair<Request*, std::mt19937_64>> rng_before_step_;
   std::vector<TokenSampling> batch_sampling_;  // [batch entries]; what entries' sampling points to
-  std::vector<SfiForward> batch_sfi_;          // [batch entries]; what entries' sfi points to
   std::vector<OffloadForward> batch_offload_;  // [batch entries]; what entries' offload points to
-  EngineCounters counters_;
-  // In options_.metrics, when set (else null).
-  Counter* slow_steps_metric_ = nullptr;
-  Counter* fast_steps_metric_ = nullptr;
-  Counter* discarded_steps_metric_ = nullptr;
-  Gauge* retained_kv_metric_ = nullptr;
+  AttentionWindow window_;                     // the policy's (dense without one)
+  Gauge* retained_kv_metric_ = nullptr;        // in options_.metrics, when set
   ForwardResult forward_result_;
 };
 

@@ -274,6 +274,10 @@ class FlakyModel : public Model {
     if (++calls_ % period_ == 0) return UnavailableError("flaky model: injected failure");
     return inner_->Forward(batch, cache, result, window);
   }
+  Status SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) override {
+    return inner_->SetAttentionBackend(std::move(backend));
+  }
+  AttentionBackend* attention_backend() override { return inner_->attention_backend(); }
 
  private:
   std::unique_ptr<Model> inner_;

@@ -1,6 +1,5 @@
-// Requests shared by the engine tests that compare policies (engine_window_test.cc,
-// engine_sfi_test.cc): prompts over the tiny models' 97-token vocabulary and seeded sampled
-// requests.
+// Requests shared by the engine tests, the policies' engine tests among them: prompts over the
+// tiny models' 97-token vocabulary and seeded sampled requests.
 #pragma once
 
 #include <cstdint>

@@ -83,6 +83,21 @@ Result<std::unique_ptr<PagedKvCache>> CpuModel::CreateKvCache(int block_tokens, 
                                            config_.head_dim, block_tokens, num_blocks});
 }
 
+Status CpuModel::SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) {
+  if (backend == nullptr) {
+    backend_.reset();
+    return Status::Ok();
+  }
+  auto* cpu = dynamic_cast<CpuAttentionBackend*>(backend.get());
+  if (cpu == nullptr) {
+    return InvalidArgumentError("CPU model: an attention backend made for the " +
+                                std::string(backend->backend_name()) + " model");
+  }
+  backend.release();
+  backend_.reset(cpu);
+  return Status::Ok();
+}
+
 void CpuModel::SetNumThreads(int num_threads) {
   const int threads = ResolveThreads(num_threads);
   openblas_set_num_threads(threads);
@@ -99,12 +114,9 @@ void CpuModel::PlanBatch(std::span<const ForwardEntry> batch) {
   int scratch_floats = 0;
   for (const ForwardEntry& entry : batch) {
     const int tokens = static_cast<int>(entry.tokens.size());
-    plan_.push_back(EntryPlan{total_tokens_, tokens, entry.start_position, entry.sequence,
-                              entry.sfi, entry.offload});
+    plan_.push_back(CpuEntryRows{total_tokens_, tokens, entry.start_position, entry.sequence,
+                                 entry.attention, entry.offload});
     total_tokens_ += tokens;
-    if (entry.sfi != nullptr && entry.sfi->step == SfiStepKind::kFast) {
-      scratch_floats = std::max(scratch_floats, SfiFastScratchFloats(plan_.back()));
-    }
     CausalAttentionArgs shape_only;  // the scratch size depends on sizes only
     shape_only.tokens = tokens;
     shape_only.start_position = entry.start_position;
@@ -115,7 +127,7 @@ void CpuModel::PlanBatch(std::span<const ForwardEntry> batch) {
   }
   EnsureWorkspace(total_tokens_, scratch_floats);
   for (const ForwardEntry& entry : batch) {
-    const EntryPlan& p = plan_[static_cast<size_t>(&entry - batch.data())];
+    const CpuEntryRows& p = plan_[static_cast<size_t>(&entry - batch.data())];
     for (int i = 0; i < p.tokens; ++i) {
       token_ids_[static_cast<size_t>(p.first_token + i)] = entry.tokens[static_cast<size_t>(i)];
       positions_[static_cast<size_t>(p.first_token + i)] = p.start_position + i;
@@ -148,6 +160,14 @@ Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cach
   result.Reset(config_.vocab_size, batch.size());
   if (batch.empty()) return Status::Ok();
   RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
+  for (size_t e = 0; e < batch.size(); ++e) {
+    if (batch[e].attention != nullptr && backend_ == nullptr) {
+      return FailedPreconditionError("forward: batch entry " + std::to_string(e) +
+                                     " has an attention plan but the model has no attention "
+                                     "backend (SetAttentionBackend)");
+    }
+  }
+  if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->CheckBatch(batch));
   RUBATO_RETURN_IF_ERROR(ReserveForwardBlocks(batch, cache));
   try {
     PlanBatch(batch);
@@ -164,13 +184,8 @@ Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cach
     }
     for (const ForwardEntry& entry : batch) {
       entry.sequence->num_tokens = entry.start_position + static_cast<int>(entry.tokens.size());
-      if (entry.sfi != nullptr && entry.sfi->step == SfiStepKind::kSlow) {
-        // Every layer now holds the selection from J = [sink_tokens, anchor).
-        SfiSequenceState& state = *entry.sfi->state;
-        state.anchor = SfiAnchor(*entry.sfi->config, entry.sequence->num_tokens);
-        state.has_selection = true;
-      }
     }
+    if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->FinishForward(batch));
     ComputeLogits(batch, result);
     SampleTokens(batch, result);
   } catch (const std::bad_alloc&) {
@@ -218,24 +233,24 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
   ApplyRope(q_.data(), tokens, heads, head_dim, rope_cos_.data(), rope_sin_.data());
   ApplyRope(k_.data(), tokens, kv_heads, head_dim, rope_cos_.data(), rope_sin_.data());
 
-  for (const EntryPlan& p : plan_) {
+  for (const CpuEntryRows& p : plan_) {
     const size_t offset = static_cast<size_t>(p.first_token) * kv_dim;
     AppendToPagedKv(k_.data() + offset, v_.data() + offset, p.tokens, p.start_position,
                     cache.LayerView(layer, *p.sequence));
   }
+  const CpuLayerContext context{layer, &config_, &cache, plan_, q_.data(), thread_pool_.get()};
   two_segment_args_.resize(plan_.size());
-  for (size_t e = 0; e < plan_.size(); ++e) {
-    const EntryPlan& p = plan_[e];
-    if (p.sfi != nullptr && p.sfi->step == SfiStepKind::kFast) {
-      RUBATO_RETURN_IF_ERROR(SfiFastArgs(layer, cache, p, two_segment_args_[e]));
-    }
+  if (backend_ != nullptr) {
+    RUBATO_RETURN_IF_ERROR(backend_->BeforeAttention(context));
+    RUBATO_RETURN_IF_ERROR(TwoSegmentArgs(context));
   }
   RUBATO_RETURN_IF_ERROR(OffloadLayer(layer, cache));
   // One work item per (entry, KV head); items write disjoint rows of attention_.
   const int items = static_cast<int>(plan_.size()) * kv_heads;
   thread_pool_->ParallelFor(items, [&](int item, int worker) {
-    const EntryPlan& p = plan_[static_cast<size_t>(item / kv_heads)];
-    if ((p.sfi != nullptr && p.sfi->step == SfiStepKind::kFast) || p.AttendsOffloaded()) {
+    const CpuEntryRows& p = plan_[static_cast<size_t>(item / kv_heads)];
+    if ((p.attention != nullptr && p.attention->action.op == AttentionOp::kTwoSegment) ||
+        p.AttendsOffloaded()) {
       TwoSegmentAttentionForKvHead(two_segment_args_[static_cast<size_t>(item / kv_heads)],
                                    item % kv_heads,
                                    attention_scratch_[static_cast<size_t>(worker)].data());
@@ -252,13 +267,32 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
     CausalAttentionForKvHead(args, item % kv_heads,
                              attention_scratch_[static_cast<size_t>(worker)].data());
   });
-  for (const EntryPlan& p : plan_) {
-    if (p.sfi != nullptr && p.sfi->step == SfiStepKind::kSlow) {
-      RUBATO_RETURN_IF_ERROR(SfiRefreshLayer(layer, cache, p));
-    }
-  }
+  if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->AfterAttention(context));
   Linear(attention_.data(), w.o_proj.data(), OrNull(w.o_bias), tokens, q_dim, hidden,
          projected_.data());
+  return Status::Ok();
+}
+
+Status CpuModel::TwoSegmentArgs(const CpuLayerContext& context) {
+  for (size_t e = 0; e < plan_.size(); ++e) {
+    const CpuEntryRows& p = plan_[e];
+    if (p.attention == nullptr || p.attention->action.op != AttentionOp::kTwoSegment) continue;
+    RUBATO_ASSIGN_OR_RETURN(const CompactSegment segment,
+                            backend_->Compact(context, static_cast<int>(e)));
+    TwoSegmentAttentionArgs& args = two_segment_args_[e];
+    const size_t offset = static_cast<size_t>(p.first_token) * config_.q_dim();
+    args.query = q_.data() + offset;
+    args.output = attention_.data() + offset;
+    args.num_heads = config_.num_heads;
+    args.compact = segment.view;
+    args.compact_counts = segment.counts;
+    args.kv = context.cache->LayerView(context.layer, *p.sequence);
+    args.recent_begin = p.attention->action.recent_begin;
+    args.recent_end = p.start_position + 1;
+    RUBATO_RETURN_IF_ERROR(ValidateTwoSegmentAttention(args));
+    const size_t scratch = static_cast<size_t>(TwoSegmentAttentionScratchSize(args));
+    for (std::vector<float>& worker_scratch : attention_scratch_) Grow(worker_scratch, scratch);
+  }
   return Status::Ok();
 }
 
@@ -267,27 +301,26 @@ Status CpuModel::OffloadLayer(int layer, PagedKvCache& cache) {
   const int q_dim = config_.q_dim();
   // Every exchange of the batch gets its entries' K/V (usually one exchange: one cache rank).
   std::vector<KvOffloadExchange*> exchanges;
-  for (const EntryPlan& p : plan_) {
-    if (p.offload != nullptr && std::find(exchanges.begin(), exchanges.end(),
-                                          p.offload->exchange) == exchanges.end()) {
+  for (const CpuEntryRows& p : plan_) {
+    if (p.offload != nullptr &&
+        std::find(exchanges.begin(), exchanges.end(), p.offload->exchange) == exchanges.end()) {
       exchanges.push_back(p.offload->exchange);
     }
   }
   for (KvOffloadExchange* exchange : exchanges) {
     offload_layer_kv_.clear();
-    for (const EntryPlan& p : plan_) {
+    for (const CpuEntryRows& p : plan_) {
       if (p.offload == nullptr || p.offload->exchange != exchange) continue;
       const size_t row = static_cast<size_t>(p.first_token);
       const size_t last = row + static_cast<size_t>(p.tokens) - 1;
-      offload_layer_kv_.push_back(OffloadLayerKv{p.offload->session_id, p.start_position,
-                                                 p.tokens, k_.data() + row * kv_dim,
-                                                 v_.data() + row * kv_dim,
+      offload_layer_kv_.push_back(OffloadLayerKv{p.offload->session_id, p.start_position, p.tokens,
+                                                 k_.data() + row * kv_dim, v_.data() + row * kv_dim,
                                                  q_.data() + last * q_dim});
     }
     RUBATO_RETURN_IF_ERROR(exchange->LayerComputed(layer, offload_layer_kv_));
   }
   for (size_t e = 0; e < plan_.size(); ++e) {
-    const EntryPlan& p = plan_[e];
+    const CpuEntryRows& p = plan_[e];
     if (!p.AttendsOffloaded()) continue;
     RUBATO_ASSIGN_OR_RETURN(
         const OffloadCompactKv compact,
@@ -329,7 +362,7 @@ void CpuModel::ComputeLogits(std::span<const ForwardEntry> batch, ForwardResult&
   // gather-then-norm and the lm_head runs only on the wanted rows.
   int rows = 0;
   for (size_t e = 0; e < batch.size(); ++e) {
-    const EntryPlan& p = plan_[e];
+    const CpuEntryRows& p = plan_[e];
     int first = 0, count = 0;
     switch (batch[e].logits) {
       case LogitsWanted::kNone:

@@ -7,9 +7,9 @@
 // [tokens][hidden] activation so that every linear layer is one sgemm over the whole batch;
 // attention runs per entry against that entry's paged K/V (causal within the chunk, restricted to
 // the batch's attention window). Feeding a prompt in chunks gives the same logits as feeding it
-// at once, to fp32 rounding. Entries with an SFI step (ForwardEntry::sfi) attend the SFI way:
-// slow entries densely, then refresh their selection layer by layer; fast entries over their
-// compact buffers + recent segment (cpu_model_sfi.cc).
+// at once, to fp32 rounding. Entries with an attention plan (ForwardEntry::attention) run its op
+// with the operands of the attention backend (inference_rank/attention/cpu_backend.h), which
+// also gets each layer before and after its attention.
 //
 // Sampling (ForwardEntry::sampling) runs on the host from the last logits (SampleOnHost).
 //
@@ -34,6 +34,7 @@
 
 #include "common/hf_config.h"
 #include "common/status.h"
+#include "inference_rank/attention/cpu_backend.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/model.h"
 #include "inference_rank/model/model_weights.h"
@@ -66,6 +67,10 @@ class CpuModel : public Model {
   // Threads for attention and (process-wide: OpenBLAS has one setting) GEMMs; 0 = all cores.
   void SetNumThreads(int num_threads) override;
 
+  // Model::SetAttentionBackend: a CpuAttentionBackend (InvalidArgument for another).
+  Status SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) override;
+  AttentionBackend* attention_backend() override { return backend_.get(); }
+
   // Model::Forward. The window is per batch because the engine runs one policy; the KV cache
   // still holds every position (the CPU reference masks, it never evicts). Sampled entries
   // keep their logits too.
@@ -75,20 +80,6 @@ class CpuModel : public Model {
  private:
   CpuModel(ModelConfig config, ModelWeights weights, const ModelLoadOptions& options);
 
-  // Where one entry's tokens sit in the batch activations.
-  struct EntryPlan {
-    int first_token = 0;  // row of its first token in the [tokens][...] activations
-    int tokens = 0;
-    int start_position = 0;
-    const KvSequence* sequence = nullptr;
-    const SfiForward* sfi = nullptr;  // the entry's SFI step, if any (sfi_state.h)
-    const OffloadForward* offload = nullptr;  // set when its KV is offloaded (kv_offload.h)
-    // Offloaded one-token entries past position 0 attend the exchange's compact KV.
-    bool AttendsOffloaded() const {
-      return offload != nullptr && tokens == 1 && start_position > 0;
-    }
-  };
-
   void PlanBatch(std::span<const ForwardEntry> batch);
   void EnsureWorkspace(int total_tokens, int attention_scratch_floats);
 
@@ -97,18 +88,12 @@ class CpuModel : public Model {
   // normed -> projected: q,k,v proj [+bias] -> [q/k norm] -> rope -> KV append -> attention
   // -> o proj [+bias].
   Status SelfAttention(int layer, PagedKvCache& cache, const AttentionWindow& window);
-  // SFI (cpu_model_sfi.cc). A fast entry's two-segment attention arguments for one layer
-  // (compact buffer + recent segment), validated.
-  Status SfiFastArgs(int layer, PagedKvCache& cache, const EntryPlan& p,
-                     TwoSegmentAttentionArgs& args);
-  // A slow entry, after this layer's dense attention: the Selector's logits over J from the
-  // entry's last W queries, the selection, and the gather into the layer's compact buffer.
-  Status SfiRefreshLayer(int layer, PagedKvCache& cache, const EntryPlan& p);
+  // Entries with a kTwoSegment plan: their compact segment from the backend, as the
+  // two-segment op's arguments (two_segment_args_), with the workers' scratch grown to them.
+  Status TwoSegmentArgs(const CpuLayerContext& context);
   // Offloaded entries: hand this layer's new K/V to their exchanges, then fetch the compact KV
   // every offloaded decode token attends (its two_segment_args_).
   Status OffloadLayer(int layer, PagedKvCache& cache);
-  // Scratch floats a fast entry's two-segment attention needs.
-  int SfiFastScratchFloats(const EntryPlan& p) const;
   // normed -> projected: down(silu(gate(x)) * up(x)).
   void Mlp(int layer);
   // final norm -> lm_head (or tied embedding) for the rows the entries want.
@@ -121,8 +106,10 @@ class CpuModel : public Model {
   std::vector<float> inv_freq_;              // [head_dim / 2], f32, RoPE inverse frequencies
   std::unique_ptr<ThreadPool> thread_pool_;  // attention workers
 
+  std::unique_ptr<CpuAttentionBackend> backend_;  // the policy's half, or null
+
   // Per-forward state. Buffers only grow, so steady decoding does not allocate.
-  std::vector<EntryPlan> plan_;
+  std::vector<CpuEntryRows> plan_;  // where each entry's tokens sit in the activations
   std::vector<OffloadLayerKv> offload_layer_kv_;  // one layer's offloaded entries, batch order
   int total_tokens_ = 0;
   std::vector<int> token_ids_;     // [tokens]
@@ -142,12 +129,8 @@ class CpuModel : public Model {
   // [workers][CausalAttentionScratchSize of the batch's largest entry], f32
   std::vector<std::vector<float>> attention_scratch_;
   SamplingWorkspace sampling_workspace_;
-  // SFI slow steps: [window][num_heads][|J|] logits and [num_kv_heads][|J|] key norms, f32.
-  std::vector<float> sfi_logits_;
-  std::vector<float> sfi_key_norms_;
-  std::vector<std::vector<int>> sfi_selected_;  // [num_kv_heads] the Selector's output
-  // [entries] per layer: the args of the entries that attend through the two-segment op (SFI
-  // fast steps, offloaded decode tokens); unused for the others.
+  // [entries] per layer: the args of the entries that attend through the two-segment op
+  // (kTwoSegment plans, offloaded decode tokens); unused for the others.
   std::vector<TwoSegmentAttentionArgs> two_segment_args_;
 };
 

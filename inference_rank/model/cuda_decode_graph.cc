@@ -39,7 +39,8 @@ Status DecodeGraphCache::Capture(Entry& entry, cudaStream_t stream,
   cudaGraphExec_t exec = nullptr;
   cudaError_t instantiated = cudaErrorUnknown;
   if (enqueued.ok() && ended == cudaSuccess) {
-    // Per-node priorities: SFI's maintenance branch keeps its stream's low priority.
+    // Per-node priorities: a branch forked onto a low-priority stream (an attention backend's
+    // side work) keeps its stream's priority.
     instantiated = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
   }
   if (graph != nullptr) cudaGraphDestroy(graph);

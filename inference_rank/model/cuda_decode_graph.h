@@ -1,24 +1,15 @@
-// CUDA graphs for decode steps. A decode step launches a few hundred small kernels (about a
-// dozen per layer); replaying them as one captured graph removes the per-launch CPU cost that
-// otherwise dominates small batches. A graph is valid for one launch shape and one set of device
-// addresses, so it is keyed by everything the captured launches bake in: batch size, decode
-// attention bucket (max_seq_len) and block-table stride, sampled and host logit rows, the
-// attention window, the KV pools, and SFI's row groups, recent-segment bucket, compact pool and
-// Selector config. Inputs that change every step (token ids, positions, KV slots, block tables,
-// lengths, sampling rows, SFI slots, anchors and J bounds) are read from fixed device buffers
-// that the step's host-to-device copy rewrites before the launch.
-//
-// A step with SFI slow rows forks its maintenance onto a second stream and joins it back
-// (cuda_sfi_ring.h); the capture records that as parallel branches, and graphs are
-// instantiated with per-node priorities so that the branches keep their streams' priorities.
-//
-// A key seen for the first time runs eagerly (which also warms lazy state: cuBLASLt's algorithm
-// choice per shape, kernel attributes); the second time it is captured, then replayed. The
-// owner calls Clear() whenever a buffer that captured launches point to is reallocated.
+// CUDA graphs for decode steps: a decode step launches a few hundred small kernels, and
+// replaying them as one captured graph removes the per-launch CPU cost that otherwise dominates
+// small batches. A graph is valid for one launch shape and one set of device addresses, so it is
+// keyed by everything the captured launches bake in (DecodeGraphKey); per-step inputs are read
+// from fixed device buffers that the step's host-to-device copy rewrites. A key seen for the
+// first time runs eagerly, the second time it is captured, then replayed. The owner calls Clear()
+// whenever a buffer that captured launches point to is reallocated. docs/cuda_model.md.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <compare>
 #include <cstdint>
 #include <functional>
@@ -38,12 +29,12 @@ struct DecodeGraphKey {
   int recent_tokens = 0;
   const void* key_pool = nullptr;  // the KV cache's pools (a graph holds their addresses)
   const void* value_pool = nullptr;
-  int num_blocks = 0;  // layer stride of the pools
-  int sfi_fast_rows = 0;
-  int sfi_slow_rows = 0;
-  int sfi_recent_bucket = 0;         // two-segment grid bound
-  const void* sfi_pool = nullptr;    // the SFI compact pool (its counts array)
-  const void* sfi_config = nullptr;  // the SfiPolicyConfig the launches bake in
+  int num_blocks = 0;    // layer stride of the pools
+  int backend_rows = 0;  // decode rows [0, backend_rows) the attention backend attends
+  // What the attention backend's launches bake in beyond the fields above (its row counts, grid
+  // bounds, buffer addresses, modes: CudaAttentionBackend::AddToGraphKey); zero when it adds
+  // nothing.
+  std::array<int64_t, 8> policy{};
 
   auto operator<=>(const DecodeGraphKey&) const = default;
 };

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -11,7 +12,6 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
-#include "kernels/cuda/random_fill.cuh"
 #include "kernels/cuda/sampling.cuh"
 
 namespace rubato {
@@ -75,7 +75,7 @@ CudaModel::CudaModel(ModelConfig config, CudaWeights weights, const CudaModelOpt
 
 CudaModel::~CudaModel() {
   graphs_.Clear();
-  sfi_ring_.reset();  // waits for its aux stream
+  backend_.reset();  // waits for its own streams
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -83,8 +83,9 @@ CudaModel::~CudaModel() {
 }
 
 Status CudaModel::Init() {
-  // The highest priority: SFI's maintenance stream runs at the lowest (cuda_sfi_ring.h), and the
-  // scheduler should prefer the critical path when both have work.
+  // The highest priority: an attention backend's side work may run on streams of the lowest
+  // (e.g. a selection overlapped with the next layers), and the scheduler should prefer the
+  // critical path when both have work.
   int least = 0, greatest = 0;
   RUBATO_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest),
                               "reading the stream priority range");
@@ -162,101 +163,67 @@ Result<std::unique_ptr<PagedKvCache>> CudaModel::CreateKvCache(int block_tokens,
   return PagedKvCache::CreateWithStorage(shape, std::move(storage));
 }
 
-// ---- SFI ----------------------------------------------------------------------------------------
+// ---- attention backend --------------------------------------------------------------------------
 
-Status CudaModel::PrepareSfi(const SfiPolicyConfig& config, int max_sequences) {
-  RUBATO_RETURN_IF_ERROR(Model::PrepareSfi(config, max_sequences));
-  const int64_t capacity = static_cast<int64_t>(config.sink_tokens) + config.selector.budget;
-  if (capacity > (int64_t{1} << 24)) {
-    return InvalidArgumentError("PrepareSfi: sink_tokens + budget = " + std::to_string(capacity) +
-                                " compact rows per head is more than the CUDA pool takes (2^24)");
+Status CudaModel::SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) {
+  CudaAttentionBackend* cuda_backend = nullptr;
+  if (backend != nullptr) {
+    cuda_backend = dynamic_cast<CudaAttentionBackend*>(backend.get());
+    if (cuda_backend == nullptr) {
+      return InvalidArgumentError("SetAttentionBackend: a backend half made for the " +
+                                  std::string(backend->backend_name()) +
+                                  " model cannot serve the CUDA model");
+    }
+    if (cuda_backend->made_for_model() != nullptr && cuda_backend->made_for_model() != this) {
+      return InvalidArgumentError(
+          "SetAttentionBackend: the attention backend was made for another CUDA model");
+    }
   }
-  if (sfi_pool_ != nullptr && sfi_pool_->slots_in_use() > 0) {
-    return FailedPreconditionError("PrepareSfi: " + std::to_string(sfi_pool_->slots_in_use()) +
-                                   " requests still hold slots of the current SFI pool");
+  if (backend_ != nullptr && backend_->requests_holding_resources() > 0) {
+    return FailedPreconditionError(
+        "SetAttentionBackend: " + std::to_string(backend_->requests_holding_resources()) +
+        " requests still hold resources of the current attention backend");
   }
-  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
-  graphs_.Clear();  // they hold the old pool's addresses
-  sfi_pool_.reset();
-  sfi_counts_host_ = PinnedBuffer();
-  const CudaSfiPoolShape shape{config_.num_layers, config_.num_kv_heads, config_.head_dim,
-                               static_cast<int>(capacity), max_sequences};
-  RUBATO_ASSIGN_OR_RETURN(sfi_pool_, CudaSfiPool::Create(shape));
-  RUBATO_ASSIGN_OR_RETURN(sfi_counts_host_,
-                          PinnedBuffer::Allocate(sfi_pool_->counts().bytes(), "SFI counts"));
-  if (sfi_ring_ == nullptr) {
-    RUBATO_ASSIGN_OR_RETURN(sfi_ring_, SfiMaintenanceRing::Create());
-  }
-  RUBATO_LOG_INFO(
-      kLogSubsystem, "SFI compact pool: {} requests x {} layers x {} KV heads x {} rows, {} MiB",
-      max_sequences, config_.num_layers, config_.num_kv_heads, capacity, shape.Bytes() >> 20);
+  graphs_.Clear();   // they hold the old backend's launches and addresses
+  backend_.reset();  // waits for its own streams
+  backend.release();
+  backend_.reset(cuda_backend);
   return Status::Ok();
 }
 
-Result<std::vector<float>> CudaModel::SfiKeyNormsForTest(int layer, int selection, int positions) {
-  const SfiPolicyConfig* config = plan_.sfi_config;
-  const int oldest = std::max(0, config_.num_layers - SfiMaintenanceRing::kSlots);
-  if (config == nullptr || config->selector.gamma <= 0.0 || sfi_ring_ == nullptr ||
-      layer < oldest || layer >= config_.num_layers || selection < 0 ||
-      selection >= plan_.sfi_selections || positions < 0 || positions > plan_.sfi_score_stride) {
-    return FailedPreconditionError(
-        "SfiKeyNormsForTest: the last forward computed no key norms of selection " +
-        std::to_string(selection) + " at layer " + std::to_string(layer) + " for " +
-        std::to_string(positions) + " positions that the ring still holds");
+Status CudaModel::CheckAttentionEntries(std::span<const ForwardEntry> batch) const {
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const EntryAttention* attention = batch[e].attention;
+    if (attention == nullptr) continue;
+    const std::string where = "forward: batch entry " + std::to_string(e);
+    if (backend_ == nullptr) {
+      return FailedPreconditionError(where +
+                                     " has an attention plan but the model has no attention "
+                                     "backend to run it (Model::SetAttentionBackend; the engine "
+                                     "installs its policy's)");
+    }
+    if (attention->row_group < 1) {
+      return InvalidArgumentError(where + ": attention row group " +
+                                  std::to_string(attention->row_group) +
+                                  ", expected >= 1 (group 0 is the model's plain dense rows)");
+    }
   }
-  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
-  const size_t kv_heads = static_cast<size_t>(config_.num_kv_heads);
-  const size_t stride = static_cast<size_t>(plan_.sfi_score_stride);
-  std::vector<float> norms(kv_heads * static_cast<size_t>(positions));
-  RUBATO_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy2DAsync(norms.data(), static_cast<size_t>(positions) * sizeof(float),
-                        SfiKeyNorms(layer, selection),
-                        stride * sizeof(float), static_cast<size_t>(positions) * sizeof(float),
-                        kv_heads, cudaMemcpyDeviceToHost, stream_),
-      "copying SFI key norms to the host");
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "copying SFI key norms");
-  return norms;
-}
-
-Result<std::vector<std::vector<int>>> CudaModel::SfiKeptPositions(const SfiSequenceState& state,
-                                                                  int layer) {
-  const int slot = sfi_pool_ == nullptr ? -1 : sfi_pool_->SlotOf(state);
-  if (slot < 0 || !state.has_selection || layer < 0 || layer >= config_.num_layers ||
-      state.layers.size() != static_cast<size_t>(config_.num_layers)) {
-    return FailedPreconditionError("SfiKeptPositions: the state holds no selection of layer " +
-                                   std::to_string(layer) + " made by this CUDA model");
-  }
-  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
-  const int kv_heads = config_.num_kv_heads;
-  const int capacity = sfi_pool_->shape().capacity;
-  std::vector<int32_t> rows(static_cast<size_t>(kv_heads) * capacity);
-  RUBATO_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(
-          rows.data(),
-          sfi_pool_->layer_positions(layer) + static_cast<size_t>(slot) * kv_heads * capacity,
-          rows.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
-      "copying SFI positions to the host");
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "copying SFI positions");
-  std::vector<std::vector<int>> kept(static_cast<size_t>(kv_heads));
-  for (int h = 0; h < kv_heads; ++h) {
-    const auto first = rows.begin() + static_cast<ptrdiff_t>(h) * capacity;
-    kept[static_cast<size_t>(h)].assign(
-        first, first + state.layers[static_cast<size_t>(layer)].counts[static_cast<size_t>(h)]);
-  }
-  return kept;
+  return backend_ == nullptr ? Status::Ok() : backend_->CheckBatch(batch);
 }
 
 // ---- forward (host side) ------------------------------------------------------------------------
 
-Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
+Status CudaModel::EnsureCapacity(std::span<const ForwardEntry> batch, const ForwardPlan& plan) {
   // Captured graphs point into these buffers: they are dropped before the first buffer is freed,
   // so that no failure on the way can leave a graph that replays into freed memory.
   bool graphs_dropped = false;
-  auto drop_graphs = [&] {
+  const std::function<void()> drop_graphs = [&] {
     if (!graphs_dropped) graphs_.Clear();
     graphs_dropped = true;
   };
-  const StepInputCapacity need = plan.Needs();
+  if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->Reserve(batch, plan, drop_graphs));
+  StepInputCapacity need = plan.Needs();
+  need.backend_bytes = backend_ == nullptr ? 0 : backend_->StepInputBytes();
   if (!input_capacity_.Covers(need)) {
     drop_graphs();
     const StepInputCapacity grown = input_capacity_.GrownToCover(need);
@@ -312,16 +279,14 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
                             PinnedBuffer::Allocate(2 * sizeof(int32_t) * rows, "sampled tokens"));
     sample_capacity_ = rows;
   }
-  if (plan.decode_rows > 0 || plan.sfi_window_rows > 0) {
-    // One workspace for every decode attention launch of the step (they run one after the
-    // other on the main stream): the decode rows' groups, and SFI's window rows.
-    const size_t bytes =
-        std::max(cuda::DecodeAttentionWorkspaceBytes(plan.decode_rows, config_.num_heads,
-                                                     config_.head_dim, plan.decode_max_seq_len,
-                                                     /*want_probs=*/false),
-                 cuda::DecodeAttentionWorkspaceBytes(plan.sfi_window_rows, config_.num_heads,
-                                                     config_.head_dim, plan.sfi_window_max_seq_len,
-                                                     /*want_probs=*/false));
+  // One workspace for every decode attention launch of the step (they run one after the other
+  // on the main stream): the decode rows' groups, and the backend's own launches.
+  const size_t backend_bytes = backend_ == nullptr ? 0 : backend_->DecodeWorkspaceBytes(plan);
+  if (plan.decode_rows > 0 || backend_bytes > 0) {
+    const size_t bytes = std::max(
+        cuda::DecodeAttentionWorkspaceBytes(plan.decode_rows, config_.num_heads, config_.head_dim,
+                                            plan.decode_max_seq_len, /*want_probs=*/false),
+        backend_bytes);
     if (bytes > decode_workspace_.size()) {
       drop_graphs();
       // A power of two: growing contexts change the bucket every few thousand steps, and each
@@ -337,7 +302,7 @@ Status CudaModel::EnsureCapacity(const ForwardPlan& plan) {
       RUBATO_RETURN_IF_ERROR(Reallocate(sample_workspace_, bytes, "sampling workspace"));
     }
   }
-  return EnsureSfiCapacity(plan);
+  return Status::Ok();
 }
 
 Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache,
@@ -351,20 +316,23 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
         "not on the GPU");
   }
   RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
-  RUBATO_RETURN_IF_ERROR(CheckSfiBatch(batch));
+  RUBATO_RETURN_IF_ERROR(CheckAttentionEntries(batch));
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
 
-  // Buffers first, blocks second, SFI slots third: a failed allocation or reservation must leave
-  // every sequence's blocks and every state as they were (all or nothing, model.h); taking the
-  // slots cannot fail once CheckSfiBatch counted them. The plan reads positions, not block
-  // tables.
+  // Buffers first, blocks second, the backend's per-request resources third: a failed
+  // allocation or reservation must leave every sequence's blocks and every state as they were
+  // (all or nothing, model.h); the backend's Acquire cannot fail once its CheckBatch passed. The
+  // plan reads positions, not block tables.
   const KvCacheShape& shape = cache.shape();
   PlanForward(batch, shape, plan_);
-  RUBATO_RETURN_IF_ERROR(EnsureCapacity(plan_));
+  RUBATO_RETURN_IF_ERROR(EnsureCapacity(batch, plan_));
   RUBATO_RETURN_IF_ERROR(PlanOffload(batch));
   RUBATO_RETURN_IF_ERROR(ReserveForwardBlocks(batch, cache));
-  RUBATO_RETURN_IF_ERROR(AcquireSfiSlots(batch));
-  FillStepInputs(batch, shape, plan_, input_layout_, staging_.data(), sfi_slots_);
+  if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->Acquire(batch));
+  FillStepInputs(batch, shape, plan_, input_layout_, staging_.data());
+  if (backend_ != nullptr) {
+    backend_->FillStepInputs(batch, plan_, shape, staging_.data() + input_layout_.backend);
+  }
 
   // Everything below is asynchronous on stream_ up to the one synchronization; whatever fails
   // on the way, that synchronization still happens before returning, so the pinned buffers are
@@ -376,7 +344,8 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
         "copying the step inputs to the device");
     auto device_work = [&](cudaStream_t stream) { return EnqueueForward(*kv, window, stream); };
     // Offloaded entries wait for their exchange in every layer: never in a graph.
-    if (options_.use_cuda_graph && plan_.decode_only() && offload_entries_.empty()) {
+    const bool replayable = backend_ == nullptr || backend_->graph_replayable();
+    if (options_.use_cuda_graph && plan_.decode_only() && !offload_step_ && replayable) {
       DecodeGraphKey key;
       key.batch = plan_.decode_rows;
       key.max_seq_len = plan_.decode_max_seq_len;
@@ -388,21 +357,13 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
       key.key_pool = kv->keys().data();
       key.value_pool = kv->values().data();
       key.num_blocks = shape.num_blocks;
-      key.sfi_fast_rows = plan_.sfi_fast_rows;
-      key.sfi_slow_rows = plan_.sfi_slow_rows;
-      key.sfi_recent_bucket = plan_.sfi_recent_bucket;
-      key.sfi_pool = sfi_pool_ == nullptr ? nullptr : sfi_pool_->counts().data();
-      key.sfi_config = plan_.sfi_config;
+      key.backend_rows = plan_.backend_rows;
+      if (backend_ != nullptr) backend_->AddToGraphKey(plan_, key);
       RUBATO_RETURN_IF_ERROR(graphs_.Run(key, stream_, device_work));
     } else {
       RUBATO_RETURN_IF_ERROR(device_work(stream_));
     }
-    if (plan_.sfi_selections > 0) {  // every layer's counts, for the states (FinishSfiStep)
-      RUBATO_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(sfi_counts_host_.data(), sfi_pool_->counts().data(),
-                          sfi_pool_->counts().bytes(), cudaMemcpyDeviceToHost, stream_),
-          "copying the SFI compact counts to the host");
-    }
+    if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->EnqueueReadBack(stream_));
     if (plan_.sample_rows > 0) {
       // Tokens and probabilities in one copy: [0, rows) and [capacity, capacity + rows).
       RUBATO_CUDA_RETURN_IF_ERROR(
@@ -427,12 +388,12 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
   const Status synced =
       cuda::CudaStatus(cudaStreamSynchronize(stream_), "running the forward on the device");
   if (!enqueued.ok() || !synced.ok()) {
-    // A step that failed before its end-of-step barrier may leave SFI maintenance running.
-    if (sfi_ring_ != nullptr) sfi_ring_->SynchronizeAux();
+    // A step that failed before its end-of-step join may leave the backend's streams running.
+    if (backend_ != nullptr) backend_->AbortStep();
     result.logits.clear();
     return !enqueued.ok() ? enqueued : synced;
   }
-  RUBATO_RETURN_IF_ERROR(FinishSfiStep(batch));
+  if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->FinishStep(batch));
 
   const auto* sampled = reinterpret_cast<const int32_t*>(sampled_host_.data());
   const auto* probabilities =
@@ -447,47 +408,6 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
       if (entry.sampling->report_probability) result.sampled_probabilities[e] = probabilities[row];
     }
   }
-  return Status::Ok();
-}
-
-// ---- benchmark support --------------------------------------------------------------------------
-
-Status CudaModel::FillKvForBenchmark(PagedKvCache& cache, std::span<KvSequence* const> sequences,
-                                     int context, uint64_t seed) {
-  auto* kv = dynamic_cast<DeviceKvStorage*>(cache.storage());
-  if (kv == nullptr) {
-    return InvalidArgumentError("FillKvForBenchmark: the KV cache was not created by a CUDA model");
-  }
-  if (context < 1) {
-    return InvalidArgumentError("FillKvForBenchmark: context " + std::to_string(context) + " < 1");
-  }
-  int needed = 0;
-  for (KvSequence* sequence : sequences) {
-    if (sequence == nullptr || sequence->num_tokens != 0 || !sequence->block_table.empty()) {
-      return InvalidArgumentError("FillKvForBenchmark: sequences must be empty");
-    }
-    needed += cache.BlocksFor(context);
-  }
-  if (needed > cache.free_blocks()) {
-    return ResourceExhaustedError("FillKvForBenchmark: " + std::to_string(sequences.size()) +
-                                  " sequences of " + std::to_string(context) + " tokens need " +
-                                  std::to_string(needed) + " KV blocks but only " +
-                                  std::to_string(cache.free_blocks()) + " are free");
-  }
-  for (KvSequence* sequence : sequences) RUBATO_RETURN_IF_ERROR(cache.Reserve(*sequence, context));
-  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
-  int stream_id = 0;
-  for (cuda::DeviceBuffer<__nv_bfloat16>* pool : {&kv->keys(), &kv->values()}) {
-    cuda::RandomFillParams fill;
-    fill.out = pool->data();
-    fill.count = static_cast<int64_t>(pool->size());
-    fill.seed = seed;
-    fill.stream = static_cast<uint64_t>(stream_id++);
-    fill.bound = 1.f;
-    RUBATO_RETURN_IF_ERROR(cuda::RandomFill(fill, stream_));
-  }
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "filling the KV pools");
-  for (KvSequence* sequence : sequences) sequence->num_tokens = context;
   return Status::Ok();
 }
 

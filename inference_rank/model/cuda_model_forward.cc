@@ -38,7 +38,7 @@ cuda::LinearArgs Linear(const __nv_bfloat16* x, const cuda::DeviceBuffer<__nv_bf
 
 Status CudaModel::EnqueueForward(DeviceKvStorage& kv, const AttentionWindow& window,
                                  cudaStream_t stream) {
-  if (plan_.sfi_selections > 0) sfi_ring_->BeginStep(stream, options_.sfi_overlap);
+  if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->BeginStep(stream));
   cuda::EmbeddingParams embedding;
   embedding.table = weights_.embed_tokens.data();
   embedding.token_ids = StepInput<const int32_t>(input_layout_.token_ids);
@@ -64,8 +64,8 @@ Status CudaModel::EnqueueForward(DeviceKvStorage& kv, const AttentionWindow& win
   final_norm.eps = static_cast<float>(config_.rms_norm_eps);
   RUBATO_RETURN_IF_ERROR(cuda::RmsNorm(final_norm, stream));
   RUBATO_RETURN_IF_ERROR(LogitsAndSampling(stream));
-  // SFI: the one end-of-step barrier (the last layers' maintenance overlapped the lm_head).
-  if (plan_.sfi_selections > 0) RUBATO_RETURN_IF_ERROR(sfi_ring_->EndStep());
+  // The backend's end of step (e.g. joining work that overlapped the last layers and the lm_head).
+  if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->EndStep());
   return Status::Ok();
 }
 
@@ -93,44 +93,26 @@ Status CudaModel::DecoderLayer(int layer, DeviceKvStorage& kv, const AttentionWi
   return Mlp(layer, stream);
 }
 
-cuda::DecodeAttentionParams CudaModel::LayerDecodeParams(int layer, DeviceKvStorage& kv) {
-  cuda::DecodeAttentionParams decode;
-  decode.key_pool = kv.layer_keys(layer);
-  decode.value_pool = kv.layer_values(layer);
-  decode.num_pool_blocks = kv.shape().num_blocks;
-  decode.num_heads = config_.num_heads;
-  decode.num_kv_heads = config_.num_kv_heads;
-  decode.head_dim = config_.head_dim;
-  decode.block_tokens = kv.shape().block_tokens;
-  decode.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
-  decode.out_row_stride = config_.q_dim();
-  decode.workspace = decode_workspace_.data();
-  decode.workspace_bytes = decode_workspace_.size();
-  return decode;
-}
-
-cuda::DecodeAttentionParams CudaModel::DecodeRows(int layer, DeviceKvStorage& kv, int first_row,
-                                                  int rows, const AttentionWindow& window) {
-  const int q_dim = config_.q_dim();
-  const int qkv_dim = q_dim + 2 * config_.kv_dim();
-  const size_t first = static_cast<size_t>(first_row);
-  cuda::DecodeAttentionParams decode = LayerDecodeParams(layer, kv);
-  decode.q = qkv_.data() + first * qkv_dim;
-  decode.q_row_stride = qkv_dim;
-  decode.block_tables = StepInput<const int32_t>(input_layout_.decode_block_tables) +
-                        first * plan_.decode_table_stride;
-  decode.block_table_stride = plan_.decode_table_stride;
-  decode.seq_lens = StepInput<const int32_t>(input_layout_.decode_seq_lens) + first;
-  decode.batch = rows;
-  decode.max_seq_len = plan_.decode_max_seq_len;
-  decode.sink_tokens = window.sink_tokens;
-  decode.recent_tokens = window.recent_tokens;
-  decode.out = attention_.data() + first * q_dim;
-  return decode;
+CudaLayerContext CudaModel::LayerContext(int layer, DeviceKvStorage& kv, cudaStream_t stream) {
+  CudaLayerContext context;
+  context.layer = layer;
+  context.stream = stream;
+  context.config = &config_;
+  context.kv = &kv;
+  context.plan = &plan_;
+  context.qkv = qkv_.data();
+  context.attention = attention_.data();
+  context.decode_block_tables = StepInput<const int32_t>(input_layout_.decode_block_tables);
+  context.decode_seq_lens = StepInput<const int32_t>(input_layout_.decode_seq_lens);
+  context.prefill_block_tables = StepInput<const int32_t>(input_layout_.prefill_block_tables);
+  context.policy_inputs = StepInput<const std::byte>(input_layout_.backend);
+  context.decode_workspace = decode_workspace_.data();
+  context.decode_workspace_bytes = decode_workspace_.size();
+  return context;
 }
 
 // normed -> delta: fused q|k|v projection [+bias] -> [q/k norm] -> RoPE -> KV append ->
-// attention (decode rows: SFI slow, SFI fast, dense; prefill rows) -> o_proj [+bias].
+// attention (the backend's decode rows, the dense ones, the prefill rows) -> o_proj [+bias].
 Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionWindow& window,
                                 cudaStream_t stream) {
   const CudaLayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
@@ -187,24 +169,25 @@ Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionW
   append.key_pool = kv.layer_keys(layer);
   append.value_pool = kv.layer_values(layer);
   RUBATO_RETURN_IF_ERROR(cuda::AppendToPagedKv(append, stream));
-  if (!offload_entries_.empty()) RUBATO_RETURN_IF_ERROR(OffloadLayer(layer, kv, stream));
+  if (offload_step_) RUBATO_RETURN_IF_ERROR(OffloadLayer(layer, kv, stream));
 
-  // Decode rows [0, decode_rows), one query each: [SFI fast | SFI slow | dense]. The slow rows
-  // (and SFI prefill chunks' window rows) go first, so that their maintenance, forked right
-  // after, overlaps the rest of the layer.
-  const int decode_rows = plan_.decode_rows;
-  if (plan_.sfi_selections > 0) {
-    RUBATO_RETURN_IF_ERROR(SfiSlowAttention(layer, kv, stream));
-    RUBATO_RETURN_IF_ERROR(SfiMaintenance(layer, kv));
+  // Decode rows [0, decode_rows), one query each: the backend's row groups, then the dense rows
+  // (group 0). The backend goes first, so that work it forks after its attention (a selection
+  // on a side stream) overlaps the rest of the layer.
+  const CudaLayerContext context = LayerContext(layer, kv, stream);
+  if (backend_ != nullptr && plan_.has_backend_work()) {
+    RUBATO_RETURN_IF_ERROR(backend_->Attend(context));
   }
-  if (plan_.sfi_fast_rows > 0) RUBATO_RETURN_IF_ERROR(SfiFastAttention(layer, kv, stream));
-  const int sfi_rows = plan_.sfi_fast_rows + plan_.sfi_slow_rows;
-  if (decode_rows > sfi_rows && !offload_rows_.empty()) {
-    RUBATO_RETURN_IF_ERROR(OffloadedDecodeAttention(layer, kv, sfi_rows, decode_rows - sfi_rows,
-                                                    window, stream));
-  } else if (decode_rows > sfi_rows) {
-    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(
-        DecodeRows(layer, kv, sfi_rows, decode_rows - sfi_rows, window), stream));
+  const int decode_rows = plan_.decode_rows;
+  const int dense_first = plan_.backend_rows;
+  if (decode_rows > dense_first && offload_step_) {
+    RUBATO_RETURN_IF_ERROR(
+        OffloadedDecodeAttention(context, dense_first, decode_rows - dense_first, window));
+  } else if (decode_rows > dense_first) {
+    cuda::DecodeAttentionParams dense = context.DecodeRows(dense_first, decode_rows - dense_first);
+    dense.sink_tokens = window.sink_tokens;
+    dense.recent_tokens = window.recent_tokens;
+    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(dense, stream));
   }
   if (plan_.prefill_entries > 0) {  // rows [decode_rows, tokens): the chunks
     cuda::PrefillAttentionParams prefill;

@@ -1,36 +1,9 @@
 // The CUDA model's offloaded entries (kv_offload.h, DESIGN §3 "KV residency"), the twin of the
-// CPU model's CpuModel::OffloadLayer: in every layer, after RoPE and the local KV append, the
-// offloaded entries' new K/V rows (and the query of their last token) go to their exchange, and
-// a decode token then attends the compact KV the exchange returns (sink + rows chosen by the
-// cache rank) plus the recent segment read in place from the local paged cache, through the
-// two-segment decode attention kernel. Prefill chunks attend locally and only ship their K/V.
-//
-// Two kinds of reply. A reply that is the whole prefix [0, p) of a decode token at p, in order
-// (offload-dense's), is written with the token's own K/V into paged blocks of an upload pool and
-// attended by the dense decode kernel with the same launch shape as local dense, so the result
-// is the same bits as local dense attention. Any other reply (offload-topk's sink + top-k) is a
-// compact slab per KV head, attended with the recent segment (read in place from the local
-// paged cache) by the two-segment kernel, which sums the softmax in another order.
-//
-// This is the correctness path, synchronous per layer: the q|k|v rows of the offloaded entries
-// come to pinned host memory (bf16, one copy per entry), the stream waits, the host widens them
-// to f32 for the exchange (whose packs are f32), takes the replies, narrows them to bf16 and
-// sends them back in one copy, and the layer goes on. bf16 -> f32 -> bf16 is exact, so the cache
-// rank holds the very K/V the local cache holds. A forward with offloaded entries runs eagerly
-// (a CUDA graph cannot wait for the host mid-step). Overlapping the exchange with the next
-// layers, and device-to-device packs (NCCL), are later work.
-//
-// Upload layout (pinned host, then device), each section 256-byte aligned (tensor maps want 16):
-//   per compact reply, in decode-row order:
-//     keys    [num_kv_heads][capacity][head_dim] bf16, rows past a head's count zero
-//     values  [num_kv_heads][capacity][head_dim] bf16
-//     counts  [num_kv_heads] int32
-//     recent_begin [1] int32
-//   then the prefix replies' pool and tables:
-//     keys    [prefix blocks][num_kv_heads][block_tokens][head_dim] bf16 (the local pool's layout)
-//     values  the same
-//     tables  [prefix rows][decode_table_stride] int32, block ids into that pool, in decode-row
-//             order (unused entries 0)
+// CPU model's OffloadLayer: per layer, after the local KV append, their new K/V (and last query)
+// go to their exchange through pinned host memory, and their decode rows attend what it returns:
+// a whole prefix as paged blocks with the dense kernel (local dense's bits), a compact selection
+// plus the recent segment with the two-segment kernel. Synchronous per layer and never in a
+// graph: the correctness path. docs/cuda_model.md "Offloaded entries".
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -58,7 +31,7 @@ Status EnsurePinned(PinnedBuffer& buffer, size_t bytes, const std::string& what)
 }
 
 // Whether `reply` holds exactly positions [0, position) for every KV head, in order: the whole
-// prefix before a decode token at `position` (offload-dense's reply).
+// prefix before a decode token at `position` (a selector that returns every position).
 bool IsWholePrefix(const OffloadCompactKv& reply, int position) {
   if (reply.positions == nullptr || reply.recent_begin != position) return false;
   const CompactKvView& view = reply.compact;
@@ -73,14 +46,69 @@ bool IsWholePrefix(const OffloadCompactKv& reply, int position) {
 
 }  // namespace
 
+// The current forward's offloaded entries and, per layer, their decode rows' replies.
+struct CudaModel::OffloadStep {
+  struct Entry {
+    KvOffloadExchange* exchange = nullptr;
+    uint64_t session_id = 0;
+    int first_row = 0;  // batch row of the entry's first token
+    int tokens = 0;
+    int start_position = 0;
+    int download_row = 0;  // first row in `download`
+    bool attends = false;  // a decode row attending the exchange's compact KV
+  };
+  struct Row {  // one attending decode row's reply in `compact`
+    int decode_row = 0;
+    bool prefix = false;     // the whole prefix, as paged blocks (else a compact slab)
+    int first_block = 0;     // prefix: its first block in the upload pool
+    int table_row = 0;       // prefix: its row of the upload block tables
+    int capacity = 0;        // compact: rows per KV head (>= 1)
+    int recent_tokens = 0;   // L - recent_begin
+    size_t keys_offset = 0;  // byte offsets in `compact` (see `upload`)
+    size_t values_offset = 0;
+    size_t counts_offset = 0;
+    size_t recent_begin_offset = 0;
+  };
+  std::vector<Entry> entries;     // batch order
+  std::vector<Row> rows;          // decode-row order
+  size_t prefix_keys_offset = 0;  // the prefix replies' pool and tables in `compact`
+  size_t prefix_values_offset = 0;
+  size_t prefix_tables_offset = 0;
+  int prefix_blocks = 0;
+  PinnedBuffer download;  // [offloaded rows][qkv_dim] bf16
+  // The replies of one layer, host (`upload`) then device (`compact`), each section 256-byte
+  // aligned (tensor maps want 16):
+  //   per compact reply, in decode-row order (Row's offsets):
+  //     keys    [num_kv_heads][capacity][head_dim] bf16, rows past a head's count zero
+  //     values  [num_kv_heads][capacity][head_dim] bf16
+  //     counts  [num_kv_heads] int32
+  //     recent_begin [1] int32
+  //   then the prefix replies' pool and tables:
+  //     keys    [prefix blocks][num_kv_heads][block_tokens][head_dim] bf16 (the local pool's
+  //             layout)
+  //     values  the same
+  //     tables  [prefix rows][decode_table_stride] int32, block ids into that pool, in
+  //             decode-row order (unused entries 0)
+  PinnedBuffer upload;
+  cuda::DeviceBuffer<unsigned char> compact;
+  std::vector<float> f32;  // the exchange's f32 K/V and queries
+};
+
+void CudaModel::OffloadStepDeleter::operator()(OffloadStep* step) const { delete step; }
+
 Status CudaModel::PlanOffload(std::span<const ForwardEntry> batch) {
-  offload_entries_.clear();
-  offload_rows_.clear();
+  offload_step_ = std::any_of(batch.begin(), batch.end(),
+                              [](const ForwardEntry& entry) { return entry.offload != nullptr; });
+  if (!offload_step_) return Status::Ok();
+  if (offload_ == nullptr) offload_.reset(new OffloadStep());
+  OffloadStep& step = *offload_;
+  step.entries.clear();
+  step.rows.clear();
   size_t rows = 0;
   for (size_t e = 0; e < batch.size(); ++e) {
     const ForwardEntry& entry = batch[e];
     if (entry.offload == nullptr) continue;
-    OffloadEntryPlan p;
+    OffloadStep::Entry p;
     p.exchange = entry.offload->exchange;
     p.session_id = entry.offload->session_id;
     p.first_row = plan_.entry_first_row[e];
@@ -90,21 +118,21 @@ Status CudaModel::PlanOffload(std::span<const ForwardEntry> batch) {
     // A decode row past position 0 attends the exchange's compact KV (the CPU model's rule).
     p.attends = p.tokens == 1 && p.start_position > 0;
     rows += static_cast<size_t>(p.tokens);
-    offload_entries_.push_back(p);
+    step.entries.push_back(p);
   }
-  if (offload_entries_.empty()) return Status::Ok();
   const size_t qkv_dim = static_cast<size_t>(config_.q_dim() + 2 * config_.kv_dim());
-  return EnsurePinned(offload_download_, rows * qkv_dim * sizeof(__nv_bfloat16),
+  return EnsurePinned(step.download, rows * qkv_dim * sizeof(__nv_bfloat16),
                       "the offloaded entries' q|k|v rows");
 }
 
 Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stream) {
+  OffloadStep& step = *offload_;
   const int q_dim = config_.q_dim();
   const int kv_dim = config_.kv_dim();
   const size_t qkv_dim = static_cast<size_t>(q_dim + 2 * kv_dim);
-  auto* download = reinterpret_cast<__nv_bfloat16*>(offload_download_.data());
+  auto* download = reinterpret_cast<__nv_bfloat16*>(step.download.data());
   // The offloaded entries' q|k|v rows (after q/k-norm and RoPE), [download rows][qkv_dim] bf16.
-  for (const OffloadEntryPlan& p : offload_entries_) {
+  for (const OffloadStep::Entry& p : step.entries) {
     RUBATO_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(download + static_cast<size_t>(p.download_row) * qkv_dim,
                         qkv_.data() + static_cast<size_t>(p.first_row) * qkv_dim,
@@ -120,20 +148,20 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
   // f32 copies for the exchange: per entry keys [tokens][kv_dim], values [tokens][kv_dim], the
   // last token's query [q_dim].
   size_t floats = 0;
-  for (const OffloadEntryPlan& p : offload_entries_) {
+  for (const OffloadStep::Entry& p : step.entries) {
     floats += static_cast<size_t>(p.tokens) * 2 * kv_dim + q_dim;
   }
-  offload_f32_.resize(floats);
+  step.f32.resize(floats);
   std::vector<OffloadLayerKv> layer_kv;
-  layer_kv.reserve(offload_entries_.size());
-  float* out = offload_f32_.data();
+  layer_kv.reserve(step.entries.size());
+  float* out = step.f32.data();
   auto widen = [&out](const __nv_bfloat16* in, size_t count) {
     const float* begin = out;
     ConvertToF32(DType::kBF16, in, out, count);
     out += count;
     return begin;
   };
-  for (const OffloadEntryPlan& p : offload_entries_) {
+  for (const OffloadStep::Entry& p : step.entries) {
     const __nv_bfloat16* first = download + static_cast<size_t>(p.download_row) * qkv_dim;
     OffloadLayerKv entry_kv{p.session_id, p.start_position, p.tokens, nullptr, nullptr, nullptr};
     float* keys = out;
@@ -147,31 +175,31 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
   }
   // Every exchange of the batch gets its own entries, in batch order.
   std::vector<OffloadLayerKv> for_exchange;
-  for (size_t i = 0; i < offload_entries_.size(); ++i) {
-    KvOffloadExchange* exchange = offload_entries_[i].exchange;
+  for (size_t i = 0; i < step.entries.size(); ++i) {
+    KvOffloadExchange* exchange = step.entries[i].exchange;
     bool seen = false;
-    for (size_t j = 0; j < i; ++j) seen = seen || offload_entries_[j].exchange == exchange;
+    for (size_t j = 0; j < i; ++j) seen = seen || step.entries[j].exchange == exchange;
     if (seen) continue;
     for_exchange.clear();
-    for (size_t j = i; j < offload_entries_.size(); ++j) {
-      if (offload_entries_[j].exchange == exchange) for_exchange.push_back(layer_kv[j]);
+    for (size_t j = i; j < step.entries.size(); ++j) {
+      if (step.entries[j].exchange == exchange) for_exchange.push_back(layer_kv[j]);
     }
     RUBATO_RETURN_IF_ERROR(exchange->LayerComputed(layer, for_exchange));
   }
 
   // The replies of the decode rows, narrowed to bf16 into the upload buffer: whole prefixes as
-  // paged blocks, other replies as compact slabs (the file comment has the layout).
+  // paged blocks, other replies as compact slabs (OffloadStep::upload has the layout).
   const int kv_heads = config_.num_kv_heads;
   const int head_dim = config_.head_dim;
   const int block_tokens = kv.shape().block_tokens;
   const int table_stride = plan_.decode_table_stride;
-  offload_rows_.clear();
+  step.rows.clear();
   std::vector<OffloadCompactKv> replies;
-  std::vector<const OffloadEntryPlan*> row_entries;
+  std::vector<const OffloadStep::Entry*> row_entries;
   size_t upload_bytes = 0;
   int prefix_blocks = 0;
   int prefix_rows = 0;
-  for (const OffloadEntryPlan& p : offload_entries_) {
+  for (const OffloadStep::Entry& p : step.entries) {
     if (!p.attends) continue;
     RUBATO_ASSIGN_OR_RETURN(const OffloadCompactKv reply,
                             p.exchange->CompactFor(layer, p.session_id, p.start_position));
@@ -192,7 +220,7 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
                              std::to_string(view.capacity));
       }
     }
-    OffloadRow row;
+    OffloadStep::Row row;
     row.decode_row = p.first_row;
     row.recent_tokens = p.start_position + 1 - reply.recent_begin;
     row.prefix = IsWholePrefix(reply, p.start_position);
@@ -209,15 +237,15 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
       row.recent_begin_offset = row.counts_offset + AlignUp(sizeof(int32_t) * kv_heads);
       upload_bytes = row.recent_begin_offset + AlignUp(sizeof(int32_t));
     }
-    offload_rows_.push_back(row);
+    step.rows.push_back(row);
     replies.push_back(reply);
     row_entries.push_back(&p);
   }
-  if (offload_rows_.empty()) return Status::Ok();
+  if (step.rows.empty()) return Status::Ok();
   // Offloaded decode rows are all dense-kind rows, which the forward plan numbers in batch
   // order: OffloadedDecodeAttention's binary search and the prefix tables rely on it.
-  if (!std::is_sorted(offload_rows_.begin(), offload_rows_.end(),
-                      [](const OffloadRow& a, const OffloadRow& b) {
+  if (!std::is_sorted(step.rows.begin(), step.rows.end(),
+                      [](const OffloadStep::Row& a, const OffloadStep::Row& b) {
                         return a.decode_row < b.decode_row;
                       })) {
     return InternalError("layer " + std::to_string(layer) +
@@ -227,23 +255,23 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
   // same, then their block tables [prefix rows][decode_table_stride] int32.
   const size_t block_elements = static_cast<size_t>(kv_heads) * block_tokens * head_dim;
   const size_t pool_bytes = static_cast<size_t>(prefix_blocks) * block_elements * 2;
-  offload_prefix_keys_offset_ = upload_bytes;
-  offload_prefix_values_offset_ = offload_prefix_keys_offset_ + AlignUp(pool_bytes);
-  offload_prefix_tables_offset_ = offload_prefix_values_offset_ + AlignUp(pool_bytes);
-  offload_prefix_blocks_ = prefix_blocks;
-  upload_bytes = offload_prefix_tables_offset_ +
+  step.prefix_keys_offset = upload_bytes;
+  step.prefix_values_offset = step.prefix_keys_offset + AlignUp(pool_bytes);
+  step.prefix_tables_offset = step.prefix_values_offset + AlignUp(pool_bytes);
+  step.prefix_blocks = prefix_blocks;
+  upload_bytes = step.prefix_tables_offset +
                  AlignUp(sizeof(int32_t) * static_cast<size_t>(prefix_rows) * table_stride);
 
-  RUBATO_RETURN_IF_ERROR(EnsurePinned(offload_upload_, upload_bytes, "the compact KV replies"));
+  RUBATO_RETURN_IF_ERROR(EnsurePinned(step.upload, upload_bytes, "the compact KV replies"));
   RUBATO_RETURN_IF_ERROR(
-      cuda::GrowTo(offload_compact_, upload_bytes, "the compact KV replies on the device"));
-  std::byte* upload = offload_upload_.data();
-  auto* pool_keys = reinterpret_cast<uint16_t*>(upload + offload_prefix_keys_offset_);
-  auto* pool_values = reinterpret_cast<uint16_t*>(upload + offload_prefix_values_offset_);
-  auto* tables = reinterpret_cast<int32_t*>(upload + offload_prefix_tables_offset_);
+      cuda::GrowTo(step.compact, upload_bytes, "the compact KV replies on the device"));
+  std::byte* upload = step.upload.data();
+  auto* pool_keys = reinterpret_cast<uint16_t*>(upload + step.prefix_keys_offset);
+  auto* pool_values = reinterpret_cast<uint16_t*>(upload + step.prefix_values_offset);
+  auto* tables = reinterpret_cast<int32_t*>(upload + step.prefix_tables_offset);
   std::fill_n(tables, static_cast<size_t>(prefix_rows) * table_stride, 0);
-  for (size_t r = 0; r < offload_rows_.size(); ++r) {
-    const OffloadRow& row = offload_rows_[r];
+  for (size_t r = 0; r < step.rows.size(); ++r) {
+    const OffloadStep::Row& row = step.rows[r];
     const OffloadCompactKv& reply = replies[r];
     const CompactKvView& view = reply.compact;
     if (row.prefix) {
@@ -293,28 +321,28 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
     *reinterpret_cast<int32_t*>(upload + row.recent_begin_offset) = reply.recent_begin;
   }
   return cuda::CudaStatus(
-      cudaMemcpyAsync(offload_compact_.data(), upload, upload_bytes, cudaMemcpyHostToDevice,
-                      stream),
+      cudaMemcpyAsync(step.compact.data(), upload, upload_bytes, cudaMemcpyHostToDevice, stream),
       "copying the compact KV replies of layer " + std::to_string(layer) + " to the device");
 }
 
-Status CudaModel::OffloadedDecodeAttention(int layer, DeviceKvStorage& kv, int first_row, int rows,
-                                           const AttentionWindow& window, cudaStream_t stream) {
-  unsigned char* base = offload_compact_.data();
+Status CudaModel::OffloadedDecodeAttention(const CudaLayerContext& context, int first_row, int rows,
+                                           const AttentionWindow& window) {
+  const OffloadStep& step = *offload_;
+  const unsigned char* base = step.compact.data();
   // Consecutive rows of one kind share a launch: local rows the dense kernel over the local
   // cache, prefix rows the dense kernel over their uploaded blocks (the same launch shape as
   // local dense when every decode row is one, hence the same bits).
   enum class Kind { kLocal, kPrefix, kCompact };
-  // offload_rows_ is in decode-row order (built in batch order): found by binary search.
+  // step.rows is in decode-row order (built in batch order): found by binary search.
   auto offloaded = [&](int row) {
     const auto it = std::lower_bound(
-        offload_rows_.begin(), offload_rows_.end(), row,
-        [](const OffloadRow& r, int decode_row) { return r.decode_row < decode_row; });
-    return it != offload_rows_.end() && it->decode_row == row ? it : offload_rows_.end();
+        step.rows.begin(), step.rows.end(), row,
+        [](const OffloadStep::Row& r, int decode_row) { return r.decode_row < decode_row; });
+    return it != step.rows.end() && it->decode_row == row ? it : step.rows.end();
   };
   auto kind_of = [&](int row) {
     const auto it = offloaded(row);
-    if (it == offload_rows_.end()) return Kind::kLocal;
+    if (it == step.rows.end()) return Kind::kLocal;
     return it->prefix ? Kind::kPrefix : Kind::kCompact;
   };
   int row = first_row;
@@ -322,32 +350,32 @@ Status CudaModel::OffloadedDecodeAttention(int layer, DeviceKvStorage& kv, int f
     const Kind kind = kind_of(row);
     if (kind == Kind::kCompact) {
       const auto it = offloaded(row);
-      cuda::DecodeAttentionParams two_segment = DecodeRows(layer, kv, row, 1, AttentionWindow());
+      cuda::DecodeAttentionParams two_segment = context.DecodeRows(row, 1);
       two_segment.compact_keys = reinterpret_cast<const __nv_bfloat16*>(base + it->keys_offset);
-      two_segment.compact_values =
-          reinterpret_cast<const __nv_bfloat16*>(base + it->values_offset);
+      two_segment.compact_values = reinterpret_cast<const __nv_bfloat16*>(base + it->values_offset);
       two_segment.compact_capacity = it->capacity;
       two_segment.compact_counts = reinterpret_cast<const int32_t*>(base + it->counts_offset);
       two_segment.recent_begin = reinterpret_cast<const int32_t*>(base + it->recent_begin_offset);
       two_segment.max_recent_tokens = it->recent_tokens;
-      RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(two_segment, stream));
+      RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(two_segment, context.stream));
       ++row;
       continue;
     }
     int end = row + 1;
     while (end < first_row + rows && kind_of(end) == kind) ++end;
-    cuda::DecodeAttentionParams params = DecodeRows(layer, kv, row, end - row, window);
+    cuda::DecodeAttentionParams params = context.DecodeRows(row, end - row);
+    params.sink_tokens = window.sink_tokens;
+    params.recent_tokens = window.recent_tokens;
     if (kind == Kind::kPrefix) {
       // Prefix rows were numbered in decode-row order: a run's table rows are consecutive.
-      params.key_pool = reinterpret_cast<const __nv_bfloat16*>(base + offload_prefix_keys_offset_);
-      params.value_pool =
-          reinterpret_cast<const __nv_bfloat16*>(base + offload_prefix_values_offset_);
-      params.num_pool_blocks = offload_prefix_blocks_;
-      const auto* tables = reinterpret_cast<const int32_t*>(base + offload_prefix_tables_offset_);
+      params.key_pool = reinterpret_cast<const __nv_bfloat16*>(base + step.prefix_keys_offset);
+      params.value_pool = reinterpret_cast<const __nv_bfloat16*>(base + step.prefix_values_offset);
+      params.num_pool_blocks = step.prefix_blocks;
+      const auto* tables = reinterpret_cast<const int32_t*>(base + step.prefix_tables_offset);
       params.block_tables =
           tables + static_cast<size_t>(offloaded(row)->table_row) * plan_.decode_table_stride;
     }
-    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(params, stream));
+    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(params, context.stream));
     row = end;
   }
   return Status::Ok();

@@ -34,47 +34,44 @@ Status ValidateSampling(const TokenSampling& sampling, const std::string& where)
 
 namespace {
 
-// An SFI entry: a valid policy config, a state, a dense forward window, W within the entry's
-// tokens; a fast step is one token of a sequence whose state holds a selection for every layer,
-// made for this model's KV heads, with the recent segment's anchor inside the sequence.
-Status ValidateSfiEntry(const ModelConfig& config, const ForwardEntry& entry,
-                        const AttentionWindow& window, const std::string& where) {
-  const SfiForward& sfi = *entry.sfi;
-  if (sfi.state == nullptr || sfi.config == nullptr) {
-    return InvalidArgumentError(where + ": SFI entry without a state or a config");
-  }
-  if (!window.IsDense()) {
-    return InvalidArgumentError(where + ": SFI entries need a dense forward window");
-  }
-  RUBATO_RETURN_IF_ERROR(ValidateSfiPolicyConfig(*sfi.config));
+// An entry with a policy's plan: an op this model runs, W within the entry's tokens, a dense
+// forward window (the plan chooses the keys), one decode token for kTwoSegment with its recent
+// segment inside the sequence. The policy's own checks are its backend's (CheckBatch).
+Status ValidateAttentionEntry(const ForwardEntry& entry, const AttentionWindow& window,
+                              const std::string& where) {
+  const EntryAttention& attention = *entry.attention;
+  const LayerAction& action = attention.action;
   const int tokens = static_cast<int>(entry.tokens.size());
-  if (sfi.step == SfiStepKind::kSlow) {
-    if (sfi.window_queries < 1 || sfi.window_queries > tokens) {
-      return InvalidArgumentError(where + ": SFI window of " +
-                                  std::to_string(sfi.window_queries) + " queries, expected 1.." +
-                                  std::to_string(tokens));
-    }
-    return Status::Ok();
+  if (!window.IsDense()) {
+    return InvalidArgumentError(where +
+                                ": entries with an attention plan need a dense forward "
+                                "window (the plan chooses the keys)");
   }
-  if (tokens != 1) {
-    return InvalidArgumentError(where + ": an SFI fast step takes one token, got " +
-                                std::to_string(tokens));
+  if (attention.window_queries < 1 || attention.window_queries > tokens) {
+    return InvalidArgumentError(where + ": evidence window of " +
+                                std::to_string(attention.window_queries) +
+                                " queries, expected 1.." + std::to_string(tokens));
   }
-  const SfiSequenceState& state = *sfi.state;
-  if (!state.has_selection || static_cast<int>(state.layers.size()) != config.num_layers) {
-    return InvalidArgumentError(where + ": SFI fast step before any slow step");
+  switch (action.op) {
+    case AttentionOp::kDense:
+      return Status::Ok();
+    case AttentionOp::kTwoSegment:
+      if (tokens != 1) {
+        return InvalidArgumentError(where + ": two-segment attention takes one token, got " +
+                                    std::to_string(tokens));
+      }
+      if (action.recent_begin < 0 || action.recent_begin > entry.start_position) {
+        return InvalidArgumentError(
+            where + ": recent segment starts at " + std::to_string(action.recent_begin) +
+            ", past the query at position " + std::to_string(entry.start_position));
+      }
+      return Status::Ok();
+    case AttentionOp::kIndexGather:
+      return UnsupportedError(where + ": index-gather attention is not built in this model yet");
+    case AttentionOp::kFixedBudget:
+      return UnsupportedError(where + ": fixed-budget attention is not built in this model yet");
   }
-  for (const SfiLayerState& layer : state.layers) {
-    if (static_cast<int>(layer.counts.size()) != config.num_kv_heads) {
-      return InvalidArgumentError(where + ": SFI state made for another model");
-    }
-  }
-  if (state.anchor < 0 || state.anchor > entry.start_position) {
-    return InvalidArgumentError(where + ": SFI recent segment starts at " +
-                                std::to_string(state.anchor) + ", past the query at position " +
-                                std::to_string(entry.start_position));
-  }
-  return Status::Ok();
+  return InvalidArgumentError(where + ": unknown attention op");
 }
 
 }  // namespace
@@ -125,13 +122,17 @@ Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardEn
       }
       RUBATO_RETURN_IF_ERROR(ValidateSampling(*entry.sampling, where));
     }
-    if (entry.sfi != nullptr) RUBATO_RETURN_IF_ERROR(ValidateSfiEntry(config, entry, window, where));
+    if (entry.attention != nullptr) {
+      RUBATO_RETURN_IF_ERROR(ValidateAttentionEntry(entry, window, where));
+    }
     if (entry.offload != nullptr) {
       if (entry.offload->exchange == nullptr) {
         return InvalidArgumentError(where + ": offloaded entry without an exchange");
       }
-      if (entry.sfi != nullptr) {
-        return InvalidArgumentError(where + " is both an SFI entry and offloaded");
+      if (entry.attention != nullptr) {
+        return InvalidArgumentError(where +
+                                    " is offloaded and has a local attention plan (an "
+                                    "offloaded entry attends what its cache rank returns)");
       }
       if (!window.IsDense()) {
         return InvalidArgumentError(where + ": offloaded entries need a dense forward window");
@@ -159,14 +160,6 @@ Status ReserveForwardBlocks(std::span<const ForwardEntry> batch, PagedKvCache& c
         *entry.sequence, entry.start_position + static_cast<int>(entry.tokens.size())));
   }
   return Status::Ok();
-}
-
-Status Model::PrepareSfi(const SfiPolicyConfig& config, int max_sequences) {
-  if (max_sequences < 1) {
-    return InvalidArgumentError("PrepareSfi: max_sequences must be >= 1, got " +
-                                std::to_string(max_sequences));
-  }
-  return ValidateSfiPolicyConfig(config).WithContext("PrepareSfi");
 }
 
 int SampleOnHost(std::span<const float> logits, const TokenSampling& sampling,

@@ -20,10 +20,11 @@
 
 #include "common/hf_config.h"
 #include "common/status.h"
+#include "inference_rank/attention/attention_backend.h"
+#include "inference_rank/attention/layer_action.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/kv_offload.h"
 #include "inference_rank/model/model_weights.h"
-#include "inference_rank/model/sfi_state.h"
 #include "kernels/cpu/attention_window.h"
 #include "kernels/cpu/sampling.h"
 
@@ -62,15 +63,15 @@ struct ForwardEntry {
   LogitsWanted logits = LogitsWanted::kLast;
   const TokenSampling* sampling = nullptr;  // set: sample this entry's last token (needs
                                             // logits != kNone); must outlive the Forward call
-  // Set: this entry attends the SFI way (sfi_state.h) instead of through the forward's window,
-  // which must then be dense. Slow: dense attention, then every layer's selection is refreshed
-  // from the entry's last window_queries queries; fast (one token, after a slow step): sink +
-  // selected from the compact buffers, recent in place. Must outlive the Forward call.
-  const SfiForward* sfi = nullptr;
+  // Set: the entry's attention as its policy planned it (layer_action.h), executed with the
+  // operands of the model's attention backend (SetAttentionBackend). Null: dense through the
+  // forward's window. Must outlive the Forward call.
+  const EntryAttention* attention = nullptr;
   // Set: the entry's KV is offloaded to a cache rank (kv_offload.h): every layer's new K/V go to
   // offload->exchange; a one-token entry past position 0 attends the compact KV it returns plus
-  // the recent segment, longer entries attend locally. Needs a dense window; not with `sfi`.
-  // Both models run it (the CUDA model eagerly, synchronous per layer). Must outlive Forward.
+  // the recent segment, longer entries attend locally. Needs a dense window and no `attention`
+  // (the cache rank's selector chooses the rows). Both models run it (the CUDA model eagerly,
+  // synchronous per layer). Must outlive Forward.
   const OffloadForward* offload = nullptr;
 };
 
@@ -133,8 +134,8 @@ class Model {
   // InvalidArgument too (ValidateForwardBatch below holds these checks).
   //
   // `window` restricts the keys every query of the batch attends, in every layer, prefill and
-  // decode alike (attention_window.h): dense by default; a StreamingLLM window (sink + recent)
-  // masks the rest.
+  // decode alike (attention_window.h): dense by default; a sink + recent window masks the
+  // rest.
   //
   // Entries with `sampling` set get result.sampled_tokens[entry] drawn from their last
   // logits (greedy: ArgMax; else SampleTokenWithUniform with sampling->uniform). A backend may
@@ -153,18 +154,12 @@ class Model {
   // Host threads the backend may use (CPU: attention workers and OpenBLAS); 0 = all cores.
   virtual void SetNumThreads(int /*num_threads*/) {}
 
-  // Prepares the backend for SFI entries (ForwardEntry::sfi) made with `config`, for up to
-  // `max_sequences` requests holding a selection at once (the engine calls it once, with
-  // max_batch, before its first forward). Per request state lives in SfiSequenceState; what a
-  // backend keeps elsewhere is sized here, never guessed:
-  //   * CPU: nothing (each request's compact buffers are in its state); checks the arguments;
-  //   * CUDA: allocates its device pool of max_sequences compact buffers (sink + budget rows per
-  //     layer and KV head): ResourceExhausted naming the bytes when it does not fit,
-  //     Unsupported for what its kernels do not run (gamma > 0), FailedPrecondition when called
-  //     again while requests hold slots of the current pool. A CUDA forward with SFI entries
-  //     before this call is FailedPrecondition.
-  // InvalidArgument for an invalid config or max_sequences < 1.
-  virtual Status PrepareSfi(const SfiPolicyConfig& config, int max_sequences);
+  // Installs the backend half of the engine's attention policy (inference_rank/attention/), made
+  // for this model; null removes it. Entries with `attention` need the backend of the policy
+  // that planned them. InvalidArgument for a backend of another model type; FailedPrecondition
+  // while requests still hold its resources (the CUDA model's pools).
+  virtual Status SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) = 0;
+  virtual AttentionBackend* attention_backend() = 0;
 };
 
 // ---- shared by the backends' Forward --------------------------------------------------------

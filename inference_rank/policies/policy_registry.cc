@@ -1,83 +1,86 @@
-// Policy names and parameter validation (see policy_registry.h).
+// The policy table and the residency checks (see policy_registry.h).
 #include "inference_rank/policies/policy_registry.h"
 
-#include <limits>
+#include <string_view>
 
-#include "common/yaml_map_reader.h"
+#include "common/logging.h"
+#include "inference_rank/policies/dense/dense_policy.h"
+#include "inference_rank/policies/sfi/sfi_policy.h"
+#include "inference_rank/policies/streaming_llm/streaming_llm_policy.h"
 
 namespace rubato {
 namespace {
 
-// Dense attention has no parameters: any key is a mistake worth reporting.
-Result<PolicyChoice> ResolveDense(const PolicySection& section) {
-  RUBATO_ASSIGN_OR_RETURN(YamlMapReader params, section.ParamsReader());
-  RUBATO_RETURN_IF_ERROR(params.Finish());
-  PolicyChoice choice;
-  choice.kind = PolicyKind::kDense;
-  choice.name = section.name;
-  return choice;
-}
+struct PolicyRegistration {
+  std::string_view name;
+  Result<std::unique_ptr<AttentionPolicy>> (*create)(const PolicySection& section);
+};
 
-// StreamingLLM: every query attends the first sink_tokens positions and the last
-// recent_window positions up to itself (AttentionWindow).
-Result<PolicyChoice> ResolveStreamingLlm(const PolicySection& section) {
-  RUBATO_ASSIGN_OR_RETURN(YamlMapReader params, section.ParamsReader());
-  constexpr int64_t kMax = std::numeric_limits<int>::max();  // recent = kUnbounded is dense
-  AttentionWindow window{kDefaultSinkTokens, kDefaultRecentWindow};
-  RUBATO_RETURN_IF_ERROR(params.ReadInt("sink_tokens", 0, kMax, &window.sink_tokens));
-  RUBATO_RETURN_IF_ERROR(params.ReadInt("recent_window", 1, kMax, &window.recent_tokens));
-  RUBATO_RETURN_IF_ERROR(params.Finish());
-  PolicyChoice choice;
-  choice.kind = PolicyKind::kStreamingLlm;
-  choice.name = section.name;
-  choice.window = window;
-  return choice;
-}
+// Every policy, one line each.
+constexpr PolicyRegistration kPolicies[] = {
+    {"dense", &CreateDensePolicy},
+    {"streaming_llm", &CreateStreamingLlmPolicy},
+    {"sfi", &CreateSfiPolicy},
+};
 
-// SFI: parameters in sfi_policy.h; the window stays dense (see PolicyChoice::window).
-Result<PolicyChoice> ResolveSfi(const PolicySection& section) {
-  PolicyChoice choice;
-  choice.kind = PolicyKind::kSfi;
-  choice.name = section.name;
-  RUBATO_ASSIGN_OR_RETURN(choice.sfi, ParseSfiPolicyConfig(section));
-  return choice;
-}
-
-// The offloaded policies: the window stays dense (the cache rank chooses the keys).
-Result<PolicyChoice> ResolveOffload(const PolicySection& section, PolicyKind kind) {
-  RUBATO_ASSIGN_OR_RETURN(YamlMapReader params, section.ParamsReader());
-  CacheSelectorSpec offload;  // "dense"
-  if (kind == PolicyKind::kOffloadTopK) {
-    offload.name = "oracle_topk";
-    constexpr int64_t kMax = std::numeric_limits<int>::max();
-    RUBATO_RETURN_IF_ERROR(params.ReadInt("top_k", 1, kMax, &offload.top_k));
-    RUBATO_RETURN_IF_ERROR(params.ReadInt("sink_tokens", 0, kMax, &offload.sink_tokens));
-    RUBATO_RETURN_IF_ERROR(params.ReadInt("recent_window", 1, kMax, &offload.recent_tokens));
-  }
-  RUBATO_RETURN_IF_ERROR(params.Finish());
-  PolicyChoice choice;
-  choice.kind = kind;
-  choice.name = section.name;
-  choice.offload = offload;
-  return choice;
-}
+// Old names: a policy on offloaded KV.
+struct PolicyAlias {
+  std::string_view name;
+  std::string_view policy;
+};
+constexpr PolicyAlias kOffloadedAliases[] = {
+    {"offload_dense", "dense"},
+};
 
 }  // namespace
 
 std::vector<std::string> KnownPolicyNames() {
-  return {"dense", "streaming_llm", "sfi", "offload_dense", "offload_topk"};
+  std::vector<std::string> names;
+  for (const PolicyRegistration& entry : kPolicies) names.emplace_back(entry.name);
+  return names;
 }
 
-Result<PolicyChoice> ResolvePolicy(const PolicySection& section) {
-  if (section.name == "dense") return ResolveDense(section);
-  if (section.name == "streaming_llm") return ResolveStreamingLlm(section);
-  if (section.name == "sfi") return ResolveSfi(section);
-  if (section.name == "offload_dense") return ResolveOffload(section, PolicyKind::kOffloadDense);
-  if (section.name == "offload_topk") return ResolveOffload(section, PolicyKind::kOffloadTopK);
+Result<PolicyChoice> ResolvePolicy(const PolicySection& section, KvResidency residency) {
+  std::string_view name = section.name;
+  for (const PolicyAlias& alias : kOffloadedAliases) {
+    if (name != alias.name) continue;
+    RUBATO_LOG_INFO("policy", "policy '{}' is policy '{}' with engine.kv_residency: offloaded",
+                    alias.name, alias.policy);
+    name = alias.policy;
+    residency = KvResidency::kOffloaded;
+  }
+  for (const PolicyRegistration& entry : kPolicies) {
+    if (entry.name != name) continue;
+    RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<AttentionPolicy> policy, entry.create(section));
+    RUBATO_RETURN_IF_ERROR(CheckResidency(*policy, residency));
+    PolicyChoice choice;
+    choice.name = std::string(name);
+    choice.residency = residency;
+    if (residency == KvResidency::kOffloaded) {
+      RUBATO_ASSIGN_OR_RETURN(choice.offload, policy->MakeCacheSelector());
+    }
+    choice.policy = std::move(policy);
+    return choice;
+  }
   std::string known;
-  for (const std::string& name : KnownPolicyNames()) known += (known.empty() ? "" : ", ") + name;
+  for (const std::string& known_name : KnownPolicyNames()) {
+    known += (known.empty() ? "" : ", ") + known_name;
+  }
   return InvalidArgumentError(section.source + ": " + section.key_path + ".name: unknown policy '" +
                               section.name + "' (known: " + known + ")");
+}
+
+Result<PolicyChoice> ResolvePolicy(const RubatoConfig& config) {
+  const std::optional<KvResidency> residency = ParseKvResidency(config.engine.kv_residency);
+  if (!residency.has_value()) {
+    return InvalidArgumentError("engine.kv_residency: '" + config.engine.kv_residency +
+                                "' is not one of local, offloaded");
+  }
+  if (*residency != KvResidency::kLocal && *residency != KvResidency::kOffloaded) {
+    return UnsupportedError("engine.kv_residency: " + config.engine.kv_residency +
+                            " KV is not built yet (local, offloaded)");
+  }
+  return ResolvePolicy(config.policy, *residency);
 }
 
 }  // namespace rubato

@@ -1,6 +1,6 @@
-// Tests for policy-name and parameter validation: dense, streaming_llm and sfi (defaults, values,
-// range and unknown-key errors naming the key path), and which policies the engine runs today.
-// sfi_policy_test.cc checks every SFI parameter's range.
+// Tests for policy-name and parameter validation: dense, streaming_llm, sfi and oracle_topk
+// (defaults, values, range and unknown-key errors naming the key path), the old offload_*
+// spellings, and policy x residency refusals. sfi/sfi_config_test.cc checks every SFI range.
 #include "inference_rank/policies/policy_registry.h"
 
 #include <gtest/gtest.h>
@@ -9,16 +9,23 @@
 #include <string>
 #include <vector>
 
+#include "inference_rank/policies/sfi/sfi_policy.h"
+
 namespace rubato {
 namespace {
+
+const SfiPolicyConfig& SfiConfigOf(const PolicyChoice& choice) {
+  return dynamic_cast<const SfiPolicy&>(*choice.policy).config();
+}
 
 TEST(PolicyRegistry, DenseIsKnownAndTakesNoParameters) {
   auto config = ParseConfig("policy:\n  name: dense\n", "p.yaml");
   ASSERT_TRUE(config.ok()) << config.status().message();
   auto choice = ResolvePolicy(config->policy);
   ASSERT_TRUE(choice.ok()) << choice.status().message();
-  EXPECT_EQ(choice->kind, PolicyKind::kDense);
-  EXPECT_TRUE(choice->window.IsDense());
+  EXPECT_EQ(choice->policy->name(), "dense");
+  EXPECT_EQ(choice->residency, KvResidency::kLocal);
+  EXPECT_TRUE(choice->policy->window().IsDense());
 
   auto with_param = ParseConfig("policy:\n  name: dense\n  recent_window: 64\n", "p.yaml");
   ASSERT_TRUE(with_param.ok()) << with_param.status().message();
@@ -41,10 +48,11 @@ TEST(PolicyRegistry, ShippedPolicyFilesResolve) {
     ASSERT_TRUE(choice.ok()) << choice.status().message();
     const std::string name = entry.path().stem().string();
     if (name.starts_with("sfi")) {
-      ASSERT_EQ(choice->kind, PolicyKind::kSfi) << name;
-      EXPECT_EQ(choice->sfi.selector.budget, name == "sfi_k512" ? 512 : 2048) << name;
-      EXPECT_EQ(choice->sfi.selector.continuation, name == "sfi_paper" ? 0 : 8) << name;
-      EXPECT_EQ(choice->sfi.confidence_threshold, name == "sfi_confident" ? 0.9 : 0.0) << name;
+      ASSERT_EQ(choice->policy->name(), "sfi") << name;
+      const SfiPolicyConfig& sfi = SfiConfigOf(*choice);
+      EXPECT_EQ(sfi.selector.budget, name == "sfi_k512" ? 512 : 2048) << name;
+      EXPECT_EQ(sfi.selector.continuation, name == "sfi_paper" ? 0 : 8) << name;
+      EXPECT_EQ(sfi.confidence_threshold, name == "sfi_confident" ? 0.9 : 0.0) << name;
     }
   }
   EXPECT_GE(files, 5);
@@ -57,7 +65,7 @@ TEST(PolicyRegistry, UnknownNameListsKnownOnes) {
   ASSERT_FALSE(rejected.ok());
   EXPECT_EQ(rejected.status().message(),
             "p.yaml: policy.name: unknown policy 'quest9' (known: dense, streaming_llm, sfi, "
-            "offload_dense, offload_topk)");
+            "oracle_topk)");
 }
 
 TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
@@ -65,10 +73,11 @@ TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
   ASSERT_TRUE(dense.ok());
   auto dense_choice = ResolvePolicy(dense->policy);
   ASSERT_TRUE(dense_choice.ok()) << dense_choice.status().message();
-  EXPECT_EQ(dense_choice->kind, PolicyKind::kOffloadDense);
+  EXPECT_EQ(dense_choice->policy->name(), "dense");
+  EXPECT_EQ(dense_choice->residency, KvResidency::kOffloaded);
   ASSERT_TRUE(dense_choice->offload.has_value());
   EXPECT_EQ(dense_choice->offload->name, "dense");
-  EXPECT_TRUE(dense_choice->window.IsDense());
+  EXPECT_TRUE(dense_choice->policy->window().IsDense());
 
   auto topk = ParseConfig(
       "policy:\n  name: offload_topk\n  top_k: 64\n  sink_tokens: 2\n  recent_window: 16\n",
@@ -76,7 +85,8 @@ TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
   ASSERT_TRUE(topk.ok());
   auto topk_choice = ResolvePolicy(topk->policy);
   ASSERT_TRUE(topk_choice.ok()) << topk_choice.status().message();
-  EXPECT_EQ(topk_choice->kind, PolicyKind::kOffloadTopK);
+  EXPECT_EQ(topk_choice->policy->name(), "oracle_topk");
+  EXPECT_EQ(topk_choice->residency, KvResidency::kOffloaded);
   EXPECT_EQ(topk_choice->offload->name, "oracle_topk");
   EXPECT_EQ(topk_choice->offload->top_k, 64);
   EXPECT_EQ(topk_choice->offload->sink_tokens, 2);
@@ -88,10 +98,9 @@ TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
   EXPECT_EQ(defaults->offload->sink_tokens, 4);
   EXPECT_EQ(defaults->offload->recent_tokens, 256);
 
-  for (const std::string& bad :
-       {std::string("policy:\n  name: offload_topk\n  top_k: 0\n"),
-        std::string("policy:\n  name: offload_topk\n  recent_window: 0\n"),
-        std::string("policy:\n  name: offload_dense\n  top_k: 8\n")}) {
+  for (const std::string& bad : {std::string("policy:\n  name: offload_topk\n  top_k: 0\n"),
+                                 std::string("policy:\n  name: offload_topk\n  recent_window: 0\n"),
+                                 std::string("policy:\n  name: offload_dense\n  top_k: 8\n")}) {
     auto config = ParseConfig(bad, "p.yaml");
     ASSERT_TRUE(config.ok());
     auto rejected = ResolvePolicy(config->policy);
@@ -110,21 +119,18 @@ Result<PolicyChoice> Resolve(const std::string& yaml) {
 TEST(PolicyRegistry, StreamingLlmDefaultsToSink4Recent256) {
   auto choice = Resolve("policy:\n  name: streaming_llm\n");
   ASSERT_TRUE(choice.ok()) << choice.status().message();
-  EXPECT_EQ(choice->kind, PolicyKind::kStreamingLlm);
+  EXPECT_EQ(choice->policy->name(), "streaming_llm");
   EXPECT_EQ(choice->name, "streaming_llm");
-  EXPECT_EQ(choice->window, (AttentionWindow{4, 256}));
-  // Parameters of other policies keep their defaults.
-  EXPECT_EQ(choice->sfi.t_max, 64);
-  EXPECT_EQ(choice->sfi.selector.budget, 2048);
+  EXPECT_EQ(choice->policy->window(), (AttentionWindow{4, 256}));
 }
 
 TEST(PolicyRegistry, StreamingLlmReadsItsParameters) {
   auto choice = Resolve("policy: {name: streaming_llm, sink_tokens: 0, recent_window: 1}\n");
   ASSERT_TRUE(choice.ok()) << choice.status().message();
-  EXPECT_EQ(choice->window, (AttentionWindow{0, 1}));
+  EXPECT_EQ(choice->policy->window(), (AttentionWindow{0, 1}));
   choice = Resolve("policy: {name: streaming_llm, sink_tokens: 16, recent_window: 1024}\n");
   ASSERT_TRUE(choice.ok()) << choice.status().message();
-  EXPECT_EQ(choice->window, (AttentionWindow{16, 1024}));
+  EXPECT_EQ(choice->policy->window(), (AttentionWindow{16, 1024}));
 }
 
 TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
@@ -151,18 +157,18 @@ TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
   }
 }
 
-TEST(PolicyRegistry, KnownNamesIncludeSfiAndTheOffloadedOnes) {
-  EXPECT_EQ(KnownPolicyNames(), (std::vector<std::string>{"dense", "streaming_llm", "sfi",
-                                                          "offload_dense", "offload_topk"}));
+TEST(PolicyRegistry, KnownNamesAreTheTable) {
+  EXPECT_EQ(KnownPolicyNames(),
+            (std::vector<std::string>{"dense", "streaming_llm", "sfi", "oracle_topk"}));
 }
 
 TEST(PolicyRegistry, SfiDefaults) {
   auto choice = Resolve("policy:\n  name: sfi\n");
   ASSERT_TRUE(choice.ok()) << choice.status().message();
-  EXPECT_EQ(choice->kind, PolicyKind::kSfi);
+  EXPECT_EQ(choice->policy->name(), "sfi");
   EXPECT_EQ(choice->name, "sfi");
-  EXPECT_TRUE(choice->window.IsDense());
-  const SfiPolicyConfig& sfi = choice->sfi;
+  EXPECT_TRUE(choice->policy->window().IsDense());
+  const SfiPolicyConfig& sfi = SfiConfigOf(*choice);
   EXPECT_EQ(sfi.sink_tokens, 4);
   EXPECT_EQ(sfi.recent_window, 256);
   EXPECT_EQ(sfi.t_max, 64);
@@ -182,8 +188,8 @@ TEST(PolicyRegistry, SfiReadsEveryParameter) {
       "  gamma: 0.5\n  beta: 1.5\n  p: 2\n  eta: 0.75\n  lambda_clip: 0.1\n  epsilon: 1e-6\n"
       "  nms_window: 16\n  alpha_soft: 0.3\n  alpha_cross: 0.2\n  temperature: 4\n");
   ASSERT_TRUE(choice.ok()) << choice.status().message();
-  EXPECT_EQ(choice->kind, PolicyKind::kSfi);
-  const SfiPolicyConfig& sfi = choice->sfi;
+  EXPECT_EQ(choice->policy->name(), "sfi");
+  const SfiPolicyConfig& sfi = SfiConfigOf(*choice);
   EXPECT_EQ(sfi.sink_tokens, 2);
   EXPECT_EQ(sfi.recent_window, 128);
   EXPECT_EQ(sfi.t_max, 8);

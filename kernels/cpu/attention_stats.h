@@ -1,7 +1,7 @@
 // Softmax statistics of one decode query's attention, the CPU twin of the optional outputs of
 // kernels/cuda/decode_attention.cuh: the log-sum-exp of each query head, and the attention
 // probabilities of each KV head averaged over its GQA group (the evidence sparse policies such
-// as SFI and Kascade read on their slow / anchor steps).
+// that selection policies read when they choose which positions to keep).
 #pragma once
 
 #include "kernels/cpu/attention_window.h"

@@ -2,14 +2,14 @@
 //
 // A query at position p attends the keys in
 //     [0, min(sink, p + 1))  ∪  [max(sink, p - recent + 1), p]
-// i.e. a sink segment (the first `sink_tokens` positions, StreamingLLM's attention sinks) and a
+// i.e. a sink segment (the first `sink_tokens` positions, the attention sinks) and a
 // recent segment (the last `recent_tokens` positions up to and including p). The two segments
 // never overlap; a key in both ranges is counted once. Dense causal attention is the special
 // case sink = 0, recent = unbounded ("recent = everything").
 //
 // The window applies to prefill and decode alike: every token only ever sees its sink + recent
-// keys (StreamingLLM, DESIGN §4.7). The CPU reference keeps the whole paged KV and masks; it
-// never evicts.
+// keys (the window baseline of DESIGN §4.7). The CPU reference keeps the whole paged KV and
+// masks; it never evicts.
 #pragma once
 
 #include <algorithm>

@@ -48,7 +48,7 @@ int SampleTokenWithUniform(std::span<const float> logits, const SamplingFilter& 
                            double uniform, SamplingWorkspace& workspace);
 
 // softmax(logits)[token] at temperature 1, whatever filter picked the token: the model's own
-// confidence in it (SFI's confidence trigger, sfi_policy.h). Max and sum over the non-NaN
+// confidence in it (SFI's confidence trigger, sfi_config.h). Max and sum over the non-NaN
 // entries, the sum in double. 0 when logits[token] is NaN or -inf, or when the largest logit is
 // not finite (no finite entry, or +inf: outside the sampling contract). token in [0, size).
 float TokenProbability(std::span<const float> logits, int token);

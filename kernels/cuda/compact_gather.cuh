@@ -1,5 +1,5 @@
 // Compact gather on the GPU (DESIGN §4.2 "Reorganization"): for each (sequence, KV head), the
-// sink positions and then the SFI-selected positions are copied, K and V, out of the paged pools
+// sink positions and then the selected positions are copied, K and V, out of the paged pools
 // into rows 0.. of that head's compact buffer, which two-segment decode attention reads as its
 // first segment (decode_attention.cuh). CPU twin: kernels/cpu/compact_gather.h (one sequence,
 // f32); given the same positions both produce the same rows bit for bit.
@@ -24,7 +24,7 @@ struct CompactGatherParams {
   // 0..sink_end[b]-1 (clamped to [0, max_sink_tokens]).
   const int32_t* sink_end = nullptr;
   int max_sink_tokens = 0;  // host bound of sink_end, >= 0
-  // [batch][num_kv_heads][budget], device: positions (SfiSelect's `selected`); the first
+  // [batch][num_kv_heads][budget], device: positions (a selection's `selected`); the first
   // selected_count[b][h] (clamped to [0, budget]) follow the sink rows.
   const int32_t* selected = nullptr;
   const int32_t* selected_count = nullptr;  // [batch][num_kv_heads], device

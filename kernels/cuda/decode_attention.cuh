@@ -56,7 +56,7 @@ struct DecodeAttentionParams {
   int64_t probs_stride = 0;
   // Optional: [batch][num_heads][scores_stride], f32: the raw score of query head h of sequence
   // b for every key position p < L the window lets it attend, scale * q.k in LOG2 units (times
-  // log2 e; SfiSelect reads them with logit_scale = ln 2). Positions the window hides and
+  // log2 e; a reader scales them by ln 2 for natural units). Positions the window hides and
   // [L, scores_stride) are left as they were. Dense launches only (no compact segment);
   // scores_stride >= max_seq_len. CPU twin: scale * Dot(q, k) (kernels/cpu/dot.h) * log2 e.
   float* scores = nullptr;

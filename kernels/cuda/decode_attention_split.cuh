@@ -47,7 +47,7 @@ constexpr int kTileKeys = RUBATO_DECODE_TILE_KEYS;  // keys per pipeline stage
 constexpr int kKeysPerWarp = kTileKeys / kWarps;    // a multiple of 16 (P V k-steps)
 constexpr int kKeySteps = kKeysPerWarp / 16;        // P V k-steps per warp and tile
 constexpr int kScoreBlocks = kKeysPerWarp / 8;      // S n-blocks per warp and tile
-// Tiles per block: one streaming in while one is read. A third stage measured 1.5-3 % slower at
+// Tiles per block: one in flight while one is read. A third stage measured 1.5-3 % slower at
 // 16 x 128K for both copy kinds (more bytes in flight than HBM serves best).
 constexpr int kStages = RUBATO_DECODE_STAGES;
 static_assert(kKeysPerWarp % 16 == 0, "warps take whole P V k-steps");

@@ -1,9 +1,9 @@
 // The host-side plan of a CUDA forward (inference_rank/model/cuda_forward_plan.h): row order
-// (decode entries first), logit rows (sampled block, then host rows), and every packed step
-// input: token ids, positions, KV slots, block tables padded to their stride, sequence lengths,
-// query starts, gather indices and sampling rows, and SFI's row groups, slots, segment bounds and
-// window rows. No GPU needed: these run anywhere (gpu_model_test
-// --gtest_filter='CudaForwardPlan*').
+// (decode entries first, by row group), logit rows (sampled block, then host rows), and every
+// packed step input: token ids, positions, KV slots, block tables padded to their stride,
+// sequence lengths, query starts, gather indices and sampling rows; and the SFI CUDA backend's
+// step plan on top of it (sfi_cuda_backend.h): its row groups, slots, segment bounds and window
+// rows. No GPU needed: these run anywhere (gpu_model_test --gtest_filter='CudaForwardPlan*').
 #include "inference_rank/model/cuda_forward_plan.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +11,8 @@
 #include <cstring>
 #include <numeric>
 #include <vector>
+
+#include "inference_rank/policies/sfi/sfi_cuda_backend.h"
 
 namespace rubato {
 namespace {
@@ -84,6 +86,15 @@ TEST(CudaForwardPlanTest, DecodeEntriesFirstThenChunksInBatchOrder) {
   EXPECT_EQ(plan.host_rows, 6);  // a: 5 rows, d: 1 row
   EXPECT_EQ(plan.entry_host_row, (std::vector<int>{0, 5, 5, 5}));
   EXPECT_EQ(plan.entry_host_rows, (std::vector<int>{5, 0, 0, 1}));
+  // Without attention plans: one group of dense rows, nothing for a backend.
+  ASSERT_EQ(plan.decode_groups.size(), 1u);
+  EXPECT_EQ(plan.decode_groups[0].group, 0);
+  EXPECT_EQ(plan.decode_groups[0].first_row, 0);
+  EXPECT_EQ(plan.decode_groups[0].rows, 2);
+  EXPECT_EQ(plan.backend_rows, 0);
+  EXPECT_FALSE(plan.has_backend_work());
+  EXPECT_EQ(plan.entry_group, (std::vector<int>{0, 0, 0, 0}));
+  EXPECT_EQ(plan.entry_prefill_index, (std::vector<int>{0, -1, 1, -1}));
 
   const Packed p = Pack(batch, shape, plan);
   const int32_t* ids = p.Ints(p.layout.token_ids);
@@ -129,8 +140,9 @@ TEST(CudaForwardPlanTest, DecodeEntriesFirstThenChunksInBatchOrder) {
   EXPECT_EQ(rows[1].uniform, 0.99999999999);
 }
 
-// SFI decode rows are [fast | slow | dense]; the selections are the slow decode rows, then the
-// SFI prefill chunks, whose last W queries become window rows attending the whole chunk.
+// Decode rows by row group: SFI fast (group 1), slow (group 2), then dense (group 0). SFI's
+// selections are the slow decode rows, then the SFI prefill chunks, whose last W queries become
+// window rows attending the whole chunk.
 TEST(CudaForwardPlanTest, SfiRowGroupsSelectionsAndTheirStepInputs) {
   const KvCacheShape shape = Shape(64);  // 1024 positions
   SfiPolicyConfig config;
@@ -143,10 +155,10 @@ TEST(CudaForwardPlanTest, SfiRowGroupsSelectionsAndTheirStepInputs) {
   SfiSequenceState f1_state, s1_state, p_state, f2_state;
   f1_state.anchor = 25;  // recent segment 41 - 25 = 16 keys
   f2_state.anchor = 40;  // 61 - 40 = 21 keys: within recent_window + t_max = 24
-  const SfiForward f1_sfi{SfiStepKind::kFast, &f1_state, &config, 1};
-  const SfiForward s1_sfi{SfiStepKind::kSlow, &s1_state, &config, 1};
-  const SfiForward p_sfi{SfiStepKind::kSlow, &p_state, &config, 4};
-  const SfiForward f2_sfi{SfiStepKind::kFast, &f2_state, &config, 1};
+  const EntryAttention f1_sfi = SfiStep(SfiStepKind::kFast, &f1_state, 1);
+  const EntryAttention s1_sfi = SfiStep(SfiStepKind::kSlow, &s1_state, 1);
+  const EntryAttention p_sfi = SfiStep(SfiStepKind::kSlow, &p_state, 4);
+  EntryAttention f2_sfi = SfiStep(SfiStepKind::kFast, &f2_state, 1);
   const std::vector<int> one = {7};
   std::vector<int> chunk_p(30), chunk_c(20);
   std::iota(chunk_p.begin(), chunk_p.end(), 100);
@@ -163,48 +175,74 @@ TEST(CudaForwardPlanTest, SfiRowGroupsSelectionsAndTheirStepInputs) {
   PlanForward(batch, shape, plan);
   EXPECT_EQ(plan.entry_first_row, (std::vector<int>{3, 0, 2, 4, 1, 34}));
   EXPECT_EQ(plan.decode_rows, 4);
-  EXPECT_EQ(plan.sfi_fast_rows, 2);
-  EXPECT_EQ(plan.sfi_slow_rows, 1);
-  EXPECT_EQ(plan.sfi_selections, 2);
-  EXPECT_EQ(plan.entry_selection, (std::vector<int>{-1, -1, 0, 1, -1, -1}));
-  EXPECT_EQ(plan.sfi_config, &config);
-  EXPECT_EQ(plan.sfi_recent_bucket, 24);  // recent_window + t_max covers 16 and 21
+  EXPECT_EQ(plan.entry_group, (std::vector<int>{0, 1, 2, 2, 1, 0}));
+  EXPECT_EQ(plan.entry_prefill_index, (std::vector<int>{-1, -1, -1, 0, -1, 1}));
+  ASSERT_EQ(plan.decode_groups.size(), 3u);
+  EXPECT_EQ(plan.decode_groups[0].group, kSfiFastRows);
+  EXPECT_EQ(plan.decode_groups[0].first_row, 0);
+  EXPECT_EQ(plan.decode_groups[0].rows, 2);
+  EXPECT_EQ(plan.decode_groups[1].group, kSfiSlowRows);
+  EXPECT_EQ(plan.decode_groups[1].first_row, 2);
+  EXPECT_EQ(plan.decode_groups[1].rows, 1);
+  EXPECT_EQ(plan.decode_groups[2].group, 0);
+  EXPECT_EQ(plan.decode_groups[2].first_row, 3);
+  EXPECT_EQ(plan.decode_groups[2].rows, 1);
+  EXPECT_EQ(plan.backend_rows, 3);
+  EXPECT_EQ(plan.backend_prefill_entries, 1);
+  EXPECT_EQ(plan.Group(7).rows, 0);
+
+  SfiStepPlan sfi;
+  PlanSfiStep(batch, plan, config, sfi);
+  EXPECT_EQ(sfi.fast_first_row, 0);
+  EXPECT_EQ(sfi.fast_rows, 2);
+  EXPECT_EQ(sfi.slow_first_row, 2);
+  EXPECT_EQ(sfi.slow_rows, 1);
+  EXPECT_EQ(sfi.selections, 2);
+  EXPECT_EQ(sfi.entry_selection, (std::vector<int>{-1, -1, 0, 1, -1, -1}));
+  EXPECT_EQ(sfi.recent_bucket, 24);  // recent_window + t_max covers 16 and 21
   EXPECT_EQ(plan.decode_max_seq_len, 1024);
-  EXPECT_EQ(plan.sfi_max_j_count, 1024 - 16);
-  EXPECT_EQ(plan.sfi_score_stride, 1024);
-  ASSERT_EQ(plan.sfi_windows.size(), 1u);
-  const SfiWindowPlan& window = plan.sfi_windows[0];
+  EXPECT_EQ(sfi.max_j_count, 1024 - 16);
+  EXPECT_EQ(sfi.score_stride, 1024);
+  ASSERT_EQ(sfi.windows.size(), 1u);
+  const SfiWindowPlan& window = sfi.windows[0];
   EXPECT_EQ(window.entry, 3);
   EXPECT_EQ(window.prefill_index, 0);
   EXPECT_EQ(window.window, 4);
   EXPECT_EQ(window.first_row, 0);
   EXPECT_EQ(window.length, 60);
   EXPECT_EQ(window.j_count, 44 - 4);  // J = [4, 60 - 16)
-  EXPECT_EQ(plan.sfi_window_rows, 4);
-  EXPECT_EQ(plan.sfi_score_rows(), 5);
+  EXPECT_EQ(sfi.window_rows, 4);
+  EXPECT_EQ(sfi.score_rows(), 5);
 
   Packed packed;
   packed.layout = StepInputLayout::For(StepInputCapacity().GrownToCover(plan.Needs()));
   packed.bytes.assign(packed.layout.bytes, std::byte{0x5a});
+  FillStepInputs(batch, shape, plan, packed.layout, packed.bytes.data());
+  const SfiStepInputLayout sfi_layout =
+      SfiStepInputLayout::For(SfiStepInputCapacity().GrownToCover(sfi.Needs(plan)));
+  std::vector<std::byte> region(sfi_layout.bytes, std::byte{0x5a});
   const std::vector<int> slots = {-1, 6, 2, 0, 5, -1};
-  FillStepInputs(batch, shape, plan, packed.layout, packed.bytes.data(), slots);
-  const int32_t* fast_slots = packed.Ints(packed.layout.sfi_fast_slots);
-  const int32_t* recent_begin = packed.Ints(packed.layout.sfi_recent_begin);
+  FillSfiStepInputs(batch, plan, sfi, config, shape, sfi_layout, slots, region.data());
+  auto ints = [&region](size_t offset) {
+    return reinterpret_cast<const int32_t*>(region.data() + offset);
+  };
+  const int32_t* fast_slots = ints(sfi_layout.fast_slots);
+  const int32_t* recent_begin = ints(sfi_layout.recent_begin);
   EXPECT_EQ(std::vector<int>(fast_slots, fast_slots + 2), (std::vector<int>{6, 5}));
   EXPECT_EQ(std::vector<int>(recent_begin, recent_begin + 2), (std::vector<int>{25, 40}));
-  const int32_t* slow_slots = packed.Ints(packed.layout.sfi_slow_slots);
-  const int32_t* sink_end = packed.Ints(packed.layout.sfi_sink_end);
-  const int32_t* j_count = packed.Ints(packed.layout.sfi_j_count);
+  const int32_t* slow_slots = ints(sfi_layout.slow_slots);
+  const int32_t* sink_end = ints(sfi_layout.sink_end);
+  const int32_t* j_count = ints(sfi_layout.j_count);
   EXPECT_EQ(std::vector<int>(slow_slots, slow_slots + 2), (std::vector<int>{2, 0}));
   EXPECT_EQ(std::vector<int>(sink_end, sink_end + 2), (std::vector<int>{4, 4}));
   EXPECT_EQ(std::vector<int>(j_count, j_count + 2), (std::vector<int>{85 - 4, 44 - 4}));
   const int32_t* lens = packed.Ints(packed.layout.decode_seq_lens);
   EXPECT_EQ(std::vector<int>(lens, lens + 4), (std::vector<int>{41, 61, 101, 51}));
-  const int32_t* window_lens = packed.Ints(packed.layout.sfi_window_seq_lens);
-  const int32_t* window_q = packed.Ints(packed.layout.sfi_window_q_rows);
+  const int32_t* window_lens = ints(sfi_layout.window_seq_lens);
+  const int32_t* window_q = ints(sfi_layout.window_q_rows);
   EXPECT_EQ(std::vector<int>(window_lens, window_lens + 4), (std::vector<int>{60, 60, 60, 60}));
   EXPECT_EQ(std::vector<int>(window_q, window_q + 4), (std::vector<int>{30, 31, 32, 33}));
-  const int32_t* window_tables = packed.Ints(packed.layout.sfi_window_block_tables);
+  const int32_t* window_tables = ints(sfi_layout.window_block_tables);
   ASSERT_EQ(plan.prefill_table_stride, 4);  // p ends at 60: 4 blocks
   for (int row = 0; row < 4; ++row) {
     for (int b = 0; b < 4; ++b) EXPECT_EQ(window_tables[row * 4 + b], 400 + b) << row;
@@ -217,17 +255,21 @@ TEST(CudaForwardPlanTest, SfiRowGroupsSelectionsAndTheirStepInputs) {
   // A fast row past what t_max allows gets a bucket of its own; never more than the decode
   // bucket (a t_max of 2^31 - 1 does not overflow it).
   f2_state.anchor = 20;  // 41 keys
+  f2_sfi = SfiStep(SfiStepKind::kFast, &f2_state, 1);
   PlanForward(batch, shape, plan);
-  EXPECT_EQ(plan.sfi_recent_bucket, 64);
+  PlanSfiStep(batch, plan, config, sfi);
+  EXPECT_EQ(sfi.recent_bucket, 64);
   config.t_max = 2147483647;
-  PlanForward(batch, shape, plan);
-  EXPECT_EQ(plan.sfi_recent_bucket, 1024);
+  PlanSfiStep(batch, plan, config, sfi);
+  EXPECT_EQ(sfi.recent_bucket, 1024);
   config.t_max = 8;
   // Without SFI entries nothing of it is planned.
-  for (ForwardEntry& entry : batch) entry.sfi = nullptr;
+  for (ForwardEntry& entry : batch) entry.attention = nullptr;
   PlanForward(batch, shape, plan);
-  EXPECT_EQ(plan.sfi_fast_rows + plan.sfi_slow_rows + plan.sfi_selections, 0);
-  EXPECT_EQ(plan.sfi_config, nullptr);
+  PlanSfiStep(batch, plan, config, sfi);
+  EXPECT_EQ(sfi.fast_rows + sfi.slow_rows + sfi.selections + sfi.window_rows, 0);
+  EXPECT_EQ(sfi.score_stride, 0);
+  EXPECT_EQ(plan.backend_rows + plan.backend_prefill_entries, 0);
   EXPECT_EQ(plan.entry_first_row, (std::vector<int>{0, 1, 2, 4, 3, 34}));
 }
 
@@ -295,18 +337,37 @@ TEST(CudaForwardPlanTest, LayoutIsAlignedAndCapacityOnlyGrows) {
   StepInputCapacity smaller;
   smaller.tokens = 1;
   EXPECT_EQ(grown.GrownToCover(smaller).tokens, 4);
-  const StepInputLayout layout = StepInputLayout::For(grown);
+  StepInputCapacity with_backend = grown;
+  with_backend.backend_bytes = 40;  // a backend's region (its own layout inside)
+  const StepInputLayout layout = StepInputLayout::For(with_backend);
   for (size_t offset :
        {layout.sampling_rows, layout.token_ids, layout.positions, layout.kv_slots,
         layout.decode_block_tables, layout.decode_seq_lens, layout.prefill_block_tables,
         layout.prefill_query_start, layout.prefill_start_positions, layout.logit_row_indices,
-        layout.sfi_fast_slots, layout.sfi_recent_begin, layout.sfi_slow_slots, layout.sfi_sink_end,
-        layout.sfi_j_count, layout.sfi_window_seq_lens, layout.sfi_window_q_rows,
-        layout.sfi_window_block_tables, layout.bytes}) {
+        layout.backend, layout.bytes}) {
     EXPECT_EQ(offset % 16, 0u);
   }
   EXPECT_GE(layout.token_ids, layout.sampling_rows + 4 * sizeof(cuda::SamplingRow));
-  EXPECT_GE(layout.bytes, layout.logit_row_indices + 4 * sizeof(int32_t));
+  EXPECT_GE(layout.backend, layout.logit_row_indices + 4 * sizeof(int32_t));
+  EXPECT_GE(layout.bytes, layout.backend + 40);
+  EXPECT_FALSE(grown.Covers(with_backend));
+  EXPECT_EQ(grown.GrownToCover(with_backend).backend_bytes, 40u);
+  // SFI's region (sfi_cuda_backend.h): aligned too.
+  SfiStepInputCapacity sfi_need;
+  sfi_need.fast_rows = 3;
+  sfi_need.selections = 5;
+  sfi_need.window_rows = 17;
+  sfi_need.window_table_ints = 17 * 3;
+  const SfiStepInputCapacity sfi_grown = SfiStepInputCapacity().GrownToCover(sfi_need);
+  EXPECT_TRUE(sfi_grown.Covers(sfi_need));
+  EXPECT_EQ(sfi_grown.window_rows, 32);
+  const SfiStepInputLayout sfi = SfiStepInputLayout::For(sfi_grown);
+  for (size_t offset :
+       {sfi.fast_slots, sfi.recent_begin, sfi.slow_slots, sfi.sink_end, sfi.j_count,
+        sfi.window_seq_lens, sfi.window_q_rows, sfi.window_block_tables, sfi.bytes}) {
+    EXPECT_EQ(offset % 16, 0u);
+  }
+  EXPECT_GE(sfi.bytes, sfi.window_block_tables + 64 * sizeof(int32_t));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "inference_rank/engine/engine.h"
+#include "inference_rank/policies/sfi/sfi_policy.h"
 #include "tests/gpu/cuda_model_sfi_test_util.h"
 
 namespace rubato {
@@ -28,12 +29,13 @@ struct CudaRun {
   int64_t replays = 0;
 };
 
-// The scenario on `model` (fresh cache and states), greedy sampling on the device with every
-// decode row's logits returned.
-CudaRun RunCuda(CudaModel& model, const SfiPolicyConfig& config, const std::vector<int>& lens,
-                int steps, uint64_t seed) {
+// The scenario on `model` (a fresh SFI backend, its maintenance overlapped or inline, a fresh cache
+// and states), greedy sampling on the device with every decode row's logits returned.
+CudaRun RunCuda(CudaModel& model, const SfiPolicyConfig& config, bool overlap,
+                const std::vector<int>& lens, int steps, uint64_t seed) {
   CudaRun run;
-  EXPECT_TRUE(model.PrepareSfi(config, static_cast<int>(lens.size())).ok());
+  EXPECT_TRUE(InstallSfi(model, config, static_cast<int>(lens.size())).ok());
+  SfiBackendOf(model).SetOverlap(overlap);
   auto cache = NewCache(model, 16, 256);
   if (!cache) return run;
   std::mt19937_64 rng(seed);
@@ -65,26 +67,26 @@ TEST(CudaSfiTest, GraphEqualsEagerOverlapEqualsInlineAndRunsRepeatBitwise) {
   ASSERT_STATUS_OK(config.status());
   Result<ModelWeights> weights = RandomWeights(*config, 41);
   ASSERT_STATUS_OK(weights.status());
-  auto make = [&](bool graph, bool overlap) {
+  auto make = [&](bool graph) {
     CudaModelOptions options;
     options.use_cuda_graph = graph;
-    options.sfi_overlap = overlap;
     auto model = CudaModel::Create(*config, *weights, options);
     EXPECT_TRUE(model.ok()) << model.status().message();
     return model.ok() ? std::move(model).value() : nullptr;
   };
-  auto graph_overlap = make(true, true);
-  auto graph_inline = make(true, false);
-  auto eager_overlap = make(false, true);
+  auto graph_overlap = make(true);
+  auto graph_inline = make(true);
+  auto eager_overlap = make(false);
   ASSERT_TRUE(graph_overlap && graph_inline && eager_overlap);
   const SfiPolicyConfig sfi = SfiConfig(4, 32, 40, 3, 16);
   const std::vector<int> lens = {300, 200, 450, 129};
   const int steps = 30;
   const uint64_t seed = gpu_test::FreshRng()();
-  const CudaRun a = RunCuda(*graph_overlap, sfi, lens, steps, seed);
-  const CudaRun b = RunCuda(*graph_inline, sfi, lens, steps, seed);
-  const CudaRun c = RunCuda(*eager_overlap, sfi, lens, steps, seed);
-  const CudaRun again = RunCuda(*graph_overlap, sfi, lens, steps, seed);  // the same model again
+  const CudaRun a = RunCuda(*graph_overlap, sfi, /*overlap=*/true, lens, steps, seed);
+  const CudaRun b = RunCuda(*graph_inline, sfi, /*overlap=*/false, lens, steps, seed);
+  const CudaRun c = RunCuda(*eager_overlap, sfi, /*overlap=*/true, lens, steps, seed);
+  // The same model again (a new backend).
+  const CudaRun again = RunCuda(*graph_overlap, sfi, /*overlap=*/true, lens, steps, seed);
   ASSERT_EQ(a.logits.size(), static_cast<size_t>(steps));
   for (const CudaRun* other : {&b, &c, &again}) {
     ASSERT_EQ(other->logits.size(), a.logits.size());
@@ -119,71 +121,105 @@ TEST(CudaSfiTest, ErrorsNameTheProblem) {
   ForwardResult result;
   KvSequence seq;
   SfiSequenceState state;
-  SfiForward slow{SfiStepKind::kSlow, &state, &config, 8};
+  const EntryAttention slow = SfiStep(SfiStepKind::kSlow, &state, 8);
   ForwardEntry entry{&seq, prompt, 0, LogitsWanted::kLast, nullptr, &slow};
 
+  // No backend installed.
   Status status = pair.cuda->Forward({&entry, 1}, *cache, result);
   EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.message();
-  EXPECT_NE(status.message().find("PrepareSfi"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("SetAttentionBackend"), std::string::npos) << status.message();
 
-  EXPECT_EQ(pair.cuda->PrepareSfi(config, 0).code(), StatusCode::kInvalidArgument);
-  ASSERT_STATUS_OK(pair.cuda->PrepareSfi(config, 4));
+  EXPECT_EQ(MakeSfiCudaBackend(*pair.cuda, config, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  // The CPU model's half cannot serve the CUDA model.
+  Result<std::unique_ptr<AttentionBackend>> cpu_half =
+      MakeSfiCpuBackend(pair.cpu->config(), config);
+  ASSERT_STATUS_OK(cpu_half.status());
+  EXPECT_EQ(pair.cuda->SetAttentionBackend(std::move(cpu_half).value()).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_STATUS_OK(InstallSfi(*pair.cuda, config, 4));
+  ASSERT_STATUS_OK(InstallSfi(*pair.cpu, config));
 
-  // A bigger budget than the pool was sized for.
-  SfiPolicyConfig bigger = config;
-  bigger.selector.budget = 17;
-  SfiForward slow_bigger{SfiStepKind::kSlow, &state, &bigger, 8};
-  ForwardEntry bigger_entry{&seq, prompt, 0, LogitsWanted::kLast, nullptr, &slow_bigger};
-  status = pair.cuda->Forward({&bigger_entry, 1}, *cache, result);
+  // A plan SFI did not make (another policy's row group).
+  EntryAttention foreign = slow;
+  foreign.row_group = kSfiSlowRows + 1;
+  ForwardEntry foreign_entry{&seq, prompt, 0, LogitsWanted::kLast, nullptr, &foreign};
+  status = pair.cuda->Forward({&foreign_entry, 1}, *cache, result);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.message();
+  EXPECT_EQ(seq.num_tokens, 0);
 
   // A selection the CPU model made cannot serve a CUDA fast step; nor can a state without one.
   KvSequence cpu_seq;
   SfiSequenceState cpu_state;
-  SfiForward cpu_slow{SfiStepKind::kSlow, &cpu_state, &config, 8};
+  const EntryAttention cpu_slow = SfiStep(SfiStepKind::kSlow, &cpu_state, 8);
   ForwardEntry cpu_entry{&cpu_seq, prompt, 0, LogitsWanted::kLast, nullptr, &cpu_slow};
   ASSERT_STATUS_OK(pair.cpu->Forward({&cpu_entry, 1}, *cpu_cache, result));
   KvSequence cuda_seq;
   ForwardEntry cuda_prefill{&cuda_seq, prompt, 0, LogitsWanted::kLast};
   ASSERT_STATUS_OK(pair.cuda->Forward({&cuda_prefill, 1}, *cache, result));
   const int token = 3;
-  SfiForward fast{SfiStepKind::kFast, &cpu_state, &config, 1};
+  const EntryAttention fast = SfiStep(SfiStepKind::kFast, &cpu_state, 1);
   ForwardEntry fast_entry{&cuda_seq, {&token, 1}, 17, LogitsWanted::kLast, nullptr, &fast};
   status = pair.cuda->Forward({&fast_entry, 1}, *cache, result);
   EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.message();
   EXPECT_EQ(cuda_seq.num_tokens, 17);
   SfiSequenceState fresh;
-  SfiForward fast_fresh{SfiStepKind::kFast, &fresh, &config, 1};
+  const EntryAttention fast_fresh = SfiStep(SfiStepKind::kFast, &fresh, 1);
   ForwardEntry fresh_entry{&cuda_seq, {&token, 1}, 17, LogitsWanted::kLast, nullptr, &fast_fresh};
   EXPECT_EQ(pair.cuda->Forward({&fresh_entry, 1}, *cache, result).code(),
             StatusCode::kInvalidArgument);
 
-  // Two configs in one forward.
-  SfiPolicyConfig other = config;
+  // Two entries of one forward sharing one state.
   KvSequence a, b;
-  SfiSequenceState sa, sb;
-  SfiForward fa{SfiStepKind::kSlow, &sa, &config, 8};
-  SfiForward fb{SfiStepKind::kSlow, &sb, &other, 8};
+  SfiSequenceState shared;
+  const EntryAttention fa = SfiStep(SfiStepKind::kSlow, &shared, 8);
+  const EntryAttention fb = SfiStep(SfiStepKind::kSlow, &shared, 8);
   std::vector<ForwardEntry> two = {{&a, prompt, 0, LogitsWanted::kLast, nullptr, &fa},
                                    {&b, prompt, 0, LogitsWanted::kLast, nullptr, &fb}};
   status = pair.cuda->Forward(two, *cache, result);
-  EXPECT_EQ(status.code(), StatusCode::kUnsupported) << status.message();
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.message();
   std::printf("[ errors    ] %s\n", status.message().c_str());
   EXPECT_EQ(a.num_tokens + b.num_tokens, 0);
+  EXPECT_EQ(shared.backend, nullptr);
+
+  // The backend cannot be replaced while a request holds a slot of its pool.
+  KvSequence held_seq;
+  SfiSequenceState held;
+  const EntryAttention held_slow = SfiStep(SfiStepKind::kSlow, &held, 8);
+  ForwardEntry held_entry{&held_seq, prompt, 0, LogitsWanted::kLast, nullptr, &held_slow};
+  ASSERT_STATUS_OK(pair.cuda->Forward({&held_entry, 1}, *cache, result));
+  EXPECT_EQ(SfiBackendOf(*pair.cuda).slots_in_use(), 1);
+  status = pair.cuda->SetAttentionBackend(nullptr);
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.message();
+  held = SfiSequenceState();  // the request ends: its slot goes back
+  ASSERT_STATUS_OK(pair.cuda->SetAttentionBackend(nullptr));
+  EXPECT_EQ(pair.cuda->attention_backend(), nullptr);
 }
 
 // ---- the engine -------------------------------------------------------------------------------
 
+// The engine's greedy tokens under the SFI policy of `sfi` (dense without), with the policy's
+// counters.
 std::vector<std::vector<int>> Generate(std::unique_ptr<Model> model,
                                        const std::optional<SfiPolicyConfig>& sfi,
                                        const std::vector<std::vector<int>>& prompts,
-                                       EngineCounters* counters, double* min_retained) {
+                                       SfiCounters* counters, double* min_retained) {
   EngineOptions options;
   options.max_batch = 3;
   options.prefill_chunk = 96;
   options.max_context = 512;
-  options.sfi = sfi;
-  return EngineGreedyTokens(std::move(model), options, prompts, counters, min_retained);
+  std::shared_ptr<SfiPolicy> policy;
+  if (sfi.has_value()) {
+    Result<std::unique_ptr<SfiPolicy>> created = SfiPolicy::Create(*sfi);
+    EXPECT_TRUE(created.ok()) << created.status().message();
+    if (!created.ok()) return {};
+    policy = std::move(created).value();
+  }
+  options.policy = policy;
+  std::vector<std::vector<int>> tokens =
+      EngineGreedyTokens(std::move(model), options, prompts, min_retained);
+  *counters = policy != nullptr ? policy->counters() : SfiCounters();
+  return tokens;
 }
 
 // `tokens` equal `dense` request by request, or first diverge where the dense logits of that
@@ -233,17 +269,17 @@ TEST(CudaSfiEngineTest, EngineRunsSlowAndFastStepsAndKeepsTheDenseTokens) {
   for (int len : {120, 45, 200, 77, 160})
     prompts.push_back(RandomTokens(rng, len, config->vocab_size));
 
-  EngineCounters dense_counters, sfi_counters, sparse_counters;
+  SfiCounters dense_counters, sfi_counters, sparse_counters;
   double dense_retained = 0, sfi_retained = 0, sparse_retained = 0;
   const auto dense = Generate(make(), std::nullopt, prompts, &dense_counters, &dense_retained);
   const auto full =
       Generate(make(), SfiConfig(4, 16, 512, 5, 16), prompts, &sfi_counters, &sfi_retained);
   const auto sparse =
       Generate(make(), SfiConfig(4, 16, 16, 5, 16), prompts, &sparse_counters, &sparse_retained);
-  EXPECT_EQ(dense_counters.sfi_slow_steps + dense_counters.sfi_fast_steps, 0);
-  EXPECT_GT(sfi_counters.sfi_slow_steps, 0);
-  EXPECT_GT(sfi_counters.sfi_fast_steps, sfi_counters.sfi_slow_steps);
-  EXPECT_GT(sparse_counters.sfi_fast_steps, 0);
+  EXPECT_EQ(dense_counters.slow_steps + dense_counters.fast_steps, 0);
+  EXPECT_GT(sfi_counters.slow_steps, 0);
+  EXPECT_GT(sfi_counters.fast_steps, sfi_counters.slow_steps);
+  EXPECT_GT(sparse_counters.fast_steps, 0);
   EXPECT_LT(sparse_retained, 0.5) << "a budget of 16 over 100+ positions attends a fraction";
   ExpectDenseTokensUpToNearTies(*config, make(), prompts, dense, full, "full budget");
   for (size_t r = 0; r < prompts.size(); ++r) ASSERT_FALSE(sparse[r].empty());
@@ -252,11 +288,11 @@ TEST(CudaSfiEngineTest, EngineRunsSlowAndFastStepsAndKeepsTheDenseTokens) {
   // is thrown away and recomputed by a slow (dense) one, so a budget of 16 gives the dense tokens.
   SfiPolicyConfig redo_config = SfiConfig(4, 16, 16, 5, 16);
   redo_config.confidence_threshold = 0.999;
-  EngineCounters redo_counters;
+  SfiCounters redo_counters;
   double redo_retained = 0;
   const auto redo = Generate(make(), redo_config, prompts, &redo_counters, &redo_retained);
-  EXPECT_GT(redo_counters.sfi_discarded_steps, 0);
-  EXPECT_EQ(redo_counters.sfi_discarded_steps, redo_counters.sfi_fast_steps);
+  EXPECT_GT(redo_counters.discarded_steps, 0);
+  EXPECT_EQ(redo_counters.discarded_steps, redo_counters.fast_steps);
   EXPECT_EQ(redo_retained, 1.0) << "every token came from a slow step";
   ExpectDenseTokensUpToNearTies(*config, make(), prompts, dense, redo, "confidence trigger");
 }

@@ -1,7 +1,7 @@
-// SFI on the CUDA model (inference_rank/model/cuda_model_sfi.cc) against its twin, SFI on the CPU
-// model (cpu_model_sfi.cc), on identical random weights: prefill chunks whose last one selects
-// from its W tail queries, slow and fast decode steps on their own schedules per request, in
-// mixed batches with dense requests.
+// SFI on the CUDA model (inference_rank/policies/sfi/sfi_cuda_backend.cc) against its twin, SFI on
+// the CPU model (sfi_cpu_backend.cc), on identical random weights: prefill chunks whose last one
+// selects from its W tail queries, slow and fast decode steps on their own schedules per request,
+// in mixed batches with dense requests.
 //   * Budget covering the context: both models keep all of J (the CUDA positions equal the
 //     CPU's) and the logits agree to bf16 tolerance: SFI attends what dense attends.
 //   * Small budget over a context of hundreds: the CUDA selection is a valid one (sink, then
@@ -118,7 +118,7 @@ TEST(CudaSfiTest, KeyNormPriorNormsMatchCpuKeys) {
   int checked = 0;
   for (int step = 0; step < 6; ++step) {
     std::vector<Job> jobs = NextJobs(requests, /*chunk=*/256, config);
-    const bool slow = jobs[0].sfi && jobs[0].forward[0].step == SfiStepKind::kSlow;
+    const bool slow = jobs[0].sfi && SfiStepOf(jobs[0].attention[0]) == SfiStepKind::kSlow;
     twins.Step("step " + std::to_string(step), jobs, /*full_budget=*/false);
     if (::testing::Test::HasFatalFailure() || !slow) continue;
     Request& r = requests[0];
@@ -128,7 +128,8 @@ TEST(CudaSfiTest, KeyNormPriorNormsMatchCpuKeys) {
     ASSERT_GT(j_count, 0);
     for (int layer = std::max(0, model.num_layers - SfiMaintenanceRing::kSlots);
          layer < model.num_layers; ++layer) {
-      auto got = twins.pair.cuda->SfiKeyNormsForTest(layer, /*selection=*/0, sink_end + j_count);
+      auto got = SfiBackendOf(*twins.pair.cuda)
+                     .KeyNormsForTest(layer, /*selection=*/0, sink_end + j_count);
       ASSERT_STATUS_OK(got.status());
       std::vector<float> want(static_cast<size_t>(model.num_kv_heads) * j_count);
       ASSERT_STATUS_OK(KeyNorms(twins.cache[0]->LayerView(layer, r.seq[0]), sink_end, j_count,
@@ -147,7 +148,7 @@ TEST(CudaSfiTest, KeyNormPriorNormsMatchCpuKeys) {
   }
   EXPECT_GE(checked, 3) << "the scenario checked too few slow steps";
   // Asking for what the ring no longer holds, or for a selection the step did not make, fails.
-  EXPECT_FALSE(twins.pair.cuda->SfiKeyNormsForTest(0, 5, 8).ok());
+  EXPECT_FALSE(SfiBackendOf(*twins.pair.cuda).KeyNormsForTest(0, 5, 8).ok());
 }
 
 // SFI and dense requests in the same batches: prefill chunks (SFI and dense) next to decode rows
@@ -210,18 +211,18 @@ TEST(CudaSfiTest, SlotsAreReusedAsRequestsComeAndGo) {
         job.start = r->prompt_done + r->decoded;
         if (r->decoded > 0 && r->fast_since_slow < r->period) kind = SfiStepKind::kFast;
       }
-      for (int m = 0; m < 2; ++m) job.forward[m] = SfiForward{kind, &r->state[m], &config, window};
+      for (int m = 0; m < 2; ++m) job.attention[m] = SfiStep(kind, &r->state[m], window);
       all.push_back(std::move(job));
     }
     twins.Step(what, all, /*full_budget=*/false);
   };
   step({&requests[0], &requests[1]}, "prefill 0, 1");
-  EXPECT_EQ(cuda.sfi_slots_in_use(), 2);
+  EXPECT_EQ(SfiBackendOf(cuda).slots_in_use(), 2);
 
   // Request 2: no slot left; nothing reserved, its state untouched.
   {
     Request& r = requests[2];
-    SfiForward slow{SfiStepKind::kSlow, &r.state[1], &config, 8};
+    const EntryAttention slow = SfiStep(SfiStepKind::kSlow, &r.state[1], 8);
     ForwardEntry entry{&r.seq[1], r.prompt, 0, LogitsWanted::kLast, nullptr, &slow};
     const int free_blocks = twins.cache[1]->free_blocks();
     ForwardResult result;
@@ -242,9 +243,9 @@ TEST(CudaSfiTest, SlotsAreReusedAsRequestsComeAndGo) {
     requests[0].state[m] = SfiSequenceState();
     ASSERT_STATUS_OK(twins.cache[m]->Release(requests[0].seq[m]));
   }
-  EXPECT_EQ(cuda.sfi_slots_in_use(), 1);
+  EXPECT_EQ(SfiBackendOf(cuda).slots_in_use(), 1);
   step({&requests[2]}, "prefill 2");
-  EXPECT_EQ(cuda.sfi_slots_in_use(), 2);
+  EXPECT_EQ(SfiBackendOf(cuda).slots_in_use(), 2);
   for (int i = 0; i < 4; ++i) step({&requests[2], &requests[1]}, "decode 2, 1");
   EXPECT_GT(cuda.graph_replays(), replays) << "a new slot assignment must not need a new graph";
   twins.ExpectSelectionsAgree("slots", false);

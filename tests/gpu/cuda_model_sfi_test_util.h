@@ -17,6 +17,9 @@
 #include <vector>
 
 #include "inference_rank/model/tiny_test_models.h"
+#include "inference_rank/policies/sfi/sfi_cpu_backend.h"
+#include "inference_rank/policies/sfi/sfi_cuda_backend.h"
+#include "inference_rank/policies/sfi/sfi_state.h"
 #include "kernels/cpu/compact_gather.h"
 #include "tests/gpu/cuda_model_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -49,6 +52,24 @@ inline bool BitwiseEqual(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
 }
 
+// Installs SFI's backend half for `config` and up to `max_batch` requests in `model`.
+inline Status InstallSfi(CudaModel& model, const SfiPolicyConfig& config, int max_batch) {
+  Result<std::unique_ptr<AttentionBackend>> backend = MakeSfiCudaBackend(model, config, max_batch);
+  if (!backend.ok()) return backend.status();
+  return model.SetAttentionBackend(std::move(backend).value());
+}
+inline Status InstallSfi(CpuModel& model, const SfiPolicyConfig& config) {
+  Result<std::unique_ptr<AttentionBackend>> backend = MakeSfiCpuBackend(model.config(), config);
+  if (!backend.ok()) return backend.status();
+  return model.SetAttentionBackend(std::move(backend).value());
+}
+// The SFI backend InstallSfi put in `model` (its test hooks).
+inline SfiCudaBackend& SfiBackendOf(CudaModel& model) {
+  auto* backend = dynamic_cast<SfiCudaBackend*>(model.attention_backend());
+  EXPECT_NE(backend, nullptr) << "no SFI backend installed";
+  return *backend;
+}
+
 // One request: its prompt, its schedule and its sequence + SFI state in each model it runs on.
 struct Request {
   std::vector<int> prompt;
@@ -70,7 +91,7 @@ struct Job {
   std::vector<int> tokens;
   int start = 0;
   bool sfi = false;
-  SfiForward forward[2];
+  EntryAttention attention[2];  // SfiStep of the request's state in each model
 };
 
 inline std::vector<Job> NextJobs(std::vector<Request>& requests, int chunk,
@@ -95,7 +116,7 @@ inline std::vector<Job> NextJobs(std::vector<Request>& requests, int chunk,
       const bool slow = r.decoded == 0 || r.fast_since_slow >= r.period;
       kind = slow ? SfiStepKind::kSlow : SfiStepKind::kFast;
     }
-    for (int m = 0; m < 2; ++m) job.forward[m] = SfiForward{kind, &r.state[m], &config, window};
+    for (int m = 0; m < 2; ++m) job.attention[m] = SfiStep(kind, &r.state[m], window);
     jobs.push_back(std::move(job));
   }
   return jobs;
@@ -103,7 +124,7 @@ inline std::vector<Job> NextJobs(std::vector<Request>& requests, int chunk,
 
 // After a step ran: the requests' progress, and the token they decode next (next_tokens[e]; -1
 // for a prefill chunk that does not end its prompt). `model` is the index of the forward that
-// ran (its SfiForward says whether the step was slow).
+// ran (its EntryAttention says whether the step was slow).
 inline void Advance(std::vector<Job>& jobs, int model, std::span<const int> next_tokens) {
   for (size_t e = 0; e < jobs.size(); ++e) {
     Request& r = *jobs[e].request;
@@ -112,7 +133,7 @@ inline void Advance(std::vector<Job>& jobs, int model, std::span<const int> next
       r.prompt_done += static_cast<int>(jobs[e].tokens.size());
     } else {
       ++r.decoded;
-      const bool slow = jobs[e].sfi && jobs[e].forward[model].step == SfiStepKind::kSlow;
+      const bool slow = jobs[e].sfi && SfiStepOf(jobs[e].attention[model]) == SfiStepKind::kSlow;
       r.fast_since_slow = slow ? 0 : r.fast_since_slow + 1;
     }
     if (next_tokens[e] >= 0) r.next_token = next_tokens[e];
@@ -143,7 +164,7 @@ inline std::vector<ForwardEntry> Entries(std::vector<Job>& jobs, int m,
                        : last_chunk ? LogitsWanted::kLast
                                     : LogitsWanted::kNone};
     if (entry.logits != LogitsWanted::kNone) entry.sampling = sampling;
-    if (job.sfi) entry.sfi = &job.forward[m];
+    if (job.sfi) entry.attention = &job.attention[m];
     batch.push_back(entry);
   }
   return batch;
@@ -191,11 +212,12 @@ inline void PinCpuSelection(CudaModel& cuda, Request& r, PagedKvCache& cpu_cache
                             const SfiPolicyConfig& config, bool expect_identical,
                             std::vector<double>& overlaps) {
   const ModelConfig& model = cuda.config();
+  SfiCudaBackend& backend = SfiBackendOf(cuda);
   const int length = r.seq[0].num_tokens;
   for (int layer = 0; layer < model.num_layers; ++layer) {
     const std::string what =
         "layer " + std::to_string(layer) + " at length " + std::to_string(length);
-    auto kept = cuda.SfiKeptPositions(r.state[1], layer);
+    auto kept = backend.KeptPositions(r.state[1], layer);
     ASSERT_STATUS_OK(kept.status());
     SfiLayerState& cpu = r.state[0].layers[static_cast<size_t>(layer)];
     overlaps.push_back(CheckSelection(*kept, cpu.kept, config, length, what));
@@ -214,8 +236,8 @@ inline void PinCpuSelection(CudaModel& cuda, Request& r, PagedKvCache& cpu_cache
   EXPECT_EQ(r.state[1].has_selection, r.state[0].has_selection);
 }
 
-// A CPU model and a CUDA model with the same weights and SFI prepared for `max_batch` requests,
-// with a cache each.
+// A CPU model and a CUDA model with the same weights and SFI's backend halves installed (the
+// CUDA one for `max_batch` requests), with a cache each.
 struct Twins {
   ModelPair pair;
   std::unique_ptr<PagedKvCache> cache[2];  // [0] CPU, [1] CUDA
@@ -228,12 +250,13 @@ struct Twins {
     pair = MakeModelPair(json, /*seed=*/31);
     if (!pair.cpu || !pair.cuda) return false;
     config = sfi;
-    EXPECT_TRUE(pair.cpu->PrepareSfi(config, max_batch).ok());
-    const Status prepared = pair.cuda->PrepareSfi(config, max_batch);
+    const Status cpu_prepared = InstallSfi(*pair.cpu, config);
+    EXPECT_TRUE(cpu_prepared.ok()) << cpu_prepared.message();
+    const Status prepared = InstallSfi(*pair.cuda, config, max_batch);
     EXPECT_TRUE(prepared.ok()) << prepared.message();
     cache[0] = NewCache(*pair.cpu, block_tokens, blocks);
     cache[1] = NewCache(*pair.cuda, block_tokens, blocks);
-    return prepared.ok() && cache[0] && cache[1];
+    return cpu_prepared.ok() && prepared.ok() && cache[0] && cache[1];
   }
 
   // One step of `jobs` on both models; every entry's last-token logits compared; each slow SFI
@@ -245,7 +268,7 @@ struct Twins {
     ASSERT_STATUS_OK(pair.cuda->Forward(cuda_batch, *cache[1], cuda_result));
     const int vocab = pair.cpu->config().vocab_size;
     for (size_t e = 0; e < jobs.size(); ++e) {
-      const bool is_slow = jobs[e].sfi && jobs[e].forward[0].step == SfiStepKind::kSlow;
+      const bool is_slow = jobs[e].sfi && SfiStepOf(jobs[e].attention[0]) == SfiStepKind::kSlow;
       const std::string what = name + " entry " + std::to_string(e) +
                                (!jobs[e].sfi ? " dense"
                                 : is_slow    ? " slow"

@@ -170,12 +170,11 @@ inline std::unique_ptr<PagedKvCache> NewCache(Model& model, int block_tokens, in
 }
 
 // Greedy tokens per prompt from an engine on `model` under `options`, every prompt submitted at
-// once with 40 new tokens (at most 10000 engine steps). Optionally the engine's counters and the
-// smallest retained-KV ratio any event reported.
+// once with 40 new tokens (at most 10000 engine steps). Optionally the smallest retained-KV ratio
+// any event reported.
 inline std::vector<std::vector<int>> EngineGreedyTokens(
     std::unique_ptr<Model> model, const EngineOptions& options,
-    const std::vector<std::vector<int>>& prompts, EngineCounters* counters = nullptr,
-    double* min_retained = nullptr) {
+    const std::vector<std::vector<int>>& prompts, double* min_retained = nullptr) {
   auto engine = Engine::Create(std::move(model), options);
   EXPECT_TRUE(engine.ok()) << engine.status().message();
   if (!engine.ok()) return {};
@@ -201,7 +200,6 @@ inline std::vector<std::vector<int>> EngineGreedyTokens(
       }
     }
   }
-  if (counters != nullptr) *counters = (*engine)->counters();
   return tokens;
 }
 

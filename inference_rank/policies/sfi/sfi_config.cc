@@ -1,5 +1,5 @@
-// SFI policy: config parsing and validation, trigger resolution, step schedule (see sfi_policy.h).
-#include "inference_rank/policies/sfi_policy.h"
+// SFI policy: config parsing and validation, trigger resolution, step schedule (see sfi_config.h).
+#include "inference_rank/policies/sfi/sfi_config.h"
 
 #include <fmt/format.h>
 
@@ -39,7 +39,7 @@ const SelectorDoubleKey kSelectorDoubleKeys[] = {
     {"continuation_threshold", &SfiSelectorConfig::continuation_threshold, {0, 1, false, true}},
 };
 
-// Why a trigger string can never match under the rule of sfi_policy.h; empty when it can.
+// Why a trigger string can never match under the rule of sfi_config.h; empty when it can.
 std::string_view TriggerProblem(std::string_view trigger) {
   if (trigger.empty()) return "must not be empty";
   if (trigger.back() == ' ' || trigger.back() == '\t') {

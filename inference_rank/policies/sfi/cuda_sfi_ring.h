@@ -14,7 +14,7 @@
 // run eagerly or inside a graph capture (where they fork the aux stream into the graph and join
 // it back).
 //
-// Inline mode (overlap off, CudaModelOptions::sfi_overlap = false): the same work in the same
+// Inline mode (overlap off, SfiCudaBackend::SetOverlap(false)): the same work in the same
 // order on the main stream, no events: the same bits, the maintenance on the critical path (what
 // the benchmark compares against).
 //

@@ -23,7 +23,8 @@
 #include <memory>
 #include <vector>
 
-#include "inference_rank/policies/sfi_policy.h"
+#include "inference_rank/attention/layer_action.h"
+#include "inference_rank/policies/sfi/sfi_config.h"
 
 namespace rubato {
 
@@ -59,22 +60,41 @@ class SfiBackendHandle {
 
 // One request's SFI state, owned by the engine for the request's lifetime. Move-only.
 struct SfiSequenceState {
-  std::vector<SfiLayerState> layers;  // [num_layers]; empty until the first slow step
-  int anchor = 0;                     // recent segment start: J's end at the last slow step
-  bool has_selection = false;         // a slow step has completed
+  std::vector<SfiLayerState> layers;          // [num_layers]; empty until the first slow step
+  int anchor = 0;                             // recent segment start: J's end at the last slow step
+  bool has_selection = false;                 // a slow step has completed
   std::unique_ptr<SfiBackendHandle> backend;  // the backend's resources (see above), or null
 };
 
-// ForwardEntry::sfi: how this entry attends in this forward.
-struct SfiForward {
-  // kSlow: dense attention, then the Selector refreshes every layer's selection; kFast:
-  // two-segment attention over the state of the last slow step (one decode token).
-  SfiStepKind step = SfiStepKind::kSlow;
-  SfiSequenceState* state = nullptr;       // written by a slow step, read by a fast one
-  const SfiPolicyConfig* config = nullptr;  // sink, recent window, budget, selector
-  // Slow steps: the entry's last `window_queries` tokens are the Selector's W queries (1 for a
-  // decode token; up to config->prefill_window for the chunk that ends a prompt).
-  int window_queries = 1;
-};
+// How an SFI step reads as a forward entry's attention (ForwardEntry::attention), which both
+// SFI backends read back:
+//   slow: kDense emitting raw scores over J from the entry's last `window_queries` queries
+//         (1 for a decode token; up to prefill_window for the chunk that ends a prompt), then
+//         the Selector refreshes every layer's selection; row group kSfiSlowRows;
+//   fast: kTwoSegment over the state's compact rows and [anchor, L); row group kSfiFastRows.
+inline constexpr int kSfiFastRows = 1;  // the CUDA plan's row groups: fast rows first
+inline constexpr int kSfiSlowRows = 2;
+
+inline EntryAttention SfiStep(SfiStepKind step, SfiSequenceState* state, int window_queries = 1) {
+  EntryAttention attention;
+  attention.state = state;
+  attention.window_queries = window_queries;
+  if (step == SfiStepKind::kFast) {
+    attention.action.op = AttentionOp::kTwoSegment;
+    attention.action.recent_begin = state->anchor;
+    attention.row_group = kSfiFastRows;
+  } else {
+    attention.action.op = AttentionOp::kDense;
+    attention.action.evidence = kRawScores;
+    attention.row_group = kSfiSlowRows;
+  }
+  return attention;
+}
+inline SfiStepKind SfiStepOf(const EntryAttention& attention) {
+  return attention.action.op == AttentionOp::kTwoSegment ? SfiStepKind::kFast : SfiStepKind::kSlow;
+}
+inline SfiSequenceState& SfiStateOf(const EntryAttention& attention) {
+  return *static_cast<SfiSequenceState*>(attention.state);
+}
 
 }  // namespace rubato

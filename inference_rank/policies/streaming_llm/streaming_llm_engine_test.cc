@@ -1,5 +1,5 @@
-// Tests for the engine's attention window (EngineOptions::attention_window, the StreamingLLM
-// policy's sink + recent window): the retained-KV ratio of every token event, that a window
+// Tests for the engine under the StreamingLLM policy (its forward window, sink + recent): the
+// retained-KV ratio of every token event, that a window
 // covering the context generates the dense tokens, that a small window gives each request of a
 // mixed batch the tokens it gets alone, and option validation.
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/engine/engine_test_requests.h"
 #include "inference_rank/model/tiny_test_models.h"
+#include "inference_rank/policies/streaming_llm/streaming_llm_policy.h"
 
 namespace rubato {
 namespace {
@@ -27,7 +28,7 @@ class EngineWindowTest : public ::testing::Test {
     EngineOptions options;
     options.max_batch = max_batch;
     options.prefill_chunk = 12;  // prompts arrive in several chunks, mixed with decode tokens
-    options.attention_window = window;
+    options.policy = std::make_shared<StreamingLlmPolicy>(window);
     auto engine = Engine::Create(std::move(model).value(), options);
     EXPECT_TRUE(engine.ok()) << engine.status().ToString();
     return std::move(engine).value();
@@ -130,7 +131,7 @@ TEST_F(EngineWindowTest, CreateRejectsInvalidWindows) {
     auto model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path());
     ASSERT_TRUE(model.ok());
     EngineOptions options;
-    options.attention_window = window;
+    options.policy = std::make_shared<StreamingLlmPolicy>(window);
     auto engine = Engine::Create(std::move(model).value(), options);
     ASSERT_FALSE(engine.ok());
     EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);

@@ -1,5 +1,6 @@
-// The CUDA model's pool of SFI compact buffers and its slot handles (cuda_sfi_pool.h).
-#include "inference_rank/model/cuda_sfi_pool.h"
+// The pool of SFI compact buffers on the CUDA model's device and its slot handles
+// (cuda_sfi_pool.h).
+#include "inference_rank/policies/sfi/cuda_sfi_pool.h"
 
 #include <string>
 #include <utility>
@@ -96,7 +97,7 @@ Result<int> CudaSfiPool::AcquireFor(SfiSequenceState& state) {
   if (free_list_->empty()) {
     return ResourceExhaustedError(
         "SFI: all " + std::to_string(shape_.slots) +
-        " compact-pool slots are held by running requests (PrepareSfi sized the pool for " +
+        " compact-pool slots are held by running requests (MakeSfiCudaBackend sized the pool for " +
         std::to_string(shape_.slots) + "; the engine passes engine.max_batch)");
   }
   const int slot = free_list_->Take();

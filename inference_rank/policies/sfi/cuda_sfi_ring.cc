@@ -1,5 +1,5 @@
 // SFI slow-step maintenance ring: scratch, aux stream and events (cuda_sfi_ring.h).
-#include "inference_rank/model/cuda_sfi_ring.h"
+#include "inference_rank/policies/sfi/cuda_sfi_ring.h"
 
 #include <string>
 

@@ -1,20 +1,20 @@
-// The CUDA model's per-request SFI state on the device (sfi_state.h, DESIGN §4.2): one pool of
-// compact buffers with a slot per request that holds a selection. A fast step's two-segment
-// attention finds every request's buffers through a per-row slot id in the step inputs, so one
-// launch per layer serves any mix of requests and a captured graph stays valid while requests
-// come and go (decode_attention.cuh and compact_gather.cuh, compact_slots).
+// SFI's per-request state on the CUDA model's device (sfi_state.h, DESIGN §4.2): one pool of
+// compact buffers with a slot per request that holds a selection, owned by SfiCudaBackend. A
+// fast step's two-segment attention finds every request's buffers through a per-row slot id in
+// the step inputs, so one launch per layer serves any mix of requests and a captured graph stays
+// valid while requests come and go (decode_attention.cuh and compact_gather.cuh, compact_slots).
 //
 // Layout, layer-major so that one layer's arrays are what the kernels' slot mode takes:
 //   keys, values: [layer][slot][kv_head][capacity][head_dim], bf16, capacity = sink + budget
 //   counts:       [layer][slot][kv_head], int32: rows of the buffer in use (sink + selected)
 //   positions:    [layer][slot][kv_head][capacity], int32: the position each row was copied
-//                 from (the CPU model's SfiLayerState::kept; read back only on request)
+//                 from (the CPU backend's SfiLayerState::kept; read back only on request)
 //
 // Slot ownership. The pool hands out CudaSfiSlot handles (an SfiBackendHandle) that the request's
 // SfiSequenceState::backend holds; a handle's destructor returns its slot to the pool's free
 // list, which the handles share with the pool so that a state may outlive the model. A slot's
 // buffers hold the previous owner's rows until the new owner's first slow step rewrites every
-// layer, and fast steps never run before that step (model.h: a fast entry needs a selection).
+// layer, and fast steps never run before that step (SfiCudaBackend::CheckBatch).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "inference_rank/model/sfi_state.h"
+#include "inference_rank/policies/sfi/sfi_state.h"
 #include "kernels/cuda/device_buffer.h"
 
 namespace rubato {

@@ -2,7 +2,7 @@
 // (against a window-based restatement of the rule), config parsing (defaults, every key, every
 // bad value with its key path, unknown keys, configs built in code), and trigger resolution on
 // the bundled tokenizers (ids checked by decoding them).
-#include "inference_rank/policies/sfi_policy.h"
+#include "inference_rank/policies/sfi/sfi_config.h"
 
 #include <gtest/gtest.h>
 

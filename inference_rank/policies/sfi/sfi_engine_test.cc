@@ -1,4 +1,4 @@
-// Tests for SFI in the engine (EngineOptions::sfi, DESIGN §4.2) on the CPU reference: a budget
+// Tests for SFI in the engine (the sfi policy, DESIGN §4.2) on the CPU reference: a budget
 // covering the context generates exactly the dense tokens; the schedule's step kinds reach the
 // model and the counters (first decode step slow, t_max, triggers); the confidence trigger
 // recomputes improbable fast steps as slow ones (same draw, same position); a small budget attends
@@ -13,6 +13,8 @@
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/engine/engine_test_requests.h"
 #include "inference_rank/model/tiny_test_models.h"
+#include "inference_rank/policies/sfi/sfi_cpu_backend.h"
+#include "inference_rank/policies/sfi/sfi_policy.h"
 
 namespace rubato {
 namespace {
@@ -34,7 +36,7 @@ SfiPolicyConfig SmallSfi(int budget, int t_max) {
 
 struct RunResult {
   std::vector<std::vector<TokenEvent>> events;  // [request] in submission order
-  EngineCounters counters;
+  SfiCounters counters;
 };
 
 class EngineSfiTest : public ::testing::Test {
@@ -46,8 +48,13 @@ class EngineSfiTest : public ::testing::Test {
     EngineOptions options;
     options.max_batch = max_batch;
     options.prefill_chunk = 12;  // prompts arrive in several chunks, mixed with decode tokens
-    options.sfi = sfi;
-    options.sfi_trigger_ids = std::move(triggers);
+    if (sfi.has_value()) {
+      auto policy = SfiPolicy::Create(*sfi);
+      EXPECT_TRUE(policy.ok()) << policy.status().ToString();
+      if (!policy.ok()) return nullptr;
+      EXPECT_TRUE((*policy)->SetTriggerIds(std::move(triggers)).ok());
+      options.policy = std::move(policy).value();
+    }
     auto engine = Engine::Create(std::move(model).value(), options);
     EXPECT_TRUE(engine.ok()) << engine.status().ToString();
     return engine.ok() ? std::move(engine).value() : nullptr;
@@ -71,7 +78,8 @@ class EngineSfiTest : public ::testing::Test {
     }
     RunResult result;
     for (uint64_t id : ids) result.events.push_back(by_id[id]);
-    result.counters = engine.counters();
+    const auto* sfi = dynamic_cast<const SfiPolicy*>(engine.options().policy.get());
+    if (sfi != nullptr) result.counters = sfi->counters();
     return result;
   }
 
@@ -98,9 +106,9 @@ TEST_F(EngineSfiTest, BudgetCoveringTheContextGeneratesTheDenseTokens) {
   const RunResult sfi_run = Run(*sfi, requests);
   EXPECT_EQ(Tokens(sfi_run), Tokens(dense_run));
   // Both kinds ran: the tokens are the dense ones through fast steps too.
-  EXPECT_GT(sfi_run.counters.sfi_slow_steps, 0);
-  EXPECT_GT(sfi_run.counters.sfi_fast_steps, 0);
-  EXPECT_EQ(dense_run.counters.sfi_slow_steps + dense_run.counters.sfi_fast_steps, 0);
+  EXPECT_GT(sfi_run.counters.slow_steps, 0);
+  EXPECT_GT(sfi_run.counters.fast_steps, 0);
+  EXPECT_EQ(dense_run.counters.slow_steps + dense_run.counters.fast_steps, 0);
 }
 
 TEST_F(EngineSfiTest, ScheduleSetsStepKindsAndRetainedRatio) {
@@ -125,8 +133,8 @@ TEST_F(EngineSfiTest, ScheduleSetsStepKindsAndRetainedRatio) {
       EXPECT_EQ(events[i].retained_kv_ratio, 1.0);
     }
   }
-  EXPECT_EQ(run.counters.sfi_slow_steps, slow);
-  EXPECT_EQ(run.counters.sfi_fast_steps, fast);
+  EXPECT_EQ(run.counters.slow_steps, slow);
+  EXPECT_EQ(run.counters.fast_steps, fast);
 }
 
 TEST_F(EngineSfiTest, TriggerTokenMakesTheNextStepSlow) {
@@ -144,10 +152,10 @@ TEST_F(EngineSfiTest, TriggerTokenMakesTheNextStepSlow) {
   const RunResult never_run = Run(*never, {request});
   const int64_t tokens = static_cast<int64_t>(always_run.events[0].size());
   ASSERT_GT(tokens, 2);
-  EXPECT_EQ(always_run.counters.sfi_fast_steps, 0);
-  EXPECT_EQ(always_run.counters.sfi_slow_steps, tokens);  // the prompt's + every decode step
-  EXPECT_EQ(never_run.counters.sfi_slow_steps, 2);        // the prompt's + the first decode
-  EXPECT_EQ(never_run.counters.sfi_fast_steps, static_cast<int64_t>(never_run.events[0].size()) - 2);
+  EXPECT_EQ(always_run.counters.fast_steps, 0);
+  EXPECT_EQ(always_run.counters.slow_steps, tokens);  // the prompt's + every decode step
+  EXPECT_EQ(never_run.counters.slow_steps, 2);        // the prompt's + the first decode
+  EXPECT_EQ(never_run.counters.fast_steps, static_cast<int64_t>(never_run.events[0].size()) - 2);
 }
 
 TEST_F(EngineSfiTest, ConfidenceTriggerRecomputesImprobableFastStepsAsSlowOnes) {
@@ -170,7 +178,7 @@ TEST_F(EngineSfiTest, ConfidenceTriggerRecomputesImprobableFastStepsAsSlowOnes) 
   const RunResult sparse_run = Run(*sparse_engine, requests);
   const RunResult redo_run = Run(*redo_engine, requests);
   ASSERT_NE(Tokens(sparse_run), Tokens(dense_run)) << "the budget is too large to test anything";
-  EXPECT_EQ(sparse_run.counters.sfi_discarded_steps, 0);
+  EXPECT_EQ(sparse_run.counters.discarded_steps, 0);
   EXPECT_EQ(Tokens(redo_run), Tokens(dense_run));
   int64_t tokens = 0;
   for (const auto& events : redo_run.events) {
@@ -179,9 +187,9 @@ TEST_F(EngineSfiTest, ConfidenceTriggerRecomputesImprobableFastStepsAsSlowOnes) 
   }
   // One slow step per token (the prompt's selection samples the first), and every fast step
   // that ran was discarded: one after each decode slow step but the last token's.
-  EXPECT_EQ(redo_run.counters.sfi_slow_steps, tokens);
-  EXPECT_GT(redo_run.counters.sfi_discarded_steps, 0);
-  EXPECT_EQ(redo_run.counters.sfi_discarded_steps, redo_run.counters.sfi_fast_steps);
+  EXPECT_EQ(redo_run.counters.slow_steps, tokens);
+  EXPECT_GT(redo_run.counters.discarded_steps, 0);
+  EXPECT_EQ(redo_run.counters.discarded_steps, redo_run.counters.fast_steps);
 }
 
 TEST_F(EngineSfiTest, ConfidenceTriggerKeepsConfidentFastSteps) {
@@ -198,9 +206,9 @@ TEST_F(EngineSfiTest, ConfidenceTriggerKeepsConfidentFastSteps) {
   const RunResult off_run = Run(*off, {request});
   const RunResult on_run = Run(*on, {request});
   EXPECT_EQ(Tokens(on_run), Tokens(off_run));
-  EXPECT_EQ(on_run.counters.sfi_discarded_steps, 0);
-  EXPECT_EQ(on_run.counters.sfi_fast_steps, off_run.counters.sfi_fast_steps);
-  EXPECT_GT(on_run.counters.sfi_fast_steps, 0);
+  EXPECT_EQ(on_run.counters.discarded_steps, 0);
+  EXPECT_EQ(on_run.counters.fast_steps, off_run.counters.fast_steps);
+  EXPECT_GT(on_run.counters.fast_steps, 0);
 }
 
 // Also with the key-norm prior (gamma > 0: the model computes its keys' norms at each slow step).
@@ -227,50 +235,58 @@ TEST_F(EngineSfiTest, MetricsRegistryCountsTheSteps) {
   ASSERT_TRUE(model.ok());
   MetricsRegistry registry;
   EngineOptions options;
-  options.sfi = SmallSfi(/*budget=*/4, /*t_max=*/2);
+  auto policy = SfiPolicy::Create(SmallSfi(/*budget=*/4, /*t_max=*/2));
+  ASSERT_TRUE(policy.ok());
+  options.policy = std::move(policy).value();
   options.metrics = &registry;
   auto engine = Engine::Create(std::move(model).value(), options);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   const RunResult run = Run(**engine, {Sampled(30, 4, 8)});
   const std::string text = registry.ExpositionText();
-  EXPECT_NE(text.find("rubato:slow_steps_total " + std::to_string(run.counters.sfi_slow_steps)),
+  EXPECT_NE(text.find("rubato:slow_steps_total " + std::to_string(run.counters.slow_steps)),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("rubato:fast_steps_total " + std::to_string(run.counters.sfi_fast_steps)),
+  EXPECT_NE(text.find("rubato:fast_steps_total " + std::to_string(run.counters.fast_steps)),
             std::string::npos)
       << text;
-  EXPECT_GT(run.counters.sfi_fast_steps, 0);
+  EXPECT_GT(run.counters.fast_steps, 0);
   EXPECT_NE(text.find("rubato:retained_kv_ratio "), std::string::npos) << text;
   EXPECT_NE(text.find("rubato:discarded_fast_steps_total 0"), std::string::npos) << text;
 }
 
 TEST_F(EngineSfiTest, RejectsBadOptions) {
+  // A window besides SFI's own segments: the model refuses the plan.
   auto model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/5);
   ASSERT_TRUE(model.ok());
-  EngineOptions options;
-  options.sfi = SmallSfi(4, 3);
-  options.attention_window = AttentionWindow{4, 16};
-  auto engine = Engine::Create(std::move(model).value(), options);
-  ASSERT_FALSE(engine.ok());
-  EXPECT_NE(engine.status().message().find("dense attention_window"), std::string::npos)
-      << engine.status().message();
+  auto backend = MakeSfiCpuBackend((*model)->config(), SmallSfi(4, 3));
+  ASSERT_TRUE(backend.ok());
+  ASSERT_TRUE((*model)->SetAttentionBackend(std::move(backend).value()).ok());
+  auto cache = (*model)->CreateKvCache(16, 8);
+  ASSERT_TRUE(cache.ok());
+  const std::vector<int> prompt = Prompt(10, 1);
+  KvSequence sequence;
+  ForwardResult result;
+  SfiSequenceState state;
+  const EntryAttention slow = SfiStep(SfiStepKind::kSlow, &state, 1);
+  ForwardEntry prefill{&sequence, prompt, 0, LogitsWanted::kLast};
+  prefill.attention = &slow;
+  const Status windowed = (*model)->Forward({&prefill, 1}, **cache, result, AttentionWindow{4, 16});
+  ASSERT_FALSE(windowed.ok());
+  EXPECT_NE(windowed.message().find("dense forward window"), std::string::npos)
+      << windowed.message();
 
-  model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/5);
-  ASSERT_TRUE(model.ok());
-  options.attention_window = AttentionWindow();
-  options.sfi_trigger_ids = {9, 3};
-  engine = Engine::Create(std::move(model).value(), options);
-  ASSERT_FALSE(engine.ok());
-  EXPECT_NE(engine.status().message().find("sorted"), std::string::npos);
+  auto policy = SfiPolicy::Create(SmallSfi(4, 3));
+  ASSERT_TRUE(policy.ok());
+  const Status unsorted = (*policy)->SetTriggerIds({9, 3});
+  ASSERT_FALSE(unsorted.ok());
+  EXPECT_NE(unsorted.message().find("sorted"), std::string::npos);
 
-  model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/5);
-  ASSERT_TRUE(model.ok());
-  options.sfi_trigger_ids = {};
-  options.sfi->t_max = 0;
-  engine = Engine::Create(std::move(model).value(), options);
-  ASSERT_FALSE(engine.ok());
-  EXPECT_NE(engine.status().message().find("t_max"), std::string::npos)
-      << engine.status().message();
+  SfiPolicyConfig no_fast_steps = SmallSfi(4, 3);
+  no_fast_steps.t_max = 0;
+  policy = SfiPolicy::Create(no_fast_steps);
+  ASSERT_FALSE(policy.ok());
+  EXPECT_NE(policy.status().message().find("t_max"), std::string::npos)
+      << policy.status().message();
 }
 
 TEST_F(EngineSfiTest, ModelRejectsAFastStepWithoutASelection) {
@@ -285,18 +301,21 @@ TEST_F(EngineSfiTest, ModelRejectsAFastStepWithoutASelection) {
   ASSERT_TRUE((*model)->Forward({&prefill, 1}, **cache, result).ok());
 
   const SfiPolicyConfig config = SmallSfi(4, 3);
+  auto backend = MakeSfiCpuBackend((*model)->config(), config);
+  ASSERT_TRUE(backend.ok());
+  ASSERT_TRUE((*model)->SetAttentionBackend(std::move(backend).value()).ok());
   SfiSequenceState state;
-  SfiForward fast{SfiStepKind::kFast, &state, &config, 1};
+  const EntryAttention fast = SfiStep(SfiStepKind::kFast, &state, 1);
   const int token = 3;
   ForwardEntry decode{&sequence, std::span<const int>(&token, 1), 10, LogitsWanted::kLast};
-  decode.sfi = &fast;
+  decode.attention = &fast;
   Status status = (*model)->Forward({&decode, 1}, **cache, result);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("before any slow step"), std::string::npos) << status.message();
   EXPECT_EQ(sequence.num_tokens, 10);  // nothing written
 
-  SfiForward slow{SfiStepKind::kSlow, &state, &config, 2};  // W = 2 > the entry's 1 token
-  decode.sfi = &slow;
+  EntryAttention slow = SfiStep(SfiStepKind::kSlow, &state, 2);  // W = 2 > the entry's 1 token
+  decode.attention = &slow;
   status = (*model)->Forward({&decode, 1}, **cache, result);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("window of 2"), std::string::npos) << status.message();

@@ -1,0 +1,65 @@
+// The backend half of an attention policy on the CPU model (cpu_model.h): the compact rows its
+// kTwoSegment entries attend and the work it adds before and after each layer's attention.
+// Evidence on the CPU is computed by the backend itself from the layer's queries and keys (the
+// context below), not emitted by the attention op: the reference has no fused path to keep.
+#pragma once
+
+#include <span>
+
+#include "common/hf_config.h"
+#include "common/status.h"
+#include "inference_rank/attention/attention_backend.h"
+#include "inference_rank/kv/paged_kv_cache.h"
+#include "inference_rank/model/model.h"
+#include "kernels/cpu/compact_kv_view.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace rubato {
+
+// One forward entry as the CPU model laid out its rows.
+struct CpuEntryRows {
+  int first_token = 0;  // row of its first token in the batch activations
+  int tokens = 0;
+  int start_position = 0;
+  KvSequence* sequence = nullptr;
+  const EntryAttention* attention = nullptr;  // null: dense, not the backend's
+  const OffloadForward* offload = nullptr;    // set when its KV is offloaded (kv_offload.h)
+
+  // An offloaded one-token entry past position 0 attends the exchange's compact KV.
+  bool AttendsOffloaded() const { return offload != nullptr && tokens == 1 && start_position > 0; }
+};
+
+// What a backend may read (and, for `attention`, write) in one layer of a forward.
+struct CpuLayerContext {
+  int layer = 0;
+  const ModelConfig* config = nullptr;
+  PagedKvCache* cache = nullptr;
+  std::span<const CpuEntryRows> entries;  // batch order
+  const float* q = nullptr;    // [tokens][num_heads][head_dim], f32, after RoPE: every entry's
+  ThreadPool* pool = nullptr;  // the model's attention workers
+};
+
+// A kTwoSegment entry's first segment: rows [0, counts[h]) of head h.
+struct CompactSegment {
+  CompactKvView view;
+  const int* counts = nullptr;  // [num_kv_heads]
+};
+
+class CpuAttentionBackend : public AttentionBackend {
+ public:
+  std::string_view backend_name() const final { return "cpu"; }
+
+  // The policy's checks of a batch Model::Forward validated; nothing is reserved yet.
+  virtual Status CheckBatch(std::span<const ForwardEntry> /*batch*/) { return Status::Ok(); }
+  // Before the layer's attention (after its KV append): e.g. a selection of this very step.
+  virtual Status BeforeAttention(const CpuLayerContext& /*layer*/) { return Status::Ok(); }
+  // The compact segment kTwoSegment entry `entry` (an index into the context's entries)
+  // attends in `layer`; valid until the layer ends.
+  virtual Result<CompactSegment> Compact(const CpuLayerContext& layer, int entry) = 0;
+  // After the layer's attention: the policy's work on its evidence (e.g. refresh a selection).
+  virtual Status AfterAttention(const CpuLayerContext& /*layer*/) { return Status::Ok(); }
+  // After every layer of the forward succeeded.
+  virtual Status FinishForward(std::span<const ForwardEntry> /*batch*/) { return Status::Ok(); }
+};
+
+}  // namespace rubato
