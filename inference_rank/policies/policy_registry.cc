@@ -5,6 +5,7 @@
 
 #include "common/logging.h"
 #include "inference_rank/policies/dense/dense_policy.h"
+#include "inference_rank/policies/oracle_topk/oracle_topk_policy.h"
 #include "inference_rank/policies/sfi/sfi_policy.h"
 #include "inference_rank/policies/streaming_llm/streaming_llm_policy.h"
 
@@ -21,6 +22,7 @@ constexpr PolicyRegistration kPolicies[] = {
     {"dense", &CreateDensePolicy},
     {"streaming_llm", &CreateStreamingLlmPolicy},
     {"sfi", &CreateSfiPolicy},
+    {"oracle_topk", &CreateOracleTopKPolicy},
 };
 
 // Old names: a policy on offloaded KV.
@@ -30,6 +32,7 @@ struct PolicyAlias {
 };
 constexpr PolicyAlias kOffloadedAliases[] = {
     {"offload_dense", "dense"},
+    {"offload_topk", "oracle_topk"},
 };
 
 }  // namespace

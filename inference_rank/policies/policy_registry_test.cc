@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "inference_rank/policies/oracle_topk/oracle_topk_policy.h"
 #include "inference_rank/policies/sfi/sfi_policy.h"
 
 namespace rubato {
@@ -160,6 +161,57 @@ TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
 TEST(PolicyRegistry, KnownNamesAreTheTable) {
   EXPECT_EQ(KnownPolicyNames(),
             (std::vector<std::string>{"dense", "streaming_llm", "sfi", "oracle_topk"}));
+}
+
+TEST(PolicyRegistry, OracleTopKDefaultsAndParameters) {
+  auto choice = Resolve("policy:\n  name: oracle_topk\n");
+  ASSERT_TRUE(choice.ok()) << choice.status().message();
+  const auto& oracle = dynamic_cast<const OracleTopKPolicy&>(*choice->policy);
+  EXPECT_EQ(oracle.config().top_k, 2048);
+  EXPECT_EQ(oracle.config().sink_tokens, 4);
+  EXPECT_EQ(oracle.config().recent_window, 256);
+  EXPECT_FALSE(choice->offload.has_value());  // local KV: the inference rank selects
+  choice = Resolve("policy: {name: oracle_topk, top_k: 64, sink_tokens: 0, recent_window: 8}\n");
+  ASSERT_TRUE(choice.ok()) << choice.status().message();
+  const auto& small = dynamic_cast<const OracleTopKPolicy&>(*choice->policy);
+  EXPECT_EQ(small.config().top_k, 64);
+  EXPECT_EQ(small.config().sink_tokens, 0);
+  EXPECT_EQ(small.config().recent_window, 8);
+  auto rejected = Resolve("policy: {name: oracle_topk, top_k: 0}\n");
+  ASSERT_FALSE(rejected.ok());
+  EXPECT_EQ(rejected.status().message().rfind("s.yaml: policy.top_k: must be in [1, ", 0), 0u)
+      << rejected.status().message();
+}
+
+// Where the KV lives is chosen apart from the policy; a policy that does not support it is
+// refused by name, from its traits.
+TEST(PolicyRegistry, ResidencyIsCheckedAgainstThePolicysTraits) {
+  auto config = ParseConfig(
+      "engine: {kv_residency: offloaded}\npolicy: {name: oracle_topk, top_k: 32}\n", "r.yaml");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  auto choice = ResolvePolicy(*config);
+  ASSERT_TRUE(choice.ok()) << choice.status().message();
+  EXPECT_EQ(choice->residency, KvResidency::kOffloaded);
+  ASSERT_TRUE(choice->offload.has_value());
+  EXPECT_EQ(choice->offload->name, "oracle_topk");
+  EXPECT_EQ(choice->offload->top_k, 32);
+
+  for (const char* name : {"sfi", "streaming_llm"}) {
+    auto refused = ParseConfig(
+        std::string("engine: {kv_residency: offloaded}\npolicy: {name: ") + name + "}\n", "r.yaml");
+    ASSERT_TRUE(refused.ok());
+    auto rejected = ResolvePolicy(*refused);
+    ASSERT_FALSE(rejected.ok()) << name;
+    EXPECT_EQ(rejected.status().code(), StatusCode::kUnsupported);
+    EXPECT_EQ(rejected.status().message(), std::string("policy '") + name +
+                                               "' does not support offloaded KV (supported: "
+                                               "local)");
+  }
+  auto bad = ParseConfig("engine: {kv_residency: evicting}\n", "r.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("engine.kv_residency: must be local or offloaded"),
+            std::string::npos)
+      << bad.status().message();
 }
 
 TEST(PolicyRegistry, SfiDefaults) {
