@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "common/sizes.h"
 #include "kernels/cpu/add.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/embedding.h"
@@ -26,12 +27,6 @@ namespace {
 int ResolveThreads(int num_threads) {
   if (num_threads > 0) return num_threads;
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-// Grows `buffer` to at least `size` elements; never shrinks (no reallocation once warm).
-template <typename T>
-void Grow(std::vector<T>& buffer, size_t size) {
-  if (buffer.size() < size) buffer.resize(size);
 }
 
 const float* OrNull(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
@@ -137,21 +132,21 @@ void CpuModel::PlanBatch(std::span<const ForwardEntry> batch) {
 
 void CpuModel::EnsureWorkspace(int total_tokens, int attention_scratch_floats) {
   const size_t t = static_cast<size_t>(total_tokens);
-  Grow(token_ids_, t);
-  Grow(positions_, t);
-  Grow(hidden_, t * config_.hidden_size);
-  Grow(normed_, t * config_.hidden_size);
-  Grow(q_, t * config_.q_dim());
-  Grow(k_, t * config_.kv_dim());
-  Grow(v_, t * config_.kv_dim());
-  Grow(attention_, t * config_.q_dim());
-  Grow(projected_, t * config_.hidden_size);
-  Grow(gate_, t * config_.intermediate_size);
-  Grow(up_, t * config_.intermediate_size);
-  Grow(rope_cos_, t * (config_.head_dim / 2));
-  Grow(rope_sin_, t * (config_.head_dim / 2));
+  GrowVector(token_ids_, t);
+  GrowVector(positions_, t);
+  GrowVector(hidden_, t * config_.hidden_size);
+  GrowVector(normed_, t * config_.hidden_size);
+  GrowVector(q_, t * config_.q_dim());
+  GrowVector(k_, t * config_.kv_dim());
+  GrowVector(v_, t * config_.kv_dim());
+  GrowVector(attention_, t * config_.q_dim());
+  GrowVector(projected_, t * config_.hidden_size);
+  GrowVector(gate_, t * config_.intermediate_size);
+  GrowVector(up_, t * config_.intermediate_size);
+  GrowVector(rope_cos_, t * (config_.head_dim / 2));
+  GrowVector(rope_sin_, t * (config_.head_dim / 2));
   for (std::vector<float>& scratch : attention_scratch_) {
-    Grow(scratch, static_cast<size_t>(attention_scratch_floats));
+    GrowVector(scratch, static_cast<size_t>(attention_scratch_floats));
   }
 }
 
@@ -291,7 +286,8 @@ Status CpuModel::TwoSegmentArgs(const CpuLayerContext& context) {
     args.recent_end = p.start_position + 1;
     RUBATO_RETURN_IF_ERROR(ValidateTwoSegmentAttention(args));
     const size_t scratch = static_cast<size_t>(TwoSegmentAttentionScratchSize(args));
-    for (std::vector<float>& worker_scratch : attention_scratch_) Grow(worker_scratch, scratch);
+    for (std::vector<float>& worker_scratch : attention_scratch_)
+      GrowVector(worker_scratch, scratch);
   }
   return Status::Ok();
 }
@@ -339,7 +335,8 @@ Status CpuModel::OffloadLayer(int layer, PagedKvCache& cache) {
         "offloaded attention of layer " + std::to_string(layer)));
     // The compact capacity is the cache rank's to choose: grow the workers' scratch to it.
     const size_t scratch = static_cast<size_t>(TwoSegmentAttentionScratchSize(args));
-    for (std::vector<float>& worker_scratch : attention_scratch_) Grow(worker_scratch, scratch);
+    for (std::vector<float>& worker_scratch : attention_scratch_)
+      GrowVector(worker_scratch, scratch);
   }
   return Status::Ok();
 }
@@ -378,7 +375,7 @@ void CpuModel::ComputeLogits(std::span<const ForwardEntry> batch, ForwardResult&
     }
     result.entry_first_row[e] = rows;
     result.entry_row_count[e] = count;
-    Grow(logit_rows_, static_cast<size_t>(rows + count) * hidden);
+    GrowVector(logit_rows_, static_cast<size_t>(rows + count) * hidden);
     std::copy(hidden_.begin() + static_cast<ptrdiff_t>(first * hidden),
               hidden_.begin() + static_cast<ptrdiff_t>((first + count) * hidden),
               logit_rows_.begin() + static_cast<ptrdiff_t>(rows * hidden));

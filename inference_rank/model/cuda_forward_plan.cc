@@ -7,6 +7,8 @@
 #include <limits>
 #include <utility>
 
+#include "common/sizes.h"
+
 namespace rubato {
 namespace {
 
@@ -16,12 +18,6 @@ constexpr int kMinDecodeBucket = 4096;
 constexpr int kMinDecodeStep = 1024;
 
 size_t Align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
-
-int RoundUpPow2(int value) {
-  return value <= 1 ? value : static_cast<int>(std::bit_ceil(static_cast<unsigned>(value)));
-}
-
-int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 
 }  // namespace
 

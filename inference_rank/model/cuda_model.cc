@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/sizes.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
@@ -42,8 +43,6 @@ Status Reallocate(cuda::DeviceBuffer<T>& buffer, size_t count, const std::string
   RUBATO_ASSIGN_OR_RETURN(buffer, cuda::DeviceBuffer<T>::Allocate(count, what));
   return Status::Ok();
 }
-
-int RoundUpPow2(int value) { return static_cast<int>(std::bit_ceil(static_cast<unsigned>(value))); }
 
 }  // namespace
 

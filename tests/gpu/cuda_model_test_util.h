@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -143,8 +144,10 @@ struct ModelPair {
   std::unique_ptr<CudaModel> cuda;
 };
 
+// `adjust`, when set, changes the random weights before both models take them.
 inline ModelPair MakeModelPair(const std::string& config_json, uint64_t seed,
-                               bool use_cuda_graph = true) {
+                               bool use_cuda_graph = true,
+                               const std::function<void(ModelWeights&)>& adjust = nullptr) {
   ModelPair pair;
   Result<ModelConfig> config = ParseModelConfig(config_json, "test config.json");
   EXPECT_TRUE(config.ok()) << config.status().message();
@@ -152,6 +155,7 @@ inline ModelPair MakeModelPair(const std::string& config_json, uint64_t seed,
   Result<ModelWeights> weights = RandomWeights(*config, seed);
   EXPECT_TRUE(weights.ok()) << weights.status().message();
   if (!weights.ok()) return pair;
+  if (adjust) adjust(*weights);
   CudaModelOptions options;
   options.use_cuda_graph = use_cuda_graph;
   auto cuda = CudaModel::Create(*config, *weights, options);

@@ -5,6 +5,7 @@
 #include <bit>
 #include <string>
 
+#include "common/sizes.h"
 #include "inference_rank/model/cuda_model.h"
 #include "kernels/cuda/compact_gather.cuh"
 #include "kernels/cuda/device_buffer.h"
@@ -103,21 +104,20 @@ class OracleTopKCudaBackend final : public CudaAttentionBackend {
   cuda::DeviceBuffer<int32_t> compact_counts_;        // [rows][kv_heads]
 };
 
+// cuda::GrowTo, after dropping the graphs that may point into the buffer when it must move.
 template <typename T>
 Status GrowTo(cuda::DeviceBuffer<T>& buffer, size_t count, const std::string& what,
               const std::function<void()>& drop_graphs) {
   if (buffer.size() >= count) return Status::Ok();
   drop_graphs();
-  buffer = cuda::DeviceBuffer<T>();
-  RUBATO_ASSIGN_OR_RETURN(buffer, cuda::DeviceBuffer<T>::Allocate(count, "oracle_topk " + what));
-  return Status::Ok();
+  return cuda::GrowTo(buffer, count, "oracle_topk " + what);
 }
 
 Status OracleTopKCudaBackend::Reserve(std::span<const ForwardEntry> batch, const ForwardPlan& plan,
                                       const std::function<void()>& drop_graphs) {
   rows_ = RowsOf(batch, plan);
   if (rows_.count == 0) return Status::Ok();
-  const int rows = static_cast<int>(std::bit_ceil(static_cast<unsigned>(rows_.count)));
+  const int rows = RoundUpPow2(rows_.count);
   if (rows > row_capacity_) {
     drop_graphs();  // the step-input region's layout follows the row capacity
     row_capacity_ = rows;

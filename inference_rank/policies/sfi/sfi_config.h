@@ -57,6 +57,12 @@ struct SfiPolicyConfig {
   SfiSelectorConfig selector;  // selector.budget is K, selected positions per KV head (2048)
 };
 
+// Rows per KV head of a request's compact buffer: the sink positions, then up to `budget`
+// selected ones (both backends size their buffers with it).
+inline int64_t SfiCompactCapacity(const SfiPolicyConfig& config) {
+  return static_cast<int64_t>(config.sink_tokens) + config.selector.budget;
+}
+
 // Reads every parameter key of an `sfi` policy section; absent keys keep the defaults above.
 // Errors name the key path: "rubato.yaml: policy.t_max: must be in [1, 2147483647], got 0",
 // "rubato.yaml: policy.triggers[1]: '' must not be empty", "rubato.yaml: policy.tmax: unknown

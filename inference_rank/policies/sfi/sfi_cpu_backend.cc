@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/sizes.h"
 #include "inference_rank/policies/sfi/sfi_state.h"
 #include "kernels/cpu/compact_gather.h"
 #include "kernels/cpu/dot.h"
@@ -13,16 +14,6 @@
 
 namespace rubato {
 namespace {
-
-// Rows per KV head of a compact buffer: the sink positions then up to `budget` selected ones.
-int CompactCapacity(const SfiPolicyConfig& config) {
-  return config.sink_tokens + config.selector.budget;
-}
-
-template <typename T>
-void GrowTo(std::vector<T>& buffer, size_t size) {
-  if (buffer.size() < size) buffer.resize(size);
-}
 
 class SfiCpuBackend final : public CpuAttentionBackend {
  public:
@@ -54,7 +45,7 @@ class SfiCpuBackend final : public CpuAttentionBackend {
   Result<CompactSegment> Compact(const CpuLayerContext& context, int entry) override {
     const EntryAttention& attention = *context.entries[static_cast<size_t>(entry)].attention;
     const SfiLayerState& state = SfiStateOf(attention).layers[static_cast<size_t>(context.layer)];
-    const int capacity = CompactCapacity(config_);
+    const int capacity = SfiCompactCapacity(config_);
     const size_t compact_floats =
         static_cast<size_t>(model_.num_kv_heads) * capacity * model_.head_dim;
     if (state.compact_keys.size() != compact_floats ||
@@ -126,8 +117,8 @@ Status SfiCpuBackend::RefreshLayer(const CpuLayerContext& context, const CpuEntr
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
 
   // logits: [window][heads][j_count]; key norms: [kv_heads][j_count].
-  GrowTo(logits_, static_cast<size_t>(window) * heads * j_count);
-  if (want_norms) GrowTo(key_norms_, static_cast<size_t>(kv_heads) * j_count);
+  GrowVector(logits_, static_cast<size_t>(window) * heads * j_count);
+  if (want_norms) GrowVector(key_norms_, static_cast<size_t>(kv_heads) * j_count);
   const float* first_query =
       context.q + static_cast<size_t>(entry.first_token + entry.tokens - window) * q_dim;
   if (want_norms) {
@@ -163,7 +154,7 @@ Status SfiCpuBackend::RefreshLayer(const CpuLayerContext& context, const CpuEntr
     state.layers.assign(static_cast<size_t>(model_.num_layers), SfiLayerState());
   }
   SfiLayerState& layer_state = state.layers[static_cast<size_t>(layer)];
-  const int capacity = CompactCapacity(config_);
+  const int capacity = SfiCompactCapacity(config_);
   layer_state.kept.resize(static_cast<size_t>(kv_heads));
   for (int h = 0; h < kv_heads; ++h) {
     std::vector<int>& kept = layer_state.kept[static_cast<size_t>(h)];

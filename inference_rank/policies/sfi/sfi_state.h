@@ -90,6 +90,14 @@ inline EntryAttention SfiStep(SfiStepKind step, SfiSequenceState* state, int win
   }
   return attention;
 }
+// Whether a plan is one SfiStep made (its op, evidence and row group), and of which kind.
+inline bool IsSfiFastPlan(const EntryAttention& a) {
+  return a.action.op == AttentionOp::kTwoSegment && a.row_group == kSfiFastRows;
+}
+inline bool IsSfiSlowPlan(const EntryAttention& a) {
+  return a.action.op == AttentionOp::kDense && a.action.evidence == kRawScores &&
+         a.row_group == kSfiSlowRows;
+}
 inline SfiStepKind SfiStepOf(const EntryAttention& attention) {
   return attention.action.op == AttentionOp::kTwoSegment ? SfiStepKind::kFast : SfiStepKind::kSlow;
 }
