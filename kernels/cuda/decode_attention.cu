@@ -330,7 +330,7 @@ Status Validate(const DecodeAttentionParams& p) {
     return invalid("window sink " + std::to_string(p.sink_tokens) + " / recent " +
                    std::to_string(p.recent_tokens) + " (need sink >= 0, recent >= 1)");
   }
-  if (!std::isfinite(p.scale)) return invalid("scale is not finite");
+  if (std::isnan(p.scale) || std::isinf(p.scale)) return invalid("scale is not finite");
   if (!Aligned16(p.q) || !Aligned16(p.key_pool) || !Aligned16(p.value_pool) ||
       p.q_row_stride % 8 != 0) {
     return invalid(
