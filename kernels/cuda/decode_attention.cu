@@ -165,7 +165,7 @@ int MultiprocessorCount() {
 
 // Raises a split kernel's dynamic shared-memory limit, once per (instantiation, device): the
 // opt-in is per device, and a repeated call costs host time on every launch.
-template <int kHeadDim, int kGroup, bool kTensorCopies>
+template <int kHeadDim, int kGroup, bool kTensorCopies, class Variant>
 Status AllowSplitKernelSharedMemory(int bytes) {
   static std::array<std::atomic<bool>, kMaxCachedDevices> raised{};
   const int device = CurrentDevice();
@@ -173,7 +173,7 @@ Status AllowSplitKernelSharedMemory(int bytes) {
     return Status::Ok();
   }
   RUBATO_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies>,
+      cudaFuncSetAttribute(DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies, Variant>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
       "raising decode attention's shared memory limit");
   if (device < kMaxCachedDevices) raised[device].store(true, std::memory_order_release);
@@ -216,8 +216,7 @@ bool UsesTensorCopies(const DecodeAttentionParams& params) {
 // paged keys from recent_begin rounded down to a tile.
 int MaxKeys(const DecodeAttentionParams& params) {
   if (params.compact_keys == nullptr) {
-    const long long window_keys =
-        static_cast<long long>(params.sink_tokens) + params.recent_tokens;
+    const long long window_keys = static_cast<long long>(params.sink_tokens) + params.recent_tokens;
     return static_cast<int>(std::min<long long>(params.max_seq_len, window_keys));
   }
   const auto round_up = [](long long n) { return (n + kTileKeys - 1) / kTileKeys * kTileKeys; };
@@ -225,11 +224,12 @@ int MaxKeys(const DecodeAttentionParams& params) {
   return static_cast<int>(round_up(params.compact_capacity) + recent + kTileKeys - 1);
 }
 
-template <int kHeadDim, int kGroup, bool kTensorCopies>
+template <int kHeadDim, int kGroup, bool kTensorCopies, class Variant>
 Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& outputs,
                     cudaStream_t stream) {
   constexpr int kSmem = TilesFor<kHeadDim, kTensorCopies>::kSmemBytes;
-  RUBATO_RETURN_IF_ERROR((AllowSplitKernelSharedMemory<kHeadDim, kGroup, kTensorCopies>(kSmem)));
+  RUBATO_RETURN_IF_ERROR(
+      (AllowSplitKernelSharedMemory<kHeadDim, kGroup, kTensorCopies, Variant>(kSmem)));
   CUtensorMap key_map{}, value_map{}, compact_key_map{}, compact_value_map{};
   if constexpr (kTensorCopies) {
     const Bf16RowsMapShape shape{
@@ -237,17 +237,33 @@ Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& out
         kHeadDim, 64, params.block_tokens};
     RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.key_pool, shape, key_map));
     RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.value_pool, shape, value_map));
-    if (params.compact_keys != nullptr) {
+    if constexpr (Variant::kCompact) {
       const Bf16RowsMapShape compact{CompactRows(params), kHeadDim, 64, params.block_tokens};
       RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.compact_keys, compact, compact_key_map));
-      RUBATO_RETURN_IF_ERROR(
-          EncodeBf16RowsMap(params.compact_values, compact, compact_value_map));
+      RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.compact_values, compact, compact_value_map));
     }
   }
   const dim3 grid(outputs.num_splits, params.num_kv_heads, params.batch);
-  DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies><<<grid, kThreads, kSmem, stream>>>(
-      params, outputs, key_map, value_map, compact_key_map, compact_value_map);
+  DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies, Variant>
+      <<<grid, kThreads, kSmem, stream>>>(params, outputs, key_map, value_map, compact_key_map,
+                                          compact_value_map);
   return LaunchStatus("decode_attention_split");
+}
+
+// The one place a launch's variant is chosen (decode_attention_split.cuh): a compact segment,
+// else raw scores to write (the caller's, or the probabilities' input), else the window alone.
+template <int kHeadDim, int kGroup, bool kTensorCopies>
+Status LaunchVariant(const DecodeAttentionParams& params, const SplitOutputs& outputs,
+                     cudaStream_t stream) {
+  if (params.compact_keys != nullptr) {
+    return LaunchSplits<kHeadDim, kGroup, kTensorCopies, TwoSegmentVariant>(params, outputs,
+                                                                            stream);
+  }
+  if (outputs.scores != nullptr) {
+    return LaunchSplits<kHeadDim, kGroup, kTensorCopies, WindowScoresVariant>(params, outputs,
+                                                                              stream);
+  }
+  return LaunchSplits<kHeadDim, kGroup, kTensorCopies, WindowVariant>(params, outputs, stream);
 }
 
 template <int kHeadDim, int kGroup>
@@ -279,12 +295,12 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
 
   if constexpr (kHeadDim % 64 == 0) {
     if (tensor_copies) {
-      RUBATO_RETURN_IF_ERROR((LaunchSplits<kHeadDim, kGroup, true>(params, outputs, stream)));
+      RUBATO_RETURN_IF_ERROR((LaunchVariant<kHeadDim, kGroup, true>(params, outputs, stream)));
     } else {
-      RUBATO_RETURN_IF_ERROR((LaunchSplits<kHeadDim, kGroup, false>(params, outputs, stream)));
+      RUBATO_RETURN_IF_ERROR((LaunchVariant<kHeadDim, kGroup, false>(params, outputs, stream)));
     }
   } else {
-    RUBATO_RETURN_IF_ERROR((LaunchSplits<kHeadDim, kGroup, false>(params, outputs, stream)));
+    RUBATO_RETURN_IF_ERROR((LaunchVariant<kHeadDim, kGroup, false>(params, outputs, stream)));
   }
 
   DecodeAttentionMergeKernel<kHeadDim>

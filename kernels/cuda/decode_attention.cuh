@@ -22,6 +22,9 @@
 
 namespace rubato::cuda {
 
+// One plain struct for every launch; the optional fields below pick a compile-time variant of
+// the split kernel in one place (decode_attention.cu LaunchVariant): a compact segment, raw
+// scores (also behind the probabilities), or the window alone.
 struct DecodeAttentionParams {
   // Query head h of sequence b at q + b * q_row_stride + h * head_dim, bf16 (after RoPE).
   const __nv_bfloat16* q = nullptr;

@@ -103,8 +103,9 @@ struct SwizzledTiles {
                       *reinterpret_cast<const uint32_t*>(q_row + 16 * s + 8 + 2 * quad));
   }
   __device__ static uint2 KeyFragment(const unsigned char* k_tile, int row, int s, int quad) {
-    return make_uint2(*reinterpret_cast<const uint32_t*>(k_tile + Offset(row, 2 * s) + 4 * quad),
-                      *reinterpret_cast<const uint32_t*>(k_tile + Offset(row, 2 * s + 1) + 4 * quad));
+    return make_uint2(
+        *reinterpret_cast<const uint32_t*>(k_tile + Offset(row, 2 * s) + 4 * quad),
+        *reinterpret_cast<const uint32_t*>(k_tile + Offset(row, 2 * s + 1) + 4 * quad));
   }
 };
 
@@ -133,13 +134,31 @@ __device__ inline VisibleKeys VisibleKeysOf(int seq_len, int sink_tokens, int re
   return keys;
 }
 
+// What a launch adds to windowed attention, fixed at compile time (the launcher picks one from
+// the params, decode_attention.cu): whether keys start with a compact segment, and whether raw
+// scores are written. Each variant is the key space below plus one flag; the kernel is one.
+struct WindowVariant {  // the window's keys; no scores
+  static constexpr bool kCompact = false;
+  static constexpr bool kScores = false;
+};
+struct WindowScoresVariant {  // the window's keys; raw scores (the caller's, or for probs)
+  static constexpr bool kCompact = false;
+  static constexpr bool kScores = true;
+};
+struct TwoSegmentVariant {  // compact rows, then the paged keys from recent_begin
+  static constexpr bool kCompact = true;
+  static constexpr bool kScores = false;
+};
+
 // A (sequence, KV head)'s keys as the split kernel numbers them, index 0..count-1:
-//   * [0, compact_end): compact rows (two-segment launches only); row i is attended iff
-//     i < compact_count; compact_end rounds compact_count up to a tile, so that the paged keys
-//     start on a tile boundary;
+//   * [0, compact_end): compact rows (kCompact only); row i is attended iff i < compact_count;
+//     compact_end rounds compact_count up to a tile, so that the paged keys start on a tile
+//     boundary;
 //   * [compact_end, count): paged positions paged.Position(i - compact_end), attended iff
 //     >= paged_valid_begin. Two-segment launches start the paged keys at recent_begin rounded
-//     down to a tile (tiles of whole blocks for tensor copies) and mask the positions below it.
+//     down to a tile (tiles of whole blocks for tensor copies) and mask the positions below it;
+//     window launches attend every index (the window already skipped the hidden keys).
+template <bool kCompact>
 struct KeySpace {
   VisibleKeys paged;
   int64_t compact_row0 = 0;  // first compact row of the (sequence's slot, KV head)
@@ -147,36 +166,41 @@ struct KeySpace {
   int compact_end = 0;
   int paged_valid_begin = 0;
   int count = 0;
-  __device__ bool IsCompact(int index) const { return index < compact_end; }
-  __device__ int Position(int index) const { return paged.Position(index - compact_end); }
+  __device__ bool IsCompact(int index) const { return kCompact && index < compact_end; }
+  __device__ int Position(int index) const {
+    return paged.Position(kCompact ? index - compact_end : index);
+  }
   __device__ bool Attended(int index) const {
+    if constexpr (!kCompact) return true;
     return index < compact_end ? index < compact_count : Position(index) >= paged_valid_begin;
   }
 };
 
-__device__ inline KeySpace KeySpaceOf(const DecodeAttentionParams& params, int sequence,
-                                      int kv_head, int seq_len) {
-  KeySpace keys;
-  if (params.compact_keys == nullptr) {
+template <class Variant>
+__device__ inline KeySpace<Variant::kCompact> KeySpaceOf(const DecodeAttentionParams& params,
+                                                         int sequence, int kv_head, int seq_len) {
+  KeySpace<Variant::kCompact> keys;
+  if constexpr (!Variant::kCompact) {
     keys.paged = VisibleKeysOf(seq_len, params.sink_tokens, params.recent_tokens);
     keys.count = keys.paged.count;
     return keys;
+  } else {
+    // The sequence's compact buffer: its own index, or its slot in a pool (compact_slots).
+    const int compact_index =
+        params.compact_slots == nullptr
+            ? sequence
+            : min(max(params.compact_slots[sequence], 0), params.num_compact_slots - 1);
+    const int64_t compact_pair =
+        static_cast<int64_t>(compact_index) * params.num_kv_heads + kv_head;
+    keys.compact_row0 = compact_pair * params.compact_capacity;
+    keys.compact_count = min(max(params.compact_counts[compact_pair], 0), params.compact_capacity);
+    keys.compact_end = (keys.compact_count + kTileKeys - 1) / kTileKeys * kTileKeys;
+    keys.paged_valid_begin = min(max(params.recent_begin[sequence], 0), seq_len);
+    const int paged_begin = keys.paged_valid_begin / kTileKeys * kTileKeys;
+    keys.paged = VisibleKeys{0, paged_begin, seq_len - paged_begin};
+    keys.count = keys.compact_end + keys.paged.count;
+    return keys;
   }
-  // The sequence's compact buffer: its own index, or its slot in a pool (compact_slots).
-  const int compact_index =
-      params.compact_slots == nullptr
-          ? sequence
-          : min(max(params.compact_slots[sequence], 0), params.num_compact_slots - 1);
-  const int64_t compact_pair = static_cast<int64_t>(compact_index) * params.num_kv_heads + kv_head;
-  keys.compact_row0 = compact_pair * params.compact_capacity;
-  keys.compact_count =
-      min(max(params.compact_counts[compact_pair], 0), params.compact_capacity);
-  keys.compact_end = (keys.compact_count + kTileKeys - 1) / kTileKeys * kTileKeys;
-  keys.paged_valid_begin = min(max(params.recent_begin[sequence], 0), seq_len);
-  const int paged_begin = keys.paged_valid_begin / kTileKeys * kTileKeys;
-  keys.paged = VisibleKeys{0, paged_begin, seq_len - paged_begin};
-  keys.count = keys.compact_end + keys.paged.count;
-  return keys;
 }
 
 // Four 8x8 bf16 matrices, transposed: register i of lane (g, t) holds rows 2t, 2t+1 of column g
@@ -221,7 +245,7 @@ struct SplitOutputs {
 // compact_key_map / compact_value_map over the compact buffers' rows ([buffers * num_kv_heads *
 // compact_capacity][head_dim], the same boxes; buffers = num_compact_slots with compact_slots,
 // else batch) for two-segment launches. Maps a launch does not use are ignored.
-template <int kHeadDim, int kGroup, bool kTensorCopies>
+template <int kHeadDim, int kGroup, bool kTensorCopies, class Variant>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     DecodeAttentionSplitKernel(const DecodeAttentionParams params, const SplitOutputs outputs,
                                const __grid_constant__ CUtensorMap key_map,
@@ -249,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int first_head = kv_head * kGroup;
 
   const int seq_len = min(params.seq_lens[sequence], params.max_seq_len);
-  const KeySpace keys = KeySpaceOf(params, sequence, kv_head, seq_len);
+  const KeySpace<Variant::kCompact> keys = KeySpaceOf<Variant>(params, sequence, kv_head, seq_len);
   const int begin = split * outputs.keys_per_split;
   const int end = min(begin + outputs.keys_per_split, keys.count);
   const size_t partial_row0 =
@@ -339,9 +363,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         if (next_tile_compact) {
           if (first < keys.compact_count) map_row = static_cast<int>(compact_row0 + first);
         } else if (keys.Position(last) >= keys.paged_valid_begin) {
-          map_row = (block_table[keys.Position(first) >> block_shift] * params.num_kv_heads +
-                     kv_head) *
-                    params.block_tokens;
+          map_row =
+              (block_table[keys.Position(first) >> block_shift] * params.num_kv_heads + kv_head) *
+              params.block_tokens;
         }
       }
       next_tile_rows[b] = map_row;
@@ -498,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         row_sum += prob[j][e];
       }
     }
-    if (outputs.scores != nullptr && row < kGroup) {  // raw scores (params.scores or probs)
+    if (Variant::kScores && row < kGroup) {  // raw scores (params.scores or probs)
       float* score_row =
           outputs.scores + (static_cast<size_t>(sequence) * params.num_heads + first_head + row) *
                                outputs.scores_stride;
@@ -524,8 +548,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #pragma unroll
       for (int n = 0; n < kHeadDim / 8; n += 2) {
         uint32_t b0, b1, b0_next, b1_next;
-        LdMatrixX4Trans(v_tile + Tiles::Offset(v_row, n + (matrix >> 1)), b0, b1, b0_next,
-                        b1_next);
+        LdMatrixX4Trans(v_tile + Tiles::Offset(v_row, n + (matrix >> 1)), b0, b1, b0_next, b1_next);
         MmaRowsBelow8(out[n], p_low, p_high, b0, b1);
         MmaRowsBelow8(out[n + 1], p_low, p_high, b0_next, b1_next);
       }
