@@ -1,34 +1,8 @@
 // The generation engine of an inference rank: requests in, tokens out, one scheduler step at a
-// time. Used by the CLI and the HTTP server.
-//
-// Scheduling is first-come first-served continuous batching. Each Step():
-//   1. admits waiting requests, oldest first, while fewer than max_batch run and the KV cache
-//      can hold the admitted request's whole sequence (prompt + max_new_tokens, capped by
-//      max_context). Reserving the worst case at admission means a running request never runs
-//      out of KV blocks mid-generation (no preemption needed); a request that does not fit yet
-//      waits, and later ones wait behind it;
-//   2. runs one forward over a batch that mixes one decode token for every request that is
-//      generating and prefill chunks of requests still reading their prompt (at most
-//      prefill_chunk prompt tokens in total per step, oldest request first);
-//   3. takes the next token of every request whose prompt is complete (sampled by the model
-//      right after the forward, from a uniform the engine drew from the request's RNG), and
-//      retires requests that finished (stop token, max_new_tokens, or max_context reached),
-//      freeing their blocks.
-// The attention policy (options.policy, inference_rank/attention/policy.h) plans every entry of a
-// request and judges the token it produced: accepted, or thrown away and recomputed (the
-// engine rewinds the position and gives the request's sampling draw back). Each token event
-// reports the share of the request's KV its query attended. Without a policy every forward is
-// dense.
-//
-// A request's tokens do not depend on the other requests in its batch: attention and sampling
-// are per request (each request owns an RNG seeded from its seed and draws exactly one uniform
-// per sampled token, none when greedy), and every linear layer computes each row independently
-// of the others up to rounding.
-//
-// The engine is backend-neutral: it drives any Model (the CPU reference or the CUDA model) and
-// the KV cache that model creates.
-//
-// Not thread-safe: one thread drives Submit / Step.
+// time (FCFS continuous batching, worst-case KV reserved at admission, mixed prefill chunks and
+// decode tokens per forward). The attention policy's host half plans every entry and judges
+// every token (accept, or redo: the engine rewinds and gives the sampling draw back). Used by the
+// CLI and the HTTP server; backend-neutral; one thread drives it. docs/engine_and_models.md.
 #pragma once
 
 #include <cstdint>

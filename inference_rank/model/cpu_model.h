@@ -1,27 +1,8 @@
 // The CPU reference model: a Llama / Qwen2 / Qwen3 decoder in fp32 that follows transformers'
-// modelling code op for op, running batches of prefill chunks and decode tokens against a
-// paged KV cache.
-//
-// A forward takes a batch of entries, each one sequence's new tokens (a prefill chunk or one
-// decode token) at its next positions. The tokens of all entries are concatenated into one
-// [tokens][hidden] activation so that every linear layer is one sgemm over the whole batch;
-// attention runs per entry against that entry's paged K/V (causal within the chunk, restricted to
-// the batch's attention window). Feeding a prompt in chunks gives the same logits as feeding it
-// at once, to fp32 rounding. Entries with an attention plan (ForwardEntry::attention) run its op
-// with the operands of the attention backend (inference_rank/attention/cpu_backend.h), which
-// also gets each layer before and after its attention.
-//
-// Sampling (ForwardEntry::sampling) runs on the host from the last logits (SampleOnHost).
-//
-// Typical use (what the golden test does):
-//   RUBATO_ASSIGN_OR_RETURN(auto model, CpuModel::Load(dir, {}));
-//   RUBATO_ASSIGN_OR_RETURN(auto cache, model->CreateKvCache(/*block_tokens=*/16, blocks));
-//   KvSequence sequence;
-//   ForwardResult result;
-//   ForwardEntry chunk{&sequence, span(prompt).subspan(0, 37), /*start_position=*/0,
-//                      LogitsWanted::kAll};
-//   RUBATO_RETURN_IF_ERROR(model->Forward({&chunk, 1}, *cache, result));
-//   ... result.EntryLogits(0) is [37][vocab]; then the next chunk at start_position 37 ...
+// modelling code op for op, running batches of prefill chunks and decode tokens against a paged
+// KV cache (one sgemm per linear layer over the whole batch, attention per entry). Entries with
+// an attention plan run its op with the operands of the attention backend (cpu_backend.h).
+// docs/engine_and_models.md has the details and a usage example.
 #pragma once
 
 #include <cstddef>

@@ -1,28 +1,8 @@
-// Decode attention's split kernel (decode_attention.cu launches it, then merges its partials).
-//
-// Work split. One thread block per (split, KV head, sequence). It owns a contiguous range of the
-// sequence's attended keys ("visible" keys: the sink segment then the recent segment, numbered
-// 0..count-1) and computes, for the GQA group's query heads, a partial softmax over that range.
-// Every K/V byte is read once per step and shared by the whole GQA group, so the kernel is bound
-// by HBM bandwidth: tiles of kTileKeys keys stream through kStages shared-memory stages, each
-// completing on an mbarrier when the copy engine has landed its bytes.
-//
-// Two ways to fill a stage (one template flag, chosen per launch):
-//  * tensor copies (dense windows, head_dim 64 / 128): thread 0 copies whole KV blocks through a
-//    tensor map per pool, 64 dims x block_tokens rows per box, into 128-byte-swizzled tiles.
-//    The L2 then sees whole 128-byte lines, as it does from a coalesced kernel;
-//  * row copies (any window, any head_dim): each thread moves one K or V row with a bulk copy
-//    into a row padded to a 32-byte multiple (see PaddedTiles).
-// Measured at 16 x 128K on an H200 (bench/results/decode_attention_notes.md): tensor copies with
-// two stages read K+V at 4.57 TB/s against SDPA's 4.62 in the same run; row copies at 4.28.
-//
-// Tile math. The group's G <= 8 query rows are the M = 16 rows of an m16n8k16 bf16 MMA (rows G..15
-// are zero): S = Q K^T takes K straight from shared memory (a key row is the MMA's column-major B
-// operand), P V takes V through ldmatrix.trans. Wasting up to 15/16 of the tensor-core rows costs
-// nothing here: the tensor cores are idle >95% of the time either way. Each of the 4 warps takes
-// 16 keys of every 64-key tile and keeps its own running max / sum / output (FlashAttention-2
-// style); the warps are merged once at the end of the block's range. Scores are kept in log2
-// units (scale * log2(e) folded in) so that exp2f is the only transcendental.
+// Decode attention's split kernel (decode_attention.cu launches it, then merges the partials):
+// one block per (split, KV head, sequence) computes a partial softmax over a range of the keys
+// for the GQA group, tiles of keys streaming through shared-memory stages filled by tensor
+// copies (whole KV blocks, dense windows) or row copies, S = Q K^T and P V on m16n8k16 MMAs.
+// Compile-time variants add a compact segment or raw scores. docs/decode_attention.md.
 #pragma once
 
 #include <cuda.h>

@@ -1,20 +1,7 @@
-// SFI's per-request state on the CUDA model's device (sfi_state.h, DESIGN §4.2): one pool of
-// compact buffers with a slot per request that holds a selection, owned by SfiCudaBackend. A
-// fast step's two-segment attention finds every request's buffers through a per-row slot id in
-// the step inputs, so one launch per layer serves any mix of requests and a captured graph stays
-// valid while requests come and go (decode_attention.cuh and compact_gather.cuh, compact_slots).
-//
-// Layout, layer-major so that one layer's arrays are what the kernels' slot mode takes:
-//   keys, values: [layer][slot][kv_head][capacity][head_dim], bf16, capacity = sink + budget
-//   counts:       [layer][slot][kv_head], int32: rows of the buffer in use (sink + selected)
-//   positions:    [layer][slot][kv_head][capacity], int32: the position each row was copied
-//                 from (the CPU backend's SfiLayerState::kept; read back only on request)
-//
-// Slot ownership. The pool hands out CudaSfiSlot handles (an SfiBackendHandle) that the request's
-// SfiSequenceState::backend holds; a handle's destructor returns its slot to the pool's free
-// list, which the handles share with the pool so that a state may outlive the model. A slot's
-// buffers hold the previous owner's rows until the new owner's first slow step rewrites every
-// layer, and fast steps never run before that step (SfiCudaBackend::CheckBatch).
+// SFI's per-request compact buffers on the GPU: one pool, a slot per request holding a
+// selection, found by a per-row slot id in the step inputs (one launch serves any mix; graphs
+// stay valid while requests come and go). Layer-major arrays; slots handed out as handles whose
+// destructor gives them back (docs/sfi.md "SFI compact pool").
 #pragma once
 
 #include <cuda_bf16.h>

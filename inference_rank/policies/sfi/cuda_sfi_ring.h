@@ -1,26 +1,8 @@
-// The scratch and the streams of SFI's slow-step maintenance on the GPU (DESIGN §4.2 "System";
-// paper §4.1). A slow step's layer i writes the Selector's evidence (raw attention scores) in its
-// attention on the main stream; the Selector and the compact gather of layer i then run on a
-// low-priority aux stream while the main stream goes on with layers i+1, i+2, ...:
-//
-//   main: ... Attn_i ─record A[i%R]─ o_proj_i, MLP_i, Attn_i+1 ... [wait M[i%R]] Attn_i+R ...
-//   aux:              wait A[i%R] ─ Select_i ─ Gather_i ─ record M[i%R]
-//
-// Maintenance scratch lives in a ring of R = 4 slots: layer i uses slot i mod R, and the main
-// stream waits for M of that slot (recorded after the aux stream's last use of it, at layer i - R
-// of the same step) before layer i's attention writes it again. At the end of the step the main
-// stream waits for the aux stream's last event: one barrier, before the forward's final
-// synchronization. The events of a step are all recorded within that step, so the same calls
-// run eagerly or inside a graph capture (where they fork the aux stream into the graph and join
-// it back).
-//
-// Inline mode (overlap off, SfiCudaBackend::SetOverlap(false)): the same work in the same
-// order on the main stream, no events: the same bits, the maintenance on the critical path (what
-// the benchmark compares against).
-//
-// Priorities: the aux stream gets the device's lowest priority, which is also the default one;
-// the model creates its main stream at the highest, so that the scheduler prefers the critical
-// path, and graphs are instantiated with per-node priorities (cuda_decode_graph.cc).
+// The scratch and streams of SFI's slow-step maintenance on the GPU: the Selector and the
+// compact gather of layer i run on a low-priority aux stream while the main stream goes on with
+// layers i+1..; a ring of R = 4 scratch slots with an event each, one barrier at the step's end,
+// the same calls eager or inside a graph capture; inline mode for the benchmark's comparison
+// (docs/sfi.md "SFI maintenance ring").
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,25 +1,7 @@
-// SFI, Slow-Fast Inference (DESIGN §4.2; papers/sfi-slow-fast-inference.txt §3.1): the policy's
-// configuration, its trigger tokens and the per-request schedule of slow and fast decode steps.
-// This file decides *which* kind of step runs; the steps themselves (dense attention with masked
-// logits, the Selector in kernels/cpu/sfi_selector.h, the two-segment sparse attention) belong
-// to the engine, the model and the kernels.
-//
-// Lifecycle, as the engine uses it:
-//   1. at start: ParseSfiPolicyConfig (through ResolvePolicy in policy_registry.h), then once
-//      ResolveTriggerTokens(tokenizer, config.triggers) -> the sorted trigger ids, kept for the
-//      engine's lifetime and shared by every request;
-//   2. per request, after prefill (whose selection uses the last prefill_window queries):
-//      SfiSchedule schedule(config.t_max, &trigger_ids);
-//   3. per decode step: kind = schedule.NextStep(); run a slow or fast step;
-//      schedule.OnStep(kind, token the step produced).
-//
-// The trigger rule (ours; the paper only asks for "trigger token ids built offline through the
-// tokenizer"): a token is a trigger when it is not a special token and its text, decoded alone
-// (Tokenizer::Decode({id})) with trailing spaces and tabs removed, ends with one of the trigger
-// strings. With the default triggers ". ? ! ; \n" the tokens ".", " .", "...", "?!", ".\n",
-// ")\n" (ends with "\n") and "?\n\n" are triggers; ".)" and "," are not. Trailing spaces and
-// tabs are ignored because a sentence ends at its punctuation whatever white space a BPE merge
-// glued after it; newlines are kept because "\n" is itself a boundary the config can name.
+// SFI's configuration (every `policy: {name: sfi}` key), its trigger tokens (a non-special
+// token whose text, trailing spaces and tabs removed, ends with a trigger string) and the
+// per-request schedule of slow and fast decode steps (Eq. 5 plus the T_max bound). Which kind of
+// step runs is decided here; the steps are the backends' (docs/sfi.md "SFI config").
 #pragma once
 
 #include <cstdint>

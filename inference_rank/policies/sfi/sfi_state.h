@@ -1,22 +1,7 @@
-// SFI (Slow-Fast Inference, DESIGN §4.2) as a model sees it: what one forward entry asks for,
-// and the per-request state a slow step writes and fast steps read.
-//
-// Per (request, layer, KV head) the working set is sink ∪ selected ∪ recent:
-//   * sink: positions [0, min(sink_tokens, L));
-//   * selected: up to `budget` positions the Selector (kernels/cpu/sfi_selector.h) chose at the
-//     last slow step from the allowed set J = [sink_end, anchor), with L_slow the sequence
-//     length at that slow step, sink_end = min(sink_tokens, L_slow) and anchor =
-//     max(sink_end, L_slow - recent_window) (SfiSinkEnd / SfiAnchor below);
-//   * recent: [anchor, L), read in place from the paged cache.
-// Sink and selected K/V are gathered into a compact buffer [kv_head][capacity][head_dim] at the
-// slow step; a fast step attends (compact segment, recent segment) in one two-segment call.
-//
-// Our choice where the paper lets the recent window slide at fixed width between slow steps:
-// the recent segment stays anchored at the last slow step's J end and grows by one position per
-// fast step (at most t_max positions past recent_window). Positions that slide out of a
-// fixed-width window after a selection would otherwise be attended by no segment until the next
-// slow step; anchoring keeps every position the selection did not rank, costs at most t_max
-// extra keys per head, and makes SFI with budget >= |J| attend exactly what dense attends.
+// SFI's per-request state and how an SFI step reads as a forward entry's plan. Per (request,
+// layer, KV head) the working set is sink [0, sink_end) + selected (from J = [sink_end,
+// anchor) at the last slow step) + recent [anchor, L), the recent segment anchored at the last
+// slow step (our choice; docs/sfi.md "SFI state").
 #pragma once
 
 #include <algorithm>
