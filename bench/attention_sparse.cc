@@ -41,7 +41,7 @@
 #include "kernels/cuda/key_norms.cuh"
 #include "kernels/cuda/compact_gather.cuh"
 #include "kernels/cuda/random_fill.cuh"
-#include "kernels/cuda/sfi_selector.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.cuh"
 
 namespace rubato {
 namespace {

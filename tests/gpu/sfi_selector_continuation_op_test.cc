@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/sfi_selector.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.cuh"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/sfi_selector_op_test_util.h"
 

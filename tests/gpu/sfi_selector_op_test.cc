@@ -1,4 +1,4 @@
-// SfiSelect (kernels/cuda/sfi_selector.cuh) against its CPU twin (kernels/cpu/sfi_selector.h,
+// SfiSelect (inference_rank/policies/sfi/kernels/sfi_selector.cuh) against its CPU twin (inference_rank/policies/sfi/kernels/sfi_selector.h,
 // f64) on fresh random logits and key norms: batches of 1, 3 and 17 sequences whose allowed sets
 // J have every kind of size (0, 1, below the budget, 4099, 65537) and offset, 1 to 8 KV heads
 // with GQA groups 1 to 8, windows of 1 and 16 query rows, budgets 16 / 512 / 2048, gamma 0 and 1,
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/sfi_selector.h"
-#include "kernels/cuda/sfi_selector.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.h"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.cuh"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/sfi_selector_op_test_util.h"
 

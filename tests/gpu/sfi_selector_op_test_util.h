@@ -1,6 +1,6 @@
 // Shared by the SfiSelect op tests (sfi_selector_op_test.cc, sfi_selector_continuation_op_test.cc):
 // case description, random inputs, the GPU run with poisoned outputs and workspace, and the
-// comparison with the CPU twin (kernels/cpu/sfi_selector.h, f64).
+// comparison with the CPU twin (inference_rank/policies/sfi/kernels/sfi_selector.h, f64).
 //
 // What is checked for every (sequence, KV head):
 //   * the count, ascending positions inside J, the entries past the count untouched;
@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/sfi_selector.h"
-#include "kernels/cuda/sfi_selector.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.h"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace rubato::cuda::sfi_test {

@@ -12,7 +12,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "common/tokenizer/tokenizer.h"
-#include "kernels/cpu/sfi_selector.h"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.h"
 
 namespace rubato {
 

@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "common/sizes.h"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.h"
 #include "inference_rank/policies/sfi/sfi_state.h"
 #include "kernels/cpu/compact_gather.h"
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/key_norms.h"
-#include "kernels/cpu/sfi_selector.h"
 
 namespace rubato {
 namespace {

@@ -12,12 +12,12 @@
 
 #include "common/logging.h"
 #include "common/sizes.h"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.cuh"
 #include "kernels/cuda/compact_gather.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/gather_rows.cuh"
 #include "kernels/cuda/key_norms.cuh"
-#include "kernels/cuda/sfi_selector.cuh"
 
 namespace rubato {
 namespace {

@@ -22,11 +22,11 @@
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch_checks.h"
-#include "kernels/cuda/sfi_cross_head.cuh"
-#include "kernels/cuda/sfi_head_scores.cuh"
-#include "kernels/cuda/sfi_selector.cuh"
-#include "kernels/cuda/sfi_selector_device.cuh"
-#include "kernels/cuda/sfi_top_k.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_cross_head.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_head_scores.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_selector_device.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_top_k.cuh"
 
 namespace rubato::cuda {
 namespace {

@@ -2,7 +2,7 @@
 // double-precision transcription of Eqs. 6–24 and of our continuation stage written here (literal
 // formulas, O(|J|·window) soft-NMS and continuation, full sort), plus hand-built cases whose
 // answer is known without any reference.
-#include "kernels/cpu/sfi_selector.h"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // SFI Selector CPU reference (see sfi_selector.h for the pipeline and the choices it makes).
-#include "kernels/cpu/sfi_selector.h"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.h"
 
 #include <algorithm>
 #include <cassert>

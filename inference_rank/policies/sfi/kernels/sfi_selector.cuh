@@ -1,13 +1,13 @@
 // SFI Selector on the GPU (papers/sfi-slow-fast-inference.txt §3.2–3.3, Eqs. 6–24, and our
 // stage C "continuation", docs/sfi.md; DESIGN §4.2): at a slow step, turns the dense attention's
 // logits over the allowed key set J of each sequence into the K positions per KV head that fast
-// steps attend. CPU twin: kernels/cpu/sfi_selector.h (SelectSfi / ComputeSfiScores), whose
-// documented choices are this op's contract too: symmetric soft-NMS neighbourhood
-// |i − j| <= nms_window / 2 clipped to J, GQA pooling by averaging the group's softmax-over-J
-// probabilities, μ divided by its maximum before the 1/α power, the prior built in the log domain,
-// λ* = fᵀ(f − r) / ‖f − r‖² clipped (0 when f == r), stage C's anchors (f >= threshold) and the
-// `continuation` positions after each ranked first by c_h = the strongest anchor that reaches
-// them, then z_adj, then the lower position; positions returned ascending.
+// steps attend. CPU twin: inference_rank/policies/sfi/kernels/sfi_selector.h (SelectSfi /
+// ComputeSfiScores), whose documented choices are this op's contract too: symmetric soft-NMS
+// neighbourhood |i − j| <= nms_window / 2 clipped to J, GQA pooling by averaging the group's
+// softmax-over-J probabilities, μ divided by its maximum before the 1/α power, the prior built in
+// the log domain, λ* = fᵀ(f − r) / ‖f − r‖² clipped (0 when f == r), stage C's anchors (f >=
+// threshold) and the `continuation` positions after each ranked first by c_h = the strongest anchor
+// that reaches them, then z_adj, then the lower position; positions returned ascending.
 //
 // The whole pipeline runs on the device in f32 (sums over J accumulate in f64), for a batch of
 // sequences at once, with no host round trip, every stage split over many blocks per (sequence,
@@ -24,7 +24,7 @@
 #include <cstdint>
 
 #include "common/status.h"
-#include "kernels/cpu/sfi_selector.h"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.h"
 
 namespace rubato::cuda {
 

@@ -9,7 +9,7 @@
 #include <climits>
 #include <cstdint>
 
-#include "kernels/cuda/sfi_selector.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_selector.cuh"
 
 namespace rubato::cuda::sfi {
 

@@ -33,8 +33,8 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/sfi_head_scores.cuh"
-#include "kernels/cuda/sfi_selector_device.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_head_scores.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_selector_device.cuh"
 
 namespace rubato::cuda::sfi {
 

@@ -27,7 +27,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/sfi_selector_device.cuh"
+#include "inference_rank/policies/sfi/kernels/sfi_selector_device.cuh"
 
 namespace rubato::cuda::sfi {
 
