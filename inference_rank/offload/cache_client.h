@@ -1,22 +1,8 @@
-// The inference rank's side of offloaded KV (DESIGN §1 steps 1-4): CacheRankClient turns the
-// model's per-layer K/V (kv_offload.h) into layer packs of P layers sent to a cache rank over a
-// Transport while the next pack computes, and serves each decode token's compact KV from the
-// cache rank's replies (transport/pack_protocol.h), sized and read by the session's cache
-// selector (cache_rank/cache_selector.h, the same table the cache rank uses). Sessions are opened
-// and closed through a CacheSessionControl: the RPC client of a remote cache rank, or the
-// in-process service.
-//
-//   CacheRankClient client(options, model.config(), transport, /*cache_peer=*/1, control);
-//   RUBATO_ASSIGN_OR_RETURN(uint64_t session, client.OpenSession(request_id, capacity));
-//   OffloadForward offload{&client, session};   // on the request's ForwardEntry
-//   ... model.Forward(...) ...
-//   RUBATO_RETURN_IF_ERROR(client.CloseSession(session));
-//
-// Failures: every wait is bounded by options.timeout and also ends as soon as the control
-// plane reports the cache rank lost (heartbeats). After a data-plane failure the pack stream
-// can no longer be trusted: the client is broken and every later call returns that first error
-// (kUnavailable / kDeadlineExceeded naming the cache rank); the engine fails the requests and a
-// new client (a reconnect) starts clean. One thread drives a client (the engine's).
+// The inference rank's side of offloaded KV: CacheRankClient turns the model's per-layer K/V
+// (kv_offload.h) into layer packs sent to a cache rank over a Transport, serves each decode
+// token's compact KV from the replies (sized by the session's cache selector), and opens and
+// closes sessions through a CacheSessionControl. Every wait is bounded; after a data-plane
+// failure the client stays broken with that error. docs/disaggregated.md "The cache client".
 #pragma once
 
 #include <chrono>
