@@ -1,13 +1,14 @@
 // Exact GQA-pooled top-k over a session's stored keys (see exact_top_k.h).
 #include "cache_rank/exact_top_k.h"
 
-#include <algorithm>
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
 
-#include <fmt/format.h>
+#include "kernels/cpu/pooled_top_k.h"
 
 namespace rubato {
 namespace {
@@ -33,23 +34,22 @@ Result<KvHeadSelection> ExactTopK(const KvStore& store, uint64_t session_id, uin
                                   uint32_t end) {
   RUBATO_ASSIGN_OR_RETURN(const SessionShape shape, store.GetSessionShape(session_id));
   RUBATO_ASSIGN_OR_RETURN(const uint32_t readable, store.LayerLength(session_id, layer));
-  const std::string where =
-      fmt::format("exact top-k (session {}, layer {})", session_id, layer);
+  const std::string where = fmt::format("exact top-k (session {}, layer {})", session_id, layer);
   const size_t query_elements = size_t{shape.num_query_heads} * shape.head_dim;
   if (query.size() != query_elements) {
-    return InvalidArgumentError(fmt::format(
-        "{}: query has {} values, expected num_query_heads {} x head_dim {} = {}", where,
-        query.size(), shape.num_query_heads, shape.head_dim, query_elements));
+    return InvalidArgumentError(
+        fmt::format("{}: query has {} values, expected num_query_heads {} x head_dim {} = {}",
+                    where, query.size(), shape.num_query_heads, shape.head_dim, query_elements));
   }
   for (size_t i = 0; i < query.size(); ++i) {
     if (!std::isfinite(query[i])) {
-      return InvalidArgumentError(fmt::format("{}: query[{}] = {} is not finite", where, i,
-                                              query[i]));
+      return InvalidArgumentError(
+          fmt::format("{}: query[{}] = {} is not finite", where, i, query[i]));
     }
   }
   if (begin > end || end > readable) {
-    return OutOfRangeError(fmt::format(
-        "{}: range [{}, {}) is not within the {} readable tokens", where, begin, end, readable));
+    return OutOfRangeError(fmt::format("{}: range [{}, {}) is not within the {} readable tokens",
+                                       where, begin, end, readable));
   }
   const uint32_t n = end - begin;
   const uint32_t group = shape.num_query_heads / shape.num_kv_heads;
@@ -57,10 +57,9 @@ Result<KvHeadSelection> ExactTopK(const KvStore& store, uint64_t session_id, uin
   const size_t row_bytes = size_t{shape.head_dim} * DTypeSize(shape.dtype);
 
   KvHeadSelection selection(shape.num_kv_heads);
-  std::vector<float> key(shape.head_dim);                   // one key row in fp32
-  std::vector<float> logits(size_t{group} * n);             // [group][n]
-  std::vector<float> pooled(n);                             // [n]
-  std::vector<int32_t> order(n);                            // offsets into the range
+  std::vector<float> key(shape.head_dim);        // one key row in fp32
+  std::vector<float> logits(size_t{group} * n);  // [group][n]
+  std::vector<int> positions;                    // one head's selection
   for (uint32_t g = 0; g < shape.num_kv_heads; ++g) {
     RUBATO_ASSIGN_OR_RETURN(const KvHeadRows rows, store.HeadRows(session_id, layer, g));
     if (k >= n) {  // the whole range, no scoring needed
@@ -82,34 +81,16 @@ Result<KvHeadSelection> ExactTopK(const KvStore& store, uint64_t session_id, uin
             std::isfinite(logit) ? logit : -std::numeric_limits<float>::infinity();
       }
     }
-    // Softmax per query head, pooled by the mean of the probabilities.
-    std::fill(pooled.begin(), pooled.end(), 0.0f);
-    for (uint32_t q = 0; q < group; ++q) {
-      float* row = logits.data() + size_t{q} * n;
-      float max_logit = -std::numeric_limits<float>::infinity();
-      for (uint32_t j = 0; j < n; ++j) max_logit = std::max(max_logit, row[j]);
-      float sum = 0.0f;
-      for (uint32_t j = 0; j < n; ++j) {
-        row[j] = std::exp(row[j] - max_logit);
-        sum += row[j];
-      }
-      const float weight = 1.0f / (sum * static_cast<float>(group));
-      for (uint32_t j = 0; j < n; ++j) pooled[j] += row[j] * weight;
-    }
-    for (float& score : pooled) {
-      if (std::isnan(score)) score = -std::numeric_limits<float>::infinity();
-    }
-    // Highest score first, lower position on ties: a strict total order, so the k chosen are
-    // unique.
-    std::iota(order.begin(), order.end(), 0);
-    auto better = [&](int32_t a, int32_t b) {
-      return pooled[a] != pooled[b] ? pooled[a] > pooled[b] : a < b;
-    };
-    std::nth_element(order.begin(), order.begin() + k, order.end(), better);
-    std::vector<int32_t>& chosen = selection[g];
-    chosen.assign(order.begin(), order.begin() + k);
-    std::sort(chosen.begin(), chosen.end());
-    for (int32_t& position : chosen) position += static_cast<int32_t>(begin);
+    // Softmax per query head over the range, mean over the group, the k best (ties low):
+    // the same op the inference rank's oracle_topk selects with (kernels/cpu/pooled_top_k.h).
+    PooledTopKInput input;
+    input.scores = logits.data();
+    input.stride = n;
+    input.group = static_cast<int>(group);
+    input.count = static_cast<int>(n);
+    input.begin = static_cast<int>(begin);
+    RUBATO_RETURN_IF_ERROR(PooledTopK(input, static_cast<int>(k), positions));
+    selection[g].assign(positions.begin(), positions.end());
   }
   return selection;
 }

@@ -315,8 +315,10 @@ Result<std::vector<TokenEvent>> Engine::Step() {
                            " model sampled token " + std::to_string(token) + " for request " +
                            std::to_string(request.id));
     }
-    double retained = RetainedKvRatio(window_, request.kv.num_tokens);
-    if (request.policy != nullptr) {
+    double retained = 1.0;
+    if (request.policy == nullptr) {
+      retained = RetainedKvRatio(window_, request.kv.num_tokens);
+    } else {
       const float probability = forward_result_.sampled_probabilities[e];
       if (request.policy->Observe(decode_entry, token, probability) ==
           PolicyRequest::Verdict::kRedo) {

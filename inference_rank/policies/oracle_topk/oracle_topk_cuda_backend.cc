@@ -16,22 +16,6 @@ namespace {
 
 size_t Align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
-// The backend's decode rows: the entries it planned (one token each), contiguous in the plan.
-struct Rows {
-  int first = 0;
-  int count = 0;
-};
-Rows RowsOf(std::span<const ForwardEntry> batch, const ForwardPlan& plan) {
-  Rows rows{INT32_MAX, 0};
-  for (size_t e = 0; e < batch.size(); ++e) {
-    if (batch[e].attention == nullptr) continue;
-    rows.first = std::min(rows.first, plan.entry_first_row[e]);
-    ++rows.count;
-  }
-  if (rows.count == 0) rows.first = 0;
-  return rows;
-}
-
 class OracleTopKCudaBackend final : public CudaAttentionBackend {
  public:
   OracleTopKCudaBackend(const CudaModel& model, const OracleTopKConfig& config)
@@ -45,6 +29,7 @@ class OracleTopKCudaBackend final : public CudaAttentionBackend {
       if (attention == nullptr) continue;
       const int length = batch[e].start_position + 1;
       if (attention->action.op != AttentionOp::kTwoSegment ||
+          attention->row_group != kOracleTopKRows ||
           attention->action.recent_begin != OracleCandidatesFor(config_, length).recent_begin) {
         return InvalidArgumentError("forward: batch entry " + std::to_string(e) +
                                     ": not an oracle_topk plan of this config");
@@ -64,7 +49,7 @@ class OracleTopKCudaBackend final : public CudaAttentionBackend {
     int32_t* recent_begin = count + Align16(sizeof(int32_t) * row_capacity_) / sizeof(int32_t);
     for (size_t e = 0; e < batch.size(); ++e) {
       if (batch[e].attention == nullptr) continue;
-      const int row = plan.entry_first_row[e] - rows_.first;
+      const int row = plan.entry_first_row[e] - rows_.first_row;
       const OracleCandidates c = OracleCandidatesFor(config_, batch[e].start_position + 1);
       sink_end[row] = c.sink_end;
       count[row] = c.count();
@@ -73,7 +58,7 @@ class OracleTopKCudaBackend final : public CudaAttentionBackend {
   }
 
   void AddToGraphKey(const ForwardPlan& /*plan*/, DecodeGraphKey& key) const override {
-    key.policy = {rows_.count,
+    key.policy = {rows_.rows,
                   k_,
                   reinterpret_cast<intptr_t>(compact_keys_.data()),
                   reinterpret_cast<intptr_t>(scores_.data()),
@@ -88,10 +73,10 @@ class OracleTopKCudaBackend final : public CudaAttentionBackend {
   ModelConfig model_;
   OracleTopKConfig config_;
   // The current step's rows and shapes (Reserve).
-  Rows rows_;
-  int k_ = 0;          // min(top_k, the decode bucket): selected positions per row and head
-  int capacity_ = 0;   // compact rows per (row, KV head): sink + k
-  int max_count_ = 0;  // candidates per row at most: the decode bucket
+  DecodeRowGroup rows_;  // its decode rows
+  int k_ = 0;            // min(top_k, the decode bucket): selected positions per row and head
+  int capacity_ = 0;     // compact rows per (row, KV head): sink + k
+  int max_count_ = 0;    // candidates per row at most: the decode bucket
   int64_t score_stride_ = 0;
   int row_capacity_ = 0;                         // rows the buffers below hold
   cuda::DeviceBuffer<float> scores_;             // [rows][heads][score stride], log2 units
@@ -115,9 +100,9 @@ Status GrowTo(cuda::DeviceBuffer<T>& buffer, size_t count, const std::string& wh
 
 Status OracleTopKCudaBackend::Reserve(std::span<const ForwardEntry> batch, const ForwardPlan& plan,
                                       const std::function<void()>& drop_graphs) {
-  rows_ = RowsOf(batch, plan);
-  if (rows_.count == 0) return Status::Ok();
-  const int rows = RoundUpPow2(rows_.count);
+  rows_ = plan.Group(kOracleTopKRows);  // every entry it planned
+  if (rows_.rows == 0) return Status::Ok();
+  const int rows = RoundUpPow2(rows_.rows);
   if (rows > row_capacity_) {
     drop_graphs();  // the step-input region's layout follows the row capacity
     row_capacity_ = rows;
@@ -144,7 +129,7 @@ Status OracleTopKCudaBackend::Reserve(std::span<const ForwardEntry> batch, const
 }
 
 Status OracleTopKCudaBackend::Attend(const CudaLayerContext& layer) {
-  if (rows_.count == 0) return Status::Ok();
+  if (rows_.rows == 0) return Status::Ok();
   const auto* inputs = reinterpret_cast<const int32_t*>(layer.policy_inputs);
   const size_t array = Align16(sizeof(int32_t) * row_capacity_) / sizeof(int32_t);
   const int32_t* sink_end = inputs;
@@ -152,7 +137,7 @@ Status OracleTopKCudaBackend::Attend(const CudaLayerContext& layer) {
   const int32_t* recent_begin = inputs + 2 * array;
 
   // 1. Dense attention of the rows, for its raw scores (its output is not the rows').
-  cuda::DecodeAttentionParams dense = layer.DecodeRows(rows_.first, rows_.count);
+  cuda::DecodeAttentionParams dense = layer.DecodeRows(rows_.first_row, rows_.rows);
   dense.out = dense_out_.data();
   dense.scores = scores_.data();
   dense.scores_stride = score_stride_;
@@ -165,7 +150,7 @@ Status OracleTopKCudaBackend::Attend(const CudaLayerContext& layer) {
   top_k.begin = sink_end;
   top_k.count = count;
   top_k.max_count = max_count_;
-  top_k.batch = rows_.count;
+  top_k.batch = rows_.rows;
   top_k.num_heads = model_.num_heads;
   top_k.num_kv_heads = model_.num_kv_heads;
   top_k.k = k_;
@@ -181,14 +166,14 @@ Status OracleTopKCudaBackend::Attend(const CudaLayerContext& layer) {
   gather.value_pool = layer.kv->layer_values(layer.layer);
   gather.num_pool_blocks = layer.kv->shape().num_blocks;
   gather.block_tables = layer.decode_block_tables +
-                        static_cast<size_t>(rows_.first) * layer.plan->decode_table_stride;
+                        static_cast<size_t>(rows_.first_row) * layer.plan->decode_table_stride;
   gather.block_table_stride = layer.plan->decode_table_stride;
   gather.sink_end = sink_end;
   gather.max_sink_tokens = config_.sink_tokens;
   gather.selected = selected_.data();
   gather.selected_count = selected_count_.data();
   gather.budget = k_;
-  gather.batch = rows_.count;
+  gather.batch = rows_.rows;
   gather.num_kv_heads = model_.num_kv_heads;
   gather.head_dim = model_.head_dim;
   gather.block_tokens = layer.kv->shape().block_tokens;
@@ -199,7 +184,7 @@ Status OracleTopKCudaBackend::Attend(const CudaLayerContext& layer) {
   RUBATO_RETURN_IF_ERROR(cuda::GatherCompactKv(gather, layer.stream));
 
   // 4. The rows' attention: compact rows, then the recent segment in place.
-  cuda::DecodeAttentionParams sparse = layer.DecodeRows(rows_.first, rows_.count);
+  cuda::DecodeAttentionParams sparse = layer.DecodeRows(rows_.first_row, rows_.rows);
   sparse.compact_keys = compact_keys_.data();
   sparse.compact_values = compact_values_.data();
   sparse.compact_capacity = capacity_;

@@ -38,7 +38,7 @@ class OracleTopKRequest final : public PolicyRequest {
     entry_.action.op = AttentionOp::kTwoSegment;
     entry_.action.evidence = kPooledProbs;
     entry_.action.recent_begin = candidates.recent_begin;
-    entry_.row_group = 1;
+    entry_.row_group = kOracleTopKRows;
     return &entry_;
   }
   Verdict Observe(bool /*decode*/, int /*token*/, float /*probability*/) override {

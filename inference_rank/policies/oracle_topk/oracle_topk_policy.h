@@ -17,6 +17,9 @@
 
 namespace rubato {
 
+// The row group of its two-segment entries (EntryAttention::row_group).
+inline constexpr int kOracleTopKRows = 1;
+
 struct OracleTopKConfig {
   int top_k = 2048;         // >= 1: selected positions per layer and KV head
   int sink_tokens = 4;      // >= 0: leading positions always attended
