@@ -17,8 +17,6 @@ namespace {
 constexpr int kMinDecodeBucket = 4096;
 constexpr int kMinDecodeStep = 1024;
 
-size_t Align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
-
 }  // namespace
 
 bool StepInputCapacity::Covers(const StepInputCapacity& need) const {
@@ -29,26 +27,22 @@ bool StepInputCapacity::Covers(const StepInputCapacity& need) const {
 }
 
 StepInputCapacity StepInputCapacity::GrownToCover(const StepInputCapacity& need) const {
-  auto grow = [](int have, int want) { return have >= want ? have : RoundUpPow2(want); };
   StepInputCapacity grown;
-  grown.tokens = grow(tokens, need.tokens);
-  grown.decode_rows = grow(decode_rows, need.decode_rows);
-  grown.decode_table_ints = grow(decode_table_ints, need.decode_table_ints);
-  grown.prefill_entries = grow(prefill_entries, need.prefill_entries);
-  grown.prefill_table_ints = grow(prefill_table_ints, need.prefill_table_ints);
-  grown.logit_rows = grow(logit_rows, need.logit_rows);
-  grown.sample_rows = grow(sample_rows, need.sample_rows);
+  grown.tokens = GrowCapacity(tokens, need.tokens);
+  grown.decode_rows = GrowCapacity(decode_rows, need.decode_rows);
+  grown.decode_table_ints = GrowCapacity(decode_table_ints, need.decode_table_ints);
+  grown.prefill_entries = GrowCapacity(prefill_entries, need.prefill_entries);
+  grown.prefill_table_ints = GrowCapacity(prefill_table_ints, need.prefill_table_ints);
+  grown.logit_rows = GrowCapacity(logit_rows, need.logit_rows);
+  grown.sample_rows = GrowCapacity(sample_rows, need.sample_rows);
   grown.backend_bytes = std::max(backend_bytes, need.backend_bytes);
   return grown;
 }
 
 StepInputLayout StepInputLayout::For(const StepInputCapacity& c) {
   StepInputLayout layout;
-  size_t offset = 0;
-  auto place = [&offset](size_t& field, size_t bytes) {
-    field = offset;
-    offset += Align16(bytes);
-  };
+  PackedOffsets offsets;
+  auto place = [&offsets](size_t& field, size_t bytes) { field = offsets.Place(bytes); };
   const size_t i32 = sizeof(int32_t);
   place(layout.sampling_rows, sizeof(cuda::SamplingRow) * static_cast<size_t>(c.sample_rows));
   place(layout.token_ids, i32 * static_cast<size_t>(c.tokens));
@@ -61,7 +55,7 @@ StepInputLayout StepInputLayout::For(const StepInputCapacity& c) {
   place(layout.prefill_start_positions, i32 * static_cast<size_t>(c.prefill_entries));
   place(layout.logit_row_indices, i32 * static_cast<size_t>(c.logit_rows));
   place(layout.backend, c.backend_bytes);
-  layout.bytes = offset;
+  layout.bytes = offsets.bytes();
   return layout;
 }
 

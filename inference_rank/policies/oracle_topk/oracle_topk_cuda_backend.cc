@@ -14,8 +14,6 @@
 namespace rubato {
 namespace {
 
-size_t Align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
-
 class OracleTopKCudaBackend final : public CudaAttentionBackend {
  public:
   OracleTopKCudaBackend(const CudaModel& model, const OracleTopKConfig& config)

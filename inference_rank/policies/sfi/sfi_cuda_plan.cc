@@ -7,11 +7,6 @@
 #include "inference_rank/policies/sfi/sfi_cuda_backend.h"
 
 namespace rubato {
-namespace {
-
-size_t Align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
-
-}  // namespace
 
 bool SfiStepInputCapacity::Covers(const SfiStepInputCapacity& need) const {
   return fast_rows >= need.fast_rows && selections >= need.selections &&
@@ -19,21 +14,19 @@ bool SfiStepInputCapacity::Covers(const SfiStepInputCapacity& need) const {
 }
 
 SfiStepInputCapacity SfiStepInputCapacity::GrownToCover(const SfiStepInputCapacity& need) const {
-  auto grow = [](int have, int want) { return have >= want ? have : RoundUpPow2(want); };
   SfiStepInputCapacity grown;
-  grown.fast_rows = grow(fast_rows, need.fast_rows);
-  grown.selections = grow(selections, need.selections);
-  grown.window_rows = grow(window_rows, need.window_rows);
-  grown.window_table_ints = grow(window_table_ints, need.window_table_ints);
+  grown.fast_rows = GrowCapacity(fast_rows, need.fast_rows);
+  grown.selections = GrowCapacity(selections, need.selections);
+  grown.window_rows = GrowCapacity(window_rows, need.window_rows);
+  grown.window_table_ints = GrowCapacity(window_table_ints, need.window_table_ints);
   return grown;
 }
 
 SfiStepInputLayout SfiStepInputLayout::For(const SfiStepInputCapacity& c) {
   SfiStepInputLayout layout;
-  size_t offset = 0;
-  auto place = [&offset](size_t& field, int count) {
-    field = offset;
-    offset += Align16(sizeof(int32_t) * static_cast<size_t>(count));
+  PackedOffsets offsets;
+  auto place = [&offsets](size_t& field, int count) {
+    field = offsets.Place(sizeof(int32_t) * static_cast<size_t>(count));
   };
   place(layout.fast_slots, c.fast_rows);
   place(layout.recent_begin, c.fast_rows);
@@ -43,7 +36,7 @@ SfiStepInputLayout SfiStepInputLayout::For(const SfiStepInputCapacity& c) {
   place(layout.window_seq_lens, c.window_rows);
   place(layout.window_q_rows, c.window_rows);
   place(layout.window_block_tables, c.window_table_ints);
-  layout.bytes = offset;
+  layout.bytes = offsets.bytes();
   return layout;
 }
 
