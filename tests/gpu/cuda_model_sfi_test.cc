@@ -1,16 +1,7 @@
 // SFI on the CUDA model (inference_rank/policies/sfi/sfi_cuda_backend.cc) against its twin, SFI on
-// the CPU model (sfi_cpu_backend.cc), on identical random weights: prefill chunks whose last one
-// selects from its W tail queries, slow and fast decode steps on their own schedules per request,
-// in mixed batches with dense requests.
-//   * Budget covering the context: both models keep all of J (the CUDA positions equal the
-//     CPU's) and the logits agree to bf16 tolerance: SFI attends what dense attends.
-//   * Small budget over a context of hundreds: the CUDA selection is a valid one (sink, then
-//     positions of J ascending, sink + min(budget, |J|) rows) and overlaps the CPU's (bf16
-//     logits may reorder near-ties only); the CPU state is then given the CUDA selection, so
-//     that both attend the same working set and fast steps compare to bf16 tolerance. Also with
-//     the key-norm prior (gamma 1): the CUDA model's norms of the paged bf16 keys.
-//   * Slots: a pool of N serves requests that come and go; the N+1st is ResourceExhausted and
-//     changes nothing.
+// the CPU model (sfi_cpu_backend.cc), on identical random weights, in mixed batches with dense
+// requests: a budget covering the context, a small budget (the CPU then given the CUDA
+// selection), the key-norm prior, and the slot pool. The scenarios: docs/sfi.md "Tests".
 // Bitwise properties, errors and the engine: cuda_model_sfi_system_test.cc.
 #include <gtest/gtest.h>
 

@@ -1,32 +1,8 @@
-// SFI Selector, stage B and C (sfi_selector.cu launches it): for a tile of positions of one
-// sequence and all its KV heads, Eqs. 15 and 19 (z from f, the prior and λ*), soft-NMS
-// (Eqs. 20–21), stage C's continuation priority c_h, cross-head exclusivity (Eqs. 22–23), and
-// the rank keys that top-K selects by.
-//
-// Grid (tile, sequence), kThreads threads, `tile` positions per block (MakeScoresPlan in
-// sfi_selector.cu: rows of tile + 2 halo that fill the block, within 48 KB of shared memory).
-// Every phase works on all KV heads at once, so a block needs a handful of barriers whatever the
-// head count (cross-head exclusivity needs every head at each position anyway):
-//   1. λ* and the prior's normalizer of every head (one warp each); f of every head over the tile
-//      and a halo of R positions on each side (R covers the soft-NMS half-width and stage C's
-//      reach) into shared memory (loads clamped into J, masked after); the prior r over the same
-//      positions.
-//   2. z over the tile and halo (-inf outside J), then the soft-NMS window maxima from segment
-//      prefix / suffix maxima (van Herk / Gil-Werman: two passes of 2 half + 1 per segment, a
-//      window's maximum is two lookups). A half-width wider than the halo allows reads the
-//      per-row segmented maxima of SfiLargeWindowKernel instead.
-//   3. per position: z_nms of every head, stage C's c_h = the largest f(a) >= threshold over a in
-//      [j − C, j] (read directly from the f tile; reaches wider than kDirectReach read
-//      SfiLargeWindowKernel's maxima), Eqs. 22–23 over the heads (the log of the responsibility
-//      taken in the log domain: z_nms / T − max − log Σ, the same value as log(max(r_h, ε))
-//      without forming r_h; 1 / T as one multiplication), and the outputs: keys
-//      (OrderedKey(z_adj)), forced_bits and cont (c_h) where c_h > 0, the optional scores and
-//      continuation arrays.
-//
-// f32 versus the CPU twin's f64: z_adj differs by rounding (~1e-5); c_h is the f32 evidence of the
-// anchor, so an anchor whose f lies within rounding of the threshold can be one on one side only,
-// and two anchors whose f agree to f32 precision tie here (then z_adj decides) while the CPU
-// orders them. Both change a selection only at such near-ties.
+// SFI Selector, stages B and C (sfi_selector.cu launches it): SfiScoresKernel, for a tile of
+// positions of one sequence and all its KV heads, computes z (Eqs. 15, 19), soft-NMS
+// (Eqs. 20–21), stage C's continuation priority c_h, cross-head exclusivity (Eqs. 22–23) and the
+// rank keys that top-K selects by. f32: versus the CPU twin's f64 a selection changes only at
+// near-ties. Grid, phases and precision: docs/sfi.md "Stages B and C".
 #pragma once
 
 #include <cuda_runtime_api.h>

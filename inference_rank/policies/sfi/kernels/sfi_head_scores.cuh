@@ -1,26 +1,9 @@
 // SFI Selector, stage A (sfi_selector.cu launches these): the evidence f of Eqs. 6–8, the prior
-// statistics of Eqs. 9–12 and the sums of Eq. 18 for every (sequence, KV head), split over
-// chunks of kChunk positions, one warp per (row, chunk), so that the whole GPU works on it with
-// warp-only reductions (no block barriers: these passes stream the logits and must run at HBM
-// speed). Cross-chunk reductions go through per-chunk partials in the workspace: a kernel writes
-// its chunk's partial, the next kernel merges all of them in a fixed order (every warp gets the
-// same bits).
-//
-//   SfiRowStatsKernel      a warp per (query row, chunk): per (query row w, query head g) the
-//                          max and Σ exp(logit − max) over the chunk (Eq. 6's normalizer); the
-//                          log prior (Eq. 11, and Eq. 9 when γ > 0) and its log-sum-exp.
-//   SfiEvidenceKernel      a warp per ((sequence, KV head) row, chunk): W = 1 writes f = p (Eq. 8
-//                          recovers the pooled softmax exactly for one query row) and the chunk's
-//                          Eq. 18 sums; W > 1 writes μ (Eq. 7) and the chunk's max μ and
-//                          Σ (μ / max)^{1/α}.
-//   SfiNormalizeEvidenceKernel (W > 1) f = (μ / max μ)^{1/α} / Σ (Eq. 8) and the Eq. 18 sums.
-//   SfiLargeWindowKernel   one block per row, only for a soft-NMS half-width above kHaloMax or a
-//                          continuation reach above kDirectReach (or halos that leave no tile
-//                          room): segmented prefix / suffix maxima of z (segments of 2·half + 1)
-//                          and of the anchor evidence (segments of C + 1), from which
-//                          SfiScoresKernel reads any window maximum in two lookups.
-// Sums across chunks accumulate in f64 (within a warp's chunk in f32); elementwise math is f32. -inf logits contribute 0; a KV head whose rows
-// are all -inf (outside the contract) gets f = 0, so λ* = 0 and z = log ε everywhere.
+// statistics of Eqs. 9–12 and the sums of Eq. 18 for every (sequence, KV head), one warp per
+// (row, chunk of kChunk positions) with warp-only reductions; cross-chunk reductions merge
+// per-chunk partials of the workspace in a fixed order (the same bits in every warp). Also
+// SfiLargeWindowKernel, the segmented maxima of wide soft-NMS windows and continuation reaches.
+// The kernels one by one: docs/sfi.md "Stage A".
 #pragma once
 
 #include <cuda_runtime_api.h>

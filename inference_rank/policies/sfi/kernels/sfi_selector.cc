@@ -1,4 +1,4 @@
-// SFI Selector CPU reference (see sfi_selector.h for the pipeline and the choices it makes).
+// SFI Selector CPU reference (sfi_selector.h; the pipeline and its choices: docs/sfi.md).
 #include "inference_rank/policies/sfi/kernels/sfi_selector.h"
 
 #include <algorithm>

@@ -1,18 +1,8 @@
-// SFI Selector on the GPU (sfi_selector.cuh): workspace layout, launcher, validation. The kernels
-// run back to back on the caller's stream and talk through the workspace (R = batch * KV heads
-// rows, C = ceil(max_j_count / kChunk) chunks of 1024 positions):
-//   1. SfiRowStatsKernel          one warp per (query row, chunk): softmax statistics, log prior
-//   2. SfiEvidenceKernel<W == 1>  one warp per (row, chunk): f (W = 1) or μ (W > 1), chunk sums
-//   3. SfiNormalizeEvidenceKernel W > 1 only, as 2.: f and the Eq. 18 sums
-//   4. SfiLargeWindowKernel       (1, row), only for soft-NMS half-widths above kHaloMax or
-//                                 continuation reaches above kDirectReach: per-row segmented
-//                                 window maxima
-//   5. SfiScoresKernel            (tile, sequence): z, soft-NMS, stage C, cross-head, rank keys
-//   6. SfiTopKKernel              (1, row), 1024 threads: radix select of the K best ranks and
-//                                 the selected positions, ascending
-// Traffic at 16 sequences x 8 KV heads x 32K positions (W = 1, G = 4): the logits (67 MB) are
-// read twice (1. and 2.), every other pass reads or writes [R][|J|] 4-byte arrays (16.7 MB; the
-// top-K reads them from L2). Measured times: bench/results/sfi_selector_h200.md.
+// SFI Selector on the GPU (sfi_selector.cuh): workspace layout, launcher, validation. Six
+// kernels run back to back on the caller's stream and talk through the workspace: row
+// statistics, evidence (and its normalization when W > 1), the wide-window maxima when needed,
+// the scores, the top-K. The launches, their grids and the traffic: docs/sfi.md "Launches and
+// workspace".
 #include <algorithm>
 #include <climits>
 #include <cmath>

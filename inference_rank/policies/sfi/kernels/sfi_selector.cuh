@@ -1,21 +1,10 @@
-// SFI Selector on the GPU (papers/sfi-slow-fast-inference.txt §3.2–3.3, Eqs. 6–24, and our
-// stage C "continuation", docs/sfi.md; DESIGN §4.2): at a slow step, turns the dense attention's
-// logits over the allowed key set J of each sequence into the K positions per KV head that fast
-// steps attend. CPU twin: inference_rank/policies/sfi/kernels/sfi_selector.h (SelectSfi /
-// ComputeSfiScores), whose documented choices are this op's contract too: symmetric soft-NMS
-// neighbourhood |i − j| <= nms_window / 2 clipped to J, GQA pooling by averaging the group's
-// softmax-over-J probabilities, μ divided by its maximum before the 1/α power, the prior built in
-// the log domain, λ* = fᵀ(f − r) / ‖f − r‖² clipped (0 when f == r), stage C's anchors (f >=
-// threshold) and the `continuation` positions after each ranked first by c_h = the strongest anchor
-// that reaches them, then z_adj, then the lower position; positions returned ascending.
-//
-// The whole pipeline runs on the device in f32 (sums over J accumulate in f64), for a batch of
-// sequences at once, with no host round trip, every stage split over many blocks per (sequence,
-// KV head) (sfi_head_scores.cuh, sfi_cross_head.cuh, sfi_top_k.cuh; sfi_selector.cu lists the
-// launches). Versus the f64 CPU reference the scores z_adj differ by rounding only (~1e-5
-// absolute) and c_h by f32 rounding of the evidence, so a selected set can differ only among
-// positions whose (c_h, z_adj) lie that close to the K-th one's, or whose anchor's evidence lies
-// within rounding of continuation_threshold.
+// SFI Selector on the GPU (SfiSelect): at a slow step, turns the dense attention's logits over
+// the allowed key set J of each sequence of a batch into the K positions per KV head that fast
+// steps attend (Eqs. 6–24 and our stage C "continuation"), ascending, on the device with no host
+// round trip. CPU twin, whose documented choices are this op's contract too: sfi_selector.h
+// (SelectSfi / ComputeSfiScores). In f32 with f64 sums: z_adj within rounding (~1e-5) of the
+// f64 twin's, so a selection can differ from the CPU's only at near-ties.
+// Narrative: docs/sfi.md "The GPU Selector".
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,55 +1,13 @@
-// SFI Selector, CPU reference (papers/sfi-slow-fast-inference.txt §3.2–3.3, Eqs. 6–24;
-// DESIGN.md §4.2). At a slow step the dense attention emits logits over the allowed key set
-// J = [j_begin, j_begin + n); the Selector turns them into K positions per KV head, the
-// selected set that fast steps attend (with sink and recent tokens) until the next slow step.
-//
-// Pipeline, per layer (n = |J|, H KV heads, G query heads per KV head, W query rows):
-//   A. per KV head h, continuous importance on J:
-//      1. Eq. 6   p_{w,q}(j) = softmax_J(logits[w][q][·])(j) for each query head q of the group
-//                 (max subtracted); GQA pooling: p_w(j) = (1/G) Σ_q p_{w,q}(j) (DESIGN §4.2).
-//      2. Eq. 7   μ(j) = (1/W) Σ_w p_w(j)^α.
-//      3. Eq. 8   f(j) = μ(j)^{1/α} / Σ_i μ(i)^{1/α}.
-//      4. Eqs. 9–12 prior r(j) ∝ (‖k_h(j)‖ + ε)^{−γ} · exp(−β u(j)^p) · (1 − u(j) + ε)^η with
-//                 u(j) = (j − j_min) / (j_max − j_min + ε), j_min / j_max the ends of J.
-//      5. Eq. 18  λ* = clip((‖f‖² − fᵀr) / (‖f‖² − 2fᵀr + ‖r‖²), 0, λ_clip);
-//         Eq. 15  s = (1 − λ*) f + λ* r.
-//      6. Eq. 19  z(j) = log(s(j) + ε).
-//   B. discretization in log-score space:
-//      7. Eqs. 20–21 soft-NMS: m(j) = max_{i ∈ N(j)} z(i), z_nms = z − α_soft [m − z]_+.
-//      8. Eqs. 22–23 cross-head exclusivity at each position j over the H KV heads:
-//                 r_h(j) = softmax_h(z_nms(j) / T), z_adj = z_nms + α_cross log(max(r_h, ε)).
-//      9. Eq. 24  S_h = top-K of z_adj_h over J, returned as ascending absolute positions.
-//   C. continuation (ours, beyond the paper; docs/sfi.md "Continuation"; off with
-//      continuation = 0): positions a with f_h(a) >= continuation_threshold are *anchors*; the
-//      anchors and the `continuation` positions after each (a .. a + C, clipped to J) enter S_h
-//      before any other position, ordered by c_h(j) = max f_h(a) over the anchors that reach j
-//      (stronger anchors first when they alone exceed K); the rest of the budget is Eq. 24's
-//      top-K of z_adj over the other positions. Why: a head that attends a at the slow step is
-//      likely to attend a + 1, a + 2, ... during the following fast steps when it copies a span
-//      (induction / retrieval heads), and nothing in the slow step's evidence ranks those
-//      positions; soft-NMS even pushes them down as neighbours of a.
-//
-// Choices the paper leaves open (ours; the GPU pipeline must make the same ones):
-//   * Soft-NMS neighbourhood: N(j) = { i ∈ J : |i − j| <= nms_window / 2 } (integer division),
-//     symmetric and clipped at the ends of J: 2·⌊nms_window/2⌋ + 1 positions away from the ends
-//     (windows 2k and 2k + 1 act alike); nms_window = 1 makes soft-NMS a no-op. m uses the
-//     pre-NMS z of every neighbour (the decay is not applied sequentially). O(n) per head with
-//     a monotonic-deque sliding maximum.
-//   * Top-K ties: higher z_adj first; equal scores → the lower position first. K >= n selects
-//     all of J.
-//   * ε is the one config.epsilon everywhere the paper writes ε or ϵ (Eqs. 9, 10, 11, 19, 23).
-//   * λ* when f == r (zero denominator): 0. Numerator and denominator are evaluated as
-//     fᵀ(f − r) and ‖f − r‖² (the same values as Eq. 18's expansion, without its cancellation,
-//     so the denominator is never negative).
-//   * Overflow-safe forms of the paper's quantities, equal in exact arithmetic: Eq. 8 divides μ
-//     by its maximum before the 1/α power (μ^{1/α} underflows for small α), and the prior is
-//     built as a sum of logs, max-subtracted, then exponentiated and normalized (with γ > 0 and
-//     near-zero norms (‖k‖ + ε)^{−γ} overflows). γ = 0 skips the key-norm factor entirely.
-//   * Logits may contain −inf (probability 0; e.g. a position masked inside J) but no NaN or
-//     +inf, and every (row, query head) needs one finite logit; key norms (read only when
-//     γ > 0) must be finite and >= 0. Anything else is InvalidArgument, never a crash.
-//   * Computation is in double throughout (this is the reference the float GPU pipeline is
-//     compared against); the scores z_adj are exposed for that comparison (ComputeSfiScores).
+// SFI Selector, CPU reference (papers/sfi-slow-fast-inference.txt §3.2–3.3, Eqs. 6–24, and our
+// stage C "continuation"): at a slow step, turns the dense attention's logits over the allowed
+// key set J = [j_begin, j_begin + n) into K positions per KV head, ascending: the selected set
+// that fast steps attend (with sink and recent tokens) until the next slow step. Stage A: the
+// evidence f, the prior r, λ* and z (Eqs. 6–19); B: soft-NMS, cross-head exclusivity, top-K
+// (Eqs. 20–24); C: anchors and the positions after them first. In double; ComputeSfiScores
+// exposes z_adj for the GPU twin's comparison. Logits may hold −inf but no NaN or +inf; bad
+// input is InvalidArgument, never a crash.
+// Narrative (the pipeline, every choice the paper leaves open, which the GPU pipeline makes
+// too): docs/sfi.md "The Selector, CPU reference".
 #pragma once
 
 #include <cmath>

@@ -1,22 +1,8 @@
-// SFI Selector, Eq. 24 with stage C's priorities (sfi_selector.cu launches it): the K = budget
-// positions of largest rank of every (sequence, KV head), ascending, ties to the lower position
-// (the CPU twin's SfiTopKPositions). The rank order: positions stage C forces (forced_bits, their
-// c_h in cont) before all others, among them by (c_h, z_adj); the others by z_adj (keys holds
-// OrderedKey(z_adj)); equal ranks -> the lower position.
-//
-// SfiTopKKernel: one block of kTopKThreads per row (sequence, KV head). The row's keys were just
-// written by the scores kernel and stay in L2, so the block walks them a few times, in tiles of
-// kTopKTile positions (kTileBatch tiles in flight per thread), with no global atomics and no
-// grid-wide synchronization:
-//   1. F = the forced positions of the row (popcount of forced_bits), K' = min(K, |J|).
-//   2. |J| <= K: all of J. F >= K': radix select among the forced positions over 64-bit ranks
-//      (OrderedKey(c_h) << 32 | key), digits 11 x 5 + 9 bits. Else every forced position is kept
-//      and the K' − F best others are chosen by the 32-bit key, digits 11, 11, 10 bits. A digit
-//      pass histograms, in shared memory with one atomic per distinct bin and warp, the ranks that
-//      match the prefix found so far; a block scan picks the bin holding the rank sought.
-//   3. One compaction pass in position order: a position is kept if its rank is above the cut
-//      (or it is forced while F < K'), or equal to the cut and among the first `ties` such
-//      positions; its slot is the number of kept positions before it.
+// SFI Selector, Eq. 24 with stage C's priorities (sfi_selector.cu launches it): SfiTopKKernel,
+// one block per (sequence, KV head), selects the K = budget positions of largest rank, ascending,
+// by radix select in shared memory (no global atomics): forced positions first by (c_h, z_adj),
+// the others by z_adj, equal ranks to the lower position (the CPU twin's SfiTopKPositions).
+// The passes: docs/sfi.md "Top-K".
 #pragma once
 
 #include <cuda_runtime_api.h>
