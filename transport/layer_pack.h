@@ -1,31 +1,9 @@
-// The layer-pack wire format (DESIGN §1, §3 "Layer pack"; AsyncSpade §4): the data-plane
-// messages between an inference rank and a cache rank for one decode (or prefill-chunk) step.
-//
-// A KV pack (inference rank -> cache rank) carries the new K and V (and optionally the query
-// of the last new token) of P consecutive layers for B requests. A reply pack (cache rank ->
-// inference rank) carries, for the same layers and requests, the selected positions and the
-// compact K / V rows gathered at them. Both have one layout:
-//
-//   offset 0            LayerPackHeader (64 bytes, below)
-//   offset 64           request table: B x LayerPackRequestEntry (32 bytes each, below)
-//   Align16(64 + 32 B)  payload: for layer_index in [0, P), for request in [0, B), the
-//                       request's sections, each starting at a 16-byte aligned offset from the
-//                       message start (zero padding between sections):
-//     KV pack:    K [num_kv_heads][new_tokens][head_dim]           (pack dtype)
-//                 V [num_kv_heads][new_tokens][head_dim]           (pack dtype)
-//                 Q [num_query_heads][head_dim] of the last new token, only when has_query
-//     reply pack: counts    int32 [num_kv_heads]                   (rows selected per head)
-//                 positions int32 [num_kv_heads][reply_slots]      ascending; index >= count: -1
-//                 K [num_kv_heads][reply_slots][head_dim]          (pack dtype; rows >= count 0)
-//                 V [num_kv_heads][reply_slots][head_dim]          (same)
-//
-// Every multi-byte field is little-endian (rubato only builds on little-endian hosts, asserted
-// in layer_pack.cc). The message size follows from the header and request table alone
-// (KvPackBytes / ReplyPackBytes), so a receiver that knows them can post an exact-size receive.
-//
-// LayerPackView::Parse validates an untrusted buffer completely before exposing any span:
-// magic, version, kind, dtype, reserved fields, the request table, and the size computed with
-// overflow-checked 64-bit arithmetic against both the header's total_bytes and the buffer.
+// The layer-pack wire format: the data-plane messages between an inference rank and a cache rank
+// for one step. A KV pack carries the new K / V (and optionally the last query) of P layers for
+// B requests; a reply pack the selected positions and compact K / V rows. Both are a 64-byte
+// header, a request table and 16-byte aligned payload sections, little-endian; the size follows
+// from header and table alone. LayerPackView::Parse validates an untrusted buffer completely
+// before exposing any span. Layout in full: docs/transport.md "The layer-pack wire format".
 #pragma once
 
 #include <cstddef>

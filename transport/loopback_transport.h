@@ -1,18 +1,9 @@
-// The in-process Transport (DESIGN §1 "colocated mode": the cache service runs in the same
-// process as the engine). A LoopbackHub connects N ranks; each rank gets one Transport from
-// Endpoint(rank). A send is matched with the receive its peer posts for the same (source, tag),
-// in posting order, whichever of the two is posted first; the bytes are copied with memcpy at
-// the moment the second of the pair is posted, and both ops complete then. Host memory only;
-// ops with a ready_event are refused (kUnsupported: there is no CUDA here to wait on it).
-//
-//   RUBATO_ASSIGN_OR_RETURN(auto hub, LoopbackHub::Create(/*world_size=*/2));
-//   RUBATO_ASSIGN_OR_RETURN(auto engine_side, hub->Endpoint(0));
-//   RUBATO_ASSIGN_OR_RETURN(auto cache_side, hub->Endpoint(1));
-//
-// Thread safety: each endpoint is driven by one thread (transport.h), and different endpoints
-// may be driven from different threads: all matching state lives in the hub behind one mutex.
-// Endpoints and the hub may be destroyed in any order. Destroying an endpoint cancels its own
-// posted transfers and fails (kUnavailable) the transfers other ranks still have pending with it.
+// The in-process Transport (colocated mode: the cache service in the engine's process): a
+// LoopbackHub connects N ranks, Endpoint(rank) gives each its Transport; a send and its peer's
+// receive for the same (source, tag) are matched in posting order and copied with memcpy when the
+// second is posted. Host memory only; ready_event is refused. One thread per endpoint, endpoints
+// on any threads (the hub's mutex); destroying an endpoint fails its peers' pending transfers.
+// Narrative and usage: docs/transport.md "Loopback".
 #pragma once
 
 #include <memory>

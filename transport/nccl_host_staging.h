@@ -1,26 +1,9 @@
-// Host memory over NCCL (DESIGN §3 "Transport"): a Transport that takes host buffers and moves
-// them GPU to GPU through an NcclTransport, staging each one through device memory on the NCCL
-// stream. What it is for: the layer-pack protocol's packs and replies are host buffers on both
-// sides today (the cache client writes packs on the host, the cache service stores host or
-// pinned memory), so this is how they cross between two GPUs by NCCL (NVLink / PCIe P2P)
-// instead of UCX. Device buffers pass straight through to NCCL.
-//
-//   RUBATO_ASSIGN_OR_RETURN(auto nccl, NcclTransport::Create({...}));
-//   RUBATO_ASSIGN_OR_RETURN(auto staged, NcclHostStagingTransport::Create(std::move(nccl)));
-//   staged->Post({TransferOp::Send(peer, tag, host_pack.data(), host_pack.size())});
-//
-// Per Post, on the NCCL stream, in order: each host send is copied into pinned memory (on the
-// calling thread) and from there to a device staging buffer; the NCCL group; each host receive
-// is copied device -> pinned; an event. Test / Wait report a group done when that event has
-// passed, and only then copy the received bytes into the caller's buffers (so a caller buffer
-// is written by this thread, never by the GPU). Staging buffers come from a pool by size class
-// and go back to it when their group completes.
-//
-// The costs (host copies both ways and one stream for everything) are the price of keeping the
-// packs in host memory; device-resident packs, which NCCL could send without staging, are not
-// built. One NCCL stream also means groups run one after another: a posted receive (a reply not
-// yet sent) holds back the sends posted after it, so packs pipeline less than over UCX. The
-// failure rules are NcclTransport's: Cancel of a group in flight aborts the communicator.
+// Host memory over NCCL: a Transport that takes host buffers (the layer-pack protocol's packs and
+// replies) and moves them GPU to GPU through an NcclTransport, staging each through pinned and
+// device memory on the NCCL stream; device buffers pass straight through. Received bytes reach
+// the caller's buffers only in Test / Wait, on the calling thread. Failure rules are
+// NcclTransport's. Narrative (the copies per Post, staging pool, costs): docs/transport.md
+// "Host memory over NCCL".
 #pragma once
 
 #include <array>

@@ -1,29 +1,9 @@
-// NCCL backend of the data-plane Transport (transport.h; DESIGN §3 "Transport"): GPU-to-GPU
-// point-to-point transfers, each Post one ncclGroupStart/End of ncclSend/ncclRecv on a dedicated
-// CUDA stream of the transport, completion tracked by a CUDA event recorded after the group.
-//
-//   // Rank 0 makes the id and gives it to the others (MPI broadcast or the RPC Hello):
-//   RUBATO_ASSIGN_OR_RETURN(std::string id, NcclTransport::NewUniqueId());
-//   RUBATO_ASSIGN_OR_RETURN(auto nccl, NcclTransport::Create({.unique_id = id, .rank = r,
-//                                                             .world_size = 2, .device = 0}));
-//
-// What NCCL cannot do, and what this backend does about it:
-// * Create, Post and the destructor make `device` current on the calling thread and leave it so
-//   (restoring the caller's would be cudaSetDevice(0) on a thread that had none, creating a
-//   context on GPU 0 in a cache rank that lives on GPU 1); callers that work on several GPUs
-//   select theirs at every entry, as the CUDA model does.
-// * Device memory only (`SupportsMemory(kHost)` is false; nccl_host_staging.h stages host
-//   buffers through device memory).
-// * Create is collective: it returns once every rank joined and every pair of ranks exchanged a
-//   byte (so no later Post waits for NCCL's lazy connection setup).
-// * NCCL does not see message sizes: a receive larger or smaller than its send is undefined
-//   behaviour in NCCL, not an error. The layer-pack protocol gives both sides every size from
-//   the session, so a mismatch is a caller bug; this backend cannot detect it.
-// * A posted NCCL operation cannot be taken back, and a dead peer is never reported by the
-//   operation itself (it spins). The communicator is created non-blocking so that it can be
-//   aborted: Wait's timeout returns kDeadlineExceeded, and Cancel (or an asynchronous NCCL error)
-//   aborts the communicator; every later call then returns kUnavailable. The RPC heartbeat is
-//   what tells the caller that the peer is gone.
+// NCCL backend of the data-plane Transport: GPU-to-GPU point-to-point transfers, each Post one
+// NCCL group of sends / receives on the transport's own CUDA stream, completion tracked by an
+// event. Device memory only; Create is collective; Create, Post and the destructor leave `device`
+// current. NCCL sees neither message sizes nor dead peers: the communicator is non-blocking so
+// that a timeout or Cancel can abort it, after which every call returns kUnavailable.
+// Narrative and usage: docs/transport.md "NCCL".
 #pragma once
 
 #include <atomic>

@@ -1,26 +1,9 @@
-// The data-plane transport between inference ranks and cache ranks (DESIGN §3 "Transport"):
-// tagged, non-blocking point-to-point transfers of host or device buffers. One file per backend
-// (loopback_transport.h, ucx_transport.h, nccl_transport.h); callers see only this interface.
-//
-//   RUBATO_ASSIGN_OR_RETURN(TransferId send,
-//       transport.Post({TransferOp::Send(/*peer=*/1, /*tag=*/7, pack.data(), pack.size())}));
-//   ... compute the next layer pack ...
-//   RUBATO_RETURN_IF_ERROR(transport.Wait(send, std::chrono::milliseconds(5000)));
-//
-// Semantics every backend keeps:
-// * A transfer is matched by (source peer, tag) and delivered in order among transfers with the
-//   same (peer, tag). Tags are 48-bit (kMaxTag): backends fold the sender's rank into the rest.
-// * Sizes are exact: a receive completes with an error (kDataLoss, naming peer, tag and both
-//   sizes) when the message is longer or shorter than its buffer. The layer-pack protocol knows
-//   every size from the session shape, which is also what NCCL needs.
-// * Buffers belong to the caller and must stay valid, unread (sends) / untouched (receives),
-//   until the transfer completes or fails. Device buffers need a backend that supports them
-//   (SupportsMemory); `ready_event` (a cudaEvent_t, may be null) orders a device send after
-//   the producer's work without a host wait.
-// * Nothing blocks except Wait. A lost peer is noticed by the RPC heartbeat (the data plane of
-//   NCCL cannot notice it); Wait's timeout bounds every wait, and Cancel releases a transfer.
-// * Thread-compatible, not thread-safe: one thread drives a Transport (the engine's, or the
-//   cache rank's service loop).
+// The data-plane transport between inference ranks and cache ranks: tagged, non-blocking
+// point-to-point transfers of host or device buffers, one file per backend (loopback, UCX, NCCL).
+// Every backend matches by (source peer, 48-bit tag) in order, requires exact sizes (kDataLoss
+// otherwise), blocks only in Wait (bounded by its timeout), and leaves buffers to the caller until
+// a transfer completes or fails. Thread-compatible: one thread drives a Transport.
+// Narrative and usage: docs/transport.md "The interface".
 #pragma once
 
 #include <chrono>

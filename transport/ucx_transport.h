@@ -1,38 +1,9 @@
-// The UCX Transport (DESIGN §3 "Transport"): UCP's tag API between processes, host memory
-// everywhere and CUDA memory where the UCX runtime has CUDA support.
-//
-//   RUBATO_ASSIGN_OR_RETURN(auto ucx, UcxTransport::Create(rank, world_size));
-//   std::vector<std::byte> mine = ucx->LocalAddress();      // give it to every peer (RPC, MPI)
-//   RUBATO_RETURN_IF_ERROR(ucx->Connect(peer, peer_address)); // for each peer this rank sends to
-//
-// One UCP context and one worker per transport (thread mode single: one thread drives it, as
-// transport.h says). Progress happens only inside Test, Wait, Cancel and the destructor; Wait
-// polls the worker (yielding the CPU between polls) rather than sleeping on an event.
-//
-// Which UCX transports carry the bytes is UCX's own environment, read when Create runs:
-//   UCX_TLS=tcp          TCP sockets (between hosts or pods); a dead peer is noticed at once
-//   UCX_TLS=posix,self   shared memory between processes of one host (sysv,self works too;
-//                        both run in a Docker container as root; cma carries no messages)
-//   UCX_TLS=cuda_copy,cuda_ipc,...  device buffers, where the runtime has CUDA support (the
-//                        GPU machine's UCX, Ubuntu libucx0 1.16.0, has no CUDA module:
-//                        SupportsMemory(kCuda) is false there, checked; NCCL moves device data)
-// unset: UCX picks among everything it finds. UCX_NET_DEVICES restricts the network devices.
-// With UCX 1.13 and 1.16 the shared-memory transports cannot detect a lost peer, so error
-// mode PEER finds no transport over them: Connect then falls back to mode NONE with a warning,
-// and a dead peer shows only as Wait timeouts (the RPC heartbeat notices it). Adding tcp
-// (sm,self,tcp) keeps detection but, seen with UCX 1.13, moves every lane to TCP on loopback.
-//
-// Wire tags: the sender's rank in the top 16 bits and the 48-bit user tag below; receives
-// match the full 64 bits, so a transfer is matched by (source, tag) and, as UCX keeps order per
-// (sender, tag), delivered in order. World size is at most 65536.
-//
-// Endpoints use UCX's error handling mode PEER where a transport supports it: when UCX
-// notices a peer is gone (a TCP reset, a keepalive timeout), the peer's sends fail, its pending
-// receives fail with kUnavailable and later Posts with it are refused; Wait's timeout bounds
-// everything UCX has not noticed. RUBATO_LOG_SUBSYS=transport=debug logs each endpoint's lanes.
-//
-// Not supported yet: `ready_event` on device sends (UCX has no stream ordering: synchronize
-// the event before Post); such ops are refused with kUnsupported.
+// The UCX Transport: UCP's tag API between processes, host memory everywhere and CUDA memory
+// where the UCX runtime has CUDA support. One UCP context and worker per transport, driven by
+// one thread; progress only inside Test, Wait, Cancel and the destructor. UCX_TLS picks the
+// wires; error mode PEER (where a wire supports it) fails a lost peer's transfers with
+// kUnavailable. ready_event on device sends is refused (kUnsupported).
+// Narrative (UCX_TLS choices, lost-peer detection, wire tags): docs/transport.md "UCX".
 #pragma once
 
 #include <cstddef>

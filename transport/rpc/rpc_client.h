@@ -1,18 +1,8 @@
-// The client side of the RPC control plane (DESIGN §3), used by an inference rank to talk to
-// one cache rank.
-//
-// Calls are blocking, typed and thread-safe: several threads may call at once on one client;
-// responses are matched to calls by call id. Every call has a deadline (the call's `timeout`,
-// or RpcClientOptions::call_timeout_ms) and returns kDeadlineExceeded when it passes. An Error
-// sent by the server comes back as a Status with the server's code and message.
-//
-// A background thread heartbeats the server every heartbeat_ms. When no frame at all arrives
-// for peer_timeout_ms (the server process is stopped or hung: TCP stays up but nothing
-// answers), or the connection drops, the client becomes unhealthy: Healthy() is false,
-// LostReason() says which endpoint and what happened, and pending and later calls fail at once
-// with kUnavailable. The loss is noticed within peer_timeout_ms + heartbeat_ms.
-// Reconnect() (or a new client) connects again, e.g. to a restarted server; Hello must then
-// be called again, since the server requires it on every connection.
+// The client side of the RPC control plane, used by an inference rank to talk to one cache rank.
+// Calls are blocking, typed, thread-safe and bounded by a deadline (kDeadlineExceeded); a server
+// Error comes back as its Status. A background heartbeat marks the client unhealthy within
+// peer_timeout_ms + heartbeat_ms of silence or a drop: then every call fails with kUnavailable
+// until Reconnect() (and a new Hello). Narrative: docs/transport.md "The RPC client".
 #pragma once
 
 #include <chrono>

@@ -1,15 +1,8 @@
-// The wire format of the RPC control plane (DESIGN §3): length-prefixed protobuf frames on a
-// TCP stream, shared by rpc_server.h and rpc_client.h.
-//
-// One frame, byte layout:
-//   [0, 4)   magic "RBRP" (0x52 0x42 0x52 0x50)
-//   [4, 8)   payload length N, uint32 little-endian, N <= the receiver's max_frame_bytes
-//   [8, 8+N) payload: one serialized rubato.rpc.Envelope (common/proto/rpc.proto)
-//
-// FrameDecoder takes the stream in arbitrary pieces (whatever one read returned) and yields
-// whole Envelopes. It checks the magic and the length before it allocates the payload, so a
-// peer announcing 4 GB costs nothing. After an error the decoder stays failed: a byte stream
-// that lost its framing cannot be resynchronised, and the connection must be closed.
+// The wire format of the RPC control plane: length-prefixed protobuf frames (magic "RBRP",
+// uint32 little-endian length, one rubato.rpc.Envelope) on a TCP stream, shared by rpc_server.h
+// and rpc_client.h. FrameDecoder takes the stream in arbitrary pieces, checks magic and length
+// before allocating, and stays failed after an error (close the connection).
+// Byte layout: docs/transport.md "The RPC wire format".
 #pragma once
 
 #include <array>

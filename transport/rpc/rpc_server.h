@@ -1,23 +1,9 @@
-// The server side of the RPC control plane (DESIGN §3), run by a cache rank.
-//
-// RpcServer listens on host:port, reads frames (rpc_frame.h) on its own Boost.Asio thread and
-// hands each request to an RpcHandler on a small pool of handler threads, so a slow handler
-// delays neither heartbeats nor other connections. It does itself what every server must do
-// the same way:
-//   * Hello: refuses a peer whose protocol version, role or model shape differs (the error
-//     names the field and both values), then asks the handler; every other request on a
-//     connection that has not completed Hello is refused with kFailedPrecondition.
-//   * Heartbeats are answered on the I/O thread (reply = true, same sequence).
-//   * A handler error goes back as an Error body with the request's call_id.
-//   * A malformed or oversized frame is answered with an Error frame (call_id 0) and that
-//     connection is closed; the others keep being served.
-//   * A connection that sends nothing, not even a heartbeat, for peer_timeout_ms is closed.
-//   * When a connection ends for any reason other than Stop(), the handler's OnConnectionLost
-//     says which, so that a cache rank can free that peer's sessions.
-// Handler methods may be called concurrently (from several connections, or several calls of
-// one connection) and must be thread-safe. A handler must not call Stop() from inside a
-// handler method (Stop waits for handler calls to finish): OnShutdown should signal the
-// owner, which then calls Stop().
+// The server side of the RPC control plane, run by a cache rank: RpcServer reads frames on its
+// own Boost.Asio thread and hands requests to an RpcHandler on a pool of handler threads; it
+// enforces Hello, answers heartbeats, closes silent or malformed connections and reports lost
+// ones (OnConnectionLost). Handler methods may run concurrently and must be thread-safe; they
+// must not call Stop() (OnShutdown signals the owner, which calls it).
+// Narrative: docs/transport.md "The RPC server".
 #pragma once
 
 #include <atomic>
