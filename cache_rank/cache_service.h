@@ -1,14 +1,10 @@
-// The cache rank's service (DESIGN §1, §4.5): sessions with their selector, and the data plane
-// that serves them. For each connected inference rank ("peer") a loop on the service's own
-// thread receives KV packs over the peer's Transport (transport/pack_protocol.h: header, pack),
-// appends them to the KV store, asks the session's selector (cache_selector.h) what the reply
-// carries per (layer, request, KV head), gathers the rows into a reply pack and sends it back.
-//
-// The control plane (the RPC handler in cache_rpc_handler.h, or the in-process control of the
-// colocated mode) calls OpenSession / CloseSession / PeerHealth / Stats from its own thread; the
-// store is shared under one mutex. A pack that fails (invalid, a session of another peer, over
-// capacity) stops that peer's data plane: the inference rank learns why from PeerHealth (the
-// RPC Health call) while its wait for the reply goes on; other peers are not affected.
+// The cache rank's service: sessions with their selector, and the data plane that serves them.
+// Per connected inference rank ("peer"), a loop on the service's own thread receives KV packs,
+// appends them to the KV store, asks the session's selector what the reply carries, gathers it
+// into a reply pack and sends it back. The control plane calls OpenSession / CloseSession /
+// PeerHealth / Stats from its own thread (the store is shared under one mutex). A failed pack
+// stops that peer's data plane only; PeerHealth says why.
+// Narrative: docs/disaggregated.md "The cache service".
 #pragma once
 
 #include <atomic>

@@ -1,14 +1,8 @@
-// Exact token selection on the cache rank (DESIGN §4.5; AsyncSpade §4): for one session and
-// layer, score every stored position in a range against a (predicted) query and keep the k
-// best per KV head.
-//
-// Score of query head h on position j: logit q_h . k_j / sqrt(head_dim), softmax per query head
-// over the range, then pooled over the query heads of the KV head's GQA group (heads
-// [g * G, (g + 1) * G) with G = num_query_heads / num_kv_heads) by the mean of the
-// probabilities. AsyncSpade §4 pools over the group but does not fix the operator; the mean of
-// the probabilities is our choice (it matches DESIGN §4.2's SFI pooling and keeps every query
-// head's distribution on the same scale). All math is fp32; bf16 / f16 keys are converted with
-// common/dtype.h.
+// Exact token selection on the cache rank: for one session and layer, score every stored
+// position in a range against a (predicted) query and keep the k best per KV head: softmax of
+// q·k / sqrt(head_dim) per query head over the range, pooled over the GQA group by the mean of
+// the probabilities (our choice). fp32; bf16 / f16 keys converted with common/dtype.h.
+// Narrative: docs/disaggregated.md "Exact top-k on the cache rank".
 #pragma once
 
 #include <cstdint>

@@ -1,27 +1,12 @@
-// The cache rank's KV store (DESIGN §1, §3; AsyncSpade §4): sessions with capacity accounting
-// against a byte budget, appending the new K / V of KV layer packs, and gathering rows into
-// compact buffers. Selection (exact_top_k.h) and reply packs (reply_builder.h) build on it.
-//
-// Storage: each session owns one contiguous allocation from a KvStorageAllocator (host memory
-// now), reserved at open for its full capacity:
+// The cache rank's KV store: sessions with capacity accounting against a byte budget, appending
+// the new K / V of KV layer packs, and gathering rows into compact buffers (exact_top_k.h and
+// reply_builder.h build on it). Each session owns one allocation reserved at open:
 //   keys   [layer][kv_head][capacity_tokens][head_dim]   (session dtype)
 //   values [layer][kv_head][capacity_tokens][head_dim]   (session dtype), right after keys
-// so reserved bytes = 2 * num_layers * num_kv_heads * capacity_tokens * head_dim * dtype size.
-//
-// Layer packs of one step: a step's packs arrive in layer order (layers [0, P), then
-// [P, 2P), ...; the last pack may be shorter). Each session tracks `next_layer`, the first
-// layer of the step in progress not yet appended (0: no step in progress). A pack must start
-// at next_layer; one that starts elsewhere repeats or skips layers and is refused. Packs of a
-// step in progress must repeat its step, first_position and new_tokens. When the pack holding
-// the session's last layer is appended, the session's length advances by new_tokens and
-// next_layer returns to 0. A new step's step number must exceed the last completed one.
-// Positions [length, length + new_tokens) of a layer already appended in the step in
-// progress are readable (LayerLength), so the cache rank can select and gather for the next
-// step pack by pack, before the whole step has arrived.
-//
-// Thread-safety: the cache rank's service drives the store from one thread; every method
-// except Stats() must be called from that thread (or under the caller's lock). Stats() may be
-// called from any thread at any time (its counters are atomics).
+// A step's packs must arrive in layer order (one that repeats or skips layers is refused); rows
+// of layers already appended in the step in progress are readable (LayerLength).
+// One thread drives the store; Stats() may be called from any thread (atomics).
+// Narrative (the step rules in full): docs/disaggregated.md "The KV store".
 #pragma once
 
 #include <atomic>

@@ -1,14 +1,7 @@
 // The disaggregated mode end to end, as a user runs it: `rubato cache --listen` in one process,
-// `rubato generate --cache HOST:PORT` in another, KV over UCX (TCP: UCX_TLS=tcp, set for the
-// children), control over the RPC, on the bundled tiny model.
-//   * offload_dense through the cache rank prints the text of colocated dense; offload_topk
-//     with top_k covering the context too; the cache rank counts the packs it served;
-//   * a cache rank killed (SIGKILL) or stopped (SIGSTOP) mid-generation ends the run with one
-//     clear error line naming the cache rank, within the heartbeat timeout (no hang, no crash);
-//   * a cache rank restarted on the same port serves a new run;
-//   * `mpirun -np 2` with the roles of configs/disagg-mpi.yaml gives the dense text and ends;
-//   * bad uses are refused by name (a cache endpoint with a non-offload policy, nothing
-//     listening, an NCCL data plane where none can form).
+// `rubato generate --cache HOST:PORT` in another, KV over UCX (TCP), control over the RPC, on the
+// bundled tiny model: dense text through the cache rank, a killed, stopped or restarted cache
+// rank, mpirun roles, and bad uses refused by name. The scenarios: docs/disaggregated.md "Tests".
 #include <gtest/gtest.h>
 
 #include <signal.h>

@@ -1,14 +1,10 @@
-// Offloaded KV residency, the model's side (DESIGN §1, §3 "KV residency"): an entry whose full
-// KV lives on a cache rank. In every layer the model hands the entry's new K/V (and the query of
-// its last token) to a KvOffloadExchange, which ships them in layer packs; a decode token then
-// attends the compact KV the exchange returns (sink + selected rows from the cache rank) plus
-// the recent segment read in place from the local paged cache, through the two-segment op.
-// Prefill chunks attend locally (causal, dense) and only ship their K/V.
-//
-// The exchange (inference_rank/offload/cache_client.h) owns packs, transports and timing: when a
-// layer's K/V leave, when a reply is waited for. The model only calls it, in layer order:
-//   for each layer: q, k, v -> LayerComputed(layer, ...) -> CompactFor(layer, ...) per decode
-//   entry -> attention.
+// Offloaded KV residency, the model's side: an entry whose full KV lives on a cache rank. In
+// every layer the model hands the entry's new K/V (and its last query) to a KvOffloadExchange,
+// which ships them in layer packs; a decode token attends the compact KV the exchange returns
+// plus the local recent segment through the two-segment op; prefill chunks attend locally. The
+// exchange (inference_rank/offload/cache_client.h) owns packs, transports and timing; the model
+// calls it in layer order: LayerComputed, then CompactFor per decode entry.
+// Narrative: docs/disaggregated.md "The model's side".
 #pragma once
 
 #include <cstdint>

@@ -1,15 +1,7 @@
 // The engine with offloaded KV through the colocated cache rank (the same client, packs and
 // service as two processes, over the loopback transport), on the tiny random Qwen3 model:
-//   * offload-dense gives exactly the tokens of local dense attention, for packs of 1, 2 and
-//     all layers, several requests batched with chunked prefill, sampled decoding;
-//   * offload-topk with top_k >= the context gives the dense tokens too; a small top_k still
-//     runs end to end (and attends less);
-//   * the service saw one KV pack per pack of layers per step and sent one reply each; the
-//     metrics of both sides count the same bytes, the waits and the sessions;
-//   * a cache rank that goes away mid-generation ends every offloaded request with an error
-//     event naming it, within the timeout, and the engine goes on; a session over the cache
-//     rank's budget ends its request with the refusal;
-//   * a selector the table does not know is refused by name when the cache is made.
+// offload-dense and offload-topk against local dense, the service's packs, replies and metrics,
+// a lost cache rank, budgets and unknown selectors. The scenarios: docs/disaggregated.md "Tests".
 #include <gtest/gtest.h>
 
 #include <chrono>

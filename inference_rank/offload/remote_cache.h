@@ -1,17 +1,9 @@
-// A cache rank in another process (DESIGN §1 "Disaggregated mode"): the RPC client to its
-// endpoint, the data plane the Hello connects (UCX: the Hello swaps worker addresses; NCCL: it
-// carries the communicator's unique id, both ranks join while it is answered, and host packs are
-// staged through device memory), and the CacheRankClient the engine offloads through. What `rubato generate --cache HOST:PORT` and the inference rank of an
-// mpirun launch use.
-//
-//   RUBATO_ASSIGN_OR_RETURN(auto cache, RemoteCacheRank::Connect("10.0.0.2:7000", model.config(),
-//                                                                 client_options, limits));
-//   engine_options.offload = &cache->client();
-//
-// The cache rank is lost (SIGKILL: the TCP connection drops; SIGSTOP: heartbeats go unanswered)
-// within limits.heartbeat_ms * 5 (+ one heartbeat): the client's waits end with kUnavailable and
-// the engine fails the offloaded requests. A new RemoteCacheRank reconnects (e.g. to a
-// restarted cache rank).
+// A cache rank in another process: the RPC client to its endpoint, the data plane the Hello
+// connects (UCX worker addresses, or an NCCL communicator with host packs staged through device
+// memory), and the CacheRankClient the engine offloads through; what `rubato generate --cache
+// HOST:PORT` and an mpirun inference rank use. A lost cache rank (connection dropped, or
+// heartbeats unanswered for limits.heartbeat_ms * 5) ends the client's waits with kUnavailable;
+// a new RemoteCacheRank reconnects. Usage: docs/disaggregated.md "The remote cache rank".
 #pragma once
 
 #include <memory>

@@ -1,18 +1,8 @@
 // The CUDA model with offloaded KV (cuda_model_offload.cc) through the colocated cache rank (the
-// same client, packs, service and replies as two processes, over the loopback transport; the
-// cache rank's KV in host memory), on the golden checkpoints (tiny-qwen3-random,
-// tiny-llama3-random) and the trained tiny-qwen3-longctx:
-//   * offload-dense gives exactly local dense's logits (teacher-forced) and greedy tokens (three
-//     requests batched, chunked prefill), for packs of 1 layer and of every layer: its replies are
-//     whole prefixes, attended as paged blocks by the dense kernel in local dense's launch shape;
-//   * offload-topk with top_k >= the context (a compact reply and the recent segment, through the
-//     two-segment kernel, which sums in another order) gives local dense's tokens up to a
-//     divergence, and every divergence is a near-tie: local dense's top-2 margin within 4x the
-//     logit difference there;
-//   * a small top_k runs; the cache rank received every pack, replied to each, and every
-//     session was closed;
-//   * with two GPUs, offload-dense with the cache service on the second GPU, its packs and
-//     replies crossing by NCCL (host-staged), gives local dense's tokens too.
+// same client, packs, service and replies as two processes, over the loopback transport), on the
+// golden checkpoints and the trained tiny-qwen3-longctx: offload-dense equal to local dense,
+// offload-topk up to near-ties, a small top_k, and (two GPUs) the cache service over NCCL.
+// The scenarios: docs/disaggregated.md "Tests"; results: "The CUDA model" there.
 #include <gtest/gtest.h>
 
 #include <algorithm>
