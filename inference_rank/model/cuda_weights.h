@@ -1,20 +1,9 @@
-// The CUDA model's weights: bf16 on the device, with the projections that read the same input
-// fused into one matrix each, so that a layer runs three GEMMs over its input rows instead of
-// five:
-//   qkv      = [q_proj | k_proj | v_proj] rows  -> one [q_dim + 2 kv_dim][hidden] weight
-//   gate_up  = [gate_proj | up_proj] rows       -> one [2 intermediate][hidden] weight
-// (and Qwen2's q/k/v biases -> one [q_dim + 2 kv_dim] bias). Tied embeddings keep one table,
-// read by the embedding lookup and by the lm_head.
-//
-// The tensors are those of model_weights.h's ListWeights (one list for names, shapes, checks and
-// accounting); each listed tensor has one destination in these buffers. Three sources:
-//   * host fp32 ModelWeights (tests: the CPU model's own weights), rounded to bf16;
-//   * a safetensors checkpoint, streamed tensor by tensor (bf16 copied as is, f16 and f32
-//     converted to bf16 on the host, one tensor at a time: never the whole model in fp32);
-//   * random weights generated on the device (kernels/cuda/random_fill.cuh): uniform in
-//     [-sqrt(3) 0.02, sqrt(3) 0.02] (std 0.02, transformers' initializer_range) for projections,
-//     embeddings and biases, 1 for RMSNorm scales; values depend on (seed, tensor index in the
-//     list, element) only.
+// The CUDA model's weights: bf16 on the device, the projections that read the same input fused
+// (qkv = [q_proj | k_proj | v_proj], gate_up = [gate_proj | up_proj], Qwen2's q/k/v biases), so a
+// layer runs three GEMMs instead of five; tied embeddings keep one table. The tensors are
+// model_weights.h's ListWeights; sources: host fp32 ModelWeights, a safetensors checkpoint
+// streamed tensor by tensor, or random weights generated on the device.
+// Narrative: docs/cuda_model.md "Weights".
 #pragma once
 
 #include <cuda_bf16.h>

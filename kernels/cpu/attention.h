@@ -1,19 +1,10 @@
-// Causal grouped-query attention of a chunk of new query tokens of one sequence against that
-// sequence's paged K/V (which already holds the chunk's own keys and values), restricted to an
-// attention window (attention_window.h; dense by default).
-//
-// Query token t sits at position p = start_position + t and attends the positions
-// window.Attends(p, ·) accepts (dense: [0, p]): scores = q·k / sqrt(head_dim), softmax in fp32
-// with the max subtracted, output = sum of probabilities x values. Query head h reads KV head
-// h / (num_heads / num_kv_heads), as transformers' repeat_kv. The same op serves prefill
-// chunks (tokens > 1) and decode (tokens == 1).
-//
-// Two implementations with the same contract (equal to fp32 rounding):
-//   * rows:  one query row at a time, plain loops; the reference, and the decode path.
-//   * tiled: per KV head, tiles of (query tokens x GQA group) rows against tiles of keys
-//            gathered from the paged blocks, scores and probs x V as cblas_sgemm calls, online
-//            softmax across key tiles (attention_tiled.cc); the prefill path.
-// CausalAttentionForKvHead picks one by the chunk size.
+// Causal grouped-query attention of a chunk of new query tokens of one sequence against its
+// paged K/V (which already holds the chunk's own keys and values), restricted to an attention
+// window (attention_window.h; dense by default): scores q·k / sqrt(head_dim), fp32 softmax with
+// the max subtracted; query head h reads KV head h / (num_heads / num_kv_heads). Serves prefill
+// chunks and decode. Two paths with one contract (equal to fp32 rounding): rows (the reference,
+// decode) and tiled (cblas_sgemm tiles, attention_tiled.cc; prefill).
+// Narrative: docs/kernels_cpu.md "Causal paged attention".
 #pragma once
 
 #include "kernels/cpu/attention_window.h"

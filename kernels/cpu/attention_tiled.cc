@@ -1,22 +1,7 @@
-// The tiled path of causal paged GQA attention (see attention.h), for prefill chunks.
-//
-// Per KV head, the chunk's queries are cut into tiles of kQueryTileTokens tokens; a tile's rows
-// are (token, GQA head) pairs, so the whole group shares every key tile. For each query tile:
-//
-//   q_tile = gather(queries) * scale                       [rows][head_dim]
-//   for each key tile of the keys some row of the tile attends (sink segment, then recent):
-//     k_tile^T, v_tile = gather(paged K/V)                 [head_dim][keys], [keys][head_dim]
-//     scores = q_tile k_tile^T                             cblas_sgemm, [rows][keys]
-//     per row: mask to the row's window, online softmax (running max m, running sum l;
-//              earlier contributions rescaled by exp(m_old - m_new)), scores -> exp(s - m)
-//     accumulator = accumulator * rescale + scores v_tile  cblas_sgemm, [rows][head_dim]
-//   output = accumulator / l
-//
-// A key tile never straddles the two window segments, so each row's attended keys inside a tile
-// are one interval (the causal and window masks of the diagonal tiles are interval bounds, no
-// -inf arithmetic). Tile sizes keep the score tile at 32 KiB (L1/L2-resident); at head_dim 32
-// that also keeps each sgemm below OpenBLAS's multithreading threshold, so the model's attention
-// workers run their sgemm calls side by side, single-threaded.
+// The tiled path of causal paged GQA attention (see attention.h), for prefill chunks: per KV
+// head, tiles of (query token, GQA head) rows against key tiles gathered from the paged blocks,
+// scores and probs x V as cblas_sgemm calls, online softmax across key tiles.
+// The loop, masks and tile sizes: docs/kernels_cpu.md "The tiled path".
 #include <cblas.h>
 
 #include <algorithm>

@@ -1,15 +1,8 @@
-// Which keys a query may attend: the two-segment plan of DESIGN §3 reduced to positions.
-//
-// A query at position p attends the keys in
-//     [0, min(sink, p + 1))  ∪  [max(sink, p - recent + 1), p]
-// i.e. a sink segment (the first `sink_tokens` positions, the attention sinks) and a
-// recent segment (the last `recent_tokens` positions up to and including p). The two segments
-// never overlap; a key in both ranges is counted once. Dense causal attention is the special
-// case sink = 0, recent = unbounded ("recent = everything").
-//
-// The window applies to prefill and decode alike: every token only ever sees its sink + recent
-// keys (the window baseline of DESIGN §4.7). The CPU reference keeps the whole paged KV and
-// masks; it never evicts.
+// Which keys a query may attend: the two-segment plan of DESIGN §3 reduced to positions. A query
+// at position p attends [0, min(sink, p + 1)) ∪ [max(sink, p - recent + 1), p], the sink and
+// recent segments (never overlapping); dense causal attention is sink = 0, recent = unbounded.
+// The window applies to prefill and decode alike; the CPU reference masks, it never evicts.
+// Narrative: docs/kernels_cpu.md "Attention windows".
 #pragma once
 
 #include <algorithm>

@@ -1,15 +1,9 @@
-// Compact gather: copies the keys and values of the positions a sparse policy keeps (sink then
-// selected, per KV head) out of one sequence's paged KV cache into rows 0..count-1 of that
-// head's compact buffer (DESIGN §3 "Working set", §4.2 "Reorganization"). Two-segment attention
-// (two_segment_attention.h) then reads those rows as its first segment.
-//
-// Contract (the CUDA twin's too):
-//   * for every KV head h and i < positions[h].size(), row i of head h in `compact` becomes,
-//     bit for bit, the K (and V) vector of head h at sequence position positions[h][i];
-//   * counts[h] = positions[h].size();
-//   * rows [counts[h], capacity) of head h are left as they were (attention never reads them);
-//   * nothing is written unless every check passes: a rejected call leaves `compact` and
-//     `counts` untouched.
+// Compact gather: copies the K and V of the positions a sparse policy keeps (sink then selected,
+// per KV head) out of one sequence's paged KV cache into rows 0..count-1 of that head's compact
+// buffer, which two-segment attention reads as its first segment. Contract (the CUDA twin's
+// too): row i of head h is bit for bit position positions[h][i]; counts[h] =
+// positions[h].size(); rows past the count are left as they were; a rejected call writes
+// nothing. Narrative: docs/kernels_cpu.md "Compact gather".
 #pragma once
 
 #include <span>

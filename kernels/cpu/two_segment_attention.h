@@ -1,24 +1,10 @@
-// Two-segment sparse decode attention (DESIGN §3 "Working set"): one query token of one sequence
-// attends, per KV head, the working set sink ∪ selected ∪ recent, held in two segments:
-//   1. compact: rows [0, compact_counts[h]) of KV head h's compact buffer (compact_gather.h),
-//   2. recent:  positions [recent_begin, recent_end) of the paged KV cache, read in place.
-// One softmax runs over both segments together. Every sparse policy's decode attention is one
-// such call; dense decode is the case "compact empty, recent = [0, L)", and gathering every
-// position [0, recent_begin) into the compact buffer gives dense decode exactly.
-//
-// Numerics (the contract of the CUDA twin, equal to fp32 rounding), as the rows path of
-// attention.h: query head h reads KV head h / (num_heads / num_kv_heads); for each key k of the
-// working set, score = (q·k) * scale in fp32 with scale = 1/sqrt(head_dim) rounded once from
-// double; p = softmax(scores) with the max subtracted; output = sum of p x v. The order of keys
-// (compact rows, then recent positions) changes nothing but rounding. The working set must hold
-// each position once: the op does not know which positions the compact rows came from, so a
-// recent position that is also gathered into the compact buffer is counted twice.
-//
-//   lse[h] = log(sum over the working set of exp(score)), natural log, the convention of
-//            attention_stats.h (max + log of the sum of exp(score - max)).
-//   Empty working set (compact_counts[h / group] == 0 and recent_begin == recent_end): the
-//            heads of that group get output = 0 and lse = -inf, never NaN; an lse of -inf
-//            also makes such a head weigh nothing when partial results are merged by LSE.
+// Two-segment sparse decode attention: one query token of one sequence attends, per KV head, the
+// working set sink ∪ selected ∪ recent in two segments, the compact rows [0, compact_counts[h])
+// (compact_gather.h) and the paged positions [recent_begin, recent_end) read in place, under one
+// fp32 softmax (the CUDA twin's contract, to fp32 rounding). Each position must appear once; lse
+// is a natural log; an empty working set gives output 0 and lse −inf, never NaN.
+// Narrative (numerics, dense as a special case): docs/kernels_cpu.md "Two-segment sparse decode
+// attention".
 #pragma once
 
 #include <span>

@@ -1,14 +1,8 @@
-// Dense decode attention on the GPU: one new query token per sequence against its paged K/V,
-// split-K flash-decoding, GQA-aware. CPU twin: kernels/cpu/attention.h (the rows path, one
-// token) and kernels/cpu/attention_stats.h (log-sum-exp and pooled probabilities).
-//
-// Each sequence b attends the keys its window allows among positions [0, seq_lens[b]) (the
-// query's own key, at seq_lens[b] - 1, already appended): [0, min(sink, L)) ∪ [max(sink, L -
-// recent), L) with L = seq_lens[b]; dense is sink = 0, recent = unbounded. Keys are split into
-// chunks processed by separate thread blocks, each computing a partial softmax (max, sum,
-// weighted values); a second kernel merges the chunks. The grid depends only on batch, heads
-// and max_seq_len, not on the actual lengths, so the launch can be captured in a CUDA graph and
-// replayed while sequences grow (up to max_seq_len).
+// Dense decode attention on the GPU: one new query token per sequence against its paged K/V
+// (sink and recent window), split-K flash-decoding, GQA-aware; a second kernel merges the
+// chunks' partial softmaxes. The grid depends only on batch, heads and max_seq_len, so the launch
+// can be captured in a CUDA graph and replayed while sequences grow. CPU twin:
+// kernels/cpu/attention.h (rows path) and attention_stats.h. docs/decode_attention.md "The op".
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,32 +1,9 @@
-// CublasLtGemm (gemm.h): y = x W^T (+ bias) through cuBLASLt, bf16 A/B, fp32 accumulation
-// (CUBLAS_COMPUTE_32F), bf16 or f32 D.
-//
-// Row-major to column-major: cuBLASLt is column-major, so the row-major product
-//   y[rows][out] = x[rows][in] . W[out][in]^T
-// is computed as its transpose, y^T = W . x^T, with nothing moved in memory:
-//   A = W   stored col-major [in x out], ld = in, op(A) = A^T  -> [out x in]
-//   B = x   stored col-major [in x rows], ld = in, op(B) = B   -> [in x rows]
-//   D = y   stored col-major [out x rows], ld = out
-// i.e. m = out, n = rows, k = in ("TN", the layout tensor-core GEMMs prefer). The bias epilogue
-// adds a vector of length m = out to every column of D, which is every row of y.
-//
-// Plans: the matmul descriptor, the three layouts and the heuristic's algorithm are made once
-// per (rows, in, out, bias?, y dtype, pointer alignments) and reused, so a steady decode step
-// makes no heuristic query, allocates nothing and can be captured in a CUDA graph. The pointer
-// alignments are part of the key because the heuristic picks kernels for the alignment it is
-// told (cuBLASLt assumes 256 bytes unless told less): a plan chosen for aligned pointers must not
-// run on an activation slice that starts mid-row. The first call of a new key queries the
-// heuristic (host work) and, for f32 output with a bias, allocates the plan's f32 bias copy: make
-// it outside graph capture (a warm-up step).
-//
-// Bias types: cuBLASLt's bias vector has D's type for these kernels (cublasLt.h,
-// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE). The bias is bf16, so with f32 output it is first widened
-// into the plan's f32 copy by two stream-ordered copies: bf16 -> f32 is exact (the bf16 bits are
-// the high half of the f32 bits), so a memset to zero and a strided 2-byte copy into the high
-// halves do it without a kernel.
-//
-// Not thread-safe, and the workspace is shared by all calls: calls must be ordered (one stream,
-// or streams ordered by events), as one CublasLtGemm per stream owner is.
+// CublasLtGemm (gemm.h): y = x W^T (+ bias) through cuBLASLt, bf16 A/B, fp32 accumulation, bf16
+// or f32 D, computed as the column-major transpose ("TN") with nothing moved. Plans are cached
+// per (shape, bias, y dtype, pointer alignments): a new key's first call queries the heuristic
+// (and may allocate the f32 bias copy), so make it outside graph capture. Not thread-safe: calls
+// must be ordered (one stream, or streams ordered by events).
+// Narrative (the layouts, plan keys, bias widening): docs/cuda_model.md "GEMM".
 #include "kernels/cuda/gemm.h"
 
 #include <cublasLt.h>

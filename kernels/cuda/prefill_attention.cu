@@ -1,23 +1,8 @@
 // Causal prefill attention on the GPU (prefill_attention.cuh): flash-attention style, bf16
-// tensor cores (mma.sync m16n8k16, fp32 accumulation), online softmax in fp32.
-//
-// One thread block = one query tile of one entry and one KV head. Its 64 rows are (token, GQA
-// head) pairs, row r = token r / kGroup, query head kv_head * kGroup + r % kGroup, so the whole
-// group shares every K/V load (group 4: 16 tokens x 4 heads). Four warps own 16 rows each.
-//
-//   Q tile -> shared -> registers (A fragments, kept for the whole loop)
-//   for each key tile of 64 keys some row of the tile attends (sink tiles, then recent tiles;
-//   tiles wholly outside the window are skipped), double-buffered with cp.async:
-//     S = Q K^T                   tensor cores, [16 rows][64 keys] per warp, fp32
-//     mask (causal + window)      only on tiles where some row does not attend every key
-//     online softmax              running max m and sum l per row, old O rescaled
-//     O += bf16(P) V              tensor cores, P straight from the S registers
-//   out = O / l -> bf16 -> shared (the warp's own Q rows) -> 16-byte coalesced stores
-//
-// Keys are gathered from the paged pool per position (block_table[p / block_tokens]), so any
-// block size works; 16 and 64 are what the engine uses. Keys past the tile's last query
-// position are never read (zero-filled instead), so the block table is only read for
-// positions the sequence holds.
+// tensor cores (mma.sync m16n8k16, fp32 accumulation), online softmax in fp32. One block per
+// (query tile of 64 (token, GQA head) rows, entry, KV head); key tiles of 64 double-buffered with
+// cp.async, gathered from the paged pool per position (any block size).
+// The loop and masks: docs/cuda_model.md "Prefill attention".
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -1,15 +1,8 @@
-// Deterministic random bf16 fill on the GPU: --random-weights models at real shapes (8B
-// parameters would be 32 GB of host fp32, so they are generated where they live) and the decode
-// benchmark's KV pools.
-//
-// Element i of a fill gets a value that depends only on (seed, stream, i): a counter-based
-// hash (SplitMix64), never on the launch shape or on what else was filled before, so the same
-// tensor is the same on every run and every GPU. Each 64-bit hash feeds two elements with 24
-// random bits each. The value is
-//     center + k * (bound / 2^24),  k = 2u - (2^24 - 1) for u uniform in [0, 2^24)
-// i.e. uniform over 2^24 odd steps symmetric around center, inside [center - bound, center +
-// bound], computed with two correctly rounded fp32 operations and then rounded to bf16 (nearest
-// even). RandomFillValue is the host twin.
+// Deterministic random bf16 fill on the GPU: --random-weights models at real shapes and the
+// decode benchmark's KV pools. Element i's value depends only on (seed, stream, i) (SplitMix64),
+// never on the launch shape, uniform over 2^24 odd steps in [center - bound, center + bound],
+// rounded to bf16. RandomFillValue is the host twin.
+// The formula: docs/cuda_model.md "Random fill".
 #pragma once
 
 #include <cuda_bf16.h>

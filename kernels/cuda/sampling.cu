@@ -1,28 +1,8 @@
-// Batched next-token sampling on the GPU (sampling.cuh): kernels, launcher, validation.
-//
-// One thread block per row. A greedy row is a block-wide argmax. A row that reports its token's
-// probability adds a sum-of-exponentials pass over its logits. A sampled row reproduces
-// kernels/cpu SampleTokenWithUniform without sorting the vocabulary:
-//   1. the largest logit (softmax's shift; always the first candidate in sorted order);
-//   2. top-k: a radix select over the logits' order-preserving bit patterns finds the k-th
-//      largest logit; the kept ids (on ties at the cut, the lowest ids) are compacted, in id
-//      order, into the workspace, and every later pass walks only them;
-//   3. the probabilities exp(l/T - max/T) of the candidates, computed in double as the CPU does
-//      and stored as f32 in the workspace, and their total;
-//   4. with neither top-k nor top-p the CPU walks the token ids in order: a block-wide prefix scan
-//      over ids (fp64) finds the first id whose cumulative mass exceeds uniform * total;
-//   5. otherwise the CPU walks the candidates by decreasing logit, lower id first on ties. A radix
-//      select by cumulative mass finds the logit of the candidate where the cumulative mass first
-//      reaches a target (top-p: top_p * total; the draw: uniform * nucleus mass), and a prefix
-//      scan over the candidates with that logit, in id order, finds the token. Once the
-//      candidates left in a select fit in one tile they are copied out, so the later passes of a
-//      peaked row read a few thousand candidates, not the vocabulary.
-// The masses of step 5 are 64-bit fixed point scaled so that the total stays below 2^62: sums are
-// exact and independent of the order of the atomics (the result never depends on scheduling),
-// and every sorted prefix holds the largest probability, exp(0) = 1, so the rounding of at most
-// vocab * total * 2^-63 is below 1e-10 of any cumulative boundary. Versus the CPU, the f32
-// storage of the probabilities moves a cumulative boundary by at most ~1.2e-7 (relative): only a
-// uniform that close to a boundary can pick the neighbouring token.
+// Batched next-token sampling on the GPU (sampling.cuh): kernels, launcher, validation. One
+// block per row: greedy is a block-wide argmax; a sampled row reproduces the CPU's
+// SampleTokenWithUniform without sorting the vocabulary (radix selects and prefix scans over the
+// top-k candidates, exact 64-bit fixed-point masses independent of scheduling).
+// The steps and the error bound versus the CPU: docs/cuda_model.md "Sampling".
 #include "kernels/cuda/sampling.cuh"
 
 #include <climits>
