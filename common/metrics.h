@@ -1,29 +1,8 @@
-// Metrics registry: counters, gauges and histograms, exposed in the Prometheus text format
-// 0.0.4 (what `/metrics` of every rubato process serves, DESIGN §3 "Metrics").
-//
-// prometheus-cpp is not packaged, so rubato writes the format itself. Updates are lock-free
-// (relaxed atomics) because engine and server threads update metrics on hot paths; the
-// registry's one mutex guards only registration, child creation and exposition.
-//
-// Usage (callers own the registry; there is no process-wide default):
-//
-//   MetricsRegistry registry;
-//   RUBATO_ASSIGN_OR_RETURN(Counter* prompt_tokens,
-//       registry.AddCounter("rubato:prompt_tokens_total", "Prefill tokens processed."));
-//   RUBATO_ASSIGN_OR_RETURN(CounterFamily* bytes,
-//       registry.AddCounterFamily("rubato:transport_bytes_total", "Bytes moved.",
-//                                 {"direction", "backend"}));
-//   RUBATO_ASSIGN_OR_RETURN(Counter* tx_ucx, bytes->WithLabels({"tx", "ucx"}));
-//   RUBATO_ASSIGN_OR_RETURN(Histogram* ttft,
-//       registry.AddHistogram("rubato:time_to_first_token_seconds", "Time to first token.",
-//                             {0.01, 0.05, 0.1, 0.5, 1, 5}));
-//   prompt_tokens->Increment(512);   // hot path: one atomic add, no lock
-//   tx_ucx->Increment(4096);
-//   ttft->Observe(0.042);
-//   std::string body = registry.ExpositionText();  // serve as kExpositionContentType
-//
-// Look children up once (at setup) and keep the pointer: WithLabels takes the registry mutex.
-// Every family and child pointer stays valid for the lifetime of the registry.
+// Metrics registry: counters, gauges and histograms, exposed in the Prometheus text format 0.0.4
+// (what `/metrics` of every rubato process serves). Updates are lock-free (relaxed atomics); the
+// registry's one mutex guards only registration, child creation and exposition, so look children
+// up once (WithLabels locks) and keep the pointer: pointers live as long as the registry. Callers
+// own the registry; there is no process-wide default. Usage: docs/common.md "Metrics".
 #pragma once
 
 #include <atomic>

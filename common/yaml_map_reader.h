@@ -1,14 +1,7 @@
-// Validated reads from one map of a YAML config file: a section (`engine`), an entry of a list
-// (`topology.ranks[1]`) or a policy's parameters (`policy`). Every error names the file and the
-// full key path, in one form for the whole config:
-//
-//   rubato.yaml: engine.max_batch: must be in [1, 4096], got 0 (line 12)
-//   rubato.yaml: engine.blocksize: unknown key; did you mean 'block_size'? (line 9)
-//   rubato.yaml: server.port: expected an integer, got 'abc' (line 20)
-//
-// Usage: Open the map, Read* each known key (absent keys keep the caller's default), then
-// Finish(), which reports any key that was never asked for. Policies validate their parameters
-// the same way, from PolicySection::ParamsReader(). No method throws.
+// Validated reads from one map of a YAML config file (a section, a list entry or a policy's
+// parameters), every error naming the file, the full key path and the line. Open the map, Read*
+// each known key (absent keys keep the caller's default), then Finish(), which reports any key
+// never asked for. No method throws. Examples: docs/common.md "Validated config reads".
 #pragma once
 
 #include <yaml-cpp/yaml.h>

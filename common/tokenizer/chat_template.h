@@ -1,28 +1,7 @@
-// Chat prompts without a Jinja engine: the chat_template of tokenizer_config.json is recognised
-// by its markers and rendered by a built-in formatter that reproduces it exactly.
-//
-// ChatML (template contains "<|im_start|>"; Qwen2/2.5/3), following the Qwen3 template:
-//   [system first]  <|im_start|>system\n{content}<|im_end|>\n
-//                   (if there is no system message and the template has a default system
-//                    prompt literal, as Qwen2.5's "You are Qwen, ...", that one is used)
-//   user, system    <|im_start|>{role}\n{content}<|im_end|>\n
-//   assistant       <|im_start|>assistant\n{content}<|im_end|>\n ; when the template handles
-//                   "</think>" (Qwen3): reasoning "<think>..</think>" is cut out of the content;
-//                   for assistant turns after the last user query that are the last message or
-//                   carry reasoning, it is written back as
-//                   <think>\n{reasoning}\n</think>\n\n{content}
-//   tool            <|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n
-//                   (consecutive tool messages share one user turn)
-//   generation      <|im_start|>assistant\n, plus <think>\n\n</think>\n\n when enable_thinking is
-//                   false and the template knows enable_thinking (Qwen3 non-thinking mode).
-//   Other roles are an error (the template would drop them silently). Tools are not rendered.
-// Llama-3 (template contains "<|start_header_id|>"), following Meta-Llama-3 Instruct:
-//   {bos_token on the first message}<|start_header_id|>{role}<|end_header_id|>\n\n
-//   {content stripped of surrounding white space}<|eot_id|>   per message, then
-//   <|start_header_id|>assistant<|end_header_id|>\n\n   when add_generation_prompt, or always
-//   when the template text does not mention add_generation_prompt (the original release).
-//   Llama 3.1+ templates (tool calls, "Cutting Knowledge Date" system header) are rendered in
-//   this plain Llama-3 form; a warning says so at load.
+// Chat prompts without a Jinja engine: the chat_template of tokenizer_config.json is recognised by
+// its markers (ChatML as Qwen3's template; Llama-3 Instruct) and rendered by a built-in formatter
+// that reproduces it exactly. Unknown roles are an error; tools are not rendered.
+// What each form renders: docs/common.md "Chat templates".
 #pragma once
 
 #include <optional>

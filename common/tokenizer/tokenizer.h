@@ -1,21 +1,8 @@
 // rubato's Hugging Face tokenizer: loads tokenizer.json (+ tokenizer_config.json) of byte-level
-// BPE models (Qwen2/2.5/3, Llama-3, GPT-2 style tokenizers trained with HF `tokenizers`) and
-// encodes / decodes exactly as the Rust `tokenizers` library does.
-//
-// Encode pipeline (HF TokenizerImpl::encode):
-//   added tokens with normalized=false are cut out of the raw text -> each remaining piece is
-//   normalized (normalizer.h) -> normalized added tokens are cut out -> pre-tokenized
-//   (pre_tokenizer.h) -> BPE per word (bpe_model.h) -> post-processor (post_processor.h).
-// Decode: ids -> token strings (added tokens by content) -> ByteLevel decoder -> bytes -> UTF-8
-// with invalid parts replaced by U+FFFD, like Rust's String::from_utf8_lossy.
-//
-// Decisions:
-//   * Encode never fails. Input that is not valid UTF-8 is first repaired with the same U+FFFD
-//     rule (Rust's &str cannot hold invalid UTF-8), so Encode(x) == Encode(Utf8Lossy(x)).
-//   * Decode skips ids that are neither in the vocab nor added tokens (as HF does).
-//   * vocab_size() is one past the largest id of the vocab and the added tokens.
-//   * Added token ids are taken from tokenizer.json as written.
-// A Tokenizer is immutable after loading and safe to use from several threads.
+// BPE models (Qwen2/2.5/3, Llama-3, GPT-2 style) and encodes / decodes exactly as the Rust
+// `tokenizers` library does. Encode never fails (invalid UTF-8 is repaired first); Decode skips
+// unknown ids and replaces invalid UTF-8 by U+FFFD. Immutable after loading, safe to use from
+// several threads. Pipeline and decisions: docs/common.md "The tokenizer".
 #pragma once
 
 #include <filesystem>

@@ -1,14 +1,7 @@
-// `rubato generate`: load a model (CPU or CUDA backend), encode a prompt, stream generated text
-// to stdout and end with one stats line. Every failure comes back as a Status for main() to
-// print as one line.
-//
-// The prompt is text (--prompt, needs the model's tokenizer) or token ids (--prompt-ids 1,2,3).
-// With ids and a model directory without tokenizer.json (a config.json alone, for
-// --random-weights benchmarks at real shapes), the generated tokens are printed as ids.
-//
-// Offloaded KV (--kv-residency offloaded) lives on a cache rank: the one at --cache /
-// topology.cache_endpoints[0] (disaggregated), else a cache service in this process
-// (colocated). A lost cache rank ends the run with its error.
+// `rubato generate`: load a model (CPU or CUDA backend), encode a prompt (text or token ids),
+// stream generated text to stdout and end with one stats line; offloaded KV on a remote or an
+// in-process cache rank. Every failure comes back as a Status for main() to print as one line.
+// Narrative: docs/engine_and_models.md "The command line".
 #pragma once
 
 #include <cstdint>

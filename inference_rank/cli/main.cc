@@ -1,16 +1,7 @@
-// The `rubato` command. Subcommands:
-//   rubato generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N
-//                   --temperature T --top-p P --top-k K --seed S --policy NAME --config FILE
-//                   --chat --threads N --backend cpu|cuda --random-weights]
-//                   [--cache HOST:PORT]
-//   rubato serve [--config FILE --model DIR --policy NAME --host H --port P --cache HOST:PORT
-//                 --threads N --backend cpu|cuda]   (OpenAI-compatible HTTP API until SIGTERM)
-//   rubato cache --listen HOST:PORT [--budget-mb N --memory host|pinned --metrics HOST:PORT
-//                                    --device N --config FILE]
-//   rubato tokenize --model DIR [--count --add-special-tokens]
-//                   (stdin: one JSON string per line; stdout: ids or counts, one line each)
-// Every error ends the process with one line on stderr ("rubato: error: ...") and exit 1;
-// command-line syntax errors exit 2.
+// The `rubato` command: subcommands generate, serve (OpenAI-compatible HTTP API), cache (a cache
+// rank) and tokenize; `rubato SUBCOMMAND --help` lists the flags. Every error ends the process
+// with one line on stderr ("rubato: error: ...") and exit 1; command-line syntax errors exit 2.
+// Synopsis: docs/engine_and_models.md "The command line".
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>

@@ -1,20 +1,9 @@
-// The paged KV cache of an inference rank (DESIGN §3): block accounting for every backend, and
-// the host pools of the CPU backend.
-//
-// For every layer, K and V live in pools of fixed-size blocks laid out
-//   [layer][block][kv_head][block_tokens][head_dim]
-// (f32 host pools for Create; a backend's own pools, e.g. bf16 on the GPU, for CreateWithStorage).
-// A sequence owns a block table (physical block ids in position order); position p of the
-// sequence is row p % block_tokens of block block_table[p / block_tokens]. Blocks come from one
-// free list shared by all layers: a block id names the same slot in every layer's pool.
-//
-// The free list, the block tables and Reserve / Release are the same CPU-side code whatever
-// holds the pools, so the engine's admission and the models' all-or-nothing reservation do not
-// depend on the backend.
-//
-// The cache never grows: running out of blocks is a ResourceExhausted error, never a crash.
-// The pools are allocated untouched (the OS maps pages on first write), so a cache sized for
-// max_batch x max_context only costs memory as sequences fill it.
+// The paged KV cache of an inference rank: block accounting for every backend (one free list
+// shared by all layers, block tables, all-or-nothing Reserve / Release), and the host pools of
+// the CPU backend. Pools per layer: [layer][block][kv_head][block_tokens][head_dim] (f32 host
+// pools for Create; a backend's own, e.g. bf16 on the GPU, for CreateWithStorage); position p
+// is row p % block_tokens of block block_table[p / block_tokens]. The cache never grows: running
+// out of blocks is ResourceExhausted. Narrative: docs/engine_and_models.md "The paged KV cache".
 #pragma once
 
 #include <cstddef>

@@ -1,15 +1,9 @@
-// The weights of a Llama / Qwen2 / Qwen3 decoder, listed once.
-//
-// ListWeights() enumerates every tensor the architecture has for a given config.json: its
-// Hugging Face name, the shape config.json implies, how random initialization fills it, and
-// the fp32 storage it lands in. That one list drives loading from a safetensors checkpoint
-// (any stored dtype becomes fp32), shape checks, missing- and extra-tensor errors, memory
-// accounting and random initialization (benchmarks at real shapes without a checkpoint).
-//
-// Which optional tensors exist is decided by config.json, not by what a checkpoint happens to
-// contain: q/k/v biases when ModelConfig::qkv_bias (Qwen2 always, Llama/Qwen3 with
-// attention_bias), an o_proj bias when ModelConfig::o_proj_bias, q_norm/k_norm when
-// ModelConfig::qk_norm (Qwen3), and lm_head only when embeddings are not tied.
+// The weights of a Llama / Qwen2 / Qwen3 decoder, listed once: ListWeights() enumerates every
+// tensor config.json implies (Hugging Face name, shape, random initialization, fp32 storage), and
+// that one list drives loading from safetensors, shape checks, missing- and extra-tensor errors,
+// memory accounting and random initialization. Optional tensors (biases, q/k norms, lm_head)
+// follow config.json, not the checkpoint.
+// Narrative: docs/engine_and_models.md "The weights, listed once".
 #pragma once
 
 #include <cstddef>

@@ -1,14 +1,9 @@
-// A small HTTP/1.1 server on Boost.Beast / Boost.Asio for `rubato serve`: accepts connections,
-// parses requests within size limits, hands each to one handler function and writes its reply,
-// with keep-alive, `Expect: 100-continue`, and replies that complete later or stream (chunked
-// transfer encoding, for Server-Sent Events).
-//
-// One I/O thread runs every connection asynchronously; handlers run on it and must not block
-// (the engine works on its own thread and completes a PendingReply from there). Bad input never
-// takes the server down: malformed requests get a 400 JSON error, bodies over the limit 413,
-// headers over the limit 431, and connections that stall past the idle timeout are closed. A
-// client that goes away while its reply is pending (noticed when the socket reads EOF or a
-// write fails) cancels the reply, so its request stops in the engine.
+// A small HTTP/1.1 server on Boost.Beast / Boost.Asio for `rubato serve`: parses requests within
+// size limits, hands each to one handler and writes its reply (keep-alive, 100-continue, replies
+// that complete later or stream as chunked Server-Sent Events). One I/O thread runs every
+// connection; handlers run on it and must not block. Bad input never takes the server down; a
+// client that goes away cancels its pending reply.
+// Narrative: docs/engine_and_models.md "The HTTP server".
 #pragma once
 
 #include <atomic>

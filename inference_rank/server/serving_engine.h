@@ -1,15 +1,9 @@
 // The serving side of the Engine: one thread owns the Engine and runs Step in a loop; HTTP
-// handlers on other threads Submit requests into a bounded queue and get their text back through
-// a callback, piece by piece (continuous batching: every Step advances all running requests).
-//
-// Per request the engine thread turns tokens into text with a StreamDecoder (never a broken UTF-8
-// character), applies the request's stop strings (the text ends before the first one found, and
-// text that could still become a stop string is held back until it cannot), and measures the
-// vLLM-compatible metrics of DESIGN §3 (TTFT, inter-token latency, end-to-end latency, running /
-// waiting / KV-usage gauges, prompt / generation token counters, finished requests by reason).
-//
-// Thread-safety: Submit, Cancel, Health, Stop may be called from any thread. on_update callbacks
-// run on the engine thread and must not block (they hand the update to an I/O thread).
+// handlers Submit requests into a bounded queue and get their text back through a callback,
+// piece by piece, with stop strings applied and the vLLM-compatible metrics measured.
+// Thread-safety: Submit, Cancel, Health, Stop may be called from any thread; on_update callbacks
+// run on the engine thread and must not block.
+// Narrative: docs/engine_and_models.md "The serving engine".
 #pragma once
 
 #include <atomic>
