@@ -1,15 +1,8 @@
-// Decode attention kernel benchmark (DESIGN §8 "Kernel"): rubato's paged split-K decode
-// attention at batch x heads x contexts, with the device-to-device copy bandwidth measured in
-// the same process as the memory roofline. PyTorch SDPA is timed on the same shapes by
-// bench/attention_sdpa.py in the same device call (scripts/gpu/run), and
-// bench/attention_report.py joins the two into bench/results/.
-//
-//   rubato_bench_attention_decode --batch 16 --heads 32 --kv-heads 8 --head-dim 128
-//       --contexts 8192,32768,131072 --block-size 64 --out attention.json   (one line)
-//
-// Inputs are random bf16 (never zeros: METHOD.md), blocks are shuffled across the pool as a
-// long-running server's would be, and every timed launch reads K and V from HBM (the pools are
-// far larger than the 50 MB L2).
+// rubato_bench_attention_decode: rubato's paged split-K decode attention at batch x heads x
+// contexts, with the device-to-device copy bandwidth measured in the same process as the memory
+// roofline (bench/attention_sdpa.py times PyTorch SDPA on the same shapes). Random bf16 inputs,
+// shuffled blocks, K and V read from HBM. A benchmark, not a test.
+// Method and a command line: docs/benchmarks.md "Decode attention".
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 

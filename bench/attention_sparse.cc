@@ -1,23 +1,10 @@
-// Two-segment sparse decode attention benchmark (DESIGN §8 "Kernel": sparse kernels at
-// retention 1.6-100 %, the layout of SFI Table 1): rubato's decode attention in its two-segment
-// mode (compact buffer of sink + selected keys, then the recent keys read in place from the
-// paged cache) against the same kernel's dense launch, at one context, batch, and a sweep of
-// retentions (attended keys / context). Both run in this process on the same device; the
-// speedup is dense ms / sparse ms.
-//
-//   rubato_bench_attention_sparse --context 16384 --retentions 1.6,6.3,12.5,25,50,100
-//       --out bench/results/sparse_attention_h200.json                      (one line)
-//
-// It also times one layer's slow-step maintenance at the same shapes: the GPU Selector (W = 1,
-// budget 2048, DESIGN §4.2 defaults, stage C reach --continuation) over J = [4, L - 256) plus the
-// compact gather, next to the layer's dense decode attention (what the aux stream must hide
-// behind the next layer). With --gamma > 0 the key norms of J (KeyNorms over the K pool) come
-// first and the Selector runs the key-norm prior.
-//
-// At retention r the working set of every (sequence, KV head) is round(r/100 x context) keys:
-// the last min(256, kept) positions as the recent segment, the rest as compact rows. Inputs are
-// random bf16 (RandomFill), paged blocks shuffled, every launch reads K/V from HBM (the pools
-// are far larger than the L2).
+// rubato_bench_attention_sparse: decode attention in its two-segment mode (compact sink +
+// selected rows, recent keys read in place) against the same kernel's dense launch, at one
+// context and a sweep of retentions (speedup = dense ms / sparse ms); also one layer's slow-step
+// maintenance (GPU Selector + compact gather, with --gamma the key norms first) beside that
+// layer's dense attention. A benchmark, not a test.
+// Method and a command line: docs/benchmarks.md "Sparse decode attention and slow-step
+// maintenance".
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 

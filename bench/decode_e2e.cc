@@ -1,19 +1,8 @@
-// End-to-end dense decode benchmark (DESIGN §8): the CUDA model at real shapes (random
-// weights generated on the device from a config.json), batch x context points, decode steps
-// replayed as CUDA graphs with greedy sampling on the device, against the memory roofline:
-//   roofline = (weight bytes read per step + KV bytes read per step) / copy bandwidth
-// where the copy bandwidth is a large device-to-device cudaMemcpy measured in this process
-// (bytes read + written per second).
-//
-//   rubato_bench_decode_e2e --config configs/models/qwen3-8b --batch 16 --context 32768
-//       --block-size 64 --steps 20 --warmup 3 --out bench/results/decode_e2e.json
-//   rubato_bench_decode_e2e --config configs/models/qwen3-8b --points 8x12288,16x32768,4x131072 ...
-//
-// No prefill: every sequence's KV is filled with random bf16 values directly (bench::FillRandomKv;
-// decode speed does not depend on the KV values), then each step decodes one token per
-// sequence, so contexts grow by `warmup + steps` over a point. The KV pool is sized for
-// the largest point (points run one after the other) and the run fails with the bytes if it
-// does not fit.
+// rubato_bench_decode_e2e: end-to-end dense decode of the CUDA model at real shapes (random
+// weights from a config.json) at batch x context points, steps replayed as CUDA graphs with
+// greedy sampling on the device, against the memory roofline (weight + KV bytes per step / the
+// copy bandwidth measured in this process). No prefill: the KV is random bf16. A benchmark, not
+// a test. Method and command lines: docs/benchmarks.md "End-to-end dense decode".
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>

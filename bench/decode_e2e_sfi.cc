@@ -1,24 +1,9 @@
-// End-to-end SFI decode benchmark (DESIGN §8, per policy against dense): the CUDA model at real
-// shapes (random weights generated on the device from a config.json), batch x context points,
-// SFI decode against dense decode in the same process and run:
-//   * dense: every step dense, replayed as a CUDA graph (what rubato_bench_decode_e2e measures);
-//   * SFI, per schedule "slow every N": cycles of 1 slow step (dense attention + per layer the
-//     Selector and the compact gather on the aux stream) then N - 1 fast steps (two-segment
-//     attention over sink + selected + recent). N = t_max + 1 (65) is the T_max-only schedule,
-//     a text without trigger tokens;
-//   * SFI with the maintenance inline on the main stream (SfiCudaBackend::SetOverlap(false)),
-//     the first schedule again, for the slow steps: how much of the Selector and the gather
-//     the aux stream hides = 1 - (slow_overlap - dense) / (slow_inline - dense).
-// Per point and schedule: step medians (dense, fast, slow, slow inline), tok/s of dense and of
-// SFI over the timed cycles (whole cycles: slow steps included), their ratio, slow / dense.
-//
-//   rubato_bench_decode_e2e_sfi --config configs/models/qwen3-4b --points 8x12288,16x32768,4x131072
-//       --slow-every 16,tmax --out decode_e2e_sfi.json
-//
-// No prefill: every sequence's KV is random bf16 (bench::FillRandomKv) and every run
-// starts from fresh SFI states, so its first step is a slow one (no selection yet). Steps are
-// timed with events around the whole Forward (planning, input copy, graph, maintenance, the
-// copies back); timed steps are greedy-sampled on the device, as a server decodes.
+// rubato_bench_decode_e2e_sfi: end-to-end SFI decode against dense decode on the CUDA model at
+// real shapes, batch x context points, in the same process and run: dense steps, SFI cycles of
+// one slow step and N - 1 fast steps per "slow every N" schedule, and slow steps with the
+// maintenance inline (what the aux stream hides). No prefill: random bf16 KV, fresh SFI states.
+// A benchmark, not a test. Method, outputs and a command line: docs/benchmarks.md "End-to-end
+// SFI decode".
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>

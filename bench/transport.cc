@@ -1,24 +1,8 @@
 // rubato_bench_transport: what moving bytes between two ranks costs, per transport backend
-// (DESIGN §8 "Disaggregated": transport bandwidth and latency against message size). A
-// benchmark, not a test: it prints a table per backend and, with --out, writes JSON.
-//
-//   loopback  ping-pongs between two threads of one process (the loopback transport: memcpy)
-//   ucx       the same ping-pongs between two forked processes over UCX, once per --tls value
-//             (UCX_TLS, e.g. tcp or posix,self); UCX builds only
-//   nccl      two GPUs of one host: NCCL P2P through NcclTransport (one rank a thread, one GPU
-//             each) beside cudaMemcpyPeerAsync between the same GPUs, then the layer-pack round
-//             trip of the AsyncSpade design (a KV pack of P layers up, the compact KV of the same
-//             layers back) at Qwen3-8B shapes, next to the bandwidth AsyncSpade's Table 2 says
-//             full overlap needs; builds with NCCL only
-//
-//   rubato_bench_transport                       # every backend built in (nccl: with 2 GPUs)
-//   rubato_bench_transport --backend ucx --tls tcp --tls posix,self --sizes 4K,1M,64M
-//   rubato_bench_transport --backend nccl --out bench/results/transport_h200x2.json
-//
-// Ping-pong: the median round trip over the iterations (after 2 warm-ups) and the bandwidth
-// 2 x bytes / round trip. NCCL and cudaMemcpyPeer: bandwidth with --pipeline transfers in flight
-// back to back (what a stream of packs sees), latency with one transfer at a time, posted and
-// waited for on the host (what a synchronous round trip sees).
+// (loopback, UCX per UCX_TLS, NCCL between two GPUs beside cudaMemcpyPeer, and layer-pack round
+// trips at Qwen3-8B shapes; the NCCL part in transport_nccl.cc): bandwidth and latency against
+// message size. A benchmark, not a test: a table per backend, JSON with --out.
+// Method and command lines: docs/benchmarks.md "Transport".
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>

@@ -1,5 +1,5 @@
-// The two-GPU part of rubato_bench_transport; see bench/transport_nccl.h and the comment at the
-// top of bench/transport.cc for what is measured and how.
+// The two-GPU part of rubato_bench_transport; see bench/transport_nccl.h, and
+// docs/benchmarks.md "Transport" for what is measured and how.
 #include "bench/transport_nccl.h"
 
 #include <cuda_runtime_api.h>
