@@ -124,5 +124,29 @@ TEST(AccuracyEvalErrors, MissingModelDirectory) {
   EXPECT_EQ(result.status().message(), "model directory '/nonexistent/model' does not exist");
 }
 
+// What `rubato generate` refuses before loading, the runner refuses too, by name.
+TEST(AccuracyEvalErrors, UnsupportedBackendAndResidencyChoicesAreNamed) {
+  RubatoConfig config = DefaultConfig();
+  config.model.path = "models/tiny-qwen3-longctx";
+  config.engine.backend = EngineSection::Backend::kCuda;
+  config.engine.dtype = DType::kF32;  // no build runs this: CUDA is bf16 only
+  const std::vector<AccuracyInstance> instances = {InstanceWithPrompt("x")};
+  auto result = RunAccuracyEval(config, instances, AccuracyEvalOptions{});
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(result.status().message().find("engine."), std::string::npos)
+      << result.status().message();
+
+  config = DefaultConfig();
+  config.model.path = "models/tiny-qwen3-longctx";
+  config.policy.name = "sfi";
+  config.engine.kv_residency = "offloaded";
+  result = RunAccuracyEval(config, instances, AccuracyEvalOptions{});
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("policy 'sfi' does not support offloaded KV"),
+            std::string::npos)
+      << result.status().message();
+}
+
 }  // namespace
 }  // namespace rubato

@@ -4,9 +4,10 @@
 //
 //   rubato_accuracy --tasks-file tasks.jsonl --model models/tiny-qwen3-longctx
 //       --config configs/policies/streaming_llm_256.yaml --label streaming_llm_256
-//       --out results.json [--threads N --max-new-tokens 24 --batch 4]
+//       --out results.json [--backend cpu|cuda --device-name NAME --threads N
+//       --max-new-tokens 24 --batch 4]
 //
-// Output: {"label", "policy", "config", "model", "tasks_file", "device", "wall_seconds",
+// Output: {"label", "policy", "backend", "config", "model", "tasks_file", "device", "wall_seconds",
 // "summary": [{task, length, accuracy, n, mean_retained_kv_ratio}], "instances": [...]}.
 // Every error is one line on stderr ("rubato_accuracy: error: ...") and exit status 1.
 #include <CLI/CLI.hpp>
@@ -33,6 +34,8 @@ struct RunnerArgs {
   std::string label;
   std::string out_file;
   std::optional<int> threads;
+  std::optional<std::string> backend;  // overrides engine.backend
+  std::optional<std::string> device_name;
   AccuracyEvalOptions eval;
 };
 
@@ -81,19 +84,22 @@ Status WriteResults(const RunnerArgs& args, const RubatoConfig& config,
   }
   nlohmann::json instances = nlohmann::json::array();
   for (const InstanceOutcome& outcome : result.outcomes) instances.push_back(OutcomeJson(outcome));
-  const nlohmann::json output = {{"label", args.label},
-                                 {"policy", result.policy},
-                                 {"config", args.config_file.value_or("(defaults)")},
-                                 {"config_yaml", FormatConfigYaml(config)},
-                                 {"model", config.model.path},
-                                 {"tasks_file", args.tasks_file},
-                                 {"max_new_tokens", args.eval.max_new_tokens},
-                                 {"batch", args.eval.batch},
-                                 {"threads", config.engine.threads},
-                                 {"device", CpuModelName()},
-                                 {"wall_seconds", wall_seconds},
-                                 {"summary", summary},
-                                 {"instances", instances}};
+  const nlohmann::json output = {
+      {"label", args.label},
+      {"policy", result.policy},
+      {"backend", result.backend},
+      {"config", args.config_file.value_or("(defaults)")},
+      {"config_yaml", FormatConfigYaml(config)},
+      {"model", config.model.path},
+      {"tasks_file", args.tasks_file},
+      {"max_new_tokens", args.eval.max_new_tokens},
+      {"batch", args.eval.batch},
+      {"threads", config.engine.threads},
+      {"device",
+       args.device_name.value_or(result.backend == "cpu" ? CpuModelName() : result.backend)},
+      {"wall_seconds", wall_seconds},
+      {"summary", summary},
+      {"instances", instances}};
   std::ofstream out(args.out_file);
   out << output.dump(2) << "\n";
   out.close();
@@ -108,6 +114,10 @@ Status Run(const RunnerArgs& args) {
   }
   config.model.path = args.model_dir;
   if (args.threads) config.engine.threads = *args.threads;
+  if (args.backend) {
+    config.engine.backend =
+        *args.backend == "cuda" ? EngineSection::Backend::kCuda : EngineSection::Backend::kCpu;
+  }
   RUBATO_ASSIGN_OR_RETURN(std::vector<AccuracyInstance> instances,
                           LoadAccuracyInstances(args.tasks_file));
   const auto start = std::chrono::steady_clock::now();
@@ -134,6 +144,10 @@ int main(int argc, char** argv) {
   app.add_option("--config", args.config_file, "YAML config: policy, engine sizes");
   app.add_option("--label", args.label, "Name of this run in the results")->required();
   app.add_option("--out", args.out_file, "Results JSON file")->required();
+  app.add_option("--backend", args.backend, "cpu or cuda (overrides engine.backend)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--device-name", args.device_name,
+                 "Device recorded in the results (default: the CPU's model name, or 'cuda')");
   app.add_option("--threads", args.threads, "CPU threads (overrides engine.threads)")
       ->check(CLI::Range(0, 1024));
   app.add_option("--max-new-tokens", args.eval.max_new_tokens, "Greedy tokens per instance")

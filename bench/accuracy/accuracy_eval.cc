@@ -1,5 +1,6 @@
-// RunAccuracyEval (see accuracy_eval.h): config -> policy -> tokenizer -> model -> engine, then
-// every instance submitted at once; the engine's FCFS scheduler keeps `batch` of them running.
+// RunAccuracyEval (see accuracy_eval.h): config -> policy -> tokenizer -> model (CPU or CUDA, as
+// `rubato generate` loads it) -> engine, then every instance submitted at once; the engine's
+// FCFS scheduler keeps `batch` of them running.
 #include "bench/accuracy/accuracy_eval.h"
 
 #include <filesystem>
@@ -7,8 +8,8 @@
 #include <unordered_map>
 
 #include "common/tokenizer/tokenizer.h"
+#include "inference_rank/cli/engine_setup.h"
 #include "inference_rank/engine/engine.h"
-#include "inference_rank/model/cpu_model.h"
 #include "inference_rank/policies/policy_registry.h"
 
 namespace rubato {
@@ -23,20 +24,6 @@ Result<int> AskedTokenPosition(const Tokenizer& tokenizer, const AccuracyInstanc
   std::string_view prefix(instance.prompt.data(), byte_offset);
   while (!prefix.empty() && prefix.back() == ' ') prefix.remove_suffix(1);
   return static_cast<int>(tokenizer.Encode(prefix, /*add_special_tokens=*/true).size());
-}
-
-Result<EngineOptions> EngineOptionsFrom(const RubatoConfig& config, const PolicyChoice& policy,
-                                        const Tokenizer& tokenizer,
-                                        const AccuracyEvalOptions& options) {
-  EngineOptions engine_options;
-  RUBATO_RETURN_IF_ERROR(policy.policy->UseTokenizer(&tokenizer));
-  engine_options.policy = policy.policy;
-  engine_options.max_batch = options.batch;
-  engine_options.max_context = config.engine.max_context;
-  engine_options.block_size = config.engine.block_size;
-  engine_options.prefill_chunk = config.engine.prefill_chunk;
-  engine_options.num_threads = config.engine.threads;
-  return engine_options;
 }
 
 }  // namespace
@@ -62,21 +49,11 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
   if (options.max_new_tokens < 1 || options.batch < 1) {
     return InvalidArgumentError("accuracy: max_new_tokens and batch must be >= 1");
   }
-  if (config.engine.backend != EngineSection::Backend::kCpu) {
-    return UnsupportedError("accuracy: engine.backend must be 'cpu' in this build");
-  }
-  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config));
+  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolveAndCheck(config));
   const std::filesystem::path model_dir = config.model.path;
-  if (!std::filesystem::is_directory(model_dir)) {
-    return NotFoundError("model directory '" + model_dir.string() + "' does not exist");
-  }
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
                           Tokenizer::LoadFromDirectory(model_dir));
-  ModelLoadOptions load_options;
-  load_options.random_weights = config.model.random_weights;
-  load_options.seed = config.model.seed;
-  load_options.num_threads = config.engine.threads;
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<CpuModel> model, CpuModel::Load(model_dir, load_options));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(config, model_dir));
   const int max_context = config.engine.max_context > 0 ? config.engine.max_context
                                                         : model->config().max_position_embeddings;
 
@@ -100,8 +77,15 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
     outcome.asked_token_distance = outcome.prompt_tokens - outcome.asked_token_position;
   }
 
-  RUBATO_ASSIGN_OR_RETURN(EngineOptions engine_options,
-                          EngineOptionsFrom(config, policy, *tokenizer, options));
+  EngineOptions engine_options = EngineOptionsFromConfig(config);
+  engine_options.max_batch = options.batch;
+  RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, tokenizer.get(), engine_options));
+  OffloadTarget offload;  // outlives the engine
+  if (policy.offload.has_value()) {
+    RUBATO_ASSIGN_OR_RETURN(offload, ConnectOffload(config, policy, model->config()));
+    engine_options.offload = offload.client;
+  }
+  result.backend = std::string(model->backend_name());
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           Engine::Create(std::move(model), engine_options));
   std::unordered_map<uint64_t, size_t> instance_of_request;

@@ -1,6 +1,7 @@
-// Runs accuracy-suite instances through the CPU engine under one config (model, engine sizes,
-// attention policy) and scores them: the in-process core of `rubato_accuracy` and of the CI
-// accuracy test.
+// Runs accuracy-suite instances through the engine under one config (model, backend, engine
+// sizes, attention policy, KV residency) and scores them: the in-process core of
+// `rubato_accuracy` and of the CI accuracy test. The CPU engine is the reference; the CUDA
+// engine (engine.backend cuda, CUDA builds) runs the same instances in bf16.
 #pragma once
 
 #include <map>
@@ -34,10 +35,12 @@ struct InstanceOutcome {
 
 struct AccuracyEvalResult {
   std::string policy;                     // the policy's name
+  std::string backend;                    // "cpu" | "cuda"
   std::vector<InstanceOutcome> outcomes;  // in the order of the instances
 };
 
-// Loads the model and tokenizer of `config` (model.path), checks that every instance fits the
+// Checks the config as `rubato generate` does (policy, backend of this build, residency),
+// loads the model and tokenizer of `config` (model.path), checks that every instance fits the
 // context (prompt + max_new_tokens <= engine max_context; an instance that does not is an
 // OutOfRange error naming it), then runs all instances greedily, `batch` at a time.
 Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,

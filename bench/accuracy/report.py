@@ -1,16 +1,28 @@
 #!/usr/bin/env python3
 """Merges rubato_accuracy outputs (one per policy) into bench/results/accuracy_<name>.json,
-prints the policy x task x length table and draws accuracy_<name>.png with gnuplot (one bar
-per policy in each task x length group).
+prints the policy x task x length table with each cell's 95 % binomial interval (Wilson score)
+and draws accuracy_<name>.png with gnuplot (one bar per policy in each task x length group).
 
   report.py --name NAME --out-dir bench/results --command "..." --meta KEY=VALUE ... RUN.json...
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
+
+
+def wilson_interval(correct, n, z=1.959964):
+    """The 95 % Wilson score interval of a binomial proportion correct / n (no other
+    dependencies; well behaved at 0 and n, unlike the normal approximation)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def merge(run_files, name, command, meta):
@@ -21,7 +33,11 @@ def merge(run_files, name, command, meta):
     summary = []
     for run in runs:
         for cell in run["summary"]:
-            summary.append({"label": run["label"], "policy": run["policy"], **cell})
+            correct = round(cell["accuracy"] * cell["n"])
+            low, high = wilson_interval(correct, cell["n"])
+            summary.append({"label": run["label"], "policy": run["policy"], **cell,
+                            "correct": correct, "ci95_low": round(low, 4),
+                            "ci95_high": round(high, 4)})
     merged = {"name": name, "command": command, **meta,
               "device": runs[0]["device"] if runs else "unknown",
               "summary": summary, "runs": runs}
@@ -29,10 +45,13 @@ def merge(run_files, name, command, meta):
 
 
 def print_table(summary):
-    print(f"{'policy':<22} {'task':<10} {'length':>6} {'accuracy':>8} {'n':>4} {'kv_kept':>8}")
+    print(f"{'policy':<22} {'task':<10} {'length':>6} {'accuracy':>8} {'95% interval':>14} "
+          f"{'n':>4} {'kv_kept':>8}")
     for row in summary:
+        interval = f"[{row['ci95_low']:.2f}, {row['ci95_high']:.2f}]"
         print(f"{row['label']:<22} {row['task']:<10} {row['length']:>6} "
-              f"{row['accuracy']:>8.3f} {row['n']:>4} {row['mean_retained_kv_ratio']:>8.3f}")
+              f"{row['accuracy']:>8.3f} {interval:>14} {row['n']:>4} "
+              f"{row['mean_retained_kv_ratio']:>8.3f}")
 
 
 def plot(summary, png_path, title):
