@@ -1,4 +1,5 @@
-// Built-in ChatML and Llama-3 chat formatters (see chat_template.h for the exact rendering).
+// Built-in ChatML and Llama-3 chat formatters (chat_template.h; the exact rendering:
+// docs/common.md "Chat templates").
 #include "common/tokenizer/chat_template.h"
 
 #include <fmt/format.h>

@@ -50,8 +50,9 @@ class Tokenizer {
   std::optional<int> eos_token_id() const { return eos_token_id_; }
 
   ChatTemplateKind chat_template_kind() const { return chat_template_.kind(); }
-  // The prompt text for a conversation (see chat_template.h for the exact formats). Errors when
-  // there is no chat template or it is not one rubato knows; raw prompts need no template.
+  // The prompt text for a conversation (the exact formats: docs/common.md "Chat templates").
+  // Errors when there is no chat template or it is not one rubato knows; raw prompts need no
+  // template.
   // enable_thinking=false asks Qwen3 for its non-thinking mode.
   Result<std::string> ApplyChatTemplate(std::span<const ChatMessage> messages,
                                         bool add_generation_prompt = true,
