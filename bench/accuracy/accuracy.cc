@@ -1,15 +1,8 @@
-// rubato_accuracy: scores one config (model + attention policy) on the long-context accuracy
-// suite and writes the results as JSON (DESIGN §7, §8). bench/accuracy/run calls it once per
-// policy and merges the outputs.
-//
-//   rubato_accuracy --tasks-file tasks.jsonl --model models/tiny-qwen3-longctx
-//       --config configs/policies/streaming_llm_256.yaml --label streaming_llm_256
-//       --out results.json [--backend cpu|cuda --device-name NAME --threads N
-//       --max-new-tokens 24 --batch 4]
-//
-// Output: {"label", "policy", "backend", "config", "model", "tasks_file", "device", "wall_seconds",
-// "summary": [{task, length, accuracy, n, mean_retained_kv_ratio}], "instances": [...]}.
-// Every error is one line on stderr ("rubato_accuracy: error: ...") and exit status 1.
+// rubato_accuracy: scores one config (model + attention policy, CPU or CUDA engine) on the
+// long-context accuracy suite and writes the results as JSON (DESIGN §7, §8); bench/accuracy/run
+// calls it once per policy and merges the outputs. Flags, output fields and examples:
+// bench/accuracy/README.md. Every error is one line on stderr ("rubato_accuracy: error: ...")
+// and exit status 1.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
