@@ -58,6 +58,13 @@ class CpuAttentionBackend : public AttentionBackend {
   virtual Result<CompactSegment> Compact(const CpuLayerContext& layer, int entry) = 0;
   // After the layer's attention: the policy's work on its evidence (e.g. refresh a selection).
   virtual Status AfterAttention(const CpuLayerContext& /*layer*/) { return Status::Ok(); }
+  // After the layer's attention output projection, before the residual add: `residual` holds
+  // the layer's input hidden states and `update` what attention adds to them, [tokens][hidden]
+  // f32 each (e.g. a calibration's importance of the layer's attention).
+  virtual Status AfterAttentionBlock(int /*layer*/, const float* /*residual*/,
+                                     const float* /*update*/, int /*tokens*/) {
+    return Status::Ok();
+  }
   // After every layer of the forward succeeded.
   virtual Status FinishForward(std::span<const ForwardEntry> /*batch*/) { return Status::Ok(); }
 };

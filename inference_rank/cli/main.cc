@@ -11,6 +11,7 @@
 #include "inference_rank/cli/generate_command.h"
 #include "inference_rank/cli/serve_command.h"
 #include "inference_rank/cli/tokenize_command.h"
+#include "inference_rank/policies/kascade/kascade_calibrator.h"
 
 namespace {
 
@@ -122,6 +123,30 @@ int main(int argc, char** argv) {
   tokenize->add_flag("--add-special-tokens", tok.add_special_tokens,
                      "Run the post-processor (adds BOS where the model has one)");
 
+  rubato::KascadeCalibrateOptions kascade;
+  CLI::App* calibrate = app.add_subcommand(
+      "calibrate", "Offline calibration of a policy from a development set (kascade)");
+  calibrate->require_subcommand(1);
+  CLI::App* calibrate_kascade = calibrate->add_subcommand(
+      "kascade", "Kascade's anchor layers and head map (docs/kascade.md), dense CPU prefill");
+  calibrate_kascade->add_option("--model", kascade.model_dir, "Hugging Face model directory")
+      ->required();
+  calibrate_kascade
+      ->add_option("--dev-set", kascade.dev_set,
+                   "Development prompts: JSON lines {\"prompt\": ...}")
+      ->required();
+  calibrate_kascade->add_option("--anchors", kascade.anchors, "Anchor layers, layer 0 included")
+      ->check(CLI::Range(1, 4096));
+  calibrate_kascade->add_option("--top-k", kascade.top_k, "k of the similarity (Eq. 3)")
+      ->check(CLI::Range(1, 1 << 20));
+  calibrate_kascade
+      ->add_option("--max-tokens", kascade.max_prompt_tokens,
+                   "Longer prompts keep their last tokens")
+      ->check(CLI::Range(2, 1 << 24));
+  calibrate_kascade->add_option("--threads", kascade.threads, "CPU threads, 0 = all cores")
+      ->check(CLI::Range(0, 1024));
+  calibrate_kascade->add_option("--out", kascade.out, "The calibration file (JSON)")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -149,6 +174,13 @@ int main(int argc, char** argv) {
     if (*cache) {
       const rubato::Status status = rubato::RunCache(cache_args);
       if (!status.ok()) return PrintError(status.message(), 1);
+    }
+    if (*calibrate_kascade) {
+      const auto calibration = rubato::CalibrateKascade(kascade);
+      if (!calibration.ok()) return PrintError(calibration.status().message(), 1);
+      std::printf("kascade calibration: anchors");
+      for (int layer : calibration->anchors) std::printf(" %d", layer);
+      std::printf(" of %d layers; wrote %s\n", calibration->num_layers, kascade.out.c_str());
     }
     if (*tokenize) {
       const rubato::Status status = rubato::RunTokenize(tok, stdin, stdout);

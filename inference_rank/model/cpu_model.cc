@@ -199,6 +199,10 @@ Status CpuModel::DecoderLayer(int layer, PagedKvCache& cache, const AttentionWin
 
   RmsNorm(hidden_.data(), w.input_norm.data(), tokens, hidden, eps, normed_.data());
   RUBATO_RETURN_IF_ERROR(SelfAttention(layer, cache, window));
+  if (backend_ != nullptr) {
+    RUBATO_RETURN_IF_ERROR(
+        backend_->AfterAttentionBlock(layer, hidden_.data(), projected_.data(), tokens));
+  }
   AddInPlace(hidden_.data(), projected_.data(), count);
 
   RmsNorm(hidden_.data(), w.post_attention_norm.data(), tokens, hidden, eps, normed_.data());
