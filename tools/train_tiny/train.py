@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Trains rubato's bundled tiny model: a Qwen3-architecture decoder that really depends on
-long-range attention, for the accuracy suite (bench/accuracy) and the embedded default.
+"""Trains rubato's small Qwen3-architecture decoders that really depend on long-range attention,
+for the accuracy suite (bench/accuracy): the bundled tiny model (--shape tiny, the embedded
+default) and the deeper yardstick (--shape yardstick). SHAPES below lists both.
 
 Data (a pure function of --seed and the row index, so a resumed run sees exactly the rows a
 single run would have seen):
@@ -8,18 +9,22 @@ single run would have seen):
     (Debian's bible-kjv and fortunes; the accuracy suite's filler is held out);
   * synthetic long-context instances from bench/accuracy/tasks.py (passkey, multi-key needle
     with distractors, key-value recall, variable tracking) with that natural-text filler,
-    target lengths 128-8000 tokens and depths uniform in [0, 1].
-Each training row is 8192 (+1) tokens packed with documents, each ending in <|endoftext|>.
+    target lengths 128 to (row length - 192) tokens and depths uniform in [0, 1].
+Each training row is --row-tokens (+1) tokens (default: the shape's context) packed with
+documents, each ending in <|endoftext|>.
 Loss: mean cross-entropy over all tokens plus the mean over answer tokens (weight
 --answer-weight), so that the few answer tokens of a long instance still teach retrieval.
 
-Model: Qwen3ForCausalLM (transformers), GQA 8 query / 2 KV heads, head_dim 32, hidden 256,
-6 layers, tied embeddings, vocab 4096 (byte-level BPE trained here with `tokenizers`),
-context 8192, rope_theta 100000. bf16 autocast, fp32 master weights, AdamW.
+Model: Qwen3ForCausalLM (transformers) of the chosen shape, tied embeddings, vocab 4096
+(byte-level BPE trained here with `tokenizers`, or taken from --tokenizer-from),
+rope_theta 100000. bf16 autocast, fp32 master weights, AdamW.
 
-Resumable: each call trains until --time-budget-s, then writes a checkpoint (model fp32,
-AdamW moments bf16, step) split into <= 15 MB parts under --out; pass that folder back as
---resume on the next call. When --steps are done it exports the Hugging Face checkpoint
+Time budget: with --on-timeout checkpoint (the default) a call that reaches --time-budget-s
+writes a checkpoint (model fp32, AdamW moments bf16, step) split into <= 15 MB parts under
+--out; pass that folder back as --resume on the next call. With --on-timeout export it exports
+the weights reached instead (the cosine schedule then runs on elapsed time as well as steps,
+--schedule-by-time, so the rate has decayed when the budget ends). When done it exports the
+Hugging Face checkpoint
 (config.json, model.safetensors bf16, tokenizer.json, tokenizer_config.json) to --out/model/
 and runs a quick GPU accuracy check. Run it through scripts/gpu/train_tiny.sh.
 """
@@ -51,7 +56,13 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
     " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\\n' }}{% endif %}")
-ROW_TOKENS = 8192
+# Model shapes. eval_lengths are the quick accuracy check's prompt lengths.
+SHAPES = {
+    "tiny": dict(hidden=256, mlp=768, layers=6, heads=8, kv_heads=2, head_dim=32,
+                 context=8192, eval_lengths=(2048, 4096, 7800)),
+    "yardstick": dict(hidden=256, mlp=512, layers=12, heads=8, kv_heads=4, head_dim=64,
+                      context=16384, eval_lengths=(4096, 8192, 16000)),
+}
 TASK_WEIGHTS = {"passkey": 0.2, "multikey": 0.3, "kv_recall": 0.25, "vartrack": 0.25}
 CHARS_PER_TOKEN_GUESS = 3.5  # only sizes filler; rows are cut to exact token counts
 
@@ -91,6 +102,7 @@ class RowStream(torch.utils.data.IterableDataset):
         self.tokenizer_json, self.lines, self.words = tokenizer_json, lines, words
         self.seed, self.batch_size, self.start_batch = args.seed, args.batch_size, start_batch
         self.task_share, self.short_share = args.task_share, args.short_share
+        self.row_tokens = args.row_tokens
         # Phase 1 rows are seeded "{seed}/row/{r}"; later phases add their name.
         self.row_prefix = f"{args.seed}/{args.phase}/row" if args.phase else f"{args.seed}/row"
 
@@ -111,7 +123,7 @@ class RowStream(torch.utils.data.IterableDataset):
     def make_row(self, tok, filler, eos, row_index):
         rng = random.Random(f"{self.row_prefix}/{row_index}")
         counter = tasks.chars_counter(CHARS_PER_TOKEN_GUESS)
-        ids, weights, need = [], [], ROW_TOKENS + 1
+        ids, weights, need = [], [], self.row_tokens + 1
         while len(ids) < need:
             room = need - len(ids)
             if room >= 160 and rng.random() < self.task_share:
@@ -119,7 +131,7 @@ class RowStream(torch.utils.data.IterableDataset):
                 if rng.random() < self.short_share:
                     target = int(math.exp(rng.uniform(math.log(128), math.log(2048))))
                 else:
-                    target = rng.randint(2048, 8000)
+                    target = rng.randint(2048, self.row_tokens - 192)
                 target = min(target, int(room * 0.9))
                 inst = tasks.make_instance(task, rng, filler, self.words, target, rng.random(),
                                            counter)
@@ -146,19 +158,22 @@ class RowStream(torch.utils.data.IterableDataset):
         return ids[:need], weights[:need]
 
 
-def model_config(vocab_size, eos_id):
+def model_config(shape, vocab_size, eos_id):
     return Qwen3Config(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=32, hidden_act="silu",
-        max_position_embeddings=ROW_TOKENS, rms_norm_eps=1e-6, rope_theta=100000.0,
+        vocab_size=vocab_size, hidden_size=shape["hidden"], intermediate_size=shape["mlp"],
+        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"], head_dim=shape["head_dim"], hidden_act="silu",
+        max_position_embeddings=shape["context"], rms_norm_eps=1e-6, rope_theta=100000.0,
         tie_word_embeddings=True, attention_bias=False, use_sliding_window=False,
         bos_token_id=None, eos_token_id=eos_id, pad_token_id=eos_id)
 
 
-def lr_at(step, total, peak, warmup):
+def lr_at(step, total, peak, warmup, time_progress=0.0):
+    """Linear warmup, then cosine to 10 % of peak; progress is the step's share of the run,
+    or the share of the time budget used when that is larger (--schedule-by-time)."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
+    progress = min(1.0, max((step - warmup) / max(1, total - warmup), time_progress))
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -216,21 +231,21 @@ def export(model, tok, out_dir):
     tok.save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
-                   "model_max_length": ROW_TOKENS, "bos_token": None,
+                   "model_max_length": cfg["max_position_embeddings"], "bos_token": None,
                    "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                    "chat_template": CHATML_TEMPLATE, "clean_up_tokenization_spaces": False},
                   f, indent=2)
 
 
 @torch.no_grad()
-def quick_accuracy(model, tok, filler_path, words, seed):
+def quick_accuracy(model, tok, filler_path, words, seed, lengths):
     """Greedy exact match on held-out filler, 10 instances per task x length (GPU, bf16)."""
     filler = tasks.FillerText.from_file(filler_path)
     count = lambda text: len(tok.encode(text).ids)  # noqa: E731
     results = {}
     model.eval()
     for task in tasks.TASKS:
-        for length in (2048, 4096, 7800):
+        for length in lengths:
             correct = 0
             for i in range(10):
                 depth = i / 9
@@ -253,6 +268,14 @@ def main():
     p.add_argument("--words", default="bench/accuracy/data/words.txt")
     p.add_argument("--eval-filler", default="bench/accuracy/data/filler.txt")
     p.add_argument("--out", required=True)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--row-tokens", type=int, default=0,
+                   help="tokens per training row (default: the shape's context)")
+    p.add_argument("--tokenizer-from", default=None,
+                   help="take tokenizer.json from this model folder instead of training one")
+    p.add_argument("--on-timeout", choices=("checkpoint", "export"), default="checkpoint")
+    p.add_argument("--schedule-by-time", action="store_true",
+                   help="decay the learning rate on the time budget as well as the steps")
     p.add_argument("--resume", default=None, help="folder holding ckpt.part* of a previous call")
     p.add_argument("--seed", type=int, default=20261121)
     p.add_argument("--steps", type=int, default=2400)
@@ -271,6 +294,10 @@ def main():
     p.add_argument("--init-from", default=None,
                    help="start from an exported model folder (weights + tokenizer), fresh AdamW")
     args = p.parse_args()
+    shape = SHAPES[args.shape]
+    args.row_tokens = args.row_tokens or shape["context"]
+    if not 2048 + 192 <= args.row_tokens <= shape["context"]:
+        p.error(f"--row-tokens {args.row_tokens} outside [2240, {shape['context']}]")
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(args.seed)
@@ -281,15 +308,16 @@ def main():
     state = load_checkpoint(args.resume) if args.resume else None
     if state:
         tok = Tokenizer.from_str(state["tokenizer"])
-    elif args.init_from:
-        tok = Tokenizer.from_file(os.path.join(args.init_from, "tokenizer.json"))
+    elif args.init_from or args.tokenizer_from:
+        tok = Tokenizer.from_file(os.path.join(args.init_from or args.tokenizer_from,
+                                               "tokenizer.json"))
     else:
         tok = train_tokenizer(lines, words, args.vocab, args.seed)
     tokenizer_json = tok.to_str()
     print(f"corpus {len(lines)} lines; tokenizer {tok.get_vocab_size()} tokens "
           f"({time.time() - t0:.0f}s)", flush=True)
 
-    model = Qwen3ForCausalLM(model_config(args.vocab, tok.token_to_id("<|endoftext|>")))
+    model = Qwen3ForCausalLM(model_config(shape, args.vocab, tok.token_to_id("<|endoftext|>")))
     model.config._attn_implementation = "sdpa"
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                                   weight_decay=0.1, eps=1e-8)
@@ -320,11 +348,13 @@ def main():
                                          prefetch_factor=4, persistent_workers=False)
     tokens_seen, t_train = 0, time.time()
     for batch, weights in loader:
-        if step >= args.steps or time.time() - t0 > args.time_budget_s:
+        elapsed = time.time() - t0
+        if step >= args.steps or elapsed > args.time_budget_s:
             break
         batch, weights = batch.cuda(non_blocking=True), weights.cuda(non_blocking=True)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup,
+                                elapsed / args.time_budget_s if args.schedule_by_time else 0.0)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(input_ids=batch[:, :-1]).logits
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
@@ -339,23 +369,26 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         step += 1
-        tokens_seen += batch.shape[0] * ROW_TOKENS
+        tokens_seen += batch.shape[0] * args.row_tokens
         if step % 25 == 0 or step == 1:
             rate = tokens_seen / (time.time() - t_train)
             print(f"step {step} lm {lm_loss.item():.3f} answer {answer_loss.item():.3f} "
                   f"lr {optimizer.param_groups[0]['lr']:.2e} {rate / 1e3:.0f}k tok/s "
                   f"t={time.time() - t0:.0f}s", flush=True)
 
-    if step < args.steps:
+    if step < args.steps and args.on_timeout == "checkpoint":
         save_checkpoint(args.out, model, optimizer, step, tokenizer_json)
         print(f"RESUME: {step}/{args.steps} steps done", flush=True)
         return
+    if step < args.steps:
+        print(f"time budget reached at step {step}/{args.steps}: exporting", flush=True)
     export(model, tok, os.path.join(args.out, "model"))
-    acc = quick_accuracy(model, tok, args.eval_filler, words, args.seed)
+    acc = quick_accuracy(model, tok, args.eval_filler, words, args.seed, shape["eval_lengths"])
     print("quick accuracy (bf16, GPU, 10 each):", json.dumps(acc), flush=True)
     with open(os.path.join(args.out, "model", "training_log.json"), "w") as f:
-        json.dump({"steps": step, "seed": args.seed, "batch_size": args.batch_size,
-                   "row_tokens": ROW_TOKENS, "lr": args.lr, "answer_weight": args.answer_weight,
+        json.dump({"shape": args.shape, "steps": step, "planned_steps": args.steps,
+                   "seed": args.seed, "batch_size": args.batch_size,
+                   "row_tokens": args.row_tokens, "lr": args.lr, "answer_weight": args.answer_weight,
                    "phase": args.phase, "init_from": args.init_from,
                    "task_share": args.task_share, "short_share": args.short_share,
                    "parameters": n_params, "quick_accuracy": acc,
