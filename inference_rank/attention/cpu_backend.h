@@ -39,6 +39,13 @@ struct CpuLayerContext {
   ThreadPool* pool = nullptr;  // the model's attention workers
 };
 
+// A kIndexGather entry's positions in one layer: per KV head, counts[h] positions at heads[h]
+// (any order, each once, all before the query's).
+struct GatherPositions {
+  const int* const* heads = nullptr;  // [num_kv_heads]
+  const int* counts = nullptr;        // [num_kv_heads]
+};
+
 // A kTwoSegment entry's first segment: rows [0, counts[h]) of head h.
 struct CompactSegment {
   CompactKvView view;
@@ -56,6 +63,10 @@ class CpuAttentionBackend : public AttentionBackend {
   // The compact segment kTwoSegment entry `entry` (an index into the context's entries)
   // attends in `layer`; valid until the layer ends.
   virtual Result<CompactSegment> Compact(const CpuLayerContext& layer, int entry) = 0;
+  // The positions kIndexGather entry `entry` attends in `layer`; valid until the layer ends.
+  virtual Result<GatherPositions> Positions(const CpuLayerContext& /*layer*/, int /*entry*/) {
+    return UnsupportedError("this policy's CPU backend has no index-gather positions");
+  }
   // After the layer's attention: the policy's work on its evidence (e.g. refresh a selection).
   virtual Status AfterAttention(const CpuLayerContext& /*layer*/) { return Status::Ok(); }
   // After the layer's attention output projection, before the residual add: `residual` holds

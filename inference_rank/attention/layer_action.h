@@ -31,10 +31,16 @@ struct LayerAction {
   int source_layer = -1;           // kIndexGather: the layer whose selection is attended
 };
 
-// ForwardEntry::attention: the entry's action (the same in every layer) and what the model hands
-// the policy's backend untouched.
+// ForwardEntry::attention: the entry's action in every layer (or one per layer) and what the model
+// hands the policy's backend untouched.
 struct EntryAttention {
   LayerAction action;
+  // Set: one action per layer ([num_layers]), in place of `action` (e.g. dense layer 0, then
+  // layers attending other layers' selections). Must outlive the forward.
+  const LayerAction* layer_actions = nullptr;
+  const LayerAction& ActionFor(int layer) const {
+    return layer_actions != nullptr ? layer_actions[layer] : action;
+  }
   // Rows of one group run together (CUDA: one launch per group and layer); the policy's own
   // numbering, >= 1. Group 0 is the model's plain dense rows.
   int row_group = 1;

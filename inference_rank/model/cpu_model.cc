@@ -239,17 +239,25 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
   }
   const CpuLayerContext context{layer, &config_, &cache, plan_, q_.data(), thread_pool_.get()};
   two_segment_args_.resize(plan_.size());
+  index_gather_args_.resize(plan_.size());
   if (backend_ != nullptr) {
     RUBATO_RETURN_IF_ERROR(backend_->BeforeAttention(context));
-    RUBATO_RETURN_IF_ERROR(TwoSegmentArgs(context));
+    RUBATO_RETURN_IF_ERROR(PlannedOpArgs(context));
   }
   RUBATO_RETURN_IF_ERROR(OffloadLayer(layer, cache));
   // One work item per (entry, KV head); items write disjoint rows of attention_.
   const int items = static_cast<int>(plan_.size()) * kv_heads;
   thread_pool_->ParallelFor(items, [&](int item, int worker) {
     const CpuEntryRows& p = plan_[static_cast<size_t>(item / kv_heads)];
-    if ((p.attention != nullptr && p.attention->action.op == AttentionOp::kTwoSegment) ||
-        p.AttendsOffloaded()) {
+    const AttentionOp op =
+        p.attention != nullptr ? p.attention->ActionFor(layer).op : AttentionOp::kDense;
+    if (op == AttentionOp::kIndexGather) {
+      IndexGatherAttentionForKvHead(index_gather_args_[static_cast<size_t>(item / kv_heads)],
+                                    item % kv_heads,
+                                    attention_scratch_[static_cast<size_t>(worker)].data());
+      return;
+    }
+    if (op == AttentionOp::kTwoSegment || p.AttendsOffloaded()) {
       TwoSegmentAttentionForKvHead(two_segment_args_[static_cast<size_t>(item / kv_heads)],
                                    item % kv_heads,
                                    attention_scratch_[static_cast<size_t>(worker)].data());
@@ -272,10 +280,16 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
   return Status::Ok();
 }
 
-Status CpuModel::TwoSegmentArgs(const CpuLayerContext& context) {
+Status CpuModel::PlannedOpArgs(const CpuLayerContext& context) {
   for (size_t e = 0; e < plan_.size(); ++e) {
     const CpuEntryRows& p = plan_[e];
-    if (p.attention == nullptr || p.attention->action.op != AttentionOp::kTwoSegment) continue;
+    if (p.attention == nullptr) continue;
+    const LayerAction& action = p.attention->ActionFor(context.layer);
+    if (action.op == AttentionOp::kIndexGather) {
+      RUBATO_RETURN_IF_ERROR(IndexGatherArgs(context, static_cast<int>(e)));
+      continue;
+    }
+    if (action.op != AttentionOp::kTwoSegment) continue;
     RUBATO_ASSIGN_OR_RETURN(const CompactSegment segment,
                             backend_->Compact(context, static_cast<int>(e)));
     TwoSegmentAttentionArgs& args = two_segment_args_[e];
@@ -286,13 +300,32 @@ Status CpuModel::TwoSegmentArgs(const CpuLayerContext& context) {
     args.compact = segment.view;
     args.compact_counts = segment.counts;
     args.kv = context.cache->LayerView(context.layer, *p.sequence);
-    args.recent_begin = p.attention->action.recent_begin;
+    args.recent_begin = action.recent_begin;
     args.recent_end = p.start_position + 1;
     RUBATO_RETURN_IF_ERROR(ValidateTwoSegmentAttention(args));
     const size_t scratch = static_cast<size_t>(TwoSegmentAttentionScratchSize(args));
     for (std::vector<float>& worker_scratch : attention_scratch_)
       GrowVector(worker_scratch, scratch);
   }
+  return Status::Ok();
+}
+
+Status CpuModel::IndexGatherArgs(const CpuLayerContext& context, int entry) {
+  const CpuEntryRows& p = plan_[static_cast<size_t>(entry)];
+  RUBATO_ASSIGN_OR_RETURN(const GatherPositions positions, backend_->Positions(context, entry));
+  IndexGatherAttentionArgs& args = index_gather_args_[static_cast<size_t>(entry)];
+  const size_t offset = static_cast<size_t>(p.first_token) * config_.q_dim();
+  args.query = q_.data() + offset;
+  args.output = attention_.data() + offset;
+  args.num_heads = config_.num_heads;
+  args.kv = context.cache->LayerView(context.layer, *p.sequence);
+  args.length = p.start_position + 1;
+  args.positions = positions.heads;
+  args.counts = positions.counts;
+  RUBATO_RETURN_IF_ERROR(ValidateIndexGatherAttention(args).WithContext(
+      "layer " + std::to_string(context.layer) + ", batch entry " + std::to_string(entry)));
+  const size_t scratch = static_cast<size_t>(IndexGatherAttentionScratchSize(args));
+  for (std::vector<float>& worker_scratch : attention_scratch_) GrowVector(worker_scratch, scratch);
   return Status::Ok();
 }
 

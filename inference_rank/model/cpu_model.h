@@ -20,6 +20,7 @@
 #include "inference_rank/model/model.h"
 #include "inference_rank/model/model_weights.h"
 #include "kernels/cpu/attention_window.h"
+#include "kernels/cpu/index_gather_attention.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/two_segment_attention.h"
@@ -69,9 +70,13 @@ class CpuModel : public Model {
   // normed -> projected: q,k,v proj [+bias] -> [q/k norm] -> rope -> KV append -> attention
   // -> o proj [+bias].
   Status SelfAttention(int layer, PagedKvCache& cache, const AttentionWindow& window);
-  // Entries with a kTwoSegment plan: their compact segment from the backend, as the
-  // two-segment op's arguments (two_segment_args_), with the workers' scratch grown to them.
-  Status TwoSegmentArgs(const CpuLayerContext& context);
+  // Entries whose plan runs a policy's op in this layer: kTwoSegment's compact segment from the
+  // backend as the two-segment op's arguments (two_segment_args_), kIndexGather's positions via
+  // IndexGatherArgs; the workers' scratch grown to them.
+  Status PlannedOpArgs(const CpuLayerContext& context);
+  // A kIndexGather entry's positions from the backend as the op's arguments
+  // (index_gather_args_), the workers' scratch grown to them.
+  Status IndexGatherArgs(const CpuLayerContext& context, int entry);
   // Offloaded entries: hand this layer's new K/V to their exchanges, then fetch the compact KV
   // every offloaded decode token attends (its two_segment_args_).
   Status OffloadLayer(int layer, PagedKvCache& cache);
@@ -113,6 +118,7 @@ class CpuModel : public Model {
   // [entries] per layer: the args of the entries that attend through the two-segment op
   // (kTwoSegment plans, offloaded decode tokens); unused for the others.
   std::vector<TwoSegmentAttentionArgs> two_segment_args_;
+  std::vector<IndexGatherAttentionArgs> index_gather_args_;  // [entries], kIndexGather plans
 };
 
 }  // namespace rubato

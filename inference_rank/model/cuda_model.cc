@@ -201,6 +201,11 @@ Status CudaModel::CheckAttentionEntries(std::span<const ForwardEntry> batch) con
                                      "backend to run it (Model::SetAttentionBackend; the engine "
                                      "installs its policy's)");
     }
+    if (attention->layer_actions != nullptr || attention->action.op == AttentionOp::kIndexGather) {
+      return UnsupportedError(where +
+                              ": per-layer and index-gather attention plans are not built in the "
+                              "CUDA model yet (the CPU model runs them)");
+    }
     if (attention->row_group < 1) {
       return InvalidArgumentError(where + ": attention row group " +
                                   std::to_string(attention->row_group) +

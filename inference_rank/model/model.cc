@@ -37,10 +37,12 @@ namespace {
 // An entry with a policy's plan: an op this model runs, W within the entry's tokens, a dense
 // forward window (the plan chooses the keys), one decode token for kTwoSegment with its recent
 // segment inside the sequence. The policy's own checks are its backend's (CheckBatch).
+Status ValidateLayerAction(const ForwardEntry& entry, const LayerAction& action, int layer,
+                           const std::string& where);
+
 Status ValidateAttentionEntry(const ForwardEntry& entry, const AttentionWindow& window,
-                              const std::string& where) {
+                              int num_layers, const std::string& where) {
   const EntryAttention& attention = *entry.attention;
-  const LayerAction& action = attention.action;
   const int tokens = static_cast<int>(entry.tokens.size());
   if (!window.IsDense()) {
     return InvalidArgumentError(where +
@@ -52,6 +54,21 @@ Status ValidateAttentionEntry(const ForwardEntry& entry, const AttentionWindow& 
                                 std::to_string(attention.window_queries) +
                                 " queries, expected 1.." + std::to_string(tokens));
   }
+  if (attention.layer_actions == nullptr) {
+    return ValidateLayerAction(entry, attention.action, 0, where);
+  }
+  for (int layer = 0; layer < num_layers; ++layer) {
+    RUBATO_RETURN_IF_ERROR(
+        ValidateLayerAction(entry, attention.layer_actions[layer], layer, where));
+  }
+  return Status::Ok();
+}
+
+// `layer`: the action's layer (0 when one action holds for every layer: what it attends must
+// exist in each).
+Status ValidateLayerAction(const ForwardEntry& entry, const LayerAction& action, int layer,
+                           const std::string& where) {
+  const int tokens = static_cast<int>(entry.tokens.size());
   switch (action.op) {
     case AttentionOp::kDense:
       return Status::Ok();
@@ -67,7 +84,16 @@ Status ValidateAttentionEntry(const ForwardEntry& entry, const AttentionWindow& 
       }
       return Status::Ok();
     case AttentionOp::kIndexGather:
-      return UnsupportedError(where + ": index-gather attention is not built in this model yet");
+      if (tokens != 1) {
+        return InvalidArgumentError(where + ": index-gather attention takes one token, got " +
+                                    std::to_string(tokens));
+      }
+      if (action.source_layer < 0 || action.source_layer > layer) {
+        return InvalidArgumentError(
+            where + ": layer " + std::to_string(layer) + " attends the selection of layer " +
+            std::to_string(action.source_layer) + ", not one at or before it");
+      }
+      return Status::Ok();
     case AttentionOp::kFixedBudget:
       return UnsupportedError(where + ": fixed-budget attention is not built in this model yet");
   }
@@ -123,7 +149,7 @@ Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardEn
       RUBATO_RETURN_IF_ERROR(ValidateSampling(*entry.sampling, where));
     }
     if (entry.attention != nullptr) {
-      RUBATO_RETURN_IF_ERROR(ValidateAttentionEntry(entry, window, where));
+      RUBATO_RETURN_IF_ERROR(ValidateAttentionEntry(entry, window, config.num_layers, where));
     }
     if (entry.offload != nullptr) {
       if (entry.offload->exchange == nullptr) {

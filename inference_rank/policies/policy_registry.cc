@@ -5,6 +5,7 @@
 
 #include "common/logging.h"
 #include "inference_rank/policies/dense/dense_policy.h"
+#include "inference_rank/policies/kascade/kascade_policy.h"
 #include "inference_rank/policies/oracle_topk/oracle_topk_policy.h"
 #include "inference_rank/policies/sfi/sfi_policy.h"
 #include "inference_rank/policies/streaming_llm/streaming_llm_policy.h"
@@ -19,10 +20,9 @@ struct PolicyRegistration {
 
 // Every policy, one line each.
 constexpr PolicyRegistration kPolicies[] = {
-    {"dense", &CreateDensePolicy},
-    {"streaming_llm", &CreateStreamingLlmPolicy},
-    {"sfi", &CreateSfiPolicy},
-    {"oracle_topk", &CreateOracleTopKPolicy},
+    {"dense", &CreateDensePolicy},     {"streaming_llm", &CreateStreamingLlmPolicy},
+    {"sfi", &CreateSfiPolicy},         {"oracle_topk", &CreateOracleTopKPolicy},
+    {"kascade", &CreateKascadePolicy},
 };
 
 // Old names: a policy on offloaded KV.

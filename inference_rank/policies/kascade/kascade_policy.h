@@ -1,0 +1,70 @@
+// Kascade (papers/kascade.txt §3; DESIGN §4.4): top-k selections made on a few anchor layers and
+// reused by the layers after them. Decode: layer 0 dense, every anchor selects per KV head the
+// top k positions of its query's GQA-pooled post-softmax probabilities and attends them, each
+// reuse layer attends its anchor's selection through the calibrated head map (index gather).
+// k = min(L, max(ceil(top_k_ratio L), top_k_min)); k >= L attends densely. Anchors and head map
+// come from `rubato calibrate kascade`. Narrative and choices: docs/kascade.md.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "inference_rank/attention/policy.h"
+#include "inference_rank/policies/kascade/kascade_calibration.h"
+
+namespace rubato {
+
+struct KascadeConfig {
+  std::string calibration;        // the calibration file (required)
+  double top_k_ratio = 0.1;       // (0, 1]
+  int top_k_min = 128;            // >= 1
+  std::string prefill = "dense";  // dense (tile-sparse prefill is not built yet)
+};
+
+// Positions every anchor keeps per KV head for a context of `length` positions.
+int KascadeTopK(const KascadeConfig& config, int length);
+
+struct KascadeCounters {
+  std::atomic<int64_t> sparse_steps{0};        // decode tokens on anchors + reuse layers
+  std::atomic<int64_t> dense_steps{0};         // decode tokens with k >= L (dense)
+  std::atomic<int64_t> anchor_layer_steps{0};  // (token, anchor layer) pairs, layer 0 included
+  std::atomic<int64_t> reuse_layer_steps{0};   // (token, reuse layer) pairs
+};
+
+class KascadePolicy final : public AttentionPolicy {
+ public:
+  KascadePolicy(const KascadeConfig& config, KascadeCalibration calibration);
+  std::string_view name() const override { return "kascade"; }
+  const PolicyTraits& traits() const override;
+  // Unsupported for a model the calibration was not made for (its shape) and for the CUDA
+  // model (not built yet).
+  Result<std::unique_ptr<AttentionBackend>> MakeBackend(Model& model, int max_batch) const override;
+  std::unique_ptr<PolicyRequest> Admit(KvResidency residency) override;
+  Status RegisterMetrics(MetricsRegistry& registry) override;
+  std::string StatsLine() const override;
+
+  const KascadeConfig& config() const { return config_; }
+  const KascadeCalibration& calibration() const { return calibration_; }
+  // [num_layers]: layer 0 dense, anchors gather their own selection, the rest their anchor's.
+  const std::vector<LayerAction>& layer_actions() const { return actions_; }
+  void CountToken(bool sparse);
+
+ private:
+  KascadeConfig config_;
+  KascadeCalibration calibration_;
+  std::vector<LayerAction> actions_;
+  KascadeCounters counters_;
+  Counter* anchor_metric_ = nullptr;  // in the registry, once registered
+  Counter* reuse_metric_ = nullptr;
+  Counter* dense_metric_ = nullptr;
+};
+
+// `policy: {name: kascade, calibration: FILE, top_k_ratio: 0.1, top_k_min: 128, prefill:
+// dense}`; loads and validates the calibration file.
+Result<KascadeConfig> ParseKascadeConfig(const PolicySection& section);
+Result<std::unique_ptr<AttentionPolicy>> CreateKascadePolicy(const PolicySection& section);
+
+}  // namespace rubato
