@@ -1,6 +1,6 @@
 // Decode attention's split kernel (decode_attention.cu launches it, then merges the partials):
 // one block per (split, KV head, sequence) computes a partial softmax over a range of the keys
-// for the GQA group, tiles of keys streaming through shared-memory stages filled by tensor
+// for the GQA group, tiles of keys passing through shared-memory stages filled by tensor
 // copies (whole KV blocks, dense windows) or row copies, S = Q K^T and P V on m16n8k16 MMAs.
 // Compile-time variants add a compact segment or raw scores. docs/decode_attention.md.
 #pragma once
