@@ -39,11 +39,15 @@ struct CpuLayerContext {
   ThreadPool* pool = nullptr;  // the model's attention workers
 };
 
-// A kIndexGather entry's positions in one layer: per KV head, counts[h] positions at heads[h]
-// (any order, each once, all before the query's).
+// A kIndexGather entry's positions in one layer, per KV head (any order, each once). A decode
+// token (one tile) attends its list, which may reach its own position; a prefill chunk's
+// queries attend the list of their tile of `tile_tokens` absolute positions, all before the
+// tile, plus their own tile's positions up to theirs (kernels/cpu/tile_gather_attention.h).
 struct GatherPositions {
-  const int* const* heads = nullptr;  // [num_kv_heads]
-  const int* counts = nullptr;        // [num_kv_heads]
+  const int* const* lists = nullptr;  // [tiles][num_kv_heads]
+  const int* counts = nullptr;        // [tiles][num_kv_heads]
+  int tiles = 1;                      // the tiles the entry's tokens meet (1 for a decode token)
+  int tile_tokens = 0;                // prefill chunks: queries per tile
 };
 
 // A kTwoSegment entry's first segment: rows [0, counts[h]) of head h.

@@ -31,9 +31,11 @@ class PolicyRequest {
  public:
   virtual ~PolicyRequest() = default;
 
-  // The attention of the request's next entry, valid until the next call: a prefill chunk
-  // (`last_chunk`: it ends the prompt) or one decode token at `position`. Null: dense.
-  virtual const EntryAttention* PlanPrefill(int chunk_tokens, bool last_chunk) = 0;
+  // The attention of the request's next entry, valid until the next call: a prefill chunk of
+  // positions [start_position, start_position + chunk_tokens) (`last_chunk`: it ends the
+  // prompt) or one decode token at `position`. Null: dense.
+  virtual const EntryAttention* PlanPrefill(int start_position, int chunk_tokens,
+                                            bool last_chunk) = 0;
   virtual const EntryAttention* PlanDecode(int position) = 0;
   // The planned entry needs its sampled token's probability for Observe.
   virtual bool WantsTokenProbability() const { return false; }

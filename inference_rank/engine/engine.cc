@@ -257,7 +257,8 @@ Result<std::vector<TokenEvent>> Engine::Step() {
           &request.kv, std::span<const int>(prompt).subspan(request.prompt_done, chunk),
           request.prompt_done, last_chunk ? LogitsWanted::kLast : LogitsWanted::kNone});
       if (request.policy != nullptr) {
-        batch_.back().attention = request.policy->PlanPrefill(chunk, last_chunk);
+        batch_.back().attention =
+            request.policy->PlanPrefill(request.prompt_done, chunk, last_chunk);
       }
     } else {
       batch_.push_back(ForwardEntry{&request.kv, std::span<const int>(&request.last_token, 1),

@@ -240,6 +240,7 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
   const CpuLayerContext context{layer, &config_, &cache, plan_, q_.data(), thread_pool_.get()};
   two_segment_args_.resize(plan_.size());
   index_gather_args_.resize(plan_.size());
+  tile_gather_args_.resize(plan_.size());
   if (backend_ != nullptr) {
     RUBATO_RETURN_IF_ERROR(backend_->BeforeAttention(context));
     RUBATO_RETURN_IF_ERROR(PlannedOpArgs(context));
@@ -252,9 +253,13 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
     const AttentionOp op =
         p.attention != nullptr ? p.attention->ActionFor(layer).op : AttentionOp::kDense;
     if (op == AttentionOp::kIndexGather) {
-      IndexGatherAttentionForKvHead(index_gather_args_[static_cast<size_t>(item / kv_heads)],
-                                    item % kv_heads,
-                                    attention_scratch_[static_cast<size_t>(worker)].data());
+      const size_t e = static_cast<size_t>(item / kv_heads);
+      float* scratch = attention_scratch_[static_cast<size_t>(worker)].data();
+      if (p.tokens == 1) {
+        IndexGatherAttentionForKvHead(index_gather_args_[e], item % kv_heads, scratch);
+      } else {
+        TileGatherAttentionForKvHead(tile_gather_args_[e], item % kv_heads, scratch);
+      }
       return;
     }
     if (op == AttentionOp::kTwoSegment || p.AttendsOffloaded()) {
@@ -313,6 +318,30 @@ Status CpuModel::PlannedOpArgs(const CpuLayerContext& context) {
 Status CpuModel::IndexGatherArgs(const CpuLayerContext& context, int entry) {
   const CpuEntryRows& p = plan_[static_cast<size_t>(entry)];
   RUBATO_ASSIGN_OR_RETURN(const GatherPositions positions, backend_->Positions(context, entry));
+  const std::string where =
+      "layer " + std::to_string(context.layer) + ", batch entry " + std::to_string(entry);
+  if (p.tokens > 1) {
+    TileGatherAttentionArgs& args = tile_gather_args_[static_cast<size_t>(entry)];
+    args.query = q_.data() + static_cast<size_t>(p.first_token) * config_.q_dim();
+    args.output = attention_.data() + static_cast<size_t>(p.first_token) * config_.q_dim();
+    args.tokens = p.tokens;
+    args.start_position = p.start_position;
+    args.num_heads = config_.num_heads;
+    args.kv = context.cache->LayerView(context.layer, *p.sequence);
+    args.tile_tokens = positions.tile_tokens;
+    args.lists = positions.lists;
+    args.counts = positions.counts;
+    if (positions.tiles != TileGatherTiles(p.start_position, p.tokens, positions.tile_tokens)) {
+      return InvalidArgumentError(where + ": the backend's positions cover " +
+                                  std::to_string(positions.tiles) + " tiles, not the chunk's");
+    }
+    RUBATO_RETURN_IF_ERROR(ValidateTileGatherAttention(args).WithContext(where));
+    const size_t scratch = static_cast<size_t>(TileGatherAttentionScratchSize(args));
+    for (std::vector<float>& worker_scratch : attention_scratch_) {
+      GrowVector(worker_scratch, scratch);
+    }
+    return Status::Ok();
+  }
   IndexGatherAttentionArgs& args = index_gather_args_[static_cast<size_t>(entry)];
   const size_t offset = static_cast<size_t>(p.first_token) * config_.q_dim();
   args.query = q_.data() + offset;
@@ -320,10 +349,12 @@ Status CpuModel::IndexGatherArgs(const CpuLayerContext& context, int entry) {
   args.num_heads = config_.num_heads;
   args.kv = context.cache->LayerView(context.layer, *p.sequence);
   args.length = p.start_position + 1;
-  args.positions = positions.heads;
+  args.positions = positions.lists;
   args.counts = positions.counts;
-  RUBATO_RETURN_IF_ERROR(ValidateIndexGatherAttention(args).WithContext(
-      "layer " + std::to_string(context.layer) + ", batch entry " + std::to_string(entry)));
+  if (positions.tiles != 1) {
+    return InvalidArgumentError(where + ": a decode token's positions are one list per KV head");
+  }
+  RUBATO_RETURN_IF_ERROR(ValidateIndexGatherAttention(args).WithContext(where));
   const size_t scratch = static_cast<size_t>(IndexGatherAttentionScratchSize(args));
   for (std::vector<float>& worker_scratch : attention_scratch_) GrowVector(worker_scratch, scratch);
   return Status::Ok();

@@ -23,6 +23,7 @@
 #include "kernels/cpu/index_gather_attention.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/tile_gather_attention.h"
 #include "kernels/cpu/two_segment_attention.h"
 
 namespace rubato {
@@ -74,8 +75,9 @@ class CpuModel : public Model {
   // backend as the two-segment op's arguments (two_segment_args_), kIndexGather's positions via
   // IndexGatherArgs; the workers' scratch grown to them.
   Status PlannedOpArgs(const CpuLayerContext& context);
-  // A kIndexGather entry's positions from the backend as the op's arguments
-  // (index_gather_args_), the workers' scratch grown to them.
+  // A kIndexGather entry's positions from the backend as the op's arguments (decode tokens:
+  // index_gather_args_; prefill chunks, in tiles: tile_gather_args_), the workers' scratch grown
+  // to them.
   Status IndexGatherArgs(const CpuLayerContext& context, int entry);
   // Offloaded entries: hand this layer's new K/V to their exchanges, then fetch the compact KV
   // every offloaded decode token attends (its two_segment_args_).
@@ -118,7 +120,8 @@ class CpuModel : public Model {
   // [entries] per layer: the args of the entries that attend through the two-segment op
   // (kTwoSegment plans, offloaded decode tokens); unused for the others.
   std::vector<TwoSegmentAttentionArgs> two_segment_args_;
-  std::vector<IndexGatherAttentionArgs> index_gather_args_;  // [entries], kIndexGather plans
+  std::vector<IndexGatherAttentionArgs> index_gather_args_;  // [entries], kIndexGather decode
+  std::vector<TileGatherAttentionArgs> tile_gather_args_;    // [entries], kIndexGather prefill
 };
 
 }  // namespace rubato

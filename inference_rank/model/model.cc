@@ -83,11 +83,7 @@ Status ValidateLayerAction(const ForwardEntry& entry, const LayerAction& action,
             ", past the query at position " + std::to_string(entry.start_position));
       }
       return Status::Ok();
-    case AttentionOp::kIndexGather:
-      if (tokens != 1) {
-        return InvalidArgumentError(where + ": index-gather attention takes one token, got " +
-                                    std::to_string(tokens));
-      }
+    case AttentionOp::kIndexGather:  // one decode token, or a prefill chunk in tiles
       if (action.source_layer < 0 || action.source_layer > layer) {
         return InvalidArgumentError(
             where + ": layer " + std::to_string(layer) + " attends the selection of layer " +

@@ -66,7 +66,7 @@ TEST(PolicyRegistry, UnknownNameListsKnownOnes) {
   ASSERT_FALSE(rejected.ok());
   EXPECT_EQ(rejected.status().message(),
             "p.yaml: policy.name: unknown policy 'quest9' (known: dense, streaming_llm, sfi, "
-            "oracle_topk)");
+            "oracle_topk, kascade)");
 }
 
 TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
@@ -160,7 +160,7 @@ TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
 
 TEST(PolicyRegistry, KnownNamesAreTheTable) {
   EXPECT_EQ(KnownPolicyNames(),
-            (std::vector<std::string>{"dense", "streaming_llm", "sfi", "oracle_topk"}));
+            (std::vector<std::string>{"dense", "streaming_llm", "sfi", "oracle_topk", "kascade"}));
 }
 
 TEST(PolicyRegistry, OracleTopKDefaultsAndParameters) {

@@ -1,14 +1,19 @@
 // Kascade on the CPU model (see kascade_cpu_backend.h).
 #include "inference_rank/policies/kascade/kascade_cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/pooled_top_k.h"
+#include "kernels/cpu/tile_gather_attention.h"
 
 namespace rubato {
 namespace {
+
+using Lists = std::vector<std::vector<int>>;  // [tile * kv_heads + kv_head] ascending positions
 
 class KascadeCpuBackend final : public CpuAttentionBackend {
  public:
@@ -21,9 +26,13 @@ class KascadeCpuBackend final : public CpuAttentionBackend {
       const CpuEntryRows& entry = context.entries[e];
       if (entry.attention == nullptr) continue;
       if (!(entry.attention->ActionFor(context.layer).evidence & kPooledProbs)) continue;
-      RUBATO_RETURN_IF_ERROR(Select(context, entry, entries_[e])
-                                 .WithContext("kascade, layer " + std::to_string(context.layer) +
-                                              ", batch entry " + std::to_string(e)));
+      EntryState& state = entries_[e];
+      state.selections.resize(static_cast<size_t>(model_.num_layers));
+      Lists& lists = state.selections[static_cast<size_t>(context.layer)];
+      const Status status = entry.tokens == 1 ? SelectDecode(context, entry, lists)
+                                              : SelectPrefill(context, entry, lists);
+      RUBATO_RETURN_IF_ERROR(status.WithContext("kascade, layer " + std::to_string(context.layer) +
+                                                ", batch entry " + std::to_string(e)));
     }
     return Status::Ok();
   }
@@ -34,52 +43,60 @@ class KascadeCpuBackend final : public CpuAttentionBackend {
 
   Result<GatherPositions> Positions(const CpuLayerContext& context, int entry) override {
     EntryState& state = entries_.at(static_cast<size_t>(entry));
+    const CpuEntryRows& rows = context.entries[static_cast<size_t>(entry)];
     const int layer = context.layer;
-    const int anchor =
-        context.entries[static_cast<size_t>(entry)].attention->ActionFor(layer).source_layer;
-    const auto& selected = state.selections.at(static_cast<size_t>(anchor));
-    if (selected.empty()) {
-      return InternalError("kascade: layer " + std::to_string(layer) + " reads anchor " +
-                           std::to_string(anchor) + ", which selected nothing this step");
-    }
+    const int anchor = rows.attention->ActionFor(layer).source_layer;
     const int kv_heads = model_.num_kv_heads;
-    state.heads.resize(static_cast<size_t>(kv_heads));
-    state.counts.resize(static_cast<size_t>(kv_heads));
-    for (int h = 0; h < kv_heads; ++h) {
-      const int from = head_map_[static_cast<size_t>(layer)][static_cast<size_t>(h)];
-      const std::vector<int>& list = selected[static_cast<size_t>(from)];
-      state.heads[static_cast<size_t>(h)] = list.data();
-      state.counts[static_cast<size_t>(h)] = static_cast<int>(list.size());
+    const int tiles = rows.tokens == 1
+                          ? 1
+                          : TileGatherTiles(rows.start_position, rows.tokens, config_.prefill_tile);
+    const Lists* selected = static_cast<size_t>(anchor) < state.selections.size()
+                                ? &state.selections[static_cast<size_t>(anchor)]
+                                : nullptr;
+    if (selected == nullptr || selected->size() != static_cast<size_t>(tiles) * kv_heads) {
+      return InternalError("kascade: layer " + std::to_string(layer) + " reads anchor " +
+                           std::to_string(anchor) + ", which selected nothing for this entry");
     }
-    return GatherPositions{state.heads.data(), state.counts.data()};
+    state.lists.resize(static_cast<size_t>(tiles) * kv_heads);
+    state.counts.resize(state.lists.size());
+    for (int t = 0; t < tiles; ++t) {
+      for (int h = 0; h < kv_heads; ++h) {
+        const int from = head_map_[static_cast<size_t>(layer)][static_cast<size_t>(h)];
+        const std::vector<int>& list = (*selected)[static_cast<size_t>(t) * kv_heads + from];
+        state.lists[static_cast<size_t>(t) * kv_heads + h] = list.data();
+        state.counts[static_cast<size_t>(t) * kv_heads + h] = static_cast<int>(list.size());
+      }
+    }
+    return GatherPositions{state.lists.data(), state.counts.data(), tiles,
+                           rows.tokens == 1 ? 0 : config_.prefill_tile};
   }
 
-  const std::vector<std::vector<int>>& Selection(int entry, int layer) const {
+  // [tile * kv_heads + kv_head] of the last forward.
+  const Lists& Selection(int entry, int layer) const {
     return entries_.at(static_cast<size_t>(entry)).selections.at(static_cast<size_t>(layer));
   }
 
  private:
   struct EntryState {
-    std::vector<std::vector<std::vector<int>>> selections;  // [layer][kv_head], anchors only
-    std::vector<const int*> heads;                          // Positions' answer
+    std::vector<Lists> selections;  // [layer]; anchors only
+    std::vector<const int*> lists;  // Positions' answer
     std::vector<int> counts;
   };
 
-  Status Select(const CpuLayerContext& context, const CpuEntryRows& entry, EntryState& state);
+  Status SelectDecode(const CpuLayerContext& context, const CpuEntryRows& entry, Lists& lists);
+  Status SelectPrefill(const CpuLayerContext& context, const CpuEntryRows& entry, Lists& lists);
 
   ModelConfig model_;
   KascadeConfig config_;
   std::vector<std::vector<int>> head_map_;  // [layer][kv_head] -> the anchor's KV head
   std::vector<EntryState> entries_;         // [batch entries], buffers reused across steps
   std::vector<float> logits_;               // [group][L]: one KV head's
+  std::vector<double> pooled_;              // [tile start]: one tile's pooled probabilities
 };
 
-Status KascadeCpuBackend::Select(const CpuLayerContext& context, const CpuEntryRows& entry,
-                                 EntryState& state) {
-  if (entry.tokens != 1) {
-    return InvalidArgumentError("selections are made for one decode token, got " +
-                                std::to_string(entry.tokens));
-  }
+// One decode token: per KV head the top k of its GQA group's mean softmax over [0, L).
+Status KascadeCpuBackend::SelectDecode(const CpuLayerContext& context, const CpuEntryRows& entry,
+                                       Lists& lists) {
   const int kv_heads = model_.num_kv_heads;
   const int group = model_.num_heads / kv_heads;
   const int head_dim = model_.head_dim;
@@ -89,9 +106,7 @@ Status KascadeCpuBackend::Select(const CpuLayerContext& context, const CpuEntryR
   // The attention op's scale and score rounding (dot.h).
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   const float* query = context.q + static_cast<size_t>(entry.first_token) * model_.q_dim();
-  state.selections.resize(static_cast<size_t>(model_.num_layers));
-  auto& selected = state.selections[static_cast<size_t>(context.layer)];
-  selected.resize(static_cast<size_t>(kv_heads));
+  lists.resize(static_cast<size_t>(kv_heads));
   logits_.resize(static_cast<size_t>(group) * length);
   for (int h = 0; h < kv_heads; ++h) {
     for (int g = 0; g < group; ++g) {
@@ -106,9 +121,65 @@ Status KascadeCpuBackend::Select(const CpuLayerContext& context, const CpuEntryR
     input.stride = length;
     input.group = group;
     input.count = length;
-    input.begin = 0;
     input.units = ScoreUnits::kNatural;
-    RUBATO_RETURN_IF_ERROR(PooledTopK(input, k, selected[static_cast<size_t>(h)]));
+    RUBATO_RETURN_IF_ERROR(PooledTopK(input, k, lists[static_cast<size_t>(h)]));
+  }
+  return Status::Ok();
+}
+
+// A prefill chunk: per tile [b, b + T) it meets and KV head, the min(b, KascadeTopK(b + T))
+// positions before b of highest post-softmax probability (each query's softmax over all it
+// sees), averaged over the tile's queries in this chunk and the GQA group; ascending, ties low.
+Status KascadeCpuBackend::SelectPrefill(const CpuLayerContext& context, const CpuEntryRows& entry,
+                                        Lists& lists) {
+  const int kv_heads = model_.num_kv_heads;
+  const int group = model_.num_heads / kv_heads;
+  const int head_dim = model_.head_dim;
+  const int tile = config_.prefill_tile;
+  const int start = entry.start_position;
+  const int end = start + entry.tokens;
+  const int tiles = TileGatherTiles(start, entry.tokens, tile);
+  const PagedKvView kv = context.cache->LayerView(context.layer, *entry.sequence);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  lists.resize(static_cast<size_t>(tiles) * kv_heads);
+  std::vector<double> row;
+  std::vector<int> order;
+  for (int t = 0; t < tiles; ++t) {
+    const int begin = (start / tile + t) * tile;
+    const int k = std::min(begin, KascadeTopK(config_, begin + tile));
+    const int first = std::max(begin, start);
+    const int last = std::min(begin + tile, end);  // queries [first, last) of this chunk
+    for (int h = 0; h < kv_heads; ++h) {
+      std::vector<int>& list = lists[static_cast<size_t>(t) * kv_heads + h];
+      list.resize(static_cast<size_t>(begin));
+      std::iota(list.begin(), list.end(), 0);
+      if (k >= begin) continue;  // every earlier position kept
+      pooled_.assign(static_cast<size_t>(begin), 0.0);
+      const double weight = 1.0 / (static_cast<double>(last - first) * group);
+      for (int p = first; p < last; ++p) {
+        const float* q_row =
+            context.q + static_cast<size_t>(entry.first_token + p - start) * model_.q_dim();
+        for (int g = 0; g < group; ++g) {
+          const float* q = q_row + static_cast<size_t>(h * group + g) * head_dim;
+          row.resize(static_cast<size_t>(p) + 1);
+          double max = -INFINITY;
+          for (int j = 0; j <= p; ++j) {
+            row[j] = Dot(q, kv.keys + kv.Offset(j, h), head_dim) * scale;
+            max = std::max(max, row[j]);
+          }
+          double sum = 0.0;
+          for (int j = 0; j <= p; ++j) sum += (row[j] = std::exp(row[j] - max));
+          for (int j = 0; j < begin; ++j) pooled_[j] += row[j] / sum * weight;
+        }
+      }
+      order.resize(static_cast<size_t>(begin));
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+        return pooled_[a] > pooled_[b] || (pooled_[a] == pooled_[b] && a < b);
+      });
+      list.assign(order.begin(), order.begin() + k);
+      std::sort(list.begin(), list.end());
+    }
   }
   return Status::Ok();
 }

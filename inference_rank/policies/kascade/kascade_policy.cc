@@ -20,9 +20,15 @@ class KascadeRequest final : public PolicyRequest {
     entry_.row_group = 1;
   }
 
-  const EntryAttention* PlanPrefill(int /*chunk_tokens*/, bool /*last_chunk*/) override {
+  const EntryAttention* PlanPrefill(int start_position, int chunk_tokens,
+                                    bool /*last_chunk*/) override {
     planned_ = -1.0;
-    return nullptr;
+    const KascadeConfig& config = policy_.config();
+    if (config.prefill == "dense" ||
+        KascadePrefillChunkIsDense(config, start_position, chunk_tokens)) {
+      return nullptr;
+    }
+    return &entry_;
   }
   const EntryAttention* PlanDecode(int position) override {
     const int length = position + 1;
@@ -55,6 +61,15 @@ int KascadeTopK(const KascadeConfig& config, int length) {
   const double wanted = std::ceil(config.top_k_ratio * length);
   const int k = wanted >= length ? length : static_cast<int>(wanted);
   return std::min(length, std::max(k, config.top_k_min));
+}
+
+bool KascadePrefillChunkIsDense(const KascadeConfig& config, int start_position, int tokens) {
+  const int tile = config.prefill_tile;
+  const int end = start_position + tokens;
+  for (int begin = start_position / tile * tile; begin < end; begin += tile) {
+    if (KascadeTopK(config, begin + tile) < begin) return false;
+  }
+  return true;
 }
 
 KascadePolicy::KascadePolicy(const KascadeConfig& config, KascadeCalibration calibration)
@@ -143,14 +158,15 @@ Result<KascadeConfig> ParseKascadeConfig(const PolicySection& section) {
   RUBATO_RETURN_IF_ERROR(
       params.ReadInt("top_k_min", 1, std::numeric_limits<int>::max(), &config.top_k_min));
   RUBATO_RETURN_IF_ERROR(params.ReadString("prefill", &config.prefill));
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("prefill_tile", 1, 1 << 20, &config.prefill_tile));
   RUBATO_RETURN_IF_ERROR(params.Finish());
   if (config.calibration.empty()) {
     return InvalidArgumentError(
         "policy kascade: 'calibration' names the file of `rubato calibrate kascade` (required)");
   }
-  if (config.prefill != "dense") {
-    return UnsupportedError("policy kascade: prefill '" + config.prefill +
-                            "': only dense prefill is built (tile-sparse prefill is not yet)");
+  if (config.prefill != "dense" && config.prefill != "tiled") {
+    return InvalidArgumentError("policy kascade: prefill '" + config.prefill +
+                                "' is not one of tiled, dense");
   }
   return config;
 }

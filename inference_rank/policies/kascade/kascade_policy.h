@@ -2,8 +2,9 @@
 // reused by the layers after them. Decode: layer 0 dense, every anchor selects per KV head the
 // top k positions of its query's GQA-pooled post-softmax probabilities and attends them, each
 // reuse layer attends its anchor's selection through the calibrated head map (index gather).
-// k = min(L, max(ceil(top_k_ratio L), top_k_min)); k >= L attends densely. Anchors and head map
-// come from `rubato calibrate kascade`. Narrative and choices: docs/kascade.md.
+// k = min(L, max(ceil(top_k_ratio L), top_k_min)); k >= L attends densely. Prefill (tiled): the
+// same per tile of `prefill_tile` queries, pooled over the tile. Anchors and head map come from
+// `rubato calibrate kascade`. Narrative and choices: docs/kascade.md.
 #pragma once
 
 #include <atomic>
@@ -21,11 +22,15 @@ struct KascadeConfig {
   std::string calibration;        // the calibration file (required)
   double top_k_ratio = 0.1;       // (0, 1]
   int top_k_min = 128;            // >= 1
-  std::string prefill = "dense";  // dense (tile-sparse prefill is not built yet)
+  std::string prefill = "tiled";  // tiled (tile-sparse, §3.4) | dense
+  int prefill_tile = 128;         // queries per prefill tile, >= 1
 };
 
 // Positions every anchor keeps per KV head for a context of `length` positions.
 int KascadeTopK(const KascadeConfig& config, int length);
+// A prefill tile [b, b + prefill_tile) selects min(b, KascadeTopK(b + prefill_tile)) of the b
+// positions before it; true when that drops none for any tile the chunk meets.
+bool KascadePrefillChunkIsDense(const KascadeConfig& config, int start_position, int tokens);
 
 struct KascadeCounters {
   std::atomic<int64_t> sparse_steps{0};        // decode tokens on anchors + reuse layers
@@ -62,8 +67,8 @@ class KascadePolicy final : public AttentionPolicy {
   Counter* dense_metric_ = nullptr;
 };
 
-// `policy: {name: kascade, calibration: FILE, top_k_ratio: 0.1, top_k_min: 128, prefill:
-// dense}`; loads and validates the calibration file.
+// `policy: {name: kascade, calibration: FILE, top_k_ratio: 0.1, top_k_min: 128, prefill: tiled,
+// prefill_tile: 128}`; loads and validates the calibration file.
 Result<KascadeConfig> ParseKascadeConfig(const PolicySection& section);
 Result<std::unique_ptr<AttentionPolicy>> CreateKascadePolicy(const PolicySection& section);
 

@@ -145,20 +145,20 @@ TEST(Kascade, AnchorsSelectTheReferenceTopKAndReuseLayersFollowTheHeadMap) {
     const auto expected = ReferenceSelection(f, anchor, k);
     for (int h = 0; h < 2; ++h) {
       const int from = layer == 1 ? (h + 1) % 2 : h;
-      std::vector<int> got(positions->heads[h], positions->heads[h] + positions->counts[h]);
+      std::vector<int> got(positions->lists[h], positions->lists[h] + positions->counts[h]);
       EXPECT_EQ(got, expected[from]) << "layer " << layer << " head " << h;
     }
     // The index gather over those positions against a double softmax over them.
     std::vector<float> out(f.q[layer].size());
     IndexGatherAttentionArgs args{
         f.q[layer].data(), out.data(),       nullptr, 8, f.cache->LayerView(layer, f.sequence), 301,
-        positions->heads,  positions->counts};
+        positions->lists,  positions->counts};
     std::vector<float> scratch(static_cast<size_t>(IndexGatherAttentionScratchSize(args)));
     ASSERT_TRUE(IndexGatherAttention(args, scratch).ok());
     const PagedKvView kv = f.cache->LayerView(layer, f.sequence);
     for (int head = 0; head < 8; ++head) {
       const int h = head / 4;
-      const int* list = positions->heads[h];
+      const int* list = positions->lists[h];
       std::vector<double> w;
       for (int i = 0; i < positions->counts[h]; ++i) {
         double dot = 0;
@@ -188,7 +188,10 @@ TEST(Kascade, PlansDenseWhileKCoversTheContext) {
   KascadeConfig config;  // k = max(ceil(0.1 L), 128)
   KascadePolicy policy(config, MakeCalibration(m, {0, 2}));
   auto request = policy.Admit(KvResidency::kLocal);
-  EXPECT_EQ(request->PlanPrefill(200, true), nullptr);
+  EXPECT_EQ(request->PlanPrefill(0, 200, true), nullptr);    // tiles at 0, 128: k(256) = 128
+  EXPECT_NE(request->PlanPrefill(200, 200, true), nullptr);  // tile at 256: k(384) = 128 < 256
+  EXPECT_TRUE(KascadePrefillChunkIsDense(config, 0, 256));
+  EXPECT_FALSE(KascadePrefillChunkIsDense(config, 250, 10));
   EXPECT_EQ(request->PlanDecode(127), nullptr);  // L = 128 = k
   ASSERT_NE(request->PlanDecode(128), nullptr);  // L = 129 > k = 128
   EXPECT_EQ(request->Observe(true, 1, -1.f), PolicyRequest::Verdict::kAccept);
@@ -218,8 +221,9 @@ TEST(Kascade, RefusesBadConfigsAndCalibrationsByName) {
   m.head_dim = 8;
   const std::string path = (dir.path() / "c.json").string();
   ASSERT_TRUE(SaveCalibration(MakeCalibration(m, {0}), path).ok());
-  auto tiled = CreateKascadePolicy(section("{calibration: " + path + ", prefill: tiled}"));
-  EXPECT_NE(tiled.status().message().find("prefill 'tiled'"), std::string::npos);
+  auto sparse = CreateKascadePolicy(section("{calibration: " + path + ", prefill: sparse}"));
+  EXPECT_NE(sparse.status().message().find("prefill 'sparse' is not one of tiled, dense"),
+            std::string::npos);
   auto ratio = CreateKascadePolicy(section("{calibration: " + path + ", top_k_ratio: 0}"));
   EXPECT_FALSE(ratio.ok());
   auto good = CreateKascadePolicy(section("{calibration: " + path + "}"));
@@ -232,6 +236,85 @@ TEST(Kascade, RefusesBadConfigsAndCalibrationsByName) {
   EXPECT_NE(backend.status().message().find("kascade calibration made for 'test' (3 layers"),
             std::string::npos)
       << backend.status().message();
+}
+
+TEST(Kascade, PrefillTilesSelectThePooledReferenceTopK) {
+  // One layer, a chunk [70, 130) in tiles of 32: tiles [64, 96), [96, 128), [128, 160).
+  const int heads = 8, kv_heads = 2, d = 16, start = 70, tokens = 60, tile = 32;
+  ModelConfig m;
+  m.num_layers = 1;
+  m.num_heads = heads;
+  m.num_kv_heads = kv_heads;
+  m.head_dim = d;
+  m.hidden_size = heads * d;
+  auto cache = PagedKvCache::Create(KvCacheShape{1, kv_heads, d, 16, 10}).value();
+  KvSequence sequence;
+  ASSERT_TRUE(cache->Reserve(sequence, start + tokens).ok());
+  sequence.num_tokens = start + tokens;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const PagedKvView kv = cache->LayerView(0, sequence);
+  for (int p = 0; p < start + tokens; ++p) {
+    for (int h = 0; h < kv_heads; ++h) {
+      for (int i = 0; i < d; ++i) {
+        kv.keys[kv.Offset(p, h) + i] = normal(rng);
+        kv.values[kv.Offset(p, h) + i] = normal(rng);
+      }
+    }
+  }
+  std::vector<float> q(static_cast<size_t>(tokens) * heads * d);
+  for (float& x : q) x = 1.5f * normal(rng);
+  KascadeConfig config;
+  config.top_k_min = 5;
+  config.prefill_tile = tile;
+  KascadePolicy policy(config, MakeCalibration(m, {0}));
+  auto request = policy.Admit(KvResidency::kLocal);
+  const EntryAttention* plan = request->PlanPrefill(start, tokens, true);
+  ASSERT_NE(plan, nullptr);
+  auto made = MakeKascadeCpuBackend(m, policy);
+  ASSERT_TRUE(made.ok());
+  auto& backend = dynamic_cast<CpuAttentionBackend&>(**made);
+  ThreadPool pool(1);
+  const CpuEntryRows rows{0, tokens, start, &sequence, plan, nullptr};
+  const CpuLayerContext context{0, &m, cache.get(), {&rows, 1}, q.data(), &pool};
+  ASSERT_TRUE(backend.BeforeAttention(context).ok());
+  const auto& got = KascadeSelectionForTest(**made, 0, 0);
+  ASSERT_EQ(got.size(), 3u * kv_heads);
+  const int group = heads / kv_heads;
+  for (int t = 0; t < 3; ++t) {
+    const int begin = 64 + 32 * t;
+    const int k = std::min(begin, KascadeTopK(config, begin + tile));
+    for (int h = 0; h < kv_heads; ++h) {
+      std::vector<double> pooled(static_cast<size_t>(begin), 0.0);
+      const int first = std::max(begin, start), last = std::min(begin + tile, start + tokens);
+      for (int p = first; p < last; ++p) {
+        for (int g = 0; g < group; ++g) {
+          const float* qh = q.data() + (static_cast<size_t>(p - start) * heads + h * group + g) * d;
+          std::vector<double> w(static_cast<size_t>(p) + 1);
+          for (int j = 0; j <= p; ++j) {
+            double dot = 0;
+            for (int i = 0; i < d; ++i) dot += double(qh[i]) * kv.keys[kv.Offset(j, h) + i];
+            w[j] = dot / std::sqrt(double(d));
+          }
+          const double max = *std::max_element(w.begin(), w.end());
+          double sum = 0;
+          for (double& x : w) sum += (x = std::exp(x - max));
+          for (int j = 0; j < begin; ++j) pooled[j] += w[j] / sum / ((last - first) * group);
+        }
+      }
+      std::vector<int> order(static_cast<size_t>(begin));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int a, int b) { return pooled[a] > pooled[b]; });
+      order.resize(static_cast<size_t>(k));
+      std::sort(order.begin(), order.end());
+      EXPECT_EQ(got[static_cast<size_t>(t) * kv_heads + h], order) << "tile " << t << " head " << h;
+    }
+  }
+  auto positions = backend.Positions(context, 0);
+  ASSERT_TRUE(positions.ok()) << positions.status().ToString();
+  EXPECT_EQ(positions->tiles, 3);
+  EXPECT_EQ(positions->tile_tokens, tile);
 }
 
 std::vector<std::vector<int>> EngineTokens(const std::filesystem::path& dir,
@@ -272,6 +355,7 @@ TEST(Kascade, EngineWithKCoveringTheContextGivesTheDenseTokens) {
 
   KascadeConfig small;
   small.top_k_min = 8;
+  small.prefill_tile = 32;  // prompts of 90-130 tokens: tiles past the first few are sparse
   auto sparse_policy = std::make_shared<KascadePolicy>(small, calibration);
   const auto sparse = EngineTokens(dir.path(), sparse_policy);
   ASSERT_EQ(sparse.size(), dense.size());

@@ -21,7 +21,8 @@ class OracleTopKRequest final : public PolicyRequest {
  public:
   explicit OracleTopKRequest(const OracleTopKConfig& config) : config_(config) {}
 
-  const EntryAttention* PlanPrefill(int /*chunk_tokens*/, bool /*last_chunk*/) override {
+  const EntryAttention* PlanPrefill(int /*start_position*/, int /*chunk_tokens*/,
+                                    bool /*last_chunk*/) override {
     retained_ = -1.0;
     return nullptr;
   }

@@ -196,7 +196,7 @@ TEST(OracleTopK, PlansDenseWhenKCoversTheCandidatesAndNothingOnOffloadedKv) {
   OracleTopKPolicy policy(config);
   auto request = policy.Admit(KvResidency::kLocal);
   ASSERT_NE(request, nullptr);
-  EXPECT_EQ(request->PlanPrefill(30, true), nullptr);
+  EXPECT_EQ(request->PlanPrefill(0, 30, true), nullptr);
   EXPECT_EQ(request->PlanDecode(19), nullptr);           // |J| = 20 - 8 - 2 = 10 <= k: dense
   const EntryAttention* plan = request->PlanDecode(20);  // |J| = 11 > k
   ASSERT_NE(plan, nullptr);

@@ -21,7 +21,8 @@ class SfiPolicy::Request final : public PolicyRequest {
   explicit Request(SfiPolicy& policy)
       : policy_(policy), schedule_(policy.config_.t_max, &policy.trigger_ids_) {}
 
-  const EntryAttention* PlanPrefill(int chunk_tokens, bool last_chunk) override {
+  const EntryAttention* PlanPrefill(int /*start_position*/, int chunk_tokens,
+                                    bool last_chunk) override {
     if (!last_chunk) return nullptr;  // only the prompt's last chunk selects: its W tail queries
     planned_ = SfiStepKind::kSlow;
     entry_ = SfiStep(planned_, &state_, std::min(chunk_tokens, policy_.config_.prefill_window));
