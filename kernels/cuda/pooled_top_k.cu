@@ -116,6 +116,11 @@ __device__ __forceinline__ uint32_t OrderedKey(float x) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
+// Positions kept for sequence b: p.k, or row_k[b] clamped to [0, p.k] when set.
+__device__ __forceinline__ int RowK(const PooledTopKParams& p, int b) {
+  return p.row_k == nullptr ? p.k : min(max(p.row_k[b], 0), p.k);
+}
+
 // ---- kernels 1 and 2: scoring -----------------------------------------------------------------
 
 // Chunk blockIdx.x of every row blockIdx.y, blockIdx.y + gridDim.y, ...: per query head j of the
@@ -129,7 +134,8 @@ __global__ void __launch_bounds__(kScoreThreads)
   const int chunk_begin = static_cast<int>(blockIdx.x) * kChunk;
   for (int r = static_cast<int>(blockIdx.y); r < rows; r += static_cast<int>(gridDim.y)) {
     const Candidates c = LoadCandidates(p, r / p.num_kv_heads);
-    if (c.count <= p.k || chunk_begin >= c.count) continue;  // kept whole, or past the row
+    if (c.count <= RowK(p, r / p.num_kv_heads) || chunk_begin >= c.count)
+      continue;  // kept whole, or past the row
     const int valid = min(kChunk, c.count - chunk_begin);
     for (int j = 0; j < group; ++j) {
       const int64_t head = static_cast<int64_t>(r) * group + j;
@@ -174,7 +180,7 @@ __global__ void __launch_bounds__(kScoreThreads)
   const int chunk_begin = static_cast<int>(blockIdx.x) * kChunk;
   for (int r = static_cast<int>(blockIdx.y); r < rows; r += static_cast<int>(gridDim.y)) {
     const Candidates c = LoadCandidates(p, r / p.num_kv_heads);
-    if (c.count <= p.k || chunk_begin >= c.count) continue;
+    if (c.count <= RowK(p, r / p.num_kv_heads) || chunk_begin >= c.count) continue;
     const int chunks = (c.count + kChunk - 1) / kChunk;
     for (int j = warp; j < group; j += kScoreWarps) {
       const int64_t head = static_cast<int64_t>(r) * group + j;
@@ -361,10 +367,11 @@ __global__ void __launch_bounds__(kSelectThreads)
   __shared__ SelectShared sh;
   const int r = static_cast<int>(blockIdx.x);
   const Candidates c = LoadCandidates(p, r / p.num_kv_heads);
-  if (threadIdx.x == 0) p.selected_count[r] = min(p.k, c.count);
-  if (p.k == 0) return;
+  const int k = RowK(p, r / p.num_kv_heads);
+  if (threadIdx.x == 0) p.selected_count[r] = min(k, c.count);
+  if (k == 0) return;
   int32_t* out = p.selected + static_cast<int64_t>(r) * p.k;
-  if (c.count <= p.k) {  // every candidate, already ascending
+  if (c.count <= k) {  // every candidate, already ascending
     for (int i = static_cast<int>(threadIdx.x); i < c.count; i += kSelectThreads) {
       out[i] = c.begin + i;
     }
@@ -372,8 +379,8 @@ __global__ void __launch_bounds__(kSelectThreads)
   }
   const uint32_t* keys = w.keys + r * w.key_stride;
   uint32_t cut, ties;
-  RadixSelect(keys, c.count, static_cast<uint32_t>(p.k), cut, ties, sh);
-  WriteKept(keys, c.count, cut, ties, static_cast<uint32_t>(p.k), c.begin, out, sh);
+  RadixSelect(keys, c.count, static_cast<uint32_t>(k), cut, ties, sh);
+  WriteKept(keys, c.count, cut, ties, static_cast<uint32_t>(k), c.begin, out, sh);
 }
 
 Status Validate(const PooledTopKParams& p);

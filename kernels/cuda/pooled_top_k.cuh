@@ -33,7 +33,10 @@ struct PooledTopKParams {
   int num_heads = 0;               // query heads, a multiple of num_kv_heads
   int num_kv_heads = 0;            // >= 1
   int k = 0;                       // positions kept per (sequence, KV head), >= 0
-  // [batch][num_kv_heads][k], device out: the min(k, count[b]) kept positions of (b, h),
+  // Optional [batch], device: sequence b keeps min(max(row_k[b], 0), k) positions instead (k is
+  // then the capacity of each `selected` row). Kascade: k grows with each sequence's length.
+  const int32_t* row_k = nullptr;
+  // [batch][num_kv_heads][k], device out: the min(k_b, count[b]) kept positions of (b, h),
   // ascending; entries [selected_count[b][h], k) are left as they were.
   int32_t* selected = nullptr;
   int32_t* selected_count = nullptr;  // [batch][num_kv_heads], device out: min(k, count[b])

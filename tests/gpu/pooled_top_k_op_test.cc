@@ -49,6 +49,7 @@ struct TopKCase {
   int max_count_pad = 0;  // max_count = the largest count + max_count_pad
   int stride_pad = 0;     // scores_stride = the largest begin + count (>= max_count) + stride_pad
   int levels = 0;  // > 0: every head scores a candidate alike, from {0, .., levels - 1}: exact ties
+  std::vector<int> row_k = {};  // set: per-sequence k (PooledTopKParams::row_k), k the capacity
 };
 
 std::string Describe(const TopKCase& c) {
@@ -164,7 +165,8 @@ std::vector<int> CpuPositions(const TopKCase& c, const HostCase& host, int b, in
   in.begin = s.begin;
   in.units = ScoreUnits::kLog2;
   std::vector<int> positions;
-  const Status status = PooledTopK(in, c.k, positions);
+  const int k = c.row_k.empty() ? c.k : std::clamp(c.row_k[static_cast<size_t>(b)], 0, c.k);
+  const Status status = PooledTopK(in, k, positions);
   EXPECT_TRUE(status.ok()) << status.message();
   return positions;
 }
@@ -190,7 +192,7 @@ void ExpectMatchesCpu(const TopKCase& c, const HostCase& host, const std::vector
 // Device buffers and params of a case; selected / selected_count / workspace poisoned.
 struct DeviceCase {
   DeviceBuffer<float> scores;
-  DeviceBuffer<int32_t> begin, count, selected, selected_count;
+  DeviceBuffer<int32_t> begin, count, selected, selected_count, row_k;
   DeviceBuffer<uint8_t> workspace;
   PooledTopKParams params;
 };
@@ -216,6 +218,10 @@ DeviceCase Prepare(const TopKCase& c, const HostCase& host) {
   p.num_heads = host.num_heads;
   p.num_kv_heads = c.num_kv_heads;
   p.k = c.k;
+  if (!c.row_k.empty()) {
+    d.row_k = Upload(std::vector<int32_t>(c.row_k.begin(), c.row_k.end()));
+    p.row_k = d.row_k.data();
+  }
   p.selected = d.selected.data();
   p.selected_count = d.selected_count.data();
   p.workspace = d.workspace.data();
@@ -280,6 +286,17 @@ TEST(PooledTopKOp, MixedSequences) {
     RunCase({sequences, 2, group, 64, 4000, 13});
     RunCase({sequences, 2, group, 2048, 0, 1});
     RunCase({sequences, 1, group, 40000});  // k >= every count
+  }
+}
+
+// A k per sequence (Kascade's k grows with the length), capacity k: below, at and above the
+// count, 0, and past the capacity (clamped).
+TEST(PooledTopKOp, PerSequenceK) {
+  const std::vector<Sequence> sequences = {{0, 5000}, {10, 300}, {0, 64}, {3, 2049}, {0, 900}};
+  for (int group : {1, 4, 8}) {
+    TopKCase c{sequences, 2, group, 600};
+    c.row_k = {500, 300, 100, 0, 9999};
+    RunCase(c);
   }
 }
 
