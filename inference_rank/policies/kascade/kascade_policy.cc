@@ -8,6 +8,11 @@
 #include "inference_rank/model/model.h"
 #include "inference_rank/policies/kascade/kascade_cpu_backend.h"
 
+#ifdef RUBATO_HAS_CUDA
+#include "inference_rank/model/cuda_model.h"
+#include "inference_rank/policies/kascade/kascade_cuda_backend.h"
+#endif
+
 namespace rubato {
 namespace {
 
@@ -97,6 +102,16 @@ Result<std::unique_ptr<AttentionBackend>> KascadePolicy::MakeBackend(Model& mode
                            shape.head_dim)
           .WithContext("policy kascade, calibration '" + config_.calibration + "'"));
   if (model.backend_name() == "cpu") return MakeKascadeCpuBackend(shape, *this);
+#ifdef RUBATO_HAS_CUDA
+  if (model.backend_name() == "cuda") {
+    if (config_.prefill != "dense") {
+      return UnsupportedError(
+          "policy kascade: prefill '" + config_.prefill +
+          "' is not built on the CUDA backend yet; set prefill: dense (decode is sparse)");
+    }
+    return MakeKascadeCudaBackend(static_cast<CudaModel&>(model), *this);
+  }
+#endif
   return UnsupportedError("policy kascade: no backend half for the " +
                           std::string(model.backend_name()) +
                           " model yet (engine.backend: cpu runs it)");

@@ -44,8 +44,8 @@ class KascadePolicy final : public AttentionPolicy {
   KascadePolicy(const KascadeConfig& config, KascadeCalibration calibration);
   std::string_view name() const override { return "kascade"; }
   const PolicyTraits& traits() const override;
-  // Unsupported for a model the calibration was not made for (its shape) and for the CUDA
-  // model (not built yet).
+  // InvalidArgument for a model the calibration was not made for (its shape); Unsupported for
+  // tiled prefill on the CUDA model (its decode is built, its prefill runs dense).
   Result<std::unique_ptr<AttentionBackend>> MakeBackend(Model& model, int max_batch) const override;
   std::unique_ptr<PolicyRequest> Admit(KvResidency residency) override;
   Status RegisterMetrics(MetricsRegistry& registry) override;

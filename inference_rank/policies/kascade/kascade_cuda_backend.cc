@@ -1,0 +1,232 @@
+// Kascade on the CUDA model (see kascade_cuda_backend.h).
+#include "inference_rank/policies/kascade/kascade_cuda_backend.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/sizes.h"
+#include "inference_rank/model/cuda_model.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/index_gather_attention.cuh"
+#include "kernels/cuda/pooled_top_k.cuh"
+
+namespace rubato {
+namespace {
+
+constexpr int kKascadeRows = 1;  // the row group of its decode entries
+
+class KascadeCudaBackend final : public CudaAttentionBackend {
+ public:
+  KascadeCudaBackend(const CudaModel& model, const KascadePolicy& policy)
+      : owner_(&model),
+        model_(model.config()),
+        config_(policy.config()),
+        actions_(policy.layer_actions().data()),
+        calibration_anchors_(policy.calibration().anchors),
+        head_map_host_(policy.calibration().head_map) {}
+
+  Status Init() {
+    std::vector<int32_t> flat;
+    for (const auto& row : head_map_host_) flat.insert(flat.end(), row.begin(), row.end());
+    RUBATO_ASSIGN_OR_RETURN(head_maps_,
+                            cuda::DeviceBuffer<int32_t>::Allocate(flat.size(), "kascade head map"));
+    RUBATO_CUDA_RETURN_IF_ERROR(cudaMemcpy(head_maps_.data(), flat.data(),
+                                           flat.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+                                "kascade head map upload");
+    return Status::Ok();
+  }
+
+  const Model* made_for_model() const override { return owner_; }
+
+  Status CheckBatch(std::span<const ForwardEntry> batch) const override {
+    for (size_t e = 0; e < batch.size(); ++e) {
+      const EntryAttention* attention = batch[e].attention;
+      if (attention == nullptr) continue;
+      if (attention->layer_actions != actions_ || attention->row_group != kKascadeRows ||
+          batch[e].tokens.size() != 1) {
+        return InvalidArgumentError("forward: batch entry " + std::to_string(e) +
+                                    ": not a kascade decode plan of this policy (the CUDA "
+                                    "backend runs decode tokens; prefill is dense)");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Reserve(std::span<const ForwardEntry> batch, const ForwardPlan& plan,
+                 const std::function<void()>& drop_graphs) override;
+  size_t StepInputBytes() const override { return 3 * Align16(sizeof(int32_t) * row_capacity_); }
+
+  void FillStepInputs(std::span<const ForwardEntry> batch, const ForwardPlan& plan,
+                      const KvCacheShape& /*shape*/, std::byte* region) override {
+    const size_t array = Align16(sizeof(int32_t) * row_capacity_) / sizeof(int32_t);
+    int32_t* begin = reinterpret_cast<int32_t*>(region);
+    int32_t* count = begin + array;
+    int32_t* row_k = count + array;
+    for (size_t e = 0; e < batch.size(); ++e) {
+      if (batch[e].attention == nullptr) continue;
+      const int row = plan.entry_first_row[e] - rows_.first_row;
+      const int length = batch[e].start_position + 1;
+      begin[row] = 0;
+      count[row] = length;
+      row_k[row] = KascadeTopK(config_, length);
+    }
+  }
+
+  void AddToGraphKey(const ForwardPlan& /*plan*/, DecodeGraphKey& key) const override {
+    key.policy = {rows_.rows,
+                  k_capacity_,
+                  reinterpret_cast<intptr_t>(selected_.data()),
+                  reinterpret_cast<intptr_t>(scores_.data()),
+                  score_stride_,
+                  reinterpret_cast<intptr_t>(gather_workspace_.data())};
+  }
+
+  Status Attend(const CudaLayerContext& layer) override;
+
+ private:
+  // Index of `layer` among the anchors (its selection slot), or -1.
+  int AnchorSlot(int layer) const {
+    const auto it = std::find(calibration_anchors_.begin(), calibration_anchors_.end(), layer);
+    return it == calibration_anchors_.end() ? -1
+                                            : static_cast<int>(it - calibration_anchors_.begin());
+  }
+
+  const Model* owner_;
+  ModelConfig model_;
+  KascadeConfig config_;
+  const LayerAction* actions_;  // the policy's per-layer plan (identifies its entries)
+  std::vector<int> calibration_anchors_;
+  std::vector<std::vector<int>> head_map_host_;
+  cuda::DeviceBuffer<int32_t> head_maps_;  // [layers][kv_heads]
+  // The current step's rows and shapes (Reserve).
+  DecodeRowGroup rows_;
+  int k_capacity_ = 0;  // positions per selection row: k of the decode bucket
+  int max_count_ = 0;   // the decode bucket
+  int64_t score_stride_ = 0;
+  int row_capacity_ = 0;
+  cuda::DeviceBuffer<float> scores_;             // [rows][heads][score stride], log2 units
+  cuda::DeviceBuffer<__nv_bfloat16> dense_out_;  // [rows][q_dim]: an anchor's scores pass
+  cuda::DeviceBuffer<int32_t> selected_;         // [anchors][rows][kv_heads][k capacity]
+  cuda::DeviceBuffer<int32_t> selected_count_;   // [anchors][rows][kv_heads]
+  cuda::DeviceBuffer<unsigned char> top_k_workspace_;
+  cuda::DeviceBuffer<unsigned char> gather_workspace_;
+};
+
+template <typename T>
+Status GrowTo(cuda::DeviceBuffer<T>& buffer, size_t count, const std::string& what,
+              const std::function<void()>& drop_graphs) {
+  if (buffer.size() >= count) return Status::Ok();
+  drop_graphs();
+  return cuda::GrowTo(buffer, count, "kascade " + what);
+}
+
+Status KascadeCudaBackend::Reserve(std::span<const ForwardEntry> /*batch*/, const ForwardPlan& plan,
+                                   const std::function<void()>& drop_graphs) {
+  rows_ = plan.Group(kKascadeRows);
+  if (rows_.rows == 0) return Status::Ok();
+  const int rows = RoundUpPow2(rows_.rows);
+  if (rows > row_capacity_) {
+    drop_graphs();  // the step-input region's layout follows the row capacity
+    row_capacity_ = rows;
+  }
+  max_count_ = plan.decode_max_seq_len;
+  k_capacity_ = KascadeTopK(config_, max_count_);  // k grows with L: the bucket's bounds all
+  score_stride_ = (static_cast<int64_t>(max_count_) + 63) / 64 * 64;
+  const size_t r = static_cast<size_t>(row_capacity_);
+  const size_t anchors = calibration_anchors_.size();
+  const size_t kv_heads = static_cast<size_t>(model_.num_kv_heads);
+  RUBATO_RETURN_IF_ERROR(
+      GrowTo(scores_, r * model_.num_heads * score_stride_, "scores", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(GrowTo(dense_out_, r * model_.q_dim(), "scores pass", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(
+      GrowTo(selected_, anchors * r * kv_heads * k_capacity_, "selection", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(GrowTo(selected_count_, anchors * r * kv_heads, "selection", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(GrowTo(top_k_workspace_,
+                                cuda::PooledTopKWorkspaceBytes(row_capacity_, model_.num_heads,
+                                                               model_.num_kv_heads, max_count_),
+                                "top-k workspace", drop_graphs));
+  return GrowTo(gather_workspace_,
+                cuda::IndexGatherAttentionWorkspaceBytes(row_capacity_, model_.num_heads,
+                                                         model_.head_dim, k_capacity_),
+                "index-gather workspace", drop_graphs);
+}
+
+Status KascadeCudaBackend::Attend(const CudaLayerContext& layer) {
+  if (rows_.rows == 0) return Status::Ok();
+  const auto* inputs = reinterpret_cast<const int32_t*>(layer.policy_inputs);
+  const size_t array = Align16(sizeof(int32_t) * row_capacity_) / sizeof(int32_t);
+  const int32_t* begin = inputs;
+  const int32_t* count = inputs + array;
+  const int32_t* row_k = inputs + 2 * array;
+  const LayerAction& action = actions_[layer.layer];
+  const size_t kv_heads = static_cast<size_t>(model_.num_kv_heads);
+  const size_t slot_rows = static_cast<size_t>(row_capacity_) * kv_heads;
+
+  if (action.evidence & kPooledProbs) {
+    // The anchor's dense pass with raw scores: layer 0's output is the rows' attention; the
+    // other anchors attend their own selection below.
+    cuda::DecodeAttentionParams dense = layer.DecodeRows(rows_.first_row, rows_.rows);
+    if (action.op != AttentionOp::kDense) dense.out = dense_out_.data();
+    dense.scores = scores_.data();
+    dense.scores_stride = score_stride_;
+    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(dense, layer.stream));
+
+    const size_t slot = static_cast<size_t>(AnchorSlot(layer.layer));
+    cuda::PooledTopKParams top_k;
+    top_k.scores = scores_.data();
+    top_k.scores_stride = score_stride_;
+    top_k.begin = begin;
+    top_k.count = count;
+    top_k.max_count = max_count_;
+    top_k.batch = rows_.rows;
+    top_k.num_heads = model_.num_heads;
+    top_k.num_kv_heads = model_.num_kv_heads;
+    top_k.k = k_capacity_;
+    top_k.row_k = row_k;
+    top_k.selected = selected_.data() + slot * slot_rows * k_capacity_;
+    top_k.selected_count = selected_count_.data() + slot * slot_rows;
+    top_k.workspace = top_k_workspace_.data();
+    top_k.workspace_bytes = top_k_workspace_.size();
+    RUBATO_RETURN_IF_ERROR(cuda::PooledTopK(top_k, layer.stream));
+  }
+  if (action.op == AttentionOp::kDense) return Status::Ok();
+
+  const size_t slot = static_cast<size_t>(AnchorSlot(action.source_layer));
+  const cuda::DecodeAttentionParams rows = layer.DecodeRows(rows_.first_row, rows_.rows);
+  cuda::IndexGatherAttentionParams gather;
+  gather.q = rows.q;
+  gather.q_row_stride = rows.q_row_stride;
+  gather.key_pool = rows.key_pool;
+  gather.value_pool = rows.value_pool;
+  gather.block_tables = rows.block_tables;
+  gather.block_table_stride = rows.block_table_stride;
+  gather.batch = rows_.rows;
+  gather.num_heads = model_.num_heads;
+  gather.num_kv_heads = model_.num_kv_heads;
+  gather.head_dim = model_.head_dim;
+  gather.block_tokens = rows.block_tokens;
+  gather.scale = rows.scale;
+  gather.lists = selected_.data() + slot * slot_rows * k_capacity_;
+  gather.counts = selected_count_.data() + slot * slot_rows;
+  gather.capacity = k_capacity_;
+  gather.list_heads = model_.num_kv_heads;
+  gather.head_map = head_maps_.data() + static_cast<size_t>(layer.layer) * kv_heads;
+  gather.out = rows.out;
+  gather.out_row_stride = rows.out_row_stride;
+  gather.workspace = gather_workspace_.data();
+  gather.workspace_bytes = gather_workspace_.size();
+  return cuda::IndexGatherAttention(gather, layer.stream);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<AttentionBackend>> MakeKascadeCudaBackend(CudaModel& model,
+                                                                 const KascadePolicy& policy) {
+  auto backend = std::make_unique<KascadeCudaBackend>(model, policy);
+  RUBATO_RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<AttentionBackend>(std::move(backend));
+}
+
+}  // namespace rubato
