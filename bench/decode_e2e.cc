@@ -1,8 +1,9 @@
 // rubato_bench_decode_e2e: end-to-end dense decode of the CUDA model at real shapes (random
 // weights from a config.json) at batch x context points, steps replayed as CUDA graphs with
 // greedy sampling on the device, against the memory roofline (weight + KV bytes per step / the
-// copy bandwidth measured in this process). No prefill: the KV is random bf16. A benchmark, not
-// a test. Method and command lines: docs/benchmarks.md "End-to-end dense decode".
+// copy bandwidth measured in this process); with --policy FILE, each point again with that
+// attention policy's decode plans, and the ratio. No prefill: the KV is random bf16. A
+// benchmark, not a test. docs/benchmarks.md "End-to-end dense decode".
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +20,7 @@
 #include "common/status.h"
 #include "inference_rank/model/cuda_kv_storage.h"
 #include "inference_rank/model/cuda_model.h"
+#include "inference_rank/policies/policy_registry.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
 
@@ -38,6 +40,7 @@ struct Options {
   std::string points;  // "8x12288,16x32768": overrides batch / context
   int steps = 20;
   int warmup = 3;
+  std::string policy;  // YAML with a `policy:` section: also run each point with it
 };
 
 struct PointResult {
@@ -47,8 +50,11 @@ struct PointResult {
   int64_t graph_steps = 0;
 };
 
+// `policy` set: every sequence's decode plans come from its PolicyRequest (the policy's backend
+// is installed on `model`).
 Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point& point,
-                             const Options& options, double copy_bandwidth, uint64_t seed) {
+                             const Options& options, double copy_bandwidth, uint64_t seed,
+                             AttentionPolicy* policy) {
   const ModelConfig& config = model.config();
   std::vector<KvSequence> sequences(static_cast<size_t>(point.batch));
   std::vector<KvSequence*> pointers;
@@ -62,6 +68,10 @@ Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point&
   const TokenSampling greedy;
   ForwardResult result;
   std::vector<ForwardEntry> batch(sequences.size());
+  std::vector<std::unique_ptr<PolicyRequest>> requests(sequences.size());
+  if (policy != nullptr) {
+    for (auto& request : requests) request = policy->Admit(KvResidency::kLocal);
+  }
   cudaEvent_t start, stop;
   RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "creating an event");
   RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "creating an event");
@@ -73,6 +83,8 @@ Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point&
     for (size_t i = 0; i < sequences.size(); ++i) {
       batch[i] = ForwardEntry{
           &sequences[i], {&next[i], 1}, sequences[i].num_tokens, LogitsWanted::kLast, &greedy};
+      if (requests[i] != nullptr)
+        batch[i].attention = requests[i]->PlanDecode(batch[i].start_position);
     }
     // The stream is idle here, so the events bracket the whole step: host planning, the input
     // copy, the graph, sampling and the token copy back (what a client sees per token).
@@ -88,7 +100,10 @@ Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point&
       device_ms.push_back(ms);
       host_ms.push_back(std::chrono::duration<double, std::milli>(host_end - host_start).count());
     }
-    for (size_t i = 0; i < sequences.size() && status.ok(); ++i) next[i] = result.sampled_tokens[i];
+    for (size_t i = 0; i < sequences.size() && status.ok(); ++i) {
+      next[i] = result.sampled_tokens[i];
+      if (requests[i] != nullptr) requests[i]->Observe(true, next[i], -1.f);
+    }
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
@@ -146,9 +161,39 @@ Status Run(const Options& options, nlohmann::json& report, std::vector<PointResu
   report["warmup"] = options.warmup;
   report["sampling"] = "greedy, on the device";
 
+  std::shared_ptr<AttentionPolicy> policy;
+  if (!options.policy.empty()) {
+    RUBATO_ASSIGN_OR_RETURN(const RubatoConfig file, LoadConfigFile(options.policy));
+    RUBATO_ASSIGN_OR_RETURN(PolicyChoice choice, ResolvePolicy(file.policy));
+    policy = choice.policy;
+    report["policy_config"] = options.policy;
+    report["policy"] = choice.name;
+  }
   for (size_t i = 0; i < points.size(); ++i) {
-    RUBATO_ASSIGN_OR_RETURN(PointResult r, RunPoint(*model, *cache, points[i], options,
-                                                    copy_bandwidth, options.common.seed + 1 + i));
+    RUBATO_ASSIGN_OR_RETURN(PointResult r,
+                            RunPoint(*model, *cache, points[i], options, copy_bandwidth,
+                                     options.common.seed + 1 + i, nullptr));
+    if (policy != nullptr) {
+      RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> backend,
+                              policy->MakeBackend(*model, r.point.batch));
+      RUBATO_RETURN_IF_ERROR(model->SetAttentionBackend(std::move(backend)));
+      Result<PointResult> with = RunPoint(*model, *cache, points[i], options, copy_bandwidth,
+                                          options.common.seed + 1 + i, policy.get());
+      RUBATO_RETURN_IF_ERROR(model->SetAttentionBackend(nullptr));
+      RUBATO_RETURN_IF_ERROR(with.status());
+      std::printf("%dx%d: %s step %.3f ms against dense %.3f ms: %.2fx tok/s\n", r.point.batch,
+                  r.point.context, std::string(policy->name()).c_str(), with->median_ms,
+                  r.median_ms, r.median_ms / with->median_ms);
+      report["policy_points"].push_back({{"batch", r.point.batch},
+                                         {"context", r.point.context},
+                                         {"step_ms_median", with->median_ms},
+                                         {"step_ms_p90", with->p90_ms},
+                                         {"tokens_per_s", r.point.batch / (with->median_ms / 1e3)},
+                                         {"dense_step_ms_median", r.median_ms},
+                                         {"speedup_tokens_per_s", r.median_ms / with->median_ms},
+                                         {"graph_replayed_steps", with->graph_steps},
+                                         {"policy_stats", policy->StatsLine()}});
+    }
     std::printf("%dx%d: step %.3f ms (p90 %.3f), roofline %.3f ms, ratio %.3f\n", r.point.batch,
                 r.point.context, r.median_ms, r.p90_ms, r.roofline_ms, r.median_ms / r.roofline_ms);
     report["points"].push_back({{"batch", r.point.batch},
@@ -193,6 +238,9 @@ int main(int argc, char** argv) {
   app.add_option("--points", options.points, "BATCHxCONTEXT list, e.g. 8x12288,16x32768");
   app.add_option("--steps", options.steps, "timed decode steps per point");
   app.add_option("--warmup", options.warmup, "untimed steps per point (>= 2: eager, capture)");
+  app.add_option("--policy", options.policy,
+                 "YAML config whose policy section also runs each point (e.g. "
+                 "bench/configs/kascade_qwen3_8b.yaml)");
   return rubato::bench::BenchMain("rubato_bench_decode_e2e", app, options.common, argc, argv,
                                   [&](nlohmann::json& report) {
                                     std::vector<rubato::PointResult> results;

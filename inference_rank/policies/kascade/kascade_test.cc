@@ -317,6 +317,19 @@ TEST(Kascade, PrefillTilesSelectThePooledReferenceTopK) {
   EXPECT_EQ(positions->tile_tokens, tile);
 }
 
+TEST(Kascade, CommittedConfigsAndCalibrationsLoad) {
+  for (const char* path :
+       {"configs/policies/kascade.yaml", "bench/configs/kascade_qwen3_8b.yaml"}) {
+    auto file = LoadConfigFile(path);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    auto policy = CreateKascadePolicy(file->policy);
+    ASSERT_TRUE(policy.ok()) << path << ": " << policy.status().ToString();
+  }
+  auto tiny = LoadCalibration("configs/kascade/tiny-qwen3-longctx.json");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  EXPECT_TRUE(CheckCalibrationFits(*tiny, 6, 8, 2, 32).ok());
+}
+
 std::vector<std::vector<int>> EngineTokens(const std::filesystem::path& dir,
                                            std::shared_ptr<AttentionPolicy> policy) {
   auto model = LoadTinyModel(TinyModelKind::kQwen3, dir, /*seed=*/5);
