@@ -1,10 +1,10 @@
 // Index-gather sparse decode attention (see index_gather_attention.cuh). Split kernel: one block
-// of 4 warps per (split, KV head, sequence); each warp takes every 4th position of the split's
-// range, a lane holds head_dim / 32 dimensions of the group's queries, key and value rows are
-// read through the block table (a row is head_dim * 2 contiguous bytes), scores are reduced
-// across the warp and folded into an online softmax in log2 units; the warps merge in shared
-// memory and write one partial (output, max, sum) per (split, query head). The merge kernel
-// combines the splits.
+// of 4 warps per (split, KV head, sequence); each warp takes kUnroll positions of the split's
+// range at a time (their key and value rows loaded before any is used, so that 2 kUnroll row
+// loads are in flight), a lane holds head_dim / 32 dimensions of the group's queries and of each
+// row (one vector load), scores are reduced across the warp and folded into an online softmax
+// in log2 units; the warps merge in shared memory and write one partial (output, max, sum) per
+// (split, query head). The merge kernel combines the splits.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -19,6 +19,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxSplits = 64;
+constexpr int kUnroll = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Partials {  // views of the workspace
@@ -31,6 +32,27 @@ Partials PartialsOf(void* workspace, int batch, int num_heads, int head_dim, int
   float* base = static_cast<float*>(workspace);
   const size_t rows = static_cast<size_t>(batch) * num_heads * splits;
   return Partials{base, base + rows * head_dim, base + rows * head_dim + rows};
+}
+
+// kPerLane consecutive bf16 (a lane's share of one row) widened to fp32, in one load of
+// 2 kPerLane bytes (rows start 2 head_dim-byte aligned).
+template <int kPerLane>
+__device__ __forceinline__ void LoadRow(const __nv_bfloat16* source, float (&out)[kPerLane]) {
+  if constexpr (kPerLane == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(source);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    out[0] = a.x;
+    out[1] = a.y;
+    out[2] = b.x;
+    out[3] = b.y;
+  } else if constexpr (kPerLane == 2) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(source));
+    out[0] = a.x;
+    out[1] = a.y;
+  } else {
+    for (int e = 0; e < kPerLane; ++e) out[e] = __bfloat162float(source[e]);
+  }
 }
 
 template <int kHeadDim, int kGroup>
@@ -64,28 +86,41 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < kPerLane; ++e) acc[g][e] = 0.f;
   }
   const int32_t* table = p.block_tables + static_cast<int64_t>(b) * p.block_table_stride;
-  for (int i = begin + warp; i < end; i += kWarps) {
-    const int position = list[i];
-    const int64_t block = table[position / p.block_tokens];
-    const int64_t offset =
-        ((block * p.num_kv_heads + kv_head) * p.block_tokens + position % p.block_tokens) *
-            kHeadDim +
-        lane * kPerLane;
-    float k[kPerLane], v[kPerLane];
-    for (int e = 0; e < kPerLane; ++e) {
-      k[e] = __bfloat162float(p.key_pool[offset + e]);
-      v[e] = __bfloat162float(p.value_pool[offset + e]);
+  for (int i0 = begin + warp * kUnroll; i0 < end; i0 += kWarps * kUnroll) {
+    float k[kUnroll][kPerLane], v[kUnroll][kPerLane];
+    bool valid[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      valid[u] = i0 + u < end;
+      const int position = valid[u] ? list[i0 + u] : list[begin];
+      const int64_t block = table[position / p.block_tokens];
+      const int64_t offset =
+          ((block * p.num_kv_heads + kv_head) * p.block_tokens + position % p.block_tokens) *
+              kHeadDim +
+          lane * kPerLane;
+      LoadRow<kPerLane>(p.key_pool + offset, k[u]);
+      LoadRow<kPerLane>(p.value_pool + offset, v[u]);
     }
-    for (int g = 0; g < kGroup; ++g) {
-      float s = 0.f;
-      for (int e = 0; e < kPerLane; ++e) s += q[g][e] * k[e];
-      for (int step = 16; step > 0; step >>= 1) s += __shfl_xor_sync(0xffffffffu, s, step);
-      const float m_new = fmaxf(m[g], s);
-      const float correction = exp2f(m[g] - m_new);
-      const float weight = exp2f(s - m_new);
-      l[g] = l[g] * correction + weight;
-      for (int e = 0; e < kPerLane; ++e) acc[g][e] = acc[g][e] * correction + weight * v[e];
-      m[g] = m_new;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (!valid[u]) continue;  // warp-uniform
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        float s = 0.f;
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) s += q[g][e] * k[u][e];
+#pragma unroll
+        for (int step = 16; step > 0; step >>= 1) s += __shfl_xor_sync(0xffffffffu, s, step);
+        const float m_new = fmaxf(m[g], s);
+        const float correction = exp2f(m[g] - m_new);
+        const float weight = exp2f(s - m_new);
+        l[g] = l[g] * correction + weight;
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) {
+          acc[g][e] = acc[g][e] * correction + weight * v[u][e];
+        }
+        m[g] = m_new;
+      }
     }
   }
 
@@ -182,9 +217,10 @@ Status Launch(const IndexGatherAttentionParams& p, cudaStream_t stream) {
 int IndexGatherAttentionSplits(int batch, int num_kv_heads, int capacity, int num_splits) {
   const int most = std::max(1, std::min(kMaxSplits, (capacity + 63) / 64));
   if (num_splits > 0) return std::min(num_splits, most);
-  // About two blocks per multiprocessor of an H100 (132), at least 64 positions per split.
+  // About eight blocks (32 warps) per multiprocessor of an H100 (132): a warp waits on its row
+  // loads, so many must be resident; at least 64 positions per split.
   const int blocks = std::max(1, batch * num_kv_heads);
-  return std::max(1, std::min(most, (2 * 132 + blocks - 1) / blocks));
+  return std::max(1, std::min(most, (8 * 132 + blocks - 1) / blocks));
 }
 
 size_t IndexGatherAttentionWorkspaceBytes(int batch, int num_heads, int head_dim, int capacity,
