@@ -8,6 +8,7 @@
 #include "common/sizes.h"
 #include "inference_rank/model/cuda_model.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_scores.cuh"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/index_gather_attention.cuh"
 #include "kernels/cuda/pooled_top_k.cuh"
@@ -106,10 +107,9 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
   int max_count_ = 0;   // the decode bucket
   int64_t score_stride_ = 0;
   int row_capacity_ = 0;
-  cuda::DeviceBuffer<float> scores_;             // [rows][heads][score stride], log2 units
-  cuda::DeviceBuffer<__nv_bfloat16> dense_out_;  // [rows][q_dim]: an anchor's scores pass
-  cuda::DeviceBuffer<int32_t> selected_;         // [anchors][rows][kv_heads][k capacity]
-  cuda::DeviceBuffer<int32_t> selected_count_;   // [anchors][rows][kv_heads]
+  cuda::DeviceBuffer<float> scores_;            // [rows][heads][score stride], log2 units
+  cuda::DeviceBuffer<int32_t> selected_;        // [anchors][rows][kv_heads][k capacity]
+  cuda::DeviceBuffer<int32_t> selected_count_;  // [anchors][rows][kv_heads]
   cuda::DeviceBuffer<unsigned char> top_k_workspace_;
   cuda::DeviceBuffer<unsigned char> gather_workspace_;
 };
@@ -139,7 +139,6 @@ Status KascadeCudaBackend::Reserve(std::span<const ForwardEntry> /*batch*/, cons
   const size_t kv_heads = static_cast<size_t>(model_.num_kv_heads);
   RUBATO_RETURN_IF_ERROR(
       GrowTo(scores_, r * model_.num_heads * score_stride_, "scores", drop_graphs));
-  RUBATO_RETURN_IF_ERROR(GrowTo(dense_out_, r * model_.q_dim(), "scores pass", drop_graphs));
   RUBATO_RETURN_IF_ERROR(
       GrowTo(selected_, anchors * r * kv_heads * k_capacity_, "selection", drop_graphs));
   RUBATO_RETURN_IF_ERROR(GrowTo(selected_count_, anchors * r * kv_heads, "selection", drop_graphs));
@@ -165,13 +164,32 @@ Status KascadeCudaBackend::Attend(const CudaLayerContext& layer) {
   const size_t slot_rows = static_cast<size_t>(row_capacity_) * kv_heads;
 
   if (action.evidence & kPooledProbs) {
-    // The anchor's dense pass with raw scores: layer 0's output is the rows' attention; the
-    // other anchors attend their own selection below.
+    // The anchor's raw scores: layer 0 from its dense attention (whose output is the rows'),
+    // the other anchors from a scores-only pass (keys only; they attend their selection below).
     cuda::DecodeAttentionParams dense = layer.DecodeRows(rows_.first_row, rows_.rows);
-    if (action.op != AttentionOp::kDense) dense.out = dense_out_.data();
-    dense.scores = scores_.data();
-    dense.scores_stride = score_stride_;
-    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(dense, layer.stream));
+    if (action.op == AttentionOp::kDense) {
+      dense.scores = scores_.data();
+      dense.scores_stride = score_stride_;
+      RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(dense, layer.stream));
+    } else {
+      cuda::DecodeScoresParams pass;
+      pass.q = dense.q;
+      pass.q_row_stride = dense.q_row_stride;
+      pass.key_pool = dense.key_pool;
+      pass.block_tables = dense.block_tables;
+      pass.block_table_stride = dense.block_table_stride;
+      pass.seq_lens = dense.seq_lens;
+      pass.batch = dense.batch;
+      pass.num_heads = dense.num_heads;
+      pass.num_kv_heads = dense.num_kv_heads;
+      pass.head_dim = dense.head_dim;
+      pass.block_tokens = dense.block_tokens;
+      pass.max_seq_len = dense.max_seq_len;
+      pass.scale = dense.scale;
+      pass.scores = scores_.data();
+      pass.scores_stride = score_stride_;
+      RUBATO_RETURN_IF_ERROR(cuda::DecodeScores(pass, layer.stream));
+    }
 
     const size_t slot = static_cast<size_t>(AnchorSlot(layer.layer));
     cuda::PooledTopKParams top_k;

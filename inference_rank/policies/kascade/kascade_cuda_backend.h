@@ -1,6 +1,7 @@
 // Kascade's backend half on the CUDA model (decode; prefill runs dense on this backend): per
 // layer over its decode rows, layer 0 a dense decode attention that also writes raw scores;
-// other anchors the same scores pass (output unused); on anchors the GQA-pooled top-k of every
+// other anchors a scores-only pass (keys only, decode_scores.cuh); on anchors the GQA-pooled
+// top-k of every
 // row and KV head with a per-row k (kernels/cuda/pooled_top_k.cuh); then, except on layer 0,
 // the index-gather decode attention over the anchor's selection through the layer's head map
 // (kernels/cuda/index_gather_attention.cuh). All on the main stream, graph-replayable.
