@@ -21,6 +21,7 @@
 #include "inference_rank/model/cuda_forward_plan.h"
 #include "inference_rank/model/cuda_kv_storage.h"
 #include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/device_buffer.h"
 
 namespace rubato {
 
@@ -127,5 +128,15 @@ class CudaAttentionBackend : public AttentionBackend {
   // Host, after the step's synchronization succeeded: the requests' states.
   virtual Status FinishStep(std::span<const ForwardEntry> /*batch*/) { return Status::Ok(); }
 };
+
+// cuda::GrowTo for a backend's device buffer in Reserve, after `drop_graphs` when the buffer must
+// move (a captured graph may point into it).
+template <typename T>
+Status GrowBackendBuffer(cuda::DeviceBuffer<T>& buffer, size_t count, std::string_view what,
+                         const std::function<void()>& drop_graphs) {
+  if (buffer.size() >= count) return Status::Ok();
+  drop_graphs();
+  return cuda::GrowTo(buffer, count, what);
+}
 
 }  // namespace rubato

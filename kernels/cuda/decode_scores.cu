@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_scores.cuh"
 #include "kernels/cuda/dispatch.cuh"
@@ -17,25 +18,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kUnroll = 4;
 constexpr int kChunk = 512;  // positions per block
 constexpr float kLog2e = 1.4426950408889634f;
-
-template <int kPerLane>
-__device__ __forceinline__ void LoadRow(const __nv_bfloat16* source, float (&out)[kPerLane]) {
-  if constexpr (kPerLane == 4) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(source);
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    out[0] = a.x;
-    out[1] = a.y;
-    out[2] = b.x;
-    out[3] = b.y;
-  } else if constexpr (kPerLane == 2) {
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(source));
-    out[0] = a.x;
-    out[1] = a.y;
-  } else {
-    for (int e = 0; e < kPerLane; ++e) out[e] = __bfloat162float(source[e]);
-  }
-}
 
 template <int kHeadDim, int kGroup>
 __global__ void __launch_bounds__(kThreads) DecodeScoresKernel(DecodeScoresParams p) {
@@ -53,7 +35,7 @@ __global__ void __launch_bounds__(kThreads) DecodeScoresKernel(DecodeScoresParam
     const __nv_bfloat16* row =
         p.q + b * p.q_row_stride + static_cast<int64_t>(kv_head * kGroup + g) * kHeadDim;
     float raw[kPerLane];
-    LoadRow<kPerLane>(row + lane * kPerLane, raw);
+    LoadBf16xN<kPerLane>(row + lane * kPerLane, raw);
     for (int e = 0; e < kPerLane; ++e) q[g][e] = raw[e];
   }
   const int32_t* table = p.block_tables + static_cast<int64_t>(b) * p.block_table_stride;
@@ -65,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) DecodeScoresKernel(DecodeScoresParam
     for (int u = 0; u < kUnroll; ++u) {
       const int position = min(i0 + u, end - 1);
       const int64_t block = table[position / p.block_tokens];
-      LoadRow<kPerLane>(
+      LoadBf16xN<kPerLane>(
           p.key_pool +
               ((block * p.num_kv_heads + kv_head) * p.block_tokens + position % p.block_tokens) *
                   kHeadDim +

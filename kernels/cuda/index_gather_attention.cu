@@ -9,6 +9,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/index_gather_attention.cuh"
@@ -32,27 +33,6 @@ Partials PartialsOf(void* workspace, int batch, int num_heads, int head_dim, int
   float* base = static_cast<float*>(workspace);
   const size_t rows = static_cast<size_t>(batch) * num_heads * splits;
   return Partials{base, base + rows * head_dim, base + rows * head_dim + rows};
-}
-
-// kPerLane consecutive bf16 (a lane's share of one row) widened to fp32, in one load of
-// 2 kPerLane bytes (rows start 2 head_dim-byte aligned).
-template <int kPerLane>
-__device__ __forceinline__ void LoadRow(const __nv_bfloat16* source, float (&out)[kPerLane]) {
-  if constexpr (kPerLane == 4) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(source);
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    out[0] = a.x;
-    out[1] = a.y;
-    out[2] = b.x;
-    out[3] = b.y;
-  } else if constexpr (kPerLane == 2) {
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(source));
-    out[0] = a.x;
-    out[1] = a.y;
-  } else {
-    for (int e = 0; e < kPerLane; ++e) out[e] = __bfloat162float(source[e]);
-  }
 }
 
 template <int kHeadDim, int kGroup>
@@ -98,8 +78,8 @@ __global__ void __launch_bounds__(kThreads)
           ((block * p.num_kv_heads + kv_head) * p.block_tokens + position % p.block_tokens) *
               kHeadDim +
           lane * kPerLane;
-      LoadRow<kPerLane>(p.key_pool + offset, k[u]);
-      LoadRow<kPerLane>(p.value_pool + offset, v[u]);
+      LoadBf16xN<kPerLane>(p.key_pool + offset, k[u]);
+      LoadBf16xN<kPerLane>(p.value_pool + offset, v[u]);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {

@@ -114,14 +114,6 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
   cuda::DeviceBuffer<unsigned char> gather_workspace_;
 };
 
-template <typename T>
-Status GrowTo(cuda::DeviceBuffer<T>& buffer, size_t count, const std::string& what,
-              const std::function<void()>& drop_graphs) {
-  if (buffer.size() >= count) return Status::Ok();
-  drop_graphs();
-  return cuda::GrowTo(buffer, count, "kascade " + what);
-}
-
 Status KascadeCudaBackend::Reserve(std::span<const ForwardEntry> /*batch*/, const ForwardPlan& plan,
                                    const std::function<void()>& drop_graphs) {
   rows_ = plan.Group(kKascadeRows);
@@ -137,19 +129,21 @@ Status KascadeCudaBackend::Reserve(std::span<const ForwardEntry> /*batch*/, cons
   const size_t r = static_cast<size_t>(row_capacity_);
   const size_t anchors = calibration_anchors_.size();
   const size_t kv_heads = static_cast<size_t>(model_.num_kv_heads);
+  RUBATO_RETURN_IF_ERROR(GrowBackendBuffer(scores_, r * model_.num_heads * score_stride_,
+                                           "kascade scores", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(GrowBackendBuffer(selected_, anchors * r * kv_heads * k_capacity_,
+                                           "kascade selection", drop_graphs));
   RUBATO_RETURN_IF_ERROR(
-      GrowTo(scores_, r * model_.num_heads * score_stride_, "scores", drop_graphs));
+      GrowBackendBuffer(selected_count_, anchors * r * kv_heads, "kascade selection", drop_graphs));
   RUBATO_RETURN_IF_ERROR(
-      GrowTo(selected_, anchors * r * kv_heads * k_capacity_, "selection", drop_graphs));
-  RUBATO_RETURN_IF_ERROR(GrowTo(selected_count_, anchors * r * kv_heads, "selection", drop_graphs));
-  RUBATO_RETURN_IF_ERROR(GrowTo(top_k_workspace_,
-                                cuda::PooledTopKWorkspaceBytes(row_capacity_, model_.num_heads,
-                                                               model_.num_kv_heads, max_count_),
-                                "top-k workspace", drop_graphs));
-  return GrowTo(gather_workspace_,
-                cuda::IndexGatherAttentionWorkspaceBytes(row_capacity_, model_.num_heads,
-                                                         model_.head_dim, k_capacity_),
-                "index-gather workspace", drop_graphs);
+      GrowBackendBuffer(top_k_workspace_,
+                        cuda::PooledTopKWorkspaceBytes(row_capacity_, model_.num_heads,
+                                                       model_.num_kv_heads, max_count_),
+                        "kascade top-k workspace", drop_graphs));
+  return GrowBackendBuffer(gather_workspace_,
+                           cuda::IndexGatherAttentionWorkspaceBytes(row_capacity_, model_.num_heads,
+                                                                    model_.head_dim, k_capacity_),
+                           "kascade index-gather workspace", drop_graphs);
 }
 
 Status KascadeCudaBackend::Attend(const CudaLayerContext& layer) {

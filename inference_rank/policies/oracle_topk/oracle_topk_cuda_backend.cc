@@ -87,15 +87,6 @@ class OracleTopKCudaBackend final : public CudaAttentionBackend {
   cuda::DeviceBuffer<int32_t> compact_counts_;        // [rows][kv_heads]
 };
 
-// cuda::GrowTo, after dropping the graphs that may point into the buffer when it must move.
-template <typename T>
-Status GrowTo(cuda::DeviceBuffer<T>& buffer, size_t count, const std::string& what,
-              const std::function<void()>& drop_graphs) {
-  if (buffer.size() >= count) return Status::Ok();
-  drop_graphs();
-  return cuda::GrowTo(buffer, count, "oracle_topk " + what);
-}
-
 Status OracleTopKCudaBackend::Reserve(std::span<const ForwardEntry> batch, const ForwardPlan& plan,
                                       const std::function<void()>& drop_graphs) {
   rows_ = plan.Group(kOracleTopKRows);  // every entry it planned
@@ -113,17 +104,25 @@ Status OracleTopKCudaBackend::Reserve(std::span<const ForwardEntry> batch, const
   const size_t heads = static_cast<size_t>(model_.num_heads);
   const size_t kv_heads = static_cast<size_t>(model_.num_kv_heads);
   const size_t compact = r * kv_heads * capacity_ * model_.head_dim;
-  RUBATO_RETURN_IF_ERROR(GrowTo(scores_, r * heads * score_stride_, "scores", drop_graphs));
-  RUBATO_RETURN_IF_ERROR(GrowTo(dense_out_, r * model_.q_dim(), "dense pass", drop_graphs));
-  RUBATO_RETURN_IF_ERROR(GrowTo(selected_, r * kv_heads * k_, "selection", drop_graphs));
-  RUBATO_RETURN_IF_ERROR(GrowTo(selected_count_, r * kv_heads, "selection", drop_graphs));
-  RUBATO_RETURN_IF_ERROR(GrowTo(top_k_workspace_,
-                                cuda::PooledTopKWorkspaceBytes(row_capacity_, model_.num_heads,
-                                                               model_.num_kv_heads, max_count_),
-                                "top-k workspace", drop_graphs));
-  RUBATO_RETURN_IF_ERROR(GrowTo(compact_keys_, compact, "compact keys", drop_graphs));
-  RUBATO_RETURN_IF_ERROR(GrowTo(compact_values_, compact, "compact values", drop_graphs));
-  return GrowTo(compact_counts_, r * kv_heads, "compact counts", drop_graphs);
+  RUBATO_RETURN_IF_ERROR(
+      GrowBackendBuffer(scores_, r * heads * score_stride_, "oracle_topk scores", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(
+      GrowBackendBuffer(dense_out_, r * model_.q_dim(), "oracle_topk dense pass", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(
+      GrowBackendBuffer(selected_, r * kv_heads * k_, "oracle_topk selection", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(
+      GrowBackendBuffer(selected_count_, r * kv_heads, "oracle_topk selection", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(
+      GrowBackendBuffer(top_k_workspace_,
+                        cuda::PooledTopKWorkspaceBytes(row_capacity_, model_.num_heads,
+                                                       model_.num_kv_heads, max_count_),
+                        "oracle_topk top-k workspace", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(
+      GrowBackendBuffer(compact_keys_, compact, "oracle_topk compact keys", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(
+      GrowBackendBuffer(compact_values_, compact, "oracle_topk compact values", drop_graphs));
+  return GrowBackendBuffer(compact_counts_, r * kv_heads, "oracle_topk compact counts",
+                           drop_graphs);
 }
 
 Status OracleTopKCudaBackend::Attend(const CudaLayerContext& layer) {
