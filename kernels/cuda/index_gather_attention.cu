@@ -194,8 +194,12 @@ Status Launch(const IndexGatherAttentionParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+namespace {
+int MostSplits(int capacity) { return std::max(1, std::min(kMaxSplits, (capacity + 63) / 64)); }
+}  // namespace
+
 int IndexGatherAttentionSplits(int batch, int num_kv_heads, int capacity, int num_splits) {
-  const int most = std::max(1, std::min(kMaxSplits, (capacity + 63) / 64));
+  const int most = MostSplits(capacity);
   if (num_splits > 0) return std::min(num_splits, most);
   // About eight blocks (32 warps) per multiprocessor of an H100 (132): a warp waits on its row
   // loads, so many must be resident; at least 64 positions per split.
@@ -205,8 +209,10 @@ int IndexGatherAttentionSplits(int batch, int num_kv_heads, int capacity, int nu
 
 size_t IndexGatherAttentionWorkspaceBytes(int batch, int num_heads, int head_dim, int capacity,
                                           int num_splits) {
-  const int kv_heads_unknown = 1;  // the split count is largest with the fewest KV heads
-  const int splits = IndexGatherAttentionSplits(batch, kv_heads_unknown, capacity, num_splits);
+  // Sized for the most splits the capacity allows, whatever the launch chooses: a workspace made
+  // for a batch serves every smaller one.
+  const int splits =
+      num_splits > 0 ? std::min(num_splits, MostSplits(capacity)) : MostSplits(capacity);
   const size_t rows = static_cast<size_t>(batch) * num_heads * splits;
   return rows * (static_cast<size_t>(head_dim) + 2) * sizeof(float);
 }

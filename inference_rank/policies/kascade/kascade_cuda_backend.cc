@@ -24,7 +24,8 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
       : owner_(&model),
         model_(model.config()),
         config_(policy.config()),
-        actions_(policy.layer_actions().data()),
+        policy_actions_(policy.layer_actions().data()),
+        actions_(policy.layer_actions()),
         calibration_anchors_(policy.calibration().anchors),
         head_map_host_(policy.calibration().head_map) {}
 
@@ -45,7 +46,7 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
     for (size_t e = 0; e < batch.size(); ++e) {
       const EntryAttention* attention = batch[e].attention;
       if (attention == nullptr) continue;
-      if (attention->layer_actions != actions_ || attention->row_group != kKascadeRows ||
+      if (attention->layer_actions != policy_actions_ || attention->row_group != kKascadeRows ||
           batch[e].tokens.size() != 1) {
         return InvalidArgumentError("forward: batch entry " + std::to_string(e) +
                                     ": not a kascade decode plan of this policy (the CUDA "
@@ -97,7 +98,8 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
   const Model* owner_;
   ModelConfig model_;
   KascadeConfig config_;
-  const LayerAction* actions_;  // the policy's per-layer plan (identifies its entries)
+  const LayerAction* policy_actions_;  // identifies its entries (never read through)
+  std::vector<LayerAction> actions_;   // [layers]: the policy's per-layer plan
   std::vector<int> calibration_anchors_;
   std::vector<std::vector<int>> head_map_host_;
   cuda::DeviceBuffer<int32_t> head_maps_;  // [layers][kv_heads]
