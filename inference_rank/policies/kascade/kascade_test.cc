@@ -319,7 +319,8 @@ TEST(Kascade, PrefillTilesSelectThePooledReferenceTopK) {
 
 TEST(Kascade, CommittedConfigsAndCalibrationsLoad) {
   for (const char* path :
-       {"configs/policies/kascade.yaml", "bench/configs/kascade_qwen3_8b.yaml"}) {
+       {"configs/policies/kascade.yaml", "configs/policies/kascade_yardstick.yaml",
+        "bench/configs/kascade_qwen3_8b.yaml"}) {
     auto file = LoadConfigFile(path);
     ASSERT_TRUE(file.ok()) << file.status().ToString();
     auto policy = CreateKascadePolicy(file->policy);
@@ -328,6 +329,9 @@ TEST(Kascade, CommittedConfigsAndCalibrationsLoad) {
   auto tiny = LoadCalibration("configs/kascade/tiny-qwen3-longctx.json");
   ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
   EXPECT_TRUE(CheckCalibrationFits(*tiny, 6, 8, 2, 32).ok());
+  auto yardstick = LoadCalibration("configs/kascade/qwen3-yardstick-16k.json");
+  ASSERT_TRUE(yardstick.ok()) << yardstick.status().ToString();
+  EXPECT_TRUE(CheckCalibrationFits(*yardstick, 12, 8, 4, 64).ok());
 }
 
 std::vector<std::vector<int>> EngineTokens(const std::filesystem::path& dir,
