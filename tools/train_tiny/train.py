@@ -276,6 +276,8 @@ def main():
     p.add_argument("--on-timeout", choices=("checkpoint", "export"), default="checkpoint")
     p.add_argument("--schedule-by-time", action="store_true",
                    help="decay the learning rate on the time budget as well as the steps")
+    p.add_argument("--compile", action="store_true",
+                   help="train through torch.compile (falls back to eager if compiling fails)")
     p.add_argument("--resume", default=None, help="folder holding ckpt.part* of a previous call")
     p.add_argument("--seed", type=int, default=20261121)
     p.add_argument("--steps", type=int, default=2400)
@@ -343,6 +345,11 @@ def main():
     print(f"model {n_params / 1e6:.2f} M parameters; starting at step {step}/{args.steps}",
           flush=True)
 
+    # The training forward: compiled when asked (fixed row shapes: one compilation); export,
+    # checkpoints and the accuracy check use `model` itself.
+    forward = model
+    if args.compile:
+        forward = torch.compile(model)
     stream = RowStream(tokenizer_json, lines, words, args, step)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
                                          prefetch_factor=4, persistent_workers=False)
@@ -356,7 +363,15 @@ def main():
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup,
                                 elapsed / args.time_budget_s if args.schedule_by_time else 0.0)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(input_ids=batch[:, :-1]).logits
+            try:
+                logits = forward(input_ids=batch[:, :-1]).logits
+            except Exception as error:  # noqa: BLE001 - a compiler failure: train eagerly
+                if forward is model:
+                    raise
+                print(f"torch.compile failed ({type(error).__name__}: {error}); training eagerly",
+                      flush=True)
+                forward = model
+                logits = forward(input_ids=batch[:, :-1]).logits
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                              batch[:, 1:].reshape(-1), reduction="none")
         w = weights[:, 1:].reshape(-1)
