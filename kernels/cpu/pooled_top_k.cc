@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/dot.h"
+
 namespace rubato {
 namespace {
 
@@ -34,6 +36,29 @@ Status Validate(const PooledTopKInput& in, int k) {
 }
 
 }  // namespace
+
+Status PooledTopKOfQuery(const float* query, int group, const PagedKvView& kv, int kv_head,
+                         int begin, int count, int k, std::vector<float>& logits,
+                         std::vector<int>& positions_out) {
+  const int head_dim = kv.head_dim;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  logits.resize(static_cast<size_t>(group) * count);
+  for (int g = 0; g < group; ++g) {
+    const float* q = query + static_cast<size_t>(g) * head_dim;
+    for (int j = 0; j < count; ++j) {
+      logits[static_cast<size_t>(g) * count + j] =
+          Dot(q, kv.keys + kv.Offset(begin + j, kv_head), head_dim) * scale;
+    }
+  }
+  PooledTopKInput input;
+  input.scores = logits.data();
+  input.stride = count;
+  input.group = group;
+  input.count = count;
+  input.begin = begin;
+  input.units = ScoreUnits::kNatural;
+  return PooledTopK(input, k, positions_out);
+}
 
 Status PooledTopK(const PooledTopKInput& in, int k, std::vector<int>& positions_out) {
   RUBATO_RETURN_IF_ERROR(Validate(in, k));

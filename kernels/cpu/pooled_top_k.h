@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/cpu/paged_kv_view.h"
 
 namespace rubato {
 
@@ -37,5 +38,13 @@ struct PooledTopKInput {
 // candidate without reading a score. Pooled scores are finite, in [0, 1]. InvalidArgument naming
 // the field on a null `scores` (count > 0), a bad size or k < 0; positions_out is then untouched.
 Status PooledTopK(const PooledTopKInput& input, int k, std::vector<int>& positions_out);
+
+// The same for one decode query of a KV head's GQA group over the paged positions
+// [begin, begin + count): the raw scores scale * Dot(q, k) (the attention op's rounding, natural
+// units) into `logits` ([group][count], grown as needed), then PooledTopK.
+//   query: [group][head_dim] the group's query heads (after RoPE)
+Status PooledTopKOfQuery(const float* query, int group, const PagedKvView& kv, int kv_head,
+                         int begin, int count, int k, std::vector<float>& logits,
+                         std::vector<int>& positions_out);
 
 }  // namespace rubato

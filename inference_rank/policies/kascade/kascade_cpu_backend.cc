@@ -103,26 +103,12 @@ Status KascadeCpuBackend::SelectDecode(const CpuLayerContext& context, const Cpu
   const int length = entry.start_position + 1;
   const int k = KascadeTopK(config_, length);
   const PagedKvView kv = context.cache->LayerView(context.layer, *entry.sequence);
-  // The attention op's scale and score rounding (dot.h).
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   const float* query = context.q + static_cast<size_t>(entry.first_token) * model_.q_dim();
   lists.resize(static_cast<size_t>(kv_heads));
-  logits_.resize(static_cast<size_t>(group) * length);
   for (int h = 0; h < kv_heads; ++h) {
-    for (int g = 0; g < group; ++g) {
-      const float* q = query + static_cast<size_t>(h * group + g) * head_dim;
-      for (int j = 0; j < length; ++j) {
-        logits_[static_cast<size_t>(g) * length + j] =
-            Dot(q, kv.keys + kv.Offset(j, h), head_dim) * scale;
-      }
-    }
-    PooledTopKInput input;
-    input.scores = logits_.data();
-    input.stride = length;
-    input.group = group;
-    input.count = length;
-    input.units = ScoreUnits::kNatural;
-    RUBATO_RETURN_IF_ERROR(PooledTopK(input, k, lists[static_cast<size_t>(h)]));
+    RUBATO_RETURN_IF_ERROR(PooledTopKOfQuery(query + static_cast<size_t>(h * group) * head_dim,
+                                             group, kv, h, 0, length, k, logits_,
+                                             lists[static_cast<size_t>(h)]));
   }
   return Status::Ok();
 }

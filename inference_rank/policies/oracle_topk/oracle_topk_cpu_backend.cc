@@ -6,7 +6,6 @@
 #include <string>
 
 #include "kernels/cpu/compact_gather.h"
-#include "kernels/cpu/dot.h"
 #include "kernels/cpu/pooled_top_k.h"
 
 namespace rubato {
@@ -75,27 +74,12 @@ Status OracleTopKCpuBackend::Select(const CpuLayerContext& context, const CpuEnt
   }
   const int count = candidates.count();
   const PagedKvView kv = context.cache->LayerView(context.layer, *entry.sequence);
-  // The attention op's scale and score rounding (dot.h).
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   const float* query = context.q + static_cast<size_t>(entry.first_token) * model_.q_dim();
   selection.kept.resize(static_cast<size_t>(kv_heads));
-  logits_.resize(static_cast<size_t>(group) * count);
   for (int h = 0; h < kv_heads; ++h) {
-    for (int g = 0; g < group; ++g) {
-      const float* q = query + static_cast<size_t>(h * group + g) * head_dim;
-      for (int j = 0; j < count; ++j) {
-        const float* key = kv.keys + kv.Offset(candidates.sink_end + j, h);
-        logits_[static_cast<size_t>(g) * count + j] = Dot(q, key, head_dim) * scale;
-      }
-    }
-    PooledTopKInput input;
-    input.scores = logits_.data();
-    input.stride = count;
-    input.group = group;
-    input.count = count;
-    input.begin = candidates.sink_end;
-    input.units = ScoreUnits::kNatural;
-    RUBATO_RETURN_IF_ERROR(PooledTopK(input, config_.top_k, selected_));
+    RUBATO_RETURN_IF_ERROR(PooledTopKOfQuery(query + static_cast<size_t>(h * group) * head_dim,
+                                             group, kv, h, candidates.sink_end, count,
+                                             config_.top_k, logits_, selected_));
     std::vector<int>& kept = selection.kept[static_cast<size_t>(h)];
     kept.clear();
     for (int position = 0; position < candidates.sink_end; ++position) kept.push_back(position);
