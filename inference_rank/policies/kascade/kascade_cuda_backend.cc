@@ -26,12 +26,12 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
         config_(policy.config()),
         policy_actions_(policy.layer_actions().data()),
         actions_(policy.layer_actions()),
-        calibration_anchors_(policy.calibration().anchors),
-        head_map_host_(policy.calibration().head_map) {}
+        calibration_anchors_(policy.calibration().anchors) {}
 
-  Status Init() {
+  // Uploads the head map ([layer][kv_head] -> the anchor's KV head).
+  Status Init(const std::vector<std::vector<int>>& head_map) {
     std::vector<int32_t> flat;
-    for (const auto& row : head_map_host_) flat.insert(flat.end(), row.begin(), row.end());
+    for (const auto& row : head_map) flat.insert(flat.end(), row.begin(), row.end());
     RUBATO_ASSIGN_OR_RETURN(head_maps_,
                             cuda::DeviceBuffer<int32_t>::Allocate(flat.size(), "kascade head map"));
     RUBATO_CUDA_RETURN_IF_ERROR(cudaMemcpy(head_maps_.data(), flat.data(),
@@ -101,7 +101,6 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
   const LayerAction* policy_actions_;  // identifies its entries (never read through)
   std::vector<LayerAction> actions_;   // [layers]: the policy's per-layer plan
   std::vector<int> calibration_anchors_;
-  std::vector<std::vector<int>> head_map_host_;
   cuda::DeviceBuffer<int32_t> head_maps_;  // [layers][kv_heads]
   // The current step's rows and shapes (Reserve).
   DecodeRowGroup rows_;
@@ -239,7 +238,7 @@ Status KascadeCudaBackend::Attend(const CudaLayerContext& layer) {
 Result<std::unique_ptr<AttentionBackend>> MakeKascadeCudaBackend(CudaModel& model,
                                                                  const KascadePolicy& policy) {
   auto backend = std::make_unique<KascadeCudaBackend>(model, policy);
-  RUBATO_RETURN_IF_ERROR(backend->Init());
+  RUBATO_RETURN_IF_ERROR(backend->Init(policy.calibration().head_map));
   return std::unique_ptr<AttentionBackend>(std::move(backend));
 }
 
