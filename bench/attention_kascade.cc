@@ -155,6 +155,7 @@ Status RunContext(const Options& o, int context, nlohmann::json& point) {
   scores_only.q = q.data();
   scores_only.q_row_stride = dense.q_row_stride;
   scores_only.key_pool = keys.data();
+  scores_only.num_pool_blocks = dense.num_pool_blocks;
   scores_only.block_tables = d_tables.data();
   scores_only.block_table_stride = blocks_per_sequence;
   scores_only.seq_lens = seq_lens.data();

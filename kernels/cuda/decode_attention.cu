@@ -211,10 +211,17 @@ bool UsesTensorCopies(const DecodeAttentionParams& params) {
          window_keys >= params.max_seq_len && pool_rows <= INT_MAX && compact_rows <= INT_MAX;
 }
 
+// The bound of key indices a launch sizes its workspace for: the list capacity of index-gather
+// launches, else max_seq_len.
+int KeyBound(const DecodeAttentionParams& params) {
+  return params.lists != nullptr ? params.list_capacity : params.max_seq_len;
+}
+
 // The largest key index count of any (sequence, KV head) (decode_attention_split.cuh KeySpace):
-// the window's keys, or for two-segment launches the compact rows rounded up to a tile plus the
-// paged keys from recent_begin rounded down to a tile.
+// the list's capacity, the window's keys, or for two-segment launches the compact rows rounded up
+// to a tile plus the paged keys from recent_begin rounded down to a tile.
 int MaxKeys(const DecodeAttentionParams& params) {
+  if (params.lists != nullptr) return params.list_capacity;
   if (params.compact_keys == nullptr) {
     const long long window_keys = static_cast<long long>(params.sink_tokens) + params.recent_tokens;
     return static_cast<int>(std::min<long long>(params.max_seq_len, window_keys));
@@ -250,11 +257,21 @@ Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& out
   return LaunchStatus("decode_attention_split");
 }
 
-// The one place a launch's variant is chosen (decode_attention_split.cuh): a compact segment,
-// else raw scores to write (the caller's, or the probabilities' input), else the window alone.
+// The one place a launch's variant is chosen (decode_attention_split.cuh): a list of positions,
+// a compact segment, scores alone, else raw scores to write beside the output (the caller's, or
+// the probabilities' input), else the window alone.
 template <int kHeadDim, int kGroup, bool kTensorCopies>
 Status LaunchVariant(const DecodeAttentionParams& params, const SplitOutputs& outputs,
                      cudaStream_t stream) {
+  if constexpr (!kTensorCopies) {
+    if (params.lists != nullptr) {
+      return LaunchSplits<kHeadDim, kGroup, false, ListVariant>(params, outputs, stream);
+    }
+  }
+  if (params.scores_only) {
+    return LaunchSplits<kHeadDim, kGroup, kTensorCopies, ScoresOnlyVariant>(params, outputs,
+                                                                            stream);
+  }
   if (params.compact_keys != nullptr) {
     return LaunchSplits<kHeadDim, kGroup, kTensorCopies, TwoSegmentVariant>(params, outputs,
                                                                             stream);
@@ -270,17 +287,25 @@ template <int kHeadDim, int kGroup>
 Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout,
               cudaStream_t stream) {
   const int max_visible = MaxKeys(params);
-  const bool tensor_copies = UsesTensorCopies(params);
+  const bool tensor_copies = params.lists == nullptr && UsesTensorCopies(params);
   SplitOutputs outputs;
   int splits = params.num_splits > 0
                    ? params.num_splits
                    : ChooseSplits(params.batch * params.num_kv_heads, max_visible);
-  splits = std::min(splits, MaxSplits(params.max_seq_len));  // what the workspace holds
+  splits = std::min(splits, MaxSplits(KeyBound(params)));  // what the workspace holds
   outputs.keys_per_split = (max_visible + splits - 1) / splits;
   if (tensor_copies) {  // ranges of whole tiles, so that tiles start on block boundaries
     outputs.keys_per_split = (outputs.keys_per_split + kTileKeys - 1) / kTileKeys * kTileKeys;
   }
   outputs.num_splits = (max_visible + outputs.keys_per_split - 1) / outputs.keys_per_split;
+  if (params.scores_only) {  // no partials: the kernel writes the scores and nothing else
+    outputs.scores = params.scores;
+    outputs.scores_stride = params.scores_stride;
+    if constexpr (kHeadDim % 64 == 0) {
+      if (tensor_copies) return LaunchVariant<kHeadDim, kGroup, true>(params, outputs, stream);
+    }
+    return LaunchVariant<kHeadDim, kGroup, false>(params, outputs, stream);
+  }
   unsigned char* workspace = static_cast<unsigned char*>(params.workspace);
   outputs.partial_out = reinterpret_cast<float*>(workspace + layout.partial_out);
   outputs.partial_lse = reinterpret_cast<float*>(workspace + layout.partial_lse);
@@ -322,9 +347,14 @@ Status Validate(const DecodeAttentionParams& p) {
   auto invalid = [](const std::string& what) {
     return InvalidArgumentError("decode attention: " + what);
   };
-  if (p.q == nullptr || p.key_pool == nullptr || p.value_pool == nullptr ||
-      p.block_tables == nullptr || p.seq_lens == nullptr || p.out == nullptr) {
-    return invalid("q, key_pool, value_pool, block_tables, seq_lens and out must be set");
+  if (p.q == nullptr || p.key_pool == nullptr || p.block_tables == nullptr) {
+    return invalid("q, key_pool and block_tables must be set");
+  }
+  if (!p.scores_only && (p.value_pool == nullptr || p.out == nullptr)) {
+    return invalid("value_pool and out must be set (only a scores-only launch goes without)");
+  }
+  if (p.lists == nullptr && p.seq_lens == nullptr) {
+    return invalid("seq_lens must be set (only an index-gather launch goes without)");
   }
   if (p.batch < 1) return invalid("batch " + std::to_string(p.batch) + " < 1");
   if (p.num_kv_heads < 1 || p.num_heads < 1 || p.num_heads % p.num_kv_heads != 0) {
@@ -348,12 +378,12 @@ Status Validate(const DecodeAttentionParams& p) {
   }
   if (std::isnan(p.scale) || std::isinf(p.scale)) return invalid("scale is not finite");
   if (!Aligned16(p.q) || !Aligned16(p.key_pool) || !Aligned16(p.value_pool) ||
-      p.q_row_stride % 8 != 0) {
+      p.q_row_stride % 8 != 0) {  // Aligned16(nullptr) holds
     return invalid(
         "q, key_pool and value_pool must be 16-byte aligned, q_row_stride a multiple of 8");
   }
   if (p.q_row_stride < static_cast<int64_t>(p.num_heads) * p.head_dim ||
-      p.out_row_stride < static_cast<int64_t>(p.num_heads) * p.head_dim) {
+      (!p.scores_only && p.out_row_stride < static_cast<int64_t>(p.num_heads) * p.head_dim)) {
     return invalid("q_row_stride / out_row_stride smaller than num_heads * head_dim");
   }
   if (p.compact_keys != nullptr) {
@@ -377,6 +407,28 @@ Status Validate(const DecodeAttentionParams& p) {
                      std::to_string(p.num_compact_slots));
     }
   }
+  if (p.lists != nullptr) {
+    if (p.list_counts == nullptr || p.list_capacity < 1 || p.list_heads < 1) {
+      return invalid("an index-gather launch needs list_counts, list_capacity >= 1 and " +
+                     std::string("list_heads >= 1 (got capacity ") +
+                     std::to_string(p.list_capacity) + ", list heads " +
+                     std::to_string(p.list_heads) + ")");
+    }
+    if (p.compact_keys != nullptr || p.scores != nullptr || p.kv_head_probs != nullptr ||
+        p.scores_only || p.sink_tokens != 0 || p.recent_tokens != INT_MAX) {
+      return invalid("an index-gather launch takes no compact segment, window, scores or probs");
+    }
+  }
+  if (p.scores_only) {
+    if (p.scores == nullptr || p.compact_keys != nullptr || p.kv_head_probs != nullptr) {
+      return invalid("a scores-only launch needs scores and takes no compact segment or probs");
+    }
+    if (p.scores_stride < p.max_seq_len) {
+      return invalid("scores_stride " + std::to_string(p.scores_stride) + " < max_seq_len " +
+                     std::to_string(p.max_seq_len));
+    }
+    return Status::Ok();  // no workspace
+  }
   if (p.scores != nullptr && p.scores_stride < p.max_seq_len) {
     return invalid("scores_stride " + std::to_string(p.scores_stride) + " < max_seq_len " +
                    std::to_string(p.max_seq_len));
@@ -385,8 +437,8 @@ Status Validate(const DecodeAttentionParams& p) {
     return invalid("probs_stride " + std::to_string(p.probs_stride) + " < max_seq_len " +
                    std::to_string(p.max_seq_len));
   }
-  const size_t needed = DecodeAttentionWorkspaceBytes(p.batch, p.num_heads, p.head_dim,
-                                                      p.max_seq_len, p.kv_head_probs != nullptr);
+  const size_t needed = DecodeAttentionWorkspaceBytes(p.batch, p.num_heads, p.head_dim, KeyBound(p),
+                                                      p.kv_head_probs != nullptr);
   if (p.workspace == nullptr || p.workspace_bytes < needed) {
     return invalid("workspace of " + std::to_string(p.workspace_bytes) + " bytes; " +
                    std::to_string(needed) + " needed (DecodeAttentionWorkspaceBytes)");
@@ -406,7 +458,7 @@ Status DecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream)
   RUBATO_DISPATCH_HEAD_DIM(params.head_dim, kHeadDim, {
     RUBATO_RETURN_IF_ERROR(Validate(params));
     const WorkspaceLayout layout =
-        LayoutWorkspace(params.batch, params.num_heads, kHeadDim, params.max_seq_len,
+        LayoutWorkspace(params.batch, params.num_heads, kHeadDim, KeyBound(params),
                         params.kv_head_probs != nullptr);
     const int group = params.num_heads / params.num_kv_heads;
     RUBATO_DISPATCH_GQA_GROUP(group, kGroup,

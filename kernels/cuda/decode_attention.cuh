@@ -79,6 +79,23 @@ struct DecodeAttentionParams {
   // step input (graph-replayable while requests come and go).
   const int32_t* compact_slots = nullptr;
   int num_compact_slots = 0;  // >= 1 when compact_slots is set
+  // Optional index gather (Kascade's reuse layers and anchors): with `lists` set, KV head h of
+  // sequence b attends exactly the positions lists[(b * list_heads + m(h)) * list_capacity + i]
+  // for i < list_counts[b * list_heads + m(h)] (clamped to [0, list_capacity]), in any order,
+  // where m = list_head_map (device, [num_kv_heads], values in [0, list_heads)) or the identity
+  // when null. seq_lens and the window are not read (max_seq_len only bounds the block tables);
+  // positions must lie in the sequence's blocks and be distinct (not checked on the device). Row
+  // copies; no compact segment, scores or probabilities. An empty list gives 0 and lse -inf.
+  // CPU twin: kernels/cpu/index_gather_attention.h.
+  const int32_t* lists = nullptr;
+  const int32_t* list_counts = nullptr;
+  int list_capacity = 0;  // >= 1 with lists: fixes the grid and the workspace
+  int list_heads = 0;     // lists per sequence, >= 1 with lists
+  const int32_t* list_head_map = nullptr;
+  // Scores only: with `scores` set, the keys alone are read and only the raw scores are written
+  // (out, lse and the probabilities untouched; value_pool, out and workspace may be null). An
+  // anchor layer's selection pass when its own output comes from an index gather.
+  bool scores_only = false;
   // Key splits per sequence: 0 chooses them from the shapes and the GPU's multiprocessor count
   // (ChooseSplits in decode_attention.cu); benchmarks set it to sweep. Capped at what the
   // workspace holds.

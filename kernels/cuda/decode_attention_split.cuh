@@ -115,19 +115,38 @@ __device__ inline VisibleKeys VisibleKeysOf(int seq_len, int sink_tokens, int re
 }
 
 // What a launch adds to windowed attention, fixed at compile time (the launcher picks one from
-// the params, decode_attention.cu): whether keys start with a compact segment, and whether raw
-// scores are written. Each variant is the key space below plus one flag; the kernel is one.
+// the params, decode_attention.cu): whether keys start with a compact segment or come from a
+// list of positions, whether raw scores are written, and whether values are read at all (a
+// scores-only pass). Each variant is the key space below plus flags; the kernel is one.
 struct WindowVariant {  // the window's keys; no scores
   static constexpr bool kCompact = false;
+  static constexpr bool kList = false;
   static constexpr bool kScores = false;
+  static constexpr bool kValues = true;
 };
 struct WindowScoresVariant {  // the window's keys; raw scores (the caller's, or for probs)
   static constexpr bool kCompact = false;
+  static constexpr bool kList = false;
   static constexpr bool kScores = true;
+  static constexpr bool kValues = true;
+};
+struct ScoresOnlyVariant {  // the window's keys; raw scores, no values, no output
+  static constexpr bool kCompact = false;
+  static constexpr bool kList = false;
+  static constexpr bool kScores = true;
+  static constexpr bool kValues = false;
 };
 struct TwoSegmentVariant {  // compact rows, then the paged keys from recent_begin
   static constexpr bool kCompact = true;
+  static constexpr bool kList = false;
   static constexpr bool kScores = false;
+  static constexpr bool kValues = true;
+};
+struct ListVariant {  // the positions of a list (index gather)
+  static constexpr bool kCompact = false;
+  static constexpr bool kList = true;
+  static constexpr bool kScores = false;
+  static constexpr bool kValues = true;
 };
 
 // A (sequence, KV head)'s keys as the split kernel numbers them, index 0..count-1:
@@ -137,10 +156,12 @@ struct TwoSegmentVariant {  // compact rows, then the paged keys from recent_beg
 //   * [compact_end, count): paged positions paged.Position(i - compact_end), attended iff
 //     >= paged_valid_begin. Two-segment launches start the paged keys at recent_begin rounded
 //     down to a tile (tiles of whole blocks for tensor copies) and mask the positions below it;
-//     window launches attend every index (the window already skipped the hidden keys).
-template <bool kCompact>
+//     window launches attend every index (the window already skipped the hidden keys);
+//   * list launches (kList): index i is the position list[i], every index < count attended.
+template <bool kCompact, bool kList = false>
 struct KeySpace {
   VisibleKeys paged;
+  const int32_t* list = nullptr;
   int64_t compact_row0 = 0;  // first compact row of the (sequence's slot, KV head)
   int compact_count = 0;
   int compact_end = 0;
@@ -148,6 +169,7 @@ struct KeySpace {
   int count = 0;
   __device__ bool IsCompact(int index) const { return kCompact && index < compact_end; }
   __device__ int Position(int index) const {
+    if constexpr (kList) return list[index];
     return paged.Position(kCompact ? index - compact_end : index);
   }
   __device__ bool Attended(int index) const {
@@ -157,10 +179,19 @@ struct KeySpace {
 };
 
 template <class Variant>
-__device__ inline KeySpace<Variant::kCompact> KeySpaceOf(const DecodeAttentionParams& params,
-                                                         int sequence, int kv_head, int seq_len) {
-  KeySpace<Variant::kCompact> keys;
-  if constexpr (!Variant::kCompact) {
+using KeySpaceFor = KeySpace<Variant::kCompact, Variant::kList>;
+
+template <class Variant>
+__device__ inline KeySpaceFor<Variant> KeySpaceOf(const DecodeAttentionParams& params, int sequence,
+                                                  int kv_head, int seq_len) {
+  KeySpaceFor<Variant> keys;
+  if constexpr (Variant::kList) {
+    const int list_head = params.list_head_map != nullptr ? params.list_head_map[kv_head] : kv_head;
+    const int64_t row = static_cast<int64_t>(sequence) * params.list_heads + list_head;
+    keys.list = params.lists + row * params.list_capacity;
+    keys.count = min(max(params.list_counts[row], 0), params.list_capacity);
+    return keys;
+  } else if constexpr (!Variant::kCompact) {
     keys.paged = VisibleKeysOf(seq_len, params.sink_tokens, params.recent_tokens);
     keys.count = keys.paged.count;
     return keys;
@@ -236,6 +267,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   static_assert(kGroup <= 8, "the group's query rows must fit the MMA's first 8 rows");
   static_assert((kHeadDim / 8) % 2 == 0, "P V consumes dims in pairs of 8-column blocks");
   static_assert(!kTensorCopies || kHeadDim % 64 == 0, "tensor copies move 64-dim halves");
+  static_assert(!(kTensorCopies && Variant::kList), "listed positions come by row copies");
+  static_assert(Variant::kValues || Variant::kScores, "a pass without values writes scores");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw;
   if constexpr (kTensorCopies) {  // swizzled tiles start on a 1024-byte boundary
@@ -252,14 +285,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int quad = lane % 4;  // MMA "thread in group"
   const int first_head = kv_head * kGroup;
 
-  const int seq_len = min(params.seq_lens[sequence], params.max_seq_len);
-  const KeySpace<Variant::kCompact> keys = KeySpaceOf<Variant>(params, sequence, kv_head, seq_len);
+  const int seq_len = Variant::kList ? 0 : min(params.seq_lens[sequence], params.max_seq_len);
+  const KeySpaceFor<Variant> keys = KeySpaceOf<Variant>(params, sequence, kv_head, seq_len);
   const int begin = split * outputs.keys_per_split;
   const int end = min(begin + outputs.keys_per_split, keys.count);
   const size_t partial_row0 =
       (static_cast<size_t>(sequence) * params.num_heads + first_head) * outputs.num_splits + split;
   if (begin >= end) {  // nothing to attend in this split: the merge gives it weight 0
-    if (threadIdx.x < kGroup) {
+    if (Variant::kValues && threadIdx.x < kGroup) {
       outputs.partial_lse[partial_row0 + static_cast<size_t>(threadIdx.x) * outputs.num_splits] =
           -INFINITY;
     }
@@ -294,6 +327,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
                      : 0;
   };
   auto load_rows = [&](int tile_begin, int stage) {
+    if (!Variant::kValues && loads_values) {  // a scores-only pass reads no values
+      MbarrierArriveExpectTx(&stage_full[stage], 0);
+      return;
+    }
     const int index = tile_begin + my_key;
     unsigned char* dest = smem + stage * Tiles::kStageBytes +
                           (loads_values ? Tiles::kTileBytes : 0) + Tiles::Offset(my_key, 0);
@@ -355,7 +392,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     int boxes = 0;
 #pragma unroll
     for (int b = 0; b < kMaxTileBlocks; ++b) boxes += next_tile_rows[b] >= 0 ? 1 : 0;
-    MbarrierArriveExpectTx(&stage_full[stage], boxes * params.block_tokens * kRowDataBytes * 2);
+    MbarrierArriveExpectTx(&stage_full[stage], boxes * params.block_tokens * kRowDataBytes *
+                                                   (Variant::kValues ? 2 : 1));
     unsigned char* k_dest = smem + stage * Tiles::kStageBytes;
     const CUtensorMap* k_map = next_tile_compact ? &compact_key_map : &key_map;
     const CUtensorMap* v_map = next_tile_compact ? &compact_value_map : &value_map;
@@ -367,8 +405,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       for (int half = 0; half < kHeadDim / 64; ++half) {
         unsigned char* dest = k_dest + half * SwizzledTiles<kHeadDim>::kHalfBytes + dest_row * 128;
         TensorTileToShared(dest, k_map, half * 64, next_tile_rows[b], &stage_full[stage]);
-        TensorTileToShared(dest + Tiles::kTileBytes, v_map, half * 64, next_tile_rows[b],
-                           &stage_full[stage]);
+        if constexpr (Variant::kValues) {
+          TensorTileToShared(dest + Tiles::kTileBytes, v_map, half * 64, next_tile_rows[b],
+                             &stage_full[stage]);
+        }
       }
     }
   };
@@ -428,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     MbarrierWait(&stage_full[tile % kStages], (tile / kStages) & 1);
     const unsigned char* k_tile = smem + (tile % kStages) * Tiles::kStageBytes;
     const unsigned char* v_tile = k_tile + Tiles::kTileBytes;
-    if constexpr (kTensorCopies) {
+    if constexpr (kTensorCopies && Variant::kValues) {
       // Whole boxes landed: V rows not attended (past the split's end, compact rows past the
       // count, paged positions below recent_begin, boxes never loaded) may hold anything, NaN
       // included; P is 0 there, and 0 x NaN is not. The attended rows are one range [lo, hi).
@@ -481,6 +521,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         tile_max = fmaxf(tile_max, x);
       }
     }
+    if (Variant::kScores && row < kGroup) {  // raw scores (params.scores or probs)
+      float* score_row =
+          outputs.scores + (static_cast<size_t>(sequence) * params.num_heads + first_head + row) *
+                               outputs.scores_stride;
+#pragma unroll
+      for (int j = 0; j < kScoreBlocks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int index = index0 + 8 * j + 2 * quad + e;
+          if (index < end) score_row[keys.Position(index)] = score[j][e];  // no compact here
+        }
+      }
+    }
+    if constexpr (!Variant::kValues) continue;  // scores only: no softmax, no P V
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
     const float new_max = fmaxf(row_max, tile_max);
@@ -502,19 +556,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         row_sum += prob[j][e];
       }
     }
-    if (Variant::kScores && row < kGroup) {  // raw scores (params.scores or probs)
-      float* score_row =
-          outputs.scores + (static_cast<size_t>(sequence) * params.num_heads + first_head + row) *
-                               outputs.scores_stride;
-#pragma unroll
-      for (int j = 0; j < kScoreBlocks; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int index = index0 + 8 * j + 2 * quad + e;
-          if (index < end) score_row[keys.Position(index)] = score[j][e];  // no compact here
-        }
-      }
-    }
 
     // O += P V, one k-step of 16 keys at a time: P as A fragments straight from the score
     // registers (keys 2q.. of n-block 2k are columns 2q.. of k-step k, n-block 2k+1's are
@@ -534,6 +575,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       }
     }
   }
+  if constexpr (!Variant::kValues) return;  // scores only: nothing to merge
   __syncthreads();  // every copy landed and was read: reuse the stages to merge the warps
 
   row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);

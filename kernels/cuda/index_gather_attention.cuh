@@ -1,9 +1,9 @@
 // Index-gather sparse decode attention on the GPU: one query token per sequence attends, per KV
 // head, a list of positions (any order, each once) read in place from the paged K/V through the
-// block table; split-K over the list, GQA-aware, a second kernel merges the splits. Kascade's
-// reuse layers (and its anchors' final pass). Graph-capturable: grids depend on batch, heads and
-// the lists' capacity, never on the device-side counts. CPU twin:
-// kernels/cpu/index_gather_attention.h. docs/decode_attention.md "Index gather".
+// block table; the dense decode attention's split kernel over a list key space (tensor cores,
+// split-K, GQA-aware) and its merge. Kascade's reuse layers and its anchors' own pass.
+// Graph-capturable: grids depend on batch, heads and the lists' capacity, never on the
+// device-side counts. CPU twin: kernels/cpu/index_gather_attention.h.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -45,13 +45,11 @@ struct IndexGatherAttentionParams {
   float* lse = nullptr;       // optional [batch][num_heads], natural log; -inf for an empty list
   void* workspace = nullptr;  // IndexGatherAttentionWorkspaceBytes(...), 16-byte aligned
   size_t workspace_bytes = 0;
-  int num_splits = 0;  // 0: chosen from the shapes
+  int num_splits = 0;  // 0: chosen from the shapes; capped at what the workspace holds
 };
 
-// Splits a launch of these shapes uses (num_splits 0: chosen; else capped to the list).
-int IndexGatherAttentionSplits(int batch, int num_kv_heads, int capacity, int num_splits);
-size_t IndexGatherAttentionWorkspaceBytes(int batch, int num_heads, int head_dim, int capacity,
-                                          int num_splits = 0);
+// The workspace of any launch with these shapes (whatever its split count).
+size_t IndexGatherAttentionWorkspaceBytes(int batch, int num_heads, int head_dim, int capacity);
 
 Status IndexGatherAttention(const IndexGatherAttentionParams& params, cudaStream_t stream);
 

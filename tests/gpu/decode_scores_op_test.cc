@@ -1,7 +1,8 @@
 // kernels/cuda/decode_scores (raw decode scores, log2 units, keys only) against its CPU twin
 // scale * Dot(q, k) * log2 e on fresh random bf16 data: every position below each sequence's
 // length, positions past it left untouched, pool rows past the lengths NaN (never read). GQA
-// 1/4/8, head_dim 32/64/128, blocks 16/64, lengths not a multiple of the block or the chunk.
+// 1/4/8, head_dim 32/64/128, blocks 16/64, lengths not a multiple of the block or the tile, keys
+// by row copies and (pool size given) by whole-block tensor copies.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -19,9 +20,10 @@ namespace {
 using gpu_test::Upload;
 using gpu_test::UploadBf16;
 
-void RunCase(int head_dim, int group, int block_tokens) {
+void RunCase(int head_dim, int group, int block_tokens, bool pool_size_given) {
   SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " group " + std::to_string(group) +
-               " block " + std::to_string(block_tokens));
+               " block " + std::to_string(block_tokens) +
+               (pool_size_given ? " pool size given" : ""));
   std::mt19937_64 rng = gpu_test::FreshRng();
   const std::vector<int> lens = {700, 1, 1537};
   const int batch = 3, kv_heads = 2, heads = kv_heads * group;
@@ -66,6 +68,7 @@ void RunCase(int head_dim, int group, int block_tokens) {
   p.q = d_q.data();
   p.q_row_stride = static_cast<int64_t>(heads) * head_dim;
   p.key_pool = d_keys.data();
+  p.num_pool_blocks = pool_size_given ? num_blocks : 0;
   p.block_tables = d_tables.data();
   p.block_table_stride = stride;
   p.seq_lens = d_lens.data();
@@ -106,7 +109,11 @@ void RunCase(int head_dim, int group, int block_tokens) {
 TEST(DecodeScoresOp, MatchesTheCpuTwin) {
   for (int head_dim : {32, 64, 128}) {
     for (int group : {1, 4, 8}) {
-      for (int block_tokens : {16, 64}) RunCase(head_dim, group, block_tokens);
+      for (int block_tokens : {16, 64}) {
+        for (bool pool_size_given : {false, true}) {
+          RunCase(head_dim, group, block_tokens, pool_size_given);
+        }
+      }
     }
   }
 }

@@ -107,8 +107,8 @@ void RunCase(const GatherCase& c) {
   auto d_map = Upload(head_map);
   auto d_out = Poisoned<__nv_bfloat16>(static_cast<size_t>(batch) * num_heads * c.head_dim);
   auto d_lse = Poisoned<float>(static_cast<size_t>(batch) * num_heads);
-  const size_t workspace_bytes = cuda::IndexGatherAttentionWorkspaceBytes(
-      batch, num_heads, c.head_dim, c.capacity, c.num_splits);
+  const size_t workspace_bytes =
+      cuda::IndexGatherAttentionWorkspaceBytes(batch, num_heads, c.head_dim, c.capacity);
   auto d_workspace = Poisoned<unsigned char>(workspace_bytes);
 
   cuda::IndexGatherAttentionParams p;

@@ -67,6 +67,20 @@ TASK_WEIGHTS = {"passkey": 0.2, "multikey": 0.3, "kv_recall": 0.25, "vartrack": 
 CHARS_PER_TOKEN_GUESS = 3.5  # only sizes filler; rows are cut to exact token counts
 
 
+def parse_task_weights(text):
+    """'passkey=0.1,kv_recall=0.5' -> {task: weight}; every task named must exist."""
+    weights = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name not in TASK_WEIGHTS or not value:
+            raise argparse.ArgumentTypeError(f"expected task=weight with task one of "
+                                             f"{sorted(TASK_WEIGHTS)}, got {item!r}")
+        weights[name] = float(value)
+    if not weights or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise argparse.ArgumentTypeError("task weights must be non-negative with a positive sum")
+    return weights
+
+
 def read_lines(path):
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
@@ -103,6 +117,7 @@ class RowStream(torch.utils.data.IterableDataset):
         self.seed, self.batch_size, self.start_batch = args.seed, args.batch_size, start_batch
         self.task_share, self.short_share = args.task_share, args.short_share
         self.row_tokens = args.row_tokens
+        self.task_weights = args.task_weights
         # Phase 1 rows are seeded "{seed}/row/{r}"; later phases add their name.
         self.row_prefix = f"{args.seed}/{args.phase}/row" if args.phase else f"{args.seed}/row"
 
@@ -127,7 +142,8 @@ class RowStream(torch.utils.data.IterableDataset):
         while len(ids) < need:
             room = need - len(ids)
             if room >= 160 and rng.random() < self.task_share:
-                task = rng.choices(list(TASK_WEIGHTS), weights=list(TASK_WEIGHTS.values()))[0]
+                task = rng.choices(list(self.task_weights),
+                                   weights=list(self.task_weights.values()))[0]
                 if rng.random() < self.short_share:
                     target = int(math.exp(rng.uniform(math.log(128), math.log(2048))))
                 else:
@@ -290,6 +306,8 @@ def main():
     p.add_argument("--time-budget-s", type=float, default=480)
     p.add_argument("--task-share", type=float, default=0.8,
                    help="probability that the next document of a row is a task instance")
+    p.add_argument("--task-weights", type=parse_task_weights, default=dict(TASK_WEIGHTS),
+                   help="task=weight list of the task mix, e.g. kv_recall=0.4,vartrack=0.4")
     p.add_argument("--short-share", type=float, default=0.5,
                    help="share of instances with 128-2048 tokens (the rest 2048-8000)")
     p.add_argument("--phase", default="", help="names a later training phase (seeds its rows)")
@@ -406,6 +424,7 @@ def main():
                    "row_tokens": args.row_tokens, "lr": args.lr, "answer_weight": args.answer_weight,
                    "phase": args.phase, "init_from": args.init_from,
                    "task_share": args.task_share, "short_share": args.short_share,
+                   "task_weights": args.task_weights,
                    "parameters": n_params, "quick_accuracy": acc,
                    "torch": torch.__version__}, f, indent=1)
     print("DONE", flush=True)

@@ -171,6 +171,7 @@ Status KascadeCudaBackend::Attend(const CudaLayerContext& layer) {
       pass.q = dense.q;
       pass.q_row_stride = dense.q_row_stride;
       pass.key_pool = dense.key_pool;
+      pass.num_pool_blocks = dense.num_pool_blocks;
       pass.block_tables = dense.block_tables;
       pass.block_table_stride = dense.block_table_stride;
       pass.seq_lens = dense.seq_lens;
