@@ -148,9 +148,17 @@ Status RunContext(const Options& o, int context, nlohmann::json& point) {
   dense.out_row_stride = dense.q_row_stride;
   dense.workspace = workspace.data();
   dense.workspace_bytes = decode_ws;
+  // As the Kascade backend runs them: the scores passes also write each head's lse, which the
+  // top-k takes instead of a statistics pass of its own.
+  RUBATO_ASSIGN_OR_RETURN(
+      auto lse, DeviceBuffer<float>::Allocate(static_cast<size_t>(o.batch) * o.heads, "lse"));
+  const size_t scores_ws = cuda::DecodeScoresWorkspaceBytes(o.batch, o.heads, context);
+  RUBATO_ASSIGN_OR_RETURN(auto scores_workspace,
+                          DeviceBuffer<unsigned char>::Allocate(scores_ws, "scores ws"));
   cuda::DecodeAttentionParams with_scores = dense;
   with_scores.scores = scores.data();
   with_scores.scores_stride = stride;
+  with_scores.lse = lse.data();
   cuda::DecodeScoresParams scores_only;
   scores_only.q = q.data();
   scores_only.q_row_stride = dense.q_row_stride;
@@ -168,6 +176,9 @@ Status RunContext(const Options& o, int context, nlohmann::json& point) {
   scores_only.scale = dense.scale;
   scores_only.scores = scores.data();
   scores_only.scores_stride = stride;
+  scores_only.lse = lse.data();
+  scores_only.workspace = scores_workspace.data();
+  scores_only.workspace_bytes = scores_ws;
 
   cuda::PooledTopKParams top_k;
   top_k.scores = scores.data();
@@ -180,6 +191,7 @@ Status RunContext(const Options& o, int context, nlohmann::json& point) {
   top_k.num_kv_heads = o.kv_heads;
   top_k.k = k;
   top_k.row_k = row_k.data();
+  top_k.head_lse = lse.data();
   top_k.selected = selected.data();
   top_k.selected_count = counts.data();
   top_k.workspace = top_k_workspace.data();

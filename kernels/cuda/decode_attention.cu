@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(128)
 
   const float* partial = outputs.partial_out + row * outputs.num_splits * kHeadDim;
   __nv_bfloat16* out = params.out + sequence * params.out_row_stride + head * kHeadDim;
-  for (int d = threadIdx.x; d < kHeadDim; d += blockDim.x) {
+  for (int d = threadIdx.x; d < kHeadDim && !params.scores_only; d += blockDim.x) {
     float acc = 0.f;
     for (int s = 0; s < outputs.num_splits; ++s) {
       if (split_weight[s] != 0.f) acc += split_weight[s] * partial[s * kHeadDim + d];
@@ -117,6 +117,7 @@ struct WorkspaceLayout {
   size_t partial_out = 0, partial_lse = 0, lse2 = 0, scores = 0, total = 0;
 };
 
+// Scores-only launches keep no partial outputs (head_dim 0 here): only the lse partials.
 WorkspaceLayout LayoutWorkspace(int batch, int num_heads, int head_dim, int max_seq_len,
                                 bool want_probs) {
   const size_t rows = static_cast<size_t>(batch) * num_heads;
@@ -243,7 +244,9 @@ Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& out
         static_cast<int64_t>(params.num_pool_blocks) * params.num_kv_heads * params.block_tokens,
         kHeadDim, 64, params.block_tokens};
     RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.key_pool, shape, key_map));
-    RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.value_pool, shape, value_map));
+    if constexpr (Variant::kValues) {  // a scores-only launch has no value pool
+      RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.value_pool, shape, value_map));
+    }
     if constexpr (Variant::kCompact) {
       const Bf16RowsMapShape compact{CompactRows(params), kHeadDim, 64, params.block_tokens};
       RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.compact_keys, compact, compact_key_map));
@@ -298,15 +301,29 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
     outputs.keys_per_split = (outputs.keys_per_split + kTileKeys - 1) / kTileKeys * kTileKeys;
   }
   outputs.num_splits = (max_visible + outputs.keys_per_split - 1) / outputs.keys_per_split;
-  if (params.scores_only) {  // no partials: the kernel writes the scores and nothing else
+  unsigned char* workspace = static_cast<unsigned char*>(params.workspace);
+  if (params.scores_only) {  // the scores, and with lse wanted each split's lse and the merge
     outputs.scores = params.scores;
     outputs.scores_stride = params.scores_stride;
-    if constexpr (kHeadDim % 64 == 0) {
-      if (tensor_copies) return LaunchVariant<kHeadDim, kGroup, true>(params, outputs, stream);
+    if (params.lse != nullptr) {
+      outputs.partial_lse = reinterpret_cast<float*>(workspace + layout.partial_lse);
+      outputs.lse2 = reinterpret_cast<float*>(workspace + layout.lse2);
     }
-    return LaunchVariant<kHeadDim, kGroup, false>(params, outputs, stream);
+    if constexpr (kHeadDim % 64 == 0) {
+      if (tensor_copies) {
+        RUBATO_RETURN_IF_ERROR((LaunchVariant<kHeadDim, kGroup, true>(params, outputs, stream)));
+      } else {
+        RUBATO_RETURN_IF_ERROR((LaunchVariant<kHeadDim, kGroup, false>(params, outputs, stream)));
+      }
+    } else {
+      RUBATO_RETURN_IF_ERROR((LaunchVariant<kHeadDim, kGroup, false>(params, outputs, stream)));
+    }
+    if (params.lse == nullptr) return Status::Ok();
+    DecodeAttentionMergeKernel<kHeadDim>
+        <<<params.batch * params.num_heads, 128, MergeSharedBytes(outputs.num_splits), stream>>>(
+            params, outputs);
+    return LaunchStatus("decode_attention_merge (lse only)");
   }
-  unsigned char* workspace = static_cast<unsigned char*>(params.workspace);
   outputs.partial_out = reinterpret_cast<float*>(workspace + layout.partial_out);
   outputs.partial_lse = reinterpret_cast<float*>(workspace + layout.partial_lse);
   outputs.lse2 = reinterpret_cast<float*>(workspace + layout.lse2);
@@ -427,7 +444,13 @@ Status Validate(const DecodeAttentionParams& p) {
       return invalid("scores_stride " + std::to_string(p.scores_stride) + " < max_seq_len " +
                      std::to_string(p.max_seq_len));
     }
-    return Status::Ok();  // no workspace
+    if (p.lse == nullptr) return Status::Ok();  // no workspace
+    const size_t needed = DecodeScoresOnlyWorkspaceBytes(p.batch, p.num_heads, p.max_seq_len);
+    if (p.workspace == nullptr || p.workspace_bytes < needed) {
+      return invalid("workspace of " + std::to_string(p.workspace_bytes) + " bytes; " +
+                     std::to_string(needed) + " needed (DecodeScoresOnlyWorkspaceBytes)");
+    }
+    return Status::Ok();
   }
   if (p.scores != nullptr && p.scores_stride < p.max_seq_len) {
     return invalid("scores_stride " + std::to_string(p.scores_stride) + " < max_seq_len " +
@@ -454,12 +477,17 @@ size_t DecodeAttentionWorkspaceBytes(int batch, int num_heads, int head_dim, int
   return LayoutWorkspace(batch, num_heads, head_dim, max_seq_len, want_probs).total;
 }
 
+size_t DecodeScoresOnlyWorkspaceBytes(int batch, int num_heads, int max_seq_len) {
+  if (batch < 1 || num_heads < 1 || max_seq_len < 1) return 0;
+  return LayoutWorkspace(batch, num_heads, 0, max_seq_len, false).total;
+}
+
 Status DecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream) {
   RUBATO_DISPATCH_HEAD_DIM(params.head_dim, kHeadDim, {
     RUBATO_RETURN_IF_ERROR(Validate(params));
     const WorkspaceLayout layout =
-        LayoutWorkspace(params.batch, params.num_heads, kHeadDim, KeyBound(params),
-                        params.kv_head_probs != nullptr);
+        LayoutWorkspace(params.batch, params.num_heads, params.scores_only ? 0 : kHeadDim,
+                        KeyBound(params), params.kv_head_probs != nullptr);
     const int group = params.num_heads / params.num_kv_heads;
     RUBATO_DISPATCH_GQA_GROUP(group, kGroup,
                               { return Launch<kHeadDim, kGroup>(params, layout, stream); });

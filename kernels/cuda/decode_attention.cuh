@@ -29,7 +29,7 @@ struct DecodeAttentionParams {
   // through tensor maps (the faster path, decode_attention_split.cuh), where a block id past the
   // pool reads zeros; 0: row copies, block ids trusted.
   int64_t num_pool_blocks = 0;
-  const int32_t* block_tables = nullptr;      // [batch][block_table_stride] physical block ids
+  const int32_t* block_tables = nullptr;  // [batch][block_table_stride] physical block ids
   int block_table_stride = 0;
   const int32_t* seq_lens = nullptr;  // [batch], device: keys held, 1 <= L <= max_seq_len
   int batch = 0;
@@ -92,9 +92,10 @@ struct DecodeAttentionParams {
   int list_capacity = 0;  // >= 1 with lists: fixes the grid and the workspace
   int list_heads = 0;     // lists per sequence, >= 1 with lists
   const int32_t* list_head_map = nullptr;
-  // Scores only: with `scores` set, the keys alone are read and only the raw scores are written
-  // (out, lse and the probabilities untouched; value_pool, out and workspace may be null). An
-  // anchor layer's selection pass when its own output comes from an index gather.
+  // Scores only: with `scores` set, the keys alone are read and only the raw scores are written,
+  // plus `lse` when set (out and the probabilities untouched; value_pool and out may be null; the
+  // workspace, DecodeScoresOnlyWorkspaceBytes, is needed only for the lse). An anchor layer's
+  // selection pass when its own output comes from an index gather.
   bool scores_only = false;
   // Key splits per sequence: 0 chooses them from the shapes and the GPU's multiprocessor count
   // (ChooseSplits in decode_attention.cu); benchmarks set it to sweep. Capped at what the
@@ -106,6 +107,9 @@ struct DecodeAttentionParams {
 // plus raw scores when probabilities are wanted).
 size_t DecodeAttentionWorkspaceBytes(int batch, int num_heads, int head_dim, int max_seq_len,
                                      bool want_probs);
+
+// Device scratch of a scores-only launch that also writes the lse (the splits' partial lse).
+size_t DecodeScoresOnlyWorkspaceBytes(int batch, int num_heads, int max_seq_len);
 
 Status DecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream);
 

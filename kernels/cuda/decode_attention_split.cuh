@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const size_t partial_row0 =
       (static_cast<size_t>(sequence) * params.num_heads + first_head) * outputs.num_splits + split;
   if (begin >= end) {  // nothing to attend in this split: the merge gives it weight 0
-    if (Variant::kValues && threadIdx.x < kGroup) {
+    if ((Variant::kValues || outputs.partial_lse != nullptr) && threadIdx.x < kGroup) {
       outputs.partial_lse[partial_row0 + static_cast<size_t>(threadIdx.x) * outputs.num_splits] =
           -INFINITY;
     }
@@ -534,7 +534,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         }
       }
     }
-    if constexpr (!Variant::kValues) continue;  // scores only: no softmax, no P V
+    // Scores only: the softmax statistics alone, and only when the launch wants the lse.
+    if (!Variant::kValues && outputs.partial_lse == nullptr) continue;
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
     const float new_max = fmaxf(row_max, tile_max);
@@ -542,10 +543,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const float correction = exp2f(row_max - base);
     row_max = new_max;
     row_sum *= correction;
+    if constexpr (Variant::kValues) {
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      out[n][0] *= correction;
-      out[n][1] *= correction;
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        out[n][0] *= correction;
+        out[n][1] *= correction;
+      }
     }
     float prob[kScoreBlocks][2];
 #pragma unroll
@@ -556,6 +559,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         row_sum += prob[j][e];
       }
     }
+    if constexpr (!Variant::kValues) continue;
 
     // O += P V, one k-step of 16 keys at a time: P as A fragments straight from the score
     // registers (keys 2q.. of n-block 2k are columns 2q.. of k-step k, n-block 2k+1's are
@@ -575,7 +579,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       }
     }
   }
-  if constexpr (!Variant::kValues) return;  // scores only: nothing to merge
+  if (!Variant::kValues && outputs.partial_lse == nullptr) return;  // scores only, no lse
   __syncthreads();  // every copy landed and was read: reuse the stages to merge the warps
 
   row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
@@ -588,31 +592,49 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       warp_max[warp * 8 + row] = row_max;
       warp_sum[warp * 8 + row] = row_sum;
     }
-    float* dest = warp_out + (warp * 8 + row) * kHeadDim;
+    if constexpr (Variant::kValues) {
+      float* dest = warp_out + (warp * 8 + row) * kHeadDim;
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      dest[8 * n + 2 * quad] = out[n][0];
-      dest[8 * n + 2 * quad + 1] = out[n][1];
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        dest[8 * n + 2 * quad] = out[n][0];
+        dest[8 * n + 2 * quad + 1] = out[n][1];
+      }
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads) {
-    const int r = i / kHeadDim;
-    const int d = i % kHeadDim;
-    float block_max = -INFINITY;
+  if constexpr (!Variant::kValues) {  // scores only: the split's lse of each head, no output
+    if (threadIdx.x < kGroup) {
+      const int r = threadIdx.x;
+      float block_max = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w * 8 + r]);
-    const float base = block_max == -INFINITY ? 0.f : block_max;
-    float numerator = 0.f, denominator = 0.f;
+      for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w * 8 + r]);
+      const float base = block_max == -INFINITY ? 0.f : block_max;
+      float denominator = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float weight = exp2f(warp_max[w * 8 + r] - base);
-      numerator += weight * warp_out[(w * 8 + r) * kHeadDim + d];
-      denominator += weight * warp_sum[w * 8 + r];
+      for (int w = 0; w < kWarps; ++w)
+        denominator += exp2f(warp_max[w * 8 + r] - base) * warp_sum[w * 8 + r];
+      outputs.partial_lse[partial_row0 + static_cast<size_t>(r) * outputs.num_splits] =
+          base + log2f(denominator);  // -inf when nothing was attended
     }
-    const size_t partial_row = partial_row0 + static_cast<size_t>(r) * outputs.num_splits;
-    outputs.partial_out[partial_row * kHeadDim + d] = numerator / denominator;
-    if (d == 0) outputs.partial_lse[partial_row] = base + log2f(denominator);
+  } else {
+    for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads) {
+      const int r = i / kHeadDim;
+      const int d = i % kHeadDim;
+      float block_max = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w * 8 + r]);
+      const float base = block_max == -INFINITY ? 0.f : block_max;
+      float numerator = 0.f, denominator = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float weight = exp2f(warp_max[w * 8 + r] - base);
+        numerator += weight * warp_out[(w * 8 + r) * kHeadDim + d];
+        denominator += weight * warp_sum[w * 8 + r];
+      }
+      const size_t partial_row = partial_row0 + static_cast<size_t>(r) * outputs.num_splits;
+      outputs.partial_out[partial_row * kHeadDim + d] = numerator / denominator;
+      if (d == 0) outputs.partial_lse[partial_row] = base + log2f(denominator);
+    }
   }
 }
 

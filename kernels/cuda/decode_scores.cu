@@ -1,7 +1,8 @@
 // Scores-only decode pass (see decode_scores.cuh): the decode attention split kernel's
 // scores-only variant (decode_attention_split.cuh ScoresOnlyVariant): key tiles through the same
 // copies (whole-block tensor copies when the pool size is given), S = Q K^T on tensor cores, the
-// raw scores written; no values, no softmax, no merge.
+// raw scores written; no values, no P V; with the lse wanted, each split's softmax statistics and
+// the merge of their lse.
 #include <string>
 
 #include "kernels/cuda/cuda_status.h"
@@ -9,6 +10,10 @@
 #include "kernels/cuda/decode_scores.cuh"
 
 namespace rubato::cuda {
+
+size_t DecodeScoresWorkspaceBytes(int batch, int num_heads, int max_seq_len) {
+  return DecodeScoresOnlyWorkspaceBytes(batch, num_heads, max_seq_len);
+}
 
 Status DecodeScores(const DecodeScoresParams& p, cudaStream_t stream) {
   if (p.batch == 0) return Status::Ok();
@@ -41,6 +46,9 @@ Status DecodeScores(const DecodeScoresParams& p, cudaStream_t stream) {
   d.scores = p.scores;
   d.scores_stride = p.scores_stride;
   d.scores_only = true;
+  d.lse = p.lse;
+  d.workspace = p.workspace;
+  d.workspace_bytes = p.workspace_bytes;
   const Status status = DecodeAttention(d, stream);
   if (status.ok()) return status;
   return Status(status.code(), "decode scores: " + status.message());

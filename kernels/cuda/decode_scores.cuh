@@ -34,7 +34,14 @@ struct DecodeScoresParams {
   float scale = 0.f;
   float* scores = nullptr;    // [batch][num_heads][scores_stride]; [L, stride) left as they were
   int64_t scores_stride = 0;  // >= max_seq_len
+  // Optional [batch][num_heads], natural log: log sum_p exp(scale q.k_p) over [0, L) (what a
+  // pooled top-k of these scores takes as head_lse). Needs the workspace.
+  float* lse = nullptr;
+  void* workspace = nullptr;  // DecodeScoresWorkspaceBytes(...) bytes when lse is set
+  size_t workspace_bytes = 0;
 };
+
+size_t DecodeScoresWorkspaceBytes(int batch, int num_heads, int max_seq_len);
 
 Status DecodeScores(const DecodeScoresParams& params, cudaStream_t stream);
 

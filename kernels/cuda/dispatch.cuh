@@ -20,25 +20,25 @@
     __VA_ARGS__                                 \
   }
 
-#define RUBATO_DISPATCH_HEAD_DIM(head_dim, NAME, ...)                                           \
-  switch (head_dim) {                                                                           \
-    RUBATO_DISPATCH_CASE_(16, NAME, __VA_ARGS__)                                                \
-    RUBATO_DISPATCH_CASE_(32, NAME, __VA_ARGS__)                                                \
-    RUBATO_DISPATCH_CASE_(64, NAME, __VA_ARGS__)                                                \
-    RUBATO_DISPATCH_CASE_(128, NAME, __VA_ARGS__)                                               \
-    default:                                                                                    \
-      return ::rubato::UnsupportedError("CUDA: head_dim " + std::to_string(head_dim) +          \
-                                        " is not supported (supported: 16, 32, 64, 128)");      \
+#define RUBATO_DISPATCH_HEAD_DIM(head_dim, NAME, ...)                                      \
+  switch (head_dim) {                                                                      \
+    RUBATO_DISPATCH_CASE_(16, NAME, __VA_ARGS__)                                           \
+    RUBATO_DISPATCH_CASE_(32, NAME, __VA_ARGS__)                                           \
+    RUBATO_DISPATCH_CASE_(64, NAME, __VA_ARGS__)                                           \
+    RUBATO_DISPATCH_CASE_(128, NAME, __VA_ARGS__)                                          \
+    default:                                                                               \
+      return ::rubato::UnsupportedError("CUDA: head_dim " + std::to_string(head_dim) +     \
+                                        " is not supported (supported: 16, 32, 64, 128)"); \
   }
 
-#define RUBATO_DISPATCH_GQA_GROUP(group, NAME, ...)                                             \
-  switch (group) {                                                                              \
-    RUBATO_DISPATCH_CASE_(1, NAME, __VA_ARGS__)                                                 \
-    RUBATO_DISPATCH_CASE_(2, NAME, __VA_ARGS__)                                                 \
-    RUBATO_DISPATCH_CASE_(4, NAME, __VA_ARGS__)                                                 \
-    RUBATO_DISPATCH_CASE_(8, NAME, __VA_ARGS__)                                                 \
-    default:                                                                                    \
-      return ::rubato::UnsupportedError("CUDA: " + std::to_string(group) +                      \
-                                        " query heads per KV head is not supported "            \
-                                        "(supported: 1, 2, 4, 8)");                             \
+#define RUBATO_DISPATCH_GQA_GROUP(group, NAME, ...)                                  \
+  switch (group) {                                                                   \
+    RUBATO_DISPATCH_CASE_(1, NAME, __VA_ARGS__)                                      \
+    RUBATO_DISPATCH_CASE_(2, NAME, __VA_ARGS__)                                      \
+    RUBATO_DISPATCH_CASE_(4, NAME, __VA_ARGS__)                                      \
+    RUBATO_DISPATCH_CASE_(8, NAME, __VA_ARGS__)                                      \
+    default:                                                                         \
+      return ::rubato::UnsupportedError("CUDA: " + std::to_string(group) +           \
+                                        " query heads per KV head is not supported " \
+                                        "(supported: 1, 2, 4, 8)");                  \
   }

@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     KeyNormsKernel(const KeyNormsParams p, int lanes) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
-  const int rows_per_load = 32 / lanes;               // rows a warp reads per load
-  const int segment_lane = lane % lanes;              // this lane's 16 bytes of its row
+  const int rows_per_load = 32 / lanes;   // rows a warp reads per load
+  const int segment_lane = lane % lanes;  // this lane's 16 bytes of its row
   const int column = segment_lane * 8;
   const int warp_rows = rows_per_load * kRowsPerLane;  // positions per warp
   const int first = (static_cast<int>(blockIdx.x) * kWarps + warp) * warp_rows + lane / lanes;

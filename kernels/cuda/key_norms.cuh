@@ -25,8 +25,8 @@ struct KeyNormsParams {
   int max_count = 0;               // host bound of count, >= 0: fixes the grid
   int batch = 0;                   // >= 0; 0 is a no-op
   int num_kv_heads = 0;
-  int head_dim = 0;                // a multiple of 8 (16-byte rows), <= 256
-  int block_tokens = 0;            // >= 1
+  int head_dim = 0;      // a multiple of 8 (16-byte rows), <= 256
+  int block_tokens = 0;  // >= 1
   // [batch][num_kv_heads][norms_stride] out: norms[(b * H + h) * norms_stride + p] = |K(b, h, p)|
   // for p in [begin[b], begin[b] + count[b]); a position at or past norms_stride is not written.
   // Other entries are left as they were.

@@ -1,6 +1,7 @@
 // Pooled top-k (pooled_top_k.cuh): kernels, launcher, validation. Three launches per call:
 //   1. HeadStatsKernel, grid (chunks, rows): for every query head and chunk of kChunk candidates,
-//      the max score and the sum of exp2(score - max) (partial softmax statistics).
+//      the max score and the sum of exp2(score - max) (partial softmax statistics). Skipped when
+//      the caller gives each head's log-sum-exp (head_lse: the attention pass computed it).
 //   2. PooledKeysKernel, same grid: merges each head's partials into its softmax, then writes
 //      every candidate's pooled score as an order-preserving 32-bit key.
 //   3. SelectKernel, one block per row: a radix select over the row's keys (digits of 11, 11 and
@@ -24,6 +25,7 @@ namespace {
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxGridY = 65535;
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+constexpr float kLog2eF = 1.4426950408889634f;
 // Query heads per KV head: kernel 2 keeps one (max, weight) pair per head in shared memory.
 constexpr int kMaxGroup = 4096;
 // Candidates per row: keeps every index sum in the kernels inside int.
@@ -184,6 +186,13 @@ __global__ void __launch_bounds__(kScoreThreads)
     const int chunks = (c.count + kChunk - 1) / kChunk;
     for (int j = warp; j < group; j += kScoreWarps) {
       const int64_t head = static_cast<int64_t>(r) * group + j;
+      if (p.head_lse != nullptr) {  // exp2(score - lse2) is the head's probability
+        if (lane == 0) {
+          const float lse2 = p.head_lse[head] * kLog2eF;
+          head_softmax[j] = isfinite(lse2) ? make_float2(lse2, 1.f / group) : make_float2(0.f, 0.f);
+        }
+        continue;
+      }
       float2 s = make_float2(kMinusInf, 0.f);
       for (int chunk = lane; chunk < chunks; chunk += 32) {
         s = MergeStats(s, w.stats[head * w.chunks + chunk]);
@@ -408,8 +417,10 @@ Status PooledTopK(const PooledTopKParams& params, cudaStream_t stream) {
     const int group = params.num_heads / params.num_kv_heads;
     const dim3 grid(static_cast<unsigned>(layout.chunks),
                     static_cast<unsigned>(std::min(rows, kMaxGridY)));
-    HeadStatsKernel<<<grid, kScoreThreads, 0, stream>>>(params, w);
-    RUBATO_RETURN_IF_ERROR(LaunchStatus("pooled_top_k head stats"));
+    if (params.head_lse == nullptr) {
+      HeadStatsKernel<<<grid, kScoreThreads, 0, stream>>>(params, w);
+      RUBATO_RETURN_IF_ERROR(LaunchStatus("pooled_top_k head stats"));
+    }
     PooledKeysKernel<<<grid, kScoreThreads, group * sizeof(float2), stream>>>(params, w);
     RUBATO_RETURN_IF_ERROR(LaunchStatus("pooled_top_k pooled keys"));
   }

@@ -40,7 +40,12 @@ struct PooledTopKParams {
   // ascending; entries [selected_count[b][h], k) are left as they were.
   int32_t* selected = nullptr;
   int32_t* selected_count = nullptr;  // [batch][num_kv_heads], device out: min(k, count[b])
-  void* workspace = nullptr;          // PooledTopKWorkspaceBytes(...) bytes, 16-byte aligned
+  // Optional [batch][num_heads], device, natural log: each query head's log-sum-exp of its
+  // scores over exactly its candidates (what DecodeAttentionParams::lse gives for the same
+  // scores). Given, the softmax statistics are not recomputed from the scores (one read of them
+  // saved); -inf or NaN: the head adds nothing.
+  const float* head_lse = nullptr;
+  void* workspace = nullptr;  // PooledTopKWorkspaceBytes(...) bytes, 16-byte aligned
   size_t workspace_bytes = 0;
 };
 

@@ -13,10 +13,10 @@
 namespace rubato::cuda {
 
 struct RmsNormParams {
-  float* residual = nullptr;                // [rows][dim], f32; updated in place when delta is set
-  const __nv_bfloat16* delta = nullptr;     // [rows][dim], bf16, or nullptr (no residual add)
-  const __nv_bfloat16* weight = nullptr;    // [dim], bf16
-  __nv_bfloat16* out = nullptr;             // [rows][dim], bf16
+  float* residual = nullptr;              // [rows][dim], f32; updated in place when delta is set
+  const __nv_bfloat16* delta = nullptr;   // [rows][dim], bf16, or nullptr (no residual add)
+  const __nv_bfloat16* weight = nullptr;  // [dim], bf16
+  __nv_bfloat16* out = nullptr;           // [rows][dim], bf16
   int rows = 0;
   int dim = 0;  // a multiple of 8
   float eps = 1e-6f;

@@ -20,7 +20,7 @@ struct RopeParams {
   int64_t row_stride = 0;  // elements between tokens
   int tokens = 0;
   int heads = 0;
-  int head_dim = 0;                   // even
+  int head_dim = 0;                    // even
   const int32_t* positions = nullptr;  // [tokens], device
   const float* inv_freq = nullptr;     // [head_dim / 2], f32, device (RopeInverseFrequencies)
 };

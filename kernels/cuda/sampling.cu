@@ -3,14 +3,13 @@
 // SampleTokenWithUniform without sorting the vocabulary (radix selects and prefix scans over the
 // top-k candidates, exact 64-bit fixed-point masses independent of scheduling).
 // The steps and the error bound versus the CPU: docs/cuda_model.md "Sampling".
-#include "kernels/cuda/sampling.cuh"
-
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/sampling.cuh"
 
 namespace rubato::cuda {
 namespace {
@@ -651,9 +650,8 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p) {
       greedy ? GreedyToken(best) : SampleRow(candidates, rp, best, kept_ids, scratch, sh);
   if (threadIdx.x == 0) p.tokens[row] = token;
   if (p.probabilities != nullptr) {
-    const float probability = rp.report_probability != 0
-                                  ? TokenProbability(candidates, token, MaxLogit(best), sh)
-                                  : -1.f;
+    const float probability =
+        rp.report_probability != 0 ? TokenProbability(candidates, token, MaxLogit(best), sh) : -1.f;
     if (threadIdx.x == 0) p.probabilities[row] = probability;
   }
 }

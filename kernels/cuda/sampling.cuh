@@ -19,12 +19,12 @@ namespace rubato::cuda {
 
 // How one row is sampled (device array of these, one per row).
 struct SamplingRow {
-  float temperature = 0.f;  // 0 = greedy (argmax, lowest id on ties); else > 0
-  int top_k = 0;            // 0 = off
-  float top_p = 1.f;        // in (0, 1]; 1 = off
-  double uniform = 0.0;     // in [0, 1): the row's draw, kernels/cpu DrawUniform's 53-bit value
-                            // (double so that the CPU twin sees the very same number); unused
-                            // when greedy
+  float temperature = 0.f;     // 0 = greedy (argmax, lowest id on ties); else > 0
+  int top_k = 0;               // 0 = off
+  float top_p = 1.f;           // in (0, 1]; 1 = off
+  double uniform = 0.0;        // in [0, 1): the row's draw, kernels/cpu DrawUniform's 53-bit value
+                               // (double so that the CPU twin sees the very same number); unused
+                               // when greedy
   int report_probability = 0;  // != 0: write the token's probability (SampleParams::probabilities)
 };
 

@@ -2,7 +2,8 @@
 // scale * Dot(q, k) * log2 e on fresh random bf16 data: every position below each sequence's
 // length, positions past it left untouched, pool rows past the lengths NaN (never read). GQA
 // 1/4/8, head_dim 32/64/128, blocks 16/64, lengths not a multiple of the block or the tile, keys
-// by row copies and (pool size given) by whole-block tensor copies.
+// by row copies and (pool size given) by whole-block tensor copies; the heads' lse against a
+// double reference.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -81,13 +82,39 @@ void RunCase(int head_dim, int group, int block_tokens, bool pool_size_given) {
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   p.scores = d_scores.data();
   p.scores_stride = scores_stride;
+  auto d_lse = gpu_test::Poisoned<float>(static_cast<size_t>(batch) * heads);
+  const size_t workspace_bytes = cuda::DecodeScoresWorkspaceBytes(batch, heads, max_len);
+  auto d_workspace = gpu_test::Poisoned<unsigned char>(workspace_bytes);
+  p.lse = d_lse.data();
+  p.workspace = d_workspace.data();
+  p.workspace_bytes = workspace_bytes;
   ASSERT_STATUS_OK(cuda::DecodeScores(p, nullptr));
   const std::vector<float> got = gpu_test::Download(d_scores);
+  const std::vector<float> got_lse = gpu_test::Download(d_lse);
   const float log2e = 1.4426950408889634f;
   for (int b = 0; b < batch; ++b) {
     for (int head = 0; head < heads; ++head) {
       const int h = head / group;
       const float* qh = q.data() + (static_cast<size_t>(b) * heads + head) * head_dim;
+      double max_score = -INFINITY, sum = 0;  // the head's lse, natural log, in double
+      for (int pass = 0; pass < 2; ++pass) {
+        for (int pos = 0; pos < lens[b]; ++pos) {
+          const int block = tables[static_cast<size_t>(b) * stride + pos / block_tokens];
+          const float* k =
+              keys.data() +
+              ((static_cast<size_t>(block) * kv_heads + h) * block_tokens + pos % block_tokens) *
+                  head_dim;
+          double dot = 0;
+          for (int d = 0; d < head_dim; ++d) dot += static_cast<double>(qh[d]) * k[d];
+          const double x = dot * p.scale;
+          if (pass == 0) max_score = std::max(max_score, x);
+          if (pass == 1) sum += std::exp(x - max_score);
+        }
+      }
+      const double want_lse = max_score + std::log(sum);
+      EXPECT_NEAR(got_lse[static_cast<size_t>(b) * heads + head], want_lse,
+                  2e-3 + 1e-4 * std::fabs(want_lse))
+          << "lse of b " << b << " head " << head;
       for (int pos = 0; pos < scores_stride; ++pos) {
         const float value = got[(static_cast<size_t>(b) * heads + head) * scores_stride + pos];
         if (pos >= lens[b]) {

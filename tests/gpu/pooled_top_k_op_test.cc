@@ -50,6 +50,7 @@ struct TopKCase {
   int stride_pad = 0;     // scores_stride = the largest begin + count (>= max_count) + stride_pad
   int levels = 0;  // > 0: every head scores a candidate alike, from {0, .., levels - 1}: exact ties
   std::vector<int> row_k = {};  // set: per-sequence k (PooledTopKParams::row_k), k the capacity
+  bool head_lse = false;        // pass each head's log-sum-exp (PooledTopKParams::head_lse)
 };
 
 std::string Describe(const TopKCase& c) {
@@ -191,7 +192,7 @@ void ExpectMatchesCpu(const TopKCase& c, const HostCase& host, const std::vector
 
 // Device buffers and params of a case; selected / selected_count / workspace poisoned.
 struct DeviceCase {
-  DeviceBuffer<float> scores;
+  DeviceBuffer<float> scores, head_lse;
   DeviceBuffer<int32_t> begin, count, selected, selected_count, row_k;
   DeviceBuffer<uint8_t> workspace;
   PooledTopKParams params;
@@ -221,6 +222,27 @@ DeviceCase Prepare(const TopKCase& c, const HostCase& host) {
   if (!c.row_k.empty()) {
     d.row_k = Upload(std::vector<int32_t>(c.row_k.begin(), c.row_k.end()));
     p.row_k = d.row_k.data();
+  }
+  if (c.head_lse) {  // natural log of sum 2^score over each head's finite candidate scores
+    std::vector<float> lse(static_cast<size_t>(host.batch) * host.num_heads);
+    for (int b = 0; b < host.batch; ++b) {
+      for (int q = 0; q < host.num_heads; ++q) {
+        const float* row = host.scores.data() +
+                           (static_cast<int64_t>(b) * host.num_heads + q) * host.stride +
+                           host.begin[static_cast<size_t>(b)];
+        double max = -INFINITY, sum = 0;
+        for (int i = 0; i < host.count[static_cast<size_t>(b)]; ++i) {
+          if (std::isfinite(row[i])) max = std::max(max, static_cast<double>(row[i]));
+        }
+        for (int i = 0; i < host.count[static_cast<size_t>(b)]; ++i) {
+          if (std::isfinite(row[i])) sum += std::exp2(row[i] - max);
+        }
+        lse[static_cast<size_t>(b) * host.num_heads + q] =
+            sum > 0 ? static_cast<float>((max + std::log2(sum)) * std::log(2.0)) : -INFINITY;
+      }
+    }
+    d.head_lse = Upload(lse);
+    p.head_lse = d.head_lse.data();
   }
   p.selected = d.selected.data();
   p.selected_count = d.selected_count.data();
@@ -296,6 +318,18 @@ TEST(PooledTopKOp, PerSequenceK) {
   for (int group : {1, 4, 8}) {
     TopKCase c{sequences, 2, group, 600};
     c.row_k = {500, 300, 100, 0, 9999};
+    RunCase(c);
+  }
+}
+
+// Each head's log-sum-exp given (an attention pass computed it): the statistics pass is skipped
+// and the same positions are kept.
+TEST(PooledTopKOp, HeadLseGiven) {
+  const std::vector<Sequence> sequences = {{0, 5000}, {10, 300}, {0, 64}, {3, 2049}, {0, 900}};
+  for (int group : {1, 4, 8}) {
+    TopKCase c{sequences, 2, group, 600};
+    c.row_k = {500, 300, 100, 0, 9999};
+    c.head_lse = true;
     RunCase(c);
   }
 }

@@ -108,9 +108,11 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
   int max_count_ = 0;   // the decode bucket
   int64_t score_stride_ = 0;
   int row_capacity_ = 0;
-  cuda::DeviceBuffer<float> scores_;            // [rows][heads][score stride], log2 units
-  cuda::DeviceBuffer<int32_t> selected_;        // [anchors][rows][kv_heads][k capacity]
-  cuda::DeviceBuffer<int32_t> selected_count_;  // [anchors][rows][kv_heads]
+  cuda::DeviceBuffer<float> scores_;  // [rows][heads][score stride], log2 units
+  cuda::DeviceBuffer<float> lse_;     // [rows][heads]: the scores' lse, natural log
+  cuda::DeviceBuffer<unsigned char> scores_workspace_;  // the scores-only pass's lse partials
+  cuda::DeviceBuffer<int32_t> selected_;                // [anchors][rows][kv_heads][k capacity]
+  cuda::DeviceBuffer<int32_t> selected_count_;          // [anchors][rows][kv_heads]
   cuda::DeviceBuffer<unsigned char> top_k_workspace_;
   cuda::DeviceBuffer<unsigned char> gather_workspace_;
 };
@@ -132,6 +134,12 @@ Status KascadeCudaBackend::Reserve(std::span<const ForwardEntry> /*batch*/, cons
   const size_t kv_heads = static_cast<size_t>(model_.num_kv_heads);
   RUBATO_RETURN_IF_ERROR(GrowBackendBuffer(scores_, r * model_.num_heads * score_stride_,
                                            "kascade scores", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(
+      GrowBackendBuffer(lse_, r * model_.num_heads, "kascade score lse", drop_graphs));
+  RUBATO_RETURN_IF_ERROR(GrowBackendBuffer(
+      scores_workspace_,
+      cuda::DecodeScoresWorkspaceBytes(row_capacity_, model_.num_heads, max_count_),
+      "kascade scores workspace", drop_graphs));
   RUBATO_RETURN_IF_ERROR(GrowBackendBuffer(selected_, anchors * r * kv_heads * k_capacity_,
                                            "kascade selection", drop_graphs));
   RUBATO_RETURN_IF_ERROR(
@@ -159,12 +167,14 @@ Status KascadeCudaBackend::Attend(const CudaLayerContext& layer) {
   const size_t slot_rows = static_cast<size_t>(row_capacity_) * kv_heads;
 
   if (action.evidence & kPooledProbs) {
-    // The anchor's raw scores: layer 0 from its dense attention (whose output is the rows'),
-    // the other anchors from a scores-only pass (keys only; they attend their selection below).
+    // The anchor's raw scores and each head's lse: layer 0 from its dense attention (whose
+    // output is the rows'), the other anchors from a scores-only pass (keys only; they attend
+    // their selection below). The lse spares the top-k a pass over the scores.
     cuda::DecodeAttentionParams dense = layer.DecodeRows(rows_.first_row, rows_.rows);
     if (action.op == AttentionOp::kDense) {
       dense.scores = scores_.data();
       dense.scores_stride = score_stride_;
+      dense.lse = lse_.data();
       RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(dense, layer.stream));
     } else {
       cuda::DecodeScoresParams pass;
@@ -184,6 +194,9 @@ Status KascadeCudaBackend::Attend(const CudaLayerContext& layer) {
       pass.scale = dense.scale;
       pass.scores = scores_.data();
       pass.scores_stride = score_stride_;
+      pass.lse = lse_.data();
+      pass.workspace = scores_workspace_.data();
+      pass.workspace_bytes = scores_workspace_.size();
       RUBATO_RETURN_IF_ERROR(cuda::DecodeScores(pass, layer.stream));
     }
 
@@ -199,6 +212,7 @@ Status KascadeCudaBackend::Attend(const CudaLayerContext& layer) {
     top_k.num_kv_heads = model_.num_kv_heads;
     top_k.k = k_capacity_;
     top_k.row_k = row_k;
+    top_k.head_lse = lse_.data();
     top_k.selected = selected_.data() + slot * slot_rows * k_capacity_;
     top_k.selected_count = selected_count_.data() + slot * slot_rows;
     top_k.workspace = top_k_workspace_.data();

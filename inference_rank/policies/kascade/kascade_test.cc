@@ -320,7 +320,9 @@ TEST(Kascade, PrefillTilesSelectThePooledReferenceTopK) {
 TEST(Kascade, CommittedConfigsAndCalibrationsLoad) {
   for (const char* path :
        {"configs/policies/kascade.yaml", "configs/policies/kascade_dense_prefill.yaml",
-        "configs/policies/kascade_yardstick.yaml", "bench/configs/kascade_qwen3_8b.yaml"}) {
+        "configs/policies/kascade_yardstick.yaml",
+        "configs/policies/kascade_yardstick_dense_prefill.yaml",
+        "bench/configs/kascade_qwen3_8b.yaml"}) {
     auto file = LoadConfigFile(path);
     ASSERT_TRUE(file.ok()) << file.status().ToString();
     auto policy = CreateKascadePolicy(file->policy);
