@@ -5,9 +5,11 @@ launch and Kascade's anchor 0, anchor, reuse and mean per-layer times (ms).
   python3 bench/attention_kascade_plot.py bench/results/attention_kascade_h100.json
 """
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 
 def main():
@@ -18,11 +20,12 @@ def main():
         report = json.load(f)
     if shutil.which("gnuplot") is None:
         sys.exit("attention_kascade_plot.py: gnuplot not found (scripts/setup installs it)")
-    data = path[:-len(".json")] + ".dat"
     png = path[:-len(".json")] + ".png"
+    handle, data = tempfile.mkstemp(suffix=".dat")
+    os.close(handle)
     columns = ["dense_ms", "anchor0_ms", "anchor_ms", "reuse_ms", "mean_layer_ms"]
     with open(data, "w", encoding="utf-8") as f:
-        f.write("context dense anchor0 anchor reuse mean_layer\n")
+        f.write('context dense "anchor 0" anchor reuse "mean per layer"\n')
         for point in report["points"]:
             if "error" in point:
                 continue
@@ -38,7 +41,10 @@ def main():
         "set style fill solid 0.8 border -1", "set ylabel 'ms per layer'", "set key top left",
         "plot " + ", ".join(f"'{data}' using {i + 2}:xtic(1) title columnhead"
                             for i in range(len(columns)))])
-    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    try:
+        subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    finally:
+        os.remove(data)
     print(f"wrote {png}")
 
 
