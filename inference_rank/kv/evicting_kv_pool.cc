@@ -27,20 +27,20 @@ Status WriteToNextSlots(const EvictingKvView& view, const float* key, const floa
 }
 
 size_t EvictingKvPool::PoolBytes(const EvictingKvShape& s) {
-  const size_t per_layer = 2 * sizeof(float) * static_cast<size_t>(s.num_kv_heads) * s.budget *
-                               s.head_dim +
-                           s.budget + sizeof(int32_t) * s.num_kv_heads;
+  const size_t per_layer =
+      2 * sizeof(float) * static_cast<size_t>(s.num_kv_heads) * s.budget * s.head_dim + s.budget +
+      sizeof(int32_t) * s.num_kv_heads;
   return per_layer * s.num_layers * s.num_arrays;
 }
 
 Result<std::unique_ptr<EvictingKvPool>> EvictingKvPool::Create(const EvictingKvShape& shape) {
   if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
       shape.budget <= 0 || shape.num_arrays <= 0) {
-    return InvalidArgumentError(
-        "evicting KV pool: layers (" + std::to_string(shape.num_layers) + "), KV heads (" +
-        std::to_string(shape.num_kv_heads) + "), head_dim (" + std::to_string(shape.head_dim) +
-        "), budget (" + std::to_string(shape.budget) + ") and arrays (" +
-        std::to_string(shape.num_arrays) + ") must be positive");
+    return InvalidArgumentError("evicting KV pool: layers (" + std::to_string(shape.num_layers) +
+                                "), KV heads (" + std::to_string(shape.num_kv_heads) +
+                                "), head_dim (" + std::to_string(shape.head_dim) + "), budget (" +
+                                std::to_string(shape.budget) + ") and arrays (" +
+                                std::to_string(shape.num_arrays) + ") must be positive");
   }
   std::unique_ptr<EvictingKvPool> pool(new EvictingKvPool(shape));
   pool->layer_floats_ = static_cast<size_t>(shape.num_kv_heads) * shape.budget * shape.head_dim;
@@ -50,11 +50,10 @@ Result<std::unique_ptr<EvictingKvPool>> EvictingKvPool::Create(const EvictingKvS
   pool->valid_.reset(new (std::nothrow) uint8_t[layers * shape.budget]());
   pool->next_.reset(new (std::nothrow) int32_t[layers * shape.num_kv_heads]());
   if (!pool->keys_ || !pool->values_ || !pool->valid_ || !pool->next_) {
-    return ResourceExhaustedError("evicting KV pool: cannot allocate " +
-                                  std::to_string(PoolBytes(shape) >> 20) + " MiB for " +
-                                  std::to_string(shape.num_arrays) + " requests of " +
-                                  std::to_string(shape.budget) +
-                                  " slots; lower the policy's budget or engine.max_batch");
+    return ResourceExhaustedError(
+        "evicting KV pool: cannot allocate " + std::to_string(PoolBytes(shape) >> 20) +
+        " MiB for " + std::to_string(shape.num_arrays) + " requests of " +
+        std::to_string(shape.budget) + " slots; lower the policy's budget or engine.max_batch");
   }
   for (int array = shape.num_arrays - 1; array >= 0; --array) pool->free_arrays_.push_back(array);
   pool->array_in_use_.assign(static_cast<size_t>(shape.num_arrays), 0);

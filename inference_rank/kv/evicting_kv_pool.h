@@ -38,9 +38,9 @@ struct EvictingForward {
 
 // One layer of one request's slot arrays.
 struct EvictingKvView {
-  float* keys = nullptr;        // [num_kv_heads][budget][head_dim], f32
-  float* values = nullptr;      // [num_kv_heads][budget][head_dim], f32
-  uint8_t* valid = nullptr;     // [budget]: 1 where the slot holds a token (every KV head's)
+  float* keys = nullptr;         // [num_kv_heads][budget][head_dim], f32
+  float* values = nullptr;       // [num_kv_heads][budget][head_dim], f32
+  uint8_t* valid = nullptr;      // [budget]: 1 where the slot holds a token (every KV head's)
   int32_t* next_slot = nullptr;  // [num_kv_heads]: where the next token's K/V go
   int num_kv_heads = 0;
   int budget = 0;
@@ -84,8 +84,8 @@ class EvictingKvPool {
   explicit EvictingKvPool(const EvictingKvShape& shape) : shape_(shape) {}
 
   EvictingKvShape shape_;
-  size_t layer_floats_ = 0;  // floats of one layer's K (or V) of one array: kv_heads x B x hd
-  std::unique_ptr<float[]> keys_;      // [array][layer][kv_head][budget][head_dim], f32
+  size_t layer_floats_ = 0;        // floats of one layer's K (or V) of one array: kv_heads x B x hd
+  std::unique_ptr<float[]> keys_;  // [array][layer][kv_head][budget][head_dim], f32
   std::unique_ptr<float[]> values_;    // [array][layer][kv_head][budget][head_dim], f32
   std::unique_ptr<uint8_t[]> valid_;   // [array][layer][budget]
   std::unique_ptr<int32_t[]> next_;    // [array][layer][kv_head]

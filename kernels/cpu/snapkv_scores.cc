@@ -48,7 +48,7 @@ void SnapKvScoresForKvHead(const SnapKvScoreArgs& a, int kv_head, float* scratch
   const int group = a.num_heads / kv.num_kv_heads;
   const int prefix = a.length - a.window;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  float* weights = scratch;          // [length]: one query's softmax
+  float* weights = scratch;            // [length]: one query's softmax
   float* summed = scratch + a.length;  // [prefix]: summed over the window and the group
   std::fill(summed, summed + prefix, 0.f);
   for (int w = 0; w < a.window; ++w) {
@@ -56,7 +56,8 @@ void SnapKvScoresForKvHead(const SnapKvScoreArgs& a, int kv_head, float* scratch
     for (int g = 0; g < group; ++g) {
       const int head = kv_head * group + g;
       const float* q = a.window_queries + (static_cast<size_t>(w) * a.num_heads + head) * d;
-      for (int p = 0; p < keys; ++p) weights[p] = Dot(q, kv.keys + kv.Offset(p, kv_head), d) * scale;
+      for (int p = 0; p < keys; ++p)
+        weights[p] = Dot(q, kv.keys + kv.Offset(p, kv_head), d) * scale;
       SoftmaxInPlace(weights, keys);
       for (int p = 0; p < prefix; ++p) summed[p] += weights[p];
     }

@@ -23,7 +23,7 @@ struct SnapKvScoreArgs {
   int num_heads = 0;
   PagedKvView kv;  // the layer's keys of positions [0, length)
   int length = 0;
-  int pool_kernel = 1;     // odd, >= 1
+  int pool_kernel = 1;      // odd, >= 1
   float* scores = nullptr;  // [num_kv_heads][length - window] out: pooled, >= 0
 };
 

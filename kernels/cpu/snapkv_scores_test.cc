@@ -75,14 +75,17 @@ struct Fixture {
 };
 
 TEST(SnapKvScores, MatchesDoubleReference) {
-  const Case cases[] = {{4, 4, 16, 37, 8, 7},  {8, 2, 32, 100, 32, 7}, {8, 1, 16, 65, 1, 1},
-                        {4, 1, 64, 130, 32, 3}, {16, 2, 16, 48, 47, 7}};
+  const Case cases[] = {{4, 4, 16, 37, 8, 7},
+                        {8, 2, 32, 100, 32, 7},
+                        {8, 1, 16, 65, 1, 1},
+                        {4, 1, 64, 130, 32, 3},
+                        {16, 2, 16, 48, 47, 7}};
   uint32_t seed = 1;
   for (const Case& c : cases) {
     Fixture f(c, seed++);
     std::vector<float> scores(size_t(c.kv_heads) * (c.length - c.window), -1.f);
-    SnapKvScoreArgs args{f.queries.data(), c.window, c.heads, f.view, c.length, c.kernel,
-                         scores.data()};
+    SnapKvScoreArgs args{f.queries.data(), c.window, c.heads,      f.view,
+                         c.length,         c.kernel, scores.data()};
     std::vector<float> scratch(static_cast<size_t>(SnapKvScoresScratchSize(args)));
     ASSERT_TRUE(SnapKvScores(args, scratch).ok());
     const std::vector<double> ref = f.Reference();
