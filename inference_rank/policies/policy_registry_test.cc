@@ -159,8 +159,8 @@ TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
 }
 
 TEST(PolicyRegistry, KnownNamesAreTheTable) {
-  EXPECT_EQ(KnownPolicyNames(),
-            (std::vector<std::string>{"dense", "streaming_llm", "sfi", "oracle_topk", "kascade"}));
+  EXPECT_EQ(KnownPolicyNames(), (std::vector<std::string>{"dense", "streaming_llm", "sfi",
+                                                          "oracle_topk", "kascade", "longflow"}));
 }
 
 TEST(PolicyRegistry, OracleTopKDefaultsAndParameters) {

@@ -110,6 +110,8 @@ TEST(LongFlowModel, BudgetCoveringTheContextEqualsDenseBitForBit) {
 
 struct EngineRun {
   std::map<uint64_t, std::vector<TokenEvent>> events;
+  // The paged blocks held at steps that produced tokens: for one request, from the end of its
+  // prefill on (decode tokens never touch the paged cache).
   int max_used_blocks_after_prefill = 0;
 };
 
@@ -168,7 +170,7 @@ TEST(LongFlowEngine, BudgetCoveringTheContextGivesTheDenseTokens) {
   auto engine = MakeEngine(dir.path(), policy, KvResidency::kEvicting);
   const EngineRun run = RunEngine(*engine, requests);
   EXPECT_EQ(Tokens(run), dense_tokens);
-  EXPECT_EQ(run.max_used_blocks_after_prefill, 0);  // decode never touches the paged cache
+  EXPECT_EQ(engine->kv_cache().used_blocks(), 0);
   EXPECT_EQ(policy->counters().evictions, 0);
 }
 
@@ -182,6 +184,7 @@ TEST(LongFlowEngine, LongPromptIsCompressedAndEveryDecodeTokenEvicts) {
   const std::vector<TokenEvent>& events = run.events.begin()->second;
   ASSERT_FALSE(events.empty());
   EXPECT_NE(events.back().finish, FinishReason::kError);
+  ASSERT_GT(events.size(), 10u);  // decode steps to evict (seeded: no early stop token)
   const int layers = 2, kv_heads = 2;
   const int64_t decode_steps = static_cast<int64_t>(events.size()) - 1;  // the first: prefill
   EXPECT_EQ(policy->counters().prompt_evictions, (40 - 24) * layers * kv_heads);
@@ -225,7 +228,10 @@ TEST(LongFlowEngine, AdmissionReservesThePromptAndTheBudgetAndServesOn) {
   ASSERT_EQ(run.events.size(), 1u);
   const std::vector<TokenEvent>& events = run.events.begin()->second;
   EXPECT_NE(events.back().finish, FinishReason::kError);
-  if (events.back().finish == FinishReason::kLength) EXPECT_EQ(events.size(), 100u);
+  EXPECT_GT(events.size(), 30u);  // 40 + 30 positions: more than the 64 the cache holds
+  if (events.back().finish == FinishReason::kLength) {
+    EXPECT_EQ(events.size(), 100u);
+  }
   EXPECT_EQ(run.max_used_blocks_after_prefill, 0);
 
   // The local residency with the same cache refuses the long output outright.
