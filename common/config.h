@@ -41,8 +41,9 @@ struct EngineSection {
   int block_size = 16;         // 16 or 64 tokens per KV block
   int prefill_chunk = 512;     // [1, 1048576] tokens per prefill chunk
   int threads = 0;             // CPU threads, 0: all cores; [0, 1024]
-  // Where requests' full KV lives: "local" (this rank's cache) or "offloaded" (a cache rank,
-  // topology.cache_endpoints or one in this process). Apart from the policy, which must
+  // Where requests' full KV lives: "local" (this rank's cache), "offloaded" (a cache rank,
+  // topology.cache_endpoints or one in this process) or "evicting" (a fixed budget of slots
+  // per request, one overwritten per step). Apart from the policy, which must
   // support it.
   std::string kv_residency = "local";
 

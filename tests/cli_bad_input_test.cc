@@ -237,7 +237,12 @@ TEST_F(CliBadInputTest, UnsupportedPolicyResidencyPairIsRefusedByName) {
         {"policy '" + policy + "' does not support offloaded KV (supported: local)"});
   }
   ExpectCleanFailure(Generate({"--kv-residency", "evicting"}),
-                     {"--kv-residency: 'evicting' is not one of local, offloaded"});
+                     {"policy 'dense' does not support evicting KV (supported: local, "
+                      "offloaded)"});
+  ExpectCleanFailure(Generate({"--policy", "longflow"}),
+                     {"policy 'longflow' does not support local KV (supported: evicting)"});
+  ExpectCleanFailure(Generate({"--kv-residency", "split"}),
+                     {"--kv-residency: 'split' is not one of local, offloaded, evicting"});
 }
 
 TEST_F(CliBadInputTest, UnknownPolicyInYaml) {

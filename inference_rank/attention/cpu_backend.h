@@ -24,6 +24,7 @@ struct CpuEntryRows {
   KvSequence* sequence = nullptr;
   const EntryAttention* attention = nullptr;  // null: dense, not the backend's
   const OffloadForward* offload = nullptr;    // set when its KV is offloaded (kv_offload.h)
+  const EvictingForward* evicting = nullptr;  // set when its KV is evicting (evicting_kv_pool.h)
 
   // An offloaded one-token entry past position 0 attends the exchange's compact KV.
   bool AttendsOffloaded() const { return offload != nullptr && tokens == 1 && start_position > 0; }
@@ -37,6 +38,9 @@ struct CpuLayerContext {
   std::span<const CpuEntryRows> entries;  // batch order
   const float* q = nullptr;    // [tokens][num_heads][head_dim], f32, after RoPE: every entry's
   ThreadPool* pool = nullptr;  // the model's attention workers
+  // [tokens][num_heads][head_dim], f32: the layer's attention output, every entry's rows;
+  // a backend writes only the rows of the entries whose op it runs (kFixedBudget).
+  float* output = nullptr;
 };
 
 // A kIndexGather entry's positions in one layer, per KV head (any order, each once). A decode
@@ -70,6 +74,12 @@ class CpuAttentionBackend : public AttentionBackend {
   // The positions kIndexGather entry `entry` attends in `layer`; valid until the layer ends.
   virtual Result<GatherPositions> Positions(const CpuLayerContext& /*layer*/, int /*entry*/) {
     return UnsupportedError("this policy's CPU backend has no index-gather positions");
+  }
+  // The attention of kFixedBudget entry `entry` (one decode token on evicting KV) in `layer`:
+  // the model has written the token's K/V into the entry's slots (their next_slot); the backend
+  // writes the token's output rows and each KV head's next_slot for the next token.
+  virtual Status AttendFixedBudget(const CpuLayerContext& /*layer*/, int /*entry*/) {
+    return UnsupportedError("this policy's CPU backend has no fixed-budget attention");
   }
   // After the layer's attention: the policy's work on its evidence (e.g. refresh a selection).
   virtual Status AfterAttention(const CpuLayerContext& /*layer*/) { return Status::Ok(); }

@@ -24,6 +24,9 @@ class Tokenizer;
 struct PolicyTraits {
   ResidencySet residencies{KvResidency::kLocal};  // where its requests' KV may live
   bool graph_replayable = true;                   // its decode steps may be replayed as CUDA graphs
+  // Evicting KV: the slots per (layer, KV head) each of its requests holds (its budget B), which
+  // the engine reserves at admission in place of the request's length.
+  int evicting_slots = 0;
 };
 
 // One request's policy state, owned by the engine for the request's lifetime.

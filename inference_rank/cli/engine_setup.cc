@@ -36,9 +36,10 @@ Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides) {
     if (!overrides.config_file) config.policy.source = "command line";
   }
   if (overrides.kv_residency) {
-    if (*overrides.kv_residency != "local" && *overrides.kv_residency != "offloaded") {
+    if (*overrides.kv_residency != "local" && *overrides.kv_residency != "offloaded" &&
+        *overrides.kv_residency != "evicting") {
       return InvalidArgumentError("--kv-residency: '" + *overrides.kv_residency +
-                                  "' is not one of local, offloaded");
+                                  "' is not one of local, offloaded, evicting");
     }
     config.engine.kv_residency = *overrides.kv_residency;
   }
@@ -147,6 +148,7 @@ EngineOptions EngineOptionsFromConfig(const RubatoConfig& config) {
   options.block_size = config.engine.block_size;
   options.prefill_chunk = config.engine.prefill_chunk;
   options.num_threads = config.engine.threads;
+  if (config.engine.kv_residency == "evicting") options.kv_residency = KvResidency::kEvicting;
   return options;
 }
 

@@ -27,7 +27,7 @@ struct ConfigOverrides {
   bool random_weights = false;              // model.random_weights
   std::optional<std::string> backend;       // "cpu" | "cuda": engine.backend
   std::optional<std::string> policy;        // policy.name
-  std::optional<std::string> kv_residency;  // engine.kv_residency: "local" | "offloaded"
+  std::optional<std::string> kv_residency;  // engine.kv_residency: local | offloaded | evicting
   std::optional<int> threads;               // engine.threads
   // "host:port" of a cache rank (`rubato cache --listen`): topology.mode disaggregated over ucx
   // with this one cache endpoint.

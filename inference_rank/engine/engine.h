@@ -57,6 +57,14 @@ struct EngineOptions {
   // died or stalled), every offloaded request ends with an error event; requests that fail to open
   // a session end alike. Must outlive the engine.
   KvOffloadClient* offload = nullptr;
+  // Where requests' KV lives when `offload` is not set: kLocal (the paged cache holds every
+  // position) or kEvicting (DESIGN §3): every request holds a static slot array of the policy's
+  // traits().evicting_slots (B) per (layer, KV head) from a pool of max_batch arrays made at
+  // Create; its prompt prefills through the paged cache, which holds only the prompt and is
+  // released once the forward that ended the prompt moved it into the slots; decode tokens
+  // write into the slots. Admission and the KV cache's accounting use the prompt and B, never
+  // max_new_tokens. Needs a policy that supports it (its traits).
+  KvResidency kv_residency = KvResidency::kLocal;
 };
 
 enum class FinishReason {
@@ -114,6 +122,9 @@ class Engine {
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   const PagedKvCache& kv_cache() const { return *kv_cache_; }
+  const EvictingKvPool* evicting_pool() const {
+    return evicting_pool_.get();
+  }                                                          // null unless evicting
   const EngineOptions& options() const { return options_; }  // with defaults resolved
 
  private:
@@ -128,14 +139,17 @@ class Engine {
     FinishReason finish = FinishReason::kNone;
     std::unique_ptr<PolicyRequest> policy;    // the policy's state of it, or null (dense)
     std::optional<uint64_t> offload_session;  // its session on the cache rank (options.offload)
+    EvictingKvSlots slots;                    // its slot arrays (evicting KV), else none
   };
 
   Engine(std::unique_ptr<Model> model, std::unique_ptr<PagedKvCache> kv_cache,
          const EngineOptions& options);
 
-  // Positions of a request's KV that may ever be written (prompt + generated - 1, the last
-  // sampled token is never fed back).
+  // Positions of a request's KV that the paged cache may ever hold (prompt + generated - 1, the
+  // last sampled token is never fed back; the prompt alone on evicting KV).
   int ReservedTokens(const GenerationRequest& request) const;
+  // Evicting KV: the request's prompt is in its slots now; its paged blocks go back.
+  Status ReleasePromptBlocks(Request& request);
   // Moves waiting requests to running while the batch and the KV cache have room; a request
   // whose cache-rank session cannot be opened ends with an error event in `events`.
   Status AdmitWaiting(std::vector<TokenEvent>& events);
@@ -153,6 +167,7 @@ class Engine {
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<PagedKvCache> kv_cache_;
+  std::unique_ptr<EvictingKvPool> evicting_pool_;  // evicting KV only
   EngineOptions options_;
   uint64_t next_id_ = 1;
   std::deque<Request> waiting_;
@@ -166,8 +181,10 @@ class Engine {
   std::vector<std::pair<Request*, std::mt19937_64>> rng_before_step_;
   std::vector<TokenSampling> batch_sampling_;  // [batch entries]; what entries' sampling points to
   std::vector<OffloadForward> batch_offload_;  // [batch entries]; what entries' offload points to
-  AttentionWindow window_;                     // the policy's (dense without one)
-  Gauge* retained_kv_metric_ = nullptr;        // in options_.metrics, when set
+  std::vector<EvictingForward>
+      batch_evicting_;                   // [batch entries]; what entries' evicting points to
+  AttentionWindow window_;               // the policy's (dense without one)
+  Gauge* retained_kv_metric_ = nullptr;  // in options_.metrics, when set
   ForwardResult forward_result_;
 };
 

@@ -29,6 +29,8 @@ struct KvCacheShape {
 struct KvSequence {
   std::vector<int32_t> block_table;  // [blocks] physical block ids, in position order
   int num_tokens = 0;                // positions [0, num_tokens) hold K/V in every layer
+                                     // (on evicting KV, once the prompt moved into the
+                                     // request's slots: the positions written, no blocks)
 };
 
 // Pools that a backend keeps outside this class (the CUDA model's device pools). The cache owns

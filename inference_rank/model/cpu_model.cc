@@ -31,6 +31,10 @@ int ResolveThreads(int num_threads) {
 
 const float* OrNull(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
+bool IsFixedBudget(const CpuEntryRows& p, int layer) {
+  return p.attention != nullptr && p.attention->ActionFor(layer).op == AttentionOp::kFixedBudget;
+}
+
 }  // namespace
 
 // ---- construction -------------------------------------------------------------------------
@@ -78,6 +82,11 @@ Result<std::unique_ptr<PagedKvCache>> CpuModel::CreateKvCache(int block_tokens, 
                                            config_.head_dim, block_tokens, num_blocks});
 }
 
+Result<std::unique_ptr<EvictingKvPool>> CpuModel::CreateEvictingKvPool(int budget, int num_arrays) {
+  return EvictingKvPool::Create(EvictingKvShape{config_.num_layers, config_.num_kv_heads,
+                                                config_.head_dim, budget, num_arrays});
+}
+
 Status CpuModel::SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) {
   if (backend == nullptr) {
     backend_.reset();
@@ -110,7 +119,7 @@ void CpuModel::PlanBatch(std::span<const ForwardEntry> batch) {
   for (const ForwardEntry& entry : batch) {
     const int tokens = static_cast<int>(entry.tokens.size());
     plan_.push_back(CpuEntryRows{total_tokens_, tokens, entry.start_position, entry.sequence,
-                                 entry.attention, entry.offload});
+                                 entry.attention, entry.offload, entry.evicting});
     total_tokens_ += tokens;
     CausalAttentionArgs shape_only;  // the scratch size depends on sizes only
     shape_only.tokens = tokens;
@@ -234,10 +243,17 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
 
   for (const CpuEntryRows& p : plan_) {
     const size_t offset = static_cast<size_t>(p.first_token) * kv_dim;
+    if (IsFixedBudget(p, layer)) {  // evicting KV: the slot the previous step chose
+      RUBATO_RETURN_IF_ERROR(WriteToNextSlots(p.evicting->pool->LayerView(layer, p.evicting->slots),
+                                              k_.data() + offset, v_.data() + offset)
+                                 .WithContext("layer " + std::to_string(layer)));
+      continue;
+    }
     AppendToPagedKv(k_.data() + offset, v_.data() + offset, p.tokens, p.start_position,
                     cache.LayerView(layer, *p.sequence));
   }
-  const CpuLayerContext context{layer, &config_, &cache, plan_, q_.data(), thread_pool_.get()};
+  const CpuLayerContext context{layer,     &config_,           &cache,           plan_,
+                                q_.data(), thread_pool_.get(), attention_.data()};
   two_segment_args_.resize(plan_.size());
   index_gather_args_.resize(plan_.size());
   tile_gather_args_.resize(plan_.size());
@@ -246,12 +262,17 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
     RUBATO_RETURN_IF_ERROR(PlannedOpArgs(context));
   }
   RUBATO_RETURN_IF_ERROR(OffloadLayer(layer, cache));
+  for (size_t e = 0; e < plan_.size(); ++e) {
+    if (!IsFixedBudget(plan_[e], layer)) continue;
+    RUBATO_RETURN_IF_ERROR(backend_->AttendFixedBudget(context, static_cast<int>(e)));
+  }
   // One work item per (entry, KV head); items write disjoint rows of attention_.
   const int items = static_cast<int>(plan_.size()) * kv_heads;
   thread_pool_->ParallelFor(items, [&](int item, int worker) {
     const CpuEntryRows& p = plan_[static_cast<size_t>(item / kv_heads)];
     const AttentionOp op =
         p.attention != nullptr ? p.attention->ActionFor(layer).op : AttentionOp::kDense;
+    if (op == AttentionOp::kFixedBudget) return;  // the backend's, above
     if (op == AttentionOp::kIndexGather) {
       const size_t e = static_cast<size_t>(item / kv_heads);
       float* scratch = attention_scratch_[static_cast<size_t>(worker)].data();

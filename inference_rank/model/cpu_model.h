@@ -46,6 +46,8 @@ class CpuModel : public Model {
 
   // A KV cache shaped for this model, with f32 host pools.
   Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override;
+  // Model::CreateEvictingKvPool: f32 host slot arrays.
+  Result<std::unique_ptr<EvictingKvPool>> CreateEvictingKvPool(int budget, int num_arrays) override;
 
   // Threads for attention and (process-wide: OpenBLAS has one setting) GEMMs; 0 = all cores.
   void SetNumThreads(int num_threads) override;
@@ -55,8 +57,9 @@ class CpuModel : public Model {
   AttentionBackend* attention_backend() override { return backend_.get(); }
 
   // Model::Forward. The window is per batch because the engine runs one policy; the KV cache
-  // still holds every position (the CPU reference masks, it never evicts). Sampled entries
-  // keep their logits too.
+  // still holds every position (the CPU reference masks, it never evicts), except for
+  // kFixedBudget entries, whose K/V go to their evicting slots. Sampled entries keep their
+  // logits too.
   Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache, ForwardResult& result,
                  const AttentionWindow& window = AttentionWindow()) override;
 

@@ -192,6 +192,10 @@ Status CudaModel::SetAttentionBackend(std::unique_ptr<AttentionBackend> backend)
 
 Status CudaModel::CheckAttentionEntries(std::span<const ForwardEntry> batch) const {
   for (size_t e = 0; e < batch.size(); ++e) {
+    if (batch[e].evicting != nullptr) {
+      return UnsupportedError("forward: batch entry " + std::to_string(e) +
+                              ": evicting KV is not built in the CUDA model yet");
+    }
     const EntryAttention* attention = batch[e].attention;
     if (attention == nullptr) continue;
     const std::string where = "forward: batch entry " + std::to_string(e);

@@ -57,9 +57,14 @@ Status ValidateAttentionEntry(const ForwardEntry& entry, const AttentionWindow& 
   if (attention.layer_actions == nullptr) {
     return ValidateLayerAction(entry, attention.action, 0, where);
   }
+  const bool fixed_budget = attention.layer_actions[0].op == AttentionOp::kFixedBudget;
   for (int layer = 0; layer < num_layers; ++layer) {
     RUBATO_RETURN_IF_ERROR(
         ValidateLayerAction(entry, attention.layer_actions[layer], layer, where));
+    // The slots take the token's K/V in every layer or in none.
+    if ((attention.layer_actions[layer].op == AttentionOp::kFixedBudget) != fixed_budget) {
+      return InvalidArgumentError(where + ": fixed-budget attention in some layers only");
+    }
   }
   return Status::Ok();
 }
@@ -91,7 +96,16 @@ Status ValidateLayerAction(const ForwardEntry& entry, const LayerAction& action,
       }
       return Status::Ok();
     case AttentionOp::kFixedBudget:
-      return UnsupportedError(where + ": fixed-budget attention is not built in this model yet");
+      if (tokens != 1) {
+        return InvalidArgumentError(where + ": fixed-budget attention takes one token, got " +
+                                    std::to_string(tokens));
+      }
+      if (entry.evicting == nullptr) {
+        return InvalidArgumentError(where +
+                                    ": fixed-budget attention needs the entry's evicting KV "
+                                    "(ForwardEntry::evicting)");
+      }
+      return Status::Ok();
   }
   return InvalidArgumentError(where + ": unknown attention op");
 }
@@ -160,6 +174,21 @@ Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardEn
         return InvalidArgumentError(where + ": offloaded entries need a dense forward window");
       }
     }
+    if (entry.evicting != nullptr) {
+      const EvictingForward& evicting = *entry.evicting;
+      if (evicting.pool == nullptr || evicting.slots.array < 0 ||
+          evicting.slots.array >= evicting.pool->shape().num_arrays) {
+        return InvalidArgumentError(where + ": evicting entry without a slot array of its pool");
+      }
+      const EvictingKvShape& slots = evicting.pool->shape();
+      if (slots.num_layers != config.num_layers || slots.num_kv_heads != config.num_kv_heads ||
+          slots.head_dim != config.head_dim) {
+        return InvalidArgumentError(where + ": its evicting KV pool is not shaped for this model");
+      }
+      if (entry.offload != nullptr) {
+        return InvalidArgumentError(where + " is both offloaded and evicting");
+      }
+    }
   }
   return Status::Ok();
 }
@@ -167,6 +196,7 @@ Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardEn
 Status ReserveForwardBlocks(std::span<const ForwardEntry> batch, PagedKvCache& cache) {
   int needed = 0;
   for (const ForwardEntry& entry : batch) {
+    if (IsFixedBudgetEntry(entry)) continue;
     const int total = entry.start_position + static_cast<int>(entry.tokens.size());
     needed +=
         std::max(0, cache.BlocksFor(total) - static_cast<int>(entry.sequence->block_table.size()));
@@ -178,6 +208,7 @@ Status ReserveForwardBlocks(std::span<const ForwardEntry> batch, PagedKvCache& c
                                   std::to_string(cache.shape().num_blocks) + " are free");
   }
   for (const ForwardEntry& entry : batch) {
+    if (IsFixedBudgetEntry(entry)) continue;
     RUBATO_RETURN_IF_ERROR(cache.Reserve(
         *entry.sequence, entry.start_position + static_cast<int>(entry.tokens.size())));
   }

@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "inference_rank/attention/attention_backend.h"
 #include "inference_rank/attention/layer_action.h"
+#include "inference_rank/kv/evicting_kv_pool.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/kv_offload.h"
 #include "inference_rank/model/model_weights.h"
@@ -73,7 +74,19 @@ struct ForwardEntry {
   // (the cache rank's selector chooses the rows). Both models run it (the CUDA model eagerly,
   // synchronous per layer). Must outlive Forward.
   const OffloadForward* offload = nullptr;
+  // Set: the entry's KV is evicting (kv/evicting_kv_pool.h). A prefill chunk still runs through
+  // the paged cache (the backend moves the prompt into the slots); a kFixedBudget entry (one
+  // decode token) writes each layer's new K/V into the slots its arrays' next_slot names, not
+  // the paged cache (no block is reserved for it), and the backend attends the slots. Must
+  // outlive Forward.
+  const EvictingForward* evicting = nullptr;
 };
+
+// An entry whose plan is kFixedBudget (in every layer: validation refuses mixed plans).
+inline bool IsFixedBudgetEntry(const ForwardEntry& entry) {
+  return entry.attention != nullptr &&
+         entry.attention->ActionFor(0).op == AttentionOp::kFixedBudget;
+}
 
 // Output of a forward. Reused across calls, so that a steady decode loop does not allocate.
 struct ForwardResult {
@@ -124,6 +137,14 @@ class Model {
 
   // A KV cache shaped for this model, its pools where this backend computes (host or device).
   virtual Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) = 0;
+  // The slot pool of evicting KV for this model (its pools where this backend computes);
+  // Unsupported where the backend does not run evicting KV yet.
+  virtual Result<std::unique_ptr<EvictingKvPool>> CreateEvictingKvPool(int budget, int num_arrays) {
+    (void)budget;
+    (void)num_arrays;
+    return UnsupportedError("the " + std::string(backend_name()) +
+                            " model does not run evicting KV yet");
+  }
 
   // Runs one batch. For each entry, reserves KV blocks for its new positions (all entries or
   // none: ResourceExhausted when the cache is full), writes the new K/V of every layer, and
@@ -171,7 +192,8 @@ Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardEn
                             const PagedKvCache& cache, const AttentionWindow& window);
 
 // Reserves the blocks every entry needs for its new positions, all entries or none
-// (ResourceExhausted naming the shortfall).
+// (ResourceExhausted naming the shortfall). kFixedBudget entries need none (their K/V go to
+// their slots).
 Status ReserveForwardBlocks(std::span<const ForwardEntry> batch, PagedKvCache& cache);
 
 // What TokenSampling means, on the host: ArgMax when greedy, else SampleTokenWithUniform with

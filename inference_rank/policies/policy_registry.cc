@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "inference_rank/policies/dense/dense_policy.h"
 #include "inference_rank/policies/kascade/kascade_policy.h"
+#include "inference_rank/policies/longflow/longflow_policy.h"
 #include "inference_rank/policies/oracle_topk/oracle_topk_policy.h"
 #include "inference_rank/policies/sfi/sfi_policy.h"
 #include "inference_rank/policies/streaming_llm/streaming_llm_policy.h"
@@ -22,7 +23,7 @@ struct PolicyRegistration {
 constexpr PolicyRegistration kPolicies[] = {
     {"dense", &CreateDensePolicy},     {"streaming_llm", &CreateStreamingLlmPolicy},
     {"sfi", &CreateSfiPolicy},         {"oracle_topk", &CreateOracleTopKPolicy},
-    {"kascade", &CreateKascadePolicy},
+    {"kascade", &CreateKascadePolicy}, {"longflow", &CreateLongFlowPolicy},
 };
 
 // Old names: a policy on offloaded KV.
@@ -77,11 +78,11 @@ Result<PolicyChoice> ResolvePolicy(const RubatoConfig& config) {
   const std::optional<KvResidency> residency = ParseKvResidency(config.engine.kv_residency);
   if (!residency.has_value()) {
     return InvalidArgumentError("engine.kv_residency: '" + config.engine.kv_residency +
-                                "' is not one of local, offloaded");
+                                "' is not one of local, offloaded, evicting");
   }
-  if (*residency != KvResidency::kLocal && *residency != KvResidency::kOffloaded) {
+  if (*residency == KvResidency::kSplitByHead) {
     return UnsupportedError("engine.kv_residency: " + config.engine.kv_residency +
-                            " KV is not built yet (local, offloaded)");
+                            " KV is not built yet (local, offloaded, evicting)");
   }
   return ResolvePolicy(config.policy, *residency);
 }

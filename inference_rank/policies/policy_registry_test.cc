@@ -45,7 +45,7 @@ TEST(PolicyRegistry, ShippedPolicyFilesResolve) {
     ++files;
     auto config = LoadConfigFile(entry.path().string());
     ASSERT_TRUE(config.ok()) << config.status().message();
-    auto choice = ResolvePolicy(config->policy);
+    auto choice = ResolvePolicy(*config);  // with the file's engine.kv_residency (longflow's)
     ASSERT_TRUE(choice.ok()) << choice.status().message();
     const std::string name = entry.path().stem().string();
     if (name.starts_with("sfi")) {
@@ -56,7 +56,7 @@ TEST(PolicyRegistry, ShippedPolicyFilesResolve) {
       EXPECT_EQ(sfi.confidence_threshold, name == "sfi_confident" ? 0.9 : 0.0) << name;
     }
   }
-  EXPECT_GE(files, 5);
+  EXPECT_GE(files, 7);
 }
 
 TEST(PolicyRegistry, UnknownNameListsKnownOnes) {
@@ -66,7 +66,7 @@ TEST(PolicyRegistry, UnknownNameListsKnownOnes) {
   ASSERT_FALSE(rejected.ok());
   EXPECT_EQ(rejected.status().message(),
             "p.yaml: policy.name: unknown policy 'quest9' (known: dense, streaming_llm, sfi, "
-            "oracle_topk, kascade)");
+            "oracle_topk, kascade, longflow)");
 }
 
 TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
@@ -159,8 +159,8 @@ TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
 }
 
 TEST(PolicyRegistry, KnownNamesAreTheTable) {
-  EXPECT_EQ(KnownPolicyNames(),
-            (std::vector<std::string>{"dense", "streaming_llm", "sfi", "oracle_topk", "kascade"}));
+  EXPECT_EQ(KnownPolicyNames(), (std::vector<std::string>{"dense", "streaming_llm", "sfi",
+                                                          "oracle_topk", "kascade", "longflow"}));
 }
 
 TEST(PolicyRegistry, OracleTopKDefaultsAndParameters) {
@@ -207,10 +207,11 @@ TEST(PolicyRegistry, ResidencyIsCheckedAgainstThePolicysTraits) {
                                                "' does not support offloaded KV (supported: "
                                                "local)");
   }
-  auto bad = ParseConfig("engine: {kv_residency: evicting}\n", "r.yaml");
+  auto bad = ParseConfig("engine: {kv_residency: split_by_head}\n", "r.yaml");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("engine.kv_residency: must be local or offloaded"),
-            std::string::npos)
+  EXPECT_NE(
+      bad.status().message().find("engine.kv_residency: must be local, offloaded or evicting"),
+      std::string::npos)
       << bad.status().message();
 }
 
