@@ -104,7 +104,8 @@ Status RunBudget(const Options& o, int budget, nlohmann::json& point) {
       Upload(std::vector<uint8_t>(static_cast<size_t>(o.batch) * budget, 1), "valid mask"));
   const size_t pairs = static_cast<size_t>(o.batch) * o.kv_heads;
   RUBATO_ASSIGN_OR_RETURN(auto next_slot, DeviceBuffer<int32_t>::Allocate(pairs, "next slot"));
-  const size_t longflow_ws = cuda::LongFlowAttentionWorkspaceBytes(o.batch, o.heads, budget);
+  const size_t longflow_ws =
+      cuda::LongFlowAttentionWorkspaceBytes(o.batch, o.heads, o.head_dim, budget);
   RUBATO_ASSIGN_OR_RETURN(auto longflow_workspace,
                           DeviceBuffer<unsigned char>::Allocate(longflow_ws, "LongFlow ws"));
   cuda::LongFlowAttentionParams fused;

@@ -215,6 +215,7 @@ bool UsesTensorCopies(const DecodeAttentionParams& params) {
 // The bound of key indices a launch sizes its workspace for: the list capacity of index-gather
 // launches, else max_seq_len.
 int KeyBound(const DecodeAttentionParams& params) {
+  if (params.slot_keys != nullptr) return params.slot_budget;
   return params.lists != nullptr ? params.list_capacity : params.max_seq_len;
 }
 
@@ -222,6 +223,7 @@ int KeyBound(const DecodeAttentionParams& params) {
 // the list's capacity, the window's keys, or for two-segment launches the compact rows rounded up
 // to a tile plus the paged keys from recent_begin rounded down to a tile.
 int MaxKeys(const DecodeAttentionParams& params) {
+  if (params.slot_keys != nullptr) return params.slot_budget;
   if (params.lists != nullptr) return params.list_capacity;
   if (params.compact_keys == nullptr) {
     const long long window_keys = static_cast<long long>(params.sink_tokens) + params.recent_tokens;
@@ -270,6 +272,9 @@ Status LaunchVariant(const DecodeAttentionParams& params, const SplitOutputs& ou
     if (params.lists != nullptr) {
       return LaunchSplits<kHeadDim, kGroup, false, ListVariant>(params, outputs, stream);
     }
+    if (params.slot_keys != nullptr) {
+      return LaunchSplits<kHeadDim, kGroup, false, SlotsVariant>(params, outputs, stream);
+    }
   }
   if (params.scores_only) {
     return LaunchSplits<kHeadDim, kGroup, kTensorCopies, ScoresOnlyVariant>(params, outputs,
@@ -290,7 +295,8 @@ template <int kHeadDim, int kGroup>
 Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout,
               cudaStream_t stream) {
   const int max_visible = MaxKeys(params);
-  const bool tensor_copies = params.lists == nullptr && UsesTensorCopies(params);
+  const bool tensor_copies =
+      params.lists == nullptr && params.slot_keys == nullptr && UsesTensorCopies(params);
   SplitOutputs outputs;
   int splits = params.num_splits > 0
                    ? params.num_splits
@@ -360,10 +366,49 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
   return Status::Ok();
 }
 
+// A slot launch (LongFlow): the slot arrays instead of the paged pool, no window or extras.
+Status ValidateSlots(const DecodeAttentionParams& p) {
+  auto invalid = [](const std::string& what) {
+    return InvalidArgumentError("decode attention over slots: " + what);
+  };
+  if (p.q == nullptr || p.slot_values == nullptr || p.slot_valid == nullptr || p.out == nullptr ||
+      p.scores == nullptr || p.slot_value_norms == nullptr) {
+    return invalid("q, slot_values, slot_valid, out, scores and slot_value_norms must be set");
+  }
+  if (p.batch < 1 || p.num_kv_heads < 1 || p.num_heads < 1 || p.num_heads % p.num_kv_heads != 0 ||
+      p.slot_budget < 1) {
+    return invalid("bad shape (batch " + std::to_string(p.batch) + ", heads " +
+                   std::to_string(p.num_heads) + "/" + std::to_string(p.num_kv_heads) +
+                   ", slot_budget " + std::to_string(p.slot_budget) + ")");
+  }
+  if (p.lists != nullptr || p.compact_keys != nullptr || p.kv_head_probs != nullptr ||
+      p.scores_only || p.sink_tokens != 0 || p.recent_tokens != INT_MAX) {
+    return invalid("takes no list, compact segment, probabilities, window or scores-only pass");
+  }
+  if (p.scores_stride < p.slot_budget || p.max_seq_len != p.slot_budget) {
+    return invalid("scores_stride and max_seq_len must hold slot_budget " +
+                   std::to_string(p.slot_budget));
+  }
+  if (std::isnan(p.scale) || std::isinf(p.scale)) return invalid("scale is not finite");
+  if (!Aligned16(p.q) || !Aligned16(p.slot_keys) || !Aligned16(p.slot_values) ||
+      p.q_row_stride % 8 != 0 || p.q_row_stride < static_cast<int64_t>(p.num_heads) * p.head_dim ||
+      p.out_row_stride < static_cast<int64_t>(p.num_heads) * p.head_dim) {
+    return invalid("q and the slots must be 16-byte aligned, the row strides hold every head");
+  }
+  const size_t needed =
+      DecodeAttentionWorkspaceBytes(p.batch, p.num_heads, p.head_dim, p.slot_budget, false);
+  if (p.workspace == nullptr || p.workspace_bytes < needed) {
+    return invalid("workspace of " + std::to_string(p.workspace_bytes) + " bytes; " +
+                   std::to_string(needed) + " needed (DecodeAttentionWorkspaceBytes)");
+  }
+  return Status::Ok();
+}
+
 Status Validate(const DecodeAttentionParams& p) {
   auto invalid = [](const std::string& what) {
     return InvalidArgumentError("decode attention: " + what);
   };
+  if (p.slot_keys != nullptr) return ValidateSlots(p);
   if (p.q == nullptr || p.key_pool == nullptr || p.block_tables == nullptr) {
     return invalid("q, key_pool and block_tables must be set");
   }

@@ -92,6 +92,18 @@ struct DecodeAttentionParams {
   int list_capacity = 0;  // >= 1 with lists: fixes the grid and the workspace
   int list_heads = 0;     // lists per sequence, >= 1 with lists
   const int32_t* list_head_map = nullptr;
+  // Optional slot arrays (LongFlow's evicting KV): with slot_keys set, KV head h of sequence b
+  // attends the valid rows of its slot array slot_keys / slot_values + (b * num_kv_heads + h) *
+  // slot_budget * head_dim (rows i with slot_valid[b * slot_budget + i] != 0); key_pool,
+  // value_pool, block_tables, seq_lens and the window are not read (max_seq_len = slot_budget).
+  // Writes the raw scores of every slot to `scores` (scores_stride >= slot_budget; -inf where not
+  // valid) and each attended slot's ||v||_1 to slot_value_norms [batch][num_kv_heads]
+  // [slot_budget]. Row copies; no compact segment, list or probabilities.
+  const __nv_bfloat16* slot_keys = nullptr;    // [batch][num_kv_heads][slot_budget][head_dim]
+  const __nv_bfloat16* slot_values = nullptr;  // [batch][num_kv_heads][slot_budget][head_dim]
+  const uint8_t* slot_valid = nullptr;         // [batch][slot_budget]
+  int slot_budget = 0;
+  float* slot_value_norms = nullptr;
   // Scores only: with `scores` set, the keys alone are read and only the raw scores are written,
   // plus `lse` when set (out and the probabilities untouched; value_pool and out may be null; the
   // workspace, DecodeScoresOnlyWorkspaceBytes, is needed only for the lse). An anchor layer's

@@ -121,31 +121,43 @@ __device__ inline VisibleKeys VisibleKeysOf(int seq_len, int sink_tokens, int re
 struct WindowVariant {  // the window's keys; no scores
   static constexpr bool kCompact = false;
   static constexpr bool kList = false;
+  static constexpr bool kSlots = false;
   static constexpr bool kScores = false;
   static constexpr bool kValues = true;
 };
 struct WindowScoresVariant {  // the window's keys; raw scores (the caller's, or for probs)
   static constexpr bool kCompact = false;
   static constexpr bool kList = false;
+  static constexpr bool kSlots = false;
   static constexpr bool kScores = true;
   static constexpr bool kValues = true;
 };
 struct ScoresOnlyVariant {  // the window's keys; raw scores, no values, no output
   static constexpr bool kCompact = false;
   static constexpr bool kList = false;
+  static constexpr bool kSlots = false;
   static constexpr bool kScores = true;
   static constexpr bool kValues = false;
 };
 struct TwoSegmentVariant {  // compact rows, then the paged keys from recent_begin
   static constexpr bool kCompact = true;
   static constexpr bool kList = false;
+  static constexpr bool kSlots = false;
   static constexpr bool kScores = false;
   static constexpr bool kValues = true;
 };
 struct ListVariant {  // the positions of a list (index gather)
   static constexpr bool kCompact = false;
   static constexpr bool kList = true;
+  static constexpr bool kSlots = false;
   static constexpr bool kScores = false;
+  static constexpr bool kValues = true;
+};
+struct SlotsVariant {  // the valid rows of a slot array (LongFlow); raw scores and ||v||_1
+  static constexpr bool kCompact = false;
+  static constexpr bool kList = false;
+  static constexpr bool kSlots = true;
+  static constexpr bool kScores = true;
   static constexpr bool kValues = true;
 };
 
@@ -157,12 +169,16 @@ struct ListVariant {  // the positions of a list (index gather)
 //     >= paged_valid_begin. Two-segment launches start the paged keys at recent_begin rounded
 //     down to a tile (tiles of whole blocks for tensor copies) and mask the positions below it;
 //     window launches attend every index (the window already skipped the hidden keys);
-//   * list launches (kList): index i is the position list[i], every index < count attended.
-template <bool kCompact, bool kList = false>
+//   * list launches (kList): index i is the position list[i], every index < count attended;
+//   * slot launches (kSlots): index i is row i of the (sequence, KV head)'s slot array, attended
+//     where valid.
+template <bool kCompact, bool kList = false, bool kSlots = false>
 struct KeySpace {
   VisibleKeys paged;
   const int32_t* list = nullptr;
-  int64_t compact_row0 = 0;  // first compact row of the (sequence's slot, KV head)
+  const uint8_t* slot_valid = nullptr;  // the sequence's [slot_budget]
+  int64_t slot_row0 = 0;                // first row of the (sequence, KV head)'s slot array
+  int64_t compact_row0 = 0;             // first compact row of the (sequence's slot, KV head)
   int compact_count = 0;
   int compact_end = 0;
   int paged_valid_begin = 0;
@@ -170,22 +186,30 @@ struct KeySpace {
   __device__ bool IsCompact(int index) const { return kCompact && index < compact_end; }
   __device__ int Position(int index) const {
     if constexpr (kList) return list[index];
+    if constexpr (kSlots) return index;
     return paged.Position(kCompact ? index - compact_end : index);
   }
   __device__ bool Attended(int index) const {
+    if constexpr (kSlots) return slot_valid[index] != 0;
     if constexpr (!kCompact) return true;
     return index < compact_end ? index < compact_count : Position(index) >= paged_valid_begin;
   }
 };
 
 template <class Variant>
-using KeySpaceFor = KeySpace<Variant::kCompact, Variant::kList>;
+using KeySpaceFor = KeySpace<Variant::kCompact, Variant::kList, Variant::kSlots>;
 
 template <class Variant>
 __device__ inline KeySpaceFor<Variant> KeySpaceOf(const DecodeAttentionParams& params, int sequence,
                                                   int kv_head, int seq_len) {
   KeySpaceFor<Variant> keys;
-  if constexpr (Variant::kList) {
+  if constexpr (Variant::kSlots) {
+    keys.slot_valid = params.slot_valid + static_cast<int64_t>(sequence) * params.slot_budget;
+    keys.slot_row0 =
+        (static_cast<int64_t>(sequence) * params.num_kv_heads + kv_head) * params.slot_budget;
+    keys.count = params.slot_budget;
+    return keys;
+  } else if constexpr (Variant::kList) {
     const int list_head = params.list_head_map != nullptr ? params.list_head_map[kv_head] : kv_head;
     const int64_t row = static_cast<int64_t>(sequence) * params.list_heads + list_head;
     keys.list = params.lists + row * params.list_capacity;
@@ -267,7 +291,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   static_assert(kGroup <= 8, "the group's query rows must fit the MMA's first 8 rows");
   static_assert((kHeadDim / 8) % 2 == 0, "P V consumes dims in pairs of 8-column blocks");
   static_assert(!kTensorCopies || kHeadDim % 64 == 0, "tensor copies move 64-dim halves");
-  static_assert(!(kTensorCopies && Variant::kList), "listed positions come by row copies");
+  static_assert(!(kTensorCopies && (Variant::kList || Variant::kSlots)),
+                "listed positions and slots come by row copies");
   static_assert(Variant::kValues || Variant::kScores, "a pass without values writes scores");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw;
@@ -285,7 +310,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int quad = lane % 4;  // MMA "thread in group"
   const int first_head = kv_head * kGroup;
 
-  const int seq_len = Variant::kList ? 0 : min(params.seq_lens[sequence], params.max_seq_len);
+  const int seq_len =
+      Variant::kList || Variant::kSlots ? 0 : min(params.seq_lens[sequence], params.max_seq_len);
   const KeySpaceFor<Variant> keys = KeySpaceOf<Variant>(params, sequence, kv_head, seq_len);
   const int begin = split * outputs.keys_per_split;
   const int end = min(begin + outputs.keys_per_split, keys.count);
@@ -322,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const size_t compact_row0 = static_cast<size_t>(keys.compact_row0);
   auto fetch_row_block = [&](int tile_begin) {
     const int index = tile_begin + my_key;
-    next_block = index < end && !keys.IsCompact(index) && keys.Attended(index)
+    next_block = !Variant::kSlots && index < end && !keys.IsCompact(index) && keys.Attended(index)
                      ? block_table[keys.Position(index) >> block_shift]
                      : 0;
   };
@@ -336,7 +362,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
                           (loads_values ? Tiles::kTileBytes : 0) + Tiles::Offset(my_key, 0);
     if (index < end && keys.Attended(index)) {
       const __nv_bfloat16* source;
-      if (keys.IsCompact(index)) {
+      if constexpr (Variant::kSlots) {
+        source = (loads_values ? params.slot_values : params.slot_keys) +
+                 (keys.slot_row0 + index) * kHeadDim;
+      } else if (keys.IsCompact(index)) {
         source = (loads_values ? params.compact_values : params.compact_keys) +
                  (compact_row0 + index) * kHeadDim;
       } else {
@@ -491,6 +520,28 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
               make_uint4(0, 0, 0, 0);
         }
         __syncthreads();
+      }
+    }
+    if constexpr (Variant::kSlots) {
+      // Each attended slot's ||v||_1 (LongFlow's Eq. 6 factor) from the V tile already here: two
+      // threads a row, half the dims each, summed by a shuffle.
+      constexpr int kHalfChunks = kHeadDim / 16;  // 16-byte chunks in half a row
+      const int r = threadIdx.x / 2;
+      const int index = begin + tile * kTileKeys + r;
+      float norm = 0.f;
+      for (int c = (threadIdx.x & 1) * kHalfChunks; c < ((threadIdx.x & 1) + 1) * kHalfChunks;
+           ++c) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(v_tile + Tiles::Offset(r, c));
+        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(pairs[e]);
+          norm += fabsf(f.x) + fabsf(f.y);
+        }
+      }
+      norm += __shfl_xor_sync(0xffffffffu, norm, 1);
+      if ((threadIdx.x & 1) == 0 && index < end && keys.Attended(index)) {
+        params.slot_value_norms[keys.slot_row0 + index] = norm;
       }
     }
     const int warp_key0 = warp * kKeysPerWarp;  // this warp's first key row in the tile

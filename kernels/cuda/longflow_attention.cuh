@@ -1,9 +1,11 @@
 // LongFlow's fused decode attention and eviction choice on the GPU: per (sequence, KV head) one
 // pass over its B slots gives the attention output of the GQA group, every slot's Eq. 6 score
 // (the group's mean alpha times ||v||_1) and the slot the next token writes (the lowest free
-// slot, else the least score past the sinks, ties low). Plain fp32 exponentials; a head whose
-// largest score passes kLongFlowPlainExpLimit is recomputed with its maximum subtracted. CPU
-// twin: kernels/cpu/longflow_attention.h (same contract). docs/longflow.md "The fused kernel".
+// slot, else the least score past the sinks, ties low). One read of the slots (the decode
+// attention split kernel over slot arrays, tensor cores), then a small kernel for the choice.
+// fp32 exponentials with a tile-wise running maximum (no overflow; used_max reports where the
+// twin's plain exponentials needed their fallback). CPU twin: kernels/cpu/longflow_attention.h
+// (same contract). docs/longflow.md "The fused kernel".
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,7 +28,7 @@ struct LongFlowAttentionParams {
   int batch = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;  // 32, 64, 128
+  int head_dim = 0;  // 16, 32, 64, 128
   int budget = 0;    // B >= 1
   int sink_slots = 0;
   float scale = 0.f;
@@ -39,7 +41,7 @@ struct LongFlowAttentionParams {
   size_t workspace_bytes = 0;
 };
 
-size_t LongFlowAttentionWorkspaceBytes(int batch, int num_heads, int budget);
+size_t LongFlowAttentionWorkspaceBytes(int batch, int num_heads, int head_dim, int budget);
 
 Status LongFlowAttention(const LongFlowAttentionParams& params, cudaStream_t stream);
 

@@ -55,7 +55,7 @@ void RunCase(const Case& c) {
   auto d_next = gpu_test::Poisoned<int32_t>(static_cast<size_t>(batch) * c.kv_heads);
   auto d_scores = gpu_test::Poisoned<float>(static_cast<size_t>(batch) * c.kv_heads * B);
   auto d_used = gpu_test::Poisoned<uint8_t>(static_cast<size_t>(batch) * c.kv_heads);
-  const size_t ws = cuda::LongFlowAttentionWorkspaceBytes(batch, heads, B);
+  const size_t ws = cuda::LongFlowAttentionWorkspaceBytes(batch, heads, d, B);
   auto d_ws = gpu_test::Poisoned<unsigned char>(ws);
   cuda::LongFlowAttentionParams p;
   p.q = d_q.data();
