@@ -1,0 +1,177 @@
+// Checks the manifests `helm template` rendered for each value set (tests/deploy/check):
+//   node manifests.mjs WORK_DIR SET=FILE...
+// 1. every object against the Kubernetes / prometheus-operator schemas (kubernetes-models,
+//    @kubernetes-models/prometheus-operator: types, formats, required fields);
+// 2. WORK_DIR/manifests.ts types each object as its interface (IDeployment, ...), so that
+//    `tsc --noEmit` also rejects unknown fields, which the schemas let through;
+// 3. the wiring: selectors, port names, the config volume, /health probes, the rubato YAML's
+//    server and cache endpoints, and what each value set must render.
+import fs from 'node:fs';
+import path from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
+import YAML from 'yaml';
+
+const [workDir, ...sets] = process.argv.slice(2);
+const chartDir = path.resolve(path.dirname(new URL(import.meta.url).pathname), '../../helm/rubato');
+const failures = [];
+const fail = (where, message) => failures.push(`${where}: ${message}`);
+
+// apiVersion -> the package module holding its kinds.
+const MODULES = {
+  v1: 'kubernetes-models/v1',
+  'apps/v1': 'kubernetes-models/apps/v1',
+  'monitoring.coreos.com/v1': '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1',
+};
+
+// What each value set renders (kinds, with counts), beyond the generic checks.
+const EXPECTED = {
+  default: { ConfigMap: 1, Service: 1, Deployment: 1 },
+  colocated: { ConfigMap: 1, Service: 1, Deployment: 1 },
+  disaggregated: { ConfigMap: 1, Service: 2, Deployment: 1, StatefulSet: 1 },
+  monitoring: { ConfigMap: 2, Service: 1, Deployment: 1, ServiceMonitor: 1 },
+  'disaggregated+monitoring': {
+    ConfigMap: 2, Service: 2, Deployment: 1, StatefulSet: 1, ServiceMonitor: 2,
+  },
+};
+
+const matches = (selector, labels) =>
+  Object.entries(selector ?? {}).every(([k, v]) => labels?.[k] === v);
+
+function checkSet(set, objects) {
+  const byKind = (kind) => objects.filter((o) => o.kind === kind);
+  const counts = {};
+  for (const o of objects) counts[o.kind] = (counts[o.kind] ?? 0) + 1;
+  if (!EXPECTED[set]) fail(set, 'no expectations for this value set in manifests.mjs');
+  else if (!isDeepStrictEqual(counts, EXPECTED[set])) {
+    fail(set, `rendered ${JSON.stringify(counts)}, expected ${JSON.stringify(EXPECTED[set])}`);
+  }
+  const configMaps = new Map(byKind('ConfigMap').map((c) => [c.metadata.name, c]));
+  const workloads = [...byKind('Deployment'), ...byKind('StatefulSet')];
+
+  for (const w of workloads) {
+    const where = `${set} ${w.kind}/${w.metadata.name}`;
+    const pod = w.spec.template;
+    if (!matches(w.spec.selector.matchLabels, pod.metadata.labels)) {
+      fail(where, 'spec.selector does not match the pod template labels');
+    }
+    const volumes = new Map((pod.spec.volumes ?? []).map((v) => [v.name, v]));
+    for (const c of pod.spec.containers) {
+      const ports = new Set((c.ports ?? []).map((p) => p.name));
+      for (const probe of ['readinessProbe', 'livenessProbe']) {
+        const get = c[probe]?.httpGet;
+        if (get?.path !== '/health' || !ports.has(get.port)) {
+          fail(where, `${c.name}.${probe} must GET /health on a named container port`);
+        }
+      }
+      for (const m of c.volumeMounts ?? []) {
+        if (!volumes.has(m.name)) fail(where, `mount ${m.name} has no volume`);
+      }
+      const shm = (c.volumeMounts ?? []).find((m) => m.mountPath === '/dev/shm');
+      if (volumes.get(shm?.name)?.emptyDir?.medium !== 'Memory') {
+        fail(where, `${c.name}: /dev/shm must be a memory-backed emptyDir`);
+      }
+      if (!(c.args ?? []).includes('/etc/rubato/rubato.yaml')) {
+        fail(where, `${c.name}: not started with --config /etc/rubato/rubato.yaml`);
+      }
+    }
+    for (const v of volumes.values()) {
+      if (v.configMap && !configMaps.has(v.configMap.name)) {
+        fail(where, `volume ${v.name} names ConfigMap ${v.configMap.name}, not rendered`);
+      }
+    }
+    if (w.kind === 'StatefulSet') {
+      const svc = byKind('Service').find((s) => s.metadata.name === w.spec.serviceName);
+      if (svc?.spec.clusterIP !== 'None') {
+        fail(where, `serviceName ${w.spec.serviceName} is not a rendered headless Service`);
+      }
+    }
+  }
+
+  // Every Service selects pods of this release and targets their named ports.
+  for (const s of byKind('Service')) {
+    const where = `${set} Service/${s.metadata.name}`;
+    const pods = workloads.map((w) => w.spec.template).filter((t) => matches(s.spec.selector, t.metadata.labels));
+    if (pods.length === 0) fail(where, 'selects no rendered pods');
+    for (const p of s.spec.ports) {
+      const named = pods.every((t) => t.spec.containers.some((c) => (c.ports ?? []).some((cp) => cp.name === p.targetPort)));
+      if (!named) fail(where, `targetPort ${p.targetPort} is not a port of the selected pods`);
+    }
+  }
+  for (const m of byKind('ServiceMonitor')) {
+    const where = `${set} ServiceMonitor/${m.metadata.name}`;
+    const services = byKind('Service').filter((s) => matches(m.spec.selector.matchLabels, s.metadata.labels));
+    if (services.length !== 1) fail(where, `selects ${services.length} Services, expected 1`);
+    for (const e of m.spec.endpoints) {
+      if (!services.every((s) => s.spec.ports.some((p) => p.name === e.port))) {
+        fail(where, `endpoint port ${e.port} is not a port of the selected Service`);
+      }
+      if (e.path !== '/metrics') fail(where, 'endpoints scrape /metrics');
+    }
+  }
+
+  // The rubato YAML: what the chart owns in it.
+  const config = [...configMaps.values()].find((c) => c.data?.['rubato.yaml']);
+  const rubato = config ? YAML.parse(config.data['rubato.yaml']) : null;
+  const inference = byKind('Deployment')[0];
+  if (!rubato || !inference) {
+    fail(set, 'no ConfigMap with rubato.yaml, or no inference Deployment');
+  } else {
+    const http = inference.spec.template.spec.containers[0].ports.find((p) => p.name === 'http');
+    if (rubato.server?.host !== '0.0.0.0' || rubato.server?.port !== http?.containerPort) {
+      fail(set, `rubato.yaml server ${JSON.stringify(rubato.server)} must listen on 0.0.0.0:${http?.containerPort}`);
+    }
+    const cache = byKind('StatefulSet')[0];
+    if (cache) {
+      const rpc = cache.spec.template.spec.containers[0].ports.find((p) => p.name === 'rpc');
+      const endpoint = `${cache.spec.serviceName}.${process.env.RELEASE_NAMESPACE}.svc:${rpc?.containerPort}`;
+      if (rubato.topology?.mode !== 'disaggregated' || rubato.topology?.cache_endpoints?.[0] !== endpoint
+          || rubato.engine?.kv_residency !== 'offloaded') {
+        fail(set, `rubato.yaml must offload to ${endpoint}: ${JSON.stringify(rubato.topology)}`);
+      }
+    } else if ((rubato.topology?.mode ?? 'colocated') !== 'colocated') {
+      fail(set, 'no cache ranks rendered, yet rubato.yaml is not colocated');
+    }
+  }
+  const dashboard = byKind('ConfigMap').find((c) => c.data?.['rubato.json']);
+  if (dashboard) {
+    const file = JSON.parse(fs.readFileSync(path.join(chartDir, 'dashboards/rubato.json'), 'utf8'));
+    if (!isDeepStrictEqual(JSON.parse(dashboard.data['rubato.json']), file)) {
+      fail(set, 'the dashboard ConfigMap differs from dashboards/rubato.json');
+    }
+  }
+}
+
+const tsImports = new Map();
+const tsConsts = [];
+let objectCount = 0;
+for (const arg of sets) {
+  const [set, file] = arg.split('=');
+  const objects = YAML.parseAllDocuments(fs.readFileSync(file, 'utf8'))
+    .map((d) => d.toJS())
+    .filter((o) => o !== null);
+  for (const [i, o] of objects.entries()) {
+    const where = `${set} #${i} ${o.kind}/${o.metadata?.name}`;
+    const module = MODULES[o.apiVersion];
+    const model = module ? (await import(module))[o.kind] : undefined;
+    if (!model) {
+      fail(where, `no schema for ${o.apiVersion} ${o.kind} (add it to MODULES)`);
+      continue;
+    }
+    try {
+      new model(o).validate();
+    } catch (e) {
+      fail(where, e.message);
+    }
+    const type = `I${o.kind}`;
+    tsImports.set(type, `import type { ${type} } from '${module}/${o.kind}';`);
+    tsConsts.push(`// ${where}\nexport const m${objectCount++}: ${type} = ${JSON.stringify(o, null, 2)};`);
+  }
+  checkSet(set, objects);
+}
+fs.writeFileSync(path.join(workDir, 'manifests.ts'), [...tsImports.values(), ...tsConsts, ''].join('\n'));
+
+if (failures.length > 0) {
+  console.error(failures.map((f) => `FAIL ${f}`).join('\n'));
+  process.exit(1);
+}
+console.log(`manifests: ${objectCount} objects of ${sets.length} value sets valid and wired`);
