@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "common/json_limits.h"
 #include "common/text_file.h"
 
 namespace rubato {
@@ -216,6 +217,7 @@ bool PolicySection::operator==(const PolicySection& other) const {
 RubatoConfig DefaultConfig() { return RubatoConfig(); }
 
 Result<RubatoConfig> ParseConfig(std::string_view yaml_text, const std::string& source) {
+  RUBATO_RETURN_IF_ERROR(CheckYamlFlowNesting(yaml_text, source));
   try {
     std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml_text));
     if (documents.size() > 1) {
@@ -232,8 +234,8 @@ Result<RubatoConfig> ParseConfig(std::string_view yaml_text, const std::string& 
 }
 
 Result<RubatoConfig> LoadConfigFile(const std::filesystem::path& path) {
-  RUBATO_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
-  return ParseConfig(text, path.string());
+  RUBATO_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, kMaxConfigFileBytes));
+  return ParseConfig(text, DisplayPath(path));
 }
 
 std::string_view ConfigEnumName(EngineSection::Backend backend) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "common/json_limits.h"
 #include "common/text_file.h"
 
 namespace rubato {
@@ -222,6 +223,23 @@ Status Validate(const ConfigObjectReader& top, const ModelConfig& config) {
   for (const auto& [key, value] : sizes) {
     if (value <= 0) return top.Error(key, "must be positive, got " + std::to_string(value));
   }
+  // Upper bounds far above any released model, checked before anything is sized from them: the
+  // products below (weights, KV blocks) then fit 64-bit arithmetic.
+  const std::pair<const char*, std::pair<int, int>> bounded[] = {
+      {"vocab_size", {config.vocab_size, 1 << 22}},
+      {"hidden_size", {config.hidden_size, 1 << 16}},
+      {"intermediate_size", {config.intermediate_size, 1 << 20}},
+      {"num_hidden_layers", {config.num_layers, 1 << 10}},
+      {"num_attention_heads", {config.num_heads, 1 << 10}},
+      {"num_key_value_heads", {config.num_kv_heads, 1 << 10}},
+      {"head_dim", {config.head_dim, 1 << 10}},
+      {"max_position_embeddings", {config.max_position_embeddings, 1 << 24}}};
+  for (const auto& [key, limit] : bounded) {
+    if (limit.first > limit.second) {
+      return top.Error(key, "must be at most " + std::to_string(limit.second) + ", got " +
+                                std::to_string(limit.first));
+    }
+  }
   if (config.num_heads % config.num_kv_heads != 0) {
     return top.Fail("num_attention_heads (" + std::to_string(config.num_heads) +
                     ") is not divisible by num_key_value_heads (" +
@@ -256,6 +274,7 @@ std::string_view ModelArchName(ModelArch arch) {
 }
 
 Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::string& source) {
+  RUBATO_RETURN_IF_ERROR(CheckJsonNesting(json_text, source));
   Json root;
   try {
     root = Json::parse(json_text);
@@ -332,11 +351,11 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::stri
 
 Result<ModelConfig> LoadModelConfig(const std::filesystem::path& model_dir) {
   const std::filesystem::path path = model_dir / "config.json";
-  Result<std::string> text = ReadTextFile(path);
+  Result<std::string> text = ReadTextFile(path, kMaxConfigFileBytes);
   if (!text.ok()) {
-    return text.status().WithContext("reading the model config of " + model_dir.string());
+    return text.status().WithContext("reading the model config of " + DisplayPath(model_dir));
   }
-  return ParseModelConfig(*text, path.string());
+  return ParseModelConfig(*text, DisplayPath(path));
 }
 
 }  // namespace rubato

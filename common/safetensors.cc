@@ -20,6 +20,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/json_limits.h"
 #include "common/text_file.h"
 
 namespace rubato {
@@ -49,6 +50,7 @@ std::string ShortJson(const OrderedJson& value) {
 // Parses `text` as JSON; parse errors come back as a Status. Duplicate keys at the top level (two
 // entries for one tensor) are an error: the JSON library would silently keep the last one.
 Result<OrderedJson> ParseHeaderJson(std::string_view text, const std::string& file) {
+  RUBATO_RETURN_IF_ERROR(CheckJsonNesting(text, file + ": the header"));
   std::string duplicate;
   auto reject_duplicates = [&, seen = std::set<std::string>()](int depth,
                                                                OrderedJson::parse_event_t event,
@@ -329,6 +331,7 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::OpenDirectory(
 
   const std::string index_file = index.string();
   RUBATO_ASSIGN_OR_RETURN(std::string index_text, ReadTextFile(index));
+  RUBATO_RETURN_IF_ERROR(CheckJsonNesting(index_text, index_file));
   OrderedJson index_json;
   try {
     index_json = OrderedJson::parse(index_text);

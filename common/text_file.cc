@@ -4,24 +4,65 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <system_error>
 
 namespace rubato {
 
-Result<std::string> ReadTextFile(const std::filesystem::path& path) {
+namespace {
+
+std::string_view KindOf(std::filesystem::file_type type) {
+  switch (type) {
+    case std::filesystem::file_type::directory:
+      return "a directory";
+    case std::filesystem::file_type::character:
+      return "a character device";
+    case std::filesystem::file_type::block:
+      return "a block device";
+    case std::filesystem::file_type::fifo:
+      return "a FIFO";
+    case std::filesystem::file_type::socket:
+      return "a socket";
+    default:
+      return "not a regular file";
+  }
+}
+
+}  // namespace
+
+std::string DisplayPath(const std::filesystem::path& path) {
+  const std::string text = path.string();
+  constexpr size_t kKeep = 96;
+  if (text.size() <= 2 * kKeep) return text;
+  return text.substr(0, kKeep) + "...(" + std::to_string(text.size()) + " characters)..." +
+         text.substr(text.size() - kKeep);
+}
+
+Result<std::string> ReadTextFile(const std::filesystem::path& path, size_t max_bytes) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(status)) return NotFoundError(path.string() + ": no such file");
-  if (std::filesystem::is_directory(status)) {
-    return IoError(path.string() + ": is a directory, expected a file");
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+    return IoError(DisplayPath(path) + ": " + ec.message());
+  }
+  if (!std::filesystem::exists(status)) return NotFoundError(DisplayPath(path) + ": no such file");
+  if (!std::filesystem::is_regular_file(status)) {
+    return InvalidArgumentError(DisplayPath(path) + ": is " + std::string(KindOf(status.type())) +
+                                ", expected a file");
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return IoError(path.string() + ": cannot open: " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return IoError(path.string() + ": read failed: " + std::strerror(errno));
-  return std::move(text).str();
+  if (!in) return IoError(DisplayPath(path) + ": cannot open: " + std::strerror(errno));
+  // Read at most max_bytes + 1 whatever the size says (/proc files report 0, files grow).
+  std::string text;
+  char buffer[1 << 16];
+  while (in) {
+    in.read(buffer, sizeof(buffer));
+    text.append(buffer, static_cast<size_t>(in.gcount()));
+    if (text.size() > max_bytes) {
+      return InvalidArgumentError(DisplayPath(path) + ": more than " + std::to_string(max_bytes) +
+                                  " bytes, the limit for this file");
+    }
+  }
+  if (in.bad()) return IoError(DisplayPath(path) + ": read failed: " + std::strerror(errno));
+  return text;
 }
 
 }  // namespace rubato

@@ -5,6 +5,8 @@
 
 #include <limits>
 
+#include "common/json_limits.h"
+
 namespace rubato {
 
 namespace {
@@ -42,6 +44,7 @@ std::string JsonPathIndex(std::string_view parent, size_t index) {
 }
 
 Result<nlohmann::json> JsonReader::Parse(std::string_view text) const {
+  RUBATO_RETURN_IF_ERROR(CheckJsonNesting(text, file_));
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {

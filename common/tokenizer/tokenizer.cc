@@ -25,17 +25,17 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromDirectory(const std::files
     if (tokenizer_json.status().code() == StatusCode::kNotFound) {
       return NotFoundError(
           fmt::format("{}: not found; a model directory needs the Hugging Face tokenizer.json",
-                      (dir / "tokenizer.json").string()));
+                      DisplayPath(dir / "tokenizer.json")));
     }
     return tokenizer_json.status();
   }
   std::string config_json;
   const std::filesystem::path config_path = dir / "tokenizer_config.json";
-  Result<std::string> config = ReadTextFile(config_path);
+  Result<std::string> config = ReadTextFile(config_path, kMaxConfigFileBytes * 16);
   if (config.ok()) {
     if (config->empty()) {
       return DataLossError(
-          fmt::format("{}: the file is empty (expected a JSON object)", config_path.string()));
+          fmt::format("{}: the file is empty (expected a JSON object)", DisplayPath(config_path)));
     }
     config_json = std::move(config).value();
   } else if (config.status().code() != StatusCode::kNotFound) {

@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/json_limits.h"
+#include "common/text_file.h"
 #include "inference_rank/policies/kascade/kascade_calibration.h"
 
 namespace rubato {
@@ -109,14 +111,14 @@ Status SaveCalibration(const KascadeCalibration& c, const std::string& path) {
 }
 
 Result<KascadeCalibration> LoadCalibration(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFoundError("kascade calibration '" + path + "' cannot be opened");
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string where = "kascade calibration '" + path + "': ";
+  Result<std::string> text = ReadTextFile(path);
+  if (!text.ok()) return text.status().WithContext("kascade calibration");
+  const std::string where = "kascade calibration '" + DisplayPath(path) + "': ";
+  RUBATO_RETURN_IF_ERROR(
+      CheckJsonNesting(*text, "kascade calibration '" + DisplayPath(path) + "'"));
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(text.str());
+    json = nlohmann::json::parse(*text);
   } catch (const nlohmann::json::parse_error& e) {
     return InvalidArgumentError(where + "not valid JSON (truncated?): " + e.what());
   }

@@ -1,0 +1,161 @@
+// Hostile input through the `rubato generate` command: JSON and YAML nested far past any real
+// file (config.json, tokenizer.json, a safetensors header, the YAML config), endless or special
+// files where a file is expected (/dev/zero, a FIFO, a symlink loop), a very long path, and model
+// sizes far past any real model. Each must end at once with exactly one short stderr line naming
+// the problem and a non-zero exit: never a crash (a stack overflow), a hang or a runaway
+// allocation. docs/security.md "Bounded input".
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/test_temp_dir.h"
+#include "common/text_file.h"
+#include "tests/cli_runner.h"
+
+namespace rubato {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::NonEmptyLines;
+using testing::ProcessResult;
+using testing::RunProcess;
+
+const char* const kModel = "models/tiny-qwen3-random";
+constexpr int kDeep = 100000;  // levels: ~200 KB of brackets
+
+std::string Deep() { return std::string(kDeep, '[') + std::string(kDeep, ']'); }
+
+std::string Read(const fs::path& path) {
+  Result<std::string> bytes = ReadTextFile(path);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().message();
+  return bytes.ok() ? *bytes : std::string();
+}
+
+void Write(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// `{"deep": [[[...]]], <the rest of the object>`: valid JSON, nested kDeep levels.
+std::string WithDeepField(const std::string& json_object) {
+  const size_t brace = json_object.find('{');
+  EXPECT_NE(brace, std::string::npos);
+  return json_object.substr(0, brace + 1) + "\"deep\": " + Deep() + ", " +
+         json_object.substr(brace + 1);
+}
+
+class CliHostileInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty());
+    model_ = dir_.path() / "model";
+    fs::create_directories(model_);
+    for (const auto& entry : fs::directory_iterator(kModel)) {
+      fs::copy_file(entry.path(), model_ / entry.path().filename());
+    }
+  }
+
+  ProcessResult Generate(const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {
+        "generate", "--model", model_.string(), "--prompt", "hello", "--max-tokens", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunProcess(RUBATO_BINARY, args);
+  }
+
+  // One short stderr line containing every needle, a non-zero exit, no signal.
+  static void ExpectCleanFailure(const ProcessResult& r, const std::vector<std::string>& needles) {
+    ASSERT_FALSE(r.signaled) << "rubato was killed by signal " << r.signal;
+    EXPECT_NE(r.exit_code, 0);
+    const std::vector<std::string> lines = NonEmptyLines(r.err);
+    ASSERT_EQ(lines.size(), 1u) << "expected one line on stderr, got " << r.err.size()
+                                << " bytes:\n"
+                                << r.err.substr(0, 2000);
+    EXPECT_LT(lines[0].size(), 600u) << "the message echoes input: " << lines[0].substr(0, 600);
+    for (const std::string& needle : needles) {
+      EXPECT_NE(lines[0].find(needle), std::string::npos)
+          << "stderr line does not mention '" << needle << "': " << lines[0];
+    }
+  }
+
+  TestTempDir dir_{"cli_hostile"};
+  fs::path model_;
+};
+
+TEST_F(CliHostileInputTest, DeepModelConfigJson) {
+  Write(model_ / "config.json", WithDeepField(Read(model_ / "config.json")));
+  ExpectCleanFailure(Generate({}), {"config.json", "nested deeper than"});
+}
+
+TEST_F(CliHostileInputTest, DeepTokenizerJson) {
+  Write(model_ / "tokenizer.json", WithDeepField(Read(model_ / "tokenizer.json")));
+  ExpectCleanFailure(Generate({}), {"tokenizer.json", "nested deeper than"});
+}
+
+TEST_F(CliHostileInputTest, DeepSafetensorsHeader) {
+  const std::string bytes = Read(model_ / "model.safetensors");
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  std::string header = bytes.substr(8, header_len);
+  const size_t dtype = header.find("\"dtype\"");
+  ASSERT_NE(dtype, std::string::npos);
+  const size_t value = header.find(':', dtype) + 1;
+  const size_t value_end = header.find(',', value);
+  header = header.substr(0, value) + Deep() + header.substr(value_end);
+  while (header.size() % 8 != 0) header += ' ';
+  std::string out(8, '\0');
+  const uint64_t new_len = header.size();
+  std::memcpy(out.data(), &new_len, 8);
+  Write(model_ / "model.safetensors", out + header + bytes.substr(8 + header_len));
+  ExpectCleanFailure(Generate({}), {"model.safetensors", "nested deeper than"});
+}
+
+TEST_F(CliHostileInputTest, DeepYamlConfig) {
+  const fs::path yaml = dir_.path() / "rubato.yaml";
+  Write(yaml, "policy: " + std::string(kDeep, '[') + "\n");
+  ExpectCleanFailure(Generate({"--config", yaml.string()}), {"rubato.yaml", "nested deeper than"});
+}
+
+TEST_F(CliHostileInputTest, EndlessAndSpecialFilesAreRefusedAtOnce) {
+  ExpectCleanFailure(Generate({"--config", "/dev/zero"}), {"/dev/zero", "character device"});
+  fs::remove(model_ / "config.json");
+  fs::create_symlink("/dev/zero", model_ / "config.json");
+  ExpectCleanFailure(Generate({}), {"config.json", "character device"});
+  const fs::path fifo = dir_.path() / "fifo.yaml";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  ExpectCleanFailure(Generate({"--config", fifo.string()}), {"fifo.yaml", "FIFO"});
+  const fs::path loop = dir_.path() / "loop.yaml";
+  fs::create_symlink(loop, loop);
+  ExpectCleanFailure(Generate({"--config", loop.string()}), {"loop.yaml"});
+}
+
+TEST_F(CliHostileInputTest, VeryLongPathIsNamedBriefly) {
+  const std::string path = "/" + std::string(100000, 'p') + ".yaml";
+  ExpectCleanFailure(Generate({"--config", path}), {"characters"});
+}
+
+TEST_F(CliHostileInputTest, ModelSizesFarPastAnyModelAreRefusedBeforeAllocation) {
+  const std::string config = Read(model_ / "config.json");
+  auto with = [&](const std::string& key, const std::string& value) {
+    const size_t at = config.find("\"" + key + "\"");
+    EXPECT_NE(at, std::string::npos) << key;
+    const size_t start = config.find(':', at) + 1;
+    const size_t end = config.find_first_of(",}", start);
+    Write(model_ / "config.json", config.substr(0, start) + " " + value + config.substr(end));
+  };
+  with("num_hidden_layers", "1000000000");
+  ExpectCleanFailure(Generate({}), {"num_hidden_layers", "at most"});
+  with("max_position_embeddings", "2147483647");
+  ExpectCleanFailure(Generate({}), {"max_position_embeddings", "at most"});
+  with("vocab_size", "2000000000");
+  ExpectCleanFailure(Generate({}), {"vocab_size", "at most"});
+}
+
+}  // namespace
+}  // namespace rubato
