@@ -240,6 +240,18 @@ Status Validate(const ConfigObjectReader& top, const ModelConfig& config) {
                                 std::to_string(limit.first));
     }
   }
+  if (config.bos_token_id >= config.vocab_size) {
+    return top.Error("bos_token_id", "is " + std::to_string(config.bos_token_id) +
+                                         ", outside the vocabulary [0, " +
+                                         std::to_string(config.vocab_size) + ")");
+  }
+  for (int id : config.eos_token_ids) {
+    if (id < 0 || id >= config.vocab_size) {
+      return top.Error("eos_token_id", "holds " + std::to_string(id) +
+                                           ", outside the vocabulary [0, " +
+                                           std::to_string(config.vocab_size) + ")");
+    }
+  }
   if (config.num_heads % config.num_kv_heads != 0) {
     return top.Fail("num_attention_heads (" + std::to_string(config.num_heads) +
                     ") is not divisible by num_key_value_heads (" +

@@ -92,12 +92,12 @@ Result<YamlMapReader> YamlMapReader::Open(const YAML::Node& map, std::string key
     if (!key.IsScalar()) {
       return reader.ErrorAtLine(DescribeYamlValue(key), "keys must be plain names", line);
     }
-    for (const Entry& seen : reader.entries_) {
-      if (seen.key == key.Scalar()) {
-        return reader.ErrorAtLine(
-            key.Scalar(), "duplicate key (first given on line " + std::to_string(seen.line) + ")",
-            line);
-      }
+    const auto [seen, inserted] = reader.index_.emplace(key.Scalar(), reader.entries_.size());
+    if (!inserted) {
+      return reader.ErrorAtLine(key.Scalar(),
+                                "duplicate key (first given on line " +
+                                    std::to_string(reader.entries_[seen->second].line) + ")",
+                                line);
     }
     reader.entries_.push_back({key.Scalar(), value, line});
   }
@@ -105,17 +105,13 @@ Result<YamlMapReader> YamlMapReader::Open(const YAML::Node& map, std::string key
 }
 
 const YamlMapReader::Entry* YamlMapReader::Lookup(std::string_view key) {
-  if (std::find(read_.begin(), read_.end(), key) == read_.end()) read_.emplace_back(key);
-  for (const Entry& entry : entries_) {
-    if (entry.key == key) return &entry;
-  }
-  return nullptr;
+  std::string name(key);
+  if (read_set_.insert(name).second) read_.push_back(name);
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
-bool YamlMapReader::Has(std::string_view key) const {
-  return std::any_of(entries_.begin(), entries_.end(),
-                     [&](const Entry& entry) { return entry.key == key; });
-}
+bool YamlMapReader::Has(std::string_view key) const { return index_.count(std::string(key)) > 0; }
 
 std::string YamlMapReader::KeyPath(std::string_view key) const {
   return key_path_.empty() ? std::string(key) : key_path_ + "." + std::string(key);
@@ -292,8 +288,9 @@ Result<std::vector<YamlMapReader>> YamlMapReader::ReadMapList(std::string_view k
 YAML::Node YamlMapReader::TakeRemaining() {
   YAML::Node remaining(YAML::NodeType::Map);
   for (const Entry& entry : entries_) {
-    if (std::find(read_.begin(), read_.end(), entry.key) != read_.end()) continue;
-    remaining[entry.key] = entry.value;
+    if (!read_set_.insert(entry.key).second) continue;
+    // Keys are unique (Open refused duplicates): append without yaml-cpp's linear key search.
+    remaining.force_insert(entry.key, entry.value);
     read_.push_back(entry.key);
   }
   return remaining;
@@ -301,7 +298,7 @@ YAML::Node YamlMapReader::TakeRemaining() {
 
 Status YamlMapReader::Finish() const {
   for (const Entry& entry : entries_) {
-    if (std::find(read_.begin(), read_.end(), entry.key) != read_.end()) continue;
+    if (read_set_.count(entry.key) > 0) continue;
     const std::string* closest = nullptr;
     size_t closest_distance = 0;
     for (const std::string& known : read_) {

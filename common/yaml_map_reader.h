@@ -13,6 +13,8 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -123,8 +125,12 @@ class YamlMapReader {
 
   std::string key_path_;
   std::string source_;
-  std::vector<Entry> entries_;     // in file order
-  std::vector<std::string> read_;  // keys asked for, in order: the keys this map accepts
+  // Lookups by key are hashed, so that a map of n keys costs O(n) to open, read and finish
+  // (a 20k-key section took seconds with linear searches).
+  std::vector<Entry> entries_;                     // in file order
+  std::unordered_map<std::string, size_t> index_;  // key -> its entry
+  std::vector<std::string> read_;                  // keys asked for, in order: the known keys
+  std::unordered_set<std::string> read_set_;       // the same, for lookups
 };
 
 // "'abc'", "a list", "a map", "null": what a YAML value is, for "expected X, got Y" messages.

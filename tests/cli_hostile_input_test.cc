@@ -157,5 +157,22 @@ TEST_F(CliHostileInputTest, ModelSizesFarPastAnyModelAreRefusedBeforeAllocation)
   ExpectCleanFailure(Generate({}), {"vocab_size", "at most"});
 }
 
+TEST_F(CliHostileInputTest, SamplingFlagsOutsideTheirTypes) {
+  ExpectCleanFailure(Generate({"--seed", "-1"}), {"--seed", "18446744073709551615"});
+  ExpectCleanFailure(Generate({"--seed", "18446744073709551616"}), {"--seed"});
+  ExpectCleanFailure(Generate({"--seed", "12abc"}), {"--seed"});
+  ExpectCleanFailure(Generate({"--top-k", "-1"}), {"--top-k", "1073741824"});
+}
+
+TEST_F(CliHostileInputTest, EosTokenOutsideTheVocabulary) {
+  const std::string config = Read(model_ / "config.json");
+  const size_t at = config.find("\"eos_token_id\"");
+  ASSERT_NE(at, std::string::npos);
+  const size_t start = config.find(':', at) + 1;
+  const size_t end = config.find_first_of(",}", start);
+  Write(model_ / "config.json", config.substr(0, start) + " 99999999" + config.substr(end));
+  ExpectCleanFailure(Generate({}), {"eos_token_id", "outside the vocabulary"});
+}
+
 }  // namespace
 }  // namespace rubato

@@ -3,6 +3,8 @@
 // with one line on stderr ("rubato: error: ...") and exit 1; command-line syntax errors exit 2.
 // Synopsis: docs/engine_and_models.md "The command line".
 #include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -19,6 +21,21 @@ int PrintError(const std::string& message, int exit_code) {
   std::fprintf(stderr, "rubato: error: %s\n", message.c_str());
   return exit_code;
 }
+
+// A decimal integer in [0, 2^64 - 1], the whole argument (CLI11 alone wraps -1 and saturates
+// 2^64, so that every such seed gave the same stream).
+const CLI::Validator kUint64(
+    [](std::string& text) -> std::string {
+      uint64_t value = 0;
+      const char* end = text.data() + text.size();
+      const auto [stop, error] = std::from_chars(text.data(), end, value);
+      if (text.empty() || error != std::errc() || stop != end) {
+        return "expected an integer in [0, 18446744073709551615], got '" +
+               (text.size() > 32 ? text.substr(0, 32) + "...'" : text + "'");
+      }
+      return "";
+    },
+    "UINT64");
 
 }  // namespace
 
@@ -53,8 +70,8 @@ int main(int argc, char** argv) {
   generate->add_option("--top-p", gen.top_p, "Nucleus sampling mass in (0, 1]")
       ->check(CLI::Range(1e-6f, 1.0f));
   generate->add_option("--top-k", gen.top_k, "Sample among the k most likely tokens; 0 = off")
-      ->check(CLI::NonNegativeNumber);
-  generate->add_option("--seed", gen.seed, "Sampling seed (same seed, same text)");
+      ->check(CLI::Range(0, 1 << 30));
+  generate->add_option("--seed", gen.seed, "Sampling seed (same seed, same text)")->check(kUint64);
   generate->add_option("--policy", gen.policy, "Attention policy (overrides policy.name)");
   generate->add_option("--kv-residency", gen.kv_residency,
                        "Where the KV lives: local | offloaded (a cache rank) | evicting (a "

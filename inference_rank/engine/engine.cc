@@ -2,6 +2,8 @@
 // and retirement (see engine.h).
 #include "inference_rank/engine/engine.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -172,12 +174,12 @@ Result<uint64_t> Engine::Submit(GenerationRequest request) {
     }
   }
   if (!(sampling.temperature >= 0.0f) || std::isinf(sampling.temperature)) {
-    return InvalidArgumentError("request: temperature must be a finite number >= 0, got " +
-                                std::to_string(sampling.temperature));
+    return InvalidArgumentError(fmt::format(
+        "request: temperature must be a finite number >= 0, got {}", sampling.temperature));
   }
   if (!(sampling.top_p > 0.0f && sampling.top_p <= 1.0f)) {
-    return InvalidArgumentError("request: top_p must be in (0, 1], got " +
-                                std::to_string(sampling.top_p));
+    return InvalidArgumentError(
+        fmt::format("request: top_p must be in (0, 1], got {}", sampling.top_p));
   }
   if (sampling.top_k < 0) {
     return InvalidArgumentError("request: top_k must be >= 0 (0 = off), got " +
@@ -266,8 +268,12 @@ Status Engine::AdmitWaiting(std::vector<TokenEvent>& events) {
 
 TokenSampling Engine::NextSampling(Request& request) {
   const SamplingParams& params = request.params.sampling;
-  TokenSampling sampling{params.temperature, params.top_k, params.top_p, 0.0};
-  if (params.temperature > 0.0f) sampling.uniform = DrawUniform(request.rng);
+  // A temperature too small to divide logits by without overflow is greedy (as vLLM's sampling
+  // epsilon): 1e-38 once gave inf / inf = NaN probabilities and an empty completion.
+  const float temperature =
+      params.temperature < kGreedyBelowTemperature ? 0.0f : params.temperature;
+  TokenSampling sampling{temperature, params.top_k, params.top_p, 0.0};
+  if (temperature > 0.0f) sampling.uniform = DrawUniform(request.rng);
   return sampling;
 }
 

@@ -21,8 +21,12 @@
 
 namespace rubato {
 
+// Temperatures below this sample greedily (vLLM's sampling epsilon): dividing logits by less
+// overflows fp32.
+inline constexpr float kGreedyBelowTemperature = 1e-5f;
+
 struct SamplingParams {
-  float temperature = 0.f;  // 0 = greedy (argmax, lowest id on ties)
+  float temperature = 0.f;  // 0 (or below kGreedyBelowTemperature) = greedy (argmax, lowest id)
   int top_k = 0;            // 0 = off
   float top_p = 1.f;        // in (0, 1]; 1 = off
   uint64_t seed = 0;        // seeds this request's own RNG

@@ -314,6 +314,20 @@ TEST_F(EngineTest, FailedStepGivesBackTheDrawsSoARetrySamplesTheSameTokens) {
   for (uint64_t id : ids) EXPECT_EQ(outputs[id].tokens, reference[id].tokens) << "request " << id;
 }
 
+// Temperatures too small to divide logits by (1e-38 .. 1e-45 once gave NaN probabilities and an
+// empty completion, while 1e-37 and 1e-46 acted greedy) sample greedily, whatever the seed.
+TEST_F(EngineTest, TinyTemperaturesAreGreedy) {
+  SamplingParams greedy;
+  const std::vector<Output> want = RunAlone(MixedRequests(greedy), EngineOptions());
+  for (float temperature : {9e-6f, 1e-20f, 1e-37f, 1e-38f, 1e-40f, 1e-45f}) {
+    SamplingParams tiny{temperature, 0, 1.f, 77};
+    const std::vector<Output> got = RunAlone(MixedRequests(tiny), EngineOptions());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "temperature " << temperature << " request " << i;
+    }
+  }
+}
+
 TEST_F(EngineTest, SubmitValidatesRequests) {
   EngineOptions options;
   options.max_context = 64;
@@ -342,6 +356,9 @@ TEST_F(EngineTest, SubmitValidatesRequests) {
   r = good;
   r.sampling.top_p = 0.0f;
   expect_error(r, StatusCode::kInvalidArgument, "top_p must be in (0, 1]");
+  r = good;
+  r.sampling.top_p = -1e-30f;  // the value in the message, not a rounded 0.000000
+  expect_error(r, StatusCode::kInvalidArgument, "top_p must be in (0, 1], got -1e-30");
   r = good;
   r.sampling.top_p = 1.5f;
   expect_error(r, StatusCode::kInvalidArgument, "top_p must be in (0, 1]");

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio.hpp>
 #include <chrono>
@@ -30,8 +31,7 @@ constexpr std::string_view kLog = "rpc";
 
 // Fills `out` with the handler's response, or with an Error body carrying its Status.
 template <typename Response>
-void SetBodyOrError(Result<Response> result, Response* (Envelope::*mutable_body)(),
-                    Envelope* out) {
+void SetBodyOrError(Result<Response> result, Response* (Envelope::*mutable_body)(), Envelope* out) {
   if (result.ok()) {
     *(out->*mutable_body)() = std::move(result).value();
   } else {
@@ -56,6 +56,14 @@ std::string ModelShapeMismatch(const ModelShape& ours, const ModelShape& peer) {
     if (!mismatch.empty()) return mismatch;
   }
   return {};
+}
+
+constexpr std::chrono::seconds kAcceptLogInterval{10};
+
+// The pause before the next accept after a failed one: 10 ms, doubling, at most 1 s.
+std::chrono::milliseconds AcceptBackoff(std::chrono::milliseconds previous) {
+  using std::chrono::milliseconds;
+  return previous.count() == 0 ? milliseconds(10) : std::min(previous * 2, milliseconds(1000));
 }
 
 }  // namespace
@@ -102,6 +110,12 @@ class RpcServerImpl {
 
   asio::executor_work_guard<asio::io_context::executor_type> work_guard_;
   tcp::acceptor acceptor_{io_};
+  // Failed accepts (descriptors exhausted: EMFILE, ENFILE) back off instead of spinning, and
+  // are logged at most once per kAcceptLogInterval with the count since the last line.
+  asio::steady_timer accept_backoff_{io_};
+  std::chrono::milliseconds accept_delay_{0};
+  std::chrono::steady_clock::time_point accept_logged_{};
+  int64_t accept_failures_ = 0;  // since the last log line
   asio::thread_pool handler_pool_;
   std::thread io_thread_;
   std::mutex stop_mutex_;
@@ -186,8 +200,8 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
     if (closed_) return;
     if (ec) {
       Close(ec == asio::error::eof
-                ? UnavailableError(fmt::format("connection {} from {} closed by the peer", id_,
-                                               peer_))
+                ? UnavailableError(
+                      fmt::format("connection {} from {} closed by the peer", id_, peer_))
                 : UnavailableError(fmt::format("reading from connection {} ({}) failed: {}", id_,
                                                peer_, ec.message())));
       return;
@@ -227,8 +241,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
     }
     asio::post(server_->handler_pool_,
                [self = shared_from_this(), request = std::move(envelope)]() mutable {
-                 Envelope response =
-                     self->server_->Answer(self->id_, &self->hello_done_, request);
+                 Envelope response = self->server_->Answer(self->id_, &self->hello_done_, request);
                  asio::post(self->server_->io_,
                             [self, response = std::move(response)] { self->Send(response); });
                });
@@ -245,17 +258,16 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   }
 
   void WriteNext() {
-    asio::async_write(socket_, asio::buffer(write_queue_.front()),
-                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                        self->OnWritten(ec);
-                      });
+    asio::async_write(
+        socket_, asio::buffer(write_queue_.front()),
+        [self = shared_from_this()](boost::system::error_code ec, size_t) { self->OnWritten(ec); });
   }
 
   void OnWritten(boost::system::error_code ec) {
     if (closed_) return;
     if (ec) {
-      Close(UnavailableError(fmt::format("writing to connection {} ({}) failed: {}", id_, peer_,
-                                         ec.message())));
+      Close(UnavailableError(
+          fmt::format("writing to connection {} ({}) failed: {}", id_, peer_, ec.message())));
       return;
     }
     write_queue_.pop_front();
@@ -287,7 +299,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   RpcServerImpl* const server_;
   const ConnectionId id_;
   tcp::socket socket_;
-  std::string peer_;                        // "ip:port" of the remote end, for messages
+  std::string peer_;                         // "ip:port" of the remote end, for messages
   std::array<char, 64 * 1024> read_buffer_;  // raw stream bytes of the latest read
   FrameDecoder decoder_;
   std::deque<std::string> write_queue_;  // whole frames; the front one is being written
@@ -306,9 +318,9 @@ Result<uint16_t> RpcServerImpl::Listen() {
   boost::system::error_code ec;
   const asio::ip::address address = asio::ip::make_address(options_.host, ec);
   if (ec) {
-    return InvalidArgumentError(fmt::format(
-        "RPC server: host '{}' is not an IP address (use e.g. 127.0.0.1 or 0.0.0.0)",
-        options_.host));
+    return InvalidArgumentError(
+        fmt::format("RPC server: host '{}' is not an IP address (use e.g. 127.0.0.1 or 0.0.0.0)",
+                    options_.host));
   }
   const tcp::endpoint endpoint(address, options_.port);
   const std::string where = fmt::format("RPC server on {}:{}", options_.host, options_.port);
@@ -332,8 +344,24 @@ void RpcServerImpl::AcceptNext() {
   acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
     if (stopping_ || !acceptor_.is_open()) return;
     if (ec) {
-      RUBATO_LOG_WARN(kLog, "RPC server: accept failed: {}", ec.message());
+      ++accept_failures_;
+      const auto now = std::chrono::steady_clock::now();
+      if (now - accept_logged_ >= kAcceptLogInterval) {
+        RUBATO_LOG_WARN(kLog, "RPC server: accept failed {} time(s): {}; retrying in {} ms",
+                        accept_failures_, ec.message(), AcceptBackoff(accept_delay_).count());
+        accept_logged_ = now;
+        accept_failures_ = 0;
+      }
+      // Retry after a pause that doubles up to a second; connections already open are served
+      // meanwhile, and freed descriptors let the next accept succeed.
+      accept_delay_ = AcceptBackoff(accept_delay_);
+      accept_backoff_.expires_after(accept_delay_);
+      accept_backoff_.async_wait([this](boost::system::error_code wait_error) {
+        if (!wait_error && !stopping_) AcceptNext();
+      });
+      return;
     } else {
+      accept_delay_ = std::chrono::milliseconds(0);
       auto connection =
           std::make_shared<ServerConnection>(this, next_connection_id_++, std::move(socket));
       {
@@ -353,9 +381,9 @@ Result<HelloResponse> RpcServerImpl::AnswerHello(ConnectionId id, const HelloReq
         kProtocolVersion, hello.protocol_version()));
   }
   if (hello.role() != options_.served_peer_role) {
-    return FailedPreconditionError(fmt::format(
-        "role mismatch: this server serves {} peers, the peer's Hello says role {}",
-        Role_Name(options_.served_peer_role), Role_Name(hello.role())));
+    return FailedPreconditionError(
+        fmt::format("role mismatch: this server serves {} peers, the peer's Hello says role {}",
+                    Role_Name(options_.served_peer_role), Role_Name(hello.role())));
   }
   if (options_.model_shape.has_value()) {
     const std::string mismatch = ModelShapeMismatch(*options_.model_shape, hello.model_shape());
@@ -371,15 +399,15 @@ Result<HelloResponse> RpcServerImpl::AnswerHello(ConnectionId id, const HelloReq
 }
 
 Envelope RpcServerImpl::Answer(ConnectionId id, std::atomic<bool>* hello_done,
-                                 const Envelope& request) {
+                               const Envelope& request) {
   Envelope response;
   response.set_call_id(request.call_id());
   const bool is_request = request.has_hello_request() || request.has_open_session_request() ||
                           request.has_close_session_request() || request.has_stats_request() ||
                           request.has_health_request() || request.has_shutdown_request();
   if (!is_request) {
-    *response.mutable_error() = ErrorFromStatus(InvalidArgumentError(fmt::format(
-        "RPC server: a '{}' body is not a request", BodyName(request))));
+    *response.mutable_error() = ErrorFromStatus(InvalidArgumentError(
+        fmt::format("RPC server: a '{}' body is not a request", BodyName(request))));
     return response;
   }
   if (!request.has_hello_request() && !hello_done->load()) {
@@ -422,8 +450,8 @@ Envelope RpcServerImpl::Answer(ConnectionId id, std::atomic<bool>* hello_done,
   } catch (const std::exception& e) {
     // Exceptions never cross the RPC: the caller gets an error, the server keeps serving.
     response.clear_body();
-    *response.mutable_error() = ErrorFromStatus(InternalError(fmt::format(
-        "RPC server: the handler of '{}' threw: {}", BodyName(request), e.what())));
+    *response.mutable_error() = ErrorFromStatus(InternalError(
+        fmt::format("RPC server: the handler of '{}' threw: {}", BodyName(request), e.what())));
   }
   return response;
 }
@@ -436,6 +464,7 @@ void RpcServerImpl::Stop() {
   asio::post(io_, [this] {
     boost::system::error_code ignored;
     acceptor_.close(ignored);
+    accept_backoff_.cancel();
     std::vector<std::shared_ptr<ServerConnection>> open;
     {
       std::lock_guard<std::mutex> connections_lock(connections_mutex_);

@@ -1,0 +1,91 @@
+// A cache rank out of file descriptors (`prlimit --nofile`, then hundreds of idle TCP
+// connections to its RPC port): its accept loop backs off instead of spinning and logs the
+// failures at most once per interval (they were megabytes of identical lines a second), and once
+// the connections close it accepts again and serves a whole offloaded run. docs/security.md
+// "Descriptors".
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/test_temp_dir.h"
+#include "tests/cli_runner.h"
+
+namespace rubato {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::BackgroundProcess;
+using testing::ProcessResult;
+using testing::RunProcess;
+
+// A TCP connection to 127.0.0.1:port (the kernel completes it into the listen backlog whether or
+// not the server accepts it), or -1.
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+size_t Count(const std::string& text, const std::string& needle) {
+  size_t count = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+TEST(CacheRankDescriptors, ExhaustedDescriptorsBackOffQuietlyAndRecover) {
+  setenv("UCX_TLS", "tcp", 1);
+  BackgroundProcess cache("/usr/bin/prlimit",
+                          {"--nofile=128:128", RUBATO_BINARY, "cache", "--listen", "127.0.0.1:0"});
+  ASSERT_TRUE(cache.WaitForOutput("listening on", milliseconds(30000)))
+      << cache.Out() << cache.Err();
+  std::smatch match;
+  const std::string out = cache.Out();
+  ASSERT_TRUE(std::regex_search(out, match, std::regex("listening on (\\S+):(\\d+)"))) << out;
+  const std::string endpoint = match[1].str() + ":" + match[2].str();
+  const int port = std::stoi(match[2]);
+
+  // Far more connections than the cache rank has descriptors for; each it accepts costs one.
+  std::vector<int> sockets;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = Connect(port);
+    if (fd >= 0) sockets.push_back(fd);
+  }
+  ASSERT_GT(sockets.size(), 150u) << "could not open the connections";
+  // Let the accept loop meet EMFILE for a while: spinning, it logged megabytes in this time.
+  std::this_thread::sleep_for(milliseconds(3000));
+  const std::string err = cache.Err();
+  EXPECT_LT(err.size(), 8192u) << "the accept loop floods its log:\n" << err.substr(0, 2000);
+  EXPECT_LE(Count(err, "accept failed"), 2u) << err;
+  EXPECT_GE(Count(err, "accept failed"), 1u) << "descriptors were never exhausted:\n" << err;
+
+  for (int fd : sockets) close(fd);
+  // Freed descriptors: the next accept succeeds and a whole offloaded run is served.
+  const ProcessResult run = RunProcess(
+      RUBATO_BINARY,
+      {"generate", "--model", "models/tiny-qwen3-longctx", "--prompt", "The pass key is 4711.",
+       "--max-tokens", "4", "--policy", "offload_dense", "--threads", "1", "--cache", endpoint},
+      120);
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_FALSE(run.signaled);
+}
+
+}  // namespace
+}  // namespace rubato
