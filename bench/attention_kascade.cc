@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/kernel_bench_util.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
@@ -52,35 +53,11 @@ struct Options {
   std::string commit = RUBATO_GIT_COMMIT;
 };
 
-// Median ms of `launch` over the iterations (one launch per CUDA-event pair).
 Result<double> Time(const std::function<Status()>& launch, const Options& options) {
-  cudaEvent_t start, stop;
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "event");
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "event");
-  std::vector<double> ms;
-  Status status;
-  for (int i = 0; i < options.warmup + options.iterations && status.ok(); ++i) {
-    cudaEventRecord(start);
-    status = launch();
-    cudaEventRecord(stop);
-    if (status.ok()) status = cuda::CudaStatus(cudaEventSynchronize(stop), "timed launch");
-    float elapsed = 0;
-    cudaEventElapsedTime(&elapsed, start, stop);
-    if (i >= options.warmup) ms.push_back(elapsed);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  RUBATO_RETURN_IF_ERROR(status);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return bench::MedianLaunchMs(launch, options.warmup, options.iterations);
 }
 
-template <typename T>
-Result<DeviceBuffer<T>> Upload(const std::vector<T>& host, const char* what) {
-  RUBATO_ASSIGN_OR_RETURN(auto buffer, DeviceBuffer<T>::Allocate(host.size(), what));
-  RUBATO_RETURN_IF_ERROR(buffer.CopyFromHost(host.data(), host.size(), nullptr));
-  return buffer;
-}
+using bench::Upload;
 
 Status RunContext(const Options& o, int context, nlohmann::json& point) {
   const int k = std::min(

@@ -18,9 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "common/test_temp_dir.h"
 #include "common/text_file.h"
-#include "tests/cli_runner.h"
+#include "tests/cli_model_test_fixture.h"
 
 namespace rubato {
 namespace {
@@ -29,8 +28,6 @@ namespace fs = std::filesystem;
 using testing::NonEmptyLines;
 using testing::ProcessResult;
 using testing::RunProcess;
-
-const char* const kModel = "models/tiny-qwen3-random";
 
 // The bytes of `path`, or "" when it cannot be read (the test then fails on the content).
 std::string ReadFile(const fs::path& path) {
@@ -71,37 +68,8 @@ struct SafetensorsParts {
   }
 };
 
-class CliBadInputTest : public ::testing::Test {
+class CliBadInputTest : public testing::CliModelTest {
  protected:
-  void SetUp() override {
-    ASSERT_FALSE(dir_.path().empty());
-    model_ = dir_.path() / "model";
-    fs::create_directories(model_);
-    for (const auto& entry : fs::directory_iterator(kModel)) {
-      fs::copy_file(entry.path(), model_ / entry.path().filename());
-    }
-  }
-
-  // Runs `rubato generate --model <copy> --prompt hello --max-tokens 2 extra...`.
-  ProcessResult Generate(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {
-        "generate", "--model", model_.string(), "--prompt", "hello", "--max-tokens", "2"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return RunProcess(RUBATO_BINARY, args);
-  }
-
-  // Asserts the process failed cleanly with one stderr line containing every `needle`.
-  static void ExpectCleanFailure(const ProcessResult& r, const std::vector<std::string>& needles) {
-    ASSERT_FALSE(r.signaled) << "rubato was killed by signal " << r.signal << "\n" << r.err;
-    EXPECT_NE(r.exit_code, 0);
-    const std::vector<std::string> lines = NonEmptyLines(r.err);
-    ASSERT_EQ(lines.size(), 1u) << "expected one line on stderr, got:\n" << r.err;
-    for (const std::string& needle : needles) {
-      EXPECT_NE(lines[0].find(needle), std::string::npos)
-          << "stderr line does not mention '" << needle << "': " << lines[0];
-    }
-  }
-
   fs::path Weights() const { return model_ / "model.safetensors"; }
 
   void EditConfig(const std::string& key, const nlohmann::json& value) {
@@ -115,9 +83,6 @@ class CliBadInputTest : public ::testing::Test {
     WriteFile(path, text);
     return path;
   }
-
-  TestTempDir dir_{"cli"};
-  fs::path model_;
 };
 
 TEST_F(CliBadInputTest, BaselineSucceeds) {

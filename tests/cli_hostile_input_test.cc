@@ -15,19 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "common/test_temp_dir.h"
 #include "common/text_file.h"
-#include "tests/cli_runner.h"
+#include "tests/cli_model_test_fixture.h"
 
 namespace rubato {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::NonEmptyLines;
-using testing::ProcessResult;
-using testing::RunProcess;
-
-const char* const kModel = "models/tiny-qwen3-random";
 constexpr int kDeep = 100000;  // levels: ~200 KB of brackets
 
 std::string Deep() { return std::string(kDeep, '[') + std::string(kDeep, ']'); }
@@ -51,42 +45,7 @@ std::string WithDeepField(const std::string& json_object) {
          json_object.substr(brace + 1);
 }
 
-class CliHostileInputTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_FALSE(dir_.path().empty());
-    model_ = dir_.path() / "model";
-    fs::create_directories(model_);
-    for (const auto& entry : fs::directory_iterator(kModel)) {
-      fs::copy_file(entry.path(), model_ / entry.path().filename());
-    }
-  }
-
-  ProcessResult Generate(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {
-        "generate", "--model", model_.string(), "--prompt", "hello", "--max-tokens", "2"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return RunProcess(RUBATO_BINARY, args);
-  }
-
-  // One short stderr line containing every needle, a non-zero exit, no signal.
-  static void ExpectCleanFailure(const ProcessResult& r, const std::vector<std::string>& needles) {
-    ASSERT_FALSE(r.signaled) << "rubato was killed by signal " << r.signal;
-    EXPECT_NE(r.exit_code, 0);
-    const std::vector<std::string> lines = NonEmptyLines(r.err);
-    ASSERT_EQ(lines.size(), 1u) << "expected one line on stderr, got " << r.err.size()
-                                << " bytes:\n"
-                                << r.err.substr(0, 2000);
-    EXPECT_LT(lines[0].size(), 600u) << "the message echoes input: " << lines[0].substr(0, 600);
-    for (const std::string& needle : needles) {
-      EXPECT_NE(lines[0].find(needle), std::string::npos)
-          << "stderr line does not mention '" << needle << "': " << lines[0];
-    }
-  }
-
-  TestTempDir dir_{"cli_hostile"};
-  fs::path model_;
-};
+class CliHostileInputTest : public testing::CliModelTest {};
 
 TEST_F(CliHostileInputTest, DeepModelConfigJson) {
   Write(model_ / "config.json", WithDeepField(Read(model_ / "config.json")));

@@ -1,0 +1,50 @@
+// Helpers shared by the kernel benchmarks (attention_kascade.cc, attention_longflow.cc): the
+// median time of a launch over CUDA-event pairs, and host vectors uploaded to device buffers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
+
+namespace rubato::bench {
+
+// Median ms of `launch` over `iterations` timed runs after `warmup` untimed ones (one launch per
+// CUDA-event pair on the default stream).
+inline Result<double> MedianLaunchMs(const std::function<Status()>& launch, int warmup,
+                                     int iterations) {
+  cudaEvent_t start, stop;
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "event");
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "event");
+  std::vector<double> ms;
+  Status status;
+  for (int i = 0; i < warmup + iterations && status.ok(); ++i) {
+    cudaEventRecord(start);
+    status = launch();
+    cudaEventRecord(stop);
+    if (status.ok()) status = cuda::CudaStatus(cudaEventSynchronize(stop), "timed launch");
+    float elapsed = 0;
+    cudaEventElapsedTime(&elapsed, start, stop);
+    if (i >= warmup) ms.push_back(elapsed);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  RUBATO_RETURN_IF_ERROR(status);
+  if (ms.empty()) return InvalidArgumentError("no timed iterations");
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+template <typename T>
+Result<cuda::DeviceBuffer<T>> Upload(const std::vector<T>& host, const char* what) {
+  RUBATO_ASSIGN_OR_RETURN(auto buffer, cuda::DeviceBuffer<T>::Allocate(host.size(), what));
+  RUBATO_RETURN_IF_ERROR(buffer.CopyFromHost(host.data(), host.size(), nullptr));
+  return buffer;
+}
+
+}  // namespace rubato::bench
