@@ -45,12 +45,11 @@ Result<rpc::HelloResponse> CacheRpcHandler::OnHello(rpc::ConnectionId connection
   if (request.transport_backend().empty()) return rpc::HelloResponse();
   rpc::HelloResponse response;
   Result<std::unique_ptr<transport::Transport>> transport =
-      request.transport_backend() == "ucx"    ? ConnectUcx(request, response)
-      : request.transport_backend() == "nccl" ? JoinNccl(request)
-                                              : UnsupportedError(
-                                                    "hello: data-plane backend '" +
-                                                    request.transport_backend() +
-                                                    "' is not one of ucx, nccl");
+      request.transport_backend() == "ucx" ? ConnectUcx(request, response)
+      : request.transport_backend() == "nccl"
+          ? JoinNccl(request)
+          : UnsupportedError("hello: data-plane backend '" + request.transport_backend() +
+                             "' is not one of ucx, nccl");
   if (!transport.ok()) return transport.status();
   response.set_transport_backend(request.transport_backend());
   RUBATO_RETURN_IF_ERROR(service_.AddPeer(connection, std::move(transport).value(), 1));
@@ -70,8 +69,8 @@ Result<std::unique_ptr<transport::Transport>> CacheRpcHandler::ConnectUcx(
       1, std::span<const std::byte>(reinterpret_cast<const std::byte*>(peer_address.data()),
                                     peer_address.size())));
   const std::span<const std::byte> mine = ucx->LocalAddress();
-  response.set_transport_address(std::string(reinterpret_cast<const char*>(mine.data()),
-                                             mine.size()));
+  response.set_transport_address(
+      std::string(reinterpret_cast<const char*>(mine.data()), mine.size()));
   return std::unique_ptr<transport::Transport>(std::move(ucx));
 #else
   (void)request;
@@ -85,9 +84,12 @@ Result<std::unique_ptr<transport::Transport>> CacheRpcHandler::ConnectUcx(
 Result<std::unique_ptr<transport::Transport>> CacheRpcHandler::JoinNccl(
     const rpc::HelloRequest& request) {
 #ifdef RUBATO_HAS_NCCL
-  Result<std::unique_ptr<transport::NcclTransport>> joined = transport::NcclTransport::Create(
-      {.unique_id = request.transport_address(), .rank = 0, .world_size = 2,
-       .device = options_.nccl_device, .init_timeout = options_.nccl_init_timeout});
+  Result<std::unique_ptr<transport::NcclTransport>> joined =
+      transport::NcclTransport::Create({.unique_id = request.transport_address(),
+                                        .rank = 0,
+                                        .world_size = 2,
+                                        .device = options_.nccl_device,
+                                        .init_timeout = options_.nccl_init_timeout});
   if (!joined.ok()) {
     return joined.status().WithContext("hello: joining the peer's NCCL communicator on GPU " +
                                        std::to_string(options_.nccl_device) +
@@ -120,8 +122,8 @@ Result<rpc::OpenSessionResponse> CacheRpcHandler::OnOpenSession(
                                                SelectorSpecFromRequest(request)));
   rpc::OpenSessionResponse response;
   response.set_session_id(session);
-  response.set_bytes_reserved(2ull * shape.num_layers * shape.num_kv_heads *
-                              shape.capacity_tokens * shape.head_dim * DTypeSize(shape.dtype));
+  response.set_bytes_reserved(2ull * shape.num_layers * shape.num_kv_heads * shape.capacity_tokens *
+                              shape.head_dim * DTypeSize(shape.dtype));
   return response;
 }
 
@@ -160,6 +162,11 @@ Result<rpc::HealthResponse> CacheRpcHandler::OnHealth(rpc::ConnectionId connecti
 
 Result<rpc::ShutdownResponse> CacheRpcHandler::OnShutdown(rpc::ConnectionId connection,
                                                           const rpc::ShutdownRequest& request) {
+  if (!options_.peers_authenticated) {
+    return FailedPreconditionError(
+        "Shutdown is served only to authenticated peers: start the cache rank with a token "
+        "(RUBATO_CACHE_TOKEN or RUBATO_CACHE_TOKEN_FILE), or stop it with a signal");
+  }
   RUBATO_LOG_INFO(kLogSubsystem, "peer {} asks the cache rank to stop: {}", connection,
                   request.reason());
   if (on_shutdown_) on_shutdown_(request.reason());

@@ -21,6 +21,9 @@ struct CacheRpcHandlerOptions {
   int nccl_device = 0;  // the GPU of this rank's side of NCCL peers' communicators
   // How long a Hello waits for an NCCL peer's communicator to form (the peer's RPC deadline).
   std::chrono::milliseconds nccl_init_timeout{5000};
+  // Whether the RPC server authenticates its peers (a token, transport/rpc/rpc_auth.h):
+  // Shutdown is served only then; without a token any local process could stop the cache rank.
+  bool peers_authenticated = false;
 };
 
 class CacheRpcHandler final : public rpc::RpcHandler {

@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "inference_rank/server/http_server.h"
+#include "transport/rpc/rpc_auth.h"
 #include "transport/rpc/rpc_client.h"
 #include "transport/rpc/rpc_server.h"
 
@@ -58,8 +59,7 @@ server::HttpReply MetricsReply(const MetricsRegistry& registry,
   if (request.path == "/health") {
     return server::HttpReply{200, "text/plain; charset=utf-8", "ok", nullptr};
   }
-  return server::HttpReply{200, kExpositionContentType,
-                           registry.ExpositionText(), nullptr};
+  return server::HttpReply{200, kExpositionContentType, registry.ExpositionText(), nullptr};
 }
 
 }  // namespace
@@ -82,11 +82,11 @@ Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
   if (args.device < 0) {
     return InvalidArgumentError("--device must be >= 0, got " + std::to_string(args.device));
   }
-  RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint, ParseListenAddress(args.listen, "--listen"));
+  RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint,
+                          ParseListenAddress(args.listen, "--listen"));
   std::optional<rpc::RpcEndpoint> metrics_endpoint;
   if (!args.metrics_listen.empty()) {
-    RUBATO_ASSIGN_OR_RETURN(metrics_endpoint,
-                            ParseListenAddress(args.metrics_listen, "--metrics"));
+    RUBATO_ASSIGN_OR_RETURN(metrics_endpoint, ParseListenAddress(args.metrics_listen, "--metrics"));
   }
   if (args.budget_mb < 1 || args.budget_mb > (int64_t{1} << 30)) {
     return InvalidArgumentError("--budget-mb must be in [1, 2^30], got " +
@@ -108,7 +108,9 @@ Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
   std::mutex mutex;
   std::condition_variable stop_requested;
   std::string stop_reason;
+  RUBATO_ASSIGN_OR_RETURN(const std::string token, rpc::AuthTokenFromEnvironment());
   CacheRpcHandlerOptions handler_options;
+  handler_options.peers_authenticated = !token.empty();
   handler_options.nccl_device = args.device;
   handler_options.nccl_init_timeout = std::chrono::milliseconds(limits.rpc_timeout_ms);
   CacheRpcHandler handler(
@@ -123,6 +125,7 @@ Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
   server_options.host = endpoint.host;
   server_options.port = endpoint.port;
   server_options.peer_timeout_ms = 5 * limits.heartbeat_ms;
+  server_options.auth_token = token;
   MetricsRegistry metrics;
   RUBATO_RETURN_IF_ERROR(service.RegisterMetrics(metrics));
   std::unique_ptr<server::HttpServer> metrics_server;
@@ -157,12 +160,13 @@ Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
   service.Stop();
   if (metrics_server != nullptr) metrics_server->Stop();
   const CacheServiceStats stats = service.Stats();
-  std::printf("rubato cache: stopped (%s) packs=%llu replies=%llu bytes_received=%llu "
-              "bytes_sent=%llu\n",
-              stop_reason.c_str(), static_cast<unsigned long long>(stats.packs_received),
-              static_cast<unsigned long long>(stats.replies_sent),
-              static_cast<unsigned long long>(stats.bytes_received),
-              static_cast<unsigned long long>(stats.bytes_sent));
+  std::printf(
+      "rubato cache: stopped (%s) packs=%llu replies=%llu bytes_received=%llu "
+      "bytes_sent=%llu\n",
+      stop_reason.c_str(), static_cast<unsigned long long>(stats.packs_received),
+      static_cast<unsigned long long>(stats.replies_sent),
+      static_cast<unsigned long long>(stats.bytes_received),
+      static_cast<unsigned long long>(stats.bytes_sent));
   std::fflush(stdout);
   return Status::Ok();
 }

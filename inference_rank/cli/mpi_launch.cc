@@ -3,13 +3,14 @@
 
 #include <unistd.h>
 
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
 #include "inference_rank/cli/cache_command.h"
 #include "transport/mpi_bootstrap.h"
+#include "transport/rpc/rpc_auth.h"
 #include "transport/rpc/rpc_client.h"
 
 namespace rubato {
@@ -44,8 +45,9 @@ Result<std::optional<MpiLaunch>> JoinMpiLaunch(RubatoConfig& config) {
     return std::optional<MpiLaunch>();
   }
 #ifndef RUBATO_HAS_MPI
-  return UnsupportedError("launched by mpirun with topology.ranks, but this rubato was built "
-                          "without MPI (RUBATO_MPI)");
+  return UnsupportedError(
+      "launched by mpirun with topology.ranks, but this rubato was built "
+      "without MPI (RUBATO_MPI)");
 #else
   MpiLaunch launch;
   launch.mpi_ = std::make_unique<MpiBootstrapHandle>();
@@ -53,6 +55,18 @@ Result<std::optional<MpiLaunch>> JoinMpiLaunch(RubatoConfig& config) {
   transport::MpiBootstrap& mpi = *launch.mpi_->mpi;
   launch.rank_ = mpi.Rank();
   const int world = mpi.WorldSize();
+  // The job's own RPC token unless the environment gives one: rank 0 draws it, every rank takes
+  // it before any server or client starts, so that the cache rank authenticates its inference
+  // ranks (and serves their Shutdown) and no other local process.
+  RUBATO_ASSIGN_OR_RETURN(const std::string given, rpc::AuthTokenFromEnvironment());
+  if (given.empty()) {
+    std::string drawn;
+    if (launch.rank_ == 0) {
+      RUBATO_ASSIGN_OR_RETURN(drawn, rpc::RandomAuthToken());
+    }
+    RUBATO_ASSIGN_OR_RETURN(const std::string token, mpi.Broadcast(drawn, 0));
+    setenv(rpc::kTokenEnv, token.c_str(), /*overwrite=*/1);
+  }
   std::vector<int> roles(static_cast<size_t>(world), -1);
   for (const RankSpec& spec : config.topology.ranks) {
     if (spec.rank >= world) {
@@ -155,8 +169,8 @@ Status MpiLaunch::ServeAsCacheRank(const RubatoConfig& config) {
   args.listen = listen;
   args.budget_mb = kMpiCacheBudgetMb;
   args.device = config.engine.device;  // the node-local rank (JoinMpiLaunch)
-  const Status served = ServeCacheRank(
-      args, config.limits, [&](const std::string& bound) -> Status {
+  const Status served =
+      ServeCacheRank(args, config.limits, [&](const std::string& bound) -> Status {
         const std::string port = bound.substr(bound.rfind(':') + 1);
         published = true;
         std::printf("rubato cache (mpi rank %d): listening on %s:%s\n", rank_, host.c_str(),

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "transport/rpc/rpc_auth.h"
 
 namespace rubato::rpc {
 namespace {
@@ -35,6 +36,8 @@ RpcClientOptions RpcClientOptions::FromLimits(const LimitsSection& limits) {
   options.call_timeout_ms = limits.rpc_timeout_ms;
   options.heartbeat_ms = limits.heartbeat_ms;
   options.peer_timeout_ms = 5 * limits.heartbeat_ms;
+  Result<std::string> token = AuthTokenFromEnvironment();
+  if (token.ok()) options.auth_token = std::move(token).value();
   return options;
 }
 
@@ -52,8 +55,8 @@ Result<RpcEndpoint> ParseRpcEndpoint(std::string_view endpoint) {
   }
   if (host.empty()) return bad("empty host");
   unsigned port = 0;
-  const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(),
-                                         port);
+  const auto [end, ec] =
+      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
   if (port_text.empty() || ec != std::errc() || end != port_text.data() + port_text.size() ||
       port < 1 || port > 65535) {
     return bad(fmt::format("port '{}' is not a number in [1, 65535]", port_text));
@@ -106,8 +109,8 @@ class ClientConnection {
           fmt::format("{}: no connection within {} ms", what, timeout.count()));
     }
     if (result) {
-      return UnavailableError(fmt::format("{}: {} failed: {}", what, failed_step,
-                                          result.message()));
+      return UnavailableError(
+          fmt::format("{}: {} failed: {}", what, failed_step, result.message()));
     }
     boost::system::error_code ignored;
     socket_.set_option(tcp::no_delay(true), ignored);  // small frames, latency matters
@@ -136,13 +139,12 @@ class ClientConnection {
       TakePending(call_id);
       return frame.status().WithContext(fmt::format("RPC call to {}", endpoint_));
     }
-    asio::post(io_, [this, frame = std::move(frame).value()]() mutable {
-      Enqueue(std::move(frame));
-    });
+    asio::post(io_,
+               [this, frame = std::move(frame).value()]() mutable { Enqueue(std::move(frame)); });
     if (answer.wait_for(timeout) == std::future_status::timeout && TakePending(call_id)) {
-      return DeadlineExceededError(fmt::format(
-          "RPC {} to {}: no answer within the deadline of {} ms", BodyName(request), endpoint_,
-          timeout.count()));
+      return DeadlineExceededError(
+          fmt::format("RPC {} to {}: no answer within the deadline of {} ms", BodyName(request),
+                      endpoint_, timeout.count()));
     }
     // Answered, or answered / failed while the deadline passed: the promise is set.
     return answer.get();
@@ -217,18 +219,17 @@ class ClientConnection {
   }
 
   void WriteNext() {
-    asio::async_write(socket_, asio::buffer(write_queue_.front()),
-                      [this](boost::system::error_code ec, size_t) {
-                        if (ec) {
-                          MarkLost(UnavailableError(fmt::format(
-                              "writing to the RPC server at {} failed: {}", endpoint_,
-                              ec.message())));
-                          return;
-                        }
-                        if (write_queue_.empty()) return;  // cleared by MarkLost
-                        write_queue_.pop_front();
-                        if (!write_queue_.empty()) WriteNext();
-                      });
+    asio::async_write(
+        socket_, asio::buffer(write_queue_.front()), [this](boost::system::error_code ec, size_t) {
+          if (ec) {
+            MarkLost(UnavailableError(fmt::format("writing to the RPC server at {} failed: {}",
+                                                  endpoint_, ec.message())));
+            return;
+          }
+          if (write_queue_.empty()) return;  // cleared by MarkLost
+          write_queue_.pop_front();
+          if (!write_queue_.empty()) WriteNext();
+        });
   }
 
   void ReadMore() {
@@ -251,8 +252,8 @@ class ClientConnection {
         decoder_.Feed(std::string_view(read_buffer_.data(), bytes_read), &envelopes);
     for (Envelope& envelope : envelopes) Deliver(std::move(envelope));
     if (!decoded.ok()) {
-      MarkLost(UnavailableError(fmt::format("the RPC server at {} sent a bad frame: {}",
-                                            endpoint_, decoded.message())));
+      MarkLost(UnavailableError(
+          fmt::format("the RPC server at {} sent a bad frame: {}", endpoint_, decoded.message())));
       return;
     }
     if (Healthy()) ReadMore();
@@ -272,8 +273,8 @@ class ClientConnection {
     }
     if (envelope.call_id() == 0 && envelope.has_error()) {
       // An error about the stream itself: the server closes the connection after it.
-      MarkLost(UnavailableError(fmt::format("the RPC server at {} reported: {}", endpoint_,
-                                            envelope.error().message())));
+      MarkLost(UnavailableError(
+          fmt::format("the RPC server at {} reported: {}", endpoint_, envelope.error().message())));
       return;
     }
     auto promise = TakePending(envelope.call_id());
@@ -289,9 +290,9 @@ class ClientConnection {
     heartbeat_timer_.expires_after(std::chrono::milliseconds(options_.heartbeat_ms));
     heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || !Healthy()) return;
-      const auto silent_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 Clock::now() - last_receive_)
-                                 .count();
+      const auto silent_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_receive_)
+              .count();
       if (silent_ms >= options_.peer_timeout_ms) {
         MarkLost(UnavailableError(fmt::format(
             "the RPC server at {} sent nothing for {} ms (peer timeout {} ms, heartbeat every "
@@ -414,6 +415,7 @@ Result<HelloResponse> RpcClient::Hello(HelloRequest request, std::chrono::millis
   if (request.heartbeat_ms() == 0) {
     request.set_heartbeat_ms(static_cast<uint32_t>(options_.heartbeat_ms));
   }
+  if (request.auth_token().empty()) request.set_auth_token(options_.auth_token);
   Envelope envelope;
   *envelope.mutable_hello_request() = std::move(request);
   RUBATO_ASSIGN_OR_RETURN(Envelope response,

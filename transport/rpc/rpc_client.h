@@ -26,8 +26,12 @@ struct RpcClientOptions {
   // a busy server or a scheduling hiccup while still noticing a dead peer within seconds.
   int peer_timeout_ms = 5000;
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+  // Sent in every Hello that carries none of its own (the server's token, rpc_auth.h).
+  std::string auth_token;
 
-  // rpc_timeout_ms and heartbeat_ms from the config, peer timeout = 5 heartbeats.
+  // rpc_timeout_ms and heartbeat_ms from the config, peer timeout = 5 heartbeats, the token
+  // from the environment (RUBATO_CACHE_TOKEN / RUBATO_CACHE_TOKEN_FILE; none when unreadable:
+  // the server then refuses the Hello, naming the token).
   static RpcClientOptions FromLimits(const LimitsSection& limits);
 };
 
@@ -92,7 +96,7 @@ class RpcClient {
 
   const std::string endpoint_;
   const RpcClientOptions options_;
-  mutable std::mutex connection_mutex_;            // guards connection_ (the pointer)
+  mutable std::mutex connection_mutex_;           // guards connection_ (the pointer)
   std::shared_ptr<ClientConnection> connection_;  // never null
 };
 

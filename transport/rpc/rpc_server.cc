@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "transport/rpc/rpc_auth.h"
 
 namespace rubato::rpc {
 namespace {
@@ -59,6 +60,8 @@ std::string ModelShapeMismatch(const ModelShape& ours, const ModelShape& peer) {
 }
 
 constexpr std::chrono::seconds kAcceptLogInterval{10};
+// The longest heartbeat interval a client may ask for: it is silent for at most 5 of them.
+constexpr uint32_t kMaxPeerHeartbeatMs = 60000;
 
 // The pause before the next accept after a failed one: 10 ms, doubling, at most 1 s.
 std::chrono::milliseconds AcceptBackoff(std::chrono::milliseconds previous) {
@@ -379,6 +382,17 @@ Result<HelloResponse> RpcServerImpl::AnswerHello(ConnectionId id, const HelloReq
     return FailedPreconditionError(fmt::format(
         "protocol version mismatch: protocol_version is {} here, {} in the peer's Hello",
         kProtocolVersion, hello.protocol_version()));
+  }
+  if (!options_.auth_token.empty() && !TokensEqual(hello.auth_token(), options_.auth_token)) {
+    return FailedPreconditionError(fmt::format(
+        "authentication failed: this server requires a token ({} or {} on both sides) and the "
+        "peer's Hello carries {}",
+        kTokenEnv, kTokenFileEnv, hello.auth_token().empty() ? "none" : "another"));
+  }
+  if (hello.heartbeat_ms() > kMaxPeerHeartbeatMs) {
+    return FailedPreconditionError(
+        fmt::format("heartbeat_ms {} in the peer's Hello is over the {} this server allows",
+                    hello.heartbeat_ms(), kMaxPeerHeartbeatMs));
   }
   if (hello.role() != options_.served_peer_role) {
     return FailedPreconditionError(

@@ -49,14 +49,17 @@ class RpcHandler {
 struct RpcServerOptions {
   std::string host = "127.0.0.1";  // address to bind: an IP literal ("0.0.0.0" for all)
   uint16_t port = 0;               // 0: the OS picks a free port (RpcServer::port() says which)
-  Role own_role = ROLE_CACHE;                // put in Hello responses
-  Role served_peer_role = ROLE_INFERENCE;    // a Hello from another role is refused
-  std::optional<ModelShape> model_shape;     // when set, a Hello with another shape is refused
+  Role own_role = ROLE_CACHE;      // put in Hello responses
+  Role served_peer_role = ROLE_INFERENCE;  // a Hello from another role is refused
+  std::optional<ModelShape> model_shape;   // when set, a Hello with another shape is refused
   // A connection from which nothing arrives for this long is closed. Clients heartbeat every
   // LimitsSection::heartbeat_ms (1000 by default), so 5 heartbeats' worth is the default.
   int peer_timeout_ms = 5000;
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   int handler_threads = 2;  // threads running RpcHandler methods, [1, 256]
+  // Non-empty: every Hello must carry this token (transport/rpc/rpc_auth.h); else no
+  // authentication.
+  std::string auth_token;
 };
 
 class RpcServer {

@@ -4,15 +4,19 @@
 // frame and a closed connection while other clients keep working, a stalled handler gives
 // kDeadlineExceeded, and concurrent calls from several threads get their own answers.
 // Liveness (heartbeats, lost peers, restarts, connect errors) is in rpc_liveness_test.cc.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <boost/asio.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "transport/rpc/rpc_auth.h"
 #include "transport/rpc/rpc_test_fixture.h"
 
 namespace rubato::rpc {
@@ -138,6 +142,82 @@ TEST_F(RpcTest, HelloMismatchesAreRefusedNamingTheField) {
   EXPECT_EQ(client->Stats().status().code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE(client->Hello(GoodHello()).ok());
   EXPECT_TRUE(handler_.Read(&TestHandler::hellos_).size() == 1u);  // only the good one
+}
+
+TEST_F(RpcTest, ATokenServerRefusesHellosWithoutItsToken) {
+  server_->Stop();
+  StartServer(0, 5000, "s3cret-token");
+  auto client = Connect(FastOptions(), /*hello=*/false);
+  ASSERT_NE(client, nullptr);
+  Result<HelloResponse> refused = client->Hello(GoodHello());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(refused.status().message(), "authentication failed"));
+  EXPECT_TRUE(Contains(refused.status().message(), "carries none"));
+  HelloRequest wrong = GoodHello();
+  wrong.set_auth_token("s3cret-tokeN");
+  refused = client->Hello(wrong);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(refused.status().message(), "carries another"));
+  EXPECT_FALSE(Contains(refused.status().message(), "s3cret"));  // never echoed
+  EXPECT_EQ(client->Stats().status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(handler_.Read(&TestHandler::hellos_).empty());
+
+  RpcClientOptions with_token = FastOptions();
+  with_token.auth_token = "s3cret-token";
+  auto authenticated = Connect(with_token);
+  ASSERT_NE(authenticated, nullptr);
+  EXPECT_TRUE(authenticated->Stats().ok());
+}
+
+TEST_F(RpcTest, AHeartbeatIntervalPastTheBoundIsRefused) {
+  auto client = Connect(FastOptions(), /*hello=*/false);
+  ASSERT_NE(client, nullptr);
+  HelloRequest slow = GoodHello();
+  slow.set_heartbeat_ms(4000000000u);  // ~46 days of silence before the peer counts as lost
+  Result<HelloResponse> refused = client->Hello(slow);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(refused.status().message(), "heartbeat_ms 4000000000"));
+  slow.set_heartbeat_ms(60000);
+  EXPECT_TRUE(client->Hello(slow).ok());
+}
+
+TEST(RpcAuth, TokensCompareByEveryByte) {
+  EXPECT_TRUE(TokensEqual("abc", "abc"));
+  EXPECT_TRUE(TokensEqual("", ""));
+  EXPECT_FALSE(TokensEqual("abc", "abd"));
+  EXPECT_FALSE(TokensEqual("abc", "ab"));
+  EXPECT_FALSE(TokensEqual("", "a"));
+  EXPECT_FALSE(TokensEqual(std::string("a\0b", 3), std::string("a\0c", 3)));
+}
+
+TEST(RpcAuth, TokenFromTheEnvironmentOrAFile) {
+  unsetenv(kTokenEnv);
+  unsetenv(kTokenFileEnv);
+  EXPECT_EQ(AuthTokenFromEnvironment().value(), "");
+  setenv(kTokenEnv, "from-env", 1);
+  EXPECT_EQ(AuthTokenFromEnvironment().value(), "from-env");
+  unsetenv(kTokenEnv);
+  char path[] = "/tmp/rubato_token_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, "  from-file\n", 12), 12);
+  close(fd);
+  setenv(kTokenFileEnv, path, 1);
+  EXPECT_EQ(AuthTokenFromEnvironment().value(), "from-file");
+  const int truncated = open(path, O_WRONLY | O_TRUNC);
+  close(truncated);
+  const Result<std::string> empty = AuthTokenFromEnvironment();
+  EXPECT_FALSE(empty.ok());
+  EXPECT_TRUE(Contains(empty.status().message(), "holds no token"));
+  setenv(kTokenFileEnv, "/dev/zero", 1);
+  EXPECT_FALSE(AuthTokenFromEnvironment().ok());
+  unsetenv(kTokenFileEnv);
+  unlink(path);
+  const Result<std::string> drawn = RandomAuthToken();
+  ASSERT_TRUE(drawn.ok());
+  EXPECT_EQ(drawn->size(), 64u);
+  EXPECT_NE(*drawn, RandomAuthToken().value());
 }
 
 TEST_F(RpcTest, GarbageBytesGetAnErrorFrameAndTheConnectionClosed) {

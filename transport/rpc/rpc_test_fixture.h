@@ -6,7 +6,6 @@
 #pragma once
 
 #include <gtest/gtest.h>
-
 #include <sys/socket.h>
 #include <sys/time.h>
 
@@ -158,9 +157,11 @@ class RpcTest : public ::testing::Test {
     if (server_) server_->Stop();
   }
 
-  void StartServer(uint16_t port = 0, int peer_timeout_ms = 5000) {
+  void StartServer(uint16_t port = 0, int peer_timeout_ms = 5000,
+                   const std::string& auth_token = "") {
     RpcServerOptions options;
     options.port = port;
+    options.auth_token = auth_token;
     options.model_shape = TestShape();
     options.peer_timeout_ms = peer_timeout_ms;
     server_options_ = options;
@@ -220,6 +221,5 @@ class RpcTest : public ::testing::Test {
   std::unique_ptr<RpcServer> server_;
   asio::io_context raw_io_;
 };
-
 
 }  // namespace rubato::rpc::test_support
