@@ -43,11 +43,11 @@ struct CacheService::Peer {
   std::vector<uint64_t> header;  // LayerPackHeader, 8-byte aligned
   std::vector<uint64_t> body;    // the KV pack
   uint64_t body_bytes = 0;
-  std::vector<uint64_t> reply;   // the reply pack
+  std::vector<uint64_t> reply;  // the reply pack
   uint64_t reply_bytes = 0;
   TransferId receive = 0;
   std::optional<TransferId> reply_send;
-  Status health;  // the error that stopped this peer, or ok
+  Status health;                       // the error that stopped this peer, or ok
   Counter* tx_bytes_metric = nullptr;  // rubato:transport_bytes_total children, once looked up
   Counter* rx_bytes_metric = nullptr;
 };
@@ -63,7 +63,7 @@ Result<uint64_t> CacheService::OpenSession(uint64_t peer, uint64_t request_id,
                                            const SessionShape& shape,
                                            const CacheSelectorSpec& selector) {
   RUBATO_ASSIGN_OR_RETURN(const CacheSelector* found, ResolveCacheSelector(selector));
-  std::lock_guard lock(mutex_);
+  const ControlLock lock(*this);
   RUBATO_ASSIGN_OR_RETURN(const uint64_t session, store_.OpenSession(request_id, shape));
   sessions_[session] = SessionInfo{peer, found, selector};
   UpdateStoreGauges();
@@ -73,7 +73,7 @@ Result<uint64_t> CacheService::OpenSession(uint64_t peer, uint64_t request_id,
 }
 
 Status CacheService::CloseSession(uint64_t peer, uint64_t session_id) {
-  std::lock_guard lock(mutex_);
+  const ControlLock lock(*this);
   const auto found = sessions_.find(session_id);
   if (found == sessions_.end() || found->second.peer != peer) {
     return NotFoundError("close session: session " + std::to_string(session_id) +
@@ -86,7 +86,7 @@ Status CacheService::CloseSession(uint64_t peer, uint64_t session_id) {
 }
 
 void CacheService::ForgetPeer(uint64_t peer) {
-  std::lock_guard lock(mutex_);
+  const ControlLock lock(*this);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (it->second.peer != peer) {
       ++it;
@@ -102,7 +102,7 @@ void CacheService::ForgetPeer(uint64_t peer) {
 }
 
 Status CacheService::PeerHealth(uint64_t peer) const {
-  std::lock_guard lock(mutex_);
+  const ControlLock lock(*this);
   const auto found = peers_.find(peer);
   if (found == peers_.end()) {
     return NotFoundError("peer " + std::to_string(peer) + " has no data plane on this cache rank");
@@ -117,13 +117,13 @@ CacheServiceStats CacheService::Stats() const {
   stats.bytes_received = bytes_received_.load();
   stats.replies_sent = replies_sent_.load();
   stats.bytes_sent = bytes_sent_.load();
-  std::lock_guard lock(mutex_);
+  const ControlLock lock(*this);
   stats.peers = peers_.size();
   return stats;
 }
 
 Status CacheService::RegisterMetrics(MetricsRegistry& registry) {
-  std::lock_guard lock(mutex_);
+  const ControlLock lock(*this);
   RUBATO_ASSIGN_OR_RETURN(sessions_metric_,
                           registry.AddGauge("rubato:cache_rank_sessions",
                                             "Sessions (requests) holding KV on this cache rank."));
@@ -164,7 +164,7 @@ Status CacheService::AddPeer(uint64_t peer, std::unique_ptr<transport::Transport
   state->id = peer;
   state->transport = std::move(transport);
   state->rank = peer_rank;
-  std::lock_guard lock(mutex_);
+  const ControlLock lock(*this);
   if (peers_.contains(peer)) {
     return FailedPreconditionError("cache service: peer " + std::to_string(peer) +
                                    " already has a data plane");
@@ -186,6 +186,12 @@ void CacheService::Stop() {
   peers_.clear();  // transports cancel what they still have posted
 }
 
+CacheService::ControlLock::ControlLock(const CacheService& service) {
+  ++service.control_waiting_;
+  lock_ = std::unique_lock<std::mutex>(service.mutex_);
+  --service.control_waiting_;
+}
+
 void CacheService::Run() {
   while (!stop_) {
     bool progressed = false;
@@ -196,6 +202,8 @@ void CacheService::Run() {
         progressed |= Progress(*peer);
       }
     }
+    // Hand the mutex to a waiting control-plane call before the next sweep.
+    while (control_waiting_.load() > 0 && !stop_) std::this_thread::yield();
     if (!progressed) std::this_thread::sleep_for(kIdleSleep);
   }
 }
@@ -267,10 +275,9 @@ bool CacheService::Progress(Peer& peer) {
           header.kind != static_cast<uint8_t>(LayerPackKind::kKvPack) ||
           header.total_bytes < sizeof(LayerPackHeader) ||
           header.total_bytes > options_.max_pack_bytes) {
-        return fail(DataLossError(
-            "a KV pack header with bad magic or kind, or announcing " +
-            std::to_string(header.total_bytes) + " bytes (limit " +
-            std::to_string(options_.max_pack_bytes) + ")"));
+        return fail(DataLossError("a KV pack header with bad magic or kind, or announcing " +
+                                  std::to_string(header.total_bytes) + " bytes (limit " +
+                                  std::to_string(options_.max_pack_bytes) + ")"));
       }
       peer.body_bytes = header.total_bytes;
       const std::span<std::byte> body = AsBytes(peer.body, peer.body_bytes);

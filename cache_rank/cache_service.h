@@ -25,7 +25,7 @@
 namespace rubato {
 
 struct CacheServiceOptions {
-  uint64_t budget_bytes = uint64_t{1} << 30;  // KV storage all sessions may reserve
+  uint64_t budget_bytes = uint64_t{1} << 30;    // KV storage all sessions may reserve
   uint64_t max_pack_bytes = uint64_t{4} << 30;  // a KV pack header announcing more is refused
   // Where sessions' KV lives: null is pageable host memory (kv_storage.h); pinned host memory
   // is MakePinnedKvStorageAllocator (CUDA builds).
@@ -94,12 +94,26 @@ class CacheService {
   // Appends a received KV pack and builds its reply into peer.reply.
   Status ProcessPack(Peer& peer);
 
+  // The control plane's lock of mutex_ (RPC handler threads): announces itself so that the
+  // data-plane thread, which sweeps its peers under mutex_ back to back, hands the mutex over
+  // instead of re-taking it at once. Without the handoff a busy data plane on a loaded machine
+  // starved a Health RPC for seconds (std::mutex is not fair).
+  class ControlLock {
+   public:
+    explicit ControlLock(const CacheService& service);
+    ~ControlLock() = default;
+
+   private:
+    std::unique_lock<std::mutex> lock_;
+  };
+
   const CacheServiceOptions options_;
   mutable std::mutex mutex_;  // guards store_, sessions_, peers_ membership and peer health
+  mutable std::atomic<int> control_waiting_{0};  // control-plane threads waiting for mutex_
   KvStore store_;
-  std::map<uint64_t, SessionInfo> sessions_;          // by session id
-  std::map<uint64_t, std::unique_ptr<Peer>> peers_;   // by peer id
-  std::vector<uint64_t> forgotten_;                   // peers to drop on the service thread
+  std::map<uint64_t, SessionInfo> sessions_;         // by session id
+  std::map<uint64_t, std::unique_ptr<Peer>> peers_;  // by peer id
+  std::vector<uint64_t> forgotten_;                  // peers to drop on the service thread
 
   // Set by RegisterMetrics (under mutex_); updated where the numbers change.
   Gauge* sessions_metric_ = nullptr;
