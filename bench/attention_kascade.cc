@@ -258,8 +258,7 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::string command = argv[0];
-  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  const std::string command = rubato::bench::CommandLine(argc, argv);
   nlohmann::json report = {{"benchmark", "attention_kascade"},
                            {"device", prop.name},
                            {"commit", o.commit},
@@ -285,14 +284,10 @@ int main(int argc, char** argv) {
     }
     report["points"].push_back(point);
   }
-  if (!o.out.empty()) {
-    std::ofstream file(o.out);
-    file << report.dump(2) << "\n";
-    if (!file) {
-      std::fprintf(stderr, "rubato_bench_attention_kascade: error: cannot write %s\n",
-                   o.out.c_str());
-      return 1;
-    }
+  const rubato::Status written = rubato::bench::WriteJsonReport(report, o.out);
+  if (!written.ok()) {
+    std::fprintf(stderr, "rubato_bench_attention_kascade: error: %s\n", written.message().c_str());
+    return 1;
   }
   return failed == 0 ? 0 : 1;
 }

@@ -1,11 +1,15 @@
 // Helpers shared by the kernel benchmarks (attention_kascade.cc, attention_longflow.cc): the
-// median time of a launch over CUDA-event pairs, and host vectors uploaded to device buffers.
+// median time of a launch over CUDA-event pairs, host vectors uploaded to device buffers, the
+// command line and the JSON report's file.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -45,6 +49,22 @@ Result<cuda::DeviceBuffer<T>> Upload(const std::vector<T>& host, const char* wha
   RUBATO_ASSIGN_OR_RETURN(auto buffer, cuda::DeviceBuffer<T>::Allocate(host.size(), what));
   RUBATO_RETURN_IF_ERROR(buffer.CopyFromHost(host.data(), host.size(), nullptr));
   return buffer;
+}
+
+// "argv[0] argv[1] ...": the command recorded in a report.
+inline std::string CommandLine(int argc, char** argv) {
+  std::string command = argc > 0 ? argv[0] : "";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  return command;
+}
+
+// Writes `report` as indented JSON to `path` ("" writes nothing); IoError naming the path.
+inline Status WriteJsonReport(const nlohmann::json& report, const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  std::ofstream file(path);
+  file << report.dump(2) << "\n";
+  if (!file) return IoError("cannot write " + path);
+  return Status::Ok();
 }
 
 }  // namespace rubato::bench

@@ -308,37 +308,24 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
   }
   outputs.num_splits = (max_visible + outputs.keys_per_split - 1) / outputs.keys_per_split;
   unsigned char* workspace = static_cast<unsigned char*>(params.workspace);
-  if (params.scores_only) {  // the scores, and with lse wanted each split's lse and the merge
+  if (params.scores_only) {  // the scores; with lse wanted each split's lse and the merge
     outputs.scores = params.scores;
     outputs.scores_stride = params.scores_stride;
     if (params.lse != nullptr) {
       outputs.partial_lse = reinterpret_cast<float*>(workspace + layout.partial_lse);
       outputs.lse2 = reinterpret_cast<float*>(workspace + layout.lse2);
     }
-    if constexpr (kHeadDim % 64 == 0) {
-      if (tensor_copies) {
-        RUBATO_RETURN_IF_ERROR((LaunchVariant<kHeadDim, kGroup, true>(params, outputs, stream)));
-      } else {
-        RUBATO_RETURN_IF_ERROR((LaunchVariant<kHeadDim, kGroup, false>(params, outputs, stream)));
-      }
-    } else {
-      RUBATO_RETURN_IF_ERROR((LaunchVariant<kHeadDim, kGroup, false>(params, outputs, stream)));
+  } else {
+    outputs.partial_out = reinterpret_cast<float*>(workspace + layout.partial_out);
+    outputs.partial_lse = reinterpret_cast<float*>(workspace + layout.partial_lse);
+    outputs.lse2 = reinterpret_cast<float*>(workspace + layout.lse2);
+    if (params.scores != nullptr) {  // the caller's (the probabilities kernel reads them too)
+      outputs.scores = params.scores;
+      outputs.scores_stride = params.scores_stride;
+    } else if (params.kv_head_probs != nullptr) {
+      outputs.scores = reinterpret_cast<float*>(workspace + layout.scores);
+      outputs.scores_stride = params.max_seq_len;
     }
-    if (params.lse == nullptr) return Status::Ok();
-    DecodeAttentionMergeKernel<kHeadDim>
-        <<<params.batch * params.num_heads, 128, MergeSharedBytes(outputs.num_splits), stream>>>(
-            params, outputs);
-    return LaunchStatus("decode_attention_merge (lse only)");
-  }
-  outputs.partial_out = reinterpret_cast<float*>(workspace + layout.partial_out);
-  outputs.partial_lse = reinterpret_cast<float*>(workspace + layout.partial_lse);
-  outputs.lse2 = reinterpret_cast<float*>(workspace + layout.lse2);
-  if (params.scores != nullptr) {  // the caller's scores (the probabilities kernel reads them too)
-    outputs.scores = params.scores;
-    outputs.scores_stride = params.scores_stride;
-  } else if (params.kv_head_probs != nullptr) {
-    outputs.scores = reinterpret_cast<float*>(workspace + layout.scores);
-    outputs.scores_stride = params.max_seq_len;
   }
 
   if constexpr (kHeadDim % 64 == 0) {
@@ -350,7 +337,9 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
   } else {
     RUBATO_RETURN_IF_ERROR((LaunchVariant<kHeadDim, kGroup, false>(params, outputs, stream)));
   }
+  if (params.scores_only && params.lse == nullptr) return Status::Ok();
 
+  // The merge: the output and the lse (a scores-only launch: the lse alone).
   DecodeAttentionMergeKernel<kHeadDim>
       <<<params.batch * params.num_heads, 128, MergeSharedBytes(outputs.num_splits), stream>>>(
           params, outputs);
