@@ -138,8 +138,9 @@ Status CacheService::RegisterMetrics(MetricsRegistry& registry) {
   RUBATO_ASSIGN_OR_RETURN(transport_bytes_metric_,
                           registry.AddCounterFamily("rubato:transport_bytes_total",
                                                     "Bytes moved between inference and cache "
-                                                    "ranks, by direction and transport backend.",
-                                                    {"direction", "backend"}));
+                                                    "ranks, by the counting rank's role, "
+                                                    "direction and transport backend.",
+                                                    {"role", "direction", "backend"}));
   UpdateStoreGauges();
   return Status::Ok();
 }
@@ -213,7 +214,7 @@ Counter* CacheService::TransportBytes(Peer& peer, bool sent) {
   Counter*& counter = sent ? peer.tx_bytes_metric : peer.rx_bytes_metric;
   if (counter == nullptr && transport_bytes_metric_ != nullptr) {
     const Result<Counter*> found = transport_bytes_metric_->WithLabels(
-        {sent ? "tx" : "rx", std::string(peer.transport->BackendName())});
+        {"cache", sent ? "tx" : "rx", std::string(peer.transport->BackendName())});
     if (found.ok()) counter = *found;
   }
   return counter;

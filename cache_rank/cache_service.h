@@ -65,7 +65,7 @@ class CacheService {
   CacheServiceStats Stats() const;
   // Registers and from then on updates (DESIGN §3): rubato:cache_rank_sessions,
   // rubato:cache_rank_memory_bytes{kind="reserved"|"budget"} (KV storage) and
-  // rubato:transport_bytes_total{direction, backend} of the cache rank's data plane.
+  // rubato:transport_bytes_total{role="cache", direction, backend} of the cache rank's data plane.
   // `registry` must outlive the service.
   Status RegisterMetrics(MetricsRegistry& registry);
 

@@ -151,7 +151,19 @@ Status ReadServer(YamlMapReader& reader, ServerSection* server) {
   RUBATO_RETURN_IF_ERROR(reader.ReadNonEmptyString("host", &server->host));
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("port", 1, 65535, &server->port));
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("metrics_port", 0, 65535, &server->metrics_port));
-  if (server->metrics_port == server->port) {
+  RUBATO_RETURN_IF_ERROR(
+      reader.ReadStringList("cors_allowed_origins", &server->cors_allowed_origins));
+  for (size_t i = 0; i < server->cors_allowed_origins.size(); ++i) {
+    const std::string& origin = server->cors_allowed_origins[i];
+    const bool web = origin.starts_with("http://") || origin.starts_with("https://");
+    if (origin != "*" && (!web || origin.ends_with("/"))) {
+      return reader.Error(fmt::format("cors_allowed_origins[{}]", i),
+                          "must be \"*\" or an origin like \"https://example.com\" (scheme, "
+                          "host, optional port, no path), got '" +
+                              origin + "'");
+    }
+  }
+  if (server->metrics_port != 0 && server->metrics_port == server->port) {
     return reader.Error("metrics_port", fmt::format("must differ from {} ({})",
                                                     reader.KeyPath("port"), server->port));
   }
@@ -305,6 +317,10 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
   key("host") << YAML::DoubleQuoted << config.server.host;
   key("port") << config.server.port;
   key("metrics_port") << config.server.metrics_port;
+  key("cors_allowed_origins") << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& origin : config.server.cors_allowed_origins)
+    out << YAML::DoubleQuoted << origin;
+  out << YAML::EndSeq;
   out << YAML::EndMap;
 
   const LimitsSection& limits = config.limits;

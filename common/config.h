@@ -90,8 +90,11 @@ struct TopologySection {
 
 struct ServerSection {
   std::string host = "127.0.0.1";
-  int port = 8000;          // [1, 65535] OpenAI-compatible HTTP API
-  int metrics_port = 9090;  // [0, 65535] Prometheus /metrics, 0: off; differs from port
+  int port = 8000;       // [1, 65535] OpenAI-compatible HTTP API
+  int metrics_port = 0;  // [0, 65535] a second listener for /metrics only, 0: off; != port
+  // Origins allowed to call the API from a browser (CORS): "*" or "http(s)://host[:port]";
+  // empty: no CORS headers (browsers refuse cross-origin calls).
+  std::vector<std::string> cors_allowed_origins;
 
   bool operator==(const ServerSection&) const = default;
 };

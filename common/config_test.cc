@@ -50,6 +50,7 @@ server:
   host: 0.0.0.0
   port: 8080
   metrics_port: 0
+  cors_allowed_origins: ["https://chat.example.com", "*"]
 limits:
   max_prompt_tokens: 100000
   max_queue: 1000
@@ -125,7 +126,7 @@ TEST(Config, DefaultYamlSpellsOutEveryKey) {
   const std::set<std::string> expected = KeyPaths(formatted);
   EXPECT_EQ(KeyPaths(file), expected);
   EXPECT_EQ(expected.size(),
-            27u);  // model 3, engine 9, policy 1, topology 5, server 3, limits 5, logging 1
+            28u);  // model 3, engine 9, policy 1, topology 5, server 4, limits 5, logging 1
 }
 
 TEST(Config, ParsesEveryKey) {
@@ -155,6 +156,8 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(config.server.host, "0.0.0.0");
   EXPECT_EQ(config.server.port, 8080);
   EXPECT_EQ(config.server.metrics_port, 0);
+  EXPECT_EQ(config.server.cors_allowed_origins,
+            (std::vector<std::string>{"https://chat.example.com", "*"}));
   EXPECT_EQ(config.limits.max_prompt_tokens, 100000);
   EXPECT_EQ(config.limits.max_queue, 1000);
   EXPECT_EQ(config.limits.request_timeout_s, 12.5);
@@ -233,7 +236,7 @@ TEST(Config, UnknownKeysAreNamedWithASuggestion) {
               HasSubstr("rubato.yaml: modle: unknown key; did you mean 'model'?"));
   EXPECT_THAT(ConfigError("server:\n  tls_certificate: a.pem\n"),
               HasSubstr("rubato.yaml: server.tls_certificate: unknown key; expected one of host, "
-                        "port, metrics_port"));
+                        "port, metrics_port, cors_allowed_origins"));
   EXPECT_THAT(ConfigError("topology:\n  ranks:\n    - {rank: 0, role: cache, gpu: 1}\n"),
               HasSubstr("rubato.yaml: topology.ranks[0].gpu: unknown key"));
 }
@@ -342,7 +345,9 @@ TEST(Config, TopologyEntriesAreChecked) {
 }
 
 TEST(Config, CrossFieldChecksNameBothKeys) {
-  EXPECT_THAT(ConfigError("server:\n  port: 9090\n"),
+  EXPECT_THAT(ConfigError("server:\n  cors_allowed_origins: [example.com]\n"),
+              HasSubstr("server.cors_allowed_origins[0]: must be \"*\" or an origin"));
+  EXPECT_THAT(ConfigError("server:\n  port: 9090\n  metrics_port: 9090\n"),
               HasSubstr("rubato.yaml: server.metrics_port: must differ from server.port (9090)"));
   EXPECT_THAT(ConfigError("engine:\n  max_context: 4096\nlimits:\n  max_prompt_tokens: 5000\n"),
               HasSubstr("rubato.yaml: limits.max_prompt_tokens: 5000 exceeds engine.max_context "

@@ -380,7 +380,16 @@ Result<Histogram*> MetricsRegistry::AddHistogram(std::string_view name, std::str
   return family->WithLabels({});
 }
 
+void MetricsRegistry::AddCollector(std::function<void()> collect) {
+  std::lock_guard<std::mutex> lock(collect_mutex_);
+  collectors_.push_back(std::move(collect));
+}
+
 std::string MetricsRegistry::ExpositionText() const {
+  {
+    std::lock_guard<std::mutex> collect_lock(collect_mutex_);
+    for (const std::function<void()>& collect : collectors_) collect();
+  }
   std::string out;
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [name, family] : families_) family->AppendExposition(&out);

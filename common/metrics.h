@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -191,8 +192,15 @@ class MetricsRegistry {
   Result<Histogram*> AddHistogram(std::string_view name, std::string_view help,
                                   std::vector<double> bucket_upper_bounds);
 
+  // A function run at the start of every ExpositionText, one at a time, to refresh values that
+  // are read rather than updated (process CPU and memory, a link's state). It runs without the
+  // registry's lock (it may update children); what it reads must outlive the registry's last
+  // ExpositionText.
+  void AddCollector(std::function<void()> collect);
+
   // The Prometheus text format 0.0.4 of every family, sorted by name, children sorted by label
-  // values (byte-wise). A labelled family without children yet writes only HELP and TYPE.
+  // values (byte-wise), after running the collectors. A labelled family without children yet
+  // writes only HELP and TYPE.
   std::string ExpositionText() const;
 
  private:
@@ -204,6 +212,8 @@ class MetricsRegistry {
   std::map<std::string, std::unique_ptr<MetricFamilyBase>, std::less<>> families_;
   // Every sample name written (`x_total`, `h_bucket`, `h_sum`, ...) -> its family's name.
   std::map<std::string, std::string, std::less<>> sample_names_;
+  mutable std::mutex collect_mutex_;  // guards collectors_ and serializes their runs
+  std::vector<std::function<void()>> collectors_;
 };
 
 // Exposition helpers, exposed for tests and for other writers of the format.

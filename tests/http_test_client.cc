@@ -82,13 +82,14 @@ HttpResponse ParseResponse(const std::string& raw) {
 }
 
 HttpResponse Request(int port, const std::string& method, const std::string& path,
-                     const std::string& body) {
+                     const std::string& body, const std::string& headers) {
   const int fd = Connect(port);
   if (fd < 0) return {};
   SendAll(fd, method + " " + path +
                   " HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
                   "application/json\r\nContent-Length: " +
-                  std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+                  std::to_string(body.size()) + "\r\n" + headers + "Connection: close\r\n\r\n" +
+                  body);
   const std::string raw = ReadToEof(fd);
   ::close(fd);
   return ParseResponse(raw);

@@ -23,7 +23,8 @@ std::string ReadToEof(int fd);
 // The status, headers and (de-chunked) body of a raw HTTP/1.1 response; status 0 when unparsable.
 HttpResponse ParseResponse(const std::string& raw);
 // One request with a JSON content type and `body`; status 0 when nothing parsable came back.
+// `headers`: extra request header lines, each ending in "\r\n" ("Origin: x\r\n").
 HttpResponse Request(int port, const std::string& method, const std::string& path,
-                     const std::string& body = "");
+                     const std::string& body = "", const std::string& headers = "");
 
 }  // namespace rubato::testing

@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/process_metrics.h"
 #include "inference_rank/server/http_server.h"
 #include "transport/rpc/rpc_auth.h"
 #include "transport/rpc/rpc_client.h"
@@ -128,6 +129,7 @@ Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
   server_options.auth_token = token;
   MetricsRegistry metrics;
   RUBATO_RETURN_IF_ERROR(service.RegisterMetrics(metrics));
+  RUBATO_RETURN_IF_ERROR(RegisterProcessMetrics(metrics, "cache"));
   std::unique_ptr<server::HttpServer> metrics_server;
   if (metrics_endpoint.has_value()) {
     server::HttpServerOptions http;

@@ -11,6 +11,7 @@
 
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/process_metrics.h"
 #include "inference_rank/cli/mpi_launch.h"
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/server/http_server.h"
@@ -28,6 +29,21 @@ constexpr std::chrono::seconds kShutdownGrace(5);
 
 // Loads the model and serves HTTP until SIGINT / SIGTERM.
 Status Serve(const RubatoConfig& config);
+
+// The server.metrics_port listener: GET (or HEAD) /metrics, 404 / 405 otherwise.
+server::HttpReply MetricsOnly(const MetricsRegistry& metrics, const server::HttpRequest& request) {
+  if (request.path != "/metrics") {
+    return server::HttpReply{404, "text/plain; charset=utf-8",
+                             "no route for " + request.path +
+                                 " (server.metrics_port serves /metrics only)\n",
+                             nullptr};
+  }
+  if (request.method != "GET" && request.method != "HEAD") {
+    return server::HttpReply{405, "text/plain; charset=utf-8",
+                             "/metrics takes GET, not " + request.method + "\n", nullptr};
+  }
+  return server::HttpReply{200, kExpositionContentType, metrics.ExpositionText(), nullptr};
+}
 
 }  // namespace
 
@@ -64,13 +80,16 @@ Status Serve(const RubatoConfig& config) {
 
   // Declared before everything that points into them: destroyed last.
   MetricsRegistry metrics;
+  RUBATO_RETURN_IF_ERROR(RegisterProcessMetrics(metrics, "inference"));
   OffloadTarget offload;
   EngineOptions engine_options = EngineOptionsFromConfig(config);
   engine_options.metrics = &metrics;
   RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, tokenizer.get(), engine_options));
   if (policy.offload.has_value()) {
     RUBATO_ASSIGN_OR_RETURN(offload, ConnectOffload(config, policy, model->config()));
-    RUBATO_RETURN_IF_ERROR(offload.client->RegisterMetrics(metrics));
+    // A remote cache rank adds its link's metrics to the client's.
+    RUBATO_RETURN_IF_ERROR(offload.remote != nullptr ? offload.remote->RegisterMetrics(metrics)
+                                                     : offload.client->RegisterMetrics(metrics));
     engine_options.offload = offload.client;
   }
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
@@ -79,12 +98,14 @@ Status Serve(const RubatoConfig& config) {
   serving_options.max_queue = config.limits.max_queue;
   serving_options.request_timeout_s = config.limits.request_timeout_s;
   serving_options.metrics = &metrics;
+  const std::string model_name = server::ModelNameFromDirectory(model_dir.string());
+  serving_options.model_name = model_name;
   RUBATO_ASSIGN_OR_RETURN(
       std::unique_ptr<server::ServingEngine> serving,
       server::ServingEngine::Create(std::move(engine), tokenizer.get(), serving_options));
-  server::OpenAiRouter router(serving.get(), tokenizer.get(), &metrics,
-                              {server::ModelNameFromDirectory(model_dir.string()),
-                               config.limits.max_prompt_tokens});
+  server::OpenAiRouter router(
+      serving.get(), tokenizer.get(), &metrics,
+      {model_name, config.limits.max_prompt_tokens, config.server.cors_allowed_origins});
   serving->Start();
 
   server::HttpServerOptions http_options;
@@ -95,8 +116,25 @@ Status Serve(const RubatoConfig& config) {
       server::HttpServer::Start(http_options, [&router](const server::HttpRequest& request) {
         return router.Handle(request);
       }));
+  // server.metrics_port: /metrics alone on a second listener (e.g. a port only the monitoring
+  // network reaches); the API port serves /metrics as well.
+  std::unique_ptr<server::HttpServer> metrics_http;
+  if (config.server.metrics_port != 0) {
+    server::HttpServerOptions metrics_options;
+    metrics_options.host = config.server.host;
+    metrics_options.port = static_cast<uint16_t>(config.server.metrics_port);
+    Result<std::unique_ptr<server::HttpServer>> started = server::HttpServer::Start(
+        metrics_options,
+        [&metrics](const server::HttpRequest& request) { return MetricsOnly(metrics, request); });
+    if (!started.ok()) return started.status().WithContext("server.metrics_port");
+    metrics_http = std::move(started).value();
+  }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  if (metrics_http != nullptr) {
+    std::printf("rubato serve: metrics on http://%s:%u/metrics\n", config.server.host.c_str(),
+                static_cast<unsigned>(metrics_http->port()));
+  }
   std::printf("rubato serve: listening on http://%s:%u\n", config.server.host.c_str(),
               static_cast<unsigned>(http->port()));
   std::fflush(stdout);
@@ -106,6 +144,7 @@ Status Serve(const RubatoConfig& config) {
   // Stop accepting; running requests finish (the engine still steps) within the grace period;
   // then the engine loop ends every request left.
   http->Stop(kShutdownGrace);
+  if (metrics_http != nullptr) metrics_http->Stop();
   serving->Stop();
   return Status::Ok();
 }

@@ -134,9 +134,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
   if (options.metrics != nullptr) {
     RUBATO_ASSIGN_OR_RETURN(
         engine->retained_kv_metric_,
-        options.metrics->AddGauge(
+        options.metrics->AddHistogram(
             "rubato:retained_kv_ratio",
-            "Share of the KV positions the last step's queries attended (mean)."));
+            "Share of the KV positions the query of each sampled token attended.",
+            {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99,
+             1.0}));
     if (options.policy != nullptr) {
       RUBATO_RETURN_IF_ERROR(options.policy->RegisterMetrics(*options.metrics));
     }
@@ -184,6 +186,31 @@ Result<uint64_t> Engine::Submit(GenerationRequest request) {
   if (sampling.top_k < 0) {
     return InvalidArgumentError("request: top_k must be >= 0 (0 = off), got " +
                                 std::to_string(sampling.top_k));
+  }
+  for (const float penalty : {sampling.presence_penalty, sampling.frequency_penalty}) {
+    if (!(penalty >= -2.0f && penalty <= 2.0f)) {
+      return InvalidArgumentError(
+          "request: presence and frequency penalties must be in [-2, 2], "
+          "got " +
+          std::to_string(penalty));
+    }
+  }
+  for (size_t i = 0; i < sampling.logit_bias.size(); ++i) {
+    const auto& [id, bias] = sampling.logit_bias[i];
+    if (id < 0 || id >= vocab) {
+      return InvalidArgumentError("request: logit_bias token " + std::to_string(id) +
+                                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return InvalidArgumentError("request: logit_bias of token " + std::to_string(id) +
+                                  " must be in [-100, 100], got " + std::to_string(bias));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (sampling.logit_bias[j].first == id) {
+        return InvalidArgumentError("request: logit_bias names token " + std::to_string(id) +
+                                    " twice");
+      }
+    }
   }
   if (request.max_new_tokens < 1) {
     return InvalidArgumentError("request: max_new_tokens must be at least 1, got " +
@@ -260,6 +287,7 @@ Status Engine::AdmitWaiting(std::vector<TokenEvent>& events) {
     }
     RUBATO_LOG_DEBUG(kLogSubsystem, "admit request {} ({} prompt tokens, {} KV blocks)", next.id,
                      next.params.prompt_ids.size(), next.kv.block_table.size());
+    admitted_.push_back(next.id);
     running_.push_back(std::move(next));
     waiting_.pop_front();
   }
@@ -274,6 +302,10 @@ TokenSampling Engine::NextSampling(Request& request) {
       params.temperature < kGreedyBelowTemperature ? 0.0f : params.temperature;
   TokenSampling sampling{temperature, params.top_k, params.top_p, 0.0};
   if (temperature > 0.0f) sampling.uniform = DrawUniform(request.rng);
+  sampling.adjustments.presence_penalty = params.presence_penalty;
+  sampling.adjustments.frequency_penalty = params.frequency_penalty;
+  sampling.adjustments.generated = request.output_tokens;
+  sampling.adjustments.logit_bias = params.logit_bias;
   return sampling;
 }
 
@@ -297,6 +329,7 @@ void Engine::DiscardStep(Request& request) {
 
 Result<std::vector<TokenEvent>> Engine::Step() {
   std::vector<TokenEvent> events;
+  admitted_.clear();
   RUBATO_RETURN_IF_ERROR(AdmitWaiting(events));
 
   batch_.clear();
@@ -408,13 +441,18 @@ Result<std::vector<TokenEvent>> Engine::Step() {
     }
     request.last_token = token;
     ++request.generated;
+    if (request.params.sampling.presence_penalty != 0.f ||
+        request.params.sampling.frequency_penalty != 0.f) {
+      request.output_tokens.push_back(token);
+    }
     request.finish = FinishAfter(request, token);
     events.push_back(TokenEvent{request.id, token, request.finish, retained, Status::Ok()});
   }
-  if (!events.empty()) {
-    double retained_sum = 0.0;
-    for (const TokenEvent& event : events) retained_sum += event.retained_kv_ratio;
-    if (retained_kv_metric_ != nullptr) retained_kv_metric_->Set(retained_sum / events.size());
+  if (retained_kv_metric_ != nullptr) {
+    for (const TokenEvent& event : events) {
+      if (event.finish != FinishReason::kError)
+        retained_kv_metric_->Observe(event.retained_kv_ratio);
+    }
   }
 
   // Retire finished requests; their blocks go back to the free list for the next admission.

@@ -30,6 +30,11 @@ struct SamplingParams {
   int top_k = 0;            // 0 = off
   float top_p = 1.f;        // in (0, 1]; 1 = off
   uint64_t seed = 0;        // seeds this request's own RNG
+  // OpenAI's logit processors (kernels/cpu/sampling.h LogitAdjustments); the CPU backend only.
+  float presence_penalty = 0.f;   // [-2, 2]
+  float frequency_penalty = 0.f;  // [-2, 2]
+  std::vector<std::pair<int, float>> logit_bias =
+      {};  // (token id, bias in [-100, 100]), ids unique
 };
 
 struct GenerationRequest {
@@ -50,7 +55,7 @@ struct EngineOptions {
   // half in the model). Null: dense. Shared with the caller, who may read its counters.
   std::shared_ptr<AttentionPolicy> policy;
   // Optional: where the engine registers and updates its metrics (DESIGN §3 names):
-  // rubato:retained_kv_ratio (mean over the last step's sampled tokens) and the policy's own
+  // rubato:retained_kv_ratio (a histogram, one observation per sampled token) and the policy's own
   // (AttentionPolicy::RegisterMetrics). Must outlive the engine.
   MetricsRegistry* metrics = nullptr;
   // Offloaded KV (DESIGN §3 "KV residency"): set, every request gets a session on the cache rank
@@ -130,6 +135,8 @@ class Engine {
     return evicting_pool_.get();
   }                                                          // null unless evicting
   const EngineOptions& options() const { return options_; }  // with defaults resolved
+  // The requests the last Step moved from waiting to running (their queue time ends there).
+  const std::vector<uint64_t>& admitted() const { return admitted_; }
 
  private:
   struct Request {
@@ -139,7 +146,8 @@ class Engine {
     KvSequence kv;
     int prompt_done = 0;  // prompt tokens already in the KV cache
     int generated = 0;
-    int last_token = -1;  // newest generated token: the input of the next decode step
+    std::vector<int> output_tokens;  // the generated tokens, when penalties need them
+    int last_token = -1;             // newest generated token: the input of the next decode step
     FinishReason finish = FinishReason::kNone;
     std::unique_ptr<PolicyRequest> policy;    // the policy's state of it, or null (dense)
     std::optional<uint64_t> offload_session;  // its session on the cache rank (options.offload)
@@ -186,9 +194,10 @@ class Engine {
   std::vector<TokenSampling> batch_sampling_;  // [batch entries]; what entries' sampling points to
   std::vector<OffloadForward> batch_offload_;  // [batch entries]; what entries' offload points to
   std::vector<EvictingForward>
-      batch_evicting_;                   // [batch entries]; what entries' evicting points to
-  AttentionWindow window_;               // the policy's (dense without one)
-  Gauge* retained_kv_metric_ = nullptr;  // in options_.metrics, when set
+      batch_evicting_;                       // [batch entries]; what entries' evicting points to
+  AttentionWindow window_;                   // the policy's (dense without one)
+  Histogram* retained_kv_metric_ = nullptr;  // in options_.metrics, when set
+  std::vector<uint64_t> admitted_;           // ids moved to running by the last Step
   ForwardResult forward_result_;
 };
 

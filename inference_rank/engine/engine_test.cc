@@ -412,5 +412,68 @@ TEST_F(EngineTest, CreateValidatesOptions) {
   EXPECT_FALSE(Engine::Create(nullptr, EngineOptions{}).ok());
 }
 
+// Penalties and logit_bias, greedy, against a reference computed here: the model's own logits
+// for prompt + tokens so far (one full forward per token), OpenAI's formula applied by hand,
+// argmax.
+TEST_F(EngineTest, PenaltiesAndLogitBiasFollowOpenAiFormula) {
+  const std::vector<int> prompt = Prompt(12, 5);
+  constexpr int kTokens = 10;
+  GenerationRequest request;
+  request.prompt_ids = prompt;
+  request.max_new_tokens = kTokens;
+  request.sampling.presence_penalty = 0.7f;
+  request.sampling.frequency_penalty = 1.3f;
+  request.sampling.logit_bias = {{7, 2.5f}, {prompt[3], -1.5f}};
+  EngineOptions options;
+  std::unique_ptr<Engine> engine = NewEngine(options);
+  const int vocab = engine->model().config().vocab_size;
+  request.stop_token_ids = {vocab - 1};  // the reference below stops on it too
+  ASSERT_TRUE(engine->Submit(request).ok());
+  const std::vector<int> got = RunToCompletion(*engine).begin()->second.tokens;
+
+  auto model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/4);
+  ASSERT_TRUE(model.ok());
+  auto cache = (*model)->CreateKvCache(16, 64);
+  ASSERT_TRUE(cache.ok());
+  std::vector<int> expected;
+  std::vector<int> sequence = prompt;
+  ForwardResult result;
+  KvSequence kv;
+  while (static_cast<int>(expected.size()) < kTokens &&
+         (expected.empty() || expected.back() != vocab - 1)) {
+    const ForwardEntry entry{&kv, sequence, 0, LogitsWanted::kLast};
+    ASSERT_TRUE((*model)->Forward(std::span<const ForwardEntry>(&entry, 1), **cache, result).ok());
+    std::vector<float> logits(result.LastLogits(0).begin(), result.LastLogits(0).end());
+    for (const auto& [id, bias] : request.sampling.logit_bias) logits[id] += bias;
+    for (int t = 0; t < vocab; ++t) {
+      const int count = static_cast<int>(std::count(expected.begin(), expected.end(), t));
+      logits[t] -= request.sampling.frequency_penalty * count +
+                   (count > 0 ? request.sampling.presence_penalty : 0.f);
+    }
+    const int next =
+        static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    expected.push_back(next);
+    sequence.push_back(next);
+  }
+  EXPECT_EQ(got, expected);
+
+  // The same request without them gives other tokens: the adjustments change the output.
+  GenerationRequest plain = request;
+  plain.sampling.presence_penalty = 0.f;
+  plain.sampling.frequency_penalty = 0.f;
+  plain.sampling.logit_bias.clear();
+  std::unique_ptr<Engine> plain_engine = NewEngine(options);
+  ASSERT_TRUE(plain_engine->Submit(plain).ok());
+  EXPECT_NE(RunToCompletion(*plain_engine).begin()->second.tokens, got);
+
+  // Out-of-range values are refused by name.
+  GenerationRequest bad = request;
+  bad.sampling.frequency_penalty = 2.5f;
+  EXPECT_EQ(engine->Submit(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = request;
+  bad.sampling.logit_bias = {{vocab, 1.f}};
+  EXPECT_NE(engine->Submit(bad).status().message().find("logit_bias"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace rubato

@@ -326,6 +326,14 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
         "not on the GPU");
   }
   RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
+  for (size_t e = 0; e < batch.size(); ++e) {
+    // The device sampler has no logit processors (model.h TokenSampling::adjustments).
+    if (batch[e].sampling != nullptr && batch[e].sampling->adjustments.active()) {
+      return UnsupportedError("forward: entry " + std::to_string(e) +
+                              " asks for presence/frequency penalties or logit_bias, which "
+                              "the CUDA sampler does not apply");
+    }
+  }
   RUBATO_RETURN_IF_ERROR(CheckAttentionEntries(batch));
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
 

@@ -23,6 +23,12 @@ Status ValidateSampling(const TokenSampling& sampling, const std::string& where)
     return InvalidArgumentError(where + ": sampling top_p must be in (0, 1], got " +
                                 std::to_string(sampling.top_p));
   }
+  for (const auto& [token, bias] : sampling.adjustments.logit_bias) {
+    if (!std::isfinite(bias)) {
+      return InvalidArgumentError(where + ": logit_bias of token " + std::to_string(token) +
+                                  " is not finite");
+    }
+  }
   if (sampling.temperature > 0.0f && !(sampling.uniform >= 0.0 && sampling.uniform < 1.0)) {
     return InvalidArgumentError(where + ": sampling uniform must be in [0, 1), got " +
                                 std::to_string(sampling.uniform));
@@ -217,6 +223,11 @@ Status ReserveForwardBlocks(std::span<const ForwardEntry> batch, PagedKvCache& c
 
 int SampleOnHost(std::span<const float> logits, const TokenSampling& sampling,
                  SamplingWorkspace& workspace) {
+  if (sampling.adjustments.active()) {
+    workspace.adjusted.assign(logits.begin(), logits.end());
+    ApplyLogitAdjustments(workspace.adjusted, sampling.adjustments, workspace);
+    logits = workspace.adjusted;
+  }
   if (sampling.temperature == 0.0f) return ArgMax(logits);
   const SamplingFilter filter{sampling.temperature, sampling.top_k, sampling.top_p};
   return SampleTokenWithUniform(logits, filter, sampling.uniform, workspace);

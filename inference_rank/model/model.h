@@ -53,7 +53,11 @@ struct TokenSampling {
   double uniform = 0.0;     // [0, 1): the request's draw (kernels/cpu/sampling.h DrawUniform);
                             // unused when greedy
   bool report_probability = false;  // also report the chosen token's TokenProbability
-                                    // (ForwardResult::sampled_probabilities)
+                                    // (ForwardResult::sampled_probabilities), of the raw logits
+  // Penalties and logit_bias, applied before greedy or sampling (kernels/cpu/sampling.h). Its
+  // spans must outlive the Forward call. The CPU model applies them; the CUDA model refuses an
+  // entry that has them (kUnsupported): its device sampler does not implement them.
+  LogitAdjustments adjustments = {};
 };
 
 struct ForwardEntry {

@@ -102,11 +102,12 @@ Status CacheRankClient::RegisterMetrics(MetricsRegistry& registry) {
   RUBATO_ASSIGN_OR_RETURN(CounterFamily * bytes,
                           registry.AddCounterFamily("rubato:transport_bytes_total",
                                                     "Bytes moved between inference and cache "
-                                                    "ranks, by direction and transport backend.",
-                                                    {"direction", "backend"}));
+                                                    "ranks, by the counting rank's role, "
+                                                    "direction and transport backend.",
+                                                    {"role", "direction", "backend"}));
   const std::string backend(transport_.BackendName());
-  RUBATO_ASSIGN_OR_RETURN(tx_bytes_metric_, bytes->WithLabels({"tx", backend}));
-  RUBATO_ASSIGN_OR_RETURN(rx_bytes_metric_, bytes->WithLabels({"rx", backend}));
+  RUBATO_ASSIGN_OR_RETURN(tx_bytes_metric_, bytes->WithLabels({"inference", "tx", backend}));
+  RUBATO_ASSIGN_OR_RETURN(rx_bytes_metric_, bytes->WithLabels({"inference", "rx", backend}));
   RUBATO_ASSIGN_OR_RETURN(
       pack_wait_metric_,
       registry.AddHistogram("rubato:pack_wait_seconds",

@@ -69,9 +69,10 @@ class CacheRankClient final : public KvOffloadClient {
   // Seconds spent waiting for replies (the `rubato:pack_wait_seconds` metric).
   double pack_wait_seconds() const { return pack_wait_seconds_; }
 
-  // Registers and from then on updates (DESIGN §3): rubato:transport_bytes_total{direction=
-  // "tx"|"rx", backend} (KV packs out, replies in) and rubato:pack_wait_seconds (a histogram of
-  // each wait for a reply or a send). `registry` must outlive the client.
+  // Registers and from then on updates (DESIGN §3): rubato:transport_bytes_total{role=
+  // "inference", direction="tx"|"rx", backend} (KV packs out, replies in) and
+  // rubato:pack_wait_seconds (a histogram of each wait for a reply or a send). `registry` must
+  // outlive the client.
   Status RegisterMetrics(MetricsRegistry& registry);
 
  private:

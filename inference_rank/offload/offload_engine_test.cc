@@ -153,23 +153,24 @@ TEST_F(OffloadEngineTest, MetricsCountTheBytesTheWaitsAndTheSessions) {
   // The service counts a reply once its loop sees the send complete, which may come just after
   // the client has it: wait (bounded) for its last count.
   const std::string served_tx =
-      "rubato:transport_bytes_total{direction=\"tx\",backend=\"loopback\"}";
+      "rubato:transport_bytes_total{role=\"cache\",direction=\"tx\",backend=\"loopback\"}";
   for (int i = 0; i < 500 && sample(cache_metrics.ExpositionText(), served_tx) != received; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   const std::string inference = inference_metrics.ExpositionText();
   const std::string served = cache_metrics.ExpositionText();
   ASSERT_GT(sent, 0);
-  EXPECT_EQ(sample(inference,
-                   "rubato:transport_bytes_total{direction=\"tx\",backend=\"loopback\"}"),
+  EXPECT_EQ(sample(inference, "rubato:transport_bytes_total{role=\"inference\",direction=\"tx\","
+                              "backend=\"loopback\"}"),
             sent)
       << inference;
-  EXPECT_EQ(sample(inference,
-                   "rubato:transport_bytes_total{direction=\"rx\",backend=\"loopback\"}"),
+  EXPECT_EQ(sample(inference, "rubato:transport_bytes_total{role=\"inference\",direction=\"rx\","
+                              "backend=\"loopback\"}"),
             received);
   EXPECT_GT(sample(inference, "rubato:pack_wait_seconds_count"), 0) << inference;
   // What one side sent the other received; every session was closed again.
-  EXPECT_EQ(sample(served, "rubato:transport_bytes_total{direction=\"rx\",backend=\"loopback\"}"),
+  EXPECT_EQ(sample(served, "rubato:transport_bytes_total{role=\"cache\",direction=\"rx\","
+                           "backend=\"loopback\"}"),
             sent)
       << served;
   EXPECT_EQ(sample(served, served_tx), received);

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <span>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "common/dtype.h"
@@ -31,10 +32,23 @@ constexpr milliseconds kHealthCallInterval{200};
 
 }  // namespace
 
-// Sessions and health through the RPC client.
+// Sessions and health through the RPC client, timed and counted once RegisterMetrics ran.
 class RemoteCacheRank::RpcSessionControl final : public CacheSessionControl {
  public:
   explicit RpcSessionControl(rpc::RpcClient& rpc) : rpc_(rpc) {}
+
+  Status RegisterMetrics(MetricsRegistry& registry) {
+    RUBATO_ASSIGN_OR_RETURN(
+        latency_, registry.AddHistogram("rubato:cache_rpc_latency_seconds",
+                                        "Round trip of the inference rank's control-plane calls "
+                                        "to its cache rank (sessions, health), failed ones too.",
+                                        {1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5}));
+    RUBATO_ASSIGN_OR_RETURN(errors_,
+                            registry.AddCounter("rubato:cache_rpc_errors_total",
+                                                "Control-plane calls to the cache rank that "
+                                                "failed (error reply, timeout, lost link)."));
+    return Status::Ok();
+  }
 
   Result<uint64_t> OpenSession(uint64_t request_id, const SessionShape& shape,
                                const CacheSelectorSpec& selection) override {
@@ -50,14 +64,15 @@ class RemoteCacheRank::RpcSessionControl final : public CacheSessionControl {
     request.set_top_k(static_cast<uint32_t>(selection.top_k));
     request.set_sink_tokens(static_cast<uint32_t>(selection.sink_tokens));
     request.set_recent_tokens(static_cast<uint32_t>(selection.recent_tokens));
-    RUBATO_ASSIGN_OR_RETURN(const rpc::OpenSessionResponse response, rpc_.OpenSession(request));
+    RUBATO_ASSIGN_OR_RETURN(const rpc::OpenSessionResponse response,
+                            Timed([&] { return rpc_.OpenSession(request); }));
     return response.session_id();
   }
 
   Status CloseSession(uint64_t session_id) override {
     rpc::CloseSessionRequest request;
     request.set_session_id(session_id);
-    return rpc_.CloseSession(request).status();
+    return Timed([&] { return rpc_.CloseSession(request); }).status();
   }
 
   Status Health() override {
@@ -65,7 +80,7 @@ class RemoteCacheRank::RpcSessionControl final : public CacheSessionControl {
     std::lock_guard lock(mutex_);
     if (Clock::now() - last_call_ >= kHealthCallInterval) {
       last_call_ = Clock::now();
-      const Result<rpc::HealthResponse> health = rpc_.Health();
+      const Result<rpc::HealthResponse> health = Timed([&] { return rpc_.Health(); });
       if (!health.ok()) {
         data_plane_ = health.status();
       } else if (health->status() != "ok") {
@@ -78,10 +93,24 @@ class RemoteCacheRank::RpcSessionControl final : public CacheSessionControl {
   }
 
  private:
+  // Runs one RPC, observing its latency and counting its failure.
+  template <typename Call>
+  std::invoke_result_t<Call> Timed(Call call) {
+    const Clock::time_point start = Clock::now();
+    auto result = call();
+    if (latency_ != nullptr) {
+      latency_->Observe(std::chrono::duration<double>(Clock::now() - start).count());
+      if (!result.ok()) errors_->Increment();
+    }
+    return result;
+  }
+
   rpc::RpcClient& rpc_;
   std::mutex mutex_;
   Clock::time_point last_call_{};
   Status data_plane_;
+  Histogram* latency_ = nullptr;  // set by RegisterMetrics
+  Counter* errors_ = nullptr;
 };
 
 namespace {
@@ -189,6 +218,19 @@ Result<std::unique_ptr<RemoteCacheRank>> RemoteCacheRank::Connect(
                                                      /*cache_peer=*/0, *cache->control_);
   RUBATO_RETURN_IF_ERROR(cache->client_->Broken());  // a selection the table refuses
   return cache;
+}
+
+Status RemoteCacheRank::RegisterMetrics(MetricsRegistry& registry) {
+  RUBATO_RETURN_IF_ERROR(client_->RegisterMetrics(registry));
+  RUBATO_RETURN_IF_ERROR(control_->RegisterMetrics(registry));
+  RUBATO_ASSIGN_OR_RETURN(Gauge * link_up,
+                          registry.AddGauge("rubato:cache_link_up",
+                                            "1 while the cache rank answers heartbeats and the "
+                                            "data plane works, else 0."));
+  registry.AddCollector([this, link_up] {
+    link_up->Set(rpc_->Healthy() && client_->Broken().ok() ? 1.0 : 0.0);
+  });
+  return Status::Ok();
 }
 
 RemoteCacheRank::~RemoteCacheRank() {

@@ -11,6 +11,7 @@
 
 #include "common/config.h"
 #include "common/hf_config.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "inference_rank/offload/cache_client.h"
 #include "transport/rpc/rpc_client.h"
@@ -34,6 +35,12 @@ class RemoteCacheRank {
                                                           const LimitsSection& limits,
                                                           const RemoteDataPlane& data_plane = {});
   ~RemoteCacheRank();
+
+  // The client's metrics (CacheRankClient::RegisterMetrics) and the link's:
+  // rubato:cache_link_up (read at each scrape), rubato:cache_rpc_latency_seconds and
+  // rubato:cache_rpc_errors_total (sessions and health calls). `registry` must not be scraped
+  // after this is destroyed.
+  Status RegisterMetrics(MetricsRegistry& registry);
 
   CacheRankClient& client() { return *client_; }
   rpc::RpcClient& rpc() { return *rpc_; }

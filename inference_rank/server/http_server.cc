@@ -16,6 +16,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <cstdio>
 #include <exception>
 #include <optional>
@@ -38,7 +39,14 @@ constexpr const char* kLogSubsystem = "http";
 
 // ---- PendingReply ---------------------------------------------------------------------------
 
-void PendingReply::Complete(int status, std::string content_type, std::string body) {
+void PendingReply::SetHeaders(HttpHeaders headers) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Before those of a Complete that may have come first (the engine thread races the handler).
+  progress_.headers.insert(progress_.headers.begin(), headers.begin(), headers.end());
+}
+
+void PendingReply::Complete(int status, std::string content_type, std::string body,
+                            HttpHeaders headers) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (finished_ || progress_.stream_started) return;
   finished_ = true;
@@ -46,6 +54,7 @@ void PendingReply::Complete(int status, std::string content_type, std::string bo
   progress_.status = status;
   progress_.content_type = std::move(content_type);
   progress_.body = std::move(body);
+  for (auto& header : headers) progress_.headers.push_back(std::move(header));
   Notify(lock);
 }
 
@@ -95,6 +104,7 @@ PendingReply::Progress PendingReply::Take() {
   Progress taken = progress_;
   // What stays: the stream's state flags; the body pieces and the whole reply are handed over.
   progress_.body.clear();
+  if (progress_.complete || progress_.stream_started) progress_.headers.clear();  // sent now
   progress_.complete = false;
   if (content_type_taken_) taken.content_type.clear();
   if (progress_.stream_started) content_type_taken_ = true;
@@ -173,6 +183,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   void ReadHeader() {
+    head_only_ = false;
     if (state_->stopping) return Forget();
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(state_->options.max_header_bytes));
@@ -248,6 +259,12 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string_view target(request.target().data(), request.target().size());
     view.path = std::string(target.substr(0, target.find('?')));
     view.body = std::move(request.body());
+    for (const auto& field : request) {
+      std::string name(field.name_string());
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      view.headers[name] = std::string(field.value());
+    }
+    head_only_ = request.method() == http::verb::head;
     HttpReply reply;
     try {
       reply = state_->handler(view);
@@ -260,7 +277,8 @@ class Session : public std::enable_shared_from_this<Session> {
                         nullptr};
     }
     if (reply.pending == nullptr) {
-      return WriteWhole(reply.status, reply.content_type, std::move(reply.body), keep_alive_);
+      return WriteWhole(reply.status, reply.content_type, std::move(reply.body), keep_alive_,
+                        reply.headers);
     }
     pending_ = std::move(reply.pending);
     ++state_->pending_replies;
@@ -298,12 +316,13 @@ class Session : public std::enable_shared_from_this<Session> {
     bool done = false;
     if (progress.complete) {
       keep_alive_ = keep_alive_ && !state_->stopping;
-      out = ResponseHead(progress.status, progress.content_type, progress.body.size(), false) +
-            progress.body;
+      out = ResponseHead(progress.status, progress.content_type, progress.body.size(), false,
+                         progress.headers) +
+            (head_only_ ? std::string() : progress.body);
       done = true;
     } else if (progress.stream_started) {
       if (!header_sent_) {
-        out = ResponseHead(200, progress.content_type, 0, /*chunked=*/true);
+        out = ResponseHead(200, progress.content_type, 0, /*chunked=*/true, progress.headers);
         header_sent_ = true;
       }
       if (!progress.body.empty()) out += ChunkOf(progress.body);
@@ -353,9 +372,10 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   std::string ResponseHead(int status, const std::string& content_type, size_t length,
-                           bool chunked) const {
+                           bool chunked, const HttpHeaders& headers = {}) const {
     std::string head = "HTTP/1.1 " + StatusLine(status) + "\r\nServer: rubato\r\nContent-Type: " +
                        content_type + "\r\n";
+    for (const auto& [name, value] : headers) head += name + ": " + value + "\r\n";
     if (chunked) {
       head += "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n";
     } else {
@@ -366,10 +386,11 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void WriteWhole(int status, const std::string& content_type, std::string body,
-                  bool keep_alive) {
+                  bool keep_alive, const HttpHeaders& headers = {}) {
     keep_alive_ = keep_alive && !state_->stopping;
     auto data = std::make_shared<std::string>(
-        ResponseHead(status, content_type, body.size(), false) + body);
+        ResponseHead(status, content_type, body.size(), false, headers) +
+        (head_only_ ? std::string() : body));
     stream_.expires_after(state_->options.write_timeout);
     net::async_write(stream_, net::buffer(*data),
                      [self = shared_from_this(), data](beast::error_code error, size_t) {
@@ -396,6 +417,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<PendingReply> pending_;
   bool keep_alive_ = true;
+  bool head_only_ = false;  // the current request is HEAD: the reply's head, no body
   bool writing_ = false;
   bool header_sent_ = false;
 };

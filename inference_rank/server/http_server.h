@@ -2,7 +2,7 @@
 // size limits, hands each to one handler and writes its reply (keep-alive, 100-continue, replies
 // that complete later or stream as chunked Server-Sent Events). One I/O thread runs every
 // connection; handlers run on it and must not block. Bad input never takes the server down; a
-// client that goes away cancels its pending reply.
+// client that goes away cancels its pending reply. HEAD gets the GET reply's head without body.
 // Narrative: docs/engine_and_models.md "The HTTP server".
 #pragma once
 
@@ -11,27 +11,43 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 
 namespace rubato::server {
 
+// Extra response headers, in order: {name, value}.
+using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
+
 struct HttpRequest {
   std::string method;  // "GET", "POST", ...
   std::string path;    // the target without its query string
   std::string body;
+  std::map<std::string, std::string> headers = {};  // lower-case names; a repeated one: the last
+
+  // The header's value, or "" when absent. `name` in lower case.
+  std::string Header(const std::string& name) const {
+    const auto it = headers.find(name);
+    return it == headers.end() ? std::string() : it->second;
+  }
 };
 
 // A reply completed later, from any thread: either whole (Complete) or as a stream of body
 // pieces (StartStream, Write..., EndStream). Thread-safe.
 class PendingReply {
  public:
-  // The whole reply; ignored after StartStream (a stream ends with EndStream).
-  void Complete(int status, std::string content_type, std::string body);
+  // Headers every form of the reply carries (e.g. CORS), set before the connection takes it.
+  void SetHeaders(HttpHeaders headers);
+  // The whole reply, with `headers` after SetHeaders'; ignored after StartStream (a stream ends
+  // with EndStream).
+  void Complete(int status, std::string content_type, std::string body, HttpHeaders headers = {});
   // A 200 reply with this content type whose body follows in pieces.
   void StartStream(std::string content_type);
   void Write(std::string piece);
@@ -46,6 +62,7 @@ class PendingReply {
     int status = 200;
     std::string content_type;
     std::string body;         // whole reply body, or the stream's new pieces
+    HttpHeaders headers = {};  // with the whole reply or the stream's start
     bool stream_started = false;  // StartStream happened (content_type set the first time)
     bool stream_ended = false;
     bool close_connection = false;
@@ -71,6 +88,7 @@ struct HttpReply {
   std::string content_type = "application/json";
   std::string body;
   std::shared_ptr<PendingReply> pending;  // set: status/body come later through it
+  HttpHeaders headers = {};  // extra headers of a whole reply (not `pending`'s)
 };
 
 using HttpHandler = std::function<HttpReply(const HttpRequest&)>;

@@ -1,6 +1,7 @@
 // OpenAI request parsing and response JSON (see openai_api.h).
 #include "inference_rank/server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -194,6 +195,65 @@ std::optional<ApiError> ReadStop(const json& body, CompletionRequest& out) {
   return std::nullopt;
 }
 
+// The request fields rubato implements (or accepts with a value it implements).
+bool KnownField(const std::string& name, CompletionKind kind) {
+  static const char* const kCommon[] = {
+      "model",       "max_tokens",        "temperature", "top_p",    "top_k",
+      "seed",        "stop",              "stream",      "stream_options", "n",
+      "logprobs",    "presence_penalty",  "frequency_penalty", "logit_bias", "user"};
+  for (const char* known : kCommon) {
+    if (name == known) return true;
+  }
+  if (kind == CompletionKind::kText) return name == "prompt" || name == "echo" || name == "best_of";
+  return name == "messages" || name == "max_completion_tokens";
+}
+
+std::optional<ApiError> RefuseUnknownFields(const json& body, CompletionKind kind) {
+  for (const auto& [name, value] : body.items()) {
+    if (value.is_null() || KnownField(name, kind)) continue;
+    return FieldError(name, "'" + name + "' is not supported by rubato serve (it implements " +
+                                "model, " + (kind == CompletionKind::kText ? "prompt" : "messages") +
+                                ", max_tokens, temperature, top_p, top_k, seed, stop, stream, "
+                                "stream_options, presence_penalty, frequency_penalty, "
+                                "logit_bias, user)");
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadLogitBias(const json& body, CompletionRequest& out) {
+  const json& bias = Field(body, "logit_bias");
+  if (bias.is_null()) return std::nullopt;
+  if (!bias.is_object()) {
+    return FieldError("logit_bias", "'logit_bias' must be an object mapping token ids to a bias "
+                                    "in [-100, 100], got " + Describe(bias));
+  }
+  for (const auto& [key, value] : bias.items()) {
+    int64_t id = -1;
+    const bool digits = !key.empty() && key.size() <= 9 &&
+                        key.find_first_not_of("0123456789") == std::string::npos;
+    if (digits) id = std::stoll(key);
+    if (!digits) {
+      return FieldError("logit_bias", "'logit_bias' key '" + key +
+                                          "' must be a token id (a non-negative integer)");
+    }
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
+        value.get<double>() > 100) {
+      return FieldError("logit_bias", "'logit_bias' of token " + key +
+                                          " must be a number in [-100, 100], got " +
+                                          DumpJson(value));
+    }
+    out.logit_bias.emplace_back(static_cast<int>(id), value.get<float>());
+  }
+  std::sort(out.logit_bias.begin(), out.logit_bias.end());
+  for (size_t i = 1; i < out.logit_bias.size(); ++i) {
+    if (out.logit_bias[i].first == out.logit_bias[i - 1].first) {  // "7" and "007"
+      return FieldError("logit_bias", "'logit_bias' names token " +
+                                          std::to_string(out.logit_bias[i].first) + " twice");
+    }
+  }
+  return std::nullopt;
+}
+
 // Fields of features rubato does not implement: refused by name, never silently ignored.
 std::optional<ApiError> RefuseUnsupported(const json& body, CompletionKind kind) {
   std::optional<int64_t> count;
@@ -252,14 +312,30 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body_text, Compl
   } else {
     if (auto error = ReadMessages(body, out)) return error;
   }
+  if (auto error = RefuseUnknownFields(body, kind)) return error;
   std::optional<int64_t> max_tokens;
   if (auto error = ReadInt(body, "max_tokens", 1, 1 << 24, max_tokens)) return error;
-  if (kind == CompletionKind::kChat && !max_tokens) {
-    if (auto error = ReadInt(body, "max_completion_tokens", 1, 1 << 24, max_tokens)) {
+  if (kind == CompletionKind::kChat) {  // OpenAI's newer name, which wins over max_tokens
+    std::optional<int64_t> max_completion_tokens;
+    if (auto error = ReadInt(body, "max_completion_tokens", 1, 1 << 24, max_completion_tokens)) {
       return error;
     }
+    if (max_completion_tokens) max_tokens = max_completion_tokens;
   }
   if (max_tokens) out.max_tokens = static_cast<int>(*max_tokens);
+  if (auto error =
+          ReadNumber(body, "presence_penalty", -2.0, 2.0, false, out.presence_penalty)) {
+    return error;
+  }
+  if (auto error =
+          ReadNumber(body, "frequency_penalty", -2.0, 2.0, false, out.frequency_penalty)) {
+    return error;
+  }
+  if (auto error = ReadLogitBias(body, out)) return error;
+  const json& user = Field(body, "user");
+  if (!user.is_null() && !user.is_string()) {
+    return FieldError("user", "'user' must be a string, got " + Describe(user));
+  }
   if (auto error = ReadNumber(body, "temperature", 0.0, 100.0, false, out.temperature)) {
     return error;
   }
@@ -286,6 +362,12 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body_text, Compl
     if (auto error = ReadBool(stream_options, "include_usage", out.include_usage)) {
       error->param = "stream_options.include_usage";
       return error;
+    }
+    for (const auto& [name, value] : stream_options.items()) {
+      if (name != "include_usage" && !value.is_null()) {
+        return FieldError("stream_options." + name, "'stream_options." + name +
+                                                        "' is not supported by rubato serve");
+      }
     }
   }
   return std::nullopt;
@@ -353,11 +435,14 @@ json UsageChunkJson(CompletionKind kind, const CompletionResult& result) {
   return chunk;
 }
 
+json ModelJson(const std::string& model, int64_t created, int max_context) {
+  return {{"id", model},         {"object", "model"},   {"created", created},
+          {"owned_by", "rubato"}, {"root", model},       {"parent", nullptr},
+          {"max_model_len", max_context}};
+}
+
 json ModelListJson(const std::string& model, int64_t created, int max_context) {
-  json entry = {{"id", model},         {"object", "model"},   {"created", created},
-                {"owned_by", "rubato"}, {"root", model},       {"parent", nullptr},
-                {"max_model_len", max_context}};
-  return {{"object", "list"}, {"data", json::array({entry})}};
+  return {{"object", "list"}, {"data", json::array({ModelJson(model, created, max_context)})}};
 }
 
 std::string SseEvent(const json& payload) { return "data: " + DumpJson(payload) + "\n\n"; }

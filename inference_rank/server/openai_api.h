@@ -3,15 +3,17 @@
 // list and error JSON that OpenAI clients (and vLLM / SGLang clients) expect.
 //
 // Every parse error is an ApiError naming the field (`param`) with a message saying what was
-// expected and what came; unknown fields are ignored, as OpenAI-compatible servers do, except
-// features rubato does not implement (n > 1, best_of > 1, echo, logprobs), which are refused by
-// name rather than silently ignored.
+// expected and what came. A field rubato does not implement is refused by name, never silently
+// ignored: unknown fields (tools, response_format, suffix, ...) and values of known ones that ask
+// for a missing feature (n > 1, best_of > 1, echo, logprobs). A field sent as null counts as
+// absent, as OpenAI reads it.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -39,13 +41,18 @@ struct CompletionRequest {
   std::optional<std::string> prompt_text;
   std::vector<int> prompt_ids;
   std::vector<ChatMessage> messages;  // kChat, in order
-  // Tokens to generate at most. Unset: 16 for completions (OpenAI's default), the rest of the
-  // context for chat.
+  // Tokens to generate at most: chat's max_completion_tokens wins over max_tokens. Unset: 16 for
+  // completions (OpenAI's default), the rest of the context for chat.
   std::optional<int> max_tokens;
   float temperature = 1.f;  // OpenAI's default; 0 = greedy
   float top_p = 1.f;        // (0, 1]
   int top_k = 0;            // extension (vLLM): 0 or -1 = off
   std::optional<uint64_t> seed;   // unset: a fresh seed per request
+  float presence_penalty = 0.f;   // [-2, 2]
+  float frequency_penalty = 0.f;  // [-2, 2]
+  // logit_bias: (token id, bias in [-100, 100]), in token id order; ids unchecked against the
+  // vocabulary (the router does that).
+  std::vector<std::pair<int, float>> logit_bias;
   std::vector<std::string> stop;  // non-empty strings; the text ends before the first found
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage: a final chunk with usage
@@ -78,6 +85,8 @@ nlohmann::json CompletionChunkJson(CompletionKind kind, const CompletionResult& 
 nlohmann::json UsageChunkJson(CompletionKind kind, const CompletionResult& result);
 // GET /v1/models: a list with the one served model.
 nlohmann::json ModelListJson(const std::string& model, int64_t created, int max_context);
+// GET /v1/models/{id}: the model object itself.
+nlohmann::json ModelJson(const std::string& model, int64_t created, int max_context);
 
 // Server-Sent Events framing: "data: <json>\n\n", and the terminator "data: [DONE]\n\n".
 std::string SseEvent(const nlohmann::json& payload);

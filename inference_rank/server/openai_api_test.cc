@@ -82,6 +82,22 @@ TEST(OpenAiApiTest, ChatMessagesAndMaxCompletionTokens) {
   EXPECT_EQ(request.max_tokens, 3);
 }
 
+TEST(OpenAiApiTest, MaxCompletionTokensWinsAndPenaltiesParse) {
+  const CompletionRequest chat = ParseOk(
+      R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9,
+          "max_completion_tokens": 4, "presence_penalty": -1.5, "frequency_penalty": 2,
+          "logit_bias": {"17": -100, "3": 2.5}, "tools": null})",
+      CompletionKind::kChat);
+  EXPECT_EQ(chat.max_tokens, 4);
+  EXPECT_FLOAT_EQ(chat.presence_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(chat.frequency_penalty, 2.f);
+  EXPECT_EQ(chat.logit_bias, (std::vector<std::pair<int, float>>{{3, 2.5f}, {17, -100.f}}));
+  EXPECT_EQ(ParseOk(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9})",
+                    CompletionKind::kChat)
+                .max_tokens,
+            9);
+}
+
 struct BadCase {
   const char* body;
   const char* param;      // the field the error must name ("" for the whole body)
@@ -120,6 +136,18 @@ TEST(OpenAiApiTest, EveryCompletionErrorNamesItsField) {
       {R"({"prompt": "x", "best_of": 3})", "best_of", "got 3"},
       {R"({"prompt": "x", "echo": true})", "echo", "not supported"},
       {R"({"prompt": "x", "logprobs": 5})", "logprobs", "not supported"},
+      {R"({"prompt": "x", "suffix": "y"})", "suffix", "not supported"},
+      {R"({"prompt": "x", "tools": []})", "tools", "not supported"},
+      {R"({"prompt": "x", "max_completion_tokens": 3})", "max_completion_tokens",
+       "not supported"},
+      {R"({"prompt": "x", "stream_options": {"x": 1}})", "stream_options.x", "not supported"},
+      {R"({"prompt": "x", "frequency_penalty": 2.5})", "frequency_penalty", "[-2, 2]"},
+      {R"({"prompt": "x", "presence_penalty": "a"})", "presence_penalty", "a string"},
+      {R"({"prompt": "x", "logit_bias": [1]})", "logit_bias", "an object"},
+      {R"({"prompt": "x", "logit_bias": {"-1": 1}})", "logit_bias", "token id"},
+      {R"({"prompt": "x", "logit_bias": {"3": 101}})", "logit_bias", "[-100, 100]"},
+      {R"({"prompt": "x", "logit_bias": {"3": 1, "03": 2}})", "logit_bias", "twice"},
+      {R"({"prompt": "x", "user": 5})", "user", "must be a string"},
   };
   for (const BadCase& bad : cases) {
     const ApiError error = ParseError(bad.body);
@@ -144,6 +172,10 @@ TEST(OpenAiApiTest, EveryChatErrorNamesItsField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})",
        "max_completion_tokens", "got 0"},
       {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})", "logprobs",
+       "not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {}})",
+       "response_format", "not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", "echo",
        "not supported"},
   };
   for (const BadCase& bad : cases) {
@@ -217,6 +249,13 @@ TEST(OpenAiApiTest, SseFramingAndInvalidUtf8) {
   EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
   // A lone continuation byte never throws; it becomes U+FFFD.
   EXPECT_EQ(DumpJson(json("a\x80z")), "\"a\xEF\xBF\xBDz\"");
+}
+
+TEST(OpenAiApiTest, ModelObject) {
+  const nlohmann::json model = ModelJson("m", 5, 4096);
+  EXPECT_EQ(model["id"], "m");
+  EXPECT_EQ(model["object"], "model");
+  EXPECT_EQ(model["max_model_len"], 4096);
 }
 
 TEST(OpenAiApiTest, ModelList) {

@@ -41,6 +41,13 @@ ApiError EngineError(const ServingUpdate& update) {
   return Error(503, update.error.message(), "service_unavailable_error");
 }
 
+// Headers of an error reply: a timed-out request would time out again, so OpenAI's SDKs must not
+// retry it (they retry 5xx unless told so).
+HttpHeaders ErrorHeaders(const ApiError& error) {
+  if (error.code == "request_timeout") return {{"x-should-retry", "false"}};
+  return {};
+}
+
 // What the engine thread accumulates for one request (its on_update closure owns it).
 struct ReplyState {
   std::shared_ptr<PendingReply> reply;
@@ -61,7 +68,8 @@ void OnUpdate(ReplyState& state, const ServingUpdate& update) {
       state.reply->Write("data: " + ApiErrorBody(error) + "\n\n");
       state.reply->EndStream(/*close_connection=*/true);
     } else {
-      state.reply->Complete(error.http_status, "application/json", ApiErrorBody(error));
+      state.reply->Complete(error.http_status, "application/json", ApiErrorBody(error),
+                            ErrorHeaders(error));
     }
     return;
   }
@@ -102,7 +110,8 @@ std::string ModelNameFromDirectory(const std::string& model_dir) {
 }
 
 HttpReply ErrorReply(const ApiError& error) {
-  return HttpReply{error.http_status, "application/json", ApiErrorBody(error), nullptr};
+  return HttpReply{error.http_status, "application/json", ApiErrorBody(error), nullptr,
+                   ErrorHeaders(error)};
 }
 
 OpenAiRouter::OpenAiRouter(ServingEngine* serving, const Tokenizer* tokenizer,
@@ -113,9 +122,40 @@ OpenAiRouter::OpenAiRouter(ServingEngine* serving, const Tokenizer* tokenizer,
       options_(std::move(options)),
       started_unix_s_(UnixSeconds()) {}
 
+HttpHeaders OpenAiRouter::CorsHeaders(const HttpRequest& request) const {
+  const std::string origin = request.Header("origin");
+  if (origin.empty()) return {};
+  for (const std::string& allowed : options_.cors_allowed_origins) {
+    if (allowed == "*") return {{"Access-Control-Allow-Origin", "*"}};
+    if (allowed == origin) return {{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}};
+  }
+  return {};
+}
+
 HttpReply OpenAiRouter::Handle(const HttpRequest& request) {
+  HttpHeaders cors = CorsHeaders(request);
+  if (request.method == "OPTIONS" && !cors.empty() &&
+      !request.Header("access-control-request-method").empty()) {  // a CORS preflight
+    const std::string asked = request.Header("access-control-request-headers");
+    cors.emplace_back("Access-Control-Allow-Methods", "GET, POST, HEAD, OPTIONS");
+    cors.emplace_back("Access-Control-Allow-Headers",
+                      asked.empty() ? "authorization, content-type" : asked);
+    cors.emplace_back("Access-Control-Max-Age", "600");
+    return HttpReply{204, "text/plain; charset=utf-8", "", nullptr, std::move(cors)};
+  }
+  HttpReply reply = Route(request);
+  if (reply.pending != nullptr) {
+    reply.pending->SetHeaders(std::move(cors));
+  } else {
+    reply.headers.insert(reply.headers.end(), cors.begin(), cors.end());
+  }
+  return reply;
+}
+
+HttpReply OpenAiRouter::Route(const HttpRequest& request) {
   const std::string& path = request.path;
-  const bool get = request.method == "GET";
+  // HEAD is GET without the body (the HTTP server drops it).
+  const bool get = request.method == "GET" || request.method == "HEAD";
   const bool post = request.method == "POST";
   const auto wrong_method = [&](const char* allowed) {
     return ErrorReply(Error(405, "method " + request.method + " is not allowed on " + path +
@@ -134,8 +174,22 @@ HttpReply OpenAiRouter::Handle(const HttpRequest& request) {
                                             serving_->max_context())),
                      nullptr};
   }
-  if (path == "/health") {
+  constexpr std::string_view kModelPrefix = "/v1/models/";
+  if (path.starts_with(kModelPrefix)) {
     if (!get) return wrong_method("GET");
+    const std::string id = path.substr(kModelPrefix.size());
+    if (id != options_.model_name) {
+      return ErrorReply(Error(404, "the model '" + id + "' does not exist; this server serves '" +
+                                       options_.model_name + "'",
+                              "invalid_request_error", "model", "model_not_found"));
+    }
+    return HttpReply{200, "application/json",
+                     DumpJson(ModelJson(options_.model_name, started_unix_s_,
+                                        serving_->max_context())),
+                     nullptr};
+  }
+  if (path == "/health") {
+    if (!get) return wrong_method("GET or HEAD");
     const Status health = serving_->Health();
     if (health.ok()) return HttpReply{200, "text/plain; charset=utf-8", "ok", nullptr};
     return ErrorReply(Error(503, health.message(), "service_unavailable_error"));
@@ -217,6 +271,30 @@ HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKi
     seed = seeds();
   }
   generation.sampling = {request.temperature, request.top_k, request.top_p, seed};
+  if (request.presence_penalty != 0.f || request.frequency_penalty != 0.f ||
+      !request.logit_bias.empty()) {
+    if (!serving_->applies_logit_adjustments()) {
+      const char* param = !request.logit_bias.empty() ? "logit_bias"
+                          : request.presence_penalty != 0.f ? "presence_penalty"
+                                                            : "frequency_penalty";
+      return ErrorReply(Error(400, "'" + std::string(param) +
+                                       "' is not supported by this server's backend (the CUDA "
+                                       "sampler applies no penalties or logit_bias; the CPU "
+                                       "backend does)",
+                              "invalid_request_error", param));
+    }
+    for (const auto& [id, bias] : request.logit_bias) {
+      if (id >= serving_->vocab_size()) {
+        return ErrorReply(Error(400, "'logit_bias' token " + std::to_string(id) +
+                                         " is outside the vocabulary [0, " +
+                                         std::to_string(serving_->vocab_size()) + ")",
+                                "invalid_request_error", "logit_bias"));
+      }
+    }
+    generation.sampling.presence_penalty = request.presence_penalty;
+    generation.sampling.frequency_penalty = request.frequency_penalty;
+    generation.sampling.logit_bias = request.logit_bias;
+  }
   serving_request.stop_strings = request.stop;
 
   auto state = std::make_shared<ReplyState>();
@@ -232,7 +310,10 @@ HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKi
   Result<uint64_t> id = serving_->Submit(std::move(serving_request));
   if (!id.ok()) {
     if (id.status().code() == StatusCode::kResourceExhausted) {
-      return ErrorReply(Error(429, id.status().message(), "rate_limit_error", "", "queue_full"));
+      HttpReply busy =
+          ErrorReply(Error(429, id.status().message(), "rate_limit_error", "", "queue_full"));
+      busy.headers.emplace_back("Retry-After", "1");  // seconds; a queue slot frees that soon
+      return busy;
     }
     return ErrorReply(Error(503, id.status().message(), "service_unavailable_error"));
   }

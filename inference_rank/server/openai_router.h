@@ -1,11 +1,13 @@
 // The routes of `rubato serve`: the OpenAI endpoints (/v1/completions, /v1/chat/completions,
-// /v1/models) on a ServingEngine, /health and /metrics, and JSON 404 / 405 for anything else.
+// /v1/models, /v1/models/{id}) on a ServingEngine, /health and /metrics (GET or HEAD), CORS when
+// configured, and JSON 404 / 405 for anything else.
 // Turns a parsed request into prompt tokens and a GenerationRequest, and the ServingEngine's
 // updates into a response or a Server-Sent Events stream.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/metrics.h"
 #include "common/tokenizer/tokenizer.h"
@@ -18,6 +20,8 @@ namespace rubato::server {
 struct OpenAiRouterOptions {
   std::string model_name;     // what `model` must equal (the model directory's last component)
   int max_prompt_tokens = 0;  // limits.max_prompt_tokens; 0: the engine's context
+  // server.cors_allowed_origins: "*" or exact origins; empty: no CORS headers, OPTIONS is 405.
+  std::vector<std::string> cors_allowed_origins = {};
 };
 
 class OpenAiRouter {
@@ -29,6 +33,9 @@ class OpenAiRouter {
   HttpReply Handle(const HttpRequest& request);
 
  private:
+  HttpReply Route(const HttpRequest& request);
+  // The CORS headers for the request's Origin: none unless it is allowed.
+  HttpHeaders CorsHeaders(const HttpRequest& request) const;
   HttpReply Completion(const HttpRequest& request, CompletionKind kind);
   // The prompt's token ids, or the error naming the field.
   std::optional<ApiError> PromptIds(const CompletionRequest& request, std::vector<int>& ids) const;

@@ -250,6 +250,17 @@ TEST_F(ServeHttpTest, ModelsAndHealth) {
   EXPECT_EQ(health.body, "ok");
 }
 
+TEST_F(ServeHttpTest, CorsIsOffByDefault) {
+  const HttpResponse get = Request(port_, "GET", "/v1/models", "", "Origin: https://x.example\r\n");
+  EXPECT_EQ(get.status, 200);
+  EXPECT_EQ(get.headers.count("access-control-allow-origin"), 0u);
+  const HttpResponse preflight =
+      Request(port_, "OPTIONS", "/v1/models", "",
+              "Origin: https://x.example\r\nAccess-Control-Request-Method: GET\r\n");
+  EXPECT_EQ(preflight.status, 405);
+  EXPECT_EQ(preflight.headers.count("access-control-allow-origin"), 0u);
+}
+
 TEST_F(ServeHttpTest, GarbageAndHalfRequestsDoNotTakeTheServerDown) {
   {  // garbage bytes: a 400 and a closed connection
     const int fd = Connect(port_);
@@ -289,7 +300,8 @@ TEST_F(ServeHttpTest, ClientLeavingMidStreamCancelsItsRequest) {
   double running = -1;
   for (int i = 0; i < 200 && running != 0; ++i) {
     std::this_thread::sleep_for(milliseconds(50));
-    running = MetricValue(Request(port_, "GET", "/metrics").body, "rubato:num_requests_running");
+    running = MetricValue(Request(port_, "GET", "/metrics").body,
+                          "rubato:num_requests_running{model_name=\"tiny-qwen3-longctx\"}");
   }
   EXPECT_EQ(running, 0);
   const HttpResponse after =
@@ -301,11 +313,15 @@ TEST_F(ServeHttpTest, MetricsCountServedRequests) {
   const HttpResponse before = Request(port_, "GET", "/metrics");
   ASSERT_EQ(before.status, 200);
   EXPECT_EQ(before.headers.at("content-type"), "text/plain; version=0.0.4; charset=utf-8");
-  const std::string length_sample = "rubato:request_success_total{finish_reason=\"length\"}";
+  const std::string model = "{model_name=\"tiny-qwen3-longctx\"}";
+  const std::string length_sample =
+      "rubato:request_success_total{model_name=\"tiny-qwen3-longctx\",finished_reason=\"length\"}";
   const double length_before = std::max(0.0, MetricValue(before.body, length_sample));
-  const double prompt_before = MetricValue(before.body, "rubato:prompt_tokens_total");
-  const double generated_before = MetricValue(before.body, "rubato:generation_tokens_total");
-  const double ttft_before = MetricValue(before.body, "rubato:time_to_first_token_seconds_count");
+  const double prompt_before = MetricValue(before.body, "rubato:prompt_tokens_total" + model);
+  const double generated_before =
+      MetricValue(before.body, "rubato:generation_tokens_total" + model);
+  const double ttft_before =
+      MetricValue(before.body, "rubato:time_to_first_token_seconds_count" + model);
   int prompt_tokens = 0;
   int generated = 0;
   int length_finished = 0;
@@ -320,10 +336,12 @@ TEST_F(ServeHttpTest, MetricsCountServedRequests) {
     length_finished += body["choices"][0]["finish_reason"] == "length";
   }
   const std::string after = Request(port_, "GET", "/metrics").body;
-  EXPECT_EQ(MetricValue(after, "rubato:prompt_tokens_total") - prompt_before, prompt_tokens);
-  EXPECT_EQ(MetricValue(after, "rubato:generation_tokens_total") - generated_before, generated);
+  EXPECT_EQ(MetricValue(after, "rubato:prompt_tokens_total" + model) - prompt_before,
+            prompt_tokens);
+  EXPECT_EQ(MetricValue(after, "rubato:generation_tokens_total" + model) - generated_before,
+            generated);
   EXPECT_EQ(MetricValue(after, length_sample) - length_before, length_finished);
-  EXPECT_EQ(MetricValue(after, "rubato:time_to_first_token_seconds_count") - ttft_before,
+  EXPECT_EQ(MetricValue(after, "rubato:time_to_first_token_seconds_count" + model) - ttft_before,
             kRequests);
   EXPECT_NE(after.find("# TYPE rubato:inter_token_latency_seconds histogram"), std::string::npos);
   EXPECT_NE(after.find("# TYPE rubato:e2e_request_latency_seconds histogram"), std::string::npos);

@@ -54,62 +54,26 @@ Result<std::unique_ptr<ServingEngine>> ServingEngine::Create(std::unique_ptr<Eng
     return InvalidArgumentError("limits.request_timeout_s must be > 0, got " +
                                 std::to_string(options.request_timeout_s));
   }
-  Metrics metrics;
+  std::optional<ServingMetrics> metrics;
   if (options.metrics != nullptr) {
-    MetricsRegistry& registry = *options.metrics;
-    RUBATO_ASSIGN_OR_RETURN(
-        metrics.time_to_first_token,
-        registry.AddHistogram("rubato:time_to_first_token_seconds",
-                              "Time from a request's arrival to its first generated token.",
-                              {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-                               1.0, 2.5, 5.0, 7.5, 10.0}));
-    RUBATO_ASSIGN_OR_RETURN(
-        metrics.inter_token_latency,
-        registry.AddHistogram("rubato:inter_token_latency_seconds",
-                              "Time between two consecutive tokens of a request.",
-                              {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
-                               0.5, 0.75, 1.0, 2.5}));
-    RUBATO_ASSIGN_OR_RETURN(
-        metrics.e2e_request_latency,
-        registry.AddHistogram("rubato:e2e_request_latency_seconds",
-                              "Time from a request's arrival to its last token.",
-                              {0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                               60.0}));
-    RUBATO_ASSIGN_OR_RETURN(metrics.requests_running,
-                            registry.AddGauge("rubato:num_requests_running",
-                                              "Requests in the engine's running batch."));
-    RUBATO_ASSIGN_OR_RETURN(metrics.requests_waiting,
-                            registry.AddGauge("rubato:num_requests_waiting",
-                                              "Requests queued and not yet running."));
-    RUBATO_ASSIGN_OR_RETURN(metrics.kv_cache_usage,
-                            registry.AddGauge("rubato:kv_cache_usage_perc",
-                                              "Share of the KV cache blocks in use (1 = full)."));
-    RUBATO_ASSIGN_OR_RETURN(metrics.prompt_tokens,
-                            registry.AddCounter("rubato:prompt_tokens_total",
-                                                "Prompt tokens prefilled."));
-    RUBATO_ASSIGN_OR_RETURN(metrics.generation_tokens,
-                            registry.AddCounter("rubato:generation_tokens_total",
-                                                "Tokens generated."));
-    RUBATO_ASSIGN_OR_RETURN(
-        CounterFamily * success,
-        registry.AddCounterFamily("rubato:request_success_total",
-                                  "Requests finished without error, by finish reason.",
-                                  {"finish_reason"}));
-    RUBATO_ASSIGN_OR_RETURN(metrics.success_stop, success->WithLabels({"stop"}));
-    RUBATO_ASSIGN_OR_RETURN(metrics.success_length, success->WithLabels({"length"}));
+    RUBATO_ASSIGN_OR_RETURN(metrics,
+                            ServingMetrics::Register(*options.metrics, options.model_name,
+                                                     engine->options().max_context));
   }
   return std::unique_ptr<ServingEngine>(
       new ServingEngine(std::move(engine), tokenizer, options, metrics));
 }
 
 ServingEngine::ServingEngine(std::unique_ptr<Engine> engine, const Tokenizer* tokenizer,
-                             const ServingEngineOptions& options, Metrics metrics)
+                             const ServingEngineOptions& options,
+                             std::optional<ServingMetrics> metrics)
     : engine_(std::move(engine)),
       tokenizer_(tokenizer),
       options_(options),
       metrics_(metrics),
       max_context_(engine_->options().max_context),
-      vocab_size_(engine_->model().config().vocab_size) {}
+      vocab_size_(engine_->model().config().vocab_size),
+      applies_logit_adjustments_(engine_->model().backend_name() == "cpu") {}
 
 ServingEngine::~ServingEngine() { Stop(); }
 
@@ -128,6 +92,7 @@ Result<uint64_t> ServingEngine::Submit(ServingRequest request) {
   }
   const int waiting = static_cast<int>(incoming_.size()) + engine_waiting_;
   if (waiting >= options_.max_queue) {
+    if (metrics_) metrics_->rejected->Increment();
     return ResourceExhaustedError("the server's queue is full: " + std::to_string(waiting) +
                                   " requests wait (limits.max_queue " +
                                   std::to_string(options_.max_queue) + "); retry later");
@@ -166,6 +131,7 @@ void ServingEngine::Stop() {
     ServingUpdate update;
     update.finished = true;
     update.error = UnavailableError("the server is shutting down");
+    if (metrics_) metrics_->failed->Increment();
     request.request.on_update(update);
   }
   FailAll(UnavailableError("the server is shutting down"));
@@ -201,13 +167,15 @@ void ServingEngine::Loop() {
         ServingUpdate update;
         update.finished = true;
         update.error = UnavailableError("the server is shutting down");
+        if (metrics_) metrics_->failed->Increment();
         request.request.on_update(update);
       }
       FailAll(UnavailableError("the server is shutting down"));
       break;
     }
     for (uint64_t id : cancels) {
-      CancelOnEngineThread(id, UnavailableError("request cancelled: its client went away"));
+      CancelOnEngineThread(id, UnavailableError("request cancelled: its client went away"),
+                           RequestEnd::kAborted);
     }
     AdmitIncoming(incoming);
     ExpireDeadlines();
@@ -217,6 +185,7 @@ void ServingEngine::Loop() {
       health_ = broken.ok() ? Status::Ok() : broken.WithContext("cache rank lost");
     }
     if (engine_->HasWork()) {
+      const Clock::time_point step_start = Clock::now();
       Result<std::vector<TokenEvent>> events = engine_->Step();
       if (!events.ok()) {
         const Status why = events.status().WithContext("engine loop stopped");
@@ -229,6 +198,7 @@ void ServingEngine::Loop() {
         FailAll(why);
         break;
       }
+      MarkScheduled(engine_->admitted(), step_start);
       for (const TokenEvent& event : *events) RouteEvent(event);
     }
     UpdateGauges();
@@ -250,9 +220,12 @@ void ServingEngine::AdmitIncoming(std::deque<Incoming>& incoming) {
       update.prompt_tokens = live.prompt_tokens;
       update.error = engine_id.status();
       update.rejected = true;
+      if (metrics_) metrics_->rejected->Increment();
       live.request.on_update(update);
       continue;
     }
+    if (metrics_) metrics_->prompt_tokens->Increment(live.prompt_tokens);
+    live.scheduled = live.arrival;
     live.engine_id = *engine_id;
     live.decoder = std::make_unique<StreamDecoder>(*tokenizer_, /*skip_special_tokens=*/true);
     serving_by_engine_[live.engine_id] = next.serving_id;
@@ -260,7 +233,22 @@ void ServingEngine::AdmitIncoming(std::deque<Incoming>& incoming) {
   }
 }
 
-void ServingEngine::CancelOnEngineThread(uint64_t serving_id, const Status& why) {
+void ServingEngine::MarkScheduled(const std::vector<uint64_t>& engine_ids,
+                                  Clock::time_point step_start) {
+  for (uint64_t engine_id : engine_ids) {
+    const auto by_engine = serving_by_engine_.find(engine_id);
+    if (by_engine == serving_by_engine_.end()) continue;
+    LiveRequest& live = live_.at(by_engine->second);
+    live.scheduled = step_start;
+    if (metrics_) {
+      metrics_->queue_time->Observe(
+          std::chrono::duration<double>(step_start - live.arrival).count());
+    }
+  }
+}
+
+void ServingEngine::CancelOnEngineThread(uint64_t serving_id, const Status& why,
+                                         RequestEnd end) {
   const auto it = live_.find(serving_id);
   if (it == live_.end()) return;  // finished already
   const Status cancelled = engine_->Cancel(it->second.engine_id);
@@ -268,7 +256,7 @@ void ServingEngine::CancelOnEngineThread(uint64_t serving_id, const Status& why)
   ServingUpdate update;
   update.finished = true;
   update.error = why;
-  Finish(serving_id, std::move(update));
+  Finish(serving_id, std::move(update), end);
 }
 
 void ServingEngine::ExpireDeadlines() {
@@ -280,7 +268,8 @@ void ServingEngine::ExpireDeadlines() {
   for (uint64_t id : expired) {
     CancelOnEngineThread(id, DeadlineExceededError(
                                  "the request ran longer than limits.request_timeout_s (" +
-                                 std::to_string(options_.request_timeout_s) + " s)"));
+                                 std::to_string(options_.request_timeout_s) + " s)"),
+                         RequestEnd::kTimedOut);
   }
 }
 
@@ -299,22 +288,24 @@ void ServingEngine::RouteEvent(const TokenEvent& event) {
     update.finished = true;
     update.error = event.error;
     update.completion_tokens = live.completion_tokens;
-    Finish(serving_id, std::move(update));
+    Finish(serving_id, std::move(update), RequestEnd::kFailed);
     return;
   }
   const Clock::time_point now = Clock::now();
   if (live.completion_tokens == 0) {
-    if (metrics_.time_to_first_token != nullptr) {
-      metrics_.time_to_first_token->Observe(std::chrono::duration<double>(now - live.arrival).count());
-      metrics_.prompt_tokens->Increment(live.prompt_tokens);
+    live.first_token = now;
+    if (metrics_) {
+      metrics_->time_to_first_token->Observe(
+          std::chrono::duration<double>(now - live.arrival).count());
+      metrics_->prefill_time->Observe(std::chrono::duration<double>(now - live.scheduled).count());
     }
-  } else if (metrics_.inter_token_latency != nullptr) {
-    metrics_.inter_token_latency->Observe(
+  } else if (metrics_) {
+    metrics_->inter_token_latency->Observe(
         std::chrono::duration<double>(now - live.last_token).count());
   }
   live.last_token = now;
   ++live.completion_tokens;
-  if (metrics_.generation_tokens != nullptr) metrics_.generation_tokens->Increment();
+  if (metrics_) metrics_->generation_tokens->Increment();
   update.completion_tokens = live.completion_tokens;
 
   // The stop token itself is not text (as `rubato generate` prints it).
@@ -346,13 +337,13 @@ void ServingEngine::RouteEvent(const TokenEvent& event) {
     live.held_text.erase(0, cut);
   }
   if (update.finished) {
-    Finish(serving_id, std::move(update));
+    Finish(serving_id, std::move(update), RequestEnd::kSuccess);
   } else if (!update.text.empty() || live.completion_tokens == 1) {
     live.request.on_update(update);
   }
 }
 
-void ServingEngine::Finish(uint64_t serving_id, ServingUpdate update) {
+void ServingEngine::Finish(uint64_t serving_id, ServingUpdate update, RequestEnd end) {
   const auto it = live_.find(serving_id);
   if (it == live_.end()) return;
   LiveRequest live = std::move(it->second);
@@ -362,14 +353,21 @@ void ServingEngine::Finish(uint64_t serving_id, ServingUpdate update) {
   update.prompt_tokens = live.prompt_tokens;
   update.completion_tokens = live.completion_tokens;
   if (update.error.ok()) {
+    end = RequestEnd::kSuccess;
     std::lock_guard<std::mutex> lock(mutex_);
     engine_failure_ = Status::Ok();
+  } else if (end == RequestEnd::kSuccess) {
+    end = RequestEnd::kFailed;
   }
-  if (update.error.ok() && metrics_.e2e_request_latency != nullptr) {
-    metrics_.e2e_request_latency->Observe(
-        std::chrono::duration<double>(Clock::now() - live.arrival).count());
-    (update.finish_reason == "stop" ? metrics_.success_stop : metrics_.success_length)
-        ->Increment();
+  if (metrics_) {
+    if (end == RequestEnd::kSuccess) {
+      const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+      metrics_->e2e_request_latency->Observe(seconds(Clock::now() - live.arrival));
+      metrics_->decode_time->Observe(seconds(live.last_token - live.first_token));
+      metrics_->prompt_tokens_per_request->Observe(live.prompt_tokens);
+      metrics_->generation_tokens_per_request->Observe(live.completion_tokens);
+    }
+    metrics_->CountEnd(end, update.finish_reason);
   }
   live.request.on_update(update);
 }
@@ -381,7 +379,7 @@ void ServingEngine::FailAll(const Status& why) {
     if (engine_ != nullptr) (void)engine_->Cancel(live_.at(id).engine_id);
     ServingUpdate update;
     update.error = why;
-    Finish(id, std::move(update));
+    Finish(id, std::move(update), RequestEnd::kFailed);
   }
 }
 
@@ -392,11 +390,11 @@ void ServingEngine::UpdateGauges() {
     engine_waiting_ = engine_->num_waiting();
     incoming = static_cast<int>(incoming_.size());
   }
-  if (metrics_.requests_running != nullptr) {
-    metrics_.requests_running->Set(engine_->num_running());
-    metrics_.requests_waiting->Set(engine_->num_waiting() + incoming);
+  if (metrics_) {
+    metrics_->requests_running->Set(engine_->num_running());
+    metrics_->requests_waiting->Set(engine_->num_waiting() + incoming);
     const PagedKvCache& kv = engine_->kv_cache();
-    metrics_.kv_cache_usage->Set(1.0 - static_cast<double>(kv.free_blocks()) /
+    metrics_->kv_cache_usage->Set(1.0 - static_cast<double>(kv.free_blocks()) /
                                            std::max(1, kv.shape().num_blocks));
   }
 }

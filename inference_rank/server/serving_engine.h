@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -24,6 +25,7 @@
 #include "common/tokenizer/stream_decoder.h"
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/engine/engine.h"
+#include "inference_rank/server/serving_metrics.h"
 
 namespace rubato::server {
 
@@ -34,6 +36,7 @@ struct ServingEngineOptions {
   // EngineOptions::metrics, so that one /metrics shows both). Null: no metrics. Must outlive
   // the ServingEngine.
   MetricsRegistry* metrics = nullptr;
+  std::string model_name = {};  // the model_name label of the metrics
 };
 
 // One step of a request's progress, delivered to its on_update callback.
@@ -84,20 +87,11 @@ class ServingEngine {
 
   int max_context() const { return max_context_; }
   int vocab_size() const { return vocab_size_; }
+  // Whether the model's sampler applies presence/frequency penalties and logit_bias (the CPU
+  // backend's does; the CUDA one refuses them).
+  bool applies_logit_adjustments() const { return applies_logit_adjustments_; }
 
  private:
-  struct Metrics {
-    Histogram* time_to_first_token = nullptr;
-    Histogram* inter_token_latency = nullptr;
-    Histogram* e2e_request_latency = nullptr;
-    Gauge* requests_running = nullptr;
-    Gauge* requests_waiting = nullptr;
-    Gauge* kv_cache_usage = nullptr;  // share of the KV blocks held by requests, in [0, 1]
-    Counter* prompt_tokens = nullptr;
-    Counter* generation_tokens = nullptr;
-    Counter* success_stop = nullptr;    // rubato:request_success_total{finish_reason="stop"}
-    Counter* success_length = nullptr;  // {finish_reason="length"}
-  };
   using Clock = std::chrono::steady_clock;
   // A request the engine thread tracks, from Submit to its finished update.
   struct LiveRequest {
@@ -108,6 +102,8 @@ class ServingEngine {
     int prompt_tokens = 0;
     int completion_tokens = 0;
     Clock::time_point arrival;
+    Clock::time_point scheduled;    // the engine moved it to running (arrival until then)
+    Clock::time_point first_token;
     Clock::time_point last_token;
     Clock::time_point deadline;
   };
@@ -118,24 +114,28 @@ class ServingEngine {
   };
 
   ServingEngine(std::unique_ptr<Engine> engine, const Tokenizer* tokenizer,
-                const ServingEngineOptions& options, Metrics metrics);
+                const ServingEngineOptions& options, std::optional<ServingMetrics> metrics);
   void Loop();
   // Loop parts, on the engine thread.
   void AdmitIncoming(std::deque<Incoming>& incoming);
-  void CancelOnEngineThread(uint64_t serving_id, const Status& why);
+  void CancelOnEngineThread(uint64_t serving_id, const Status& why, RequestEnd end);
+  // The engine scheduled these requests in the step that began at `step_start`.
+  void MarkScheduled(const std::vector<uint64_t>& engine_ids, Clock::time_point step_start);
   void ExpireDeadlines();
   void RouteEvent(const TokenEvent& event);
   // Delivers the finished update and forgets the request (it must have left the engine).
-  void Finish(uint64_t serving_id, ServingUpdate update);
+  // `end` says how, for the metrics (kSuccess when update.error is ok).
+  void Finish(uint64_t serving_id, ServingUpdate update, RequestEnd end);
   void FailAll(const Status& why);
   void UpdateGauges();
 
   std::unique_ptr<Engine> engine_;
   const Tokenizer* tokenizer_;
   ServingEngineOptions options_;
-  Metrics metrics_;
+  std::optional<ServingMetrics> metrics_;  // set when options.metrics is
   int max_context_ = 0;
   int vocab_size_ = 0;
+  bool applies_logit_adjustments_ = false;
 
   // Engine thread only.
   std::unordered_map<uint64_t, LiveRequest> live_;           // by serving id

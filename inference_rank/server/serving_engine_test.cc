@@ -146,6 +146,7 @@ TEST_F(ServingEngineTest, ConcurrentRequestsGiveTheTextEachGivesAlone) {
   MetricsRegistry metrics;
   ServingEngineOptions options;
   options.metrics = &metrics;
+  options.model_name = "tiny";
   auto serving = ServingEngine::Create(MakeEngine(4, &metrics), tokenizer_.get(), options);
   ASSERT_TRUE(serving.ok()) << serving.status().message();
   Collector collector;
@@ -169,14 +170,91 @@ TEST_F(ServingEngineTest, ConcurrentRequestsGiveTheTextEachGivesAlone) {
   }
   (*serving)->Stop();
   const std::string exposition = metrics.ExpositionText();
-  EXPECT_NE(exposition.find("rubato:prompt_tokens_total " + std::to_string(prompt_tokens) + "\n"),
-            std::string::npos) << exposition;
-  EXPECT_NE(exposition.find("rubato:generation_tokens_total " +
+  const std::string model = "{model_name=\"tiny\"} ";
+  EXPECT_NE(exposition.find("rubato:prompt_tokens_total" + model + std::to_string(prompt_tokens) +
+                            "\n"),
+            std::string::npos)
+      << exposition;
+  EXPECT_NE(exposition.find("rubato:generation_tokens_total" + model +
                             std::to_string(completion_tokens) + "\n"),
             std::string::npos);
-  EXPECT_NE(exposition.find("rubato:time_to_first_token_seconds_count 4\n"), std::string::npos);
-  EXPECT_NE(exposition.find("rubato:e2e_request_latency_seconds_count 4\n"), std::string::npos);
-  EXPECT_NE(exposition.find("rubato:num_requests_running 0\n"), std::string::npos);
+  for (const char* histogram :
+       {"rubato:time_to_first_token_seconds", "rubato:e2e_request_latency_seconds",
+        "rubato:request_queue_time_seconds", "rubato:request_prefill_time_seconds",
+        "rubato:request_decode_time_seconds", "rubato:request_prompt_tokens",
+        "rubato:request_generation_tokens"}) {
+    EXPECT_NE(exposition.find(std::string(histogram) + "_count" + model + "4\n"),
+              std::string::npos)
+        << histogram;
+  }
+  EXPECT_NE(exposition.find("rubato:request_prompt_tokens_sum" + model +
+                            std::to_string(prompt_tokens) + "\n"),
+            std::string::npos);
+  EXPECT_NE(exposition.find("rubato:request_generation_tokens_sum" + model +
+                            std::to_string(completion_tokens) + "\n"),
+            std::string::npos);
+  // vLLM's upper bounds: first token to 2560 s, inter-token to 80 s, end to end to 7680 s.
+  EXPECT_NE(exposition.find("rubato:time_to_first_token_seconds_bucket{model_name=\"tiny\","
+                            "le=\"2560\"} 4\n"),
+            std::string::npos);
+  EXPECT_NE(exposition.find("rubato:inter_token_latency_seconds_bucket{model_name=\"tiny\","
+                            "le=\"80\"}"),
+            std::string::npos);
+  EXPECT_NE(exposition.find("rubato:e2e_request_latency_seconds_bucket{model_name=\"tiny\","
+                            "le=\"7680\"} 4\n"),
+            std::string::npos);
+  EXPECT_NE(exposition.find("rubato:num_requests_running" + model + "0\n"), std::string::npos);
+}
+
+TEST_F(ServingEngineTest, RequestEndsAreCountedByKind) {
+  MetricsRegistry metrics;
+  ServingEngineOptions options;
+  options.metrics = &metrics;
+  options.model_name = "tiny";
+  options.max_queue = 1;
+  auto serving = ServingEngine::Create(MakeEngine(1, &metrics), tokenizer_.get(), options);
+  ASSERT_TRUE(serving.ok());
+  Collector collector;
+  // Queue full (not started): one rejected.
+  Result<uint64_t> first =
+      (*serving)->Submit(Greedy(Encode("Once upon a time"), 900, collector.Callback(0)));
+  ASSERT_TRUE(first.ok());
+  EXPECT_FALSE((*serving)->Submit(Greedy(Encode("b"), 2, collector.Callback(1))).ok());
+  (*serving)->Start();
+  ASSERT_TRUE(collector.WaitUpdates(0, 1));
+  (*serving)->Cancel(*first);  // its client went away: aborted
+  ASSERT_TRUE(collector.WaitFinished(1));
+  ServingRequest bad = Greedy({1, 2}, 4, collector.Callback(2));
+  bad.generation.sampling.top_p = 0.f;  // the engine refuses it: rejected
+  ASSERT_TRUE((*serving)->Submit(std::move(bad)).ok());
+  ASSERT_TRUE(collector.WaitFinished(2));
+  ASSERT_TRUE((*serving)->Submit(Greedy(Encode("a b"), 2, collector.Callback(3))).ok());
+  ASSERT_TRUE(collector.WaitFinished(3));
+  (*serving)->Stop();
+  const std::string exposition = metrics.ExpositionText();
+  const std::string model = "{model_name=\"tiny\"} ";
+  EXPECT_NE(exposition.find("rubato:requests_rejected_total" + model + "2\n"), std::string::npos)
+      << exposition;
+  EXPECT_NE(exposition.find("rubato:requests_aborted_total" + model + "1\n"), std::string::npos);
+  EXPECT_NE(exposition.find("rubato:requests_failed_total" + model + "0\n"), std::string::npos);
+  EXPECT_NE(exposition.find("rubato:requests_timed_out_total" + model + "0\n"),
+            std::string::npos);
+  const std::string finished = collector.Get(3).last.finish_reason;
+  EXPECT_NE(exposition.find("rubato:request_success_total{model_name=\"tiny\",finished_reason=\"" +
+                            finished + "\"} 1\n"),
+            std::string::npos);
+  // The prompt tokens count at admission: the aborted request's and the last one's.
+  EXPECT_NE(exposition.find("rubato:prompt_tokens_total" + model +
+                            std::to_string(Encode("Once upon a time").size() +
+                                           Encode("a b").size()) +
+                            "\n"),
+            std::string::npos);
+}
+
+TEST(ServingMetricsTest, OneTwoFiveBucketsStopAtTheContext) {
+  EXPECT_EQ(OneTwoFiveBuckets(1), std::vector<double>({1}));
+  EXPECT_EQ(OneTwoFiveBuckets(60), std::vector<double>({1, 2, 5, 10, 20, 50}));
+  EXPECT_EQ(OneTwoFiveBuckets(100), std::vector<double>({1, 2, 5, 10, 20, 50, 100}));
 }
 
 TEST_F(ServingEngineTest, StopStringEndsTheTextBeforeIt) {
@@ -239,8 +317,11 @@ TEST_F(ServingEngineTest, CancelEndsTheRequestAndReleasesItsKv) {
   ASSERT_TRUE(collector.WaitFinished(2));
   (*serving)->Stop();
   const std::string exposition = metrics.ExpositionText();
-  EXPECT_NE(exposition.find("rubato:kv_cache_usage_perc 0\n"), std::string::npos) << exposition;
-  EXPECT_NE(exposition.find("rubato:request_success_total{finish_reason=\"length\"} 1\n"),
+  EXPECT_NE(exposition.find("rubato:kv_cache_usage_perc{model_name=\"\"} 0\n"),
+            std::string::npos)
+      << exposition;
+  EXPECT_NE(exposition.find(
+                "rubato:request_success_total{model_name=\"\",finished_reason=\"length\"} 1\n"),
             std::string::npos);
 }
 
@@ -283,9 +364,11 @@ TEST_F(ServingEngineTest, EngineRefusalIsRejected) {
 }
 
 TEST_F(ServingEngineTest, RequestTimeoutEndsTheRequest) {
+  MetricsRegistry metrics;
   ServingEngineOptions options;
   options.request_timeout_s = 0.05;
-  auto serving = ServingEngine::Create(MakeEngine(1), tokenizer_.get(), options);
+  options.metrics = &metrics;
+  auto serving = ServingEngine::Create(MakeEngine(1, &metrics), tokenizer_.get(), options);
   ASSERT_TRUE(serving.ok());
   (*serving)->Start();
   Collector collector;
@@ -294,6 +377,9 @@ TEST_F(ServingEngineTest, RequestTimeoutEndsTheRequest) {
   const ServingUpdate last = collector.Get(0).last;
   EXPECT_EQ(last.error.code(), StatusCode::kDeadlineExceeded);
   EXPECT_NE(last.error.message().find("limits.request_timeout_s"), std::string::npos);
+  (*serving)->Stop();
+  EXPECT_NE(metrics.ExpositionText().find("rubato:requests_timed_out_total{model_name=\"\"} 1\n"),
+            std::string::npos);
 }
 
 TEST_F(ServingEngineTest, StopEndsQueuedRequestsAndRefusesNewOnes) {

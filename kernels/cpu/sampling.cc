@@ -74,6 +74,26 @@ void FilteredDistribution(std::span<const float> logits, const SamplingFilter& f
   }
 }
 
+void ApplyLogitAdjustments(std::span<float> logits, const LogitAdjustments& adjustments,
+                           SamplingWorkspace& workspace) {
+  for (const auto& [token, bias] : adjustments.logit_bias) {
+    logits[static_cast<size_t>(token)] += bias;
+  }
+  if (adjustments.presence_penalty == 0.f && adjustments.frequency_penalty == 0.f) return;
+  // Runs of equal ids in the sorted copy give each generated token's count.
+  std::vector<int>& sorted = workspace.sorted_generated;
+  sorted.assign(adjustments.generated.begin(), adjustments.generated.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size();) {
+    size_t end = i;
+    while (end < sorted.size() && sorted[end] == sorted[i]) ++end;
+    const float count = static_cast<float>(end - i);
+    logits[static_cast<size_t>(sorted[i])] -=
+        adjustments.frequency_penalty * count + adjustments.presence_penalty;
+    i = end;
+  }
+}
+
 double DrawUniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
 int SampleTokenWithUniform(std::span<const float> logits, const SamplingFilter& filter,

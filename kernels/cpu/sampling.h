@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace rubato {
@@ -29,11 +30,35 @@ struct SamplingFilter {
   float top_p = 1.0f;  // in (0, 1]
 };
 
+// OpenAI's logit processors, applied to the raw logits before any filter or temperature:
+//   logits[t] += logit_bias[t]
+//   logits[t] -= frequency_penalty * count[t] + presence_penalty * (count[t] > 0)
+// where count[t] is how often t occurs among the tokens the request generated so far (the
+// prompt does not count, as in OpenAI and vLLM). Greedy picks from the adjusted logits too.
+struct LogitAdjustments {
+  float presence_penalty = 0.f;    // [-2, 2]
+  float frequency_penalty = 0.f;   // [-2, 2]
+  std::span<const int> generated;  // [generated tokens] ids in [0, vocab), repeats included
+  std::span<const std::pair<int, float>> logit_bias;  // (token id in [0, vocab), bias), ids unique
+
+  // Whether applying them can change a logit.
+  bool active() const {
+    return !logit_bias.empty() ||
+           (!generated.empty() && (presence_penalty != 0.f || frequency_penalty != 0.f));
+  }
+};
+
 // Reusable buffers so that sampling allocates nothing per token once warm.
 struct SamplingWorkspace {
   std::vector<int> candidates;        // [<= vocab] token ids, in FilteredDistribution's order
   std::vector<double> probabilities;  // [vocab] unnormalized probabilities of the candidates
+  std::vector<float> adjusted;        // [vocab] logits after LogitAdjustments
+  std::vector<int> sorted_generated;  // [generated tokens] the generated ids, sorted
 };
+
+// Adds the bias and subtracts the penalties in place (see LogitAdjustments). logits: [vocab].
+void ApplyLogitAdjustments(std::span<float> logits, const LogitAdjustments& adjustments,
+                           SamplingWorkspace& workspace);
 
 // One 53-bit uniform in [0, 1) from one draw of `rng`, independent of the standard library's
 // distribution implementations (so every platform and backend sees the same value).

@@ -206,5 +206,28 @@ TEST(TokenProbability, NaNIsSkippedAndNonFiniteMaximaGiveZero) {
   EXPECT_EQ(TokenProbability(std::vector<float>{7.0f}, 0), 1.0f);
 }
 
+TEST(LogitAdjustments, BiasAndPenaltiesFollowOpenAiFormula) {
+  std::vector<float> logits = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  const std::vector<int> generated = {5, 2, 5, 5, 0};
+  const std::vector<std::pair<int, float>> bias = {{1, 10.0f}, {5, -0.5f}};
+  LogitAdjustments adjustments;
+  adjustments.presence_penalty = 0.25f;
+  adjustments.frequency_penalty = 0.5f;
+  adjustments.generated = generated;
+  adjustments.logit_bias = bias;
+  ASSERT_TRUE(adjustments.active());
+  // Reference: logits[t] + bias[t] - frequency * count[t] - presence * (count[t] > 0).
+  const std::vector<float> expected = {
+      1.0f - 0.5f - 0.25f,       2.0f + 10.0f, 3.0f - 0.5f - 0.25f, 4.0f, 5.0f,
+      6.0f - 0.5f - 1.5f - 0.25f};
+  SamplingWorkspace workspace;
+  ApplyLogitAdjustments(logits, adjustments, workspace);
+  for (size_t i = 0; i < logits.size(); ++i) EXPECT_FLOAT_EQ(logits[i], expected[i]) << i;
+  // Nothing to apply: inactive (penalties without generated tokens change nothing).
+  LogitAdjustments idle;
+  idle.presence_penalty = 2.0f;
+  EXPECT_FALSE(idle.active());
+}
+
 }  // namespace
 }  // namespace rubato

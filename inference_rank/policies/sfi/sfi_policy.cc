@@ -126,7 +126,9 @@ void SfiPolicy::Count(SfiStepKind step, bool discarded) {
     return;
   }
   ++counters_.fast_steps;
-  if (fast_steps_metric_ != nullptr) fast_steps_metric_->Increment();
+  // The metric counts the fast steps whose token stood; a discarded one counts as discarded and
+  // its redo as slow, so slow + fast + discarded is every step run.
+  if (fast_steps_metric_ != nullptr && !discarded) fast_steps_metric_->Increment();
   if (discarded) {
     ++counters_.discarded_steps;
     if (discarded_steps_metric_ != nullptr) discarded_steps_metric_->Increment();
@@ -138,9 +140,11 @@ Status SfiPolicy::RegisterMetrics(MetricsRegistry& registry) {
       slow_steps_metric_,
       registry.AddCounter("rubato:slow_steps_total",
                           "SFI steps that attended densely and refreshed a selection."));
-  RUBATO_ASSIGN_OR_RETURN(fast_steps_metric_,
-                          registry.AddCounter("rubato:fast_steps_total",
-                                              "SFI steps that attended their sparse working set."));
+  RUBATO_ASSIGN_OR_RETURN(
+      fast_steps_metric_,
+      registry.AddCounter("rubato:fast_steps_total",
+                          "SFI steps that attended their sparse working set and kept "
+                          "their token (discarded ones excluded)."));
   RUBATO_ASSIGN_OR_RETURN(
       discarded_steps_metric_,
       registry.AddCounter("rubato:discarded_fast_steps_total",
