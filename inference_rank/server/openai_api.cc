@@ -7,6 +7,8 @@
 #include <limits>
 #include <utility>
 
+#include "common/json_limits.h"
+
 namespace rubato::server {
 namespace {
 
@@ -19,16 +21,26 @@ ApiError FieldError(std::string param, std::string message) {
   return error;
 }
 
+// A value in an error message: at most a short prefix of what the client sent.
+std::string MessageJson(const json& value) { return Excerpt(DumpJson(value), 64); }
+
 // "a string", "a number", ... : what a JSON value is, for messages.
 std::string Describe(const json& value) {
   switch (value.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: return "the number " + DumpJson(value);
-    default: return "the integer " + DumpJson(value);
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "the number " + MessageJson(value);
+    default:
+      return "the integer " + MessageJson(value);
   }
 }
 
@@ -47,13 +59,13 @@ std::optional<ApiError> ReadNumber(const json& body, const char* name, double lo
   std::snprintf(range_text, sizeof(range_text), "%s%g, %g]", low_open ? "(" : "[", low, high);
   const std::string range = range_text;
   if (!value.is_number()) {
-    return FieldError(name, "'" + std::string(name) + "' must be a number in " + range +
-                                ", got " + Describe(value));
+    return FieldError(name, "'" + std::string(name) + "' must be a number in " + range + ", got " +
+                                Describe(value));
   }
   const double number = value.get<double>();
   if (!std::isfinite(number) || number > high || number < low || (low_open && number == low)) {
-    return FieldError(name, "'" + std::string(name) + "' must be in " + range + ", got " +
-                                DumpJson(value));
+    return FieldError(
+        name, "'" + std::string(name) + "' must be in " + range + ", got " + MessageJson(value));
   }
   out = static_cast<float>(number);
   return std::nullopt;
@@ -71,8 +83,8 @@ std::optional<ApiError> ReadInt(const json& body, const char* name, int64_t low,
   // Unsigned values above INT64_MAX are out of range whatever the bounds.
   if (value.is_number_unsigned() &&
       value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return FieldError(name, "'" + std::string(name) + "' must be in " + range + ", got " +
-                                DumpJson(value));
+    return FieldError(
+        name, "'" + std::string(name) + "' must be in " + range + ", got " + MessageJson(value));
   }
   const int64_t number = value.get<int64_t>();
   if (number < low || number > high) {
@@ -87,8 +99,8 @@ std::optional<ApiError> ReadBool(const json& body, const char* name, bool& out) 
   const json& value = Field(body, name);
   if (value.is_null()) return std::nullopt;
   if (!value.is_boolean()) {
-    return FieldError(name, "'" + std::string(name) + "' must be true or false, got " +
-                                Describe(value));
+    return FieldError(name,
+                      "'" + std::string(name) + "' must be true or false, got " + Describe(value));
   }
   out = value.get<bool>();
   return std::nullopt;
@@ -125,15 +137,19 @@ std::optional<ApiError> ReadPrompt(const json& body, CompletionRequest& out) {
     return FieldError("prompt", "'prompt' with " + std::to_string(prompt.size()) +
                                     " strings: rubato serves one prompt per request");
   }
-  return FieldError("prompt", "'prompt' must be a string, an array of one string or an array "
-                              "of token ids, got " + Describe(prompt));
+  return FieldError("prompt",
+                    "'prompt' must be a string, an array of one string or an array "
+                    "of token ids, got " +
+                        Describe(prompt));
 }
 
 std::optional<ApiError> ReadMessages(const json& body, CompletionRequest& out) {
   const json& messages = Field(body, "messages");
   if (!messages.is_array() || messages.empty()) {
-    return FieldError("messages", "'messages' must be a non-empty array of {\"role\", "
-                                  "\"content\"} objects, got " + Describe(messages));
+    return FieldError("messages",
+                      "'messages' must be a non-empty array of {\"role\", "
+                      "\"content\"} objects, got " +
+                          Describe(messages));
   }
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& message = messages[i];
@@ -144,8 +160,10 @@ std::optional<ApiError> ReadMessages(const json& body, CompletionRequest& out) {
     const json& role = Field(message, "role");
     if (!role.is_string() || (role != "system" && role != "user" && role != "assistant" &&
                               role != "tool" && role != "developer")) {
-      return FieldError(where + ".role", "'" + where + ".role' must be one of system, user, "
-                                         "assistant, tool, developer; got " + DumpJson(role));
+      return FieldError(where + ".role", "'" + where +
+                                             ".role' must be one of system, user, "
+                                             "assistant, tool, developer; got " +
+                                             MessageJson(role));
     }
     ChatMessage chat{role.get<std::string>(), ""};
     if (chat.role == "developer") chat.role = "system";  // OpenAI's newer name for it
@@ -165,8 +183,8 @@ std::optional<ApiError> ReadMessages(const json& body, CompletionRequest& out) {
         chat.content += Field(part, "text").get<std::string>();
       }
     } else if (!(content.is_null() && chat.role == "assistant")) {
-      return FieldError(where + ".content", "'" + where + ".content' must be a string, got " +
-                                                Describe(content));
+      return FieldError(where + ".content",
+                        "'" + where + ".content' must be a string, got " + Describe(content));
     }
     out.messages.push_back(std::move(chat));
   }
@@ -182,8 +200,8 @@ std::optional<ApiError> ReadStop(const json& body, CompletionRequest& out) {
   } else if (stop.is_array()) {
     items.assign(stop.begin(), stop.end());
   } else {
-    return FieldError("stop", "'stop' must be a string or an array of strings, got " +
-                                  Describe(stop));
+    return FieldError("stop",
+                      "'stop' must be a string or an array of strings, got " + Describe(stop));
   }
   for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].is_string() || items[i].get_ref<const std::string&>().empty()) {
@@ -197,10 +215,21 @@ std::optional<ApiError> ReadStop(const json& body, CompletionRequest& out) {
 
 // The request fields rubato implements (or accepts with a value it implements).
 bool KnownField(const std::string& name, CompletionKind kind) {
-  static const char* const kCommon[] = {
-      "model",       "max_tokens",        "temperature", "top_p",    "top_k",
-      "seed",        "stop",              "stream",      "stream_options", "n",
-      "logprobs",    "presence_penalty",  "frequency_penalty", "logit_bias", "user"};
+  static const char* const kCommon[] = {"model",
+                                        "max_tokens",
+                                        "temperature",
+                                        "top_p",
+                                        "top_k",
+                                        "seed",
+                                        "stop",
+                                        "stream",
+                                        "stream_options",
+                                        "n",
+                                        "logprobs",
+                                        "presence_penalty",
+                                        "frequency_penalty",
+                                        "logit_bias",
+                                        "user"};
   for (const char* known : kCommon) {
     if (name == known) return true;
   }
@@ -212,7 +241,8 @@ std::optional<ApiError> RefuseUnknownFields(const json& body, CompletionKind kin
   for (const auto& [name, value] : body.items()) {
     if (value.is_null() || KnownField(name, kind)) continue;
     return FieldError(name, "'" + name + "' is not supported by rubato serve (it implements " +
-                                "model, " + (kind == CompletionKind::kText ? "prompt" : "messages") +
+                                "model, " +
+                                (kind == CompletionKind::kText ? "prompt" : "messages") +
                                 ", max_tokens, temperature, top_p, top_k, seed, stop, stream, "
                                 "stream_options, presence_penalty, frequency_penalty, "
                                 "logit_bias, user)");
@@ -224,13 +254,15 @@ std::optional<ApiError> ReadLogitBias(const json& body, CompletionRequest& out) 
   const json& bias = Field(body, "logit_bias");
   if (bias.is_null()) return std::nullopt;
   if (!bias.is_object()) {
-    return FieldError("logit_bias", "'logit_bias' must be an object mapping token ids to a bias "
-                                    "in [-100, 100], got " + Describe(bias));
+    return FieldError("logit_bias",
+                      "'logit_bias' must be an object mapping token ids to a bias "
+                      "in [-100, 100], got " +
+                          Describe(bias));
   }
   for (const auto& [key, value] : bias.items()) {
     int64_t id = -1;
-    const bool digits = !key.empty() && key.size() <= 9 &&
-                        key.find_first_not_of("0123456789") == std::string::npos;
+    const bool digits =
+        !key.empty() && key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos;
     if (digits) id = std::stoll(key);
     if (!digits) {
       return FieldError("logit_bias", "'logit_bias' key '" + key +
@@ -240,7 +272,7 @@ std::optional<ApiError> ReadLogitBias(const json& body, CompletionRequest& out) 
         value.get<double>() > 100) {
       return FieldError("logit_bias", "'logit_bias' of token " + key +
                                           " must be a number in [-100, 100], got " +
-                                          DumpJson(value));
+                                          MessageJson(value));
     }
     out.logit_bias.emplace_back(static_cast<int>(id), value.get<float>());
   }
@@ -292,6 +324,11 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body_text, Compl
                                                CompletionRequest& out) {
   out = CompletionRequest();
   out.kind = kind;
+  // Bounded before parsing: a body nested 100k deep overflowed the stack (the parser and the
+  // value's destruction recurse per level).
+  if (const Status nesting = CheckJsonNesting(body_text, "the request body"); !nesting.ok()) {
+    return FieldError("", nesting.message());
+  }
   const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
     return FieldError("", "the request body is not valid JSON");
@@ -323,12 +360,10 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body_text, Compl
     if (max_completion_tokens) max_tokens = max_completion_tokens;
   }
   if (max_tokens) out.max_tokens = static_cast<int>(*max_tokens);
-  if (auto error =
-          ReadNumber(body, "presence_penalty", -2.0, 2.0, false, out.presence_penalty)) {
+  if (auto error = ReadNumber(body, "presence_penalty", -2.0, 2.0, false, out.presence_penalty)) {
     return error;
   }
-  if (auto error =
-          ReadNumber(body, "frequency_penalty", -2.0, 2.0, false, out.frequency_penalty)) {
+  if (auto error = ReadNumber(body, "frequency_penalty", -2.0, 2.0, false, out.frequency_penalty)) {
     return error;
   }
   if (auto error = ReadLogitBias(body, out)) return error;
@@ -356,8 +391,8 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body_text, Compl
   const json& stream_options = Field(body, "stream_options");
   if (!stream_options.is_null()) {
     if (!stream_options.is_object()) {
-      return FieldError("stream_options", "'stream_options' must be an object, got " +
-                                              Describe(stream_options));
+      return FieldError("stream_options",
+                        "'stream_options' must be an object, got " + Describe(stream_options));
     }
     if (auto error = ReadBool(stream_options, "include_usage", out.include_usage)) {
       error->param = "stream_options.include_usage";
@@ -365,8 +400,8 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body_text, Compl
     }
     for (const auto& [name, value] : stream_options.items()) {
       if (name != "include_usage" && !value.is_null()) {
-        return FieldError("stream_options." + name, "'stream_options." + name +
-                                                        "' is not supported by rubato serve");
+        return FieldError("stream_options." + name,
+                          "'stream_options." + name + "' is not supported by rubato serve");
       }
     }
   }
@@ -382,8 +417,8 @@ json UsageJson(int prompt_tokens, int completion_tokens) {
 namespace {
 
 json Head(const CompletionResult& result, const char* object) {
-  return {{"id", result.id}, {"object", object}, {"created", result.created},
-          {"model", result.model}};
+  return {
+      {"id", result.id}, {"object", object}, {"created", result.created}, {"model", result.model}};
 }
 
 json FinishReasonJson(std::string_view reason) {
@@ -436,9 +471,9 @@ json UsageChunkJson(CompletionKind kind, const CompletionResult& result) {
 }
 
 json ModelJson(const std::string& model, int64_t created, int max_context) {
-  return {{"id", model},         {"object", "model"},   {"created", created},
-          {"owned_by", "rubato"}, {"root", model},       {"parent", nullptr},
-          {"max_model_len", max_context}};
+  return {
+      {"id", model},   {"object", "model"}, {"created", created},          {"owned_by", "rubato"},
+      {"root", model}, {"parent", nullptr}, {"max_model_len", max_context}};
 }
 
 json ModelListJson(const std::string& model, int64_t created, int max_context) {

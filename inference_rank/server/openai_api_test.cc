@@ -25,6 +25,20 @@ ApiError ParseError(const std::string& body, CompletionKind kind = CompletionKin
   return error.value_or(ApiError{});
 }
 
+// Hostile bodies: nesting past the bound is refused before parsing (100k levels overflowed the
+// stack), and no message echoes more than a short prefix of what was sent.
+TEST(OpenAiApiTest, DeepBodiesAndHugeValuesAreRefusedBriefly) {
+  const std::string deep =
+      "{\"messages\": [{\"role\": " + std::string(100000, '[') + std::string(100000, ']') + "}]}";
+  const ApiError nested = ParseError(deep, CompletionKind::kChat);
+  EXPECT_NE(nested.message.find("nested deeper than"), std::string::npos) << nested.message;
+  const std::string huge_role =
+      "{\"messages\": [{\"role\": \"" + std::string(1 << 20, 'x') + "\", \"content\": \"hi\"}]}";
+  const ApiError role = ParseError(huge_role, CompletionKind::kChat);
+  EXPECT_LT(role.message.size(), 300u) << role.message.substr(0, 300);
+  EXPECT_NE(role.message.find("bytes)"), std::string::npos) << role.message.substr(0, 300);
+}
+
 TEST(OpenAiApiTest, CompletionDefaults) {
   const CompletionRequest request = ParseOk(R"({"prompt": "hello"})");
   EXPECT_EQ(request.prompt_text, "hello");
@@ -100,8 +114,8 @@ TEST(OpenAiApiTest, MaxCompletionTokensWinsAndPenaltiesParse) {
 
 struct BadCase {
   const char* body;
-  const char* param;      // the field the error must name ("" for the whole body)
-  const char* mentions;   // a piece of the message
+  const char* param;     // the field the error must name ("" for the whole body)
+  const char* mentions;  // a piece of the message
 };
 
 TEST(OpenAiApiTest, EveryCompletionErrorNamesItsField) {
@@ -130,16 +144,15 @@ TEST(OpenAiApiTest, EveryCompletionErrorNamesItsField) {
       {R"({"prompt": "x", "stop": [null]})", "stop", "item 0"},
       {R"({"prompt": "x", "stream": "yes"})", "stream", "true or false"},
       {R"({"prompt": "x", "stream_options": 1})", "stream_options", "object"},
-      {R"({"prompt": "x", "stream_options": {"include_usage": 1}})",
-       "stream_options.include_usage", "true or false"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": 1}})", "stream_options.include_usage",
+       "true or false"},
       {R"({"prompt": "x", "n": 2})", "n", "one choice"},
       {R"({"prompt": "x", "best_of": 3})", "best_of", "got 3"},
       {R"({"prompt": "x", "echo": true})", "echo", "not supported"},
       {R"({"prompt": "x", "logprobs": 5})", "logprobs", "not supported"},
       {R"({"prompt": "x", "suffix": "y"})", "suffix", "not supported"},
       {R"({"prompt": "x", "tools": []})", "tools", "not supported"},
-      {R"({"prompt": "x", "max_completion_tokens": 3})", "max_completion_tokens",
-       "not supported"},
+      {R"({"prompt": "x", "max_completion_tokens": 3})", "max_completion_tokens", "not supported"},
       {R"({"prompt": "x", "stream_options": {"x": 1}})", "stream_options.x", "not supported"},
       {R"({"prompt": "x", "frequency_penalty": 2.5})", "frequency_penalty", "[-2, 2]"},
       {R"({"prompt": "x", "presence_penalty": "a"})", "presence_penalty", "a string"},
@@ -187,8 +200,8 @@ TEST(OpenAiApiTest, EveryChatErrorNamesItsField) {
 }
 
 TEST(OpenAiApiTest, ErrorBodyShape) {
-  const json body = json::parse(ApiErrorBody({404, "no such model", "invalid_request_error",
-                                              "model", "model_not_found"}));
+  const json body = json::parse(
+      ApiErrorBody({404, "no such model", "invalid_request_error", "model", "model_not_found"}));
   EXPECT_EQ(body["error"]["message"], "no such model");
   EXPECT_EQ(body["error"]["type"], "invalid_request_error");
   EXPECT_EQ(body["error"]["param"], "model");
@@ -220,8 +233,8 @@ TEST(OpenAiApiTest, CompletionResponseShape) {
   EXPECT_EQ(text["choices"][0]["text"], "hello");
   EXPECT_EQ(text["choices"][0]["index"], 0);
   EXPECT_EQ(text["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(text["usage"], json({{"prompt_tokens", 3}, {"completion_tokens", 4},
-                                 {"total_tokens", 7}}));
+  EXPECT_EQ(text["usage"],
+            json({{"prompt_tokens", 3}, {"completion_tokens", 4}, {"total_tokens", 7}}));
   const json chat = CompletionResponseJson(CompletionKind::kChat, SampleResult());
   EXPECT_EQ(chat["object"], "chat.completion");
   EXPECT_EQ(chat["choices"][0]["message"], json({{"role", "assistant"}, {"content", "hello"}}));

@@ -197,6 +197,15 @@ def main():
             "sum(rubato:generation_tokens_total)": completion_tokens,
             "sum(rubato:time_to_first_token_seconds_count)": REQUESTS,
             "sum(rubato:e2e_request_latency_seconds_count)": REQUESTS,
+            "sum(rubato:request_queue_time_seconds_count)": REQUESTS,
+            "sum(rubato:request_prefill_time_seconds_count)": REQUESTS,
+            "sum(rubato:request_decode_time_seconds_count)": REQUESTS,
+            "sum(rubato:request_prompt_tokens_sum)": prompt_tokens,
+            "sum(rubato:request_generation_tokens_sum)": completion_tokens,
+            "sum(rubato:requests_failed_total)": 0,
+            "sum(rubato:cache_link_up)": 1,
+            "count(rubato:build_info)": 2,
+            "count(process_open_fds > 0)": 2,
         }
         for expr, want in expected.items():
             got = scalar(base, expr)
