@@ -107,11 +107,18 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyCho
       std::max(config.limits.rpc_timeout_ms, 5 * config.limits.heartbeat_ms));
   OffloadTarget target;
   if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
-    RUBATO_ASSIGN_OR_RETURN(
-        target.remote, RemoteCacheRank::Connect(
-                           config.topology.cache_endpoints.front(), model, options, config.limits,
-                           RemoteDataPlane{config.topology.transport, config.engine.device}));
-    target.client = &target.remote->client();
+    const std::string endpoint = config.topology.cache_endpoints.front();
+    const LimitsSection limits = config.limits;
+    const RemoteDataPlane plane{config.topology.transport, config.engine.device};
+    // A lost cache rank is reconnected from the heartbeat period on, doubling up to 10 s.
+    const ReconnectBackoff backoff{std::chrono::milliseconds(limits.heartbeat_ms),
+                                   std::chrono::milliseconds(10000)};
+    ReconnectingCacheRank::Connector connect = [endpoint, model, options, limits, plane] {
+      return RemoteCacheRank::Connect(endpoint, model, options, limits, plane);
+    };
+    RUBATO_ASSIGN_OR_RETURN(target.remote,
+                            ReconnectingCacheRank::Connect(std::move(connect), backoff));
+    target.client = target.remote.get();
   } else {
     RUBATO_ASSIGN_OR_RETURN(target.colocated,
                             ColocatedCacheRank::Create(model, options, CacheServiceOptions()));

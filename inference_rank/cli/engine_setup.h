@@ -15,6 +15,7 @@
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/model.h"
 #include "inference_rank/offload/colocated_cache.h"
+#include "inference_rank/offload/reconnecting_cache.h"
 #include "inference_rank/offload/remote_cache.h"
 #include "inference_rank/policies/policy_registry.h"
 
@@ -51,12 +52,17 @@ Result<PolicyChoice> ResolveAndCheck(const RubatoConfig& config);
 // The policy's host half gets the tokenizer (may be null) and goes into `options`.
 Status ApplyPolicy(const PolicyChoice& policy, const Tokenizer* tokenizer, EngineOptions& options);
 
-// Where offloaded KV goes: the remote cache rank, or one in this process. Must outlive
-// the engine whose EngineOptions::offload is `client`.
+// Where offloaded KV goes: the remote cache rank (reconnected when lost), or one in this
+// process. Must outlive the engine whose EngineOptions::offload is `client`.
 struct OffloadTarget {
-  std::unique_ptr<RemoteCacheRank> remote;
+  std::unique_ptr<ReconnectingCacheRank> remote;
   std::unique_ptr<ColocatedCacheRank> colocated;
-  CacheRankClient* client = nullptr;
+  KvOffloadClient* client = nullptr;
+  // The current connection's client (byte counts, metrics); null without offload.
+  CacheRankClient* data_client() const {
+    if (remote != nullptr) return &remote->current().client();
+    return colocated != nullptr ? &colocated->client() : nullptr;
+  }
 };
 Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyChoice& policy,
                                      const ModelConfig& model);

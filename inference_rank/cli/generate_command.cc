@@ -201,7 +201,7 @@ Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config) {
       "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s%s%s\n",
       prompt_ids.size(), generated, prefill_ms, decode_tok_s, config.policy.name.c_str(),
       retained_kv, backend.c_str(), policy.policy->StatsLine().c_str(),
-      OffloadStats(offload.client).c_str());
+      OffloadStats(offload.data_client()).c_str());
   std::fflush(stdout);
   return Status::Ok();
 }

@@ -88,8 +88,9 @@ Status Serve(const RubatoConfig& config) {
   if (policy.offload.has_value()) {
     RUBATO_ASSIGN_OR_RETURN(offload, ConnectOffload(config, policy, model->config()));
     // A remote cache rank adds its link's metrics to the client's.
-    RUBATO_RETURN_IF_ERROR(offload.remote != nullptr ? offload.remote->RegisterMetrics(metrics)
-                                                     : offload.client->RegisterMetrics(metrics));
+    RUBATO_RETURN_IF_ERROR(offload.remote != nullptr
+                               ? offload.remote->RegisterMetrics(metrics)
+                               : offload.colocated->client().RegisterMetrics(metrics));
     engine_options.offload = offload.client;
   }
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,

@@ -484,9 +484,11 @@ Status Engine::Cancel(uint64_t request_id) {
 }
 
 Status Engine::Retire(Request& request) {
-  if (request.offload_session.has_value() && options_.offload->Broken().ok()) {
+  if (request.offload_session.has_value()) {
+    // Closed even on a broken client, which then only forgets it (a reconnecting client waits
+    // for its sessions to end); the error is news only while the client works.
     const Status closed = options_.offload->CloseSession(*request.offload_session);
-    if (!closed.ok()) {
+    if (!closed.ok() && options_.offload->Broken().ok()) {
       RUBATO_LOG_WARN(kLogSubsystem, "request {}: closing its cache-rank session: {}", request.id,
                       closed.message());
     }

@@ -58,6 +58,8 @@ class KvOffloadClient : public KvOffloadExchange {
  public:
   // A session for a request of up to `capacity_tokens` positions.
   virtual Result<uint64_t> OpenSession(uint64_t request_id, int capacity_tokens) = 0;
+  // Also called once the client is broken (its error then means little): the client forgets
+  // the session.
   virtual Status CloseSession(uint64_t session_id) = 0;
   // The error that stopped the data plane (every offloaded request is then lost), or ok.
   virtual Status Broken() const = 0;

@@ -222,15 +222,7 @@ Result<std::unique_ptr<RemoteCacheRank>> RemoteCacheRank::Connect(
 
 Status RemoteCacheRank::RegisterMetrics(MetricsRegistry& registry) {
   RUBATO_RETURN_IF_ERROR(client_->RegisterMetrics(registry));
-  RUBATO_RETURN_IF_ERROR(control_->RegisterMetrics(registry));
-  RUBATO_ASSIGN_OR_RETURN(Gauge * link_up,
-                          registry.AddGauge("rubato:cache_link_up",
-                                            "1 while the cache rank answers heartbeats and the "
-                                            "data plane works, else 0."));
-  registry.AddCollector([this, link_up] {
-    link_up->Set(rpc_->Healthy() && client_->Broken().ok() ? 1.0 : 0.0);
-  });
-  return Status::Ok();
+  return control_->RegisterMetrics(registry);
 }
 
 RemoteCacheRank::~RemoteCacheRank() {

@@ -3,7 +3,8 @@
 // memory), and the CacheRankClient the engine offloads through; what `rubato generate --cache
 // HOST:PORT` and an mpirun inference rank use. A lost cache rank (connection dropped, or
 // heartbeats unanswered for limits.heartbeat_ms * 5) ends the client's waits with kUnavailable;
-// a new RemoteCacheRank reconnects. Usage: docs/disaggregated.md "The remote cache rank".
+// a new RemoteCacheRank reconnects (ReconnectingCacheRank does: reconnecting_cache.h).
+// Usage: docs/disaggregated.md "The remote cache rank".
 #pragma once
 
 #include <memory>
@@ -36,10 +37,9 @@ class RemoteCacheRank {
                                                           const RemoteDataPlane& data_plane = {});
   ~RemoteCacheRank();
 
-  // The client's metrics (CacheRankClient::RegisterMetrics) and the link's:
-  // rubato:cache_link_up (read at each scrape), rubato:cache_rpc_latency_seconds and
-  // rubato:cache_rpc_errors_total (sessions and health calls). `registry` must not be scraped
-  // after this is destroyed.
+  // The client's metrics (CacheRankClient::RegisterMetrics) and the control plane's:
+  // rubato:cache_rpc_latency_seconds and rubato:cache_rpc_errors_total (sessions and health
+  // calls). A later connection registering again carries on the same children.
   Status RegisterMetrics(MetricsRegistry& registry);
 
   CacheRankClient& client() { return *client_; }

@@ -2,7 +2,8 @@
 // sockets. Completions and chat completions (whole and streamed) give the text `rubato generate`
 // gives; concurrent requests are all answered; 400 / 404 / 405 / 413 replies; garbage bytes,
 // half requests and a client leaving mid-stream do not take the server down; /metrics counts
-// what was served; SIGTERM ends the server with exit code 0. Every wait is bounded.
+// what was served; `rubato bench serve` loads it and reports; SIGTERM ends the server with exit
+// code 0. Every wait is bounded.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -20,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/test_temp_dir.h"
 #include "tests/cli_runner.h"
 #include "tests/http_test_client.h"
 
@@ -346,6 +349,43 @@ TEST_F(ServeHttpTest, MetricsCountServedRequests) {
   EXPECT_NE(after.find("# TYPE rubato:inter_token_latency_seconds histogram"), std::string::npos);
   EXPECT_NE(after.find("# TYPE rubato:e2e_request_latency_seconds histogram"), std::string::npos);
   EXPECT_NE(after.find("# TYPE rubato:num_requests_waiting gauge"), std::string::npos);
+}
+
+// `rubato bench serve` against the server: every request completes, the report has the
+// percentiles, and the same prompts (seeded) give the same token counts.
+TEST_F(ServeHttpTest, BenchServeReportsLatenciesAndThroughput) {
+  TestTempDir dir("bench_serve");
+  const std::string result_file = (dir.path() / "result.json").string();
+  const testing::ProcessResult run = testing::RunProcess(
+      RUBATO_BINARY,
+      {"bench", "serve", "--port", std::to_string(port_), "--num-prompts", "6",
+       "--max-concurrency", "2", "--input-len", "8", "--output-len", "4", "--seed", "1",
+       "--result-file", result_file},
+      120);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("Successful requests:"), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("6/6"), std::string::npos) << "no progress bar: " << run.err;
+  std::ifstream file(result_file);
+  const json result = json::parse(file, nullptr, false);
+  ASSERT_TRUE(result.is_object());
+  EXPECT_EQ(result["model"], "tiny-qwen3-longctx");
+  EXPECT_EQ(result["completed"], 6);
+  EXPECT_EQ(result["failed"], 0);
+  EXPECT_EQ(result["total_input_tokens"], 48);
+  EXPECT_GT(result["total_output_tokens"].get<int>(), 0);
+  EXPECT_LE(result["total_output_tokens"].get<int>(), 24);
+  for (const char* metric : {"ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"}) {
+    const json& summary = result[metric];
+    EXPECT_LE(summary["p50"].get<double>(), summary["p99"].get<double>()) << metric;
+  }
+  EXPECT_GT(result["ttft_ms"]["p50"].get<double>(), 0);
+  EXPECT_GE(result["e2el_ms"]["p50"].get<double>(), result["ttft_ms"]["p50"].get<double>());
+  EXPECT_GT(result["request_throughput"].get<double>(), 0);
+  // Nothing listening: GET /v1/models (for the model name) fails and the run is refused.
+  const testing::ProcessResult nowhere = testing::RunProcess(
+      RUBATO_BINARY, {"bench", "serve", "--port", "1", "--num-prompts", "1"}, 30);
+  EXPECT_EQ(nowhere.exit_code, 1) << nowhere.out;
+  EXPECT_NE(nowhere.err.find("cannot connect"), std::string::npos) << nowhere.err;
 }
 
 TEST(ServeProcessTest, SigtermEndsTheServerWithExitCodeZero) {

@@ -182,6 +182,8 @@ void ServingEngine::Loop() {
     if (const KvOffloadClient* offload = engine_->options().offload; offload != nullptr) {
       Status broken = offload->Broken();
       std::lock_guard<std::mutex> lock(mutex_);
+      // Back after a loss (reconnected): the failures the loss caused are over.
+      if (broken.ok() && !health_.ok()) engine_failure_ = Status::Ok();
       health_ = broken.ok() ? Status::Ok() : broken.WithContext("cache rank lost");
     }
     if (engine_->HasWork()) {

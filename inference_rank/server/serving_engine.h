@@ -82,7 +82,7 @@ class ServingEngine {
   // Stops the loop: every queued or running request ends with Unavailable; joins the thread.
   void Stop();
   // Ok while the loop runs, its cache rank (if any) works and the last request that ended did
-  // not fail inside the engine; else why not.
+  // not fail inside the engine (a cache rank that comes back clears that); else why not.
   Status Health() const;
 
   int max_context() const { return max_context_; }

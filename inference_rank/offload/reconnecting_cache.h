@@ -1,0 +1,77 @@
+// A cache rank that comes back: ReconnectingCacheRank is the engine's KvOffloadClient for a
+// remote cache rank, forwarding to the current RemoteCacheRank and replacing it when it is lost.
+// The loss shows at once in Broken() (the data plane's error, or the heartbeat's); requests in
+// flight then fail with that one error. A watcher thread reconnects with exponential backoff once
+// no session is open any more (the engine has failed every request of the lost rank), after which
+// Broken() is ok and new requests open sessions on the new connection.
+// Narrative: docs/disaggregated.md "Reconnecting".
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <thread>
+
+#include "common/metrics.h"
+#include "common/status.h"
+#include "inference_rank/model/kv_offload.h"
+#include "inference_rank/offload/remote_cache.h"
+
+namespace rubato {
+
+struct ReconnectBackoff {
+  std::chrono::milliseconds first{200};  // the wait before the first attempt after a loss
+  std::chrono::milliseconds max{10000};  // doubling up to this
+};
+
+class ReconnectingCacheRank final : public KvOffloadClient {
+ public:
+  using Connector = std::function<Result<std::unique_ptr<RemoteCacheRank>>()>;
+
+  // Connects once through `connect` (its error is returned as is) and starts the watcher.
+  static Result<std::unique_ptr<ReconnectingCacheRank>> Connect(Connector connect,
+                                                                ReconnectBackoff backoff);
+  ~ReconnectingCacheRank() override;  // stops the watcher, then drops the connection
+  ReconnectingCacheRank(const ReconnectingCacheRank&) = delete;
+  ReconnectingCacheRank& operator=(const ReconnectingCacheRank&) = delete;
+
+  Result<uint64_t> OpenSession(uint64_t request_id, int capacity_tokens) override;
+  Status CloseSession(uint64_t session_id) override;
+  // The current connection's data-plane error, else its heartbeat's, else ok.
+  Status Broken() const override;
+  // The data plane; only called for open sessions, so never during a swap (no lock).
+  Status LayerComputed(int layer, std::span<const OffloadLayerKv> entries) override;
+  Result<OffloadCompactKv> CompactFor(int layer, uint64_t session_id, int position) override;
+
+  // RemoteCacheRank::RegisterMetrics for every connection (the same children carry on), and
+  // rubato:cache_link_up (1 while Broken() is ok), read at each scrape. `registry` must not be
+  // scraped after this is destroyed.
+  Status RegisterMetrics(MetricsRegistry& registry);
+  int reconnects() const;  // connections made after the first
+  // The current connection: for its byte counts once the engine is done (not while a reconnect
+  // may replace it).
+  RemoteCacheRank& current() { return *current_; }
+
+ private:
+  ReconnectingCacheRank() = default;
+  Status BrokenLocked() const;
+  void Watch();
+
+  Connector connect_;
+  ReconnectBackoff backoff_;
+  mutable std::mutex mutex_;  // guards the fields below
+  std::condition_variable wake_;
+  std::unique_ptr<RemoteCacheRank> current_;
+  std::set<uint64_t> open_sessions_;
+  MetricsRegistry* registry_ = nullptr;
+  int reconnects_ = 0;
+  bool stopping_ = false;
+  std::thread watcher_;
+};
+
+}  // namespace rubato
