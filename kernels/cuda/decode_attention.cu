@@ -355,7 +355,7 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
   return Status::Ok();
 }
 
-// A slot launch (LongFlow): the slot arrays instead of the paged pool, no window or extras.
+// A slot launch: the slot arrays instead of the paged pool, no window or extras.
 Status ValidateSlots(const DecodeAttentionParams& p) {
   auto invalid = [](const std::string& what) {
     return InvalidArgumentError("decode attention over slots: " + what);

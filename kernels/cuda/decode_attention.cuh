@@ -79,7 +79,7 @@ struct DecodeAttentionParams {
   // step input (graph-replayable while requests come and go).
   const int32_t* compact_slots = nullptr;
   int num_compact_slots = 0;  // >= 1 when compact_slots is set
-  // Optional index gather (Kascade's reuse layers and anchors): with `lists` set, KV head h of
+  // Optional index gather (a list of positions per KV head): with `lists` set, KV head h of
   // sequence b attends exactly the positions lists[(b * list_heads + m(h)) * list_capacity + i]
   // for i < list_counts[b * list_heads + m(h)] (clamped to [0, list_capacity]), in any order,
   // where m = list_head_map (device, [num_kv_heads], values in [0, list_heads)) or the identity
@@ -92,7 +92,7 @@ struct DecodeAttentionParams {
   int list_capacity = 0;  // >= 1 with lists: fixes the grid and the workspace
   int list_heads = 0;     // lists per sequence, >= 1 with lists
   const int32_t* list_head_map = nullptr;
-  // Optional slot arrays (LongFlow's evicting KV): with slot_keys set, KV head h of sequence b
+  // Optional slot arrays (evicting KV residency): with slot_keys set, KV head h of sequence b
   // attends the valid rows of its slot array slot_keys / slot_values + (b * num_kv_heads + h) *
   // slot_budget * head_dim (rows i with slot_valid[b * slot_budget + i] != 0); key_pool,
   // value_pool, block_tables, seq_lens and the window are not read (max_seq_len = slot_budget).
@@ -106,8 +106,8 @@ struct DecodeAttentionParams {
   float* slot_value_norms = nullptr;
   // Scores only: with `scores` set, the keys alone are read and only the raw scores are written,
   // plus `lse` when set (out and the probabilities untouched; value_pool and out may be null; the
-  // workspace, DecodeScoresOnlyWorkspaceBytes, is needed only for the lse). An anchor layer's
-  // selection pass when its own output comes from an index gather.
+  // workspace, DecodeScoresOnlyWorkspaceBytes, is needed only for the lse). A selection pass
+  // whose layer's output comes from another launch (an index gather).
   bool scores_only = false;
   // Key splits per sequence: 0 chooses them from the shapes and the GPU's multiprocessor count
   // (ChooseSplits in decode_attention.cu); benchmarks set it to sweep. Capped at what the

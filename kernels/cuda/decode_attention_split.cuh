@@ -153,7 +153,7 @@ struct ListVariant {  // the positions of a list (index gather)
   static constexpr bool kScores = false;
   static constexpr bool kValues = true;
 };
-struct SlotsVariant {  // the valid rows of a slot array (LongFlow); raw scores and ||v||_1
+struct SlotsVariant {  // the valid rows of a slot array; raw scores and ||v||_1
   static constexpr bool kCompact = false;
   static constexpr bool kList = false;
   static constexpr bool kSlots = true;
@@ -523,7 +523,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       }
     }
     if constexpr (Variant::kSlots) {
-      // Each attended slot's ||v||_1 (LongFlow's Eq. 6 factor) from the V tile already here: two
+      // Each attended slot's ||v||_1 (a slot-scoring factor) from the V tile already here: two
       // threads a row, half the dims each, summed by a shuffle.
       constexpr int kHalfChunks = kHeadDim / 16;  // 16-byte chunks in half a row
       const int r = threadIdx.x / 2;
