@@ -20,27 +20,6 @@ __device__ __forceinline__ void LoadBf16x8(const __nv_bfloat16* source, float (&
   }
 }
 
-// Loads kN consecutive bf16 (kN = 1, 2 or 4; 2 kN bytes, 2 kN-byte aligned: a lane's share of a
-// head_dim row when a warp reads one row) and widens them to fp32.
-template <int kN>
-__device__ __forceinline__ void LoadBf16xN(const __nv_bfloat16* source, float (&out)[kN]) {
-  if constexpr (kN == 4) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(source);
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    out[0] = a.x;
-    out[1] = a.y;
-    out[2] = b.x;
-    out[3] = b.y;
-  } else if constexpr (kN == 2) {
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(source));
-    out[0] = a.x;
-    out[1] = a.y;
-  } else {
-    for (int e = 0; e < kN; ++e) out[e] = __bfloat162float(source[e]);
-  }
-}
-
 // Rounds 8 fp32 to bf16 (nearest even) and stores them (16 bytes, 16-byte aligned).
 __device__ __forceinline__ void StoreBf16x8(__nv_bfloat16* dest, const float (&in)[8]) {
   uint4 raw;

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/async_copy.cuh"
+#include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/decode_attention.cuh"
 
 namespace rubato::cuda::decode_attention {
@@ -531,13 +532,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       float norm = 0.f;
       for (int c = (threadIdx.x & 1) * kHalfChunks; c < ((threadIdx.x & 1) + 1) * kHalfChunks;
            ++c) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(v_tile + Tiles::Offset(r, c));
-        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+        float v[8];
+        LoadBf16x8(reinterpret_cast<const __nv_bfloat16*>(v_tile + Tiles::Offset(r, c)), v);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = __bfloat1622float2(pairs[e]);
-          norm += fabsf(f.x) + fabsf(f.y);
-        }
+        for (int e = 0; e < 8; ++e) norm += fabsf(v[e]);
       }
       norm += __shfl_xor_sync(0xffffffffu, norm, 1);
       if ((threadIdx.x & 1) == 0 && index < end && keys.Attended(index)) {
