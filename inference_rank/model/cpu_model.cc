@@ -482,11 +482,10 @@ void CpuModel::SampleTokens(std::span<const ForwardEntry> batch, ForwardResult& 
   for (size_t e = 0; e < batch.size(); ++e) {
     if (batch[e].sampling == nullptr) continue;
     const std::span<const float> logits = result.LastLogits(static_cast<int>(e));
-    const int token = SampleOnHost(logits, *batch[e].sampling, sampling_workspace_);
-    result.sampled_tokens[e] = token;
-    if (batch[e].sampling->report_probability) {
-      result.sampled_probabilities[e] = TokenProbability(logits, token);
-    }
+    float* probability =
+        batch[e].sampling->report_probability ? &result.sampled_probabilities[e] : nullptr;
+    result.sampled_tokens[e] =
+        SampleOnHost(logits, *batch[e].sampling, sampling_workspace_, probability);
   }
 }
 

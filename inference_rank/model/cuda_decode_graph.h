@@ -29,8 +29,9 @@ struct DecodeGraphKey {
   int recent_tokens = 0;
   const void* key_pool = nullptr;  // the KV cache's pools (a graph holds their addresses)
   const void* value_pool = nullptr;
-  int num_blocks = 0;    // layer stride of the pools
-  int backend_rows = 0;  // decode rows [0, backend_rows) the attention backend attends
+  int num_blocks = 0;           // layer stride of the pools
+  int backend_rows = 0;         // decode rows [0, backend_rows) the attention backend attends
+  bool adjusts_logits = false;  // the logit-adjustment launch before the sampler
   // What the attention backend's launches bake in beyond the fields above (its row counts, grid
   // bounds, buffer addresses, modes: CudaAttentionBackend::AddToGraphKey); zero when it adds
   // nothing.

@@ -23,7 +23,8 @@ bool StepInputCapacity::Covers(const StepInputCapacity& need) const {
   return tokens >= need.tokens && decode_rows >= need.decode_rows &&
          decode_table_ints >= need.decode_table_ints && prefill_entries >= need.prefill_entries &&
          prefill_table_ints >= need.prefill_table_ints && logit_rows >= need.logit_rows &&
-         sample_rows >= need.sample_rows && backend_bytes >= need.backend_bytes;
+         sample_rows >= need.sample_rows && logit_deltas >= need.logit_deltas &&
+         backend_bytes >= need.backend_bytes;
 }
 
 StepInputCapacity StepInputCapacity::GrownToCover(const StepInputCapacity& need) const {
@@ -35,6 +36,7 @@ StepInputCapacity StepInputCapacity::GrownToCover(const StepInputCapacity& need)
   grown.prefill_table_ints = GrowCapacity(prefill_table_ints, need.prefill_table_ints);
   grown.logit_rows = GrowCapacity(logit_rows, need.logit_rows);
   grown.sample_rows = GrowCapacity(sample_rows, need.sample_rows);
+  grown.logit_deltas = GrowCapacity(logit_deltas, need.logit_deltas);
   grown.backend_bytes = std::max(backend_bytes, need.backend_bytes);
   return grown;
 }
@@ -54,6 +56,8 @@ StepInputLayout StepInputLayout::For(const StepInputCapacity& c) {
   place(layout.prefill_query_start, i32 * static_cast<size_t>(c.prefill_entries + 1));
   place(layout.prefill_start_positions, i32 * static_cast<size_t>(c.prefill_entries));
   place(layout.logit_row_indices, i32 * static_cast<size_t>(c.logit_rows));
+  place(layout.logit_delta_offsets, i32 * static_cast<size_t>(c.sample_rows + 1));
+  place(layout.logit_deltas, sizeof(LogitDelta) * static_cast<size_t>(c.logit_deltas));
   place(layout.backend, c.backend_bytes);
   layout.bytes = offsets.bytes();
   return layout;
@@ -68,6 +72,7 @@ StepInputCapacity ForwardPlan::Needs() const {
   need.prefill_table_ints = prefill_entries * prefill_table_stride;
   need.logit_rows = logit_rows();
   need.sample_rows = sample_rows;
+  need.logit_deltas = static_cast<int>(logit_deltas.size());
   return need;
 }
 
@@ -146,8 +151,13 @@ void PlanForward(std::span<const ForwardEntry> batch, const KvCacheShape& shape,
   plan.prefill_table_stride = CeilDiv(max_prefill_len, shape.block_tokens);
 
   // Logit rows: the sampled block, then the host block (docs/cuda_model.md).
+  plan.logit_deltas.clear();
+  plan.logit_delta_offsets.assign(1, 0);
   for (size_t e = 0; e < n; ++e) {
-    if (batch[e].sampling != nullptr) plan.entry_sample_row[e] = plan.sample_rows++;
+    if (batch[e].sampling == nullptr) continue;
+    plan.entry_sample_row[e] = plan.sample_rows++;
+    BuildLogitDeltas(batch[e].sampling->adjustments, plan.delta_scratch, plan.logit_deltas);
+    plan.logit_delta_offsets.push_back(static_cast<int32_t>(plan.logit_deltas.size()));
   }
   for (size_t e = 0; e < n; ++e) {
     int rows = 0;
@@ -221,6 +231,12 @@ void FillStepInputs(std::span<const ForwardEntry> batch, const KvCacheShape& sha
       logit_rows[host_first + r] = all_rows ? first + r : last_row;
   }
   query_start[plan.prefill_entries] = plan.tokens - plan.decode_rows;
+  if (plan.adjusts_logits()) {
+    std::memcpy(staging + layout.logit_delta_offsets, plan.logit_delta_offsets.data(),
+                sizeof(int32_t) * plan.logit_delta_offsets.size());
+    std::memcpy(staging + layout.logit_deltas, plan.logit_deltas.data(),
+                sizeof(LogitDelta) * plan.logit_deltas.size());
+  }
 }
 
 void WriteBlockTableRow(const KvSequence& sequence, int blocks, int stride, int32_t* row) {

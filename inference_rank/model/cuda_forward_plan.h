@@ -24,7 +24,8 @@ struct StepInputCapacity {
   int prefill_entries = 0;     // start positions (+1 for query starts)
   int prefill_table_ints = 0;  // [prefill entries][prefill stride] block ids
   int logit_rows = 0;          // gather indices
-  int sample_rows = 0;         // SamplingRow
+  int sample_rows = 0;         // SamplingRow (+1 logit-delta offsets)
+  int logit_deltas = 0;        // LogitDelta
   size_t backend_bytes = 0;    // the attention backend's region (its StepInputBytes)
 
   bool Covers(const StepInputCapacity& need) const;
@@ -47,6 +48,9 @@ struct StepInputLayout {
                                        // prefill row
   size_t prefill_start_positions = 0;  // [prefill entries] int32
   size_t logit_row_indices = 0;        // [sample rows + host rows] int32: batch rows to gather
+  size_t logit_delta_offsets = 0;      // [sample rows + 1] int32: CSR of the sampled rows'
+                                       // logit deltas (written only when the plan adjusts)
+  size_t logit_deltas = 0;             // [logit deltas] LogitDelta
   size_t backend = 0;                  // [backend bytes]: laid out by the attention backend
   size_t bytes = 0;                    // the whole buffer
 
@@ -88,12 +92,18 @@ struct ForwardPlan {
   std::vector<int> entry_sample_row;     // [entries] row in the sampled block, or -1
   std::vector<int> entry_host_row;       // [entries] first row in the host block (0 if none)
   std::vector<int> entry_host_rows;      // [entries] rows in the host block
+  // The sampled rows' penalties and logit_bias as deltas (BuildLogitDeltas, in sampled-row
+  // order) and their CSR offsets [sample rows + 1]; empty deltas: nothing to adjust.
+  std::vector<LogitDelta> logit_deltas;
+  std::vector<int32_t> logit_delta_offsets;
+  std::vector<int> delta_scratch;  // BuildLogitDeltas' sorting buffer
 
   // The decode rows of `group`; {group, 0, 0} when it has none.
   DecodeRowGroup Group(int group) const;
   bool has_backend_work() const { return backend_rows > 0 || backend_prefill_entries > 0; }
   bool decode_only() const { return prefill_entries == 0; }
   int logit_rows() const { return sample_rows + host_rows; }
+  bool adjusts_logits() const { return !logit_deltas.empty(); }
   StepInputCapacity Needs() const;  // backend_bytes 0: the backend's share is its own
 };
 

@@ -326,14 +326,6 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
         "not on the GPU");
   }
   RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
-  for (size_t e = 0; e < batch.size(); ++e) {
-    // The device sampler has no logit processors (model.h TokenSampling::adjustments).
-    if (batch[e].sampling != nullptr && batch[e].sampling->adjustments.active()) {
-      return UnsupportedError("forward: entry " + std::to_string(e) +
-                              " asks for presence/frequency penalties or logit_bias, which "
-                              "the CUDA sampler does not apply");
-    }
-  }
   RUBATO_RETURN_IF_ERROR(CheckAttentionEntries(batch));
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
 
@@ -376,6 +368,7 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
       key.value_pool = kv->values().data();
       key.num_blocks = shape.num_blocks;
       key.backend_rows = plan_.backend_rows;
+      key.adjusts_logits = plan_.adjusts_logits();
       if (backend_ != nullptr) backend_->AddToGraphKey(plan_, key);
       RUBATO_RETURN_IF_ERROR(graphs_.Run(key, stream_, device_work));
     } else {

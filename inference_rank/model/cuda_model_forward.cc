@@ -9,6 +9,7 @@
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/gather_rows.cuh"
 #include "kernels/cuda/kv_append.cuh"
+#include "kernels/cuda/logit_adjust.cuh"
 #include "kernels/cuda/prefill_attention.cuh"
 #include "kernels/cuda/qk_norm.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
@@ -262,6 +263,16 @@ Status CudaModel::LogitsAndSampling(cudaStream_t stream) {
   RUBATO_RETURN_IF_ERROR(gemm_->Linear(lm_head, stream));
 
   if (plan_.sample_rows == 0) return Status::Ok();
+  if (plan_.adjusts_logits()) {
+    // Penalties and logit_bias on the sampled rows, in place; the host rows keep raw logits.
+    cuda::AdjustLogitsParams adjust;
+    adjust.logits = logits_.data();
+    adjust.rows = plan_.sample_rows;
+    adjust.vocab_size = config_.vocab_size;
+    adjust.row_offsets = StepInput<const int32_t>(input_layout_.logit_delta_offsets);
+    adjust.deltas = StepInput<const LogitDelta>(input_layout_.logit_deltas);
+    RUBATO_RETURN_IF_ERROR(cuda::AdjustLogits(adjust, stream));
+  }
   cuda::SampleParams sample;
   sample.logits = logits_.data();
   sample.rows = plan_.sample_rows;

@@ -222,15 +222,21 @@ Status ReserveForwardBlocks(std::span<const ForwardEntry> batch, PagedKvCache& c
 }
 
 int SampleOnHost(std::span<const float> logits, const TokenSampling& sampling,
-                 SamplingWorkspace& workspace) {
+                 SamplingWorkspace& workspace, float* probability) {
   if (sampling.adjustments.active()) {
     workspace.adjusted.assign(logits.begin(), logits.end());
     ApplyLogitAdjustments(workspace.adjusted, sampling.adjustments, workspace);
     logits = workspace.adjusted;
   }
-  if (sampling.temperature == 0.0f) return ArgMax(logits);
-  const SamplingFilter filter{sampling.temperature, sampling.top_k, sampling.top_p};
-  return SampleTokenWithUniform(logits, filter, sampling.uniform, workspace);
+  int token = 0;
+  if (sampling.temperature == 0.0f) {
+    token = ArgMax(logits);
+  } else {
+    const SamplingFilter filter{sampling.temperature, sampling.top_k, sampling.top_p};
+    token = SampleTokenWithUniform(logits, filter, sampling.uniform, workspace);
+  }
+  if (probability != nullptr) *probability = TokenProbability(logits, token);
+  return token;
 }
 
 }  // namespace rubato

@@ -53,10 +53,11 @@ struct TokenSampling {
   double uniform = 0.0;     // [0, 1): the request's draw (kernels/cpu/sampling.h DrawUniform);
                             // unused when greedy
   bool report_probability = false;  // also report the chosen token's TokenProbability
-                                    // (ForwardResult::sampled_probabilities), of the raw logits
-  // Penalties and logit_bias, applied before greedy or sampling (kernels/cpu/sampling.h). Its
-  // spans must outlive the Forward call. The CPU model applies them; the CUDA model refuses an
-  // entry that has them (kUnsupported): its device sampler does not implement them.
+                                    // (ForwardResult::sampled_probabilities), of the logits
+                                    // after `adjustments`
+  // Penalties and logit_bias, applied before greedy or sampling (kernels/cpu/sampling.h) by both
+  // backends (the CUDA model on the device, docs/cuda_model.md). Its spans must outlive the
+  // Forward call.
   LogitAdjustments adjustments = {};
 };
 
@@ -200,9 +201,11 @@ Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardEn
 // their slots).
 Status ReserveForwardBlocks(std::span<const ForwardEntry> batch, PagedKvCache& cache);
 
-// What TokenSampling means, on the host: ArgMax when greedy, else SampleTokenWithUniform with
-// sampling.uniform. logits: [vocab], f32. The CPU model's sampler and the CUDA sampler's twin.
+// What TokenSampling means, on the host: the adjustments applied to a copy of `logits`, then
+// ArgMax when greedy, else SampleTokenWithUniform with sampling.uniform. logits: [vocab], f32.
+// The CPU model's sampler and the CUDA sampler's twin. `probability`, when not null, gets the
+// chosen token's TokenProbability over the adjusted logits.
 int SampleOnHost(std::span<const float> logits, const TokenSampling& sampling,
-                 SamplingWorkspace& workspace);
+                 SamplingWorkspace& workspace, float* probability = nullptr);
 
 }  // namespace rubato

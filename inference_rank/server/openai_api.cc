@@ -165,6 +165,15 @@ std::optional<ApiError> ReadMessages(const json& body, CompletionRequest& out) {
                                              "assistant, tool, developer; got " +
                                              MessageJson(role));
     }
+    // Only role and content are implemented: a participant `name`, `tool_calls`,
+    // `tool_call_id`, `function_call`, `audio`, ... are refused by name (null counts as absent,
+    // as the SDKs echo an assistant message's `refusal: null`).
+    for (const auto& [key, value] : message.items()) {
+      if (value.is_null() || key == "role" || key == "content") continue;
+      return FieldError(where + "." + key, "'" + where + "." + key +
+                                               "' is not supported by rubato serve (a message "
+                                               "has only role and content)");
+    }
     ChatMessage chat{role.get<std::string>(), ""};
     if (chat.role == "developer") chat.role = "system";  // OpenAI's newer name for it
     const json& content = Field(message, "content");
@@ -179,6 +188,13 @@ std::optional<ApiError> ReadMessages(const json& body, CompletionRequest& out) {
                             "'" + where + ".content[" + std::to_string(p) +
                                 "]' must be {\"type\": \"text\", \"text\": \"...\"} (rubato "
                                 "serves text models)");
+        }
+        for (const auto& [key, value] : part.items()) {
+          if (value.is_null() || key == "type" || key == "text") continue;
+          const std::string at = where + ".content[" + std::to_string(p) + "]." + key;
+          return FieldError(where + ".content",
+                            "'" + at + "' is not supported by rubato serve (a content part has "
+                                       "only type and text)");
         }
         chat.content += Field(part, "text").get<std::string>();
       }

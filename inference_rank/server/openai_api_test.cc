@@ -85,10 +85,11 @@ TEST(OpenAiApiTest, ChatMessagesAndMaxCompletionTokens) {
       R"({"messages": [{"role": "system", "content": "be brief"},
                        {"role": "user", "content": [{"type": "text", "text": "hi "},
                                                     {"type": "text", "text": "there"}]},
-                       {"role": "developer", "content": "d"}],
+                       {"role": "developer", "content": "d"},
+                       {"role": "assistant", "content": "a", "refusal": null}],
           "max_completion_tokens": 3})",
       CompletionKind::kChat);
-  ASSERT_EQ(request.messages.size(), 3u);
+  ASSERT_EQ(request.messages.size(), 4u);  // a null field (the SDKs' refusal) is absent
   EXPECT_EQ(request.messages[0].role, "system");
   EXPECT_EQ(request.messages[0].content, "be brief");
   EXPECT_EQ(request.messages[1].content, "hi there");
@@ -190,6 +191,17 @@ TEST(OpenAiApiTest, EveryChatErrorNamesItsField) {
        "response_format", "not supported"},
       {R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", "echo",
        "not supported"},
+      // Inside a message: only role and content; inside a content part: only type and text.
+      {R"({"messages": [{"role": "user", "content": "x", "name": "ann"}]})", "messages[0].name",
+       "not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"},
+                        {"role": "assistant", "content": null, "tool_calls": []}]})",
+       "messages[1].tool_calls", "only role and content"},
+      {R"({"messages": [{"role": "tool", "content": "4", "tool_call_id": "c1"}]})",
+       "messages[0].tool_call_id", "not supported"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "x",
+                                                      "cache_control": {}}]}]})",
+       "messages[0].content", "content[0].cache_control"},
   };
   for (const BadCase& bad : cases) {
     const ApiError error = ParseError(bad.body, CompletionKind::kChat);

@@ -273,16 +273,6 @@ HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKi
   generation.sampling = {request.temperature, request.top_k, request.top_p, seed};
   if (request.presence_penalty != 0.f || request.frequency_penalty != 0.f ||
       !request.logit_bias.empty()) {
-    if (!serving_->applies_logit_adjustments()) {
-      const char* param = !request.logit_bias.empty() ? "logit_bias"
-                          : request.presence_penalty != 0.f ? "presence_penalty"
-                                                            : "frequency_penalty";
-      return ErrorReply(Error(400, "'" + std::string(param) +
-                                       "' is not supported by this server's backend (the CUDA "
-                                       "sampler applies no penalties or logit_bias; the CPU "
-                                       "backend does)",
-                              "invalid_request_error", param));
-    }
     for (const auto& [id, bias] : request.logit_bias) {
       if (id >= serving_->vocab_size()) {
         return ErrorReply(Error(400, "'logit_bias' token " + std::to_string(id) +

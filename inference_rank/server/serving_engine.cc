@@ -72,8 +72,7 @@ ServingEngine::ServingEngine(std::unique_ptr<Engine> engine, const Tokenizer* to
       options_(options),
       metrics_(metrics),
       max_context_(engine_->options().max_context),
-      vocab_size_(engine_->model().config().vocab_size),
-      applies_logit_adjustments_(engine_->model().backend_name() == "cpu") {}
+      vocab_size_(engine_->model().config().vocab_size) {}
 
 ServingEngine::~ServingEngine() { Stop(); }
 

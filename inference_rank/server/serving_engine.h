@@ -87,9 +87,6 @@ class ServingEngine {
 
   int max_context() const { return max_context_; }
   int vocab_size() const { return vocab_size_; }
-  // Whether the model's sampler applies presence/frequency penalties and logit_bias (the CPU
-  // backend's does; the CUDA one refuses them).
-  bool applies_logit_adjustments() const { return applies_logit_adjustments_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -135,7 +132,6 @@ class ServingEngine {
   std::optional<ServingMetrics> metrics_;  // set when options.metrics is
   int max_context_ = 0;
   int vocab_size_ = 0;
-  bool applies_logit_adjustments_ = false;
 
   // Engine thread only.
   std::unordered_map<uint64_t, LiveRequest> live_;           // by serving id

@@ -74,24 +74,52 @@ void FilteredDistribution(std::span<const float> logits, const SamplingFilter& f
   }
 }
 
+void BuildLogitDeltas(const LogitAdjustments& adjustments, std::vector<int>& sorted_generated,
+                      std::vector<LogitDelta>& out) {
+  if (!adjustments.active()) return;
+  const size_t first = out.size();
+  for (const auto& [token, bias] : adjustments.logit_bias) out.push_back({token, bias, 0.f});
+  if (adjustments.presence_penalty != 0.f || adjustments.frequency_penalty != 0.f) {
+    // Runs of equal ids in the sorted copy give each generated token's count.
+    sorted_generated.assign(adjustments.generated.begin(), adjustments.generated.end());
+    std::sort(sorted_generated.begin(), sorted_generated.end());
+    for (size_t i = 0; i < sorted_generated.size();) {
+      size_t end = i;
+      while (end < sorted_generated.size() && sorted_generated[end] == sorted_generated[i]) ++end;
+      const float count = static_cast<float>(end - i);
+      out.push_back({sorted_generated[i], 0.f,
+                     adjustments.frequency_penalty * count + adjustments.presence_penalty});
+      i = end;
+    }
+  }
+  // One delta per token: a biased token that was also generated merges its two entries.
+  const auto begin = out.begin() + static_cast<std::ptrdiff_t>(first);
+  std::stable_sort(begin, out.end(),
+                   [](const LogitDelta& a, const LogitDelta& b) { return a.token < b.token; });
+  size_t kept = first;
+  for (size_t i = first; i < out.size(); ++i) {
+    if (kept > first && out[kept - 1].token == out[i].token) {
+      out[kept - 1].bias += out[i].bias;  // one of the two is 0: exact
+      out[kept - 1].penalty += out[i].penalty;
+    } else {
+      out[kept++] = out[i];
+    }
+  }
+  out.resize(kept);
+}
+
+void ApplyLogitDeltas(std::span<float> logits, std::span<const LogitDelta> deltas) {
+  for (const LogitDelta& d : deltas) {
+    float& logit = logits[static_cast<size_t>(d.token)];
+    logit = (logit + d.bias) - d.penalty;
+  }
+}
+
 void ApplyLogitAdjustments(std::span<float> logits, const LogitAdjustments& adjustments,
                            SamplingWorkspace& workspace) {
-  for (const auto& [token, bias] : adjustments.logit_bias) {
-    logits[static_cast<size_t>(token)] += bias;
-  }
-  if (adjustments.presence_penalty == 0.f && adjustments.frequency_penalty == 0.f) return;
-  // Runs of equal ids in the sorted copy give each generated token's count.
-  std::vector<int>& sorted = workspace.sorted_generated;
-  sorted.assign(adjustments.generated.begin(), adjustments.generated.end());
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 0; i < sorted.size();) {
-    size_t end = i;
-    while (end < sorted.size() && sorted[end] == sorted[i]) ++end;
-    const float count = static_cast<float>(end - i);
-    logits[static_cast<size_t>(sorted[i])] -=
-        adjustments.frequency_penalty * count + adjustments.presence_penalty;
-    i = end;
-  }
+  workspace.deltas.clear();
+  BuildLogitDeltas(adjustments, workspace.sorted_generated, workspace.deltas);
+  ApplyLogitDeltas(logits, workspace.deltas);
 }
 
 double DrawUniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }

@@ -48,15 +48,36 @@ struct LogitAdjustments {
   }
 };
 
+// LogitAdjustments as one change per touched token: logits[token] = (logits[token] + bias) -
+// penalty, where penalty = frequency_penalty * count + presence_penalty (0 for an id that was
+// not generated) and bias is its logit_bias (0 if none). The CUDA op (kernels/cuda/
+// logit_adjust.cuh) applies the same deltas, built on the host, with the same two roundings.
+struct LogitDelta {
+  int32_t token = 0;
+  float bias = 0.f;
+  float penalty = 0.f;
+};
+
 // Reusable buffers so that sampling allocates nothing per token once warm.
 struct SamplingWorkspace {
   std::vector<int> candidates;        // [<= vocab] token ids, in FilteredDistribution's order
   std::vector<double> probabilities;  // [vocab] unnormalized probabilities of the candidates
   std::vector<float> adjusted;        // [vocab] logits after LogitAdjustments
   std::vector<int> sorted_generated;  // [generated tokens] the generated ids, sorted
+  std::vector<LogitDelta> deltas;     // [touched tokens] BuildLogitDeltas' output
 };
 
-// Adds the bias and subtracts the penalties in place (see LogitAdjustments). logits: [vocab].
+// Appends the deltas of `adjustments` to `out`, one per distinct touched token, in increasing
+// token order (`sorted_generated`: scratch). Appends nothing when !adjustments.active().
+void BuildLogitDeltas(const LogitAdjustments& adjustments, std::vector<int>& sorted_generated,
+                      std::vector<LogitDelta>& out);
+
+// logits[d.token] = (logits[d.token] + d.bias) - d.penalty for every delta (ids in range and
+// distinct). logits: [vocab].
+void ApplyLogitDeltas(std::span<float> logits, std::span<const LogitDelta> deltas);
+
+// Adds the bias and subtracts the penalties in place (see LogitAdjustments): BuildLogitDeltas,
+// then ApplyLogitDeltas. logits: [vocab].
 void ApplyLogitAdjustments(std::span<float> logits, const LogitAdjustments& adjustments,
                            SamplingWorkspace& workspace);
 

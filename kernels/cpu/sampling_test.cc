@@ -229,5 +229,39 @@ TEST(LogitAdjustments, BiasAndPenaltiesFollowOpenAiFormula) {
   EXPECT_FALSE(idle.active());
 }
 
+// The deltas behind ApplyLogitAdjustments (the CUDA op's input): one per touched token, in
+// token order, appended after what `out` held (the rows of a batch share one array).
+TEST(LogitAdjustments, DeltasMergeBiasAndPenaltyPerTokenInTokenOrder) {
+  const std::vector<int> generated = {5, 2, 5, 5, 0};
+  const std::vector<std::pair<int, float>> bias = {{5, -0.5f}, {1, 10.0f}};
+  LogitAdjustments adjustments;
+  adjustments.presence_penalty = 0.25f;
+  adjustments.frequency_penalty = 0.5f;
+  adjustments.generated = generated;
+  adjustments.logit_bias = bias;
+  std::vector<int> scratch;
+  std::vector<LogitDelta> out = {{3, 1.0f, 0.0f}};  // a previous row's delta stays first
+  BuildLogitDeltas(adjustments, scratch, out);
+  ASSERT_EQ(out.size(), 5u);
+  EXPECT_EQ(out[0].token, 3);
+  const int tokens[] = {0, 1, 2, 5};
+  const float biases[] = {0.0f, 10.0f, 0.0f, -0.5f};
+  const float penalties[] = {0.75f, 0.0f, 0.75f, 1.75f};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(out[1 + i].token, tokens[i]) << i;
+    EXPECT_EQ(out[1 + i].bias, biases[i]) << i;
+    EXPECT_EQ(out[1 + i].penalty, penalties[i]) << i;
+  }
+  // Bias only, no penalties: the bias entries, sorted; inactive adjustments append nothing.
+  adjustments.presence_penalty = adjustments.frequency_penalty = 0.0f;
+  out.clear();
+  BuildLogitDeltas(adjustments, scratch, out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].token, 1);
+  EXPECT_EQ(out[1].token, 5);
+  BuildLogitDeltas(LogitAdjustments{}, scratch, out);
+  EXPECT_EQ(out.size(), 2u);
+}
+
 }  // namespace
 }  // namespace rubato

@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "inference_rank/policies/sfi/sfi_cuda_backend.h"
@@ -138,6 +139,57 @@ TEST(CudaForwardPlanTest, DecodeEntriesFirstThenChunksInBatchOrder) {
   EXPECT_EQ(rows[1].top_k, 40);
   EXPECT_EQ(rows[1].top_p, 0.9f);
   EXPECT_EQ(rows[1].uniform, 0.99999999999);
+  EXPECT_FALSE(plan.adjusts_logits());  // no penalties or bias: no adjustment launch
+}
+
+// Penalties and logit_bias: the sampled rows' deltas (BuildLogitDeltas) in sampled-row order,
+// with CSR offsets over the sampled rows; entries without sampling or adjustments add none.
+TEST(CudaForwardPlanTest, SampledRowsCarryTheirLogitDeltas) {
+  const KvCacheShape shape = Shape(64);
+  KvSequence a = Sequence(1, 1), b = Sequence(1, 2), c = Sequence(1, 3);
+  const std::vector<int> one = {7};
+  const std::vector<int> generated = {9, 4, 9};
+  const std::vector<std::pair<int, float>> bias = {{12, 3.f}, {4, -1.f}};
+  TokenSampling penalised;
+  penalised.adjustments.presence_penalty = 0.5f;
+  penalised.adjustments.frequency_penalty = 0.25f;
+  penalised.adjustments.generated = generated;
+  penalised.adjustments.logit_bias = bias;
+  const TokenSampling plain;
+  TokenSampling biased;
+  biased.adjustments.logit_bias = bias;
+  const std::vector<ForwardEntry> batch = {
+      {&a, one, 3, LogitsWanted::kLast, &penalised},
+      {&b, one, 3, LogitsWanted::kLast, nullptr},  // host logits: no sampled row
+      {&c, one, 3, LogitsWanted::kLast, &plain},
+      {&a, one, 4, LogitsWanted::kLast, &biased},  // (a second entry of a: planning only)
+  };
+  ForwardPlan plan;
+  PlanForward(batch, shape, plan);
+  ASSERT_EQ(plan.sample_rows, 3);
+  ASSERT_TRUE(plan.adjusts_logits());
+  EXPECT_EQ(plan.logit_delta_offsets, (std::vector<int32_t>{0, 3, 3, 5}));
+  const Packed p = Pack(batch, shape, plan);
+  EXPECT_EQ(p.layout.logit_delta_offsets % 16, 0u);
+  EXPECT_EQ(p.layout.logit_deltas % 16, 0u);
+  const int32_t* offsets = p.Ints(p.layout.logit_delta_offsets);
+  EXPECT_EQ(std::vector<int32_t>(offsets, offsets + 4), (std::vector<int32_t>{0, 3, 3, 5}));
+  const auto* deltas = reinterpret_cast<const LogitDelta*>(p.bytes.data() + p.layout.logit_deltas);
+  // Row 0: token 4 (bias -1, generated once: 0.25 + 0.5), 9 (twice: 0.5 + 0.5), 12 (bias 3).
+  const int tokens[] = {4, 9, 12, 4, 12};
+  const float biases[] = {-1.f, 0.f, 3.f, -1.f, 3.f};
+  const float penalties[] = {0.75f, 1.f, 0.f, 0.f, 0.f};
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(deltas[i].token, tokens[i]) << i;
+    EXPECT_EQ(deltas[i].bias, biases[i]) << i;
+    EXPECT_EQ(deltas[i].penalty, penalties[i]) << i;
+  }
+  // The capacity covers the deltas, and a later plan without them needs none.
+  EXPECT_EQ(plan.Needs().logit_deltas, 5);
+  const std::vector<ForwardEntry> quiet = {{&c, one, 3, LogitsWanted::kLast, &plain}};
+  PlanForward(quiet, shape, plan);
+  EXPECT_FALSE(plan.adjusts_logits());
+  EXPECT_EQ(plan.Needs().logit_deltas, 0);
 }
 
 // Decode rows by row group: SFI fast (group 1), slow (group 2), then dense (group 0). SFI's

@@ -6,9 +6,11 @@
 // Golden (transformers) parity and the engine are in cuda_model_golden_test.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/test_temp_dir.h"
@@ -450,8 +452,10 @@ TEST(CudaModelErrorTest, BadInputsAreNamedErrors) {
 
 // ---- sampling -----------------------------------------------------------------------------------
 
-// Device sampling of 17 rows with assorted filters equals the host's SampleOnHost on the same
-// logits, except where the uniform falls within rounding of a cumulative-probability boundary.
+// Device sampling of 17 rows with assorted filters, penalties and logit_bias equals the host's
+// SampleOnHost on the same (raw, kAll) logits, except where the uniform falls within rounding of
+// a cumulative-probability boundary. The penalised rows' counts change every step under the same
+// captured graph.
 TEST(CudaModelSamplingTest, DeviceSamplingMatchesHostOnTheSameLogits) {
   ModelPair pair = MakeModelPair(LlamaHd64(), /*seed=*/17);
   ASSERT_TRUE(pair.cuda);
@@ -467,6 +471,18 @@ TEST(CudaModelSamplingTest, DeviceSamplingMatchesHostOnTheSameLogits) {
     tokens[i] = static_cast<int>(rng() % static_cast<uint64_t>(vocab));
   }
   std::vector<TokenSampling> sampling(17);
+  std::vector<std::vector<int>> generated(17);
+  std::vector<std::vector<std::pair<int, float>>> bias(17);
+  for (size_t i = 0; i < 17; ++i) {
+    if (i % 5 != 2) continue;
+    for (int b = 0; b < 6; ++b) {
+      bias[i].push_back({int(rng() % uint64_t(vocab)), float(int(rng() % 21) - 10)});
+    }
+    std::sort(bias[i].begin(), bias[i].end());
+    bias[i].erase(std::unique(bias[i].begin(), bias[i].end(),
+                              [](auto& a, auto& b) { return a.first == b.first; }),
+                  bias[i].end());
+  }
   SamplingWorkspace workspace;
   for (int step = 0; step < 5; ++step) {
     std::vector<ForwardEntry> batch;
@@ -476,6 +492,13 @@ TEST(CudaModelSamplingTest, DeviceSamplingMatchesHostOnTheSameLogits) {
       s.top_k = i % 3 == 0 ? 0 : int(1 + i * 7 % 50);
       s.top_p = i % 2 == 0 ? 1.f : 0.5f + 0.05f * float(i % 7);
       s.uniform = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+      s.report_probability = i % 2 == 1;
+      if (i % 3 == 1) {  // penalties over what the row generated so far (none at step 0)
+        s.adjustments.presence_penalty = 1.5f;
+        s.adjustments.frequency_penalty = 0.75f;
+        s.adjustments.generated = generated[i];
+      }
+      s.adjustments.logit_bias = bias[i];
       batch.push_back(
           {&sequences[i], {&tokens[i], 1}, sequences[i].num_tokens, LogitsWanted::kAll, &s});
     }
@@ -484,14 +507,22 @@ TEST(CudaModelSamplingTest, DeviceSamplingMatchesHostOnTheSameLogits) {
     for (size_t i = 0; i < 17; ++i) {
       const auto logits = result.EntryLogits(static_cast<int>(i));
       const int device = result.sampled_tokens[i];
-      const int host = SampleOnHost(logits, sampling[i], workspace);
+      float host_probability = -1.f;
+      const int host = SampleOnHost(logits, sampling[i], workspace, &host_probability);
+      if (sampling[i].report_probability && device == host) {
+        EXPECT_NEAR(result.sampled_probabilities[i], host_probability,
+                    1e-6f + 1e-5f * host_probability)
+            << "row " << i << " step " << step;
+      }
       if (sampling[i].temperature == 0.f) {
         EXPECT_EQ(device, host) << "greedy row " << i << " step " << step;
       } else if (device != host) {
         // Allowed only at a boundary: the uniform within 1e-5 of the cumulative probability
         // that separates the two candidates (the device keeps probabilities in f32).
         const SamplingFilter filter{sampling[i].temperature, sampling[i].top_k, sampling[i].top_p};
-        FilteredDistribution(logits, filter, workspace);
+        std::vector<float> adjusted(logits.begin(), logits.end());
+        ApplyLogitAdjustments(adjusted, sampling[i].adjustments, workspace);
+        FilteredDistribution(adjusted, filter, workspace);
         double total = 0, cumulative = 0, boundary_gap = INFINITY;
         for (double p : workspace.probabilities) total += p;
         for (size_t c = 0; c < workspace.candidates.size(); ++c) {
@@ -502,8 +533,33 @@ TEST(CudaModelSamplingTest, DeviceSamplingMatchesHostOnTheSameLogits) {
             << "row " << i << " step " << step << ": device " << device << " host " << host;
       }
       tokens[i] = device;
+      generated[i].push_back(device);
     }
   }
+}
+
+// A greedy kLast row (no logits come back at all) whose logit_bias lifts one token by 100 gets
+// that token from the device sampler.
+TEST(CudaModelSamplingTest, LogitBiasAndPenaltiesSteerDeviceGreedy) {
+  ModelPair pair = MakeModelPair(LlamaHd64(), /*seed=*/23);
+  ASSERT_TRUE(pair.cuda);
+  CudaModel& model = *pair.cuda;
+  const int vocab = model.config().vocab_size;
+  auto cache = NewCache(model, 16, 16);
+  ASSERT_TRUE(cache);
+  std::mt19937_64 rng = gpu_test::FreshRng();
+  KvSequence sequence;
+  FeedAll(model, *cache, sequence, RandomTokens(rng, 9, vocab), 0, 16);
+  const int forced = int(rng() % uint64_t(vocab));
+  const std::vector<std::pair<int, float>> bias = {{forced, 100.f}};
+  TokenSampling greedy;
+  greedy.adjustments.logit_bias = bias;
+  const int token = 5;
+  ForwardEntry entry{&sequence, {&token, 1}, sequence.num_tokens, LogitsWanted::kLast, &greedy};
+  ForwardResult result;
+  ASSERT_STATUS_OK(model.Forward({&entry, 1}, *cache, result));
+  EXPECT_EQ(result.sampled_tokens[0], forced);
+  EXPECT_EQ(result.entry_row_count[0], 0);
 }
 
 }  // namespace
