@@ -186,6 +186,10 @@ __global__ void __launch_bounds__(kScoreThreads)
     const int chunks = (c.count + kChunk - 1) / kChunk;
     for (int j = warp; j < group; j += kScoreWarps) {
       const int64_t head = static_cast<int64_t>(r) * group + j;
+      if (p.pooled_input) {  // group 1: the scores are the pooled values
+        if (lane == 0) head_softmax[j] = make_float2(0.f, 1.f);
+        continue;
+      }
       if (p.head_lse != nullptr) {  // exp2(score - lse2) is the head's probability
         if (lane == 0) {
           const float lse2 = p.head_lse[head] * kLog2eF;
@@ -213,7 +217,12 @@ __global__ void __launch_bounds__(kScoreThreads)
 #pragma unroll
       for (int e = 0; e < kItems; ++e) {
         const int i = e * kScoreThreads + static_cast<int>(threadIdx.x);
-        if (i < valid) pooled[e] += exp2f(FiniteOrMinusInf(row[i]) - softmax.x) * softmax.y;
+        if (i >= valid) continue;
+        if (p.pooled_input) {
+          pooled[e] = isnan(row[i]) ? kMinusInf : row[i];
+        } else {
+          pooled[e] += exp2f(FiniteOrMinusInf(row[i]) - softmax.x) * softmax.y;
+        }
       }
     }
     uint32_t* keys = w.keys + r * w.key_stride + chunk_begin;
@@ -417,7 +426,7 @@ Status PooledTopK(const PooledTopKParams& params, cudaStream_t stream) {
     const int group = params.num_heads / params.num_kv_heads;
     const dim3 grid(static_cast<unsigned>(layout.chunks),
                     static_cast<unsigned>(std::min(rows, kMaxGridY)));
-    if (params.head_lse == nullptr) {
+    if (params.head_lse == nullptr && !params.pooled_input) {
       HeadStatsKernel<<<grid, kScoreThreads, 0, stream>>>(params, w);
       RUBATO_RETURN_IF_ERROR(LaunchStatus("pooled_top_k head stats"));
     }
@@ -453,6 +462,9 @@ Status Validate(const PooledTopKParams& p) {
     return invalid(
         "batch * num_heads = " + std::to_string(static_cast<int64_t>(p.batch) * p.num_heads) +
         " exceeds INT_MAX");
+  }
+  if (p.pooled_input && (p.num_heads != p.num_kv_heads || p.head_lse != nullptr)) {
+    return invalid("pooled_input needs num_heads == num_kv_heads and no head_lse");
   }
   if (p.k < 0) return invalid("k = " + std::to_string(p.k) + " must be >= 0");
   if (p.max_count < 0 || p.max_count > kMaxCount) {

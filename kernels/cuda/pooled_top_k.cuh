@@ -45,6 +45,10 @@ struct PooledTopKParams {
   // scores). Given, the softmax statistics are not recomputed from the scores (one read of them
   // saved); -inf or NaN: the head adds nothing.
   const float* head_lse = nullptr;
+  // The scores are already pooled over the group, in linear units (Kascade's prefill tiles:
+  // PrefillMode::kPool sums): kept as they are, no softmax; needs num_heads == num_kv_heads and
+  // no head_lse. A NaN counts as -inf.
+  bool pooled_input = false;
   void* workspace = nullptr;  // PooledTopKWorkspaceBytes(...) bytes, 16-byte aligned
   size_t workspace_bytes = 0;
 };

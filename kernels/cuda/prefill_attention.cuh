@@ -1,6 +1,8 @@
 // Causal prefill attention on the GPU: chunks of new query tokens of several sequences against
 // their paged K/V (which already hold the chunks' own keys), tiled flash-attention style with
-// an online softmax. CPU twin: kernels/cpu/attention.h (CausalAttention).
+// an online softmax. CPU twin: kernels/cpu/attention.h (CausalAttention). The same kernel runs
+// Kascade's tile-sparse prefill passes (PrefillMode; docs/kascade.md "Prefill"): CPU twins
+// kernels/cpu/tile_gather_attention.h (kList) and the Kascade CPU backend's tile selection.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,6 +14,13 @@
 #include "common/status.h"
 
 namespace rubato::cuda {
+
+// What a launch computes. kDense: the attention output (and each row's log-sum-exp when `lse` is
+// set). Kascade's passes over selection tiles of `tile_tokens` absolute positions: kLse each
+// row's log-sum-exp over every key it sees (Q K^T only, no output); kPool, from that lse, the
+// post-softmax probabilities of each tile's rows summed per position before the tile; kList the
+// output over each tile's list of earlier positions plus the tile's own causal part.
+enum class PrefillMode { kDense, kLse, kPool, kList };
 
 struct PrefillAttentionParams {
   // Query head h of token row t at q + t * q_row_stride + h * head_dim, bf16 (after RoPE). The
@@ -37,7 +46,30 @@ struct PrefillAttentionParams {
   int sink_tokens = 0;
   int recent_tokens = INT_MAX;
   __nv_bfloat16* out = nullptr;  // head h of row t at out + t * out_row_stride + h * head_dim
-  int64_t out_row_stride = 0;
+  int64_t out_row_stride = 0;    // (kDense, kList; unused by kLse and kPool)
+
+  PrefillMode mode = PrefillMode::kDense;
+  // [total_tokens][num_heads] f32, natural log: written by kLse (and kDense when set), read by
+  // kPool.
+  float* lse = nullptr;
+  // Selection tiles (kLse, kPool, kList; these need the dense window): entry e's tiles are those
+  // its rows meet, numbered from tile_base[e] in `pooled`, `lists` and `list_counts`; a negative
+  // tile_base marks an entry outside the selection: kLse and kPool skip it, kList attends it
+  // densely.
+  int tile_tokens = 0;                 // a multiple of 64
+  const int32_t* tile_base = nullptr;  // [entries], device
+  // kPool: pooled[tile][kv_head][p] += sum over the tile's rows in the chunk and the GQA group of
+  // exp(score - lse) for every position p before the tile (the caller zeroes it first).
+  float* pooled = nullptr;
+  int64_t pooled_stride = 0;  // >= every tile's first position
+  // kList: tile t, KV head h attends lists[(t * list_heads + m) * list_capacity + j] for j <
+  // list_counts[t * list_heads + m], m = head_map[h] (h when head_map is null): distinct
+  // positions before the tile, any order (the count is clamped to [0, list_capacity]).
+  const int32_t* lists = nullptr;
+  const int32_t* list_counts = nullptr;
+  int list_capacity = 0;
+  int list_heads = 0;
+  const int32_t* head_map = nullptr;  // [num_kv_heads], device, or null
 };
 
 Status PrefillAttention(const PrefillAttentionParams& params, cudaStream_t stream);
