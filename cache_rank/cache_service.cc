@@ -34,7 +34,10 @@ std::span<std::byte> AsBytes(std::vector<uint64_t>& words, uint64_t bytes) {
 }  // namespace
 
 struct CacheService::Peer {
-  enum class Phase { kIdle, kHeader, kBody };
+  // kReplyPending: a pack has arrived while the previous reply is still leaving; its buffer is
+  // reused once that send completes (waited for across sweeps, never with the mutex held, so
+  // control-plane calls are served meanwhile).
+  enum class Phase { kIdle, kHeader, kBody, kReplyPending };
 
   uint64_t id = 0;
   std::unique_ptr<transport::Transport> transport;
@@ -47,6 +50,7 @@ struct CacheService::Peer {
   uint64_t reply_bytes = 0;
   TransferId receive = 0;
   std::optional<TransferId> reply_send;
+  std::chrono::steady_clock::time_point reply_wait_since;  // kReplyPending: since when
   Status health;                       // the error that stopped this peer, or ok
   Counter* tx_bytes_metric = nullptr;  // rubato:transport_bytes_total children, once looked up
   Counter* rx_bytes_metric = nullptr;
@@ -296,24 +300,40 @@ bool CacheService::Progress(Peer& peer) {
       if (!*done) return progressed;
       ++packs_received_;
       CountReceived(peer, peer.body_bytes);
-      if (peer.reply_send.has_value()) {  // the reply buffer is about to be rewritten
-        const Status sent = transport.Wait(*peer.reply_send, kReplySendTimeout);
-        if (!sent.ok()) return fail(sent.WithContext("sending a reply"));
-        peer.reply_send.reset();
-        CountReplySent(peer);
+      if (peer.reply_send.has_value()) {  // its buffer is about to be rewritten: wait for it
+        peer.phase = Peer::Phase::kReplyPending;
+        peer.reply_wait_since = std::chrono::steady_clock::now();
+        return true;
       }
-      const Status processed = ProcessPack(peer);
-      if (!processed.ok()) return fail(processed);
-      const TransferOp send = TransferOp::Send(
-          peer.rank, kReplyTag, AsBytes(peer.reply, peer.reply_bytes).data(), peer.reply_bytes);
-      const Result<TransferId> posted = transport.Post({&send, 1});
-      if (!posted.ok()) return fail(posted.status());
-      peer.reply_send = *posted;
-      peer.phase = Peer::Phase::kIdle;
-      return true;
+      const Status replied = ProcessAndReply(peer);
+      return replied.ok() ? true : fail(replied);
+    }
+    case Peer::Phase::kReplyPending: {
+      if (!peer.reply_send.has_value()) {
+        const Status replied = ProcessAndReply(peer);
+        return replied.ok() ? true : fail(replied);
+      }
+      if (std::chrono::steady_clock::now() - peer.reply_wait_since > kReplySendTimeout) {
+        return fail(DeadlineExceededError(
+            "sending a reply: not delivered within " +
+            std::to_string(
+                std::chrono::duration_cast<std::chrono::seconds>(kReplySendTimeout).count()) +
+            " s while the next pack waited"));
+      }
+      return progressed;
     }
   }
   return progressed;
+}
+
+Status CacheService::ProcessAndReply(Peer& peer) {
+  RUBATO_RETURN_IF_ERROR(ProcessPack(peer));
+  const TransferOp send = TransferOp::Send(
+      peer.rank, kReplyTag, AsBytes(peer.reply, peer.reply_bytes).data(), peer.reply_bytes);
+  RUBATO_ASSIGN_OR_RETURN(const TransferId posted, peer.transport->Post({&send, 1}));
+  peer.reply_send = posted;
+  peer.phase = Peer::Phase::kIdle;
+  return Status::Ok();
 }
 
 Status CacheService::ProcessPack(Peer& peer) {

@@ -88,6 +88,8 @@ class CacheService {
   void Run();
   // One step of a peer's receive / process / reply cycle; true when something happened.
   bool Progress(Peer& peer);
+  // Processes the pack that arrived and posts its reply; the peer goes back to kIdle.
+  Status ProcessAndReply(Peer& peer);
   Counter* TransportBytes(Peer& peer, bool sent);
   void CountReplySent(Peer& peer);
   void CountReceived(Peer& peer, uint64_t bytes);
