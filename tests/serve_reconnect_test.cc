@@ -2,7 +2,8 @@
 // processes, KV over UCX (TCP), heartbeats every 100 ms. A request streaming when the cache rank
 // is killed ends with one error event naming it; /health answers 503 while it is gone and a new
 // request fails with 503; once a cache rank listens on the same endpoint again the server
-// reconnects by itself, /health answers 200 and requests succeed. Every wait is bounded.
+// reconnects by itself, /health answers 200 and requests succeed. A request past the cache
+// rank's budget fails alone (507) with /health still 200. Every wait is bounded.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -138,6 +139,40 @@ TEST_F(ServeReconnectTest, ALostCacheRankFailsItsRequestsAndARestartedOneServesA
   EXPECT_EQ(server.Wait(milliseconds(15000)).exit_code, 0);
   restarted->Signal(SIGTERM);
   EXPECT_EQ(restarted->Wait(milliseconds(10000)).exit_code, 0);
+}
+
+// A request whose KV does not fit the cache rank's budget fails alone with 507, and /health
+// stays 200 for everyone (it used to turn 503 until a later request succeeded); a request that
+// fits is served right after.
+TEST_F(ServeReconnectTest, ARequestPastTheCacheBudgetFailsAloneWith507) {
+  auto cache = std::make_unique<BackgroundProcess>(
+      RUBATO_BINARY, std::vector<std::string>{"cache", "--listen", "127.0.0.1:0", "--budget-mb",
+                                              "1", "--config", config_});
+  ASSERT_TRUE(cache->WaitForOutput("listening on", milliseconds(20000))) << cache->Err();
+  std::smatch match;
+  const std::string cache_out = cache->Out();
+  ASSERT_TRUE(std::regex_search(cache_out, match, std::regex("listening on (\\S+)")));
+  BackgroundProcess server(RUBATO_BINARY,
+                           {"serve", "--model", kModel, "--port", "0", "--threads", "1", "--policy",
+                            "offload_dense", "--cache", match[1].str(), "--config", config_});
+  ASSERT_TRUE(server.WaitForOutput("listening on http://", milliseconds(30000))) << server.Err();
+  const std::string prefix = "listening on http://127.0.0.1:";
+  const std::string out = server.Out();
+  const int port = std::atoi(out.c_str() + out.find(prefix) + prefix.size());
+  ASSERT_GT(port, 0) << out;
+
+  // 3000 new tokens of the tiny model need ~9 MB of KV: past the 1 MiB budget.
+  const HttpResponse big = Request(port, "POST", "/v1/completions", CompletionBody(3000, false));
+  EXPECT_EQ(big.status, 507) << big.body;
+  EXPECT_NE(big.body.find("kv_budget_exhausted"), std::string::npos) << big.body;
+  EXPECT_EQ(Request(port, "GET", "/health").status, 200);
+  EXPECT_EQ(Request(port, "POST", "/v1/completions", CompletionBody(4, false)).status, 200);
+  EXPECT_EQ(Request(port, "GET", "/health").status, 200);
+
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(milliseconds(15000)).exit_code, 0);
+  cache->Signal(SIGTERM);
+  EXPECT_EQ(cache->Wait(milliseconds(10000)).exit_code, 0);
 }
 
 }  // namespace

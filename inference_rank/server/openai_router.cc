@@ -38,6 +38,12 @@ ApiError EngineError(const ServingUpdate& update) {
   if (update.error.code() == StatusCode::kDeadlineExceeded) {
     return Error(504, update.error.message(), "timeout_error", "", "request_timeout");
   }
+  if (update.error.code() == StatusCode::kResourceExhausted) {
+    // Its KV does not fit what is free (the cache rank's budget): this request's failure, not
+    // the server's; it may fit once other requests end.
+    return Error(507, update.error.message(), "insufficient_storage_error", "",
+                 "kv_budget_exhausted");
+  }
   return Error(503, update.error.message(), "service_unavailable_error");
 }
 
@@ -158,35 +164,36 @@ HttpReply OpenAiRouter::Route(const HttpRequest& request) {
   const bool get = request.method == "GET" || request.method == "HEAD";
   const bool post = request.method == "POST";
   const auto wrong_method = [&](const char* allowed) {
-    return ErrorReply(Error(405, "method " + request.method + " is not allowed on " + path +
-                                     "; use " + allowed,
-                            "invalid_request_error", "", "method_not_allowed"));
+    return ErrorReply(
+        Error(405, "method " + request.method + " is not allowed on " + path + "; use " + allowed,
+              "invalid_request_error", "", "method_not_allowed"));
   };
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (!post) return wrong_method("POST");
-    return Completion(request, path == "/v1/completions" ? CompletionKind::kText
-                                                         : CompletionKind::kChat);
+    return Completion(request,
+                      path == "/v1/completions" ? CompletionKind::kText : CompletionKind::kChat);
   }
   if (path == "/v1/models") {
     if (!get) return wrong_method("GET");
-    return HttpReply{200, "application/json",
-                     DumpJson(ModelListJson(options_.model_name, started_unix_s_,
-                                            serving_->max_context())),
-                     nullptr};
+    return HttpReply{
+        200, "application/json",
+        DumpJson(ModelListJson(options_.model_name, started_unix_s_, serving_->max_context())),
+        nullptr};
   }
   constexpr std::string_view kModelPrefix = "/v1/models/";
   if (path.starts_with(kModelPrefix)) {
     if (!get) return wrong_method("GET");
     const std::string id = path.substr(kModelPrefix.size());
     if (id != options_.model_name) {
-      return ErrorReply(Error(404, "the model '" + id + "' does not exist; this server serves '" +
-                                       options_.model_name + "'",
-                              "invalid_request_error", "model", "model_not_found"));
+      return ErrorReply(Error(
+          404,
+          "the model '" + id + "' does not exist; this server serves '" + options_.model_name + "'",
+          "invalid_request_error", "model", "model_not_found"));
     }
-    return HttpReply{200, "application/json",
-                     DumpJson(ModelJson(options_.model_name, started_unix_s_,
-                                        serving_->max_context())),
-                     nullptr};
+    return HttpReply{
+        200, "application/json",
+        DumpJson(ModelJson(options_.model_name, started_unix_s_, serving_->max_context())),
+        nullptr};
   }
   if (path == "/health") {
     if (!get) return wrong_method("GET or HEAD");
@@ -199,9 +206,10 @@ HttpReply OpenAiRouter::Route(const HttpRequest& request) {
     return HttpReply{200, kExpositionContentType,
                      metrics_ != nullptr ? metrics_->ExpositionText() : std::string(), nullptr};
   }
-  return ErrorReply(Error(404, "no route for " + request.method + " " + path +
-                                   " (rubato serves /v1/completions, /v1/chat/completions, "
-                                   "/v1/models, /health, /metrics)",
+  return ErrorReply(Error(404,
+                          "no route for " + request.method + " " + path +
+                              " (rubato serves /v1/completions, /v1/chat/completions, "
+                              "/v1/models, /health, /metrics)",
                           "invalid_request_error", "", "not_found"));
 }
 
@@ -222,24 +230,26 @@ std::optional<ApiError> OpenAiRouter::PromptIds(const CompletionRequest& request
   if (ids.empty()) return Error(400, "the prompt is empty", "invalid_request_error", param);
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] >= serving_->vocab_size()) {
-      return Error(400, "prompt token " + std::to_string(i) + " is " + std::to_string(ids[i]) +
-                            ", outside the vocabulary [0, " +
-                            std::to_string(serving_->vocab_size()) + ")",
+      return Error(400,
+                   "prompt token " + std::to_string(i) + " is " + std::to_string(ids[i]) +
+                       ", outside the vocabulary [0, " + std::to_string(serving_->vocab_size()) +
+                       ")",
                    "invalid_request_error", param);
     }
   }
   const int tokens = static_cast<int>(ids.size());
   if (options_.max_prompt_tokens > 0 && tokens > options_.max_prompt_tokens) {
-    return Error(400, "the prompt has " + std::to_string(tokens) +
-                          " tokens but limits.max_prompt_tokens is " +
-                          std::to_string(options_.max_prompt_tokens),
+    return Error(400,
+                 "the prompt has " + std::to_string(tokens) +
+                     " tokens but limits.max_prompt_tokens is " +
+                     std::to_string(options_.max_prompt_tokens),
                  "invalid_request_error", param, "context_length_exceeded");
   }
   if (tokens >= serving_->max_context()) {
-    return Error(400, "the prompt has " + std::to_string(tokens) +
-                          " tokens but the model's context is " +
-                          std::to_string(serving_->max_context()) +
-                          " tokens, generated ones included",
+    return Error(400,
+                 "the prompt has " + std::to_string(tokens) +
+                     " tokens but the model's context is " +
+                     std::to_string(serving_->max_context()) + " tokens, generated ones included",
                  "invalid_request_error", param, "context_length_exceeded");
   }
   return std::nullopt;
@@ -251,18 +261,17 @@ HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKi
     return ErrorReply(*error);
   }
   if (request.model && *request.model != options_.model_name) {
-    return ErrorReply(Error(404, "the model '" + *request.model + "' does not exist; this " +
-                                     "server serves '" + options_.model_name + "'",
+    return ErrorReply(Error(404,
+                            "the model '" + *request.model + "' does not exist; this " +
+                                "server serves '" + options_.model_name + "'",
                             "invalid_request_error", "model", "model_not_found"));
   }
   ServingRequest serving_request;
   GenerationRequest& generation = serving_request.generation;
   if (auto error = PromptIds(request, generation.prompt_ids)) return ErrorReply(*error);
   const int prompt_tokens = static_cast<int>(generation.prompt_ids.size());
-  generation.max_new_tokens =
-      request.max_tokens.value_or(kind == CompletionKind::kText
-                                      ? 16
-                                      : serving_->max_context() - prompt_tokens);
+  generation.max_new_tokens = request.max_tokens.value_or(
+      kind == CompletionKind::kText ? 16 : serving_->max_context() - prompt_tokens);
   uint64_t seed = 0;
   if (request.seed) {
     seed = *request.seed;
@@ -275,9 +284,10 @@ HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKi
       !request.logit_bias.empty()) {
     for (const auto& [id, bias] : request.logit_bias) {
       if (id >= serving_->vocab_size()) {
-        return ErrorReply(Error(400, "'logit_bias' token " + std::to_string(id) +
-                                         " is outside the vocabulary [0, " +
-                                         std::to_string(serving_->vocab_size()) + ")",
+        return ErrorReply(Error(400,
+                                "'logit_bias' token " + std::to_string(id) +
+                                    " is outside the vocabulary [0, " +
+                                    std::to_string(serving_->vocab_size()) + ")",
                                 "invalid_request_error", "logit_bias"));
       }
     }

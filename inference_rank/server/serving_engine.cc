@@ -43,8 +43,9 @@ Result<std::unique_ptr<ServingEngine>> ServingEngine::Create(std::unique_ptr<Eng
                                                              const ServingEngineOptions& options) {
   if (engine == nullptr) return InvalidArgumentError("serving engine: no engine");
   if (tokenizer == nullptr) {
-    return InvalidArgumentError("serving engine: the model directory has no tokenizer.json; "
-                                "`rubato serve` returns text and needs one");
+    return InvalidArgumentError(
+        "serving engine: the model directory has no tokenizer.json; "
+        "`rubato serve` returns text and needs one");
   }
   if (options.max_queue < 1) {
     return InvalidArgumentError("limits.max_queue must be at least 1, got " +
@@ -56,9 +57,8 @@ Result<std::unique_ptr<ServingEngine>> ServingEngine::Create(std::unique_ptr<Eng
   }
   std::optional<ServingMetrics> metrics;
   if (options.metrics != nullptr) {
-    RUBATO_ASSIGN_OR_RETURN(metrics,
-                            ServingMetrics::Register(*options.metrics, options.model_name,
-                                                     engine->options().max_context));
+    RUBATO_ASSIGN_OR_RETURN(metrics, ServingMetrics::Register(*options.metrics, options.model_name,
+                                                              engine->options().max_context));
   }
   return std::unique_ptr<ServingEngine>(
       new ServingEngine(std::move(engine), tokenizer, options, metrics));
@@ -141,7 +141,8 @@ Status ServingEngine::Health() const {
   if (!health_.ok()) return health_;
   if (loop_stopped_ || stop_requested_) return UnavailableError("the engine loop has stopped");
   if (!started_) return UnavailableError("the engine loop has not started");
-  if (!engine_failure_.ok()) return engine_failure_;
+  // A request that failed alone (its KV did not fit the cache rank's budget, say) is that
+  // request's error, not the server's health.
   return Status::Ok();
 }
 
@@ -181,8 +182,6 @@ void ServingEngine::Loop() {
     if (const KvOffloadClient* offload = engine_->options().offload; offload != nullptr) {
       Status broken = offload->Broken();
       std::lock_guard<std::mutex> lock(mutex_);
-      // Back after a loss (reconnected): the failures the loss caused are over.
-      if (broken.ok() && !health_.ok()) engine_failure_ = Status::Ok();
       health_ = broken.ok() ? Status::Ok() : broken.WithContext("cache rank lost");
     }
     if (engine_->HasWork()) {
@@ -248,8 +247,7 @@ void ServingEngine::MarkScheduled(const std::vector<uint64_t>& engine_ids,
   }
 }
 
-void ServingEngine::CancelOnEngineThread(uint64_t serving_id, const Status& why,
-                                         RequestEnd end) {
+void ServingEngine::CancelOnEngineThread(uint64_t serving_id, const Status& why, RequestEnd end) {
   const auto it = live_.find(serving_id);
   if (it == live_.end()) return;  // finished already
   const Status cancelled = engine_->Cancel(it->second.engine_id);
@@ -267,10 +265,11 @@ void ServingEngine::ExpireDeadlines() {
     if (now >= live.deadline) expired.push_back(id);
   }
   for (uint64_t id : expired) {
-    CancelOnEngineThread(id, DeadlineExceededError(
-                                 "the request ran longer than limits.request_timeout_s (" +
-                                 std::to_string(options_.request_timeout_s) + " s)"),
-                         RequestEnd::kTimedOut);
+    CancelOnEngineThread(
+        id,
+        DeadlineExceededError("the request ran longer than limits.request_timeout_s (" +
+                              std::to_string(options_.request_timeout_s) + " s)"),
+        RequestEnd::kTimedOut);
   }
 }
 
@@ -282,10 +281,6 @@ void ServingEngine::RouteEvent(const TokenEvent& event) {
   ServingUpdate update;
   update.prompt_tokens = live.prompt_tokens;
   if (event.finish == FinishReason::kError) {  // the engine has dropped the request already
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      engine_failure_ = event.error.WithContext("the last request failed in the engine");
-    }
     update.finished = true;
     update.error = event.error;
     update.completion_tokens = live.completion_tokens;
@@ -355,14 +350,14 @@ void ServingEngine::Finish(uint64_t serving_id, ServingUpdate update, RequestEnd
   update.completion_tokens = live.completion_tokens;
   if (update.error.ok()) {
     end = RequestEnd::kSuccess;
-    std::lock_guard<std::mutex> lock(mutex_);
-    engine_failure_ = Status::Ok();
   } else if (end == RequestEnd::kSuccess) {
     end = RequestEnd::kFailed;
   }
   if (metrics_) {
     if (end == RequestEnd::kSuccess) {
-      const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+      const auto seconds = [](Clock::duration d) {
+        return std::chrono::duration<double>(d).count();
+      };
       metrics_->e2e_request_latency->Observe(seconds(Clock::now() - live.arrival));
       metrics_->decode_time->Observe(seconds(live.last_token - live.first_token));
       metrics_->prompt_tokens_per_request->Observe(live.prompt_tokens);
@@ -396,7 +391,7 @@ void ServingEngine::UpdateGauges() {
     metrics_->requests_waiting->Set(engine_->num_waiting() + incoming);
     const PagedKvCache& kv = engine_->kv_cache();
     metrics_->kv_cache_usage->Set(1.0 - static_cast<double>(kv.free_blocks()) /
-                                           std::max(1, kv.shape().num_blocks));
+                                            std::max(1, kv.shape().num_blocks));
   }
 }
 

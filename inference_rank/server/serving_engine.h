@@ -149,7 +149,6 @@ class ServingEngine {
   Status health_;        // the loop's end, or the offload client's Broken()
   // The error of the last request that failed inside the engine (kError: e.g. its cache rank
   // could not be reached), until a request finishes well again.
-  Status engine_failure_;
   std::thread thread_;
 };
 

@@ -37,6 +37,22 @@ class LostCacheRank : public KvOffloadClient {
   static Status Lost() { return UnavailableError("cache rank 127.0.0.1:7000 stopped answering"); }
 };
 
+// A cache rank whose budget is spent: every session is refused, the link itself is fine.
+class FullCacheRank : public KvOffloadClient {
+ public:
+  Status LayerComputed(int, std::span<const OffloadLayerKv>) override { return Status::Ok(); }
+  Result<OffloadCompactKv> CompactFor(int, uint64_t, int) override {
+    return InternalError("no session is open");
+  }
+  Result<uint64_t> OpenSession(uint64_t, int) override {
+    return ResourceExhaustedError(
+        "cache rank 127.0.0.1:7000: the session needs 4096 bytes but "
+        "the budget's 1024 bytes are in use");
+  }
+  Status CloseSession(uint64_t) override { return Status::Ok(); }
+  Status Broken() const override { return Status::Ok(); }
+};
+
 std::unique_ptr<Engine> MakeEngine(int max_batch, MetricsRegistry* metrics = nullptr,
                                    KvOffloadClient* offload = nullptr) {
   Result<std::unique_ptr<CpuModel>> model = CpuModel::Load(kModelDir, ModelLoadOptions{});
@@ -171,9 +187,9 @@ TEST_F(ServingEngineTest, ConcurrentRequestsGiveTheTextEachGivesAlone) {
   (*serving)->Stop();
   const std::string exposition = metrics.ExpositionText();
   const std::string model = "{model_name=\"tiny\"} ";
-  EXPECT_NE(exposition.find("rubato:prompt_tokens_total" + model + std::to_string(prompt_tokens) +
-                            "\n"),
-            std::string::npos)
+  EXPECT_NE(
+      exposition.find("rubato:prompt_tokens_total" + model + std::to_string(prompt_tokens) + "\n"),
+      std::string::npos)
       << exposition;
   EXPECT_NE(exposition.find("rubato:generation_tokens_total" + model +
                             std::to_string(completion_tokens) + "\n"),
@@ -183,8 +199,7 @@ TEST_F(ServingEngineTest, ConcurrentRequestsGiveTheTextEachGivesAlone) {
         "rubato:request_queue_time_seconds", "rubato:request_prefill_time_seconds",
         "rubato:request_decode_time_seconds", "rubato:request_prompt_tokens",
         "rubato:request_generation_tokens"}) {
-    EXPECT_NE(exposition.find(std::string(histogram) + "_count" + model + "4\n"),
-              std::string::npos)
+    EXPECT_NE(exposition.find(std::string(histogram) + "_count" + model + "4\n"), std::string::npos)
         << histogram;
   }
   EXPECT_NE(exposition.find("rubato:request_prompt_tokens_sum" + model +
@@ -237,17 +252,15 @@ TEST_F(ServingEngineTest, RequestEndsAreCountedByKind) {
       << exposition;
   EXPECT_NE(exposition.find("rubato:requests_aborted_total" + model + "1\n"), std::string::npos);
   EXPECT_NE(exposition.find("rubato:requests_failed_total" + model + "0\n"), std::string::npos);
-  EXPECT_NE(exposition.find("rubato:requests_timed_out_total" + model + "0\n"),
-            std::string::npos);
+  EXPECT_NE(exposition.find("rubato:requests_timed_out_total" + model + "0\n"), std::string::npos);
   const std::string finished = collector.Get(3).last.finish_reason;
   EXPECT_NE(exposition.find("rubato:request_success_total{model_name=\"tiny\",finished_reason=\"" +
                             finished + "\"} 1\n"),
             std::string::npos);
   // The prompt tokens count at admission: the aborted request's and the last one's.
-  EXPECT_NE(exposition.find("rubato:prompt_tokens_total" + model +
-                            std::to_string(Encode("Once upon a time").size() +
-                                           Encode("a b").size()) +
-                            "\n"),
+  EXPECT_NE(exposition.find(
+                "rubato:prompt_tokens_total" + model +
+                std::to_string(Encode("Once upon a time").size() + Encode("a b").size()) + "\n"),
             std::string::npos);
 }
 
@@ -302,8 +315,8 @@ TEST_F(ServingEngineTest, CancelEndsTheRequestAndReleasesItsKv) {
   ASSERT_TRUE(serving.ok());
   (*serving)->Start();
   Collector collector;
-  Result<uint64_t> id = (*serving)->Submit(Greedy(Encode("Once upon a time"), 900,
-                                                  collector.Callback(0)));
+  Result<uint64_t> id =
+      (*serving)->Submit(Greedy(Encode("Once upon a time"), 900, collector.Callback(0)));
   ASSERT_TRUE(id.ok());
   ASSERT_TRUE(collector.WaitUpdates(0, 1));  // running: it holds KV blocks
   (*serving)->Cancel(*id);
@@ -317,8 +330,7 @@ TEST_F(ServingEngineTest, CancelEndsTheRequestAndReleasesItsKv) {
   ASSERT_TRUE(collector.WaitFinished(2));
   (*serving)->Stop();
   const std::string exposition = metrics.ExpositionText();
-  EXPECT_NE(exposition.find("rubato:kv_cache_usage_perc{model_name=\"\"} 0\n"),
-            std::string::npos)
+  EXPECT_NE(exposition.find("rubato:kv_cache_usage_perc{model_name=\"\"} 0\n"), std::string::npos)
       << exposition;
   EXPECT_NE(exposition.find(
                 "rubato:request_success_total{model_name=\"\",finished_reason=\"length\"} 1\n"),
@@ -403,8 +415,8 @@ TEST_F(ServingEngineTest, LostCacheRankAnswers503AndHealthSaysWhy) {
   ASSERT_TRUE(serving.ok());
   (*serving)->Start();
   OpenAiRouter router(serving->get(), tokenizer_.get(), nullptr, {"tiny", 0});
-  const HttpReply reply = router.Handle(
-      {"POST", "/v1/completions", R"({"prompt": "Once upon", "max_tokens": 4})"});
+  const HttpReply reply =
+      router.Handle({"POST", "/v1/completions", R"({"prompt": "Once upon", "max_tokens": 4})"});
   ASSERT_NE(reply.pending, nullptr);
   PendingReply::Progress progress;
   for (int i = 0; i < 400 && !progress.complete; ++i) {
@@ -421,6 +433,31 @@ TEST_F(ServingEngineTest, LostCacheRankAnswers503AndHealthSaysWhy) {
   }
   EXPECT_EQ(health.status, 503);
   EXPECT_NE(health.body.find("stopped answering"), std::string::npos) << health.body;
+}
+
+// A request whose KV does not fit the cache rank's budget fails alone: 507 for it, /health stays
+// 200 for everyone (it used to turn 503 until a later request succeeded).
+TEST_F(ServingEngineTest, ARequestThatDoesNotFitFailsAloneAndHealthStaysUp) {
+  FullCacheRank full;
+  auto serving = ServingEngine::Create(MakeEngine(1, nullptr, &full), tokenizer_.get(), {});
+  ASSERT_TRUE(serving.ok());
+  (*serving)->Start();
+  OpenAiRouter router(serving->get(), tokenizer_.get(), nullptr, {"tiny", 0});
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const HttpReply reply =
+        router.Handle({"POST", "/v1/completions", R"({"prompt": "Once upon", "max_tokens": 4})"});
+    ASSERT_NE(reply.pending, nullptr);
+    PendingReply::Progress progress;
+    for (int i = 0; i < 3000 && !progress.complete; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      progress = reply.pending->Take();
+    }
+    ASSERT_TRUE(progress.complete);
+    EXPECT_EQ(progress.status, 507) << progress.body;
+    EXPECT_NE(progress.body.find("kv_budget_exhausted"), std::string::npos) << progress.body;
+    const HttpReply health = router.Handle({"GET", "/health", ""});
+    EXPECT_EQ(health.status, 200) << health.body;
+  }
 }
 
 TEST_F(ServingEngineTest, CreateRefusesBadOptions) {
