@@ -246,6 +246,44 @@ TEST(CacheServiceSessions, OpenSessionRefusesAnUnknownSelectorOrABadParameter) {
   EXPECT_EQ(service.Stats().store.sessions_open, 2u);
 }
 
+// One peer cannot take the whole cache rank: past its byte budget or its session count its new
+// session is refused by name, other peers still open theirs, and closing frees its share.
+TEST(CacheServiceSessions, PerPeerLimitsRefuseOnlyThePeerPastThem) {
+  SessionShape shape;
+  shape.num_layers = 1;
+  shape.num_kv_heads = 1;
+  shape.num_query_heads = 1;
+  shape.head_dim = 8;
+  shape.capacity_tokens = 16;  // 2 * 16 * 8 * 4 = 1024 bytes a session
+  CacheServiceOptions options;
+  options.budget_bytes = 16 * 1024;
+  options.peer_budget_bytes = 2 * 1024;
+  options.max_sessions_per_peer = 3;
+  CacheService service(options);
+  const Result<uint64_t> first = service.OpenSession(1, 1, shape, {});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE(service.OpenSession(1, 2, shape, {}).ok());
+  const Result<uint64_t> over = service.OpenSession(1, 3, shape, {});
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("--peer-budget-mb"), std::string::npos)
+      << over.status().message();
+  EXPECT_TRUE(service.OpenSession(2, 4, shape, {}).ok()) << "another peer is not limited";
+  ASSERT_TRUE(service.CloseSession(1, *first).ok());
+  EXPECT_TRUE(service.OpenSession(1, 3, shape, {}).ok()) << "closing frees the peer's share";
+
+  options.peer_budget_bytes = 0;  // the whole budget; the session count still applies
+  CacheService counted(options);
+  for (uint64_t request = 1; request <= 3; ++request) {
+    ASSERT_TRUE(counted.OpenSession(7, request, shape, {}).ok());
+  }
+  const Result<uint64_t> fourth = counted.OpenSession(7, 4, shape, {});
+  ASSERT_FALSE(fourth.ok());
+  EXPECT_NE(fourth.status().message().find("--max-sessions-per-peer 3"), std::string::npos)
+      << fourth.status().message();
+  EXPECT_EQ(counted.Stats().store.sessions_open, 3u);
+}
+
 TEST(CacheServiceSessions, TheRpcOpenSessionTakesTheOldNameAndRefusesAnUnknownOne) {
   CacheService service(CacheServiceOptions{});
   CacheRpcHandler handler(service, nullptr);

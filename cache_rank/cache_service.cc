@@ -67,13 +67,39 @@ Result<uint64_t> CacheService::OpenSession(uint64_t peer, uint64_t request_id,
                                            const SessionShape& shape,
                                            const CacheSelectorSpec& selector) {
   RUBATO_ASSIGN_OR_RETURN(const CacheSelector* found, ResolveCacheSelector(selector));
+  RUBATO_ASSIGN_OR_RETURN(const uint64_t bytes, KvSessionBytes(shape));
   const ControlLock lock(*this);
+  RUBATO_RETURN_IF_ERROR(CheckPeerLimits(peer, request_id, bytes));
   RUBATO_ASSIGN_OR_RETURN(const uint64_t session, store_.OpenSession(request_id, shape));
-  sessions_[session] = SessionInfo{peer, found, selector};
+  sessions_[session] = SessionInfo{peer, found, selector, bytes};
   UpdateStoreGauges();
   RUBATO_LOG_DEBUG(kLogSubsystem, "peer {} opened session {} for request {} ({} selector)", peer,
                    session, request_id, found->name());
   return session;
+}
+
+Status CacheService::CheckPeerLimits(uint64_t peer, uint64_t request_id, uint64_t bytes) const {
+  uint64_t held = 0;
+  int open = 0;
+  for (const auto& [id, info] : sessions_) {
+    if (info.peer != peer) continue;
+    held += info.bytes;
+    ++open;
+  }
+  if (open >= options_.max_sessions_per_peer) {
+    return ResourceExhaustedError("cache rank: request " + std::to_string(request_id) + ": peer " +
+                                  std::to_string(peer) + " already has " + std::to_string(open) +
+                                  " sessions open, its limit (cache " + "--max-sessions-per-peer " +
+                                  std::to_string(options_.max_sessions_per_peer) + ")");
+  }
+  const uint64_t limit = options_.peer_budget_bytes;
+  if (limit > 0 && (bytes > limit || held > limit - bytes)) {
+    return ResourceExhaustedError("cache rank: request " + std::to_string(request_id) + " needs " +
+                                  std::to_string(bytes) + " bytes but its peer " +
+                                  std::to_string(peer) + " holds " + std::to_string(held) +
+                                  " of its " + std::to_string(limit) + " (cache --peer-budget-mb)");
+  }
+  return Status::Ok();
 }
 
 Status CacheService::CloseSession(uint64_t peer, uint64_t session_id) {

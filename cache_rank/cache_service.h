@@ -27,6 +27,11 @@ namespace rubato {
 struct CacheServiceOptions {
   uint64_t budget_bytes = uint64_t{1} << 30;    // KV storage all sessions may reserve
   uint64_t max_pack_bytes = uint64_t{4} << 30;  // a KV pack header announcing more is refused
+  // What one peer (inference rank connection) may hold at once: bytes of its sessions (0: the
+  // whole budget) and open sessions. A peer past either gets ResourceExhausted for the new
+  // session; the other peers are unaffected.
+  uint64_t peer_budget_bytes = 0;
+  int max_sessions_per_peer = 4096;
   // Where sessions' KV lives: null is pageable host memory (kv_storage.h); pinned host memory
   // is MakePinnedKvStorageAllocator (CUDA builds).
   std::shared_ptr<KvStorageAllocator> allocator;
@@ -83,8 +88,11 @@ class CacheService {
     uint64_t peer = 0;
     const CacheSelector* selector = nullptr;  // from the table, never null
     CacheSelectorSpec spec;
+    uint64_t bytes = 0;  // what the session reserves (KvSessionBytes)
   };
 
+  // The per-peer limits of a new session of `bytes` for `peer` (mutex_ held).
+  Status CheckPeerLimits(uint64_t peer, uint64_t request_id, uint64_t bytes) const;
   void Run();
   // One step of a peer's receive / process / reply cycle; true when something happened.
   bool Progress(Peer& peer);

@@ -2,12 +2,12 @@
 // KV layer packs, and gathers into compact buffers.
 #include "cache_rank/kv_store.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
-
-#include <fmt/format.h>
 
 #include "common/logging.h"
 
@@ -17,10 +17,10 @@ struct KvStore::Session {
   uint64_t id = 0;
   uint64_t request_id = 0;
   SessionShape shape;
-  SessionKvStorage storage;            // keys then values, see kv_store.h
-  uint64_t head_stride = 0;     // bytes of one [capacity][head_dim] block
-  uint64_t values_offset = 0;   // byte offset of the values half
-  uint32_t length = 0;          // tokens complete in every layer
+  SessionKvStorage storage;    // keys then values, see kv_store.h
+  uint64_t head_stride = 0;    // bytes of one [capacity][head_dim] block
+  uint64_t values_offset = 0;  // byte offset of the values half
+  uint32_t length = 0;         // tokens complete in every layer
   // The step in progress (next_layer > 0) and the last completed one.
   uint32_t next_layer = 0;
   uint64_t pending_step = 0;
@@ -53,35 +53,36 @@ Status CheckSessionShape(const SessionShape& shape) {
   if (shape.head_dim == 0) return zero("head_dim");
   if (shape.capacity_tokens == 0) return zero("capacity_tokens");
   if (shape.num_query_heads % shape.num_kv_heads != 0) {
-    return InvalidArgumentError(fmt::format(
-        "kv store: session num_query_heads {} is not a multiple of num_kv_heads {}",
-        shape.num_query_heads, shape.num_kv_heads));
+    return InvalidArgumentError(
+        fmt::format("kv store: session num_query_heads {} is not a multiple of num_kv_heads {}",
+                    shape.num_query_heads, shape.num_kv_heads));
   }
   if (shape.capacity_tokens > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
-    return OutOfRangeError(fmt::format(
-        "kv store: session capacity_tokens {} exceeds the largest int32 position {}",
-        shape.capacity_tokens, std::numeric_limits<int32_t>::max()));
+    return OutOfRangeError(
+        fmt::format("kv store: session capacity_tokens {} exceeds the largest int32 position {}",
+                    shape.capacity_tokens, std::numeric_limits<int32_t>::max()));
   }
   return Status::Ok();
 }
 
+}  // namespace
+
 // 2 * layers * kv_heads * capacity * head_dim * dtype size, or an error on 64-bit overflow.
-Result<uint64_t> SessionBytes(const SessionShape& shape) {
+Result<uint64_t> KvSessionBytes(const SessionShape& shape) {
   uint64_t bytes = 2;
-  for (uint64_t factor : {uint64_t{shape.num_layers}, uint64_t{shape.num_kv_heads},
-                          uint64_t{shape.capacity_tokens}, uint64_t{shape.head_dim},
-                          uint64_t{DTypeSize(shape.dtype)}}) {
+  for (uint64_t factor :
+       {uint64_t{shape.num_layers}, uint64_t{shape.num_kv_heads}, uint64_t{shape.capacity_tokens},
+        uint64_t{shape.head_dim}, uint64_t{DTypeSize(shape.dtype)}}) {
     if (__builtin_mul_overflow(bytes, factor, &bytes)) {
       return OutOfRangeError(fmt::format(
           "kv store: a session of {} layers x {} KV heads x {} tokens x head_dim {} ({}) "
-          "overflows 64-bit sizes", shape.num_layers, shape.num_kv_heads,
-          shape.capacity_tokens, shape.head_dim, DTypeName(shape.dtype)));
+          "overflows 64-bit sizes",
+          shape.num_layers, shape.num_kv_heads, shape.capacity_tokens, shape.head_dim,
+          DTypeName(shape.dtype)));
     }
   }
   return bytes;
 }
-
-}  // namespace
 
 KvStore::KvStore(KvStoreOptions options) : options_(std::move(options)) {
   if (options_.allocator == nullptr) options_.allocator = MakeHostKvStorageAllocator();
@@ -92,10 +93,10 @@ KvStore::~KvStore() = default;
 Result<uint64_t> KvStore::OpenSession(uint64_t request_id, const SessionShape& shape) {
   RUBATO_RETURN_IF_ERROR(CheckSessionShape(shape));
   if (auto it = session_of_request_.find(request_id); it != session_of_request_.end()) {
-    return InvalidArgumentError(fmt::format(
-        "kv store: request {} already has session {} open", request_id, it->second));
+    return InvalidArgumentError(
+        fmt::format("kv store: request {} already has session {} open", request_id, it->second));
   }
-  RUBATO_ASSIGN_OR_RETURN(const uint64_t bytes, SessionBytes(shape));
+  RUBATO_ASSIGN_OR_RETURN(const uint64_t bytes, KvSessionBytes(shape));
   const uint64_t in_use = bytes_reserved_.load(std::memory_order_relaxed);
   if (bytes > options_.budget_bytes || in_use > options_.budget_bytes - bytes) {
     return ResourceExhaustedError(fmt::format(
@@ -104,7 +105,8 @@ Result<uint64_t> KvStore::OpenSession(uint64_t request_id, const SessionShape& s
         request_id, bytes, shape.num_layers, shape.num_kv_heads, shape.capacity_tokens,
         shape.head_dim, DTypeName(shape.dtype), in_use, options_.budget_bytes));
   }
-  RUBATO_ASSIGN_OR_RETURN(SessionKvStorage storage, SessionKvStorage::Allocate(options_.allocator, bytes));
+  RUBATO_ASSIGN_OR_RETURN(SessionKvStorage storage,
+                          SessionKvStorage::Allocate(options_.allocator, bytes));
   auto session = std::make_unique<Session>();
   session->id = next_session_id_++;
   session->request_id = request_id;
@@ -117,16 +119,15 @@ Result<uint64_t> KvStore::OpenSession(uint64_t request_id, const SessionShape& s
   session_of_request_.emplace(request_id, id);
   sessions_open_.fetch_add(1, std::memory_order_relaxed);
   bytes_reserved_.fetch_add(bytes, std::memory_order_relaxed);
-  RUBATO_LOG_DEBUG("cache_rank", "opened session {} for request {}: {} bytes ({} allocator)",
-                   id, request_id, bytes, options_.allocator->name());
+  RUBATO_LOG_DEBUG("cache_rank", "opened session {} for request {}: {} bytes ({} allocator)", id,
+                   request_id, bytes, options_.allocator->name());
   return id;
 }
 
 Status KvStore::CloseSession(uint64_t session_id) {
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
-    return NotFoundError(fmt::format("kv store: CloseSession: session {} is not open",
-                                     session_id));
+    return NotFoundError(fmt::format("kv store: CloseSession: session {} is not open", session_id));
   }
   const uint64_t bytes = it->second->storage.size();
   session_of_request_.erase(it->second->request_id);
@@ -165,8 +166,10 @@ Result<uint32_t> KvStore::SessionLength(uint64_t session_id) const {
 Result<uint32_t> KvStore::LayerLength(uint64_t session_id, uint32_t layer) const {
   RUBATO_ASSIGN_OR_RETURN(const Session* session, Find(session_id));
   if (layer >= session->shape.num_layers) {
-    return OutOfRangeError(fmt::format("kv store: session {}: layer {} is not below num_layers "
-                                       "{}", session_id, layer, session->shape.num_layers));
+    return OutOfRangeError(
+        fmt::format("kv store: session {}: layer {} is not below num_layers "
+                    "{}",
+                    session_id, layer, session->shape.num_layers));
   }
   return session->LayerLength(layer);
 }
@@ -188,30 +191,33 @@ Status KvStore::AppendKvPack(const LayerPackView& pack) {
     }
     Session& s = **found;
     RUBATO_RETURN_IF_ERROR(ValidateAgainstSession(pack, r, s.shape));
-    const std::string where = fmt::format("kv store: AppendKvPack step {}, request {} (session "
-                                          "{})", pack.step(), r, s.id);
+    const std::string where = fmt::format(
+        "kv store: AppendKvPack step {}, request {} (session "
+        "{})",
+        pack.step(), r, s.id);
     if (request.first_position != s.length) {
-      return FailedPreconditionError(fmt::format(
-          "{}: first_position is {} but the session holds {} tokens (appends must be "
-          "contiguous)", where, request.first_position, s.length));
+      return FailedPreconditionError(
+          fmt::format("{}: first_position is {} but the session holds {} tokens (appends must be "
+                      "contiguous)",
+                      where, request.first_position, s.length));
     }
     if (pack.first_layer() != s.next_layer) {
       return FailedPreconditionError(fmt::format(
           "{}: the pack starts at layer {} but the session expects layer {} next (packs of a "
-          "step arrive in layer order, without repeats or gaps)", where, pack.first_layer(),
-          s.next_layer));
+          "step arrive in layer order, without repeats or gaps)",
+          where, pack.first_layer(), s.next_layer));
     }
     if (s.next_layer > 0) {
       if (pack.step() != s.pending_step || request.new_tokens != s.pending_new_tokens) {
         return FailedPreconditionError(fmt::format(
             "{}: step {} with {} new tokens, but the step in progress is step {} with {} new "
-            "tokens", where, pack.step(), request.new_tokens, s.pending_step,
-            s.pending_new_tokens));
+            "tokens",
+            where, pack.step(), request.new_tokens, s.pending_step, s.pending_new_tokens));
       }
     } else if (s.has_completed_step && pack.step() <= s.last_completed_step) {
-      return FailedPreconditionError(fmt::format(
-          "{}: step {} is not after the last completed step {}", where, pack.step(),
-          s.last_completed_step));
+      return FailedPreconditionError(
+          fmt::format("{}: step {} is not after the last completed step {}", where, pack.step(),
+                      s.last_completed_step));
     }
     sessions[r] = &s;
   }
@@ -249,8 +255,7 @@ Status KvStore::AppendKvPack(const LayerPackView& pack) {
   return Status::Ok();
 }
 
-Result<KvHeadRows> KvStore::HeadRows(uint64_t session_id, uint32_t layer,
-                                     uint32_t kv_head) const {
+Result<KvHeadRows> KvStore::HeadRows(uint64_t session_id, uint32_t layer, uint32_t kv_head) const {
   RUBATO_ASSIGN_OR_RETURN(const Session* s, Find(session_id));
   if (layer >= s->shape.num_layers || kv_head >= s->shape.num_kv_heads) {
     return OutOfRangeError(fmt::format(
@@ -276,15 +281,15 @@ Status KvStore::Gather(uint64_t session_id, uint32_t layer, uint32_t kv_head,
   if (overflow || out_keys.size() < needed || out_values.size() < needed) {
     return InvalidArgumentError(fmt::format(
         "kv store: Gather of {} rows (session {}, layer {}, kv head {}) needs {} bytes per "
-        "output, out_keys has {} and out_values {}", positions.size(), session_id, layer,
-        kv_head, needed, out_keys.size(), out_values.size()));
+        "output, out_keys has {} and out_values {}",
+        positions.size(), session_id, layer, kv_head, needed, out_keys.size(), out_values.size()));
   }
   for (size_t i = 0; i < positions.size(); ++i) {
     if (positions[i] < 0 || static_cast<uint32_t>(positions[i]) >= rows.readable_tokens) {
       return OutOfRangeError(fmt::format(
           "kv store: Gather (session {}, layer {}, kv head {}): positions[{}] = {} is outside "
-          "the {} stored tokens", session_id, layer, kv_head, i, positions[i],
-          rows.readable_tokens));
+          "the {} stored tokens",
+          session_id, layer, kv_head, i, positions[i], rows.readable_tokens));
     }
   }
   for (size_t i = 0; i < positions.size(); ++i) {

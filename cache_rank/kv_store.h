@@ -26,18 +26,18 @@ namespace rubato {
 using KvHeadSelection = std::vector<std::vector<int32_t>>;
 
 struct KvStoreOptions {
-  uint64_t budget_bytes = 0;  // store-wide limit on reserved session storage
+  uint64_t budget_bytes = 0;                      // store-wide limit on reserved session storage
   std::shared_ptr<KvStorageAllocator> allocator;  // null: MakeHostKvStorageAllocator()
 };
 
 struct KvStoreStats {
   uint64_t sessions_open = 0;
-  uint64_t bytes_reserved = 0;   // storage reserved by open sessions
+  uint64_t bytes_reserved = 0;  // storage reserved by open sessions
   uint64_t budget_bytes = 0;
-  uint64_t appends = 0;          // KV packs appended
-  uint64_t bytes_appended = 0;   // K and V bytes written by appends
-  uint64_t gathers = 0;          // Gather calls that succeeded
-  uint64_t gathered_rows = 0;    // K (and as many V) rows they copied
+  uint64_t appends = 0;         // KV packs appended
+  uint64_t bytes_appended = 0;  // K and V bytes written by appends
+  uint64_t gathers = 0;         // Gather calls that succeeded
+  uint64_t gathered_rows = 0;   // K (and as many V) rows they copied
 };
 
 // One (session, layer, kv_head) block of keys or values as stored: [capacity][head_dim].
@@ -48,6 +48,10 @@ struct KvHeadRows {
   uint32_t head_dim = 0;
   DType dtype = DType::kF32;
 };
+
+// The bytes a session of `shape` reserves: 2 (K and V) * layers * kv_heads * capacity *
+// head_dim * dtype size; OutOfRange on 64-bit overflow.
+Result<uint64_t> KvSessionBytes(const SessionShape& shape);
 
 class KvStore {
  public:

@@ -94,8 +94,20 @@ Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
                                 std::to_string(args.budget_mb));
   }
 
+  if (args.peer_budget_mb < 0 || args.peer_budget_mb > args.budget_mb) {
+    return InvalidArgumentError("--peer-budget-mb must be in [0, --budget-mb " +
+                                std::to_string(args.budget_mb) + "], got " +
+                                std::to_string(args.peer_budget_mb));
+  }
+  if (args.max_sessions_per_peer < 1) {
+    return InvalidArgumentError("--max-sessions-per-peer must be >= 1, got " +
+                                std::to_string(args.max_sessions_per_peer));
+  }
+
   CacheServiceOptions service_options;
   service_options.budget_bytes = static_cast<uint64_t>(args.budget_mb) << 20;
+  service_options.peer_budget_bytes = static_cast<uint64_t>(args.peer_budget_mb) << 20;
+  service_options.max_sessions_per_peer = args.max_sessions_per_peer;
   if (args.memory == "pinned") {
 #ifdef RUBATO_HAS_CUDA_PINNED
     service_options.allocator = MakePinnedKvStorageAllocator(args.device);

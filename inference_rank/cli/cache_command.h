@@ -19,6 +19,8 @@ namespace rubato {
 struct CacheArgs {
   std::string listen = "127.0.0.1:0";      // host:port of the RPC server
   int64_t budget_mb = 1024;                // KV storage all sessions may reserve, MiB
+  int64_t peer_budget_mb = 0;              // what one peer's sessions may reserve (0: budget_mb)
+  int max_sessions_per_peer = 4096;        // sessions one peer may hold open
   std::string memory = "host";             // "host" (pageable) | "pinned" (cudaHostAlloc)
   std::optional<std::string> config_file;  // YAML config: limits (heartbeat, timeouts), logging
   // host:port (port 0: any free port) of an HTTP endpoint serving GET /metrics (Prometheus text:

@@ -122,6 +122,14 @@ int main(int argc, char** argv) {
   cache->add_option("--budget-mb", cache_args.budget_mb, "KV storage for all sessions, MiB")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cache
+      ->add_option("--peer-budget-mb", cache_args.peer_budget_mb,
+                   "What one inference rank's sessions may reserve, MiB (0: --budget-mb)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cache
+      ->add_option("--max-sessions-per-peer", cache_args.max_sessions_per_peer,
+                   "Sessions one inference rank may hold open")
+      ->check(CLI::Range(1, 1 << 30));
+  cache
       ->add_option("--memory", cache_args.memory,
                    "Where the KV lives: host (pageable) or pinned (page-locked, CUDA builds)")
       ->check(CLI::IsMember({"host", "pinned"}));
