@@ -11,12 +11,15 @@
 
 #include "inference_rank/server/http_server.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <exception>
 #include <optional>
@@ -35,6 +38,22 @@ using tcp = net::ip::tcp;
 
 namespace {
 constexpr const char* kLogSubsystem = "http";
+// Bytes a connection reads ahead while its reply is pending (a pipelined next request), at most.
+constexpr size_t kReadAheadBytes = 64 << 10;
+// The interim response that probes a half-closed HTTP/1.1 client (see Session::OnPeerEof).
+constexpr std::string_view kProbe = "HTTP/1.1 100 Continue\r\n\r\n";
+
+// True when the peer of a connected TCP socket has reset it: what a peer that closed its socket
+// answers to bytes sent to it.
+bool PeerReset(int fd) {
+  int error = 0;
+  socklen_t length = sizeof(error);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error != 0) return true;
+  tcp_info info{};
+  length = sizeof(info);
+  return ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 &&
+         info.tcpi_state == TCP_CLOSE;
+}
 }  // namespace
 
 // ---- Session --------------------------------------------------------------------------------
@@ -169,6 +188,7 @@ class Session : public std::enable_shared_from_this<Session> {
     http::request<http::string_body> request = parser_->release();
     parser_.reset();
     keep_alive_ = request.keep_alive();
+    http11_ = request.version() >= 11;
     HttpRequest view;
     view.method = std::string(request.method_string());
     const std::string_view target(request.target().data(), request.target().size());
@@ -198,7 +218,7 @@ class Session : public std::enable_shared_from_this<Session> {
     pending_ = std::move(reply.pending);
     ++state_->pending_replies;
     stream_.expires_never();  // the engine's time; the write timeout guards the writes
-    WatchForHangup();
+    WatchPeer();
     std::weak_ptr<Session> weak = shared_from_this();
     pending_->SetNotify([weak, weak_state = state_->self] {
       const std::shared_ptr<HttpServer::State> state = weak_state.lock();
@@ -209,19 +229,49 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // While a reply is pending nothing reads the socket: wait for it to become readable, and
-  // cancel when that is the peer's EOF or an error (not a pipelined next request).
-  void WatchForHangup() {
+  // While a reply is pending nothing else reads the socket. What arrives is kept in buffer_ for
+  // after the reply (a pipelined next request; reading it lets the peer's EOF show), up to
+  // kReadAheadBytes; an error means the peer is gone; its EOF is handled by OnPeerEof.
+  void WatchPeer() {
     stream_.socket().async_wait(
-        tcp::socket::wait_read, [self = shared_from_this()](beast::error_code error) {
-          if (self->pending_ == nullptr || error == net::error::operation_aborted) return;
-          char byte;
-          const ssize_t peeked = ::recv(self->stream_.socket().native_handle(), &byte, 1,
-                                        MSG_PEEK | MSG_DONTWAIT);
-          if (error || peeked == 0 || (peeked < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        tcp::socket::wait_read,
+        [self = shared_from_this(), watch = watch_](beast::error_code error) {
+          if (watch != self->watch_ || self->pending_ == nullptr) return;  // that reply ended
+          if (error) return self->CancelPending();
+          const auto space = self->buffer_.prepare(4096);
+          const ssize_t got = ::recv(self->stream_.socket().native_handle(), space.data(),
+                                     space.size(), MSG_DONTWAIT);
+          if (got > 0) {
+            self->buffer_.commit(static_cast<size_t>(got));
+            // Past the limit the rest waits in the socket: a peer that leaves now is noticed
+            // by the reply's write only.
+            if (self->buffer_.size() < kReadAheadBytes) self->WatchPeer();
+          } else if (got == 0) {
+            self->OnPeerEof();
+          } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            self->WatchPeer();
+          } else {
             self->CancelPending();
           }
         });
+  }
+
+  // The peer sent its EOF while its reply is pending: it either closed its socket (it is gone)
+  // or only shut down its sending side, which HTTP/1.1 allows after a complete request (it still
+  // reads the reply). Bytes sent to a closed socket make the peer's TCP answer with a reset, so
+  // the connection probes: an HTTP/1.1 client must accept an interim 100 Continue before the
+  // reply (RFC 9110 15.2), a stream's next chunk probes as well. A reset cancels the reply.
+  // HTTP/1.0 has no interim responses: its EOF is taken as the client gone.
+  void OnPeerEof() {
+    if (!http11_) return CancelPending();
+    probe_ = !header_sent_;
+    stream_.socket().async_wait(
+        tcp::socket::wait_error,
+        [self = shared_from_this(), watch = watch_](beast::error_code error) {
+          if (watch != self->watch_ || self->pending_ == nullptr) return;
+          if (error || PeerReset(self->stream_.socket().native_handle())) self->CancelPending();
+        });
+    Pump();
   }
 
   void Pump() {
@@ -247,6 +297,8 @@ class Session : public std::enable_shared_from_this<Session> {
         if (progress.close_connection || state_->stopping) keep_alive_ = false;
       }
     }
+    if (out.empty() && probe_ && !header_sent_) out = kProbe;
+    probe_ = false;
     if (out.empty()) return;
     writing_ = true;
     auto data = std::make_shared<std::string>(std::move(out));
@@ -281,9 +333,11 @@ class Session : public std::enable_shared_from_this<Session> {
     if (pending_ == nullptr) return;
     pending_.reset();
     header_sent_ = false;
+    probe_ = false;
     --state_->pending_replies;
+    ++watch_;  // the watches of this reply see that it ended
     beast::error_code ignored;
-    stream_.socket().cancel(ignored);  // the hang-up watch
+    stream_.socket().cancel(ignored);
   }
 
   std::string ResponseHead(int status, const std::string& content_type, size_t length,
@@ -335,6 +389,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool head_only_ = false;  // the current request is HEAD: the reply's head, no body
   bool writing_ = false;
   bool header_sent_ = false;
+  bool http11_ = true;                // the current request is HTTP/1.1 (or later)
+  bool probe_ = false;                // write the half-close probe (kProbe) when idle
+  uint64_t watch_ = 0;                // which pending reply the socket watches belong to
 };
 
 // ---- HttpServer -----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 // size limits, hands each to one handler and writes its reply (keep-alive, 100-continue, replies
 // that complete later or stream as chunked Server-Sent Events). One I/O thread runs every
 // connection; handlers run on it and must not block. Bad input never takes the server down; a
-// client that goes away cancels its pending reply. HEAD gets the GET reply's head without body.
+// client that goes away cancels its pending reply (one that only half-closes is answered). HEAD
+// gets the GET reply's head without body.
 // Narrative: docs/engine_and_models.md "The HTTP server".
 #pragma once
 

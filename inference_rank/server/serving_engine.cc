@@ -29,6 +29,9 @@ size_t StopPrefixSuffix(const std::string& text, const std::vector<std::string>&
   return longest;
 }
 
+// The last update of a request whose client went away.
+Status ClientGone() { return UnavailableError("request cancelled: its client went away"); }
+
 // The earliest position of any stop string in `text`, or npos.
 size_t FirstStop(const std::string& text, const std::vector<std::string>& stops) {
   size_t first = std::string::npos;
@@ -172,11 +175,13 @@ void ServingEngine::Loop() {
       FailAll(UnavailableError("the server is shutting down"));
       break;
     }
+    // A request and its cancel can come in the same turn (the client left while the engine was
+    // busy with a step): the request then ends here, never reaching the engine.
+    const std::unordered_set<uint64_t> cancelled(cancels.begin(), cancels.end());
+    AdmitIncoming(incoming, cancelled);
     for (uint64_t id : cancels) {
-      CancelOnEngineThread(id, UnavailableError("request cancelled: its client went away"),
-                           RequestEnd::kAborted);
+      CancelOnEngineThread(id, ClientGone(), RequestEnd::kAborted);
     }
-    AdmitIncoming(incoming);
     ExpireDeadlines();
     if (const KvOffloadClient* offload = engine_->options().offload; offload != nullptr) {
       Status broken = offload->Broken();
@@ -206,8 +211,13 @@ void ServingEngine::Loop() {
   }
 }
 
-void ServingEngine::AdmitIncoming(std::deque<Incoming>& incoming) {
+void ServingEngine::AdmitIncoming(std::deque<Incoming>& incoming,
+                                  const std::unordered_set<uint64_t>& cancelled) {
   for (Incoming& next : incoming) {
+    if (cancelled.count(next.serving_id) != 0) {
+      EndNotAdmitted(next, ClientGone(), RequestEnd::kAborted);
+      continue;
+    }
     LiveRequest live;
     live.prompt_tokens = static_cast<int>(next.request.generation.prompt_ids.size());
     live.arrival = next.arrival;
@@ -232,6 +242,15 @@ void ServingEngine::AdmitIncoming(std::deque<Incoming>& incoming) {
     serving_by_engine_[live.engine_id] = next.serving_id;
     live_.emplace(next.serving_id, std::move(live));
   }
+}
+
+void ServingEngine::EndNotAdmitted(Incoming& request, const Status& why, RequestEnd end) {
+  ServingUpdate update;
+  update.finished = true;
+  update.prompt_tokens = static_cast<int>(request.request.generation.prompt_ids.size());
+  update.error = why;
+  if (metrics_) metrics_->CountEnd(end, "");
+  request.request.on_update(update);
 }
 
 void ServingEngine::MarkScheduled(const std::vector<uint64_t>& engine_ids,

@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/metrics.h"
@@ -76,8 +77,9 @@ class ServingEngine {
   // requests wait already; Unavailable when the loop has stopped. Every accepted request gets
   // exactly one finished update.
   Result<uint64_t> Submit(ServingRequest request);
-  // Ends a request early (its client went away): its KV is released and its last update is an
-  // error. Unknown or finished ids are ignored.
+  // Ends a request early (its client went away), whether it is queued or running: its KV is
+  // released, it is counted aborted and its last update is an error. Unknown or finished ids are
+  // ignored.
   void Cancel(uint64_t serving_id);
   // Stops the loop: every queued or running request ends with Unavailable; joins the thread.
   void Stop();
@@ -114,7 +116,10 @@ class ServingEngine {
                 const ServingEngineOptions& options, std::optional<ServingMetrics> metrics);
   void Loop();
   // Loop parts, on the engine thread.
-  void AdmitIncoming(std::deque<Incoming>& incoming);
+  // Hands new requests to the engine, but ends those `cancelled` already without running them.
+  void AdmitIncoming(std::deque<Incoming>& incoming, const std::unordered_set<uint64_t>& cancelled);
+  // Ends a request that never reached the engine (its only update).
+  void EndNotAdmitted(Incoming& request, const Status& why, RequestEnd end);
   void CancelOnEngineThread(uint64_t serving_id, const Status& why, RequestEnd end);
   // The engine scheduled these requests in the step that began at `step_start`.
   void MarkScheduled(const std::vector<uint64_t>& engine_ids, Clock::time_point step_start);
