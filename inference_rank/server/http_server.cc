@@ -22,6 +22,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <exception>
+#include <future>
 #include <optional>
 #include <set>
 #include <utility>
@@ -62,6 +63,8 @@ class Session;
 
 struct HttpServer::State {
   net::io_context io;
+  // Keeps io.run() going when no connection or accept is left (a stopped listener), until Stop.
+  net::executor_work_guard<net::io_context::executor_type> keep_running{io.get_executor()};
   tcp::acceptor acceptor{io};
   HttpServerOptions options;
   HttpHandler handler;
@@ -105,9 +108,12 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Run() { ReadHeader(); }
 
-  // Server stop: idle connections close now; one with a pending reply closes when it ends.
+  // Server stop: a connection waiting for its next request closes now; one that has begun a
+  // request, or has a reply to write, closes after that reply.
   void CloseIfIdle() {
-    if (pending_ == nullptr) Close();
+    if (waiting_for_request_ && buffer_.size() == 0 && !(parser_ && parser_->got_some())) {
+      Close();
+    }
   }
   void Close() {
     beast::error_code ignored;
@@ -118,7 +124,11 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void ReadHeader() {
     head_only_ = false;
-    if (state_->stopping) return Forget();
+    if (state_->stopping) {
+      Close();
+      return Forget();
+    }
+    waiting_for_request_ = true;
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(state_->options.max_header_bytes));
     parser_->body_limit(state_->options.max_body_bytes);
@@ -130,6 +140,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnHeader(beast::error_code error) {
+    waiting_for_request_ = false;
     if (error) return OnReadError(error);
     const auto& header = parser_->get();
     if (beast::iequals(header[http::field::expect], "100-continue")) {
@@ -390,6 +401,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool header_sent_ = false;
   bool http11_ = true;                // the current request is HTTP/1.1 (or later)
+  bool waiting_for_request_ = false;  // reading the next request, no byte of it seen yet
   bool probe_ = false;                // write the half-close probe (kProbe) when idle
   uint64_t watch_ = 0;                // which pending reply the socket watches belong to
 };
@@ -453,17 +465,32 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& o
 
 HttpServer::~HttpServer() { Stop(); }
 
-void HttpServer::Stop(std::chrono::milliseconds grace) {
+void HttpServer::StopAccepting() {
   if (!io_thread_.joinable()) return;
   State* state = state_.get();
-  net::post(state->io, [state] {
-    state->stopping = true;
-    beast::error_code ignored;
-    state->acceptor.close(ignored);
-    for (const auto& session : std::set<std::shared_ptr<Session>>(state->sessions)) {
-      session->CloseIfIdle();
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  net::post(state->io, [state, done] {
+    if (!state->stopping) {
+      state->stopping = true;
+      beast::error_code ignored;
+      state->acceptor.close(ignored);
+      for (const auto& session : std::set<std::shared_ptr<Session>>(state->sessions)) {
+        session->CloseIfIdle();
+      }
     }
+    done->set_value();
   });
+  // The I/O thread runs until Stop joins it; should it have died, do not wait for it forever.
+  finished.wait_for(std::chrono::seconds(10));
+}
+
+int HttpServer::pending_replies() const { return state_->pending_replies.load(); }
+
+void HttpServer::Stop(std::chrono::milliseconds grace) {
+  if (!io_thread_.joinable()) return;
+  StopAccepting();
+  State* state = state_.get();
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (state->pending_replies.load() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

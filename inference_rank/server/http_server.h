@@ -3,7 +3,7 @@
 // that complete later or stream as chunked Server-Sent Events). One I/O thread runs every
 // connection; handlers run on it and must not block. Bad input never takes the server down; a
 // client that goes away cancels its pending reply (one that only half-closes is answered). HEAD
-// gets the GET reply's head without body.
+// gets the GET reply's head without body. Stops gracefully: StopAccepting, then Stop(grace).
 // Narrative: docs/engine_and_models.md "The HTTP server".
 #pragma once
 
@@ -67,8 +67,14 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   uint16_t port() const { return port_; }  // the bound port
-  // Stops accepting and closes idle connections; connections with a pending reply get up to
-  // `grace` to finish it; then every connection is closed and the I/O thread joined.
+  // Closes the listening socket (new connections are refused) and the connections that wait for
+  // a next request. A connection in the middle of a request, or with a reply to write, goes on
+  // and closes after that reply (`Connection: close`). Returns once done; idempotent.
+  void StopAccepting();
+  // Replies handlers left pending (PendingReply) that are not written out yet.
+  int pending_replies() const;
+  // StopAccepting; connections with a pending reply get up to `grace` to finish it; then every
+  // connection is closed and the I/O thread joined.
   void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
 
   struct State;  // the Asio objects and connections; defined in http_server.cc only

@@ -92,6 +92,7 @@ Result<uint64_t> ServingEngine::Submit(ServingRequest request) {
     return UnavailableError("the serving engine has stopped" +
                             (health_.ok() ? std::string() : ": " + health_.message()));
   }
+  if (draining_) return UnavailableError("the server is shutting down and takes no new requests");
   const int waiting = static_cast<int>(incoming_.size()) + engine_waiting_;
   if (waiting >= options_.max_queue) {
     if (metrics_) metrics_->rejected->Increment();
@@ -114,9 +115,15 @@ void ServingEngine::Cancel(uint64_t serving_id) {
   wake_.notify_one();
 }
 
-void ServingEngine::Stop() {
+void ServingEngine::Drain() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  draining_ = true;
+}
+
+void ServingEngine::Stop(const Status& why) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!stop_requested_) stop_reason_ = why;
     stop_requested_ = true;
   }
   wake_.notify_one();
@@ -129,20 +136,15 @@ void ServingEngine::Stop() {
     loop_stopped_ = true;
     left.swap(incoming_);
   }
-  for (Incoming& request : left) {
-    ServingUpdate update;
-    update.finished = true;
-    update.error = UnavailableError("the server is shutting down");
-    if (metrics_) metrics_->failed->Increment();
-    request.request.on_update(update);
-  }
-  FailAll(UnavailableError("the server is shutting down"));
+  for (Incoming& request : left) EndNotAdmitted(request, stop_reason_, RequestEnd::kFailed);
+  FailAll(stop_reason_);
 }
 
 Status ServingEngine::Health() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!health_.ok()) return health_;
   if (loop_stopped_ || stop_requested_) return UnavailableError("the engine loop has stopped");
+  if (draining_) return UnavailableError("the server is shutting down");
   if (!started_) return UnavailableError("the engine loop has not started");
   if (!engine_failure_.ok()) return engine_failure_;
   return Status::Ok();
@@ -166,13 +168,9 @@ void ServingEngine::Loop() {
     }
     if (stopping) {
       for (Incoming& request : incoming) {
-        ServingUpdate update;
-        update.finished = true;
-        update.error = UnavailableError("the server is shutting down");
-        if (metrics_) metrics_->failed->Increment();
-        request.request.on_update(update);
+        EndNotAdmitted(request, stop_reason_, RequestEnd::kFailed);
       }
-      FailAll(UnavailableError("the server is shutting down"));
+      FailAll(stop_reason_);
       break;
     }
     // A request and its cancel can come in the same turn (the client left while the engine was

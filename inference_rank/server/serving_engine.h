@@ -1,8 +1,8 @@
 // The serving side of the Engine: one thread owns the Engine and runs Step in a loop; HTTP
 // handlers Submit requests into a bounded queue and get their text back through a callback,
 // piece by piece, with stop strings applied and the vLLM-compatible metrics measured.
-// Thread-safety: Submit, Cancel, Health, Stop may be called from any thread; on_update callbacks
-// run on the engine thread and must not block.
+// Thread-safety: Submit, Cancel, Health, Drain, Stop may be called from any thread; on_update
+// callbacks run on the engine thread and must not block.
 // Narrative: docs/engine_and_models.md "The serving engine".
 #pragma once
 
@@ -81,10 +81,15 @@ class ServingEngine {
   // released, it is counted aborted and its last update is an error. Unknown or finished ids are
   // ignored.
   void Cancel(uint64_t serving_id);
-  // Stops the loop: every queued or running request ends with Unavailable; joins the thread.
-  void Stop();
-  // Ok while the loop runs, its cache rank (if any) works and the last request that ended did
-  // not fail inside the engine (a cache rank that comes back clears that); else why not.
+  // The start of a graceful stop: Submit refuses new requests (Unavailable) and Health reports
+  // the server unavailable, while the loop goes on with the requests it has.
+  void Drain();
+  // Stops the loop: every queued or running request ends with `why` (an Unavailable status);
+  // joins the thread.
+  void Stop(const Status& why = UnavailableError("the server is shutting down"));
+  // Ok while the loop runs, is not draining, its cache rank (if any) works and the last request
+  // that ended did not fail inside the engine (a cache rank that comes back clears that); else
+  // why not.
   Status Health() const;
 
   int max_context() const { return max_context_; }
@@ -150,7 +155,9 @@ class ServingEngine {
   int engine_waiting_ = 0;  // requests waiting inside the engine after the last loop turn
   bool started_ = false;  // Start() ran (thread_ itself is touched by Start and Stop only)
   bool stop_requested_ = false;
+  bool draining_ = false;
   bool loop_stopped_ = false;
+  Status stop_reason_;   // what Stop gives the requests it ends
   Status health_;        // the loop's end, or the offload client's Broken()
   // The error of the last request that failed inside the engine (kError: e.g. its cache rank
   // could not be reached), until a request finishes well again.

@@ -1,7 +1,7 @@
 // Tests for the ServingEngine on the bundled tiny model: concurrent requests give the text each
 // gives alone (greedy), stop strings, the bounded queue, cancellation releasing KV (also
 // Engine::Cancel directly, and a cancel that comes with its request), engine refusals, timeouts,
-// shutdown, and the serving metrics.
+// draining, shutdown, and the serving metrics.
 #include "inference_rank/server/serving_engine.h"
 
 #include <gtest/gtest.h>
@@ -353,6 +353,28 @@ TEST_F(ServingEngineTest, CancelBeforeAdmissionNeverRuns) {
   EXPECT_NE(exposition.find("rubato:generation_tokens_total{model_name=\"\"} 0\n"),
             std::string::npos)
       << exposition;
+}
+
+// Draining: new requests are refused and Health says why, while the running one finishes; Stop
+// then gives its reason to the requests it ends.
+TEST_F(ServingEngineTest, DrainRefusesNewRequestsAndStopNamesItsReason) {
+  auto serving = ServingEngine::Create(MakeEngine(2), tokenizer_.get(), {});
+  ASSERT_TRUE(serving.ok());
+  (*serving)->Start();
+  Collector collector;
+  ASSERT_TRUE((*serving)->Submit(Greedy(Encode("a b"), 6, collector.Callback(0))).ok());
+  ASSERT_TRUE((*serving)->Submit(Greedy(Encode("c d"), 900, collector.Callback(1))).ok());
+  ASSERT_TRUE(collector.WaitUpdates(1, 1));
+  (*serving)->Drain();
+  EXPECT_EQ((*serving)->Health().code(), StatusCode::kUnavailable);
+  EXPECT_NE((*serving)->Health().message().find("shutting down"), std::string::npos);
+  Result<uint64_t> late = (*serving)->Submit(Greedy(Encode("e"), 2, collector.Callback(2)));
+  EXPECT_EQ(late.status().code(), StatusCode::kUnavailable);
+  ASSERT_TRUE(collector.WaitFinished(1));
+  EXPECT_TRUE(collector.Get(0).last.error.ok());
+  (*serving)->Stop(UnavailableError("the server is shutting down: grace over"));
+  ASSERT_TRUE(collector.WaitFinished(2));
+  EXPECT_EQ(collector.Get(1).last.error.message(), "the server is shutting down: grace over");
 }
 
 TEST_F(ServingEngineTest, EngineCancelReleasesWaitingAndRunningRequests) {
