@@ -109,11 +109,12 @@ class Session : public std::enable_shared_from_this<Session> {
   void Run() { ReadHeader(); }
 
   // Server stop: a connection waiting for its next request closes now; one that has begun a
-  // request, or has a reply to write, closes after that reply.
+  // request (bytes of it arrived, read or not), or has a reply to write, closes after that reply.
   void CloseIfIdle() {
-    if (waiting_for_request_ && buffer_.size() == 0 && !(parser_ && parser_->got_some())) {
-      Close();
-    }
+    beast::error_code error;
+    const bool bytes_arrived = buffer_.size() > 0 || stream_.socket().available(error) > 0 ||
+                               (parser_ && parser_->got_some());
+    if (waiting_for_request_ && !bytes_arrived) Close();
   }
   void Close() {
     beast::error_code ignored;
