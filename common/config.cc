@@ -163,6 +163,8 @@ Status ReadServer(YamlMapReader& reader, ServerSection* server) {
                               origin + "'");
     }
   }
+  RUBATO_RETURN_IF_ERROR(
+      reader.ReadDouble("shutdown_grace_s", DoubleRange{0, 86400}, &server->shutdown_grace_s));
   if (server->metrics_port != 0 && server->metrics_port == server->port) {
     return reader.Error("metrics_port", fmt::format("must differ from {} ({})",
                                                     reader.KeyPath("port"), server->port));
@@ -321,6 +323,7 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
   for (const std::string& origin : config.server.cors_allowed_origins)
     out << YAML::DoubleQuoted << origin;
   out << YAML::EndSeq;
+  key("shutdown_grace_s") << fmt::format("{}", config.server.shutdown_grace_s);
   out << YAML::EndMap;
 
   const LimitsSection& limits = config.limits;

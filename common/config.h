@@ -95,6 +95,9 @@ struct ServerSection {
   // Origins allowed to call the API from a browser (CORS): "*" or "http(s)://host[:port]";
   // empty: no CORS headers (browsers refuse cross-origin calls).
   std::vector<std::string> cors_allowed_origins;
+  // [0, 86400] seconds requests in flight get to finish after SIGTERM / SIGINT; those still
+  // running then end with an error (503, or an SSE error event).
+  double shutdown_grace_s = 30;
 
   bool operator==(const ServerSection&) const = default;
 };

@@ -51,6 +51,7 @@ server:
   port: 8080
   metrics_port: 0
   cors_allowed_origins: ["https://chat.example.com", "*"]
+  shutdown_grace_s: 2.5
 limits:
   max_prompt_tokens: 100000
   max_queue: 1000
@@ -126,7 +127,7 @@ TEST(Config, DefaultYamlSpellsOutEveryKey) {
   const std::set<std::string> expected = KeyPaths(formatted);
   EXPECT_EQ(KeyPaths(file), expected);
   EXPECT_EQ(expected.size(),
-            28u);  // model 3, engine 9, policy 1, topology 5, server 4, limits 5, logging 1
+            29u);  // model 3, engine 9, policy 1, topology 5, server 5, limits 5, logging 1
 }
 
 TEST(Config, ParsesEveryKey) {
@@ -158,6 +159,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(config.server.metrics_port, 0);
   EXPECT_EQ(config.server.cors_allowed_origins,
             (std::vector<std::string>{"https://chat.example.com", "*"}));
+  EXPECT_EQ(config.server.shutdown_grace_s, 2.5);
   EXPECT_EQ(config.limits.max_prompt_tokens, 100000);
   EXPECT_EQ(config.limits.max_queue, 1000);
   EXPECT_EQ(config.limits.request_timeout_s, 12.5);
@@ -236,7 +238,7 @@ TEST(Config, UnknownKeysAreNamedWithASuggestion) {
               HasSubstr("rubato.yaml: modle: unknown key; did you mean 'model'?"));
   EXPECT_THAT(ConfigError("server:\n  tls_certificate: a.pem\n"),
               HasSubstr("rubato.yaml: server.tls_certificate: unknown key; expected one of host, "
-                        "port, metrics_port, cors_allowed_origins"));
+                        "port, metrics_port, cors_allowed_origins, shutdown_grace_s"));
   EXPECT_THAT(ConfigError("topology:\n  ranks:\n    - {rank: 0, role: cache, gpu: 1}\n"),
               HasSubstr("rubato.yaml: topology.ranks[0].gpu: unknown key"));
 }
@@ -293,6 +295,10 @@ TEST(Config, OutOfRangeValuesNameKeyRangeAndValue) {
       {"server:\n  port: 65536\n", "server.port: must be in [1, 65535], got 65536"},
       {"server:\n  metrics_port: -1\n", "server.metrics_port: must be in [0, 65535], got -1"},
       {"server:\n  host: ''\n", "server.host: must not be empty"},
+      {"server:\n  shutdown_grace_s: -1\n",
+       "server.shutdown_grace_s: must be in [0, 86400], got -1"},
+      {"server:\n  shutdown_grace_s: 1e9\n",
+       "server.shutdown_grace_s: must be in [0, 86400], got 1e9"},
       {"limits:\n  max_queue: 0\n", "limits.max_queue: must be in [1, 1000000], got 0"},
       {"limits:\n  request_timeout_s: 0\n",
        "limits.request_timeout_s: must be in (0, 86400], got 0"},

@@ -48,8 +48,14 @@ std::string ReadToEof(int fd) {
   return data;
 }
 
-HttpResponse ParseResponse(const std::string& raw) {
+HttpResponse ParseResponse(const std::string& all) {
   HttpResponse response;
+  // Interim 1xx responses (100 Continue) come before the final one; a client skips them.
+  size_t start = 0;
+  while (all.compare(start, 10, "HTTP/1.1 1") == 0 && all.find("\r\n\r\n", start) != all.npos) {
+    start = all.find("\r\n\r\n", start) + 4;
+  }
+  const std::string raw = all.substr(start);
   const size_t head_end = raw.find("\r\n\r\n");
   if (raw.rfind("HTTP/1.1 ", 0) != 0 || head_end == std::string::npos) return response;
   response.status = std::atoi(raw.c_str() + 9);

@@ -20,7 +20,8 @@ int Connect(int port);
 void SendAll(int fd, const std::string& data);
 // Everything until EOF, an error or the receive timeout.
 std::string ReadToEof(int fd);
-// The status, headers and (de-chunked) body of a raw HTTP/1.1 response; status 0 when unparsable.
+// The status, headers and (de-chunked) body of a raw HTTP/1.1 response, after any interim 1xx
+// responses; status 0 when unparsable.
 HttpResponse ParseResponse(const std::string& raw);
 // One request with a JSON content type and `body`; status 0 when nothing parsable came back.
 // `headers`: extra request header lines, each ending in "\r\n" ("Origin: x\r\n").

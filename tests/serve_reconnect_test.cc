@@ -1,9 +1,9 @@
 // `rubato serve --cache` against a cache rank that dies and comes back, as a user runs it: two
 // processes, KV over UCX (TCP), heartbeats every 100 ms. A request streaming when the cache rank
-// is killed ends with one error event naming it; /health answers 503 while it is gone and a new
-// request fails with 503; once a cache rank listens on the same endpoint again the server
-// reconnects by itself, /health answers 200 and requests succeed. A request past the cache
-// rank's budget fails alone (507) with /health still 200. Every wait is bounded.
+// is killed ends with one error event naming it, then [DONE]; /health answers 503 while it is
+// gone and a new request fails with 503; once a cache rank listens on the same endpoint again the
+// server reconnects by itself, /health answers 200 and requests succeed. A request past the
+// cache rank's budget fails alone (507) with /health still 200. Every wait is bounded.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -95,7 +95,8 @@ TEST_F(ServeReconnectTest, ALostCacheRankFailsItsRequestsAndARestartedOneServesA
   ASSERT_EQ(Request(port, "GET", "/health").status, 200);
   ASSERT_EQ(Request(port, "POST", "/v1/completions", CompletionBody(4, false)).status, 200);
 
-  // A long stream runs when the cache rank dies: it ends with one error event naming it.
+  // A long stream runs when the cache rank dies: it ends with one error event naming it, then
+  // [DONE].
   const int stream = Connect(port);
   ASSERT_GE(stream, 0);
   const std::string body = CompletionBody(4000, true);
@@ -115,7 +116,8 @@ TEST_F(ServeReconnectTest, ALostCacheRankFailsItsRequestsAndARestartedOneServesA
   }
   EXPECT_EQ(errors, 1u) << streamed.body;
   EXPECT_NE(streamed.body.find("cache rank " + endpoint), std::string::npos) << streamed.body;
-  EXPECT_EQ(streamed.body.find("[DONE]"), std::string::npos);
+  EXPECT_EQ(streamed.body.substr(streamed.body.rfind("data: ")), "data: [DONE]\n\n");
+  EXPECT_LT(streamed.body.rfind("\"error\""), streamed.body.rfind("data: [DONE]"));
 
   // Gone: /health says so, and a new request fails with 503.
   EXPECT_TRUE(WaitForHealth(port, 503, milliseconds(10000)));

@@ -102,6 +102,11 @@ int main(int argc, char** argv) {
       ->add_option("--port", serve_args.port,
                    "TCP port (overrides server.port; 0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535));
+  serve
+      ->add_option("--shutdown-grace-s", serve_args.shutdown_grace_s,
+                   "Seconds requests in flight get to finish after SIGTERM / SIGINT (overrides "
+                   "server.shutdown_grace_s)")
+      ->check(CLI::Range(0.0, 86400.0));
   serve->add_option("--cache", serve_args.overrides.cache_endpoint,
                     "host:port of a cache rank (rubato cache --listen) for an offload policy");
   serve

@@ -1,12 +1,15 @@
 // `rubato serve` (see serve_command.h): config -> model -> Engine -> ServingEngine -> routes ->
-// HTTP server, then waits for a signal and shuts down in the reverse order.
+// HTTP server, then waits for a signal, drains (server.shutdown_grace_s) and shuts down in the
+// reverse order.
 #include "inference_rank/cli/serve_command.h"
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "common/logging.h"
@@ -21,11 +24,56 @@
 namespace rubato {
 namespace {
 
-volatile std::sig_atomic_t signal_received = 0;
-void OnSignal(int signal) { signal_received = signal; }
+// SIGINT / SIGTERM: the first starts the drain, a second ends it at once. Lock-free atomics
+// are safe in a signal handler.
+std::atomic<int> signals_received{0};
+std::atomic<int> first_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+void OnSignal(int signal) {
+  int none = 0;
+  first_signal.compare_exchange_strong(none, signal);
+  signals_received.fetch_add(1);
+}
 
-// Running requests get this long to finish after a signal; the rest are cancelled.
-constexpr std::chrono::seconds kShutdownGrace(5);
+// "1.5", "30": seconds as a user writes them.
+std::string Seconds(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", seconds);
+  return text;
+}
+
+// After the drain, the errors that end the requests left get this long to be written.
+constexpr std::chrono::seconds kLastRepliesFlush(5);
+
+// Stops gracefully after a signal: no new connections or requests (/health 503); requests in
+// flight get `grace` to finish (a second signal ends it); those left end with an error naming
+// the setting; their replies are written; the listeners close.
+void Drain(server::HttpServer& http, server::ServingEngine& serving, double grace_s) {
+  http.StopAccepting();
+  serving.Drain();
+  const char* name = first_signal.load() == SIGINT ? "SIGINT" : "SIGTERM";
+  std::printf("rubato serve: %s: draining; %d requests in flight get up to %s s "
+              "(server.shutdown_grace_s), a second signal ends them now\n",
+              name, http.pending_replies(), Seconds(grace_s).c_str());
+  std::fflush(stdout);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(grace_s));
+  while (http.pending_replies() > 0 && signals_received.load() < 2 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const int left = http.pending_replies();
+  const std::string why =
+      signals_received.load() >= 2
+          ? "a second signal ended the grace period"
+          : "the request did not finish within server.shutdown_grace_s (" + Seconds(grace_s) +
+                " s)";
+  if (left > 0) RUBATO_LOG_WARN("cli", "ending {} requests still running: {}", left, why);
+  // Ends every request left with this error; the HTTP server writes them out.
+  serving.Stop(UnavailableError("the server is shutting down: " + why));
+  http.Stop(kLastRepliesFlush);
+}
 
 // Loads the model and serves HTTP until SIGINT / SIGTERM.
 Status Serve(const RubatoConfig& config);
@@ -57,6 +105,7 @@ Status RunServe(const ServeArgs& args) {
     }
     config.server.port = *args.port;
   }
+  if (args.shutdown_grace_s) config.server.shutdown_grace_s = *args.shutdown_grace_s;
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
   // Under mpirun with topology.ranks: a cache rank serves KV; this rank serves HTTP against it.
   return RunWithMpiRoles(config, [](RubatoConfig& resolved) { return Serve(resolved); });
@@ -140,13 +189,10 @@ Status Serve(const RubatoConfig& config) {
               static_cast<unsigned>(http->port()));
   std::fflush(stdout);
 
-  while (signal_received == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  RUBATO_LOG_INFO("cli", "signal {}: stopping", static_cast<int>(signal_received));
-  // Stop accepting; running requests finish (the engine still steps) within the grace period;
-  // then the engine loop ends every request left.
-  http->Stop(kShutdownGrace);
+  while (signals_received.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The metrics listener stays up while the API drains (the drain shows in the metrics).
+  Drain(*http, *serving, config.server.shutdown_grace_s);
   if (metrics_http != nullptr) metrics_http->Stop();
-  serving->Stop();
   return Status::Ok();
 }
 

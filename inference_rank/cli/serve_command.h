@@ -1,8 +1,8 @@
 // `rubato serve`: load a model like `rubato generate` (config, policy, backend, offload cache
 // rank) and serve the OpenAI-compatible HTTP API (inference_rank/server/) until SIGINT or
 // SIGTERM. Prints "rubato serve: listening on http://HOST:PORT" once it accepts requests (port
-// 0 picks a free port; the line says which). On a signal it stops accepting, gives running
-// requests a few seconds to finish, cancels the rest and returns ok.
+// 0 picks a free port; the line says which). On a signal it stops accepting, gives requests in
+// flight up to server.shutdown_grace_s to finish, ends the rest with an error and returns ok.
 #pragma once
 
 #include <optional>
@@ -17,6 +17,7 @@ struct ServeArgs {
   ConfigOverrides overrides;          // --config --model --policy --threads --backend --cache
   std::optional<std::string> host;    // overrides server.host
   std::optional<int> port;            // overrides server.port; 0: any free port
+  std::optional<double> shutdown_grace_s;  // overrides server.shutdown_grace_s
 };
 
 Status RunServe(const ServeArgs& args);

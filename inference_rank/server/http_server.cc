@@ -11,14 +11,18 @@
 
 #include "inference_rank/server/http_server.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <exception>
+#include <future>
 #include <optional>
 #include <set>
 #include <utility>
@@ -35,92 +39,23 @@ using tcp = net::ip::tcp;
 
 namespace {
 constexpr const char* kLogSubsystem = "http";
+// Bytes a connection reads ahead while its reply is pending (a pipelined next request), at most.
+constexpr size_t kReadAheadBytes = 64 << 10;
+// The interim response that probes a half-closed HTTP/1.1 client (see Session::OnPeerEof).
+constexpr std::string_view kProbe = "HTTP/1.1 100 Continue\r\n\r\n";
+
+// True when the peer of a connected TCP socket has reset it: what a peer that closed its socket
+// answers to bytes sent to it.
+bool PeerReset(int fd) {
+  int error = 0;
+  socklen_t length = sizeof(error);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error != 0) return true;
+  tcp_info info{};
+  length = sizeof(info);
+  return ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 &&
+         info.tcpi_state == TCP_CLOSE;
+}
 }  // namespace
-
-// ---- PendingReply ---------------------------------------------------------------------------
-
-void PendingReply::SetHeaders(HttpHeaders headers) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  // Before those of a Complete that may have come first (the engine thread races the handler).
-  progress_.headers.insert(progress_.headers.begin(), headers.begin(), headers.end());
-}
-
-void PendingReply::Complete(int status, std::string content_type, std::string body,
-                            HttpHeaders headers) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (finished_ || progress_.stream_started) return;
-  finished_ = true;
-  progress_.complete = true;
-  progress_.status = status;
-  progress_.content_type = std::move(content_type);
-  progress_.body = std::move(body);
-  for (auto& header : headers) progress_.headers.push_back(std::move(header));
-  Notify(lock);
-}
-
-void PendingReply::StartStream(std::string content_type) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (finished_ || progress_.stream_started) return;
-  progress_.stream_started = true;
-  progress_.content_type = std::move(content_type);
-  Notify(lock);
-}
-
-void PendingReply::Write(std::string piece) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (finished_ || !progress_.stream_started || piece.empty()) return;
-  progress_.body += piece;
-  Notify(lock);
-}
-
-void PendingReply::EndStream(bool close_connection) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (finished_ || !progress_.stream_started) return;
-  finished_ = true;
-  progress_.stream_ended = true;
-  progress_.close_connection = close_connection;
-  Notify(lock);
-}
-
-void PendingReply::SetOnCancel(std::function<void()> on_cancel) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  on_cancel_ = std::move(on_cancel);
-}
-
-void PendingReply::SetNotify(std::function<void()> notify) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  notify_ = std::move(notify);
-  Notify(lock);  // something may be ready already
-}
-
-void PendingReply::Notify(std::unique_lock<std::mutex>& lock) {
-  std::function<void()> notify = notify_;
-  lock.unlock();
-  if (notify) notify();
-}
-
-PendingReply::Progress PendingReply::Take() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Progress taken = progress_;
-  // What stays: the stream's state flags; the body pieces and the whole reply are handed over.
-  progress_.body.clear();
-  if (progress_.complete || progress_.stream_started) progress_.headers.clear();  // sent now
-  progress_.complete = false;
-  if (content_type_taken_) taken.content_type.clear();
-  if (progress_.stream_started) content_type_taken_ = true;
-  return taken;
-}
-
-void PendingReply::Cancel() {
-  std::function<void()> on_cancel;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (cancelled_ || finished_) return;
-    cancelled_ = true;
-    on_cancel = std::move(on_cancel_);
-  }
-  if (on_cancel) on_cancel();
-}
 
 // ---- Session --------------------------------------------------------------------------------
 
@@ -128,6 +63,8 @@ class Session;
 
 struct HttpServer::State {
   net::io_context io;
+  // Keeps io.run() going when no connection or accept is left (a stopped listener), until Stop.
+  net::executor_work_guard<net::io_context::executor_type> keep_running{io.get_executor()};
   tcp::acceptor acceptor{io};
   HttpServerOptions options;
   HttpHandler handler;
@@ -171,9 +108,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Run() { ReadHeader(); }
 
-  // Server stop: idle connections close now; one with a pending reply closes when it ends.
+  // Server stop: a connection waiting for its next request closes now; one that has begun a
+  // request (bytes of it arrived, read or not), or has a reply to write, closes after that reply.
   void CloseIfIdle() {
-    if (pending_ == nullptr) Close();
+    beast::error_code error;
+    const bool bytes_arrived = buffer_.size() > 0 || stream_.socket().available(error) > 0 ||
+                               (parser_ && parser_->got_some());
+    if (waiting_for_request_ && !bytes_arrived) Close();
   }
   void Close() {
     beast::error_code ignored;
@@ -184,7 +125,11 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void ReadHeader() {
     head_only_ = false;
-    if (state_->stopping) return Forget();
+    if (state_->stopping) {
+      Close();
+      return Forget();
+    }
+    waiting_for_request_ = true;
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(state_->options.max_header_bytes));
     parser_->body_limit(state_->options.max_body_bytes);
@@ -196,6 +141,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnHeader(beast::error_code error) {
+    waiting_for_request_ = false;
     if (error) return OnReadError(error);
     const auto& header = parser_->get();
     if (beast::iequals(header[http::field::expect], "100-continue")) {
@@ -254,6 +200,7 @@ class Session : public std::enable_shared_from_this<Session> {
     http::request<http::string_body> request = parser_->release();
     parser_.reset();
     keep_alive_ = request.keep_alive();
+    http11_ = request.version() >= 11;
     HttpRequest view;
     view.method = std::string(request.method_string());
     const std::string_view target(request.target().data(), request.target().size());
@@ -283,7 +230,7 @@ class Session : public std::enable_shared_from_this<Session> {
     pending_ = std::move(reply.pending);
     ++state_->pending_replies;
     stream_.expires_never();  // the engine's time; the write timeout guards the writes
-    WatchForHangup();
+    WatchPeer();
     std::weak_ptr<Session> weak = shared_from_this();
     pending_->SetNotify([weak, weak_state = state_->self] {
       const std::shared_ptr<HttpServer::State> state = weak_state.lock();
@@ -294,19 +241,49 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // While a reply is pending nothing reads the socket: wait for it to become readable, and
-  // cancel when that is the peer's EOF or an error (not a pipelined next request).
-  void WatchForHangup() {
+  // While a reply is pending nothing else reads the socket. What arrives is kept in buffer_ for
+  // after the reply (a pipelined next request; reading it lets the peer's EOF show), up to
+  // kReadAheadBytes; an error means the peer is gone; its EOF is handled by OnPeerEof.
+  void WatchPeer() {
     stream_.socket().async_wait(
-        tcp::socket::wait_read, [self = shared_from_this()](beast::error_code error) {
-          if (self->pending_ == nullptr || error == net::error::operation_aborted) return;
-          char byte;
-          const ssize_t peeked = ::recv(self->stream_.socket().native_handle(), &byte, 1,
-                                        MSG_PEEK | MSG_DONTWAIT);
-          if (error || peeked == 0 || (peeked < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        tcp::socket::wait_read,
+        [self = shared_from_this(), watch = watch_](beast::error_code error) {
+          if (watch != self->watch_ || self->pending_ == nullptr) return;  // that reply ended
+          if (error) return self->CancelPending();
+          const auto space = self->buffer_.prepare(4096);
+          const ssize_t got = ::recv(self->stream_.socket().native_handle(), space.data(),
+                                     space.size(), MSG_DONTWAIT);
+          if (got > 0) {
+            self->buffer_.commit(static_cast<size_t>(got));
+            // Past the limit the rest waits in the socket: a peer that leaves now is noticed
+            // by the reply's write only.
+            if (self->buffer_.size() < kReadAheadBytes) self->WatchPeer();
+          } else if (got == 0) {
+            self->OnPeerEof();
+          } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            self->WatchPeer();
+          } else {
             self->CancelPending();
           }
         });
+  }
+
+  // The peer sent its EOF while its reply is pending: it either closed its socket (it is gone)
+  // or only shut down its sending side, which HTTP/1.1 allows after a complete request (it still
+  // reads the reply). Bytes sent to a closed socket make the peer's TCP answer with a reset, so
+  // the connection probes: an HTTP/1.1 client must accept an interim 100 Continue before the
+  // reply (RFC 9110 15.2), a stream's next chunk probes as well. A reset cancels the reply.
+  // HTTP/1.0 has no interim responses: its EOF is taken as the client gone.
+  void OnPeerEof() {
+    if (!http11_) return CancelPending();
+    probe_ = !header_sent_;
+    stream_.socket().async_wait(
+        tcp::socket::wait_error,
+        [self = shared_from_this(), watch = watch_](beast::error_code error) {
+          if (watch != self->watch_ || self->pending_ == nullptr) return;
+          if (error || PeerReset(self->stream_.socket().native_handle())) self->CancelPending();
+        });
+    Pump();
   }
 
   void Pump() {
@@ -332,6 +309,8 @@ class Session : public std::enable_shared_from_this<Session> {
         if (progress.close_connection || state_->stopping) keep_alive_ = false;
       }
     }
+    if (out.empty() && probe_ && !header_sent_) out = kProbe;
+    probe_ = false;
     if (out.empty()) return;
     writing_ = true;
     auto data = std::make_shared<std::string>(std::move(out));
@@ -366,9 +345,11 @@ class Session : public std::enable_shared_from_this<Session> {
     if (pending_ == nullptr) return;
     pending_.reset();
     header_sent_ = false;
+    probe_ = false;
     --state_->pending_replies;
+    ++watch_;  // the watches of this reply see that it ended
     beast::error_code ignored;
-    stream_.socket().cancel(ignored);  // the hang-up watch
+    stream_.socket().cancel(ignored);
   }
 
   std::string ResponseHead(int status, const std::string& content_type, size_t length,
@@ -420,6 +401,10 @@ class Session : public std::enable_shared_from_this<Session> {
   bool head_only_ = false;  // the current request is HEAD: the reply's head, no body
   bool writing_ = false;
   bool header_sent_ = false;
+  bool http11_ = true;                // the current request is HTTP/1.1 (or later)
+  bool waiting_for_request_ = false;  // reading the next request, no byte of it seen yet
+  bool probe_ = false;                // write the half-close probe (kProbe) when idle
+  uint64_t watch_ = 0;                // which pending reply the socket watches belong to
 };
 
 // ---- HttpServer -----------------------------------------------------------------------------
@@ -481,17 +466,32 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& o
 
 HttpServer::~HttpServer() { Stop(); }
 
-void HttpServer::Stop(std::chrono::milliseconds grace) {
+void HttpServer::StopAccepting() {
   if (!io_thread_.joinable()) return;
   State* state = state_.get();
-  net::post(state->io, [state] {
-    state->stopping = true;
-    beast::error_code ignored;
-    state->acceptor.close(ignored);
-    for (const auto& session : std::set<std::shared_ptr<Session>>(state->sessions)) {
-      session->CloseIfIdle();
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  net::post(state->io, [state, done] {
+    if (!state->stopping) {
+      state->stopping = true;
+      beast::error_code ignored;
+      state->acceptor.close(ignored);
+      for (const auto& session : std::set<std::shared_ptr<Session>>(state->sessions)) {
+        session->CloseIfIdle();
+      }
     }
+    done->set_value();
   });
+  // The I/O thread runs until Stop joins it; should it have died, do not wait for it forever.
+  finished.wait_for(std::chrono::seconds(10));
+}
+
+int HttpServer::pending_replies() const { return state_->pending_replies.load(); }
+
+void HttpServer::Stop(std::chrono::milliseconds grace) {
+  if (!io_thread_.joinable()) return;
+  StopAccepting();
+  State* state = state_.get();
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (state->pending_replies.load() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -2,7 +2,8 @@
 // size limits, hands each to one handler and writes its reply (keep-alive, 100-continue, replies
 // that complete later or stream as chunked Server-Sent Events). One I/O thread runs every
 // connection; handlers run on it and must not block. Bad input never takes the server down; a
-// client that goes away cancels its pending reply. HEAD gets the GET reply's head without body.
+// client that goes away cancels its pending reply (one that only half-closes is answered). HEAD
+// gets the GET reply's head without body. Stops gracefully: StopAccepting, then Stop(grace).
 // Narrative: docs/engine_and_models.md "The HTTP server".
 #pragma once
 
@@ -20,11 +21,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "inference_rank/server/pending_reply.h"
 
 namespace rubato::server {
-
-// Extra response headers, in order: {name, value}.
-using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
 struct HttpRequest {
   std::string method;  // "GET", "POST", ...
@@ -37,50 +36,6 @@ struct HttpRequest {
     const auto it = headers.find(name);
     return it == headers.end() ? std::string() : it->second;
   }
-};
-
-// A reply completed later, from any thread: either whole (Complete) or as a stream of body
-// pieces (StartStream, Write..., EndStream). Thread-safe.
-class PendingReply {
- public:
-  // Headers every form of the reply carries (e.g. CORS), set before the connection takes it.
-  void SetHeaders(HttpHeaders headers);
-  // The whole reply, with `headers` after SetHeaders'; ignored after StartStream (a stream ends
-  // with EndStream).
-  void Complete(int status, std::string content_type, std::string body, HttpHeaders headers = {});
-  // A 200 reply with this content type whose body follows in pieces.
-  void StartStream(std::string content_type);
-  void Write(std::string piece);
-  // Ends the stream; `close_connection` also closes the connection afterwards (after an error).
-  void EndStream(bool close_connection = false);
-  // Called at most once, on the I/O thread, when the client went away before the reply ended.
-  void SetOnCancel(std::function<void()> on_cancel);
-
-  // The connection's side.
-  struct Progress {
-    bool complete = false;  // a whole reply: status, content_type, body
-    int status = 200;
-    std::string content_type;
-    std::string body;         // whole reply body, or the stream's new pieces
-    HttpHeaders headers = {};  // with the whole reply or the stream's start
-    bool stream_started = false;  // StartStream happened (content_type set the first time)
-    bool stream_ended = false;
-    bool close_connection = false;
-  };
-  Progress Take();
-  void SetNotify(std::function<void()> notify);  // called after every producer call
-  void Cancel();  // runs on_cancel once
-
- private:
-  void Notify(std::unique_lock<std::mutex>& lock);
-
-  std::mutex mutex_;
-  Progress progress_;           // what the connection has not taken yet
-  bool content_type_taken_ = false;
-  bool finished_ = false;       // Complete or EndStream happened
-  bool cancelled_ = false;
-  std::function<void()> notify_;
-  std::function<void()> on_cancel_;
 };
 
 struct HttpReply {
@@ -112,8 +67,14 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   uint16_t port() const { return port_; }  // the bound port
-  // Stops accepting and closes idle connections; connections with a pending reply get up to
-  // `grace` to finish it; then every connection is closed and the I/O thread joined.
+  // Closes the listening socket (new connections are refused) and the connections that wait for
+  // a next request. A connection in the middle of a request, or with a reply to write, goes on
+  // and closes after that reply (`Connection: close`). Returns once done; idempotent.
+  void StopAccepting();
+  // Replies handlers left pending (PendingReply) that are not written out yet.
+  int pending_replies() const;
+  // StopAccepting; connections with a pending reply get up to `grace` to finish it; then every
+  // connection is closed and the I/O thread joined.
   void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
 
   struct State;  // the Asio objects and connections; defined in http_server.cc only

@@ -70,8 +70,10 @@ void OnUpdate(ReplyState& state, const ServingUpdate& update) {
   result.completion_tokens = update.completion_tokens;
   if (!update.error.ok()) {
     const ApiError error = EngineError(update);
-    if (state.stream_started) {  // mid-stream: an error event, then the connection closes
-      state.reply->Write("data: " + ApiErrorBody(error) + "\n\n");
+    if (state.stream_started) {
+      // Mid-stream: an error event and [DONE] (as vLLM ends a failed stream: clients that wait
+      // for [DONE] see the end), then the connection closes.
+      state.reply->Write("data: " + ApiErrorBody(error) + "\n\n" + std::string(kSseDone));
       state.reply->EndStream(/*close_connection=*/true);
     } else {
       state.reply->Complete(error.http_status, "application/json", ApiErrorBody(error),

@@ -29,6 +29,9 @@ size_t StopPrefixSuffix(const std::string& text, const std::vector<std::string>&
   return longest;
 }
 
+// The last update of a request whose client went away.
+Status ClientGone() { return UnavailableError("request cancelled: its client went away"); }
+
 // The earliest position of any stop string in `text`, or npos.
 size_t FirstStop(const std::string& text, const std::vector<std::string>& stops) {
   size_t first = std::string::npos;
@@ -89,6 +92,7 @@ Result<uint64_t> ServingEngine::Submit(ServingRequest request) {
     return UnavailableError("the serving engine has stopped" +
                             (health_.ok() ? std::string() : ": " + health_.message()));
   }
+  if (draining_) return UnavailableError("the server is shutting down and takes no new requests");
   const int waiting = static_cast<int>(incoming_.size()) + engine_waiting_;
   if (waiting >= options_.max_queue) {
     if (metrics_) metrics_->rejected->Increment();
@@ -111,9 +115,15 @@ void ServingEngine::Cancel(uint64_t serving_id) {
   wake_.notify_one();
 }
 
-void ServingEngine::Stop() {
+void ServingEngine::Drain() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  draining_ = true;
+}
+
+void ServingEngine::Stop(const Status& why) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!stop_requested_) stop_reason_ = why;
     stop_requested_ = true;
   }
   wake_.notify_one();
@@ -126,20 +136,15 @@ void ServingEngine::Stop() {
     loop_stopped_ = true;
     left.swap(incoming_);
   }
-  for (Incoming& request : left) {
-    ServingUpdate update;
-    update.finished = true;
-    update.error = UnavailableError("the server is shutting down");
-    if (metrics_) metrics_->failed->Increment();
-    request.request.on_update(update);
-  }
-  FailAll(UnavailableError("the server is shutting down"));
+  for (Incoming& request : left) EndNotAdmitted(request, stop_reason_, RequestEnd::kFailed);
+  FailAll(stop_reason_);
 }
 
 Status ServingEngine::Health() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!health_.ok()) return health_;
   if (loop_stopped_ || stop_requested_) return UnavailableError("the engine loop has stopped");
+  if (draining_) return UnavailableError("the server is shutting down");
   if (!started_) return UnavailableError("the engine loop has not started");
   // A request that failed alone (its KV did not fit the cache rank's budget, say) is that
   // request's error, not the server's health.
@@ -164,20 +169,18 @@ void ServingEngine::Loop() {
     }
     if (stopping) {
       for (Incoming& request : incoming) {
-        ServingUpdate update;
-        update.finished = true;
-        update.error = UnavailableError("the server is shutting down");
-        if (metrics_) metrics_->failed->Increment();
-        request.request.on_update(update);
+        EndNotAdmitted(request, stop_reason_, RequestEnd::kFailed);
       }
-      FailAll(UnavailableError("the server is shutting down"));
+      FailAll(stop_reason_);
       break;
     }
+    // A request and its cancel can come in the same turn (the client left while the engine was
+    // busy with a step): the request then ends here, never reaching the engine.
+    const std::unordered_set<uint64_t> cancelled(cancels.begin(), cancels.end());
+    AdmitIncoming(incoming, cancelled);
     for (uint64_t id : cancels) {
-      CancelOnEngineThread(id, UnavailableError("request cancelled: its client went away"),
-                           RequestEnd::kAborted);
+      CancelOnEngineThread(id, ClientGone(), RequestEnd::kAborted);
     }
-    AdmitIncoming(incoming);
     ExpireDeadlines();
     if (const KvOffloadClient* offload = engine_->options().offload; offload != nullptr) {
       Status broken = offload->Broken();
@@ -205,8 +208,13 @@ void ServingEngine::Loop() {
   }
 }
 
-void ServingEngine::AdmitIncoming(std::deque<Incoming>& incoming) {
+void ServingEngine::AdmitIncoming(std::deque<Incoming>& incoming,
+                                  const std::unordered_set<uint64_t>& cancelled) {
   for (Incoming& next : incoming) {
+    if (cancelled.count(next.serving_id) != 0) {
+      EndNotAdmitted(next, ClientGone(), RequestEnd::kAborted);
+      continue;
+    }
     LiveRequest live;
     live.prompt_tokens = static_cast<int>(next.request.generation.prompt_ids.size());
     live.arrival = next.arrival;
@@ -231,6 +239,15 @@ void ServingEngine::AdmitIncoming(std::deque<Incoming>& incoming) {
     serving_by_engine_[live.engine_id] = next.serving_id;
     live_.emplace(next.serving_id, std::move(live));
   }
+}
+
+void ServingEngine::EndNotAdmitted(Incoming& request, const Status& why, RequestEnd end) {
+  ServingUpdate update;
+  update.finished = true;
+  update.prompt_tokens = static_cast<int>(request.request.generation.prompt_ids.size());
+  update.error = why;
+  if (metrics_) metrics_->CountEnd(end, "");
+  request.request.on_update(update);
 }
 
 void ServingEngine::MarkScheduled(const std::vector<uint64_t>& engine_ids,

@@ -1,8 +1,8 @@
 // The serving side of the Engine: one thread owns the Engine and runs Step in a loop; HTTP
 // handlers Submit requests into a bounded queue and get their text back through a callback,
 // piece by piece, with stop strings applied and the vLLM-compatible metrics measured.
-// Thread-safety: Submit, Cancel, Health, Stop may be called from any thread; on_update callbacks
-// run on the engine thread and must not block.
+// Thread-safety: Submit, Cancel, Health, Drain, Stop may be called from any thread; on_update
+// callbacks run on the engine thread and must not block.
 // Narrative: docs/engine_and_models.md "The serving engine".
 #pragma once
 
@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/metrics.h"
@@ -76,13 +77,19 @@ class ServingEngine {
   // requests wait already; Unavailable when the loop has stopped. Every accepted request gets
   // exactly one finished update.
   Result<uint64_t> Submit(ServingRequest request);
-  // Ends a request early (its client went away): its KV is released and its last update is an
-  // error. Unknown or finished ids are ignored.
+  // Ends a request early (its client went away), whether it is queued or running: its KV is
+  // released, it is counted aborted and its last update is an error. Unknown or finished ids are
+  // ignored.
   void Cancel(uint64_t serving_id);
-  // Stops the loop: every queued or running request ends with Unavailable; joins the thread.
-  void Stop();
-  // Ok while the loop runs, its cache rank (if any) works and the last request that ended did
-  // not fail inside the engine (a cache rank that comes back clears that); else why not.
+  // The start of a graceful stop: Submit refuses new requests (Unavailable) and Health reports
+  // the server unavailable, while the loop goes on with the requests it has.
+  void Drain();
+  // Stops the loop: every queued or running request ends with `why` (an Unavailable status);
+  // joins the thread.
+  void Stop(const Status& why = UnavailableError("the server is shutting down"));
+  // Ok while the loop runs, is not draining, its cache rank (if any) works and the last request
+  // that ended did not fail inside the engine (a cache rank that comes back clears that); else
+  // why not.
   Status Health() const;
 
   int max_context() const { return max_context_; }
@@ -114,7 +121,10 @@ class ServingEngine {
                 const ServingEngineOptions& options, std::optional<ServingMetrics> metrics);
   void Loop();
   // Loop parts, on the engine thread.
-  void AdmitIncoming(std::deque<Incoming>& incoming);
+  // Hands new requests to the engine, but ends those `cancelled` already without running them.
+  void AdmitIncoming(std::deque<Incoming>& incoming, const std::unordered_set<uint64_t>& cancelled);
+  // Ends a request that never reached the engine (its only update).
+  void EndNotAdmitted(Incoming& request, const Status& why, RequestEnd end);
   void CancelOnEngineThread(uint64_t serving_id, const Status& why, RequestEnd end);
   // The engine scheduled these requests in the step that began at `step_start`.
   void MarkScheduled(const std::vector<uint64_t>& engine_ids, Clock::time_point step_start);
@@ -145,7 +155,9 @@ class ServingEngine {
   int engine_waiting_ = 0;  // requests waiting inside the engine after the last loop turn
   bool started_ = false;  // Start() ran (thread_ itself is touched by Start and Stop only)
   bool stop_requested_ = false;
+  bool draining_ = false;
   bool loop_stopped_ = false;
+  Status stop_reason_;   // what Stop gives the requests it ends
   Status health_;        // the loop's end, or the offload client's Broken()
   // The error of the last request that failed inside the engine (kError: e.g. its cache rank
   // could not be reached), until a request finishes well again.

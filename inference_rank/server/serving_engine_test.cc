@@ -1,6 +1,7 @@
 // Tests for the ServingEngine on the bundled tiny model: concurrent requests give the text each
 // gives alone (greedy), stop strings, the bounded queue, cancellation releasing KV (also
-// Engine::Cancel directly), engine refusals, timeouts, shutdown, and the serving metrics.
+// Engine::Cancel directly, and a cancel that comes with its request), engine refusals, timeouts,
+// draining, shutdown, and the serving metrics.
 #include "inference_rank/server/serving_engine.h"
 
 #include <gtest/gtest.h>
@@ -335,6 +336,57 @@ TEST_F(ServingEngineTest, CancelEndsTheRequestAndReleasesItsKv) {
   EXPECT_NE(exposition.find(
                 "rubato:request_success_total{model_name=\"\",finished_reason=\"length\"} 1\n"),
             std::string::npos);
+}
+
+// A cancel that reaches the engine thread in the same loop turn as its request (the client left
+// while a step ran) ends the request there: it never runs, and counts as aborted.
+TEST_F(ServingEngineTest, CancelBeforeAdmissionNeverRuns) {
+  MetricsRegistry metrics;
+  ServingEngineOptions options;
+  options.metrics = &metrics;
+  auto serving = ServingEngine::Create(MakeEngine(2, &metrics), tokenizer_.get(), options);
+  ASSERT_TRUE(serving.ok());
+  Collector collector;
+  Result<uint64_t> id =
+      (*serving)->Submit(Greedy(Encode("Once upon a time"), 900, collector.Callback(0)));
+  ASSERT_TRUE(id.ok());
+  (*serving)->Cancel(*id);
+  (*serving)->Start();  // its first turn sees both
+  ASSERT_TRUE(collector.WaitFinished(1));
+  const Collector::Outcome cancelled = collector.Get(0);
+  EXPECT_EQ(cancelled.updates, 1);
+  EXPECT_EQ(cancelled.last.completion_tokens, 0);
+  EXPECT_NE(cancelled.last.error.message().find("client went away"), std::string::npos);
+  (*serving)->Stop();
+  const std::string exposition = metrics.ExpositionText();
+  EXPECT_NE(exposition.find("rubato:requests_aborted_total{model_name=\"\"} 1\n"),
+            std::string::npos)
+      << exposition;
+  EXPECT_NE(exposition.find("rubato:generation_tokens_total{model_name=\"\"} 0\n"),
+            std::string::npos)
+      << exposition;
+}
+
+// Draining: new requests are refused and Health says why, while the running one finishes; Stop
+// then gives its reason to the requests it ends.
+TEST_F(ServingEngineTest, DrainRefusesNewRequestsAndStopNamesItsReason) {
+  auto serving = ServingEngine::Create(MakeEngine(2), tokenizer_.get(), {});
+  ASSERT_TRUE(serving.ok());
+  (*serving)->Start();
+  Collector collector;
+  ASSERT_TRUE((*serving)->Submit(Greedy(Encode("a b"), 6, collector.Callback(0))).ok());
+  ASSERT_TRUE((*serving)->Submit(Greedy(Encode("c d"), 900, collector.Callback(1))).ok());
+  ASSERT_TRUE(collector.WaitUpdates(1, 1));
+  (*serving)->Drain();
+  EXPECT_EQ((*serving)->Health().code(), StatusCode::kUnavailable);
+  EXPECT_NE((*serving)->Health().message().find("shutting down"), std::string::npos);
+  Result<uint64_t> late = (*serving)->Submit(Greedy(Encode("e"), 2, collector.Callback(2)));
+  EXPECT_EQ(late.status().code(), StatusCode::kUnavailable);
+  ASSERT_TRUE(collector.WaitFinished(1));
+  EXPECT_TRUE(collector.Get(0).last.error.ok());
+  (*serving)->Stop(UnavailableError("the server is shutting down: grace over"));
+  ASSERT_TRUE(collector.WaitFinished(2));
+  EXPECT_EQ(collector.Get(1).last.error.message(), "the server is shutting down: grace over");
 }
 
 TEST_F(ServingEngineTest, EngineCancelReleasesWaitingAndRunningRequests) {

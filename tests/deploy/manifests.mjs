@@ -120,6 +120,11 @@ function checkSet(set, objects) {
     if (rubato.server?.host !== '0.0.0.0' || rubato.server?.port !== http?.containerPort) {
       fail(set, `rubato.yaml server ${JSON.stringify(rubato.server)} must listen on 0.0.0.0:${http?.containerPort}`);
     }
+    // The pod outlives rubato's drain: SIGKILL must not cut the errors it writes at its end.
+    const grace = inference.spec.template.spec.terminationGracePeriodSeconds;
+    if (!(rubato.server?.shutdown_grace_s >= 0) || !(grace >= rubato.server.shutdown_grace_s + 5)) {
+      fail(set, `terminationGracePeriodSeconds ${grace} must exceed server.shutdown_grace_s ${rubato.server?.shutdown_grace_s} by 5 s`);
+    }
     const cache = byKind('StatefulSet')[0];
     if (cache) {
       const rpc = cache.spec.template.spec.containers[0].ports.find((p) => p.name === 'rpc');

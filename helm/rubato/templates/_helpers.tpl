@@ -49,14 +49,15 @@ app.kubernetes.io/managed-by: {{ $root.Release.Service }}
 
 {{/*
 The rubato YAML (configs/default.yaml has every key): .Values.config with what the chart owns
-laid over it: model.path, server (all interfaces, inference.port; /metrics is served on that
-port, so the separate metrics_port is off) and, in disaggregated mode, the topology and the
-offloaded KV residency. Each inference rank resolves the cache ranks' headless Service name and
-connects to one of the cache ranks ready at that moment.
+laid over it: model.path, server (all interfaces, inference.port, /metrics served on that port
+so the separate metrics_port is off, the drain time inference.shutdownGraceSeconds) and, in
+disaggregated mode, the topology and the offloaded KV residency. Each inference rank resolves the
+cache ranks' headless Service name and connects to one of the cache ranks ready at that moment.
 */}}
 {{- define "rubato.config" -}}
 {{- $owned := dict "model" (dict "path" .Values.model.path)
-      "server" (dict "host" "0.0.0.0" "port" (int .Values.inference.port) "metrics_port" 0) -}}
+      "server" (dict "host" "0.0.0.0" "port" (int .Values.inference.port) "metrics_port" 0
+        "shutdown_grace_s" (int .Values.inference.shutdownGraceSeconds)) -}}
 {{- if eq .Values.mode "disaggregated" -}}
 {{- $endpoint := printf "%s.%s.svc:%d" (include "rubato.cacheServiceName" .) .Release.Namespace (int .Values.cache.rpcPort) -}}
 {{- $_ := set $owned "engine" (dict "kv_residency" "offloaded") -}}
@@ -70,6 +71,9 @@ connects to one of the cache ranks ready at that moment.
 {{- $engine := .Values.config.engine | default dict -}}
 {{- if and (eq (toString $engine.backend) "cuda") (lt (int .Values.inference.gpus) 1) -}}
 {{- fail "config.engine.backend cuda needs inference.gpus >= 1" -}}
+{{- end -}}
+{{- if lt (int .Values.inference.terminationGracePeriodSeconds) (add (int .Values.inference.shutdownGraceSeconds) 5) -}}
+{{- fail "inference.terminationGracePeriodSeconds must be at least inference.shutdownGraceSeconds + 5: the pod is killed before rubato serve has ended the requests still running" -}}
 {{- end -}}
 {{- if eq .Values.mode "disaggregated" -}}
 {{- if and (eq .Values.cache.transport "nccl") (or (lt (int .Values.inference.gpus) 1) (lt (int .Values.cache.gpus) 1)) -}}
