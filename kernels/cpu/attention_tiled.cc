@@ -65,8 +65,9 @@ struct TileScratch {
 
 // The row loops below are compiled for AVX-512, AVX2 and baseline x86-64, picked at load time.
 // Their results do not depend on the clone: the reductions' order is fixed by the eight
-// partials and contraction into FMAs is off.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// partials and contraction into FMAs is off. Not under ThreadSanitizer: the clones' resolvers run
+// during relocation, before its runtime is up, and crash there.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define RUBATO_ROW_LOOP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define RUBATO_ROW_LOOP_CLONES
