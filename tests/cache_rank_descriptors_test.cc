@@ -1,11 +1,11 @@
-// A cache rank out of file descriptors (`prlimit --nofile`, then hundreds of idle TCP
-// connections to its RPC port): its accept loop backs off instead of spinning and logs the
-// failures at most once per interval (they were megabytes of identical lines a second), and once
-// the connections close it accepts again and serves a whole offloaded run. docs/security.md
-// "Descriptors".
+// A cache rank and `rubato serve` out of file descriptors (`prlimit --nofile`, then hundreds of
+// idle TCP connections to their port): the accept loop backs off instead of spinning and logs
+// the failures at most once per interval (they were megabytes of identical lines a second), and
+// once the connections close it accepts again and serves. docs/security.md "Descriptors".
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -85,6 +85,50 @@ TEST(CacheRankDescriptors, ExhaustedDescriptorsBackOffQuietlyAndRecover) {
       120);
   EXPECT_EQ(run.exit_code, 0) << run.err;
   EXPECT_FALSE(run.signaled);
+}
+
+TEST(ServeDescriptors, ExhaustedDescriptorsBackOffQuietlyAndRecover) {
+  BackgroundProcess server("/usr/bin/prlimit",
+                           {"--nofile=64:64", RUBATO_BINARY, "serve", "--model",
+                            "models/tiny-qwen3-longctx", "--port", "0", "--threads", "1"});
+  ASSERT_TRUE(server.WaitForOutput("listening on http://", milliseconds(30000)))
+      << server.Out() << server.Err();
+  std::smatch match;
+  const std::string out = server.Out();
+  ASSERT_TRUE(std::regex_search(out, match, std::regex("listening on http://\\S+:(\\d+)"))) << out;
+  const int port = std::stoi(match[1]);
+
+  std::vector<int> sockets;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = Connect(port);
+    if (fd >= 0) sockets.push_back(fd);
+  }
+  ASSERT_GT(sockets.size(), 150u) << "could not open the connections";
+  std::this_thread::sleep_for(milliseconds(3000));
+  const std::string err = server.Err();
+  EXPECT_LT(err.size(), 8192u) << "the accept loop floods its log:\n" << err.substr(0, 2000);
+  EXPECT_LE(Count(err, "accept failed"), 2u) << err;
+  EXPECT_GE(Count(err, "accept failed"), 1u) << "descriptors were never exhausted:\n" << err;
+
+  for (int fd : sockets) close(fd);
+  // Freed descriptors: a new connection is accepted and answered (within the 1 s backoff).
+  bool served = false;
+  for (int attempt = 0; attempt < 100 && !served; ++attempt) {
+    const int fd = Connect(port);
+    if (fd >= 0) {
+      const std::string request = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+      if (send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
+        char reply[64] = {};
+        const ssize_t got = recv(fd, reply, sizeof(reply) - 1, 0);
+        served = got > 0 && std::string(reply).rfind("HTTP/1.1 200", 0) == 0;
+      }
+      close(fd);
+    }
+    if (!served) std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_TRUE(served) << server.Err();
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(milliseconds(15000)).exit_code, 0);
 }
 
 }  // namespace
