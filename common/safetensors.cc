@@ -234,15 +234,23 @@ MappedFile::~MappedFile() {
 
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::filesystem::path& path) {
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapped, MappedFile::Open(path));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> result,
+                          Parse({mapped->data(), mapped->size()}, path));
+  result->file_ = std::move(mapped);
+  return result;
+}
+
+Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(std::span<const std::byte> bytes,
+                                                                const std::filesystem::path& path) {
   const std::string file = path.string();
-  const uint64_t file_bytes = mapped->size();
+  const uint64_t file_bytes = bytes.size();
   if (file_bytes < 8) {
     return DataLossError(file + ": the file has " + std::to_string(file_bytes) +
                          " bytes, too few for a safetensors header length (8 bytes)");
   }
   uint64_t header_bytes = 0;
   for (int i = 0; i < 8; ++i) {
-    header_bytes |= static_cast<uint64_t>(mapped->data()[i]) << (8 * i);
+    header_bytes |= static_cast<uint64_t>(bytes[i]) << (8 * i);
   }
   if (header_bytes > kMaxHeaderBytes) {
     return DataLossError(file + ": the header length is " + std::to_string(header_bytes) +
@@ -255,12 +263,12 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::filesy
                          " bytes follow it; the file is truncated");
   }
   const uint64_t data_bytes = file_bytes - 8 - header_bytes;
-  const std::byte* data_section = mapped->data() + 8 + header_bytes;
+  const std::byte* data_section = bytes.data() + 8 + header_bytes;
 
   RUBATO_ASSIGN_OR_RETURN(
       OrderedJson header,
       ParseHeaderJson(
-          std::string_view(reinterpret_cast<const char*>(mapped->data() + 8), header_bytes), file));
+          std::string_view(reinterpret_cast<const char*>(bytes.data() + 8), header_bytes), file));
 
   auto result = std::make_unique<SafetensorsFile>();
   std::vector<HeaderEntry> entries;
@@ -293,7 +301,7 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::filesy
         {entry.name, TensorView{data_section + entry.begin, entry.dtype, std::move(entry.shape)},
          file_name});
   }
-  result->file_ = std::move(mapped);
+  result->path_ = path;
   return result;
 }
 
