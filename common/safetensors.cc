@@ -111,16 +111,21 @@ Result<HeaderEntry> ParseEntry(const std::string& file, const std::string& name,
                          ShortJson(shape));
   }
   // Element count with overflow detection: a lying header must not wrap around to a small size.
+  // Shape::numel multiplies the dims from the left in int64, so every partial product must fit
+  // there, even where a later dim is 0 ([2^32, 2^31, 0] has no elements but overflowed).
+  constexpr uint64_t kMaxElements = std::numeric_limits<int64_t>::max();
   uint64_t numel = 1;
-  bool overflow = false;
   for (const OrderedJson& dim : shape) {
     std::optional<uint64_t> d = AsUnsigned(dim);
-    if (!d || *d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    if (!d || *d > kMaxElements) {
       return DataLossError(where + ": shape: expected a list of non-negative integers, got " +
                            ShortJson(shape));
     }
     entry.shape.dims.push_back(static_cast<int64_t>(*d));
-    if (*d != 0 && numel > std::numeric_limits<uint64_t>::max() / *d) overflow = true;
+    if (*d != 0 && numel > kMaxElements / *d) {
+      return DataLossError(where + ": shape " + ShortJson(shape) +
+                           ": the product of the dimensions passes 2^63 - 1");
+    }
     numel *= *d;
   }
 
@@ -148,13 +153,13 @@ Result<HeaderEntry> ParseEntry(const std::string& file, const std::string& name,
   }
   const uint64_t element_bytes = DTypeSize(entry.dtype);
   const uint64_t span = entry.end - entry.begin;
-  if (overflow || numel > std::numeric_limits<uint64_t>::max() / element_bytes ||
+  if (numel > std::numeric_limits<uint64_t>::max() / element_bytes ||
       numel * element_bytes != span) {
-    const std::string needed =
-        overflow || numel > std::numeric_limits<uint64_t>::max() / element_bytes
-            ? std::string("more than 2^64 bytes")
-            : std::to_string(numel * element_bytes) + " bytes (" + std::to_string(numel) + " x " +
-                  std::to_string(element_bytes) + ")";
+    const std::string needed = numel > std::numeric_limits<uint64_t>::max() / element_bytes
+                                   ? std::string("more than 2^64 bytes")
+                                   : std::to_string(numel * element_bytes) + " bytes (" +
+                                         std::to_string(numel) + " x " +
+                                         std::to_string(element_bytes) + ")";
     return DataLossError(where + ": shape " + entry.shape.ToString() + " of " +
                          dtype.get<std::string>() + " needs " + needed + " but data_offsets [" +
                          std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
