@@ -20,3 +20,21 @@ if(RUBATO_SANITIZE)
   add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${RUBATO_SANITIZE_FLAGS}>")
   add_link_options(${RUBATO_SANITIZE_FLAGS})
 endif()
+
+# RUBATO_FUZZ: every target gets libFuzzer's coverage instrumentation and ASan + UBSan (a
+# finding in a library must show up in the fuzzer that reached it); only the fuzzers of
+# tests/fuzz link libFuzzer's main (-fsanitize=fuzzer there).
+if(RUBATO_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "RUBATO_FUZZ=ON needs clang for libFuzzer (CXX=clang++-14, as "
+                        "scripts/fuzz sets it); the compiler is ${CMAKE_CXX_COMPILER_ID}")
+  endif()
+  if(RUBATO_SANITIZE)
+    message(FATAL_ERROR "RUBATO_FUZZ=ON brings its own sanitizers (address,undefined): "
+                        "leave RUBATO_SANITIZE empty")
+  endif()
+  set(RUBATO_FUZZ_FLAGS -fsanitize=fuzzer-no-link,address,undefined
+      -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${RUBATO_FUZZ_FLAGS}>")
+  add_link_options(-fsanitize=address,undefined)
+endif()

@@ -6,9 +6,13 @@
 #include "common/config.h"
 
 #include <fmt/format.h>
+#include <yaml-cpp/eventhandler.h>
 
+#include <cctype>
 #include <climits>
 #include <cstdint>
+#include <optional>
+#include <sstream>
 #include <utility>
 
 #include "common/json_limits.h"
@@ -218,6 +222,52 @@ Result<RubatoConfig> ReadConfig(const YAML::Node& root, const std::string& sourc
   return config;
 }
 
+// Sees a YAML stream's events without building anything: where the last document started.
+class DocumentStarts final : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override { last_start = mark; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+  YAML::Mark last_start;
+};
+
+// The number of YAML documents in `text`. Not YAML::LoadAll: on a ',' outside any [] or {} ("," or
+// "[a], b") yaml-cpp's parser (0.7, 0.8) never consumes the token and reports one more null
+// document each turn, so LoadAll allocated until the machine ran out of memory. A document that
+// starts where the previous one did is that case, and an error at its line and column. Throws
+// yaml-cpp's ParserException on other syntax errors, as Load does.
+Result<size_t> CountYamlDocuments(std::string_view text, const std::string& source) {
+  std::istringstream stream{std::string(text)};
+  YAML::Parser parser(stream);
+  DocumentStarts starts;
+  size_t documents = 0;
+  std::optional<int> previous_start;
+  while (parser.HandleNextDocument(starts)) {
+    const YAML::Mark& mark = starts.last_start;
+    if (previous_start == mark.pos) {
+      const bool printable = mark.pos >= 0 && static_cast<size_t>(mark.pos) < text.size() &&
+                             std::isgraph(static_cast<unsigned char>(text[mark.pos])) != 0;
+      return InvalidArgumentError(
+          fmt::format("{}: line {}, column {}: YAML syntax error: unexpected {}", source,
+                      mark.line + 1, mark.column + 1,
+                      printable ? fmt::format("'{}'", text[mark.pos]) : std::string("character")));
+    }
+    previous_start = mark.pos;
+    ++documents;
+  }
+  return documents;
+}
+
 }  // namespace
 
 Result<YamlMapReader> PolicySection::ParamsReader() const {
@@ -233,12 +283,12 @@ RubatoConfig DefaultConfig() { return RubatoConfig(); }
 Result<RubatoConfig> ParseConfig(std::string_view yaml_text, const std::string& source) {
   RUBATO_RETURN_IF_ERROR(CheckYamlFlowNesting(yaml_text, source));
   try {
-    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml_text));
-    if (documents.size() > 1) {
+    RUBATO_ASSIGN_OR_RETURN(const size_t documents, CountYamlDocuments(yaml_text, source));
+    if (documents > 1) {
       return InvalidArgumentError(fmt::format(
-          "{}: expected one YAML document, found {} (separated by ---)", source, documents.size()));
+          "{}: expected one YAML document, found {} (separated by ---)", source, documents));
     }
-    return ReadConfig(documents.empty() ? YAML::Node() : documents[0], source);
+    return ReadConfig(documents == 0 ? YAML::Node() : YAML::Load(std::string(yaml_text)), source);
   } catch (const YAML::ParserException& e) {
     return InvalidArgumentError(fmt::format("{}: line {}, column {}: YAML syntax error: {}", source,
                                             e.mark.line + 1, e.mark.column + 1, e.msg));

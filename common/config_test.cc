@@ -373,6 +373,16 @@ TEST(Config, SyntaxErrorsReportLineAndColumn) {
                         "(line 3)"));
 }
 
+// A ',' outside any [] or {} made yaml-cpp's LoadAll return null documents forever: ParseConfig
+// allocated until the machine ran out of memory (found by tests/fuzz/yaml_config_fuzzer).
+TEST(Config, AStrayCommaIsASyntaxErrorNotAnEndlessStream) {
+  EXPECT_THAT(ConfigError(","), HasSubstr("rubato.yaml: line 1, column 1: YAML syntax error: "
+                                          "unexpected ','"));
+  EXPECT_THAT(ConfigError("[a], b\n"), HasSubstr("line 1, column 4: YAML syntax error"));
+  EXPECT_THAT(ConfigError("engine: {}\n---\n# note\n  ,\n"),
+              HasSubstr("line 4, column 3: YAML syntax error: unexpected ','"));
+}
+
 TEST(Config, LoadConfigFileNamesThePath) {
   TestTempDir dir("config");
   Status missing = LoadConfigFile(dir.path() / "absent.yaml").status();

@@ -95,7 +95,8 @@ void ConvertToF32(DType dtype, const void* src, float* dst, size_t count) {
   const auto* bytes = static_cast<const unsigned char*>(src);
   switch (dtype) {
     case DType::kF32:
-      std::memcpy(dst, src, count * sizeof(float));
+      // memcpy with a null pointer is undefined even for 0 bytes (an empty tensor's vector).
+      if (count > 0) std::memcpy(dst, src, count * sizeof(float));
       return;
     case DType::kBF16:
       for (size_t i = 0; i < count; ++i) {
@@ -118,7 +119,8 @@ void ConvertFromF32(DType dtype, const float* src, void* dst, size_t count) {
   auto* bytes = static_cast<unsigned char*>(dst);
   switch (dtype) {
     case DType::kF32:
-      std::memcpy(dst, src, count * sizeof(float));
+      // memcpy with a null pointer is undefined even for 0 bytes (an empty tensor's vector).
+      if (count > 0) std::memcpy(dst, src, count * sizeof(float));
       return;
     case DType::kBF16:
       for (size_t i = 0; i < count; ++i) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace rubato {
 namespace {
@@ -68,6 +69,18 @@ TEST(DType, BulkConversionMatchesScalar) {
       EXPECT_NEAR(back[i], src[i], tol) << DTypeName(dtype) << " element " << i;
     }
   }
+}
+
+// An empty tensor converts through null pointers (an empty std::vector's data()): nothing may be
+// read or written, and memcpy must not see them (undefined even for 0 bytes; the sanitizer pass
+// of scripts/test fails on it).
+TEST(DType, BulkConversionOfNothingPassesNoNullPointerToMemcpy) {
+  std::vector<float> empty;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    ConvertToF32(dtype, nullptr, empty.data(), 0);
+    ConvertFromF32(dtype, empty.data(), nullptr, 0);
+  }
+  EXPECT_TRUE(empty.empty());
 }
 
 }  // namespace

@@ -111,16 +111,21 @@ Result<HeaderEntry> ParseEntry(const std::string& file, const std::string& name,
                          ShortJson(shape));
   }
   // Element count with overflow detection: a lying header must not wrap around to a small size.
+  // Shape::numel multiplies the dims from the left in int64, so every partial product must fit
+  // there, even where a later dim is 0 ([2^32, 2^31, 0] has no elements but overflowed).
+  constexpr uint64_t kMaxElements = std::numeric_limits<int64_t>::max();
   uint64_t numel = 1;
-  bool overflow = false;
   for (const OrderedJson& dim : shape) {
     std::optional<uint64_t> d = AsUnsigned(dim);
-    if (!d || *d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    if (!d || *d > kMaxElements) {
       return DataLossError(where + ": shape: expected a list of non-negative integers, got " +
                            ShortJson(shape));
     }
     entry.shape.dims.push_back(static_cast<int64_t>(*d));
-    if (*d != 0 && numel > std::numeric_limits<uint64_t>::max() / *d) overflow = true;
+    if (*d != 0 && numel > kMaxElements / *d) {
+      return DataLossError(where + ": shape " + ShortJson(shape) +
+                           ": the product of the dimensions passes 2^63 - 1");
+    }
     numel *= *d;
   }
 
@@ -148,13 +153,13 @@ Result<HeaderEntry> ParseEntry(const std::string& file, const std::string& name,
   }
   const uint64_t element_bytes = DTypeSize(entry.dtype);
   const uint64_t span = entry.end - entry.begin;
-  if (overflow || numel > std::numeric_limits<uint64_t>::max() / element_bytes ||
+  if (numel > std::numeric_limits<uint64_t>::max() / element_bytes ||
       numel * element_bytes != span) {
-    const std::string needed =
-        overflow || numel > std::numeric_limits<uint64_t>::max() / element_bytes
-            ? std::string("more than 2^64 bytes")
-            : std::to_string(numel * element_bytes) + " bytes (" + std::to_string(numel) + " x " +
-                  std::to_string(element_bytes) + ")";
+    const std::string needed = numel > std::numeric_limits<uint64_t>::max() / element_bytes
+                                   ? std::string("more than 2^64 bytes")
+                                   : std::to_string(numel * element_bytes) + " bytes (" +
+                                         std::to_string(numel) + " x " +
+                                         std::to_string(element_bytes) + ")";
     return DataLossError(where + ": shape " + entry.shape.ToString() + " of " +
                          dtype.get<std::string>() + " needs " + needed + " but data_offsets [" +
                          std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
@@ -234,15 +239,23 @@ MappedFile::~MappedFile() {
 
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::filesystem::path& path) {
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapped, MappedFile::Open(path));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> result,
+                          Parse({mapped->data(), mapped->size()}, path));
+  result->file_ = std::move(mapped);
+  return result;
+}
+
+Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(std::span<const std::byte> bytes,
+                                                                const std::filesystem::path& path) {
   const std::string file = path.string();
-  const uint64_t file_bytes = mapped->size();
+  const uint64_t file_bytes = bytes.size();
   if (file_bytes < 8) {
     return DataLossError(file + ": the file has " + std::to_string(file_bytes) +
                          " bytes, too few for a safetensors header length (8 bytes)");
   }
   uint64_t header_bytes = 0;
   for (int i = 0; i < 8; ++i) {
-    header_bytes |= static_cast<uint64_t>(mapped->data()[i]) << (8 * i);
+    header_bytes |= static_cast<uint64_t>(bytes[i]) << (8 * i);
   }
   if (header_bytes > kMaxHeaderBytes) {
     return DataLossError(file + ": the header length is " + std::to_string(header_bytes) +
@@ -255,12 +268,12 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::filesy
                          " bytes follow it; the file is truncated");
   }
   const uint64_t data_bytes = file_bytes - 8 - header_bytes;
-  const std::byte* data_section = mapped->data() + 8 + header_bytes;
+  const std::byte* data_section = bytes.data() + 8 + header_bytes;
 
   RUBATO_ASSIGN_OR_RETURN(
       OrderedJson header,
       ParseHeaderJson(
-          std::string_view(reinterpret_cast<const char*>(mapped->data() + 8), header_bytes), file));
+          std::string_view(reinterpret_cast<const char*>(bytes.data() + 8), header_bytes), file));
 
   auto result = std::make_unique<SafetensorsFile>();
   std::vector<HeaderEntry> entries;
@@ -293,7 +306,7 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::filesy
         {entry.name, TensorView{data_section + entry.begin, entry.dtype, std::move(entry.shape)},
          file_name});
   }
-  result->file_ = std::move(mapped);
+  result->path_ = path;
   return result;
 }
 

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,12 @@ struct SafetensorsTensor {
 // One .safetensors file.
 class SafetensorsFile {
  public:
+  // Maps `path` and validates it as Parse does; the file owns the mapping.
   static Result<std::unique_ptr<SafetensorsFile>> Open(const std::filesystem::path& path);
+  // Validates the whole file's bytes in memory (header length, header, tensors); `path` names it
+  // in errors. The tensor views point into `bytes`, which must outlive the result.
+  static Result<std::unique_ptr<SafetensorsFile>> Parse(std::span<const std::byte> bytes,
+                                                        const std::filesystem::path& path);
 
   // Tensors in header order.
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
@@ -58,10 +64,11 @@ class SafetensorsFile {
   const SafetensorsTensor* Find(const std::string& name) const;
   // The optional "__metadata__" string map.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  const std::filesystem::path& path() const { return file_->path(); }
+  const std::filesystem::path& path() const { return path_; }
 
  private:
-  std::unique_ptr<MappedFile> file_;
+  std::filesystem::path path_;
+  std::unique_ptr<MappedFile> file_;  // null for a file parsed from the caller's bytes
   std::vector<SafetensorsTensor> tensors_;
   std::map<std::string, size_t> index_;  // name -> position in tensors_
   std::map<std::string, std::string> metadata_;

@@ -24,6 +24,9 @@ ApiError FieldError(std::string param, std::string message) {
 // A value in an error message: at most a short prefix of what the client sent.
 std::string MessageJson(const json& value) { return Excerpt(DumpJson(value), 64); }
 
+// A key the client sent, in a message or `param`: a short prefix too (names are unbounded).
+std::string KeyText(std::string_view key) { return Excerpt(key, 64); }
+
 // "a string", "a number", ... : what a JSON value is, for messages.
 std::string Describe(const json& value) {
   switch (value.type()) {
@@ -170,9 +173,10 @@ std::optional<ApiError> ReadMessages(const json& body, CompletionRequest& out) {
     // as the SDKs echo an assistant message's `refusal: null`).
     for (const auto& [key, value] : message.items()) {
       if (value.is_null() || key == "role" || key == "content") continue;
-      return FieldError(where + "." + key, "'" + where + "." + key +
-                                               "' is not supported by rubato serve (a message "
-                                               "has only role and content)");
+      const std::string field = where + "." + KeyText(key);
+      return FieldError(field, "'" + field +
+                                   "' is not supported by rubato serve (a message has only role "
+                                   "and content)");
     }
     ChatMessage chat{role.get<std::string>(), ""};
     if (chat.role == "developer") chat.role = "system";  // OpenAI's newer name for it
@@ -191,10 +195,11 @@ std::optional<ApiError> ReadMessages(const json& body, CompletionRequest& out) {
         }
         for (const auto& [key, value] : part.items()) {
           if (value.is_null() || key == "type" || key == "text") continue;
-          const std::string at = where + ".content[" + std::to_string(p) + "]." + key;
+          const std::string at = where + ".content[" + std::to_string(p) + "]." + KeyText(key);
           return FieldError(where + ".content",
-                            "'" + at + "' is not supported by rubato serve (a content part has "
-                                       "only type and text)");
+                            "'" + at +
+                                "' is not supported by rubato serve (a content part has "
+                                "only type and text)");
         }
         chat.content += Field(part, "text").get<std::string>();
       }
@@ -256,12 +261,12 @@ bool KnownField(const std::string& name, CompletionKind kind) {
 std::optional<ApiError> RefuseUnknownFields(const json& body, CompletionKind kind) {
   for (const auto& [name, value] : body.items()) {
     if (value.is_null() || KnownField(name, kind)) continue;
-    return FieldError(name, "'" + name + "' is not supported by rubato serve (it implements " +
-                                "model, " +
-                                (kind == CompletionKind::kText ? "prompt" : "messages") +
-                                ", max_tokens, temperature, top_p, top_k, seed, stop, stream, "
-                                "stream_options, presence_penalty, frequency_penalty, "
-                                "logit_bias, user)");
+    return FieldError(KeyText(name),
+                      "'" + KeyText(name) + "' is not supported by rubato serve (it implements " +
+                          "model, " + (kind == CompletionKind::kText ? "prompt" : "messages") +
+                          ", max_tokens, temperature, top_p, top_k, seed, stop, stream, "
+                          "stream_options, presence_penalty, frequency_penalty, "
+                          "logit_bias, user)");
   }
   return std::nullopt;
 }
@@ -281,7 +286,7 @@ std::optional<ApiError> ReadLogitBias(const json& body, CompletionRequest& out) 
         !key.empty() && key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos;
     if (digits) id = std::stoll(key);
     if (!digits) {
-      return FieldError("logit_bias", "'logit_bias' key '" + key +
+      return FieldError("logit_bias", "'logit_bias' key '" + KeyText(key) +
                                           "' must be a token id (a non-negative integer)");
     }
     if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
@@ -416,8 +421,8 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body_text, Compl
     }
     for (const auto& [name, value] : stream_options.items()) {
       if (name != "include_usage" && !value.is_null()) {
-        return FieldError("stream_options." + name,
-                          "'stream_options." + name + "' is not supported by rubato serve");
+        const std::string field = "stream_options." + KeyText(name);
+        return FieldError(field, "'" + field + "' is not supported by rubato serve");
       }
     }
   }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 namespace rubato::server {
 namespace {
@@ -37,6 +38,30 @@ TEST(OpenAiApiTest, DeepBodiesAndHugeValuesAreRefusedBriefly) {
   const ApiError role = ParseError(huge_role, CompletionKind::kChat);
   EXPECT_LT(role.message.size(), 300u) << role.message.substr(0, 300);
   EXPECT_NE(role.message.find("bytes)"), std::string::npos) << role.message.substr(0, 300);
+}
+
+// Field names are the client's too: a 1 MB name in any place rubato refuses one by name comes
+// back as a short excerpt, in the message and in `param` (tests/fuzz/openai_request_fuzzer
+// checks the same bound on every error).
+TEST(OpenAiApiTest, HugeFieldNamesAreEchoedBriefly) {
+  const std::string name = std::string(1 << 20, 'k');
+  const std::pair<std::string, CompletionKind> bodies[] = {
+      {R"({"prompt": "x", ")" + name + R"(": 1})", CompletionKind::kText},
+      {R"({"messages": [{"role": "user", "content": "x", ")" + name + R"(": 1}]})",
+       CompletionKind::kChat},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", ")" + name +
+           R"(": 1}]}]})",
+       CompletionKind::kChat},
+      {R"({"prompt": "x", "logit_bias": {")" + name + R"(": 1}})", CompletionKind::kText},
+      {R"({"prompt": "x", "stream_options": {")" + name + R"(": true}})", CompletionKind::kText},
+  };
+  for (const auto& [body, kind] : bodies) {
+    const ApiError error = ParseError(body, kind);
+    EXPECT_LT(error.message.size(), 300u) << error.message.substr(0, 300);
+    EXPECT_LT(error.param.size(), 100u) << error.param.substr(0, 300);
+    EXPECT_NE(error.message.find("kkkk... (1048576 bytes)"), std::string::npos)
+        << error.message.substr(0, 300);
+  }
 }
 
 TEST(OpenAiApiTest, CompletionDefaults) {
