@@ -9,6 +9,9 @@
 namespace rubato::rpc {
 namespace {
 
+// What a frame's payload buffer reserves up front; it grows with the bytes that arrive.
+constexpr size_t kInitialPayloadReserve = 64 * 1024;
+
 void PutUint32LittleEndian(uint32_t value, char* out) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xffu);
 }
@@ -82,7 +85,9 @@ Status FrameDecoder::Feed(std::string_view bytes, std::vector<Envelope>* out) {
             payload_length_, max_frame_bytes_)));
       }
       payload_.clear();
-      payload_.reserve(payload_length_);
+      // Memory follows the bytes that arrive, never the length a peer announces: 8 bytes
+      // claiming 16 MiB (before any Hello, on every connection) must not reserve 16 MiB.
+      payload_.reserve(std::min<size_t>(payload_length_, kInitialPayloadReserve));
     }
     const size_t take = std::min<size_t>(payload_length_ - payload_.size(), bytes.size());
     payload_.append(bytes.data(), take);

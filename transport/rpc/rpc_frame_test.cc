@@ -152,6 +152,20 @@ TEST(RpcFrameTest, OversizedLengthIsRefusedBeforeAllocating) {
   EXPECT_TRUE(received.empty());
 }
 
+// A header announcing the largest allowed frame (16 MiB) holds no more memory than the bytes that
+// came: eight bytes from an unauthenticated peer must not reserve 16 MiB per connection.
+TEST(RpcFrameTest, AnnouncedLengthIsNotReservedUpFront) {
+  FrameDecoder decoder;
+  std::vector<Envelope> received;
+  g_largest_allocation = 0;
+  ASSERT_TRUE(decoder.Feed(Header("RBRP", kDefaultMaxFrameBytes), &received).ok());
+  ASSERT_TRUE(decoder.Feed(std::string(1000, 'x'), &received).ok());
+  const size_t largest = g_largest_allocation.load();
+  EXPECT_LE(largest, 64u * 1024 + 64) << "the decoder allocated " << largest << " bytes";
+  EXPECT_EQ(decoder.buffered_bytes(), kFrameHeaderBytes + 1000);
+  EXPECT_TRUE(received.empty());
+}
+
 TEST(RpcFrameTest, TruncatedFrameYieldsNothingAndWaits) {
   const std::string frame = Frame(SampleEnvelope(9));
   FrameDecoder decoder;
