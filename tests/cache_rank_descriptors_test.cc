@@ -50,6 +50,24 @@ size_t Count(const std::string& text, const std::string& needle) {
   return count;
 }
 
+// Far more connections to `port` than `process` has descriptors for (each it accepts costs one),
+// for 3 s: its accept loop meets EMFILE and must log at most two lines (spinning, it logged
+// megabytes in this time). Then every connection closes again.
+void ExhaustDescriptorsQuietly(int port, BackgroundProcess& process) {
+  std::vector<int> sockets;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = Connect(port);
+    if (fd >= 0) sockets.push_back(fd);
+  }
+  EXPECT_GT(sockets.size(), 150u) << "could not open the connections";
+  std::this_thread::sleep_for(milliseconds(3000));
+  const std::string err = process.Err();
+  EXPECT_LT(err.size(), 8192u) << "the accept loop floods its log:\n" << err.substr(0, 2000);
+  EXPECT_LE(Count(err, "accept failed"), 2u) << err;
+  EXPECT_GE(Count(err, "accept failed"), 1u) << "descriptors were never exhausted:\n" << err;
+  for (int fd : sockets) close(fd);
+}
+
 TEST(CacheRankDescriptors, ExhaustedDescriptorsBackOffQuietlyAndRecover) {
   setenv("UCX_TLS", "tcp", 1);
   BackgroundProcess cache("/usr/bin/prlimit",
@@ -62,21 +80,7 @@ TEST(CacheRankDescriptors, ExhaustedDescriptorsBackOffQuietlyAndRecover) {
   const std::string endpoint = match[1].str() + ":" + match[2].str();
   const int port = std::stoi(match[2]);
 
-  // Far more connections than the cache rank has descriptors for; each it accepts costs one.
-  std::vector<int> sockets;
-  for (int i = 0; i < 300; ++i) {
-    const int fd = Connect(port);
-    if (fd >= 0) sockets.push_back(fd);
-  }
-  ASSERT_GT(sockets.size(), 150u) << "could not open the connections";
-  // Let the accept loop meet EMFILE for a while: spinning, it logged megabytes in this time.
-  std::this_thread::sleep_for(milliseconds(3000));
-  const std::string err = cache.Err();
-  EXPECT_LT(err.size(), 8192u) << "the accept loop floods its log:\n" << err.substr(0, 2000);
-  EXPECT_LE(Count(err, "accept failed"), 2u) << err;
-  EXPECT_GE(Count(err, "accept failed"), 1u) << "descriptors were never exhausted:\n" << err;
-
-  for (int fd : sockets) close(fd);
+  ExhaustDescriptorsQuietly(port, cache);
   // Freed descriptors: the next accept succeeds and a whole offloaded run is served.
   const ProcessResult run = RunProcess(
       RUBATO_BINARY,
@@ -98,19 +102,7 @@ TEST(ServeDescriptors, ExhaustedDescriptorsBackOffQuietlyAndRecover) {
   ASSERT_TRUE(std::regex_search(out, match, std::regex("listening on http://\\S+:(\\d+)"))) << out;
   const int port = std::stoi(match[1]);
 
-  std::vector<int> sockets;
-  for (int i = 0; i < 300; ++i) {
-    const int fd = Connect(port);
-    if (fd >= 0) sockets.push_back(fd);
-  }
-  ASSERT_GT(sockets.size(), 150u) << "could not open the connections";
-  std::this_thread::sleep_for(milliseconds(3000));
-  const std::string err = server.Err();
-  EXPECT_LT(err.size(), 8192u) << "the accept loop floods its log:\n" << err.substr(0, 2000);
-  EXPECT_LE(Count(err, "accept failed"), 2u) << err;
-  EXPECT_GE(Count(err, "accept failed"), 1u) << "descriptors were never exhausted:\n" << err;
-
-  for (int fd : sockets) close(fd);
+  ExhaustDescriptorsQuietly(port, server);
   // Freed descriptors: a new connection is accepted and answered (within the 1 s backoff).
   bool served = false;
   for (int attempt = 0; attempt < 100 && !served; ++attempt) {

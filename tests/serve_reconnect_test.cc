@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -22,6 +21,7 @@
 #include "common/test_temp_dir.h"
 #include "tests/cli_runner.h"
 #include "tests/http_test_client.h"
+#include "tests/serve_test_server.h"
 
 namespace rubato {
 namespace {
@@ -35,6 +35,7 @@ using testing::ParseResponse;
 using testing::ReadToEof;
 using testing::Request;
 using testing::SendAll;
+using testing::StartServe;
 
 constexpr const char* kModel = "models/tiny-qwen3-longctx";
 
@@ -64,10 +65,13 @@ class ServeReconnectTest : public ::testing::Test {
     std::ofstream(config_) << "limits:\n  heartbeat_ms: 100\n  rpc_timeout_ms: 2000\n";
   }
 
-  // A cache rank on `listen`, once it prints its endpoint (into endpoint_).
-  std::unique_ptr<BackgroundProcess> StartCache(const std::string& listen) {
-    auto cache = std::make_unique<BackgroundProcess>(
-        RUBATO_BINARY, std::vector<std::string>{"cache", "--listen", listen, "--config", config_});
+  // A cache rank on `listen` (more flags in `args`), once it prints its endpoint (into
+  // endpoint_).
+  std::unique_ptr<BackgroundProcess> StartCache(const std::string& listen,
+                                                const std::vector<std::string>& args = {}) {
+    std::vector<std::string> argv = {"cache", "--listen", listen, "--config", config_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto cache = std::make_unique<BackgroundProcess>(RUBATO_BINARY, argv);
     EXPECT_TRUE(cache->WaitForOutput("listening on", milliseconds(20000))) << cache->Err();
     std::smatch match;
     const std::string out = cache->Out();
@@ -84,14 +88,12 @@ TEST_F(ServeReconnectTest, ALostCacheRankFailsItsRequestsAndARestartedOneServesA
   std::unique_ptr<BackgroundProcess> cache = StartCache("127.0.0.1:0");
   ASSERT_FALSE(endpoint_.empty());
   const std::string endpoint = endpoint_;
-  BackgroundProcess server(RUBATO_BINARY,
-                           {"serve", "--model", kModel, "--port", "0", "--threads", "1", "--policy",
-                            "offload_dense", "--cache", endpoint, "--config", config_});
-  ASSERT_TRUE(server.WaitForOutput("listening on http://", milliseconds(30000))) << server.Err();
-  const std::string prefix = "listening on http://127.0.0.1:";
-  const std::string out = server.Out();
-  const int port = std::atoi(out.c_str() + out.find(prefix) + prefix.size());
-  ASSERT_GT(port, 0) << out;
+  int port = 0;
+  const std::unique_ptr<BackgroundProcess> server_process =
+      StartServe(RUBATO_BINARY, kModel,
+                 {"--policy", "offload_dense", "--cache", endpoint, "--config", config_}, &port);
+  BackgroundProcess& server = *server_process;
+  ASSERT_GT(port, 0) << server.Out() << server.Err();
   ASSERT_EQ(Request(port, "GET", "/health").status, 200);
   ASSERT_EQ(Request(port, "POST", "/v1/completions", CompletionBody(4, false)).status, 200);
 
@@ -147,21 +149,14 @@ TEST_F(ServeReconnectTest, ALostCacheRankFailsItsRequestsAndARestartedOneServesA
 // stays 200 for everyone (it used to turn 503 until a later request succeeded); a request that
 // fits is served right after.
 TEST_F(ServeReconnectTest, ARequestPastTheCacheBudgetFailsAloneWith507) {
-  auto cache = std::make_unique<BackgroundProcess>(
-      RUBATO_BINARY, std::vector<std::string>{"cache", "--listen", "127.0.0.1:0", "--budget-mb",
-                                              "1", "--config", config_});
-  ASSERT_TRUE(cache->WaitForOutput("listening on", milliseconds(20000))) << cache->Err();
-  std::smatch match;
-  const std::string cache_out = cache->Out();
-  ASSERT_TRUE(std::regex_search(cache_out, match, std::regex("listening on (\\S+)")));
-  BackgroundProcess server(RUBATO_BINARY,
-                           {"serve", "--model", kModel, "--port", "0", "--threads", "1", "--policy",
-                            "offload_dense", "--cache", match[1].str(), "--config", config_});
-  ASSERT_TRUE(server.WaitForOutput("listening on http://", milliseconds(30000))) << server.Err();
-  const std::string prefix = "listening on http://127.0.0.1:";
-  const std::string out = server.Out();
-  const int port = std::atoi(out.c_str() + out.find(prefix) + prefix.size());
-  ASSERT_GT(port, 0) << out;
+  std::unique_ptr<BackgroundProcess> cache = StartCache("127.0.0.1:0", {"--budget-mb", "1"});
+  ASSERT_FALSE(endpoint_.empty());
+  int port = 0;
+  const std::unique_ptr<BackgroundProcess> server_process =
+      StartServe(RUBATO_BINARY, kModel,
+                 {"--policy", "offload_dense", "--cache", endpoint_, "--config", config_}, &port);
+  BackgroundProcess& server = *server_process;
+  ASSERT_GT(port, 0) << server.Out() << server.Err();
 
   // 3000 new tokens of the tiny model need ~9 MB of KV: past the 1 MiB budget.
   const HttpResponse big = Request(port, "POST", "/v1/completions", CompletionBody(3000, false));

@@ -27,6 +27,7 @@
 #include <set>
 #include <utility>
 
+#include "common/accept_retry.h"
 #include "common/logging.h"
 #include "inference_rank/server/openai_api.h"
 
@@ -73,13 +74,10 @@ struct HttpServer::State {
   std::weak_ptr<State> self;  // for notifications that may outlive the server
   std::atomic<int> open_sessions{0};
   std::atomic<int> pending_replies{0};
-  // A failed accept (out of descriptors: EMFILE) is retried after a pause that doubles from
-  // 10 ms to 1 s instead of at once (which spun a core and logged megabytes a second); failures
-  // are logged at most once per 10 s with their count. I/O thread only.
+  // Failed accepts (descriptors exhausted) back off instead of spinning (common/accept_retry.h).
+  // I/O thread only.
   net::steady_timer accept_backoff{io};
-  std::chrono::milliseconds accept_delay{0};
-  std::chrono::steady_clock::time_point accept_logged{};
-  int64_t accept_failures = 0;
+  AcceptRetry accept_retry;
 };
 
 namespace {
@@ -422,27 +420,21 @@ void Accept(HttpServer::State* state) {
   state->acceptor.async_accept([state](beast::error_code error, tcp::socket socket) {
     if (state->stopping) return;
     if (!error) {
-      state->accept_delay = std::chrono::milliseconds(0);
+      state->accept_retry.OnSuccess();
       auto session = std::make_shared<Session>(std::move(socket), state);
       state->sessions.insert(session);
       session->Run();
     } else if (error == net::error::operation_aborted) {
       return;
     } else {
-      const auto delay = state->accept_delay.count() == 0
-                             ? std::chrono::milliseconds(10)
-                             : std::min(state->accept_delay * 2, std::chrono::milliseconds(1000));
-      ++state->accept_failures;
-      const auto now = std::chrono::steady_clock::now();
-      if (now - state->accept_logged >= std::chrono::seconds(10)) {
+      const AcceptRetry::Failure failure =
+          state->accept_retry.OnFailure(std::chrono::steady_clock::now());
+      if (failure.log_count > 0) {
         RUBATO_LOG_WARN(kLogSubsystem, "accept failed {} time(s): {}; retrying in {} ms",
-                        state->accept_failures, error.message(), delay.count());
-        state->accept_logged = now;
-        state->accept_failures = 0;
+                        failure.log_count, error.message(), failure.delay.count());
       }
       // Connections already open are served meanwhile; freed descriptors let the next accept in.
-      state->accept_delay = delay;
-      state->accept_backoff.expires_after(delay);
+      state->accept_backoff.expires_after(failure.delay);
       state->accept_backoff.async_wait([state](beast::error_code wait_error) {
         if (!wait_error && !state->stopping) Accept(state);
       });

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/accept_retry.h"
 #include "common/logging.h"
 #include "transport/rpc/rpc_auth.h"
 
@@ -59,15 +60,8 @@ std::string ModelShapeMismatch(const ModelShape& ours, const ModelShape& peer) {
   return {};
 }
 
-constexpr std::chrono::seconds kAcceptLogInterval{10};
 // The longest heartbeat interval a client may ask for: it is silent for at most 5 of them.
 constexpr uint32_t kMaxPeerHeartbeatMs = 60000;
-
-// The pause before the next accept after a failed one: 10 ms, doubling, at most 1 s.
-std::chrono::milliseconds AcceptBackoff(std::chrono::milliseconds previous) {
-  using std::chrono::milliseconds;
-  return previous.count() == 0 ? milliseconds(10) : std::min(previous * 2, milliseconds(1000));
-}
 
 }  // namespace
 
@@ -113,12 +107,9 @@ class RpcServerImpl {
 
   asio::executor_work_guard<asio::io_context::executor_type> work_guard_;
   tcp::acceptor acceptor_{io_};
-  // Failed accepts (descriptors exhausted: EMFILE, ENFILE) back off instead of spinning, and
-  // are logged at most once per kAcceptLogInterval with the count since the last line.
+  // Failed accepts (descriptors exhausted) back off instead of spinning (common/accept_retry.h).
   asio::steady_timer accept_backoff_{io_};
-  std::chrono::milliseconds accept_delay_{0};
-  std::chrono::steady_clock::time_point accept_logged_{};
-  int64_t accept_failures_ = 0;  // since the last log line
+  AcceptRetry accept_retry_;
   asio::thread_pool handler_pool_;
   std::thread io_thread_;
   std::mutex stop_mutex_;
@@ -347,24 +338,20 @@ void RpcServerImpl::AcceptNext() {
   acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
     if (stopping_ || !acceptor_.is_open()) return;
     if (ec) {
-      ++accept_failures_;
-      const auto now = std::chrono::steady_clock::now();
-      if (now - accept_logged_ >= kAcceptLogInterval) {
+      const AcceptRetry::Failure failure =
+          accept_retry_.OnFailure(std::chrono::steady_clock::now());
+      if (failure.log_count > 0) {
         RUBATO_LOG_WARN(kLog, "RPC server: accept failed {} time(s): {}; retrying in {} ms",
-                        accept_failures_, ec.message(), AcceptBackoff(accept_delay_).count());
-        accept_logged_ = now;
-        accept_failures_ = 0;
+                        failure.log_count, ec.message(), failure.delay.count());
       }
-      // Retry after a pause that doubles up to a second; connections already open are served
-      // meanwhile, and freed descriptors let the next accept succeed.
-      accept_delay_ = AcceptBackoff(accept_delay_);
-      accept_backoff_.expires_after(accept_delay_);
+      // Connections already open are served meanwhile; freed descriptors let the next accept in.
+      accept_backoff_.expires_after(failure.delay);
       accept_backoff_.async_wait([this](boost::system::error_code wait_error) {
         if (!wait_error && !stopping_) AcceptNext();
       });
       return;
     } else {
-      accept_delay_ = std::chrono::milliseconds(0);
+      accept_retry_.OnSuccess();
       auto connection =
           std::make_shared<ServerConnection>(this, next_connection_id_++, std::move(socket));
       {
