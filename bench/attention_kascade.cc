@@ -272,22 +272,8 @@ int main(int argc, char** argv) {
                            {"top_k_ratio", o.top_k_ratio},
                            {"top_k_min", o.top_k_min},
                            {"points", nlohmann::json::array()}};
-  int failed = 0;
-  for (int context : o.contexts) {
-    nlohmann::json point;
-    const rubato::Status status = rubato::RunContext(o, context, point);
-    if (!status.ok()) {
-      // A point that does not fit the card is reported as such, not dropped.
-      std::printf("L %d: %s\n", context, status.ToString().c_str());
-      point = {{"context", context}, {"error", status.ToString()}};
-      failed += status.code() == rubato::StatusCode::kResourceExhausted ? 0 : 1;
-    }
-    report["points"].push_back(point);
-  }
-  const rubato::Status written = rubato::bench::WriteJsonReport(report, o.out);
-  if (!written.ok()) {
-    std::fprintf(stderr, "rubato_bench_attention_kascade: error: %s\n", written.message().c_str());
-    return 1;
-  }
-  return failed == 0 ? 0 : 1;
+  return rubato::bench::RunPoints(
+      report, "context", o.contexts,
+      [&o](int context, nlohmann::json& point) { return rubato::RunContext(o, context, point); },
+      o.out, "rubato_bench_attention_kascade");
 }

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -65,6 +66,32 @@ inline Status WriteJsonReport(const nlohmann::json& report, const std::string& p
   file << report.dump(2) << "\n";
   if (!file) return IoError("cannot write " + path);
   return Status::Ok();
+}
+
+// Runs `run(value, point)` for each of `values`, appending each point to report["points"]; a
+// point that fails (one that does not fit the card included) is reported as {key: value, error},
+// not dropped. Then writes the report to `out`. The program's exit status: 1 when the report
+// cannot be written or a point failed otherwise than kResourceExhausted, else 0.
+inline int RunPoints(nlohmann::json& report, const char* key, const std::vector<int>& values,
+                     const std::function<Status(int, nlohmann::json&)>& run, const std::string& out,
+                     const char* program) {
+  int failed = 0;
+  for (int value : values) {
+    nlohmann::json point;
+    const Status status = run(value, point);
+    if (!status.ok()) {
+      std::printf("%s %d: %s\n", key, value, status.ToString().c_str());
+      point = {{key, value}, {"error", status.ToString()}};
+      failed += status.code() == StatusCode::kResourceExhausted ? 0 : 1;
+    }
+    report["points"].push_back(point);
+  }
+  const Status written = WriteJsonReport(report, out);
+  if (!written.ok()) {
+    std::fprintf(stderr, "%s: error: %s\n", program, written.message().c_str());
+    return 1;
+  }
+  return failed == 0 ? 0 : 1;
 }
 
 }  // namespace rubato::bench
