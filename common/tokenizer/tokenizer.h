@@ -5,6 +5,7 @@
 // several threads. Pipeline and decisions: docs/common.md "The tokenizer".
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>

@@ -6,6 +6,7 @@
 // on stderr; writes the same as JSON to --result-file. Usage: docs/benchmarks.md "Serving".
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 

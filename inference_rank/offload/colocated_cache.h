@@ -7,6 +7,7 @@
 //   engine_options.offload = &cache->client();
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "cache_rank/cache_service.h"

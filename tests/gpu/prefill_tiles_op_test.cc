@@ -364,7 +364,10 @@ TEST(PrefillTilesOpTest, BadModeFieldsAreNamed) {
                                   StatusCode::kInvalidArgument, "dense window"));
   list.recent_tokens = INT_MAX;
   EXPECT_TRUE(gpu_test::FailsWith(cuda::PrefillAttention(list, nullptr),
-                                  StatusCode::kInvalidArgument, "lists"));
+                                  StatusCode::kInvalidArgument, "list_heads 0"));
+  list.list_heads = s.kv_heads;
+  EXPECT_TRUE(gpu_test::FailsWith(cuda::PrefillAttention(list, nullptr),
+                                  StatusCode::kInvalidArgument, "lists and list_counts"));
 }
 
 }  // namespace
