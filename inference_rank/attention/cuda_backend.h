@@ -34,11 +34,14 @@ struct CudaLayerContext {
   const ForwardPlan* plan = nullptr;
   const __nv_bfloat16* qkv = nullptr;  // [tokens][q_dim + 2 kv_dim], bf16, after RoPE
   __nv_bfloat16* attention = nullptr;  // [tokens][q_dim], bf16: the rows' attention output
-  const int32_t* decode_block_tables = nullptr;   // [decode rows][plan decode_table_stride]
-  const int32_t* decode_seq_lens = nullptr;       // [decode rows]
-  const int32_t* prefill_block_tables = nullptr;  // [prefill entries][plan prefill_table_stride]
-  const std::byte* policy_inputs = nullptr;       // the backend's step-input region
-  void* decode_workspace = nullptr;               // for one decode attention launch at a time
+  const int32_t* decode_block_tables = nullptr;      // [decode rows][plan decode_table_stride]
+  const int32_t* decode_seq_lens = nullptr;          // [decode rows]
+  const int32_t* prefill_block_tables = nullptr;     // [prefill entries][plan prefill_table_stride]
+  const int32_t* prefill_query_start = nullptr;      // [prefill entries + 1], rows after the decode
+                                                     // rows
+  const int32_t* prefill_start_positions = nullptr;  // [prefill entries]
+  const std::byte* policy_inputs = nullptr;          // the backend's step-input region
+  void* decode_workspace = nullptr;                  // for one decode attention launch at a time
   size_t decode_workspace_bytes = 0;
 
   // The fields every decode attention launch of the layer shares: its K/V pools, the head
@@ -87,6 +90,10 @@ class CudaAttentionBackend : public AttentionBackend {
   virtual const Model* made_for_model() const { return nullptr; }
   // Whether the model may capture and replay decode steps as CUDA graphs while it is installed.
   virtual bool graph_replayable() const { return true; }
+  // Whether Attend writes the attention output of the plan's prefill chunks with an attention
+  // plan in every layer (the model's dense prefill then skips them); false: the model attends
+  // every chunk and the backend only adds its per-layer work.
+  virtual bool AttendsPrefill() const { return false; }
   // Requests that still hold resources of this backend (e.g. pool slots): the model refuses to
   // replace it while any do (Model::SetAttentionBackend).
   virtual int requests_holding_resources() const { return 0; }

@@ -105,7 +105,7 @@ void PlanForward(std::span<const ForwardEntry> batch, const KvCacheShape& shape,
   plan.entry_host_rows.assign(n, 0);
 
   // Rows: decode entries first, by row group (>= 1 ascending, then 0), each group in batch
-  // order; then prefill chunks in batch order.
+  // order; then prefill chunks (below).
   std::vector<std::pair<int, size_t>> decode;  // (group's place in the row order, entry)
   for (size_t e = 0; e < n; ++e) {
     if (batch[e].attention != nullptr) plan.entry_group[e] = batch[e].attention->row_group;
@@ -129,18 +129,27 @@ void PlanForward(std::span<const ForwardEntry> batch, const KvCacheShape& shape,
     max_decode_len = std::max(max_decode_len, batch[e].start_position + 1);
   }
   plan.decode_rows = row;
+  // Prefill chunks: those without an attention plan, then the backend's, each in batch order.
   int max_prefill_len = 0;
-  for (size_t e = 0; e < n; ++e) {
-    const ForwardEntry& entry = batch[e];
-    const int tokens = static_cast<int>(entry.tokens.size());
-    if (tokens == 1) continue;
-    if (entry.attention != nullptr) ++plan.backend_prefill_entries;
-    plan.entry_prefill_index[e] = plan.prefill_entries;
-    plan.entry_first_row[e] = row;
-    row += tokens;
-    ++plan.prefill_entries;
-    plan.max_prefill_tokens = std::max(plan.max_prefill_tokens, tokens);
-    max_prefill_len = std::max(max_prefill_len, entry.start_position + tokens);
+  for (const bool with_plan : {false, true}) {
+    for (size_t e = 0; e < n; ++e) {
+      const ForwardEntry& entry = batch[e];
+      const int tokens = static_cast<int>(entry.tokens.size());
+      if (tokens == 1 || (entry.attention != nullptr) != with_plan) continue;
+      if (with_plan) {
+        ++plan.backend_prefill_entries;
+        plan.backend_max_prefill_tokens = std::max(plan.backend_max_prefill_tokens, tokens);
+      } else {
+        plan.plain_prefill_tokens += tokens;
+        plan.plain_max_prefill_tokens = std::max(plan.plain_max_prefill_tokens, tokens);
+      }
+      plan.entry_prefill_index[e] = plan.prefill_entries;
+      plan.entry_first_row[e] = row;
+      row += tokens;
+      ++plan.prefill_entries;
+      plan.max_prefill_tokens = std::max(plan.max_prefill_tokens, tokens);
+      max_prefill_len = std::max(max_prefill_len, entry.start_position + tokens);
+    }
   }
   plan.tokens = row;
   if (plan.decode_rows > 0) {
@@ -187,7 +196,6 @@ void FillStepInputs(std::span<const ForwardEntry> batch, const KvCacheShape& sha
   auto* sampling_rows = reinterpret_cast<cuda::SamplingRow*>(staging + layout.sampling_rows);
 
   const int bt = shape.block_tokens;
-  int prefill = 0;  // prefill entries run in batch order, as PlanForward placed their rows
   for (size_t e = 0; e < batch.size(); ++e) {
     const ForwardEntry& entry = batch[e];
     const KvSequence& sequence = *entry.sequence;
@@ -205,12 +213,12 @@ void FillStepInputs(std::span<const ForwardEntry> batch, const KvCacheShape& sha
       decode_lens[first] = end;
       WriteBlockTableRow(sequence, CeilDiv(end, bt), plan.decode_table_stride,
                          decode_tables + static_cast<size_t>(first) * plan.decode_table_stride);
-    } else {
+    } else {  // PlanForward placed the chunks' rows in prefill-index order
+      const int prefill = plan.entry_prefill_index[e];
       query_start[prefill] = first - plan.decode_rows;
       start_positions[prefill] = entry.start_position;
       WriteBlockTableRow(sequence, CeilDiv(end, bt), plan.prefill_table_stride,
                          prefill_tables + static_cast<size_t>(prefill) * plan.prefill_table_stride);
-      ++prefill;
     }
 
     const int last_row = first + tokens - 1;

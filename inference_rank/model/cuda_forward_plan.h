@@ -80,15 +80,20 @@ struct ForwardPlan {
   int sample_rows = 0;
   int host_rows = 0;
   // The attention backend's share: decode rows [0, backend_rows) (row groups >= 1) and the
-  // prefill chunks with an attention plan.
+  // prefill chunks with an attention plan, which come after those without one: prefill indices
+  // [prefill_entries - backend_prefill_entries, prefill_entries).
   int backend_rows = 0;
   int backend_prefill_entries = 0;
+  int backend_max_prefill_tokens = 0;  // largest chunk with a plan
+  int plain_prefill_tokens = 0;        // rows of the chunks without a plan
+  int plain_max_prefill_tokens = 0;    // largest chunk without a plan
   // The non-empty row groups of the decode rows, in row order: >= 1 ascending, then 0.
   std::vector<DecodeRowGroup> decode_groups;
   std::vector<int> entry_first_row;      // [entries] row of the entry's first token
   std::vector<int> entry_group;          // [entries] its row_group; 0 without attention
   std::vector<int> entry_prefill_index;  // [entries] index among the prefill chunks (its
-                                         // prefill block-table row), -1 for a decode row
+                                         // prefill block-table row, the order of their rows),
+                                         // -1 for a decode row
   std::vector<int> entry_sample_row;     // [entries] row in the sampled block, or -1
   std::vector<int> entry_host_row;       // [entries] first row in the host block (0 if none)
   std::vector<int> entry_host_rows;      // [entries] rows in the host block

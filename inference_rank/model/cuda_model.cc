@@ -205,12 +205,13 @@ Status CudaModel::CheckAttentionEntries(std::span<const ForwardEntry> batch) con
                                      "backend to run it (Model::SetAttentionBackend; the engine "
                                      "installs its policy's)");
     }
-    if (batch[e].tokens.size() > 1 && (attention->layer_actions != nullptr ||
-                                       attention->action.op == AttentionOp::kIndexGather)) {
+    if (batch[e].tokens.size() > 1 && !backend_->AttendsPrefill() &&
+        (attention->layer_actions != nullptr ||
+         attention->action.op == AttentionOp::kIndexGather)) {
       return UnsupportedError(where +
-                              ": per-layer and index-gather prefill plans are not built in the "
-                              "CUDA model yet (the CPU model runs them; decode rows are the "
-                              "backend's)");
+                              ": a per-layer or index-gather prefill plan, while the attention "
+                              "backend leaves prefill attention to the model (which runs it "
+                              "dense)");
     }
     if (attention->row_group < 1) {
       return InvalidArgumentError(where + ": attention row group " +

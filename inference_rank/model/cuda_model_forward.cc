@@ -106,6 +106,8 @@ CudaLayerContext CudaModel::LayerContext(int layer, DeviceKvStorage& kv, cudaStr
   context.decode_block_tables = StepInput<const int32_t>(input_layout_.decode_block_tables);
   context.decode_seq_lens = StepInput<const int32_t>(input_layout_.decode_seq_lens);
   context.prefill_block_tables = StepInput<const int32_t>(input_layout_.prefill_block_tables);
+  context.prefill_query_start = StepInput<const int32_t>(input_layout_.prefill_query_start);
+  context.prefill_start_positions = StepInput<const int32_t>(input_layout_.prefill_start_positions);
   context.policy_inputs = StepInput<const std::byte>(input_layout_.backend);
   context.decode_workspace = decode_workspace_.data();
   context.decode_workspace_bytes = decode_workspace_.size();
@@ -190,7 +192,14 @@ Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionW
     dense.recent_tokens = window.recent_tokens;
     RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(dense, stream));
   }
-  if (plan_.prefill_entries > 0) {  // rows [decode_rows, tokens): the chunks
+  // Rows [decode_rows, tokens): the chunks; those with a plan last, and only when the backend
+  // does not attend them itself.
+  const bool backend_prefill =
+      backend_ != nullptr && plan_.backend_prefill_entries > 0 && backend_->AttendsPrefill();
+  const int prefill_entries = backend_prefill
+                                  ? plan_.prefill_entries - plan_.backend_prefill_entries
+                                  : plan_.prefill_entries;
+  if (prefill_entries > 0) {
     cuda::PrefillAttentionParams prefill;
     prefill.q = qkv_.data() + static_cast<size_t>(decode_rows) * qkv_dim;
     prefill.q_row_stride = qkv_dim;
@@ -200,9 +209,10 @@ Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionW
     prefill.block_table_stride = plan_.prefill_table_stride;
     prefill.query_start = StepInput<const int32_t>(input_layout_.prefill_query_start);
     prefill.start_position = StepInput<const int32_t>(input_layout_.prefill_start_positions);
-    prefill.entries = plan_.prefill_entries;
-    prefill.total_tokens = tokens - decode_rows;
-    prefill.max_query_tokens = plan_.max_prefill_tokens;
+    prefill.entries = prefill_entries;
+    prefill.total_tokens = backend_prefill ? plan_.plain_prefill_tokens : tokens - decode_rows;
+    prefill.max_query_tokens =
+        backend_prefill ? plan_.plain_max_prefill_tokens : plan_.max_prefill_tokens;
     prefill.num_heads = heads;
     prefill.num_kv_heads = kv_heads;
     prefill.head_dim = head_dim;

@@ -225,10 +225,14 @@ TEST(CudaForwardPlanTest, SfiRowGroupsSelectionsAndTheirStepInputs) {
   };
   ForwardPlan plan;
   PlanForward(batch, shape, plan);
-  EXPECT_EQ(plan.entry_first_row, (std::vector<int>{3, 0, 2, 4, 1, 34}));
+  // Prefill rows: the dense chunk c first, then the planned chunk p.
+  EXPECT_EQ(plan.entry_first_row, (std::vector<int>{3, 0, 2, 24, 1, 4}));
   EXPECT_EQ(plan.decode_rows, 4);
   EXPECT_EQ(plan.entry_group, (std::vector<int>{0, 1, 2, 2, 1, 0}));
-  EXPECT_EQ(plan.entry_prefill_index, (std::vector<int>{-1, -1, -1, 0, -1, 1}));
+  EXPECT_EQ(plan.entry_prefill_index, (std::vector<int>{-1, -1, -1, 1, -1, 0}));
+  EXPECT_EQ(plan.plain_prefill_tokens, 20);
+  EXPECT_EQ(plan.plain_max_prefill_tokens, 20);
+  EXPECT_EQ(plan.backend_max_prefill_tokens, 30);
   ASSERT_EQ(plan.decode_groups.size(), 3u);
   EXPECT_EQ(plan.decode_groups[0].group, kSfiFastRows);
   EXPECT_EQ(plan.decode_groups[0].first_row, 0);
@@ -258,7 +262,7 @@ TEST(CudaForwardPlanTest, SfiRowGroupsSelectionsAndTheirStepInputs) {
   ASSERT_EQ(sfi.windows.size(), 1u);
   const SfiWindowPlan& window = sfi.windows[0];
   EXPECT_EQ(window.entry, 3);
-  EXPECT_EQ(window.prefill_index, 0);
+  EXPECT_EQ(window.prefill_index, 1);
   EXPECT_EQ(window.window, 4);
   EXPECT_EQ(window.first_row, 0);
   EXPECT_EQ(window.length, 60);
@@ -293,16 +297,18 @@ TEST(CudaForwardPlanTest, SfiRowGroupsSelectionsAndTheirStepInputs) {
   const int32_t* window_lens = ints(sfi_layout.window_seq_lens);
   const int32_t* window_q = ints(sfi_layout.window_q_rows);
   EXPECT_EQ(std::vector<int>(window_lens, window_lens + 4), (std::vector<int>{60, 60, 60, 60}));
-  EXPECT_EQ(std::vector<int>(window_q, window_q + 4), (std::vector<int>{30, 31, 32, 33}));
+  EXPECT_EQ(std::vector<int>(window_q, window_q + 4), (std::vector<int>{50, 51, 52, 53}));
   const int32_t* window_tables = ints(sfi_layout.window_block_tables);
   ASSERT_EQ(plan.prefill_table_stride, 4);  // p ends at 60: 4 blocks
   for (int row = 0; row < 4; ++row) {
     for (int b = 0; b < 4; ++b) EXPECT_EQ(window_tables[row * 4 + b], 400 + b) << row;
   }
-  // The chunk's tokens at rows 4..33, its last W at 30..33.
+  // The chunk's tokens at rows 24..53 (after c's at 4..23), its last W at 50..53.
   const int32_t* ids = packed.Ints(packed.layout.token_ids);
-  EXPECT_EQ(ids[30], 126);
-  EXPECT_EQ(ids[33], 129);
+  EXPECT_EQ(ids[4], 200);
+  EXPECT_EQ(ids[24], 100);
+  EXPECT_EQ(ids[50], 126);
+  EXPECT_EQ(ids[53], 129);
 
   // A fast row past what t_max allows gets a bucket of its own; never more than the decode
   // bucket (a t_max of 2^31 - 1 does not overflow it).

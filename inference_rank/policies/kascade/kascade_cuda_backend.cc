@@ -7,6 +7,7 @@
 
 #include "common/sizes.h"
 #include "inference_rank/model/cuda_model.h"
+#include "inference_rank/policies/kascade/kascade_cuda_prefill.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_scores.cuh"
 #include "kernels/cuda/device_buffer.h"
@@ -26,7 +27,8 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
         config_(policy.config()),
         policy_actions_(policy.layer_actions().data()),
         actions_(policy.layer_actions()),
-        calibration_anchors_(policy.calibration().anchors) {}
+        calibration_anchors_(policy.calibration().anchors),
+        prefill_(model_, config_, static_cast<int>(calibration_anchors_.size())) {}
 
   // Uploads the head map ([layer][kv_head] -> the anchor's KV head).
   Status Init(const std::vector<std::vector<int>>& head_map) {
@@ -42,15 +44,20 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
 
   const Model* made_for_model() const override { return owner_; }
 
+  bool AttendsPrefill() const override { return tiled_prefill(); }
+
   Status CheckBatch(std::span<const ForwardEntry> batch) const override {
     for (size_t e = 0; e < batch.size(); ++e) {
       const EntryAttention* attention = batch[e].attention;
       if (attention == nullptr) continue;
-      if (attention->layer_actions != policy_actions_ || attention->row_group != kKascadeRows ||
-          batch[e].tokens.size() != 1) {
+      if (attention->layer_actions != policy_actions_ || attention->row_group != kKascadeRows) {
         return InvalidArgumentError("forward: batch entry " + std::to_string(e) +
-                                    ": not a kascade decode plan of this policy (the CUDA "
-                                    "backend runs decode tokens; prefill is dense)");
+                                    ": not a kascade plan of this policy");
+      }
+      if (batch[e].tokens.size() != 1 && !tiled_prefill()) {
+        return InvalidArgumentError("forward: batch entry " + std::to_string(e) +
+                                    ": a kascade prefill plan while the policy's prefill is '" +
+                                    config_.prefill + "'");
       }
     }
     return Status::Ok();
@@ -58,16 +65,19 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
 
   Status Reserve(std::span<const ForwardEntry> batch, const ForwardPlan& plan,
                  const std::function<void()>& drop_graphs) override;
-  size_t StepInputBytes() const override { return 3 * Align16(sizeof(int32_t) * row_capacity_); }
+  size_t StepInputBytes() const override { return DecodeInputBytes() + prefill_.StepInputBytes(); }
 
+  // The decode rows' arrays (first: their offsets do not move when the prefill part grows), then
+  // the prefill chunks' (kascade_cuda_prefill.h).
   void FillStepInputs(std::span<const ForwardEntry> batch, const ForwardPlan& plan,
                       const KvCacheShape& /*shape*/, std::byte* region) override {
+    prefill_.FillStepInputs(region + DecodeInputBytes());
     const size_t array = Align16(sizeof(int32_t) * row_capacity_) / sizeof(int32_t);
     int32_t* begin = reinterpret_cast<int32_t*>(region);
     int32_t* count = begin + array;
     int32_t* row_k = count + array;
     for (size_t e = 0; e < batch.size(); ++e) {
-      if (batch[e].attention == nullptr) continue;
+      if (batch[e].attention == nullptr || batch[e].tokens.size() != 1) continue;
       const int row = plan.entry_first_row[e] - rows_.first_row;
       const int length = batch[e].start_position + 1;
       begin[row] = 0;
@@ -87,7 +97,16 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
 
   Status Attend(const CudaLayerContext& layer) override;
 
+  Result<std::vector<std::vector<int>>> PrefillSelections(int anchor_layer) const {
+    return prefill_.Selections(AnchorSlot(anchor_layer));
+  }
+
  private:
+  bool tiled_prefill() const { return config_.prefill == "tiled"; }
+  size_t DecodeInputBytes() const { return 3 * Align16(sizeof(int32_t) * row_capacity_); }
+  Status ReserveDecode(const ForwardPlan& plan, const std::function<void()>& drop_graphs);
+  Status AttendDecode(const CudaLayerContext& layer);
+
   // Index of `layer` among the anchors (its selection slot), or -1.
   int AnchorSlot(int layer) const {
     const auto it = std::find(calibration_anchors_.begin(), calibration_anchors_.end(), layer);
@@ -115,10 +134,17 @@ class KascadeCudaBackend final : public CudaAttentionBackend {
   cuda::DeviceBuffer<int32_t> selected_count_;          // [anchors][rows][kv_heads]
   cuda::DeviceBuffer<unsigned char> top_k_workspace_;
   cuda::DeviceBuffer<unsigned char> gather_workspace_;
+  KascadeCudaPrefill prefill_;  // the prefill chunks with its plan
 };
 
-Status KascadeCudaBackend::Reserve(std::span<const ForwardEntry> /*batch*/, const ForwardPlan& plan,
+Status KascadeCudaBackend::Reserve(std::span<const ForwardEntry> batch, const ForwardPlan& plan,
                                    const std::function<void()>& drop_graphs) {
+  RUBATO_RETURN_IF_ERROR(ReserveDecode(plan, drop_graphs));
+  return prefill_.Reserve(batch, plan, drop_graphs);
+}
+
+Status KascadeCudaBackend::ReserveDecode(const ForwardPlan& plan,
+                                         const std::function<void()>& drop_graphs) {
   rows_ = plan.Group(kKascadeRows);
   if (rows_.rows == 0) return Status::Ok();
   const int rows = RoundUpPow2(rows_.rows);
@@ -156,6 +182,15 @@ Status KascadeCudaBackend::Reserve(std::span<const ForwardEntry> /*batch*/, cons
 }
 
 Status KascadeCudaBackend::Attend(const CudaLayerContext& layer) {
+  const LayerAction& action = actions_[layer.layer];
+  RUBATO_RETURN_IF_ERROR(
+      prefill_.Attend(layer, action, AnchorSlot(layer.layer), AnchorSlot(action.source_layer),
+                      head_maps_.data() + static_cast<size_t>(layer.layer) * model_.num_kv_heads,
+                      layer.policy_inputs + DecodeInputBytes()));
+  return AttendDecode(layer);
+}
+
+Status KascadeCudaBackend::AttendDecode(const CudaLayerContext& layer) {
   if (rows_.rows == 0) return Status::Ok();
   const auto* inputs = reinterpret_cast<const int32_t*>(layer.policy_inputs);
   const size_t array = Align16(sizeof(int32_t) * row_capacity_) / sizeof(int32_t);
@@ -250,8 +285,19 @@ Status KascadeCudaBackend::Attend(const CudaLayerContext& layer) {
 
 }  // namespace
 
+Result<std::vector<std::vector<int>>> KascadeCudaPrefillSelectionsForTest(
+    const AttentionBackend& backend, int anchor_layer) {
+  return dynamic_cast<const KascadeCudaBackend&>(backend).PrefillSelections(anchor_layer);
+}
+
 Result<std::unique_ptr<AttentionBackend>> MakeKascadeCudaBackend(CudaModel& model,
                                                                  const KascadePolicy& policy) {
+  const KascadeConfig& config = policy.config();
+  if (config.prefill == "tiled" && config.prefill_tile % 64 != 0) {
+    return UnsupportedError("policy kascade: prefill_tile " + std::to_string(config.prefill_tile) +
+                            " must be a multiple of 64 on the CUDA backend (its prefill kernel's "
+                            "query tiles); set prefill_tile: 128 or prefill: dense");
+  }
   auto backend = std::make_unique<KascadeCudaBackend>(model, policy);
   RUBATO_RETURN_IF_ERROR(backend->Init(policy.calibration().head_map));
   return std::unique_ptr<AttentionBackend>(std::move(backend));

@@ -104,11 +104,6 @@ Result<std::unique_ptr<AttentionBackend>> KascadePolicy::MakeBackend(Model& mode
   if (model.backend_name() == "cpu") return MakeKascadeCpuBackend(shape, *this);
 #ifdef RUBATO_HAS_CUDA
   if (model.backend_name() == "cuda") {
-    if (config_.prefill != "dense") {
-      return UnsupportedError(
-          "policy kascade: prefill '" + config_.prefill +
-          "' is not built on the CUDA backend yet; set prefill: dense (decode is sparse)");
-    }
     return MakeKascadeCudaBackend(static_cast<CudaModel&>(model), *this);
   }
 #endif
