@@ -270,8 +270,8 @@ def main():
                    help="share of rows starting with one suite-sized instance (fitted as the "
                         "suite fits it, the suite's depth grid +- 0.05)")
     p.add_argument("--suite-lengths", type=train_data.parse_lengths, default=None,
-                   help="lengths of the suite-sized instances (default: the shape's suite "
-                        "lengths that fit --row-tokens)")
+                   help="lengths of the suite-sized instances, drawn uniformly (repeat one to "
+                        "weight it; default: the shape's suite lengths that fit --row-tokens)")
     p.add_argument("--eval-seed", type=int, default=0,
                    help="seed of the quick accuracy's instances (0: the suite's own)")
     p.add_argument("--eval-instances", type=int, default=5,
