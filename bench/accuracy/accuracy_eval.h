@@ -16,7 +16,8 @@
 namespace rubato {
 
 struct AccuracyEvalOptions {
-  int max_new_tokens = 24;  // greedy continuation length (answers are < 20 tokens)
+  int max_new_tokens = 26;  // greedy continuation length (the longest answer, 5 vartrack
+                            // names, is <= 25 tokens + '.'; bench/accuracy/generate.py)
   int batch = 4;            // instances running together in the engine (engine.max_batch)
 };
 

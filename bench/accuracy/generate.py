@@ -30,6 +30,13 @@ DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 # under the budget so that the filler's last sentence usually does not overshoot it.
 FIRST_TRY_SLACK = 48
 MAX_TRIES = 8
+# The suite's depth grid and generation allowance (bench/accuracy/run passes the same
+# --max-new-tokens; tools/train_tiny/train_data.py sizes its suite-sized instances with both).
+SUITE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+# 26: the longest answer is vartrack's 5 names of 5 capitals, at most 5 tokens each with its
+# space ('ĠX' and every capital are in the byte-level BPE vocabulary, and BPE only merges), so
+# 25 tokens, plus the '.' that ends it (24 could never hold some 5-name answers).
+MAX_NEW_TOKENS = 26
 
 
 class TokenCounter:
@@ -60,19 +67,34 @@ class TokenCounter:
             raise RuntimeError(f"`rubato tokenize` exited with {self.process.returncode}")
 
 
-def fitted_instance(task, seed, length, depth, index, budget, filler, words, count_tokens):
-    """The cell's instance with the largest filler whose prompt has at most `budget` tokens."""
+def fit_instance(make, budget, count_tokens):
+    """make(target_tokens) -> an instance whose facts do not depend on the target (a fresh RNG
+    of the same seed each call); returns the one with the largest filler whose prompt has at
+    most `budget` tokens (with its "prompt_tokens"), or None when MAX_TRIES do not fit.
+    Shared with the training data (tools/train_tiny/train_data.py), which fits its
+    suite-sized instances exactly as the suite does."""
     target = budget - FIRST_TRY_SLACK
     for _ in range(MAX_TRIES):
-        rng = tasks.instance_rng(seed, task, length, depth, index)
-        instance = tasks.make_instance(task, rng, filler, words, target, depth, count_tokens)
+        instance = make(target)
         prompt_tokens = count_tokens(instance["prompt"])
         if prompt_tokens <= budget:
             instance["prompt_tokens"] = prompt_tokens
             return instance
         target -= prompt_tokens - budget + 8
-    raise RuntimeError(f"cannot fit {task} length {length} depth {depth} #{index} into "
-                       f"{budget} tokens")
+    return None
+
+
+def fitted_instance(task, seed, length, depth, index, budget, filler, words, count_tokens):
+    """The cell's instance with the largest filler whose prompt has at most `budget` tokens."""
+    instance = fit_instance(
+        lambda target: tasks.make_instance(task, tasks.instance_rng(seed, task, length, depth,
+                                                                    index),
+                                           filler, words, target, depth, count_tokens),
+        budget, count_tokens)
+    if instance is None:
+        raise RuntimeError(f"cannot fit {task} length {length} depth {depth} #{index} into "
+                           f"{budget} tokens")
+    return instance
 
 
 def parse_list(text, convert, name):
@@ -91,9 +113,9 @@ def main():
     p.add_argument("--instances", type=int, default=5, help="instances per (task, length, depth)")
     p.add_argument("--tasks", default=",".join(tasks.TASKS))
     p.add_argument("--lengths", default="2048,4096,8192", help="length buckets in tokens")
-    p.add_argument("--depths", default="0,0.25,0.5,0.75,1",
+    p.add_argument("--depths", default=",".join(f"{d:g}" for d in SUITE_DEPTHS),
                    help="where the asked fact sits: 0 = start of the context, 1 = the end")
-    p.add_argument("--max-new-tokens", type=int, default=24,
+    p.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
                    help="room left after the prompt in each bucket (the runner's limit)")
     p.add_argument("--context", type=int, default=8192, help="the model's context in tokens")
     p.add_argument("--model", required=True, help="model directory (its tokenizer.json)")

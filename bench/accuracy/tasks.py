@@ -20,6 +20,13 @@ hand) and the filler is sized so that the whole prompt comes close to the target
 
 Scoring is exact match: the generated continuation up to the first '.' or newline, stripped,
 must equal the answer (see `score`). Only the Python standard library is used.
+
+Training-only options of make_instance (tools/train_tiny/train_data.py; the suite never passes
+them, and with them left at their defaults the RNG draws, hence every suite instance, are
+exactly those of the original generator): kv_letter_first (share of kv_recall values whose
+first character is a letter a-f instead of the uniform 6/16), vartrack_hops (a fixed chain
+length instead of 2-4) and vartrack_span_distractors (that many distractor-chain facts placed
+between the asked chain's first and last facts).
 """
 import random
 import re
@@ -63,15 +70,20 @@ def _number(rng, digits_min, digits_max):
     return str(rng.randint(10 ** (digits - 1), 10 ** digits - 1))
 
 
-def _hex(rng, n=6):
-    return "".join(rng.choice("0123456789abcdef") for _ in range(n))
+def _hex(rng, n=6, letter_first=None):
+    """n random hex digits; with letter_first (training only) the first one is a letter a-f
+    with that probability and a digit otherwise."""
+    if letter_first is None:
+        return "".join(rng.choice("0123456789abcdef") for _ in range(n))
+    first = rng.choice("abcdef") if rng.random() < letter_first else rng.choice("0123456789")
+    return first + "".join(rng.choice("0123456789abcdef") for _ in range(n - 1))
 
 
 def _var_name(rng):
     return "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5))
 
 
-def _facts(task, rng, words):
+def _facts(task, rng, words, kv_letter_first=None, vartrack_hops=None):
     """(facts, asked_index, question, answer): facts are sentences to hide in the filler;
     facts[asked_index] is the one the question is about (placed at the instance's depth)."""
     if task == "passkey":
@@ -90,13 +102,13 @@ def _facts(task, rng, words):
     if task == "kv_recall":
         n = rng.randint(8, 24)
         keys = [_hex(rng) for _ in range(n)]
-        values = [_hex(rng) for _ in range(n)]
+        values = [_hex(rng, letter_first=kv_letter_first) for _ in range(n)]
         facts = [f"The value of key {k} is {v}." for k, v in zip(keys, values)]
         asked = rng.randrange(n)
         return facts, asked, f"What is the value of key {keys[asked]}? The value of key " \
                              f"{keys[asked]} is", values[asked]
     if task == "vartrack":
-        hops = rng.randint(2, 4)
+        hops = rng.randint(2, 4) if vartrack_hops is None else vartrack_hops
         names = []
         while len(names) < 2 * (hops + 1):
             name = _var_name(rng)
@@ -114,16 +126,21 @@ def _facts(task, rng, words):
     raise ValueError(f"unknown task '{task}' (known: {', '.join(TASKS)})")
 
 
-def make_instance(task, rng, filler, words, target_tokens, depth, count_tokens):
+def make_instance(task, rng, filler, words, target_tokens, depth, count_tokens, *,
+                  kv_letter_first=None, vartrack_hops=None, vartrack_span_distractors=0):
     """One instance as a dict: prompt (text ending with the question), answer (the string
-    to produce), and where the asked fact starts in the prompt (asked_char_offset)."""
-    facts, asked, question, answer = _facts(task, rng, words)
+    to produce), where the asked fact starts in the prompt (asked_char_offset), and for
+    vartrack the chain length (hops) and how many distractor-chain facts lie between the asked
+    chain's first and last facts (span_distractors). The keyword options are training-only
+    (see the module's docstring); their defaults give the suite's instances."""
+    facts, asked, question, answer = _facts(task, rng, words, kv_letter_first, vartrack_hops)
     fixed = sum(count_tokens(" " + f) for f in facts) + count_tokens("\n" + question)
     sentences = filler.run(rng, max(0, target_tokens - fixed), count_tokens)
     n = len(sentences)
     # Slot s means "before filler sentence s" (s = n: right before the question).
     slots = [0] * len(facts)
     slots[asked] = round(depth * n)
+    extra = {}
     if task == "vartrack":
         # The asked chain starts at the depth and continues in order after it; the distractor
         # chain is spread over the whole text.
@@ -133,7 +150,20 @@ def make_instance(task, rng, filler, words, target_tokens, depth, count_tokens):
             slots[1 + i] = s
         for i in range(hops + 1, len(facts)):
             slots[i] = rng.randint(0, n)
-        order = sorted(range(len(facts)), key=lambda i: (slots[i], i))
+        # Facts are ordered by (slot, key); a distractor moved inside the asked chain's span
+        # goes between chain facts j and j + 1 (key j + 0.5 at a slot between theirs).
+        keys = {i: (slots[i], i) for i in range(len(facts))}
+        if vartrack_span_distractors:
+            inside = rng.sample(range(hops + 1, len(facts)),
+                                min(vartrack_span_distractors, hops + 1))
+            for i in inside:
+                j = rng.randrange(hops)
+                slots[i] = rng.randint(slots[j], slots[j + 1])
+                keys[i] = (slots[i], j + 0.5)
+        order = sorted(range(len(facts)), key=lambda i: keys[i])
+        position = {i: p for p, i in enumerate(order)}
+        extra = {"hops": hops, "span_distractors": sum(
+            position[0] < position[i] < position[hops] for i in range(hops + 1, len(facts)))}
     else:
         for i in range(len(facts)):
             if i != asked:
@@ -154,7 +184,8 @@ def make_instance(task, rng, filler, words, target_tokens, depth, count_tokens):
             length += len(sentences[s]) + (1 if len(parts) > 1 else 0)
     prompt = " ".join(parts) + "\n" + question
     return {"task": task, "target_tokens": target_tokens, "depth": depth, "prompt": prompt,
-            "answer": answer, "asked_char_offset": asked_offset}
+            "answer": answer, "asked_char_offset": asked_offset, "asked_fact": facts[asked],
+            **extra}
 
 
 def chars_counter(chars_per_token):

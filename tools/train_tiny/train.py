@@ -3,17 +3,21 @@
 for the accuracy suite (bench/accuracy): the bundled tiny model (--shape tiny, the embedded
 default) and the deeper yardstick (--shape yardstick). SHAPES below lists both.
 
-Data (a pure function of --seed and the row index, so a resumed run sees exactly the rows a
-single run would have seen):
+Data (train_data.py, which needs no torch: a pure function of --seed, --phase and the row
+index, so a resumed run sees exactly the rows a single run would have seen):
   * natural text: .cache/corpus/train.txt(.gz) from tools/train_tiny/extract_corpus.sh
     (Debian's bible-kjv and fortunes; the accuracy suite's filler is held out);
   * synthetic long-context instances from bench/accuracy/tasks.py (passkey, multi-key needle
     with distractors, key-value recall, variable tracking) with that natural-text filler,
-    target lengths 128 to (row length - 192) tokens and depths uniform in [0, 1].
+    target lengths 128 to (row length - 192) tokens and depths uniform in [0, 1], fitted into
+    the row with exact token counts; optionally (--suite-share) a suite-sized instance at the
+    start of a row, letter-first kv_recall values (--kv-letter-first) and vartrack chains with
+    distractors inside (--vartrack-hard-share).
 Each training row is --row-tokens (+1) tokens (default: the shape's context) packed with
-documents, each ending in <|endoftext|>.
+documents, each ending in <|endoftext|>. tools/train_tiny/check_data.py checks the rows.
 Loss: mean cross-entropy over all tokens plus the mean over answer tokens (weight
---answer-weight), so that the few answer tokens of a long instance still teach retrieval.
+--answer-weight), so that the few answer tokens of a long instance still teach retrieval, plus
+the mean over each instance's first answer token (weight --first-answer-weight).
 
 Model: Qwen3ForCausalLM (transformers) of the chosen shape, tied embeddings, vocab 4096
 (byte-level BPE trained here with `tokenizers`, or taken from --tokenizer-from),
@@ -26,10 +30,11 @@ the weights reached instead (the cosine schedule then runs on elapsed time as we
 --schedule-by-time, so the rate has decayed when the budget ends). When done it exports the
 Hugging Face checkpoint
 (config.json, model.safetensors bf16, tokenizer.json, tokenizer_config.json) to --out/model/
-and runs a quick GPU accuracy check. Run it through scripts/gpu/train_tiny.sh.
+and runs a quick GPU accuracy check on the suite's protocol (the suite's fitted instances, 5
+depths x --eval-instances per task x length, Wilson intervals). Run it through
+scripts/gpu/train_tiny.sh.
 """
 import argparse
-import gzip
 import io
 import json
 import math
@@ -46,8 +51,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from tokenizers import processors, trainers
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "accuracy"))
-import tasks  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_data  # noqa: E402  (the rows; also puts bench/accuracy on the path)
+from train_data import tasks  # noqa: E402
 
 SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
          r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -56,35 +62,15 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
     " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\\n' }}{% endif %}")
-# Model shapes. eval_lengths are the quick accuracy check's prompt lengths.
+# Model shapes. eval_lengths are the suite's lengths for the model (the quick accuracy check's
+# and the suite-sized training instances' lengths).
 SHAPES = {
     "tiny": dict(hidden=256, mlp=768, layers=6, heads=8, kv_heads=2, head_dim=32,
-                 context=8192, eval_lengths=(2048, 4096, 7800)),
+                 context=8192, eval_lengths=(2048, 4096, 8192)),
     "yardstick": dict(hidden=256, mlp=512, layers=12, heads=8, kv_heads=4, head_dim=64,
-                      context=16384, eval_lengths=(4096, 8192, 16000)),
+                      context=16384, eval_lengths=(4096, 8192, 16384)),
 }
-TASK_WEIGHTS = {"passkey": 0.2, "multikey": 0.3, "kv_recall": 0.25, "vartrack": 0.25}
-CHARS_PER_TOKEN_GUESS = 3.5  # only sizes filler; rows are cut to exact token counts
-
-
-def parse_task_weights(text):
-    """'passkey=0.1,kv_recall=0.5' -> {task: weight}; every task named must exist."""
-    weights = {}
-    for item in text.split(","):
-        name, _, value = item.partition("=")
-        if name not in TASK_WEIGHTS or not value:
-            raise argparse.ArgumentTypeError(f"expected task=weight with task one of "
-                                             f"{sorted(TASK_WEIGHTS)}, got {item!r}")
-        weights[name] = float(value)
-    if not weights or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
-        raise argparse.ArgumentTypeError("task weights must be non-negative with a positive sum")
-    return weights
-
-
-def read_lines(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f if line.strip()]
+CHARS_PER_TOKEN_GUESS = 3.5  # only sizes the tokenizer's training samples
 
 
 def train_tokenizer(lines, words, vocab_size, seed):
@@ -108,70 +94,37 @@ def train_tokenizer(lines, words, vocab_size, seed):
     return tok
 
 
+def data_options(args):
+    return train_data.DataOptions(
+        seed=args.seed, phase=args.phase, row_tokens=args.row_tokens,
+        task_share=args.task_share, short_share=args.short_share, task_weights=args.task_weights,
+        kv_letter_first=args.kv_letter_first, vartrack_hard_share=args.vartrack_hard_share,
+        suite_share=args.suite_share, suite_lengths=args.suite_lengths)
+
+
 class RowStream(torch.utils.data.IterableDataset):
     """Yields (tokens [B][ROW+1] int64, weights [B][ROW+1] uint8) for batches start, start+1, ...
-    Weight 0: padding (never used: rows are filled), 1: text, 2: answer token."""
+    Weights (train_data): 0 padding (never used: rows are filled), 1 text, 2 answer token,
+    3 an instance's first answer token."""
 
     def __init__(self, tokenizer_json, lines, words, args, start_batch):
         self.tokenizer_json, self.lines, self.words = tokenizer_json, lines, words
-        self.seed, self.batch_size, self.start_batch = args.seed, args.batch_size, start_batch
-        self.task_share, self.short_share = args.task_share, args.short_share
-        self.row_tokens = args.row_tokens
-        self.task_weights = args.task_weights
-        # Phase 1 rows are seeded "{seed}/row/{r}"; later phases add their name.
-        self.row_prefix = f"{args.seed}/{args.phase}/row" if args.phase else f"{args.seed}/row"
+        self.batch_size, self.start_batch = args.batch_size, start_batch
+        self.options = data_options(args)
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info else (1, 0)
         tok = Tokenizer.from_str(self.tokenizer_json)
-        filler = tasks.FillerText(self.lines)
-        eos = tok.token_to_id("<|endoftext|>")
+        maker = train_data.RowMaker(lambda text: tok.encode(text).ids,
+                                    tok.token_to_id("<|endoftext|>"), self.lines, self.words,
+                                    self.options)
         b = self.start_batch + worker
         while True:
-            rows = [self.make_row(tok, filler, eos, b * self.batch_size + i)
-                    for i in range(self.batch_size)]
+            rows = [maker.make_row(b * self.batch_size + i) for i in range(self.batch_size)]
             yield (torch.tensor([r[0] for r in rows], dtype=torch.int64),
                    torch.tensor([r[1] for r in rows], dtype=torch.uint8))
             b += workers
-
-    def make_row(self, tok, filler, eos, row_index):
-        rng = random.Random(f"{self.row_prefix}/{row_index}")
-        counter = tasks.chars_counter(CHARS_PER_TOKEN_GUESS)
-        ids, weights, need = [], [], self.row_tokens + 1
-        while len(ids) < need:
-            room = need - len(ids)
-            if room >= 160 and rng.random() < self.task_share:
-                task = rng.choices(list(self.task_weights),
-                                   weights=list(self.task_weights.values()))[0]
-                if rng.random() < self.short_share:
-                    target = int(math.exp(rng.uniform(math.log(128), math.log(2048))))
-                else:
-                    target = rng.randint(2048, self.row_tokens - 192)
-                target = min(target, int(room * 0.9))
-                inst = tasks.make_instance(task, rng, filler, self.words, target, rng.random(),
-                                           counter)
-                prompt = tok.encode(inst["prompt"]).ids
-                answer = tok.encode(" " + inst["answer"] + ".").ids
-                if len(prompt) + len(answer) + 1 > room:
-                    # The character estimate overshot: cut the front of the prompt, keeping
-                    # the question and the answer (a fact cut away makes it unanswerable, so
-                    # drop the answer weight then).
-                    keep = room - len(answer) - 1
-                    cut = len(prompt) - keep
-                    prompt = prompt[cut:]
-                    answer_weight = 1
-                else:
-                    answer_weight = 2
-                ids += prompt + answer + [eos]
-                weights += [1] * len(prompt) + [answer_weight] * len(answer) + [1]
-            else:
-                start = rng.randrange(len(self.lines))
-                text = " ".join(self.lines[start:start + 64])
-                doc = tok.encode(text).ids[:room - 1] + [eos]
-                ids += doc
-                weights += [1] * len(doc)
-        return ids[:need], weights[:need]
 
 
 def model_config(shape, vocab_size, eos_id):
@@ -254,28 +207,31 @@ def export(model, tok, out_dir):
 
 
 @torch.no_grad()
-def quick_accuracy(model, tok, filler_path, words, seed, lengths):
-    """Greedy exact match on held-out filler, 10 instances per task x length (GPU, bf16)."""
+def quick_accuracy(model, tok, filler_path, words, seed, lengths, per_depth):
+    """Greedy exact match on the suite's protocol (train_data.eval_instances: held-out filler,
+    prompts fitted to length - max_new_tokens tokens, the suite's 5 depths x per_depth
+    instances per task x length; seed 0 gives the suite's own instances), GPU, bf16. Decoding
+    stops at a token holding '.' or a newline (where tasks.score stops reading) or after the
+    suite's max_new_tokens. Returns train_data.summarize's cells."""
     filler = tasks.FillerText.from_file(filler_path)
-    count = lambda text: len(tok.encode(text).ids)  # noqa: E731
-    results = {}
+    count = train_data.CachedCounter(lambda text: tok.encode(text).ids)
+    eos = tok.token_to_id("<|endoftext|>")
+    stop = [eos] + [i for i in train_data.stop_token_ids(lambda i: tok.decode([i]),
+                                                         tok.get_vocab_size()) if i != eos]
+    outcomes = []
     model.eval()
     for task in tasks.TASKS:
         for length in lengths:
-            correct = 0
-            for i in range(10):
-                depth = i / 9
-                inst = tasks.make_instance(task, tasks.instance_rng(seed, task, length, depth, i),
-                                           filler, words, length, depth, count)
+            for inst in train_data.eval_instances(task, length, seed, train_data.SUITE_DEPTHS,
+                                                  per_depth, filler, words, count):
                 ids = torch.tensor([tok.encode(inst["prompt"]).ids], device="cuda")
                 with torch.autocast("cuda", dtype=torch.bfloat16):
-                    out = model.generate(ids, max_new_tokens=24, do_sample=False,
-                                         pad_token_id=tok.token_to_id("<|endoftext|>"))
+                    out = model.generate(ids, max_new_tokens=train_data.MAX_NEW_TOKENS,
+                                         do_sample=False, eos_token_id=stop, pad_token_id=eos)
                 text = tok.decode(out[0, ids.shape[1]:].tolist())
-                correct += tasks.score(text, inst["answer"])
-            results[f"{task}@{length}"] = correct / 10
+                outcomes.append((task, length, inst["depth"], tasks.score(text, inst["answer"])))
     model.train()
-    return results
+    return train_data.summarize(outcomes)
 
 
 def main():
@@ -301,12 +257,32 @@ def main():
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--answer-weight", type=float, default=1.0)
+    p.add_argument("--first-answer-weight", type=float, default=0.0,
+                   help="weight of an added loss term: the mean cross-entropy of each "
+                        "instance's first answer token")
+    p.add_argument("--kv-letter-first", type=float, default=None,
+                   help="share of kv_recall values starting with a letter a-f (default: the "
+                        "suite's uniform hex, 6/16)")
+    p.add_argument("--vartrack-hard-share", type=float, default=0.0,
+                   help="share of vartrack instances with 2-5 distractor facts inside the "
+                        "asked chain and depth <= 0.3 or 4 hops")
+    p.add_argument("--suite-share", type=float, default=0.0,
+                   help="share of rows starting with one suite-sized instance (fitted as the "
+                        "suite fits it, the suite's depth grid +- 0.05)")
+    p.add_argument("--suite-lengths", type=train_data.parse_lengths, default=None,
+                   help="lengths of the suite-sized instances, drawn uniformly (repeat one to "
+                        "weight it; default: the shape's suite lengths that fit --row-tokens)")
+    p.add_argument("--eval-seed", type=int, default=0,
+                   help="seed of the quick accuracy's instances (0: the suite's own)")
+    p.add_argument("--eval-instances", type=int, default=5,
+                   help="quick accuracy instances per depth (5 depths) per task x length")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--workers", type=int, default=12)
     p.add_argument("--time-budget-s", type=float, default=480)
     p.add_argument("--task-share", type=float, default=0.8,
                    help="probability that the next document of a row is a task instance")
-    p.add_argument("--task-weights", type=parse_task_weights, default=dict(TASK_WEIGHTS),
+    p.add_argument("--task-weights", type=train_data.parse_task_weights,
+                   default=dict(train_data.TASK_WEIGHTS),
                    help="task=weight list of the task mix, e.g. kv_recall=0.4,vartrack=0.4")
     p.add_argument("--short-share", type=float, default=0.5,
                    help="share of instances with 128-2048 tokens (the rest 2048-8000)")
@@ -316,14 +292,22 @@ def main():
     args = p.parse_args()
     shape = SHAPES[args.shape]
     args.row_tokens = args.row_tokens or shape["context"]
+    if args.suite_lengths is None:
+        args.suite_lengths = [n for n in shape["eval_lengths"] if n <= args.row_tokens]
+    for name in ("kv_letter_first", "vartrack_hard_share", "suite_share"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value <= 1:
+            p.error(f"--{name.replace('_', '-')} {value} outside [0, 1]")
+    if args.suite_share and not [n for n in args.suite_lengths if n <= args.row_tokens]:
+        p.error(f"no --suite-lengths fit --row-tokens {args.row_tokens}")
     if not 2048 + 192 <= args.row_tokens <= shape["context"]:
         p.error(f"--row-tokens {args.row_tokens} outside [2240, {shape['context']}]")
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    lines = read_lines(args.corpus)
-    words = [w for w in open(args.words).read().split() if w]
+    lines = train_data.read_lines(args.corpus)
+    words = train_data.read_words(args.words)
 
     state = load_checkpoint(args.resume) if args.resume else None
     if state:
@@ -394,9 +378,14 @@ def main():
                              batch[:, 1:].reshape(-1), reduction="none")
         w = weights[:, 1:].reshape(-1)
         lm_loss = ce[w > 0].mean()
-        answer = w == 2
-        answer_loss = ce[answer].mean() if answer.any() else torch.zeros((), device=ce.device)
+        answer = w >= train_data.ANSWER
+        zero = torch.zeros((), device=ce.device)
+        answer_loss = ce[answer].mean() if answer.any() else zero
         loss = lm_loss + args.answer_weight * answer_loss
+        first = w == train_data.FIRST_ANSWER
+        first_loss = ce[first].mean() if first.any() else zero
+        if args.first_answer_weight:
+            loss = loss + args.first_answer_weight * first_loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -406,6 +395,7 @@ def main():
         if step % 25 == 0 or step == 1:
             rate = tokens_seen / (time.time() - t_train)
             print(f"step {step} lm {lm_loss.item():.3f} answer {answer_loss.item():.3f} "
+                  f"first {first_loss.item():.3f} "
                   f"lr {optimizer.param_groups[0]['lr']:.2e} {rate / 1e3:.0f}k tok/s "
                   f"t={time.time() - t0:.0f}s", flush=True)
 
@@ -416,12 +406,19 @@ def main():
     if step < args.steps:
         print(f"time budget reached at step {step}/{args.steps}: exporting", flush=True)
     export(model, tok, os.path.join(args.out, "model"))
-    acc = quick_accuracy(model, tok, args.eval_filler, words, args.seed, shape["eval_lengths"])
-    print("quick accuracy (bf16, GPU, 10 each):", json.dumps(acc), flush=True)
+    t_eval = time.time()
+    acc = quick_accuracy(model, tok, args.eval_filler, words, args.eval_seed,
+                         shape["eval_lengths"], args.eval_instances)
+    n_cell = len(train_data.SUITE_DEPTHS) * args.eval_instances
+    print(f"quick accuracy (bf16, GPU, suite protocol, seed {args.eval_seed}, {n_cell} per cell, "
+          f"{time.time() - t_eval:.0f}s):\n{train_data.format_summary(acc)}", flush=True)
+    print("quick accuracy:", json.dumps({k: v["accuracy"] for k, v in acc.items()}), flush=True)
     with open(os.path.join(args.out, "model", "training_log.json"), "w") as f:
         json.dump({"shape": args.shape, "steps": step, "planned_steps": args.steps,
                    "seed": args.seed, "batch_size": args.batch_size,
                    "row_tokens": args.row_tokens, "lr": args.lr, "answer_weight": args.answer_weight,
+                   "first_answer_weight": args.first_answer_weight,
+                   "data": data_options(args).as_dict(), "eval_seed": args.eval_seed,
                    "phase": args.phase, "init_from": args.init_from,
                    "task_share": args.task_share, "short_share": args.short_share,
                    "task_weights": args.task_weights,
