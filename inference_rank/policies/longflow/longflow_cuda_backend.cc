@@ -39,7 +39,6 @@ enum PromptInput {
 
 // A prefill chunk of the step (host): where its rows sit and what it writes.
 struct PromptChunk {
-  LongFlowRequestState* state = nullptr;
   int array = 0;      // its slot array
   int first_row = 0;  // its first batch row
   int tokens = 0;
@@ -170,7 +169,6 @@ Status LongFlowCudaBackend::Reserve(std::span<const ForwardEntry> batch, const F
     }
     if (IsFixedBudgetEntry(entry)) continue;
     PromptChunk chunk;
-    chunk.state = state;
     chunk.array = entry.evicting->slots.array;
     chunk.first_row = plan.entry_first_row[e];
     chunk.tokens = static_cast<int>(entry.tokens.size());
