@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <new>
 #include <string>
+#include <utility>
 
 namespace rubato {
 
@@ -33,7 +34,9 @@ size_t EvictingKvPool::PoolBytes(const EvictingKvShape& s) {
   return per_layer * s.num_layers * s.num_arrays;
 }
 
-Result<std::unique_ptr<EvictingKvPool>> EvictingKvPool::Create(const EvictingKvShape& shape) {
+namespace {
+
+Status ValidateShape(const EvictingKvShape& shape) {
   if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
       shape.budget <= 0 || shape.num_arrays <= 0) {
     return InvalidArgumentError("evicting KV pool: layers (" + std::to_string(shape.num_layers) +
@@ -42,6 +45,24 @@ Result<std::unique_ptr<EvictingKvPool>> EvictingKvPool::Create(const EvictingKvS
                                 std::to_string(shape.budget) + ") and arrays (" +
                                 std::to_string(shape.num_arrays) + ") must be positive");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EvictingKvPool>> EvictingKvPool::CreateWithStorage(
+    const EvictingKvShape& shape, std::unique_ptr<EvictingKvStorage> storage) {
+  RUBATO_RETURN_IF_ERROR(ValidateShape(shape));
+  if (storage == nullptr) return InvalidArgumentError("evicting KV pool: no storage given");
+  std::unique_ptr<EvictingKvPool> pool(new EvictingKvPool(shape));
+  pool->storage_ = std::move(storage);
+  for (int array = shape.num_arrays - 1; array >= 0; --array) pool->free_arrays_.push_back(array);
+  pool->array_in_use_.assign(static_cast<size_t>(shape.num_arrays), 0);
+  return pool;
+}
+
+Result<std::unique_ptr<EvictingKvPool>> EvictingKvPool::Create(const EvictingKvShape& shape) {
+  RUBATO_RETURN_IF_ERROR(ValidateShape(shape));
   std::unique_ptr<EvictingKvPool> pool(new EvictingKvPool(shape));
   pool->layer_floats_ = static_cast<size_t>(shape.num_kv_heads) * shape.budget * shape.head_dim;
   const size_t layers = static_cast<size_t>(shape.num_arrays) * shape.num_layers;
@@ -71,11 +92,16 @@ Status EvictingKvPool::Reserve(EvictingKvSlots& slots) {
                                   " slots are held");
   }
   const int array = free_arrays_.back();
+  if (storage_ != nullptr) {
+    RUBATO_RETURN_IF_ERROR(storage_->ResetArray(array));
+  } else {
+    const size_t layers = static_cast<size_t>(shape_.num_layers);
+    std::fill_n(valid_.get() + array * layers * shape_.budget, layers * shape_.budget, uint8_t{0});
+    std::fill_n(next_.get() + array * layers * shape_.num_kv_heads, layers * shape_.num_kv_heads,
+                0);
+  }
   free_arrays_.pop_back();
   array_in_use_[static_cast<size_t>(array)] = 1;
-  const size_t layers = static_cast<size_t>(shape_.num_layers);
-  std::fill_n(valid_.get() + array * layers * shape_.budget, layers * shape_.budget, uint8_t{0});
-  std::fill_n(next_.get() + array * layers * shape_.num_kv_heads, layers * shape_.num_kv_heads, 0);
   slots.array = array;
   return Status::Ok();
 }
@@ -93,6 +119,7 @@ Status EvictingKvPool::Release(EvictingKvSlots& slots) {
 }
 
 EvictingKvView EvictingKvPool::LayerView(int layer, const EvictingKvSlots& slots) const {
+  if (storage_ != nullptr) return EvictingKvView{};
   const size_t index = static_cast<size_t>(slots.array) * shape_.num_layers + layer;
   EvictingKvView view;
   view.keys = keys_.get() + index * layer_floats_;

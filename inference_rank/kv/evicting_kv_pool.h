@@ -58,11 +58,28 @@ struct EvictingKvView {
 // h and marks the slot valid. InvalidArgument when a next slot lies outside [0, budget).
 Status WriteToNextSlots(const EvictingKvView& view, const float* key, const float* value);
 
+// Slot arrays that a backend keeps outside this class (the CUDA model's device arrays). The pool
+// owns it and hands it back through storage(); the backend downcasts to its own type.
+class EvictingKvStorage {
+ public:
+  virtual ~EvictingKvStorage() = default;
+  // Bytes of the keys, values, masks and next slots it holds (what pool_bytes() reports).
+  virtual size_t bytes() const = 0;
+  // Every slot of `array` invalid and every next slot 0, in every layer (what Reserve promises);
+  // may be asynchronous, ordered before the backend's next forward.
+  virtual Status ResetArray(int array) = 0;
+};
+
 class EvictingKvPool {
  public:
   // Validates the shape (positive sizes) and allocates f32 host pools; ResourceExhausted when
   // the allocation fails.
   static Result<std::unique_ptr<EvictingKvPool>> Create(const EvictingKvShape& shape);
+
+  // Same validation, no host arrays: `storage` (not null) holds the arrays for `shape`, and this
+  // pool only does the accounting (Reserve / Release). LayerView must not be used on such a pool.
+  static Result<std::unique_ptr<EvictingKvPool>> CreateWithStorage(
+      const EvictingKvShape& shape, std::unique_ptr<EvictingKvStorage> storage);
 
   // Bytes of K, V, masks and next slots for `shape` (what Create allocates).
   static size_t PoolBytes(const EvictingKvShape& shape);
@@ -74,11 +91,14 @@ class EvictingKvPool {
   // pool did not hand out.
   Status Release(EvictingKvSlots& slots);
 
+  // What the CPU ops read and write for `layer` of `slots`. Host arrays only: a pool made by
+  // CreateWithStorage returns an empty view (null pointers).
   EvictingKvView LayerView(int layer, const EvictingKvSlots& slots) const;
 
   const EvictingKvShape& shape() const { return shape_; }
   int free_arrays() const { return static_cast<int>(free_arrays_.size()); }
-  size_t pool_bytes() const { return PoolBytes(shape_); }
+  size_t pool_bytes() const { return storage_ != nullptr ? storage_->bytes() : PoolBytes(shape_); }
+  EvictingKvStorage* storage() const { return storage_.get(); }  // null: host arrays
 
  private:
   explicit EvictingKvPool(const EvictingKvShape& shape) : shape_(shape) {}
@@ -86,11 +106,12 @@ class EvictingKvPool {
   EvictingKvShape shape_;
   size_t layer_floats_ = 0;        // floats of one layer's K (or V) of one array: kv_heads x B x hd
   std::unique_ptr<float[]> keys_;  // [array][layer][kv_head][budget][head_dim], f32
-  std::unique_ptr<float[]> values_;    // [array][layer][kv_head][budget][head_dim], f32
-  std::unique_ptr<uint8_t[]> valid_;   // [array][layer][budget]
-  std::unique_ptr<int32_t[]> next_;    // [array][layer][kv_head]
-  std::vector<int32_t> free_arrays_;   // stack; lowest ids handed out first
-  std::vector<uint8_t> array_in_use_;  // [num_arrays]
+  std::unique_ptr<float[]> values_;             // [array][layer][kv_head][budget][head_dim], f32
+  std::unique_ptr<uint8_t[]> valid_;            // [array][layer][budget]
+  std::unique_ptr<int32_t[]> next_;             // [array][layer][kv_head]
+  std::vector<int32_t> free_arrays_;            // stack; lowest ids handed out first
+  std::vector<uint8_t> array_in_use_;           // [num_arrays]
+  std::unique_ptr<EvictingKvStorage> storage_;  // set: the arrays live there, not above
 };
 
 }  // namespace rubato

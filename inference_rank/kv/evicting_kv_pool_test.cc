@@ -1,10 +1,11 @@
 // Tests for the evicting residency's slot pool: reserve / release accounting (all arrays held,
 // double release), a fresh array's masks and next slots, views of distinct arrays and layers
-// never overlapping, writes into the next slots, and refused shapes.
+// never overlapping, writes into the next slots, refused shapes, and a backend's own storage.
 #include "inference_rank/kv/evicting_kv_pool.h"
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <vector>
 
 namespace rubato {
@@ -72,6 +73,42 @@ TEST(EvictingKvPool, RefusesEmptyShapes) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(EvictingKvPool::Create(EvictingKvShape{2, 2, 4, 8, 0}).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// A backend's own arrays (the CUDA model's device storage): the pool does the accounting, resets
+// an array through the storage at Reserve, reports its bytes and has no host views.
+class CountingStorage final : public EvictingKvStorage {
+ public:
+  explicit CountingStorage(std::vector<int>* resets) : resets_(resets) {}
+  size_t bytes() const override { return 12345; }
+  Status ResetArray(int array) override {
+    resets_->push_back(array);
+    return Status::Ok();
+  }
+
+ private:
+  std::vector<int>* resets_;
+};
+
+TEST(EvictingKvPool, StorageKeepsTheArraysAndThePoolTheAccounting) {
+  std::vector<int> resets;
+  auto pool = EvictingKvPool::CreateWithStorage(EvictingKvShape{2, 2, 4, 8, 2},
+                                                std::make_unique<CountingStorage>(&resets));
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ((*pool)->pool_bytes(), 12345u);
+  EvictingKvSlots a, b, c;
+  ASSERT_TRUE((*pool)->Reserve(a).ok());
+  ASSERT_TRUE((*pool)->Reserve(b).ok());
+  EXPECT_EQ((*pool)->Reserve(c).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(resets, (std::vector<int>{0, 1}));
+  EXPECT_EQ((*pool)->LayerView(0, a).keys, nullptr);
+  ASSERT_TRUE((*pool)->Release(a).ok());
+  ASSERT_TRUE((*pool)->Reserve(c).ok());
+  EXPECT_EQ(c.array, 0);
+  EXPECT_EQ(resets, (std::vector<int>{0, 1, 0}));
+  EXPECT_EQ(
+      EvictingKvPool::CreateWithStorage(EvictingKvShape{2, 2, 4, 8, 2}, nullptr).status().code(),
+      StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -126,7 +126,10 @@ void PlanForward(std::span<const ForwardEntry> batch, const KvCacheShape& shape,
     ++plan.decode_groups.back().rows;
     if (group != 0) ++plan.backend_rows;
     plan.entry_first_row[e] = row++;
-    max_decode_len = std::max(max_decode_len, batch[e].start_position + 1);
+    // Fixed-budget rows attend their slots, never the paged cache: they do not size the bucket.
+    if (!IsFixedBudgetEntry(batch[e])) {
+      max_decode_len = std::max(max_decode_len, batch[e].start_position + 1);
+    }
   }
   plan.decode_rows = row;
   // Prefill chunks: those without an attention plan, then the backend's, each in batch order.
@@ -201,17 +204,22 @@ void FillStepInputs(std::span<const ForwardEntry> batch, const KvCacheShape& sha
     const KvSequence& sequence = *entry.sequence;
     const int tokens = static_cast<int>(entry.tokens.size());
     const int first = plan.entry_first_row[e];
+    // A fixed-budget row's K/V go to its slots (the backend writes them): no paged slot, no
+    // blocks (its sequence holds none).
+    const bool fixed_budget = IsFixedBudgetEntry(entry);
     for (int i = 0; i < tokens; ++i) {
       const int position = entry.start_position + i;
       token_ids[first + i] = entry.tokens[static_cast<size_t>(i)];
       positions[first + i] = position;
       slots[first + i] =
-          sequence.block_table[static_cast<size_t>(position / bt)] * bt + position % bt;
+          fixed_budget
+              ? -1
+              : sequence.block_table[static_cast<size_t>(position / bt)] * bt + position % bt;
     }
     const int end = entry.start_position + tokens;  // keys the entry's last row attends
     if (tokens == 1) {
       decode_lens[first] = end;
-      WriteBlockTableRow(sequence, CeilDiv(end, bt), plan.decode_table_stride,
+      WriteBlockTableRow(sequence, fixed_budget ? 0 : CeilDiv(end, bt), plan.decode_table_stride,
                          decode_tables + static_cast<size_t>(first) * plan.decode_table_stride);
     } else {  // PlanForward placed the chunks' rows in prefill-index order
       const int prefill = plan.entry_prefill_index[e];

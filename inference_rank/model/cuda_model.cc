@@ -162,6 +162,22 @@ Result<std::unique_ptr<PagedKvCache>> CudaModel::CreateKvCache(int block_tokens,
   return PagedKvCache::CreateWithStorage(shape, std::move(storage));
 }
 
+Result<std::unique_ptr<EvictingKvPool>> CudaModel::CreateEvictingKvPool(int budget,
+                                                                        int num_arrays) {
+  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
+  const EvictingKvShape shape{config_.num_layers, config_.num_kv_heads, config_.head_dim, budget,
+                              num_arrays};
+  // EvictingKvPool validates the shape too, but only after the arrays would have been allocated.
+  if (budget <= 0 || num_arrays <= 0) {
+    return InvalidArgumentError("evicting KV pool: budget (" + std::to_string(budget) +
+                                ") and arrays (" + std::to_string(num_arrays) +
+                                ") must be positive");
+  }
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<DeviceEvictingKvStorage> storage,
+                          DeviceEvictingKvStorage::Create(shape, stream_));
+  return EvictingKvPool::CreateWithStorage(shape, std::move(storage));
+}
+
 // ---- attention backend --------------------------------------------------------------------------
 
 Status CudaModel::SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) {
@@ -192,9 +208,11 @@ Status CudaModel::SetAttentionBackend(std::unique_ptr<AttentionBackend> backend)
 
 Status CudaModel::CheckAttentionEntries(std::span<const ForwardEntry> batch) const {
   for (size_t e = 0; e < batch.size(); ++e) {
-    if (batch[e].evicting != nullptr) {
-      return UnsupportedError("forward: batch entry " + std::to_string(e) +
-                              ": evicting KV is not built in the CUDA model yet");
+    if (batch[e].evicting != nullptr &&
+        dynamic_cast<DeviceEvictingKvStorage*>(batch[e].evicting->pool->storage()) == nullptr) {
+      return InvalidArgumentError("forward: batch entry " + std::to_string(e) +
+                                  ": its evicting KV pool was not created by a CUDA model "
+                                  "(CreateEvictingKvPool); its slots are not on the GPU");
     }
     const EntryAttention* attention = batch[e].attention;
     if (attention == nullptr) continue;

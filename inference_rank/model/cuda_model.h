@@ -24,6 +24,7 @@
 #include "inference_rank/attention/cuda_backend.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/cuda_decode_graph.h"
+#include "inference_rank/model/cuda_evicting_kv_storage.h"
 #include "inference_rank/model/cuda_forward_plan.h"
 #include "inference_rank/model/cuda_kv_storage.h"
 #include "inference_rank/model/cuda_pinned_buffer.h"
@@ -71,6 +72,10 @@ class CudaModel : public Model {
 
   // A cache with bf16 device pools (DeviceKvStorage), zeroed; ResourceExhausted with the bytes.
   Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override;
+  // Model::CreateEvictingKvPool: bf16 slot arrays, masks and next slots on the device
+  // (DeviceEvictingKvStorage), reset on the model's stream; ResourceExhausted with the bytes.
+  // Evicting entries' fixed-budget rows are the attention backend's (it writes their K/V).
+  Result<std::unique_ptr<EvictingKvPool>> CreateEvictingKvPool(int budget, int num_arrays) override;
 
   // Model::Forward. `cache` must come from CreateKvCache of a CUDA model (InvalidArgument
   // otherwise). A batch with offloaded entries runs eagerly, waiting for the exchange in every

@@ -374,6 +374,10 @@ Status ValidateSlots(const DecodeAttentionParams& p) {
       p.scores_only || p.sink_tokens != 0 || p.recent_tokens != INT_MAX) {
     return invalid("takes no list, compact segment, probabilities, window or scores-only pass");
   }
+  if (p.slot_arrays != nullptr && p.num_slot_arrays < 1) {
+    return invalid("num_slot_arrays must be >= 1 with slot_arrays, got " +
+                   std::to_string(p.num_slot_arrays));
+  }
   if (p.scores_stride < p.slot_budget || p.max_seq_len != p.slot_budget) {
     return invalid("scores_stride and max_seq_len must hold slot_budget " +
                    std::to_string(p.slot_budget));

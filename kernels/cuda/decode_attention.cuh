@@ -104,6 +104,13 @@ struct DecodeAttentionParams {
   const uint8_t* slot_valid = nullptr;         // [batch][slot_budget]
   int slot_budget = 0;
   float* slot_value_norms = nullptr;
+  // Optional with slot arrays: [batch], device: sequence b reads the keys, values and validity of
+  // array slot_arrays[b] (clamped to [0, num_slot_arrays)) instead of array b; slot_keys /
+  // slot_values are then [num_slot_arrays][num_kv_heads][slot_budget][head_dim] and slot_valid
+  // [num_slot_arrays][slot_budget]. The outputs (scores, norms) stay indexed by b. A pool of
+  // per-request slot arrays then serves any subset of its requests in any row order.
+  const int32_t* slot_arrays = nullptr;
+  int num_slot_arrays = 0;  // >= 1 when slot_arrays is set
   // Scores only: with `scores` set, the keys alone are read and only the raw scores are written,
   // plus `lse` when set (out and the probabilities untouched; value_pool and out may be null; the
   // workspace, DecodeScoresOnlyWorkspaceBytes, is needed only for the lse). A selection pass

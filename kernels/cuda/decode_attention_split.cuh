@@ -179,6 +179,7 @@ struct KeySpace {
   const int32_t* list = nullptr;
   const uint8_t* slot_valid = nullptr;  // the sequence's [slot_budget]
   int64_t slot_row0 = 0;                // first row of the (sequence, KV head)'s slot array
+  int64_t slot_norm_row0 = 0;           // first ||v||_1 of the (sequence, KV head)
   int64_t compact_row0 = 0;             // first compact row of the (sequence's slot, KV head)
   int compact_count = 0;
   int compact_end = 0;
@@ -205,8 +206,14 @@ __device__ inline KeySpaceFor<Variant> KeySpaceOf(const DecodeAttentionParams& p
                                                   int kv_head, int seq_len) {
   KeySpaceFor<Variant> keys;
   if constexpr (Variant::kSlots) {
-    keys.slot_valid = params.slot_valid + static_cast<int64_t>(sequence) * params.slot_budget;
+    // The sequence's slot array: its own index, or its array in a pool (slot_arrays).
+    const int array = params.slot_arrays == nullptr
+                          ? sequence
+                          : min(max(params.slot_arrays[sequence], 0), params.num_slot_arrays - 1);
+    keys.slot_valid = params.slot_valid + static_cast<int64_t>(array) * params.slot_budget;
     keys.slot_row0 =
+        (static_cast<int64_t>(array) * params.num_kv_heads + kv_head) * params.slot_budget;
+    keys.slot_norm_row0 =
         (static_cast<int64_t>(sequence) * params.num_kv_heads + kv_head) * params.slot_budget;
     keys.count = params.slot_budget;
     return keys;
@@ -539,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       }
       norm += __shfl_xor_sync(0xffffffffu, norm, 1);
       if ((threadIdx.x & 1) == 0 && index < end && keys.Attended(index)) {
-        params.slot_value_norms[keys.slot_row0 + index] = norm;
+        params.slot_value_norms[keys.slot_norm_row0 + index] = norm;
       }
     }
     const int warp_key0 = warp * kKeysPerWarp;  // this warp's first key row in the tile

@@ -66,9 +66,11 @@ __global__ void __launch_bounds__(kThreads)
   const int b = blockIdx.y;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
+  const int array =
+      p.arrays == nullptr ? b : min(max(p.arrays[b], 0), p.num_arrays - 1);  // its slot array
   const size_t first_slot = (static_cast<size_t>(b) * p.num_kv_heads + kv_head) * p.budget;
   const size_t first_head = static_cast<size_t>(b) * p.num_heads + kv_head * kGroup;
-  const uint8_t* valid = p.valid + static_cast<size_t>(b) * p.budget;
+  const uint8_t* valid = p.valid + static_cast<size_t>(array) * p.budget;
   float lse2[kGroup];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) lse2[g] = lse[first_head + g] * kLog2e;  // -inf: no slot
@@ -115,7 +117,10 @@ __global__ void __launch_bounds__(kThreads)
       largest = fmaxf(largest, warp_largest[w]);
     }
     const size_t at = static_cast<size_t>(b) * p.num_kv_heads + kv_head;
-    p.next_slot[at] = free_slot != INT_MAX ? free_slot : best.slot != INT_MAX ? best.slot : -1;
+    p.next_slot[static_cast<size_t>(array) * p.num_kv_heads + kv_head] =
+        free_slot != INT_MAX   ? free_slot
+        : best.slot != INT_MAX ? best.slot
+                               : -1;
     if (p.used_max != nullptr) p.used_max[at] = largest * kLn2 > kLongFlowPlainExpLimit ? 1 : 0;
   }
 }
@@ -140,6 +145,10 @@ Status LongFlowAttention(const LongFlowAttentionParams& p, cudaStream_t stream) 
       p.out == nullptr || p.next_slot == nullptr || p.workspace == nullptr) {
     return InvalidArgumentError("longflow attention: a required pointer is null");
   }
+  if (p.arrays != nullptr && p.num_arrays < 1) {
+    return InvalidArgumentError("longflow attention: num_arrays must be >= 1 with arrays, got " +
+                                std::to_string(p.num_arrays));
+  }
   const size_t needed = LongFlowAttentionWorkspaceBytes(p.batch, p.num_heads, p.head_dim, p.budget);
   if (p.workspace_bytes < needed) {
     return InvalidArgumentError("longflow attention: workspace of " +
@@ -159,6 +168,8 @@ Status LongFlowAttention(const LongFlowAttentionParams& p, cudaStream_t stream) 
   d.slot_values = p.values;
   d.slot_valid = p.valid;
   d.slot_budget = p.budget;
+  d.slot_arrays = p.arrays;
+  d.num_slot_arrays = p.num_arrays;
   d.slot_value_norms = norms;
   d.batch = p.batch;
   d.num_heads = p.num_heads;

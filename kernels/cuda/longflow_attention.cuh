@@ -37,7 +37,13 @@ struct LongFlowAttentionParams {
   int32_t* next_slot = nullptr;  // [batch][num_kv_heads] out; -1 when no slot may be written
   float* slot_scores = nullptr;  // optional [batch][num_kv_heads][budget] out; 0 where invalid
   uint8_t* used_max = nullptr;   // optional [batch][num_kv_heads] out
-  void* workspace = nullptr;     // LongFlowAttentionWorkspaceBytes(...), 16-byte aligned
+  // Optional [batch], device: sequence b reads and writes the slot array arrays[b] (clamped to
+  // [0, num_arrays)): keys / values are then [num_arrays][num_kv_heads][budget][head_dim], valid
+  // [num_arrays][budget] and next_slot [num_arrays][num_kv_heads] (a pool of per-request slot
+  // arrays, any subset in any row order); out, slot_scores and used_max stay indexed by b.
+  const int32_t* arrays = nullptr;
+  int num_arrays = 0;         // >= 1 with arrays
+  void* workspace = nullptr;  // LongFlowAttentionWorkspaceBytes(...), 16-byte aligned
   size_t workspace_bytes = 0;
 };
 

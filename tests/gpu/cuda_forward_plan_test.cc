@@ -428,5 +428,32 @@ TEST(CudaForwardPlanTest, LayoutIsAlignedAndCapacityOnlyGrows) {
   EXPECT_GE(sfi.bytes, sfi.window_block_tables + 64 * sizeof(int32_t));
 }
 
+// A fixed-budget decode row (evicting KV) attends its slots: no paged slot for its K/V (-1, the
+// KV append skips it), no blocks in its table row, and it does not size the decode bucket.
+TEST(CudaForwardPlanTest, FixedBudgetRowsHaveNoPagedSlotAndDoNotSizeTheBucket) {
+  const KvCacheShape shape = Shape(1024);
+  KvSequence evicting;  // its prompt's blocks were released: none
+  evicting.num_tokens = 9000;
+  KvSequence local = Sequence(2, 1);
+  const std::vector<int> one_e = {3};
+  const std::vector<int> one_l = {4};
+  EntryAttention fixed;
+  fixed.action.op = AttentionOp::kFixedBudget;
+  const std::vector<ForwardEntry> batch = {
+      {&evicting, one_e, 9000, LogitsWanted::kLast, nullptr, &fixed},
+      {&local, one_l, 20, LogitsWanted::kLast},
+  };
+  ForwardPlan plan;
+  PlanForward(batch, shape, plan);
+  EXPECT_EQ(plan.decode_rows, 2);
+  EXPECT_EQ(plan.backend_rows, 1);
+  EXPECT_EQ(plan.decode_max_seq_len, 4096);  // the local row's 21 keys: the smallest bucket
+  const Packed packed = Pack(batch, shape, plan);
+  EXPECT_EQ(packed.Ints(packed.layout.kv_slots)[0], -1);
+  EXPECT_EQ(packed.Ints(packed.layout.kv_slots)[1], 101 * 16 + 4);
+  const int32_t* table = packed.Ints(packed.layout.decode_block_tables);
+  for (int i = 0; i < plan.decode_table_stride; ++i) EXPECT_EQ(table[i], 0) << i;
+}
+
 }  // namespace
 }  // namespace rubato

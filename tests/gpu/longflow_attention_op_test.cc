@@ -2,7 +2,7 @@
 // CPU twin kernels/cpu/longflow_attention.h on fresh random bf16 data: output, slot scores, the
 // next write slot (a free slot while there are holes, else the argmin past the sinks, ties to
 // the lower slot) and the overflow fallback. Budgets not a multiple of the warps' tiles, masks
-// with holes, GQA 1/4/8, head_dim 32/64/128.
+// with holes, GQA 1/4/8, head_dim 32/64/128; a pool of slot arrays read through `arrays`.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -24,6 +24,7 @@ struct Case {
   double holes = 0.0;
   float key_scale = 1.f;
   bool tie = false;
+  bool arrays = false;  // through `arrays`: sequence b reads pool array batch - b (0 unused)
 };
 
 void RunCase(const Case& c) {
@@ -47,12 +48,28 @@ void RunCase(const Case& c) {
     for (int b = 0; b < batch; ++b)
       valid[static_cast<size_t>(b) * B + 7] = valid[static_cast<size_t>(b) * B + 9] = 1;
   }
-  auto d_keys = UploadBf16(keys);
-  auto d_values = UploadBf16(values);
+  // With arrays, a pool of batch + 1 arrays: array batch - b holds sequence b's slots, array 0
+  // other values (never read).
+  const int num_arrays = c.arrays ? batch + 1 : batch;
+  std::vector<int32_t> arrays(static_cast<size_t>(batch));
+  for (int b = 0; b < batch; ++b) arrays[static_cast<size_t>(b)] = c.arrays ? batch - b : b;
+  const size_t per_array = static_cast<size_t>(c.kv_heads) * B * d;
+  std::vector<float> pool_keys = gpu_test::RandomBf16Values(rng, num_arrays * per_array);
+  std::vector<float> pool_values = gpu_test::RandomBf16Values(rng, num_arrays * per_array);
+  std::vector<uint8_t> pool_valid(static_cast<size_t>(num_arrays) * B, 1);
+  for (int b = 0; b < batch; ++b) {
+    const size_t a = static_cast<size_t>(arrays[static_cast<size_t>(b)]);
+    std::copy_n(keys.begin() + b * per_array, per_array, pool_keys.begin() + a * per_array);
+    std::copy_n(values.begin() + b * per_array, per_array, pool_values.begin() + a * per_array);
+    std::copy_n(valid.begin() + static_cast<size_t>(b) * B, B, pool_valid.begin() + a * B);
+  }
+  auto d_keys = UploadBf16(pool_keys);
+  auto d_values = UploadBf16(pool_values);
   auto d_q = UploadBf16(q);
-  auto d_valid = Upload(valid);
+  auto d_valid = Upload(pool_valid);
+  auto d_arrays = Upload(arrays);
   auto d_out = gpu_test::Poisoned<__nv_bfloat16>(q.size());
-  auto d_next = gpu_test::Poisoned<int32_t>(static_cast<size_t>(batch) * c.kv_heads);
+  auto d_next = gpu_test::Poisoned<int32_t>(static_cast<size_t>(num_arrays) * c.kv_heads);
   auto d_scores = gpu_test::Poisoned<float>(static_cast<size_t>(batch) * c.kv_heads * B);
   auto d_used = gpu_test::Poisoned<uint8_t>(static_cast<size_t>(batch) * c.kv_heads);
   const size_t ws = cuda::LongFlowAttentionWorkspaceBytes(batch, heads, d, B);
@@ -77,9 +94,19 @@ void RunCase(const Case& c) {
   p.used_max = d_used.data();
   p.workspace = d_ws.data();
   p.workspace_bytes = ws;
+  if (c.arrays) {
+    p.arrays = d_arrays.data();
+    p.num_arrays = num_arrays;
+  }
   ASSERT_STATUS_OK(cuda::LongFlowAttention(p, nullptr));
   const std::vector<float> out = gpu_test::DownloadBf16(d_out);
-  const std::vector<int32_t> next = gpu_test::Download(d_next);
+  const std::vector<int32_t> pool_next = gpu_test::Download(d_next);
+  std::vector<int32_t> next(static_cast<size_t>(batch) * c.kv_heads);  // by sequence
+  for (int b = 0; b < batch; ++b) {
+    std::copy_n(
+        pool_next.begin() + static_cast<size_t>(arrays[static_cast<size_t>(b)]) * c.kv_heads,
+        c.kv_heads, next.begin() + static_cast<size_t>(b) * c.kv_heads);
+  }
   const std::vector<float> scores = gpu_test::Download(d_scores);
   const std::vector<uint8_t> used = gpu_test::Download(d_used);
 
@@ -147,6 +174,17 @@ TEST(LongFlowAttentionOp, MatchesTheCpuTwin) {
         RunCase(c);
       }
     }
+  }
+}
+
+// A pool of per-request slot arrays in any row order (the CUDA model's evicting KV).
+TEST(LongFlowAttentionOp, ReadsAndWritesThePoolArraysItIsGiven) {
+  for (double holes : {0.0, 0.3}) {
+    Case c;
+    c.arrays = true;
+    c.budget = 300;
+    c.holes = holes;
+    RunCase(c);
   }
 }
 

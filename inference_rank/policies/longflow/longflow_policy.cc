@@ -9,6 +9,11 @@
 #include "inference_rank/model/model.h"
 #include "inference_rank/policies/longflow/longflow_cpu_backend.h"
 
+#ifdef RUBATO_HAS_CUDA
+#include "inference_rank/model/cuda_model.h"
+#include "inference_rank/policies/longflow/longflow_cuda_backend.h"
+#endif
+
 namespace rubato {
 namespace {
 
@@ -17,7 +22,6 @@ namespace {
 class LongFlowRequest final : public PolicyRequest {
  public:
   explicit LongFlowRequest(LongFlowPolicy& policy) : policy_(policy) {
-    entry_.row_group = kLongFlowRows;
     entry_.state = &state_;
     policy_.CountAdmitted();
   }
@@ -27,12 +31,14 @@ class LongFlowRequest final : public PolicyRequest {
                                     bool last_chunk) override {
     state_.prompt_end = last_chunk ? start_position + chunk_tokens : -1;
     entry_.action = LayerAction{};  // dense
+    entry_.row_group = kLongFlowPromptRows;
     return &entry_;
   }
   const EntryAttention* PlanDecode(int /*position*/) override {
     state_.prompt_end = -1;
     entry_.action.op = AttentionOp::kFixedBudget;
     entry_.action.evidence = kSlotScores;
+    entry_.row_group = kLongFlowRows;
     return &entry_;
   }
   Verdict Observe(bool /*decode*/, int /*token*/, float /*probability*/) override {
@@ -58,14 +64,19 @@ class LongFlowRequest final : public PolicyRequest {
 
 LongFlowPolicy::LongFlowPolicy(const LongFlowConfig& config) : config_(config) {
   traits_.residencies = ResidencySet{KvResidency::kEvicting};
-  traits_.graph_replayable =
-      true;  // a decode step's shape never changes (CUDA: next slot on device)
+  // A decode step's shape never changes (CUDA: the next slot stays on the device).
+  traits_.graph_replayable = true;
   traits_.evicting_slots = config.budget;
 }
 
 Result<std::unique_ptr<AttentionBackend>> LongFlowPolicy::MakeBackend(Model& model,
                                                                       int /*max_batch*/) const {
   if (model.backend_name() == "cpu") return MakeLongFlowCpuBackend(model.config(), config_);
+#ifdef RUBATO_HAS_CUDA
+  if (model.backend_name() == "cuda") {
+    return MakeLongFlowCudaBackend(static_cast<CudaModel&>(model), config_);
+  }
+#endif
   return UnsupportedError("policy longflow: no backend half for the " +
                           std::string(model.backend_name()) + " model yet");
 }

@@ -16,8 +16,10 @@
 
 namespace rubato {
 
-// The row group of its fixed-budget entries (EntryAttention::row_group).
+// The row groups (EntryAttention::row_group) of its fixed-budget decode entries and of its prompt
+// chunks (dense; a one-token chunk is a decode row of the CUDA plan, attended apart).
 inline constexpr int kLongFlowRows = 1;
+inline constexpr int kLongFlowPromptRows = 2;
 
 struct LongFlowConfig {
   int budget = 3200;           // B: slots per (layer, KV head); the paper's 3200 (or 2400)
