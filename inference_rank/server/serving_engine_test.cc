@@ -512,6 +512,44 @@ TEST_F(ServingEngineTest, ARequestThatDoesNotFitFailsAloneAndHealthStaysUp) {
   }
 }
 
+// Through the router, whose request workers prepare a request before the engine sees it: a
+// client that leaves at once is counted aborted exactly once, whether its cancel comes while the
+// request waits for a worker, while it is tokenized or once it is in the engine.
+TEST_F(ServingEngineTest, ClientsLeavingDuringPreparationCountAbortedOnce) {
+  MetricsRegistry metrics;
+  ServingEngineOptions options;
+  options.metrics = &metrics;
+  auto serving = ServingEngine::Create(MakeEngine(2, &metrics), tokenizer_.get(), options);
+  ASSERT_TRUE(serving.ok());
+  (*serving)->Start();
+  constexpr int kRequests = 12;
+  const std::string aborted = "rubato:requests_aborted_total{model_name=\"\"} " +
+                              std::to_string(kRequests) + "\n";
+  {
+    OpenAiRouter router(serving->get(), tokenizer_.get(), nullptr, {"tiny", 0, {}, 1, 64});
+    for (int i = 0; i < kRequests; ++i) {
+      const HttpReply reply = router.Handle(
+          {"POST", "/v1/completions",
+           R"({"prompt": "Once upon a time", "max_tokens": 900, "temperature": 0})"});
+      ASSERT_NE(reply.pending, nullptr);
+      // Later and later: before the worker took it, while it works, once it is submitted.
+      std::this_thread::sleep_for(std::chrono::microseconds(300 * (i % 4)));
+      reply.pending->Cancel();
+    }
+    for (int i = 0; i < 2000 && metrics.ExpositionText().find(aborted) == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  const std::string exposition = metrics.ExpositionText();
+  EXPECT_NE(exposition.find(aborted), std::string::npos) << exposition;
+  for (const char* reason : {"stop", "length"}) {
+    EXPECT_NE(exposition.find("rubato:request_success_total{model_name=\"\",finished_reason=\"" +
+                              std::string(reason) + "\"} 0\n"),
+              std::string::npos)
+        << exposition;
+  }
+}
+
 TEST_F(ServingEngineTest, CreateRefusesBadOptions) {
   ServingEngineOptions options;
   options.max_queue = 0;
