@@ -57,7 +57,13 @@ ApiError EngineError(const ServingUpdate& update) {
 // retry it (they retry 5xx unless told so).
 HttpHeaders ErrorHeaders(const ApiError& error) {
   if (error.code == "request_timeout") return {{"x-should-retry", "false"}};
+  if (error.code == "queue_full") return {{"Retry-After", "1"}};  // seconds; a slot frees soon
   return {};
+}
+
+// A full queue, the request workers' or the engine's: 429 (with Retry-After, ErrorHeaders).
+ApiError QueueFull(std::string message) {
+  return Error(429, std::move(message), "rate_limit_error", "", "queue_full");
 }
 
 // What the engine thread accumulates for one request (its on_update closure owns it).
@@ -379,12 +385,12 @@ HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKi
   });
   // The body is copied (milliseconds for the largest) so that the worker owns what it reads.
   const bool queued = workers_.TryPost([this, job, kind, body = http_request.body] {
+    if (job->admission->cancelled()) {
+      job->answered = true;  // nobody waits for the answer
+      return serving_->CountEndedBeforeSubmit(RequestEnd::kAborted);
+    }
     Prepared prepared;
     try {
-      if (job->admission->cancelled()) {
-        job->answered = true;  // nobody waits for the answer
-        return serving_->CountEndedBeforeSubmit(RequestEnd::kAborted);
-      }
       if (auto error = Prepare(body, kind, prepared)) return job->Answer(*error);
     } catch (const std::exception& e) {  // a bug: one 500, the server goes on
       RUBATO_LOG_ERROR("http", "preparing a completion threw: {}", e.what());
@@ -395,14 +401,9 @@ HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKi
   if (!queued) {
     job->answered = true;  // this reply, not the job's
     serving_->CountEndedBeforeSubmit(RequestEnd::kRejected);
-    HttpReply busy = ErrorReply(Error(429,
-                                      "the server is busy: " + std::to_string(workers_.queued()) +
-                                          " requests wait to be tokenized (server.request_queue " +
-                                          std::to_string(options_.request_queue) +
-                                          "); retry later",
-                                      "rate_limit_error", "", "queue_full"));
-    busy.headers.emplace_back("Retry-After", "1");  // seconds; as when the engine's queue is full
-    return busy;
+    return ErrorReply(QueueFull("the server is busy: " + std::to_string(workers_.queued()) +
+                                " requests wait to be tokenized (server.request_queue " +
+                                std::to_string(options_.request_queue) + "); retry later"));
   }
   return HttpReply{200, "application/json", "", job->reply};
 }
@@ -422,13 +423,9 @@ void OpenAiRouter::Admit(Prepared prepared, CompletionKind kind, CompletionJob& 
   job.answered = true;
   if (id.ok()) return;
   if (id.status().code() == StatusCode::kResourceExhausted) {
-    return job.reply->Complete(
-        429, "application/json",
-        ApiErrorBody(Error(429, id.status().message(), "rate_limit_error", "", "queue_full")),
-        {{"Retry-After", "1"}});  // seconds; a queue slot frees that soon
+    return job.Answer(QueueFull(id.status().message()));
   }
-  const ApiError error = Error(503, id.status().message(), "service_unavailable_error");
-  job.reply->Complete(error.http_status, "application/json", ApiErrorBody(error));
+  job.Answer(Error(503, id.status().message(), "service_unavailable_error"));
 }
 
 }  // namespace rubato::server
