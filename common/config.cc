@@ -169,6 +169,8 @@ Status ReadServer(YamlMapReader& reader, ServerSection* server) {
   }
   RUBATO_RETURN_IF_ERROR(
       reader.ReadDouble("shutdown_grace_s", DoubleRange{0, 86400}, &server->shutdown_grace_s));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("request_threads", 0, 256, &server->request_threads));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("request_queue", 1, 100'000, &server->request_queue));
   if (server->metrics_port != 0 && server->metrics_port == server->port) {
     return reader.Error("metrics_port", fmt::format("must differ from {} ({})",
                                                     reader.KeyPath("port"), server->port));
@@ -374,6 +376,8 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
     out << YAML::DoubleQuoted << origin;
   out << YAML::EndSeq;
   key("shutdown_grace_s") << fmt::format("{}", config.server.shutdown_grace_s);
+  key("request_threads") << config.server.request_threads;
+  key("request_queue") << config.server.request_queue;
   out << YAML::EndMap;
 
   const LimitsSection& limits = config.limits;

@@ -98,6 +98,11 @@ struct ServerSection {
   // [0, 86400] seconds requests in flight get to finish after SIGTERM / SIGINT; those still
   // running then end with an error (503, or an SSE error event).
   double shutdown_grace_s = 30;
+  // [0, 256] threads that parse, template and tokenize request bodies off the HTTP I/O thread;
+  // 0: min(4, hardware threads).
+  int request_threads = 0;
+  // [1, 100000] requests that may wait for one of those threads; past it: 429 with Retry-After.
+  int request_queue = 64;
 
   bool operator==(const ServerSection&) const = default;
 };

@@ -52,6 +52,8 @@ server:
   metrics_port: 0
   cors_allowed_origins: ["https://chat.example.com", "*"]
   shutdown_grace_s: 2.5
+  request_threads: 3
+  request_queue: 9
 limits:
   max_prompt_tokens: 100000
   max_queue: 1000
@@ -127,7 +129,7 @@ TEST(Config, DefaultYamlSpellsOutEveryKey) {
   const std::set<std::string> expected = KeyPaths(formatted);
   EXPECT_EQ(KeyPaths(file), expected);
   EXPECT_EQ(expected.size(),
-            29u);  // model 3, engine 9, policy 1, topology 5, server 5, limits 5, logging 1
+            31u);  // model 3, engine 9, policy 1, topology 5, server 7, limits 5, logging 1
 }
 
 TEST(Config, ParsesEveryKey) {
@@ -160,6 +162,8 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(config.server.cors_allowed_origins,
             (std::vector<std::string>{"https://chat.example.com", "*"}));
   EXPECT_EQ(config.server.shutdown_grace_s, 2.5);
+  EXPECT_EQ(config.server.request_threads, 3);
+  EXPECT_EQ(config.server.request_queue, 9);
   EXPECT_EQ(config.limits.max_prompt_tokens, 100000);
   EXPECT_EQ(config.limits.max_queue, 1000);
   EXPECT_EQ(config.limits.request_timeout_s, 12.5);
@@ -299,6 +303,8 @@ TEST(Config, OutOfRangeValuesNameKeyRangeAndValue) {
        "server.shutdown_grace_s: must be in [0, 86400], got -1"},
       {"server:\n  shutdown_grace_s: 1e9\n",
        "server.shutdown_grace_s: must be in [0, 86400], got 1e9"},
+      {"server:\n  request_threads: 257\n", "server.request_threads: must be in [0, 256], got 257"},
+      {"server:\n  request_queue: 0\n", "server.request_queue: must be in [1, 100000], got 0"},
       {"limits:\n  max_queue: 0\n", "limits.max_queue: must be in [1, 1000000], got 0"},
       {"limits:\n  request_timeout_s: 0\n",
        "limits.request_timeout_s: must be in (0, 86400], got 0"},

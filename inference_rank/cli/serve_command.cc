@@ -153,9 +153,11 @@ Status Serve(const RubatoConfig& config) {
   RUBATO_ASSIGN_OR_RETURN(
       std::unique_ptr<server::ServingEngine> serving,
       server::ServingEngine::Create(std::move(engine), tokenizer.get(), serving_options));
+  // Its request workers stop before the engine and the tokenizer they use go.
   server::OpenAiRouter router(
       serving.get(), tokenizer.get(), &metrics,
-      {model_name, config.limits.max_prompt_tokens, config.server.cors_allowed_origins});
+      {model_name, config.limits.max_prompt_tokens, config.server.cors_allowed_origins,
+       server::RequestThreads(config.server.request_threads), config.server.request_queue});
   serving->Start();
 
   server::HttpServerOptions http_options;

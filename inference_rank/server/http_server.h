@@ -1,9 +1,10 @@
 // A small HTTP/1.1 server on Boost.Beast / Boost.Asio for `rubato serve`: parses requests within
 // size limits, hands each to one handler and writes its reply (keep-alive, 100-continue, replies
 // that complete later or stream as chunked Server-Sent Events). One I/O thread runs every
-// connection; handlers run on it and must not block. Bad input never takes the server down; a
-// client that goes away cancels its pending reply (one that only half-closes is answered). HEAD
-// gets the GET reply's head without body. Stops gracefully: StopAccepting, then Stop(grace).
+// connection; handlers run on it and must not block (heavy work goes to another thread, which
+// completes a PendingReply). Bad input never takes the server down; a client that goes away
+// cancels its pending reply (one that only half-closes is answered). HEAD gets the GET reply's
+// head without body. Stops gracefully: StopAccepting, then Stop(grace).
 // Narrative: docs/engine_and_models.md "The HTTP server".
 #pragma once
 

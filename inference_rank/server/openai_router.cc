@@ -3,10 +3,16 @@
 #include "inference_rank/server/openai_router.h"
 
 #include <chrono>
+#include <exception>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
+#include <string_view>
 #include <utility>
+
+#include "common/logging.h"
 
 namespace rubato::server {
 namespace {
@@ -51,7 +57,13 @@ ApiError EngineError(const ServingUpdate& update) {
 // retry it (they retry 5xx unless told so).
 HttpHeaders ErrorHeaders(const ApiError& error) {
   if (error.code == "request_timeout") return {{"x-should-retry", "false"}};
+  if (error.code == "queue_full") return {{"Retry-After", "1"}};  // seconds; a slot frees soon
   return {};
+}
+
+// A full queue, the request workers' or the engine's: 429 (with Retry-After, ErrorHeaders).
+ApiError QueueFull(std::string message) {
+  return Error(429, std::move(message), "rate_limit_error", "", "queue_full");
 }
 
 // What the engine thread accumulates for one request (its on_update closure owns it).
@@ -108,7 +120,60 @@ void OnUpdate(ReplyState& state, const ServingUpdate& update) {
   if (update.finished) state.reply->EndStream();
 }
 
+// A completion's fate between the I/O thread, where its client's cancel comes from, and the
+// worker that submits it: the cancel may come before, while or after the request reaches the
+// engine.
+class Admission {
+ public:
+  // The client went away: returns the serving id to cancel once the request is in the engine.
+  std::optional<uint64_t> Cancel() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelled_ = true;
+    return id_;
+  }
+  bool cancelled() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cancelled_;
+  }
+  // Submits the request; one whose client left while it was prepared is cancelled at once, so
+  // that the engine ends it unrun and counts it aborted, as every request whose client left.
+  Result<uint64_t> Submit(ServingEngine& serving, ServingRequest request) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    Result<uint64_t> id = serving.Submit(std::move(request));
+    if (!id.ok()) return id;
+    id_ = *id;
+    const bool cancelled = cancelled_;
+    lock.unlock();
+    if (cancelled) serving.Cancel(*id);
+    return id;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  bool cancelled_ = false;
+  std::optional<uint64_t> id_;
+};
+
 }  // namespace
+
+struct OpenAiRouter::CompletionJob {
+  std::shared_ptr<PendingReply> reply;
+  std::shared_ptr<Admission> admission;
+  bool answered = false;  // the reply is complete, or the engine completes it
+
+  void Answer(const ApiError& error) {
+    answered = true;
+    reply->Complete(error.http_status, "application/json", ApiErrorBody(error),
+                    ErrorHeaders(error));
+  }
+  // A job the workers dropped unrun (the server stopped): its client gets a 503.
+  ~CompletionJob() {
+    if (!answered) {
+      Answer(Error(503, "the server is shutting down and takes no new requests",
+                   "service_unavailable_error"));
+    }
+  }
+};
 
 std::string ModelNameFromDirectory(const std::string& model_dir) {
   std::filesystem::path path = std::filesystem::path(model_dir).lexically_normal();
@@ -128,7 +193,8 @@ OpenAiRouter::OpenAiRouter(ServingEngine* serving, const Tokenizer* tokenizer,
       tokenizer_(tokenizer),
       metrics_(metrics),
       options_(std::move(options)),
-      started_unix_s_(UnixSeconds()) {}
+      started_unix_s_(UnixSeconds()),
+      workers_("request worker", options_.request_threads, options_.request_queue) {}
 
 HttpHeaders OpenAiRouter::CorsHeaders(const HttpRequest& request) const {
   const std::string origin = request.Header("origin");
@@ -257,20 +323,24 @@ std::optional<ApiError> OpenAiRouter::PromptIds(const CompletionRequest& request
   return std::nullopt;
 }
 
-HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKind kind) {
+struct OpenAiRouter::Prepared {
+  ServingRequest request;  // without on_update
+  bool stream = false;
+  bool include_usage = false;
+};
+
+std::optional<ApiError> OpenAiRouter::Prepare(std::string_view body, CompletionKind kind,
+                                              Prepared& out) const {
   CompletionRequest request;
-  if (auto error = ParseCompletionRequest(http_request.body, kind, request)) {
-    return ErrorReply(*error);
-  }
+  if (auto error = ParseCompletionRequest(body, kind, request)) return error;
   if (request.model && *request.model != options_.model_name) {
-    return ErrorReply(Error(404,
-                            "the model '" + *request.model + "' does not exist; this " +
-                                "server serves '" + options_.model_name + "'",
-                            "invalid_request_error", "model", "model_not_found"));
+    return Error(404,
+                 "the model '" + *request.model + "' does not exist; this server serves '" +
+                     options_.model_name + "'",
+                 "invalid_request_error", "model", "model_not_found");
   }
-  ServingRequest serving_request;
-  GenerationRequest& generation = serving_request.generation;
-  if (auto error = PromptIds(request, generation.prompt_ids)) return ErrorReply(*error);
+  GenerationRequest& generation = out.request.generation;
+  if (auto error = PromptIds(request, generation.prompt_ids)) return error;
   const int prompt_tokens = static_cast<int>(generation.prompt_ids.size());
   generation.max_new_tokens = request.max_tokens.value_or(
       kind == CompletionKind::kText ? 16 : serving_->max_context() - prompt_tokens);
@@ -286,42 +356,76 @@ HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKi
       !request.logit_bias.empty()) {
     for (const auto& [id, bias] : request.logit_bias) {
       if (id >= serving_->vocab_size()) {
-        return ErrorReply(Error(400,
-                                "'logit_bias' token " + std::to_string(id) +
-                                    " is outside the vocabulary [0, " +
-                                    std::to_string(serving_->vocab_size()) + ")",
-                                "invalid_request_error", "logit_bias"));
+        return Error(400,
+                     "'logit_bias' token " + std::to_string(id) +
+                         " is outside the vocabulary [0, " +
+                         std::to_string(serving_->vocab_size()) + ")",
+                     "invalid_request_error", "logit_bias");
       }
     }
     generation.sampling.presence_penalty = request.presence_penalty;
     generation.sampling.frequency_penalty = request.frequency_penalty;
     generation.sampling.logit_bias = request.logit_bias;
   }
-  serving_request.stop_strings = request.stop;
+  out.request.stop_strings = std::move(request.stop);
+  out.stream = request.stream;
+  out.include_usage = request.include_usage;
+  return std::nullopt;
+}
 
+HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKind kind) {
+  auto job = std::make_shared<CompletionJob>();
+  job->reply = std::make_shared<PendingReply>();
+  job->admission = std::make_shared<Admission>();
+  ServingEngine* serving = serving_;
+  // The client may go away while its request waits for a worker, while it is tokenized, or once
+  // it reached the engine; Admission tells the worker, or the engine.
+  job->reply->SetOnCancel([serving, admission = job->admission] {
+    if (const std::optional<uint64_t> id = admission->Cancel()) serving->Cancel(*id);
+  });
+  // The body is copied (milliseconds for the largest) so that the worker owns what it reads.
+  const bool queued = workers_.TryPost([this, job, kind, body = http_request.body] {
+    if (job->admission->cancelled()) {
+      job->answered = true;  // nobody waits for the answer
+      return serving_->CountEndedBeforeSubmit(RequestEnd::kAborted);
+    }
+    Prepared prepared;
+    try {
+      if (auto error = Prepare(body, kind, prepared)) return job->Answer(*error);
+    } catch (const std::exception& e) {  // a bug: one 500, the server goes on
+      RUBATO_LOG_ERROR("http", "preparing a completion threw: {}", e.what());
+      return job->Answer(Error(500, std::string("internal error: ") + e.what(), "internal_error"));
+    }
+    Admit(std::move(prepared), kind, *job);
+  });
+  if (!queued) {
+    job->answered = true;  // this reply, not the job's
+    serving_->CountEndedBeforeSubmit(RequestEnd::kRejected);
+    return ErrorReply(QueueFull("the server is busy: " + std::to_string(workers_.queued()) +
+                                " requests wait to be tokenized (server.request_queue " +
+                                std::to_string(options_.request_queue) + "); retry later"));
+  }
+  return HttpReply{200, "application/json", "", job->reply};
+}
+
+void OpenAiRouter::Admit(Prepared prepared, CompletionKind kind, CompletionJob& job) {
   auto state = std::make_shared<ReplyState>();
-  state->reply = std::make_shared<PendingReply>();
+  state->reply = job.reply;
   state->kind = kind;
-  state->stream = request.stream;
-  state->include_usage = request.include_usage;
+  state->stream = prepared.stream;
+  state->include_usage = prepared.include_usage;
   state->result.id = NewId(kind);
   state->result.created = UnixSeconds();
   state->result.model = options_.model_name;
-  serving_request.on_update = [state](const ServingUpdate& update) { OnUpdate(*state, update); };
-  std::shared_ptr<PendingReply> reply = state->reply;
-  Result<uint64_t> id = serving_->Submit(std::move(serving_request));
-  if (!id.ok()) {
-    if (id.status().code() == StatusCode::kResourceExhausted) {
-      HttpReply busy =
-          ErrorReply(Error(429, id.status().message(), "rate_limit_error", "", "queue_full"));
-      busy.headers.emplace_back("Retry-After", "1");  // seconds; a queue slot frees that soon
-      return busy;
-    }
-    return ErrorReply(Error(503, id.status().message(), "service_unavailable_error"));
+  ServingRequest& request = prepared.request;
+  request.on_update = [state](const ServingUpdate& update) { OnUpdate(*state, update); };
+  const Result<uint64_t> id = job.admission->Submit(*serving_, std::move(request));
+  job.answered = true;
+  if (id.ok()) return;
+  if (id.status().code() == StatusCode::kResourceExhausted) {
+    return job.Answer(QueueFull(id.status().message()));
   }
-  ServingEngine* serving = serving_;
-  reply->SetOnCancel([serving, id = *id] { serving->Cancel(id); });
-  return HttpReply{200, "application/json", "", reply};
+  job.Answer(Error(503, id.status().message(), "service_unavailable_error"));
 }
 
 }  // namespace rubato::server

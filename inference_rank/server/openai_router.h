@@ -2,15 +2,20 @@
 // /v1/models, /v1/models/{id}) on a ServingEngine, /health and /metrics (GET or HEAD), CORS when
 // configured, and JSON 404 / 405 for anything else.
 // Turns a parsed request into prompt tokens and a GenerationRequest, and the ServingEngine's
-// updates into a response or a Server-Sent Events stream.
+// updates into a response or a Server-Sent Events stream. Completion bodies are parsed, templated
+// and tokenized on request worker threads, never on the HTTP server's I/O thread: a 15 MB prompt
+// takes seconds to tokenize, and /health and every other connection must not wait for it.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/metrics.h"
 #include "common/tokenizer/tokenizer.h"
+#include "inference_rank/server/bounded_worker_pool.h"
 #include "inference_rank/server/http_server.h"
 #include "inference_rank/server/openai_api.h"
 #include "inference_rank/server/serving_engine.h"
@@ -22,6 +27,11 @@ struct OpenAiRouterOptions {
   int max_prompt_tokens = 0;  // limits.max_prompt_tokens; 0: the engine's context
   // server.cors_allowed_origins: "*" or exact origins; empty: no CORS headers, OPTIONS is 405.
   std::vector<std::string> cors_allowed_origins = {};
+  // Threads that parse, template and tokenize completion requests (RequestThreads of
+  // server.request_threads), and how many requests may wait for one (server.request_queue;
+  // past it: 429).
+  int request_threads = 1;
+  int request_queue = 64;
 };
 
 class OpenAiRouter {
@@ -29,14 +39,25 @@ class OpenAiRouter {
   // All three must outlive the router (and every reply it started).
   OpenAiRouter(ServingEngine* serving, const Tokenizer* tokenizer, const MetricsRegistry* metrics,
                OpenAiRouterOptions options);
+  // Stops the request workers: requests waiting for one end with a 503, those being prepared
+  // finish (Submit refuses them once the ServingEngine has stopped).
+  ~OpenAiRouter() = default;
 
+  // On the I/O thread; never blocks: a completion answers with a PendingReply at once.
   HttpReply Handle(const HttpRequest& request);
 
  private:
+  struct Prepared;       // a completion request checked and tokenized, ready for the engine
+  struct CompletionJob;  // one completion between the I/O thread, a worker and the engine
   HttpReply Route(const HttpRequest& request);
   // The CORS headers for the request's Origin: none unless it is allowed.
   HttpHeaders CorsHeaders(const HttpRequest& request) const;
+  // Queues the request for a worker; 429 when too many wait already.
   HttpReply Completion(const HttpRequest& request, CompletionKind kind);
+  // On a worker: parses, checks and tokenizes a body into `out`, or returns the error.
+  std::optional<ApiError> Prepare(std::string_view body, CompletionKind kind, Prepared& out) const;
+  // On a worker: submits a prepared request to the engine, whose updates complete the reply.
+  void Admit(Prepared prepared, CompletionKind kind, CompletionJob& job);
   // The prompt's token ids, or the error naming the field.
   std::optional<ApiError> PromptIds(const CompletionRequest& request, std::vector<int>& ids) const;
 
@@ -45,6 +66,8 @@ class OpenAiRouter {
   const MetricsRegistry* metrics_;
   OpenAiRouterOptions options_;
   int64_t started_unix_s_;
+  // Last: stopped (queued requests answered, running ones finished) before the fields above go.
+  BoundedWorkerPool workers_;
 };
 
 // The served model's name: the last component of its directory ("models/tiny-qwen3/" ->

@@ -115,6 +115,10 @@ void ServingEngine::Cancel(uint64_t serving_id) {
   wake_.notify_one();
 }
 
+void ServingEngine::CountEndedBeforeSubmit(RequestEnd end) const {
+  if (metrics_) metrics_->CountEnd(end, "");
+}
+
 void ServingEngine::Drain() {
   std::lock_guard<std::mutex> lock(mutex_);
   draining_ = true;

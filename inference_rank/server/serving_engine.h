@@ -81,6 +81,9 @@ class ServingEngine {
   // released, it is counted aborted and its last update is an error. Unknown or finished ids are
   // ignored.
   void Cancel(uint64_t serving_id);
+  // Counts a request that ended before it could be submitted (it waited for the router's request
+  // workers): kAborted, its client went away; kRejected, their queue was full.
+  void CountEndedBeforeSubmit(RequestEnd end) const;
   // The start of a graceful stop: Submit refuses new requests (Unavailable) and Health reports
   // the server unavailable, while the loop goes on with the requests it has.
   void Drain();

@@ -77,6 +77,21 @@ class ServingEngineTest : public ::testing::Test {
     tokenizer_ = std::move(tokenizer).value();
   }
 
+  // A started ServingEngine over MakeEngine(max_batch), its metrics (and the engine's) in
+  // `metrics`; null after a failure.
+  std::unique_ptr<ServingEngine> StartMetered(MetricsRegistry& metrics, int max_batch) {
+    ServingEngineOptions options;
+    options.metrics = &metrics;
+    Result<std::unique_ptr<ServingEngine>> serving =
+        ServingEngine::Create(MakeEngine(max_batch, &metrics), tokenizer_.get(), options);
+    if (!serving.ok()) {
+      ADD_FAILURE() << serving.status().message();
+      return nullptr;
+    }
+    (*serving)->Start();
+    return std::move(serving).value();
+  }
+
   std::vector<int> Encode(const std::string& text) const {
     return tokenizer_->Encode(text, /*add_special_tokens=*/true);
   }
@@ -310,26 +325,23 @@ TEST_F(ServingEngineTest, FullQueueRefusesThenQueuedRequestsRun) {
 
 TEST_F(ServingEngineTest, CancelEndsTheRequestAndReleasesItsKv) {
   MetricsRegistry metrics;
-  ServingEngineOptions options;
-  options.metrics = &metrics;
-  auto serving = ServingEngine::Create(MakeEngine(2, &metrics), tokenizer_.get(), options);
-  ASSERT_TRUE(serving.ok());
-  (*serving)->Start();
+  std::unique_ptr<ServingEngine> serving = StartMetered(metrics, 2);
+  ASSERT_NE(serving, nullptr);
   Collector collector;
   Result<uint64_t> id =
-      (*serving)->Submit(Greedy(Encode("Once upon a time"), 900, collector.Callback(0)));
+      serving->Submit(Greedy(Encode("Once upon a time"), 900, collector.Callback(0)));
   ASSERT_TRUE(id.ok());
   ASSERT_TRUE(collector.WaitUpdates(0, 1));  // running: it holds KV blocks
-  (*serving)->Cancel(*id);
+  serving->Cancel(*id);
   ASSERT_TRUE(collector.WaitFinished(1));
   const Collector::Outcome cancelled = collector.Get(0);
   EXPECT_EQ(cancelled.last.error.code(), StatusCode::kUnavailable);
   EXPECT_NE(cancelled.last.error.message().find("cancelled"), std::string::npos);
   EXPECT_LT(cancelled.last.completion_tokens, 900);
   // A later request runs, and once idle the KV cache is empty again.
-  ASSERT_TRUE((*serving)->Submit(Greedy(Encode("x"), 2, collector.Callback(1))).ok());
+  ASSERT_TRUE(serving->Submit(Greedy(Encode("x"), 2, collector.Callback(1))).ok());
   ASSERT_TRUE(collector.WaitFinished(2));
-  (*serving)->Stop();
+  serving->Stop();
   const std::string exposition = metrics.ExpositionText();
   EXPECT_NE(exposition.find("rubato:kv_cache_usage_perc{model_name=\"\"} 0\n"), std::string::npos)
       << exposition;
@@ -509,6 +521,41 @@ TEST_F(ServingEngineTest, ARequestThatDoesNotFitFailsAloneAndHealthStaysUp) {
     EXPECT_NE(progress.body.find("kv_budget_exhausted"), std::string::npos) << progress.body;
     const HttpReply health = router.Handle({"GET", "/health", ""});
     EXPECT_EQ(health.status, 200) << health.body;
+  }
+}
+
+// Through the router, whose request workers prepare a request before the engine sees it: a
+// client that leaves at once is counted aborted exactly once, whether its cancel comes while the
+// request waits for a worker, while it is tokenized or once it is in the engine.
+TEST_F(ServingEngineTest, ClientsLeavingDuringPreparationCountAbortedOnce) {
+  MetricsRegistry metrics;
+  std::unique_ptr<ServingEngine> serving = StartMetered(metrics, 2);
+  ASSERT_NE(serving, nullptr);
+  constexpr int kRequests = 12;
+  const std::string aborted = "rubato:requests_aborted_total{model_name=\"\"} " +
+                              std::to_string(kRequests) + "\n";
+  {
+    OpenAiRouter router(serving.get(), tokenizer_.get(), nullptr, {"tiny", 0, {}, 1, 64});
+    for (int i = 0; i < kRequests; ++i) {
+      const HttpReply reply = router.Handle(
+          {"POST", "/v1/completions",
+           R"({"prompt": "Once upon a time", "max_tokens": 900, "temperature": 0})"});
+      ASSERT_NE(reply.pending, nullptr);
+      // Later and later: before the worker took it, while it works, once it is submitted.
+      std::this_thread::sleep_for(std::chrono::microseconds(300 * (i % 4)));
+      reply.pending->Cancel();
+    }
+    for (int i = 0; i < 2000 && metrics.ExpositionText().find(aborted) == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  const std::string exposition = metrics.ExpositionText();
+  EXPECT_NE(exposition.find(aborted), std::string::npos) << exposition;
+  for (const char* reason : {"stop", "length"}) {
+    EXPECT_NE(exposition.find("rubato:request_success_total{model_name=\"\",finished_reason=\"" +
+                              std::string(reason) + "\"} 0\n"),
+              std::string::npos)
+        << exposition;
   }
 }
 
