@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -39,7 +40,7 @@ double SecondsSince(Clock::time_point start) {
 std::string HeavyBody() {
   std::string prompt;
   prompt.reserve(kPromptBytes + 64);
-  for (int i = 0; prompt.size() < kPromptBytes; ++i) {
+  for (int64_t i = 0; prompt.size() < kPromptBytes; ++i) {
     prompt += "Once upon a time " + std::to_string(i * 7919) + " foxes ran, ";
   }
   prompt.resize(kPromptBytes);
