@@ -45,7 +45,7 @@ KascadeCalibration Calibration(const ModelConfig& m) {
 
 KascadeConfig DenseDecodeConfig(int top_k_min) {
   KascadeConfig config;
-  config.prefill = "dense";  // what the CUDA backend runs
+  config.prefill = "dense";  // sparse decode only
   config.top_k_min = top_k_min;
   return config;
 }

@@ -19,6 +19,7 @@
 
 #include "inference_rank/model/cuda_evicting_kv_storage.h"
 #include "inference_rank/policies/longflow/longflow_policy.h"
+#include "inference_rank/policies/longflow/longflow_test_steps.h"
 #include "kernels/cpu/longflow_attention.h"
 #include "kernels/cpu/snapkv_scores.h"
 #include "tests/gpu/cuda_model_test_util.h"
@@ -120,23 +121,11 @@ LongFlowRun Forward(Model& model, LongFlowPolicy* policy, const std::vector<int>
   }
   KvSequence sequence;
   ForwardResult result;
-  const int first_chunk = length / 2 + 3;
   int next_token = -1;
   for (int start = 0, step = 0; step <= steps; ++step) {
-    ForwardEntry entry;
-    entry.sequence = &sequence;
-    entry.start_position = start;
-    if (start < length) {
-      const int end = start == 0 ? first_chunk : length;
-      entry.tokens = std::span<const int>(prompt).subspan(start, end - start);
-      entry.logits = end == length ? LogitsWanted::kLast : LogitsWanted::kNone;
-      if (request) entry.attention = request->PlanPrefill(start, end - start, end == length);
-      step -= end != length;  // the first chunk is not a step
-    } else {
-      entry.tokens = std::span<const int>(&next_token, 1);
-      if (request) entry.attention = request->PlanDecode(start);
-    }
-    if (request) entry.evicting = &evicting;
+    const ForwardEntry entry =
+        longflow_test::StepEntry(sequence, prompt, start, &next_token, request.get(), &evicting);
+    step -= entry.logits == LogitsWanted::kNone;  // the first chunk is not a step
     const Status status = model.Forward(std::span<const ForwardEntry>(&entry, 1), *cache, result);
     EXPECT_TRUE(status.ok()) << status.ToString();
     if (!status.ok()) break;

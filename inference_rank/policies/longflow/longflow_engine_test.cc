@@ -17,6 +17,7 @@
 #include "inference_rank/model/tiny_test_models.h"
 #include "inference_rank/policies/longflow/longflow_cpu_backend.h"
 #include "inference_rank/policies/longflow/longflow_policy.h"
+#include "inference_rank/policies/longflow/longflow_test_steps.h"
 
 namespace rubato {
 namespace {
@@ -53,23 +54,11 @@ std::vector<std::vector<float>> ForwardLogits(const std::filesystem::path& dir,
   KvSequence sequence;
   ForwardResult result;
   std::vector<std::vector<float>> logits;
-  const int first_chunk = prompt_length / 2 + 3;
   int next_token = -1;
   for (int start = 0, step = 0; step <= steps; ++step) {
-    ForwardEntry entry;
-    entry.sequence = &sequence;
-    entry.start_position = start;
-    if (start < prompt_length) {
-      const int end = start == 0 ? first_chunk : prompt_length;
-      entry.tokens = std::span<const int>(prompt).subspan(start, end - start);
-      entry.logits = end == prompt_length ? LogitsWanted::kLast : LogitsWanted::kNone;
-      if (request) entry.attention = request->PlanPrefill(start, end - start, end == prompt_length);
-      step -= end != prompt_length;  // the first chunk is not a step
-    } else {
-      entry.tokens = std::span<const int>(&next_token, 1);
-      if (request) entry.attention = request->PlanDecode(start);
-    }
-    if (request) entry.evicting = &evicting;
+    const ForwardEntry entry =
+        longflow_test::StepEntry(sequence, prompt, start, &next_token, request.get(), &evicting);
+    step -= entry.logits == LogitsWanted::kNone;  // the first chunk is not a step
     const Status status = model->Forward(std::span<const ForwardEntry>(&entry, 1), *cache, result);
     EXPECT_TRUE(status.ok()) << status.ToString();
     if (!status.ok()) break;
