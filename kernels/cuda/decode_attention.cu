@@ -212,6 +212,18 @@ bool UsesTensorCopies(const DecodeAttentionParams& params) {
          window_keys >= params.max_seq_len && pool_rows <= INT_MAX && compact_rows <= INT_MAX;
 }
 
+// Rows of the slot arrays: [arrays][num_kv_heads][slot_budget].
+int64_t SlotRows(const DecodeAttentionParams& params) {
+  const int64_t arrays = params.slot_arrays != nullptr ? params.num_slot_arrays : params.batch;
+  return arrays * params.num_kv_heads * params.slot_budget;
+}
+
+// Slot launches copy whole tiles through tensor maps over the slot arrays' rows when head_dim is
+// a multiple of the 64-dim box and the rows fit 32-bit tile coordinates.
+bool SlotsUseTensorCopies(const DecodeAttentionParams& params) {
+  return (params.head_dim == 64 || params.head_dim == 128) && SlotRows(params) <= INT_MAX;
+}
+
 // The bound of key indices a launch sizes its workspace for: the list capacity of index-gather
 // launches, else max_seq_len.
 int KeyBound(const DecodeAttentionParams& params) {
@@ -241,7 +253,7 @@ Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& out
   RUBATO_RETURN_IF_ERROR(
       (AllowSplitKernelSharedMemory<kHeadDim, kGroup, kTensorCopies, Variant>(kSmem)));
   CUtensorMap key_map{}, value_map{}, compact_key_map{}, compact_value_map{};
-  if constexpr (kTensorCopies) {
+  if constexpr (kTensorCopies && !Variant::kSlots) {
     const Bf16RowsMapShape shape{
         static_cast<int64_t>(params.num_pool_blocks) * params.num_kv_heads * params.block_tokens,
         kHeadDim, 64, params.block_tokens};
@@ -254,6 +266,11 @@ Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& out
       RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.compact_keys, compact, compact_key_map));
       RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.compact_values, compact, compact_value_map));
     }
+  }
+  if constexpr (kTensorCopies && Variant::kSlots) {  // the slot arrays, in place of the pools
+    const Bf16RowsMapShape slots{SlotRows(params), kHeadDim, 64, kTileKeys};
+    RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.slot_keys, slots, compact_key_map));
+    RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.slot_values, slots, compact_value_map));
   }
   const dim3 grid(outputs.num_splits, params.num_kv_heads, params.batch);
   DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies, Variant>
@@ -268,12 +285,12 @@ Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& out
 template <int kHeadDim, int kGroup, bool kTensorCopies>
 Status LaunchVariant(const DecodeAttentionParams& params, const SplitOutputs& outputs,
                      cudaStream_t stream) {
+  if (params.slot_keys != nullptr) {
+    return LaunchSplits<kHeadDim, kGroup, kTensorCopies, SlotsVariant>(params, outputs, stream);
+  }
   if constexpr (!kTensorCopies) {
     if (params.lists != nullptr) {
       return LaunchSplits<kHeadDim, kGroup, false, ListVariant>(params, outputs, stream);
-    }
-    if (params.slot_keys != nullptr) {
-      return LaunchSplits<kHeadDim, kGroup, false, SlotsVariant>(params, outputs, stream);
     }
   }
   if (params.scores_only) {
@@ -295,8 +312,9 @@ template <int kHeadDim, int kGroup>
 Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout,
               cudaStream_t stream) {
   const int max_visible = MaxKeys(params);
-  const bool tensor_copies =
-      params.lists == nullptr && params.slot_keys == nullptr && UsesTensorCopies(params);
+  const bool tensor_copies = params.slot_keys != nullptr
+                                 ? SlotsUseTensorCopies(params)
+                                 : params.lists == nullptr && UsesTensorCopies(params);
   SplitOutputs outputs;
   int splits = params.num_splits > 0
                    ? params.num_splits
@@ -352,6 +370,11 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
     DecodeAttentionProbsKernel<kGroup><<<probs_grid, kProbThreads, 0, stream>>>(params, outputs);
     RUBATO_RETURN_IF_ERROR(LaunchStatus("decode_attention_probs"));
   }
+  if (params.slot_next != nullptr && outputs.num_splits > 1) {  // one split chose in its block
+    SlotChoiceKernel<kGroup><<<dim3(params.num_kv_heads, params.batch), 256, 0, stream>>>(
+        params, outputs.scores, outputs.scores_stride, outputs.lse2);
+    RUBATO_RETURN_IF_ERROR(LaunchStatus("decode_attention_slot_choice"));
+  }
   return Status::Ok();
 }
 
@@ -378,6 +401,10 @@ Status ValidateSlots(const DecodeAttentionParams& p) {
     return invalid("num_slot_arrays must be >= 1 with slot_arrays, got " +
                    std::to_string(p.num_slot_arrays));
   }
+  if (p.slot_sink_slots < 0 || p.slot_sink_slots > p.slot_budget) {
+    return invalid("slot_sink_slots " + std::to_string(p.slot_sink_slots) + " outside [0, " +
+                   std::to_string(p.slot_budget) + "]");
+  }
   if (p.scores_stride < p.slot_budget || p.max_seq_len != p.slot_budget) {
     return invalid("scores_stride and max_seq_len must hold slot_budget " +
                    std::to_string(p.slot_budget));
@@ -402,6 +429,9 @@ Status Validate(const DecodeAttentionParams& p) {
     return InvalidArgumentError("decode attention: " + what);
   };
   if (p.slot_keys != nullptr) return ValidateSlots(p);
+  if (p.slot_next != nullptr || p.slot_choice_scores != nullptr || p.slot_used_max != nullptr) {
+    return invalid("slot_next, slot_choice_scores and slot_used_max need slot arrays");
+  }
   if (p.q == nullptr || p.key_pool == nullptr || p.block_tables == nullptr) {
     return invalid("q, key_pool and block_tables must be set");
   }

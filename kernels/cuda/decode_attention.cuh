@@ -98,7 +98,9 @@ struct DecodeAttentionParams {
   // value_pool, block_tables, seq_lens and the window are not read (max_seq_len = slot_budget).
   // Writes the raw scores of every slot to `scores` (scores_stride >= slot_budget; -inf where not
   // valid) and each attended slot's ||v||_1 to slot_value_norms [batch][num_kv_heads]
-  // [slot_budget]. Row copies; no compact segment, list or probabilities.
+  // [slot_budget]. Tensor copies of whole tiles for head_dim 64 / 128 (rows past a slot array's
+  // end and invalid rows zeroed in shared memory), else row copies; no compact segment, list or
+  // probabilities.
   const __nv_bfloat16* slot_keys = nullptr;    // [batch][num_kv_heads][slot_budget][head_dim]
   const __nv_bfloat16* slot_values = nullptr;  // [batch][num_kv_heads][slot_budget][head_dim]
   const uint8_t* slot_valid = nullptr;         // [batch][slot_budget]
@@ -111,6 +113,17 @@ struct DecodeAttentionParams {
   // per-request slot arrays then serves any subset of its requests in any row order.
   const int32_t* slot_arrays = nullptr;
   int num_slot_arrays = 0;  // >= 1 when slot_arrays is set
+  // Optional with slot arrays: the eviction choice (kernels/cuda/slot_choice.cuh). slot_next
+  // [arrays][num_kv_heads] (arrays: num_slot_arrays with slot_arrays, else batch) gets the slot
+  // each (array, KV head)'s next token writes: the lowest invalid slot, else the valid slot of
+  // least Eq. 6 score past the first slot_sink_slots, ties low, -1 when none. Optional:
+  // slot_choice_scores [batch][num_kv_heads][slot_budget] (the scores, 0 where invalid) and
+  // slot_used_max [batch][num_kv_heads] (1 where the largest score passes the plain-exponential
+  // limit). Made in the split kernel when one split covers the slots, else after the merge.
+  int32_t* slot_next = nullptr;
+  int slot_sink_slots = 0;
+  float* slot_choice_scores = nullptr;
+  uint8_t* slot_used_max = nullptr;
   // Scores only: with `scores` set, the keys alone are read and only the raw scores are written,
   // plus `lse` when set (out and the probabilities untouched; value_pool and out may be null; the
   // workspace, DecodeScoresOnlyWorkspaceBytes, is needed only for the lse). A selection pass

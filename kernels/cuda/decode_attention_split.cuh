@@ -2,7 +2,8 @@
 // one block per (split, KV head, sequence) computes a partial softmax over a range of the keys
 // for the GQA group, tiles of keys passing through shared-memory stages filled by tensor
 // copies (whole KV blocks, dense windows) or row copies, S = Q K^T and P V on m16n8k16 MMAs.
-// Compile-time variants add a compact segment or raw scores. docs/decode_attention.md.
+// Compile-time variants add a compact segment, raw scores or slot arrays (whose eviction choice
+// a single split makes in its epilogue, slot_choice.cuh). docs/decode_attention.md.
 #pragma once
 
 #include <cuda.h>
@@ -14,29 +15,10 @@
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/decode_attention_keys.cuh"
+#include "kernels/cuda/slot_choice.cuh"
 
 namespace rubato::cuda::decode_attention {
-
-#ifndef RUBATO_DECODE_TILE_KEYS  // build-time knobs for benchmark sweeps only
-#define RUBATO_DECODE_TILE_KEYS 64
-#define RUBATO_DECODE_STAGES 2
-#define RUBATO_DECODE_BLOCKS_PER_SM 2
-#endif
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kTileKeys = RUBATO_DECODE_TILE_KEYS;  // keys per pipeline stage
-constexpr int kKeysPerWarp = kTileKeys / kWarps;    // a multiple of 16 (P V k-steps)
-constexpr int kKeySteps = kKeysPerWarp / 16;        // P V k-steps per warp and tile
-constexpr int kScoreBlocks = kKeysPerWarp / 8;      // S n-blocks per warp and tile
-// Tiles per block: one in flight while one is read. A third stage measured 1.5-3 % slower at
-// 16 x 128K for both copy kinds (more bytes in flight than HBM serves best).
-constexpr int kStages = RUBATO_DECODE_STAGES;
-static_assert(kKeysPerWarp % 16 == 0, "warps take whole P V k-steps");
-static_assert(kThreads == 2 * kTileKeys, "row copies: one K or V row per thread");
-constexpr int kMinKeysPerSplit = 256;  // bounds the split count (and the workspace)
-constexpr int kBlocksPerSm = RUBATO_DECODE_BLOCKS_PER_SM;  // what the shared memory allows
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Row copies' stage: a K tile then a V tile, each [kTileKeys][row], a row being head_dim bf16 plus
 // 32 bytes of padding. The copy engine splits a bulk copy where its destination crosses a
@@ -93,159 +75,6 @@ struct SwizzledTiles {
 template <int kHeadDim, bool kTensorCopies>
 using TilesFor = std::conditional_t<kTensorCopies, SwizzledTiles<kHeadDim>, PaddedTiles<kHeadDim>>;
 
-// The keys the query at position L - 1 attends, numbered 0..count-1: the sink segment
-// [0, sink_end) then the recent segment [recent_begin, L) (kernels/cpu/attention_window.h).
-struct VisibleKeys {
-  int sink_end;
-  int recent_begin;
-  int count;
-  __device__ int Position(int index) const {
-    return index < sink_end ? index : recent_begin + (index - sink_end);
-  }
-};
-
-__device__ inline VisibleKeys VisibleKeysOf(int seq_len, int sink_tokens, int recent_tokens) {
-  VisibleKeys keys;
-  if (seq_len <= 0) return VisibleKeys{0, 0, 0};
-  const int position = seq_len - 1;
-  keys.sink_end = min(sink_tokens, seq_len);
-  // position - recent + 1 >= -INT_MAX + 1: no overflow for recent_tokens <= INT_MAX.
-  keys.recent_begin = max(sink_tokens, position - recent_tokens + 1);
-  keys.count = keys.sink_end + max(0, seq_len - keys.recent_begin);
-  return keys;
-}
-
-// What a launch adds to windowed attention, fixed at compile time (the launcher picks one from
-// the params, decode_attention.cu): whether keys start with a compact segment or come from a
-// list of positions, whether raw scores are written, and whether values are read at all (a
-// scores-only pass). Each variant is the key space below plus flags; the kernel is one.
-struct WindowVariant {  // the window's keys; no scores
-  static constexpr bool kCompact = false;
-  static constexpr bool kList = false;
-  static constexpr bool kSlots = false;
-  static constexpr bool kScores = false;
-  static constexpr bool kValues = true;
-};
-struct WindowScoresVariant {  // the window's keys; raw scores (the caller's, or for probs)
-  static constexpr bool kCompact = false;
-  static constexpr bool kList = false;
-  static constexpr bool kSlots = false;
-  static constexpr bool kScores = true;
-  static constexpr bool kValues = true;
-};
-struct ScoresOnlyVariant {  // the window's keys; raw scores, no values, no output
-  static constexpr bool kCompact = false;
-  static constexpr bool kList = false;
-  static constexpr bool kSlots = false;
-  static constexpr bool kScores = true;
-  static constexpr bool kValues = false;
-};
-struct TwoSegmentVariant {  // compact rows, then the paged keys from recent_begin
-  static constexpr bool kCompact = true;
-  static constexpr bool kList = false;
-  static constexpr bool kSlots = false;
-  static constexpr bool kScores = false;
-  static constexpr bool kValues = true;
-};
-struct ListVariant {  // the positions of a list (index gather)
-  static constexpr bool kCompact = false;
-  static constexpr bool kList = true;
-  static constexpr bool kSlots = false;
-  static constexpr bool kScores = false;
-  static constexpr bool kValues = true;
-};
-struct SlotsVariant {  // the valid rows of a slot array; raw scores and ||v||_1
-  static constexpr bool kCompact = false;
-  static constexpr bool kList = false;
-  static constexpr bool kSlots = true;
-  static constexpr bool kScores = true;
-  static constexpr bool kValues = true;
-};
-
-// A (sequence, KV head)'s keys as the split kernel numbers them, index 0..count-1:
-//   * [0, compact_end): compact rows (kCompact only); row i is attended iff i < compact_count;
-//     compact_end rounds compact_count up to a tile, so that the paged keys start on a tile
-//     boundary;
-//   * [compact_end, count): paged positions paged.Position(i - compact_end), attended iff
-//     >= paged_valid_begin. Two-segment launches start the paged keys at recent_begin rounded
-//     down to a tile (tiles of whole blocks for tensor copies) and mask the positions below it;
-//     window launches attend every index (the window already skipped the hidden keys);
-//   * list launches (kList): index i is the position list[i], every index < count attended;
-//   * slot launches (kSlots): index i is row i of the (sequence, KV head)'s slot array, attended
-//     where valid.
-template <bool kCompact, bool kList = false, bool kSlots = false>
-struct KeySpace {
-  VisibleKeys paged;
-  const int32_t* list = nullptr;
-  const uint8_t* slot_valid = nullptr;  // the sequence's [slot_budget]
-  int64_t slot_row0 = 0;                // first row of the (sequence, KV head)'s slot array
-  int64_t slot_norm_row0 = 0;           // first ||v||_1 of the (sequence, KV head)
-  int64_t compact_row0 = 0;             // first compact row of the (sequence's slot, KV head)
-  int compact_count = 0;
-  int compact_end = 0;
-  int paged_valid_begin = 0;
-  int count = 0;
-  __device__ bool IsCompact(int index) const { return kCompact && index < compact_end; }
-  __device__ int Position(int index) const {
-    if constexpr (kList) return list[index];
-    if constexpr (kSlots) return index;
-    return paged.Position(kCompact ? index - compact_end : index);
-  }
-  __device__ bool Attended(int index) const {
-    if constexpr (kSlots) return slot_valid[index] != 0;
-    if constexpr (!kCompact) return true;
-    return index < compact_end ? index < compact_count : Position(index) >= paged_valid_begin;
-  }
-};
-
-template <class Variant>
-using KeySpaceFor = KeySpace<Variant::kCompact, Variant::kList, Variant::kSlots>;
-
-template <class Variant>
-__device__ inline KeySpaceFor<Variant> KeySpaceOf(const DecodeAttentionParams& params, int sequence,
-                                                  int kv_head, int seq_len) {
-  KeySpaceFor<Variant> keys;
-  if constexpr (Variant::kSlots) {
-    // The sequence's slot array: its own index, or its array in a pool (slot_arrays).
-    const int array = params.slot_arrays == nullptr
-                          ? sequence
-                          : min(max(params.slot_arrays[sequence], 0), params.num_slot_arrays - 1);
-    keys.slot_valid = params.slot_valid + static_cast<int64_t>(array) * params.slot_budget;
-    keys.slot_row0 =
-        (static_cast<int64_t>(array) * params.num_kv_heads + kv_head) * params.slot_budget;
-    keys.slot_norm_row0 =
-        (static_cast<int64_t>(sequence) * params.num_kv_heads + kv_head) * params.slot_budget;
-    keys.count = params.slot_budget;
-    return keys;
-  } else if constexpr (Variant::kList) {
-    const int list_head = params.list_head_map != nullptr ? params.list_head_map[kv_head] : kv_head;
-    const int64_t row = static_cast<int64_t>(sequence) * params.list_heads + list_head;
-    keys.list = params.lists + row * params.list_capacity;
-    keys.count = min(max(params.list_counts[row], 0), params.list_capacity);
-    return keys;
-  } else if constexpr (!Variant::kCompact) {
-    keys.paged = VisibleKeysOf(seq_len, params.sink_tokens, params.recent_tokens);
-    keys.count = keys.paged.count;
-    return keys;
-  } else {
-    // The sequence's compact buffer: its own index, or its slot in a pool (compact_slots).
-    const int compact_index =
-        params.compact_slots == nullptr
-            ? sequence
-            : min(max(params.compact_slots[sequence], 0), params.num_compact_slots - 1);
-    const int64_t compact_pair =
-        static_cast<int64_t>(compact_index) * params.num_kv_heads + kv_head;
-    keys.compact_row0 = compact_pair * params.compact_capacity;
-    keys.compact_count = min(max(params.compact_counts[compact_pair], 0), params.compact_capacity);
-    keys.compact_end = (keys.compact_count + kTileKeys - 1) / kTileKeys * kTileKeys;
-    keys.paged_valid_begin = min(max(params.recent_begin[sequence], 0), seq_len);
-    const int paged_begin = keys.paged_valid_begin / kTileKeys * kTileKeys;
-    keys.paged = VisibleKeys{0, paged_begin, seq_len - paged_begin};
-    keys.count = keys.compact_end + keys.paged.count;
-    return keys;
-  }
-}
-
 // Four 8x8 bf16 matrices, transposed: register i of lane (g, t) holds rows 2t, 2t+1 of column g
 // of matrix i, where lane 8i + r supplies the address of row r of matrix i.
 __device__ inline void LdMatrixX4Trans(const void* smem_row, uint32_t& r0, uint32_t& r1,
@@ -299,8 +128,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   static_assert(kGroup <= 8, "the group's query rows must fit the MMA's first 8 rows");
   static_assert((kHeadDim / 8) % 2 == 0, "P V consumes dims in pairs of 8-column blocks");
   static_assert(!kTensorCopies || kHeadDim % 64 == 0, "tensor copies move 64-dim halves");
-  static_assert(!(kTensorCopies && (Variant::kList || Variant::kSlots)),
-                "listed positions and slots come by row copies");
+  static_assert(!(kTensorCopies && Variant::kList), "listed positions come by row copies");
   static_assert(Variant::kValues || Variant::kScores, "a pass without values writes scores");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw;
@@ -401,12 +229,22 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // ahead and issues one box per block, K and V, per 64-dim half. Tiles start on block
   // boundaries (dense window, splits of whole tiles), so a box never crosses into another block.
   // A compact tile is kTileKeys contiguous rows of the compact buffer, copied as boxes of
-  // block_tokens rows too; boxes holding no attended row are skipped.
+  // block_tokens rows too; boxes holding no attended row are skipped. A slot tile is one box of
+  // kTileKeys rows of the slot arrays (the rows past the array's budget belong to the next one,
+  // and are zeroed below with the invalid rows).
   constexpr int kMaxTileBlocks = kTileKeys / 16;
+  const int box_rows = Variant::kSlots ? kTileKeys : params.block_tokens;
   int next_tile_rows[kMaxTileBlocks];  // map row of each box; -1: nothing to attend there
   bool next_tile_compact = false;
   const int tile_blocks = kTileKeys >> block_shift;
   auto fetch_tile_blocks = [&](int tile_begin) {
+    if constexpr (Variant::kSlots) {  // one box of kTileKeys rows of the slot array
+      next_tile_compact = true;
+#pragma unroll
+      for (int b = 0; b < kMaxTileBlocks; ++b) next_tile_rows[b] = -1;
+      if (tile_begin < end) next_tile_rows[0] = static_cast<int>(keys.slot_row0 + tile_begin);
+      return;
+    }
     next_tile_compact = keys.IsCompact(tile_begin);
 #pragma unroll
     for (int b = 0; b < kMaxTileBlocks; ++b) {
@@ -429,15 +267,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     int boxes = 0;
 #pragma unroll
     for (int b = 0; b < kMaxTileBlocks; ++b) boxes += next_tile_rows[b] >= 0 ? 1 : 0;
-    MbarrierArriveExpectTx(&stage_full[stage], boxes * params.block_tokens * kRowDataBytes *
-                                                   (Variant::kValues ? 2 : 1));
+    MbarrierArriveExpectTx(&stage_full[stage],
+                           boxes * box_rows * kRowDataBytes * (Variant::kValues ? 2 : 1));
     unsigned char* k_dest = smem + stage * Tiles::kStageBytes;
     const CUtensorMap* k_map = next_tile_compact ? &compact_key_map : &key_map;
     const CUtensorMap* v_map = next_tile_compact ? &compact_value_map : &value_map;
 #pragma unroll
     for (int b = 0; b < kMaxTileBlocks; ++b) {
       if (next_tile_rows[b] < 0) continue;
-      const int dest_row = b * params.block_tokens;
+      const int dest_row = b * box_rows;
 #pragma unroll
       for (int half = 0; half < kHeadDim / 64; ++half) {
         unsigned char* dest = k_dest + half * SwizzledTiles<kHeadDim>::kHalfBytes + dest_row * 128;
@@ -470,6 +308,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < num_tiles) load_tile(begin + s * kTileKeys, s);
+  }
+  // Whether the split's slots have holes (invalid rows, whose V a whole-tile copy brings and
+  // which must then be zeroed): decided once, so that a full slot array pays nothing per tile.
+  bool slot_holes = false;
+  if constexpr (Variant::kSlots && kTensorCopies) {
+    int hole = 0;
+    for (int i = begin + threadIdx.x; i < end; i += kThreads) hole |= keys.Attended(i) ? 0 : 1;
+    slot_holes = __syncthreads_or(hole) != 0;
   }
 
   // Q as MMA A fragments in the tiles' dim order, loaded once the first copies are in flight.
@@ -507,8 +353,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const unsigned char* v_tile = k_tile + Tiles::kTileBytes;
     if constexpr (kTensorCopies && Variant::kValues) {
       // Whole boxes landed: V rows not attended (past the split's end, compact rows past the
-      // count, paged positions below recent_begin, boxes never loaded) may hold anything, NaN
-      // included; P is 0 there, and 0 x NaN is not. The attended rows are one range [lo, hi).
+      // count, paged positions below recent_begin, boxes never loaded, invalid slots) may hold
+      // anything, NaN included; P is 0 there, and 0 x NaN is not. The attended rows are one range
+      // [lo, hi), less the invalid slots where the slot array has holes.
       const int tile_begin = begin + tile * kTileKeys;
       int lo = 0;
       int hi = min(kTileKeys, end - tile_begin);
@@ -518,12 +365,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         lo = min(kTileKeys, max(0, keys.paged_valid_begin - keys.Position(tile_begin)));
       }
       hi = max(hi, lo);
-      if (lo > 0 || hi < kTileKeys) {
+      if (lo > 0 || hi < kTileKeys || slot_holes) {
         unsigned char* v_mutable = const_cast<unsigned char*>(v_tile);
         constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
         for (int i = threadIdx.x; i < kTileKeys * kChunks; i += kThreads) {
           const int r = i / kChunks;
-          if (r >= lo && r < hi) continue;
+          if (r >= lo && r < hi && (!slot_holes || keys.Attended(tile_begin + r))) continue;
           *reinterpret_cast<uint4*>(v_mutable + Tiles::Offset(r, i % kChunks)) =
               make_uint4(0, 0, 0, 0);
         }
@@ -690,6 +537,29 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       const size_t partial_row = partial_row0 + static_cast<size_t>(r) * outputs.num_splits;
       outputs.partial_out[partial_row * kHeadDim + d] = numerator / denominator;
       if (d == 0) outputs.partial_lse[partial_row] = base + log2f(denominator);
+    }
+  }
+  if constexpr (Variant::kSlots) {
+    // One split saw every slot: its lse is the heads' own, and the eviction choice is made here
+    // from the scores and norms this block just wrote (still in L2), with no second launch.
+    if (outputs.num_splits == 1 && params.slot_next != nullptr) {
+      float lse2[kGroup];
+#pragma unroll
+      for (int r = 0; r < kGroup; ++r) {
+        float block_max = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w * 8 + r]);
+        const float base = block_max == -INFINITY ? 0.f : block_max;
+        float denominator = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w)
+          denominator += exp2f(warp_max[w * 8 + r] - base) * warp_sum[w * 8 + r];
+        lse2[r] = base + log2f(denominator);
+      }
+      __syncthreads();  // the block's score and norm writes are visible to all its threads
+      ChooseSlot<kGroup, kThreads>(
+          SlotChoiceRowOf(params, outputs.scores, outputs.scores_stride, sequence, kv_head, kGroup),
+          lse2);
     }
   }
 }

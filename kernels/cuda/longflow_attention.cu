@@ -1,33 +1,21 @@
-// LongFlow's fused attention and eviction choice (see longflow_attention.cuh). Two launches and
-// the decode attention's merge:
-//   1. the decode attention split kernel over the slot arrays (decode_attention_split.cuh
-//      SlotsVariant): K and V tiles read once, S = Q K^T and P V on tensor cores, and from the
-//      same tiles every slot's raw score (per query head) and ||v||_1 into the workspace; the
-//      merge gives the output and each head's log-sum-exp;
-//   2. ChooseKernel, one block per (KV head, sequence): alpha of each slot from its raw scores and
-//      the heads' lse, the Eq. 6 score, and the next write slot by a block reduction.
-// The exponentials are fp32 with the split kernel's tile-wise running maximum: one max per
-// 64-key tile costs nothing there and no score can overflow, so the CPU twin's fallback pass has
-// no GPU counterpart; used_max still reports the heads whose plain exponentials would have
-// needed it (largest score past kLongFlowPlainExpLimit), as the twin does.
-#include <cfloat>
-#include <climits>
-#include <cmath>
+// LongFlow's fused attention and eviction choice (see longflow_attention.cuh): the decode
+// attention split kernel over the slot arrays (decode_attention_split.cuh SlotsVariant): K and V
+// tiles read once (whole-tile tensor copies for head_dim 64 / 128), S = Q K^T and P V on tensor
+// cores, and from the same tiles every slot's raw score (per query head) and ||v||_1 into the
+// workspace. When one split covers a (sequence, KV head)'s slots (every pair of a large batch),
+// the same block then makes the eviction choice from them (slot_choice.cuh); with several
+// splits a small kernel does after the merge. The exponentials are fp32 with the split kernel's
+// tile-wise running maximum: one max per 64-key tile costs nothing there and no score can
+// overflow, so the CPU twin's fallback pass has no GPU counterpart; used_max still reports the
+// heads whose plain exponentials would have needed it (largest score past
+// kLongFlowPlainExpLimit), as the twin does.
 #include <string>
 
-#include "kernels/cpu/longflow_attention.h"
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
-#include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/longflow_attention.cuh"
 
 namespace rubato::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // The workspace: the decode attention's, then raw scores [batch][num_heads][budget] (log2
 // units), ||v||_1 [batch][num_kv_heads <= num_heads][budget] and lse [batch][num_heads].
@@ -47,82 +35,6 @@ Layout MakeLayout(int batch, int num_heads, int head_dim, int budget) {
   layout.lse = AlignUp256(layout.norms + per_head * budget * sizeof(float));
   layout.total = AlignUp256(layout.lse + per_head * sizeof(float));
   return layout;
-}
-
-struct Candidate {  // the least score past the sinks so far, ties to the lower slot
-  float score;
-  int slot;
-};
-
-__device__ Candidate Better(Candidate a, Candidate b) {
-  return (b.score < a.score || (b.score == a.score && b.slot < a.slot)) ? b : a;
-}
-
-template <int kGroup>
-__global__ void __launch_bounds__(kThreads)
-    ChooseKernel(const LongFlowAttentionParams p, const float* scores, const float* norms,
-                 const float* lse) {
-  const int kv_head = blockIdx.x;
-  const int b = blockIdx.y;
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int array =
-      p.arrays == nullptr ? b : min(max(p.arrays[b], 0), p.num_arrays - 1);  // its slot array
-  const size_t first_slot = (static_cast<size_t>(b) * p.num_kv_heads + kv_head) * p.budget;
-  const size_t first_head = static_cast<size_t>(b) * p.num_heads + kv_head * kGroup;
-  const uint8_t* valid = p.valid + static_cast<size_t>(array) * p.budget;
-  float lse2[kGroup];
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) lse2[g] = lse[first_head + g] * kLog2e;  // -inf: no slot
-
-  Candidate best{INFINITY, INT_MAX};
-  int free_slot = INT_MAX;
-  float largest = -INFINITY;  // the group's largest raw score (log2 units)
-  for (int i = threadIdx.x; i < p.budget; i += kThreads) {
-    float score = 0.f;
-    if (valid[i]) {
-      float alpha = 0.f;
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        const float s = scores[(first_head + g) * p.budget + i];
-        largest = fmaxf(largest, s);
-        if (lse2[g] != -INFINITY) alpha += exp2f(s - lse2[g]);
-      }
-      score = alpha / kGroup * norms[first_slot + i];
-      if (i >= p.sink_slots) best = Better(best, Candidate{score, i});
-    } else {
-      free_slot = min(free_slot, i);
-    }
-    if (p.slot_scores != nullptr) p.slot_scores[first_slot + i] = score;
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    best = Better(best, Candidate{__shfl_xor_sync(0xffffffffu, best.score, offset),
-                                  __shfl_xor_sync(0xffffffffu, best.slot, offset)});
-    free_slot = min(free_slot, __shfl_xor_sync(0xffffffffu, free_slot, offset));
-    largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
-  }
-  __shared__ Candidate warp_best[kWarps];
-  __shared__ int warp_free[kWarps];
-  __shared__ float warp_largest[kWarps];
-  if (lane == 0) {
-    warp_best[warp] = best;
-    warp_free[warp] = free_slot;
-    warp_largest[warp] = largest;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kWarps; ++w) {
-      best = Better(best, warp_best[w]);
-      free_slot = min(free_slot, warp_free[w]);
-      largest = fmaxf(largest, warp_largest[w]);
-    }
-    const size_t at = static_cast<size_t>(b) * p.num_kv_heads + kv_head;
-    p.next_slot[static_cast<size_t>(array) * p.num_kv_heads + kv_head] =
-        free_slot != INT_MAX   ? free_slot
-        : best.slot != INT_MAX ? best.slot
-                               : -1;
-    if (p.used_max != nullptr) p.used_max[at] = largest * kLn2 > kLongFlowPlainExpLimit ? 1 : 0;
-  }
 }
 
 }  // namespace
@@ -182,18 +94,18 @@ Status LongFlowAttention(const LongFlowAttentionParams& p, cudaStream_t stream) 
   d.lse = lse;
   d.scores = scores;
   d.scores_stride = p.budget;
+  d.slot_next = p.next_slot;
+  d.slot_sink_slots = p.sink_slots;
+  d.slot_choice_scores = p.slot_scores;
+  d.slot_used_max = p.used_max;
+  d.num_splits = p.num_splits;
   d.workspace = base + layout.decode;
   d.workspace_bytes = layout.scores;
   const Status attention = DecodeAttention(d, stream);
   if (!attention.ok()) {
     return Status(attention.code(), "longflow attention: " + attention.message());
   }
-  const int group = p.num_heads / p.num_kv_heads;
-  RUBATO_DISPATCH_GQA_GROUP(group, kGroup, {
-    ChooseKernel<kGroup>
-        <<<dim3(p.num_kv_heads, p.batch), kThreads, 0, stream>>>(p, scores, norms, lse);
-    return LaunchStatus("longflow choose kernel");
-  });
+  return Status::Ok();
 }
 
 }  // namespace rubato::cuda

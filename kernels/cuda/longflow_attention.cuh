@@ -2,7 +2,8 @@
 // pass over its B slots gives the attention output of the GQA group, every slot's Eq. 6 score
 // (the group's mean alpha times ||v||_1) and the slot the next token writes (the lowest free
 // slot, else the least score past the sinks, ties low). One read of the slots (the decode
-// attention split kernel over slot arrays, tensor cores), then a small kernel for the choice.
+// attention split kernel over slot arrays, tensor cores), which also makes the choice when one
+// split covers the slots; with several splits a small kernel makes it after the merge.
 // fp32 exponentials with a tile-wise running maximum (no overflow; used_max reports where the
 // twin's plain exponentials needed their fallback). CPU twin: kernels/cpu/longflow_attention.h
 // (same contract). docs/longflow.md "The fused kernel".
@@ -42,7 +43,10 @@ struct LongFlowAttentionParams {
   // [num_arrays][budget] and next_slot [num_arrays][num_kv_heads] (a pool of per-request slot
   // arrays, any subset in any row order); out, slot_scores and used_max stay indexed by b.
   const int32_t* arrays = nullptr;
-  int num_arrays = 0;         // >= 1 with arrays
+  int num_arrays = 0;  // >= 1 with arrays
+  // Key splits per (sequence, KV head): 0 chooses them from the shapes (one for a large batch,
+  // the choice then made in the attention's own blocks); tests and benchmarks force 1 or more.
+  int num_splits = 0;
   void* workspace = nullptr;  // LongFlowAttentionWorkspaceBytes(...), 16-byte aligned
   size_t workspace_bytes = 0;
 };

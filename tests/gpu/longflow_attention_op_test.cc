@@ -25,14 +25,17 @@ struct Case {
   float key_scale = 1.f;
   bool tie = false;
   bool arrays = false;  // through `arrays`: sequence b reads pool array batch - b (0 unused)
+  int batch = 3;
+  int splits = 0;  // 0: the op's choice (several for a small batch); 1: the choice in-block
 };
 
 void RunCase(const Case& c) {
   SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " group " + std::to_string(c.group) +
                " budget " + std::to_string(c.budget) + " holes " + std::to_string(c.holes) +
-               " key scale " + std::to_string(c.key_scale));
+               " key scale " + std::to_string(c.key_scale) + " batch " + std::to_string(c.batch) +
+               " splits " + std::to_string(c.splits));
   std::mt19937_64 rng = gpu_test::FreshRng();
-  const int batch = 3, heads = c.kv_heads * c.group, d = c.head_dim, B = c.budget;
+  const int batch = c.batch, heads = c.kv_heads * c.group, d = c.head_dim, B = c.budget;
   const size_t slots = static_cast<size_t>(batch) * c.kv_heads * B * d;
   std::vector<float> keys = gpu_test::RandomBf16Values(rng, slots, -c.key_scale, c.key_scale);
   std::vector<float> values = gpu_test::RandomBf16Values(rng, slots);
@@ -94,6 +97,7 @@ void RunCase(const Case& c) {
   p.used_max = d_used.data();
   p.workspace = d_ws.data();
   p.workspace_bytes = ws;
+  p.num_splits = c.splits;
   if (c.arrays) {
     p.arrays = d_arrays.data();
     p.num_arrays = num_arrays;
@@ -175,6 +179,44 @@ TEST(LongFlowAttentionOp, MatchesTheCpuTwin) {
       }
     }
   }
+}
+
+// One split per (sequence, KV head), as for a large batch: the eviction choice is made in the
+// attention's own blocks, from tiles copied whole (head_dim 64 / 128: rows past a slot array's
+// budget and invalid rows zeroed) or row by row (32).
+TEST(LongFlowAttentionOp, OneSplitChoosesInTheAttentionBlock) {
+  for (int head_dim : {32, 64, 128}) {
+    for (int group : {1, 4, 8}) {
+      for (int budget : {37, 300, 3200}) {
+        for (double holes : {0.0, 0.3}) {
+          Case c;
+          c.head_dim = head_dim;
+          c.group = group;
+          c.budget = budget;
+          c.holes = holes;
+          c.splits = 1;
+          RunCase(c);
+        }
+      }
+    }
+  }
+  Case tie;  // ties go low in the block's reduction too
+  tie.tie = true;
+  tie.budget = 130;
+  tie.splits = 1;
+  RunCase(tie);
+  Case pool;  // boxes that run past an array's budget read the next array's rows
+  pool.arrays = true;
+  pool.budget = 300;
+  pool.holes = 0.3;
+  pool.splits = 1;
+  RunCase(pool);
+  Case large;        // a batch whose (sequence, KV head) pairs fill the GPU: one split by itself
+  large.batch = 40;  // 320 pairs: more than an H100's or H200's 132 SMs x 2 blocks
+  large.kv_heads = 8;
+  large.head_dim = 64;
+  large.budget = 600;
+  RunCase(large);
 }
 
 // A pool of per-request slot arrays in any row order (the CUDA model's evicting KV).
