@@ -249,9 +249,13 @@ int MaxKeys(const DecodeAttentionParams& params) {
 template <int kHeadDim, int kGroup, bool kTensorCopies, class Variant>
 Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& outputs,
                     cudaStream_t stream) {
-  constexpr int kSmem = TilesFor<kHeadDim, kTensorCopies>::kSmemBytes;
+  constexpr int kTileSmem = TilesFor<kHeadDim, kTensorCopies>::kSmemBytes;
+  constexpr int kMostSmem = kTileSmem + (Variant::kSlots ? kSlotChoiceSmemBytes : 0);
   RUBATO_RETURN_IF_ERROR(
-      (AllowSplitKernelSharedMemory<kHeadDim, kGroup, kTensorCopies, Variant>(kSmem)));
+      (AllowSplitKernelSharedMemory<kHeadDim, kGroup, kTensorCopies, Variant>(kMostSmem)));
+  const bool in_block_choice =
+      Variant::kSlots && outputs.num_splits == 1 && params.slot_next != nullptr;
+  const int smem = in_block_choice ? kMostSmem : kTileSmem;
   CUtensorMap key_map{}, value_map{}, compact_key_map{}, compact_value_map{};
   if constexpr (kTensorCopies && !Variant::kSlots) {
     const Bf16RowsMapShape shape{
@@ -274,8 +278,8 @@ Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& out
   }
   const dim3 grid(outputs.num_splits, params.num_kv_heads, params.batch);
   DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies, Variant>
-      <<<grid, kThreads, kSmem, stream>>>(params, outputs, key_map, value_map, compact_key_map,
-                                          compact_value_map);
+      <<<grid, kThreads, smem, stream>>>(params, outputs, key_map, value_map, compact_key_map,
+                                         compact_value_map);
   return LaunchStatus("decode_attention_split");
 }
 
@@ -326,6 +330,12 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
   }
   outputs.num_splits = (max_visible + outputs.keys_per_split - 1) / outputs.keys_per_split;
   unsigned char* workspace = static_cast<unsigned char*>(params.workspace);
+  // One split making the choice in its block: the scores of as many leading slots as fit stay in
+  // shared memory (all, or a multiple of 4: the choice reads them four at a time).
+  if (params.slot_keys != nullptr && params.slot_next != nullptr && outputs.num_splits == 1) {
+    constexpr int kFit = kSlotChoiceSmemBytes / (kGroup * static_cast<int>(sizeof(float)));
+    outputs.slot_smem_slots = params.slot_budget <= kFit ? params.slot_budget : kFit / 4 * 4;
+  }
   if (params.scores_only) {  // the scores; with lse wanted each split's lse and the merge
     outputs.scores = params.scores;
     outputs.scores_stride = params.scores_stride;

@@ -109,7 +109,19 @@ struct SplitOutputs {
   float* lse2 = nullptr;         // [batch][num_heads], f32, log2 units (written by the merge)
   float* scores = nullptr;       // [batch][num_heads][scores_stride], f32, log2 units, or null
   int64_t scores_stride = 0;     // the caller's (params.scores) or max_seq_len (workspace)
+  // Slot launches with one split and the in-block eviction choice: the launch adds
+  // kSlotChoiceSmemBytes of shared memory (two blocks a multiprocessor with tensor copies, the
+  // occupancy that measured fastest: 2-4 % less time than three at B = 2400 and 3200), where
+  // the group's raw scores of the first slot_smem_slots slots stay instead of a round trip
+  // through L2 and HBM (the rest, if any, go to `scores`). 0: none.
+  int slot_smem_slots = 0;
 };
+
+// The shared memory a slot launch with the in-block choice adds after the tiles: 45 KB, so that
+// two blocks with tensor-copy tiles (65 KB) and the reduction's static arrays fit a Hopper
+// multiprocessor (228 KB, 1 KB reserved per block): the raw scores of up to 11520 / kGroup
+// slots (2880 at GQA 4: all of B = 2400, 90 % of B = 3200).
+constexpr int kSlotChoiceSmemBytes = 45 * 1024;
 
 // kTensorCopies needs: head_dim 64 or 128, a dense window (visible index == position), split
 // ranges starting on tile boundaries, and key_map / value_map over the pools' rows
@@ -132,6 +144,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   static_assert(Variant::kValues || Variant::kScores, "a pass without values writes scores");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw;
+  // After the tiles (and the tensor copies' alignment slack): a slot launch's raw scores.
+  [[maybe_unused]] float* shared_scores = reinterpret_cast<float*>(smem_raw + Tiles::kSmemBytes);
   if constexpr (kTensorCopies) {  // swizzled tiles start on a 1024-byte boundary
     const unsigned address = SharedAddress(smem_raw);
     smem += ((address + 1023u) & ~1023u) - address;
@@ -311,12 +325,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
   // Whether the split's slots have holes (invalid rows, whose V a whole-tile copy brings and
   // which must then be zeroed): decided once, so that a full slot array pays nothing per tile.
+  // Sixteen independent byte loads a thread: one round trip for a split of 2048 slots. Without
+  // holes no per-key validity is read again (a global load on every tile's critical path).
   bool slot_holes = false;
-  if constexpr (Variant::kSlots && kTensorCopies) {
+  if constexpr (Variant::kSlots) {
     int hole = 0;
-    for (int i = begin + threadIdx.x; i < end; i += kThreads) hole |= keys.Attended(i) ? 0 : 1;
+    for (int i = begin + 16 * threadIdx.x; i < end; i += 16 * kThreads) {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) hole |= i + e < end && !keys.Attended(i + e) ? 1 : 0;
+    }
     slot_holes = __syncthreads_or(hole) != 0;
   }
+  // Slot scores go out as 8-byte pairs where every pair starts 8-byte aligned.
+  const bool pair_stores = Variant::kSlots && outputs.scores_stride % 2 == 0 && begin % 2 == 0 &&
+                           reinterpret_cast<uintptr_t>(outputs.scores) % 8 == 0;
 
   // Q as MMA A fragments in the tiles' dim order, loaded once the first copies are in flight.
   uint32_t q_frag[kHeadDim / 16][2];
@@ -392,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         for (int e = 0; e < 8; ++e) norm += fabsf(v[e]);
       }
       norm += __shfl_xor_sync(0xffffffffu, norm, 1);
-      if ((threadIdx.x & 1) == 0 && index < end && keys.Attended(index)) {
+      if ((threadIdx.x & 1) == 0 && index < end && (!slot_holes || keys.Attended(index))) {
         params.slot_value_norms[keys.slot_norm_row0 + index] = norm;
       }
     }
@@ -419,7 +441,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int index = index0 + 8 * j + 2 * quad + e;
-        const float x = index < end && keys.Attended(index) ? score[j][e] * scale_log2 : -INFINITY;
+        const bool attended =
+            index < end && (Variant::kSlots && !slot_holes ? true : keys.Attended(index));
+        const float x = attended ? score[j][e] * scale_log2 : -INFINITY;
         score[j][e] = x;
         tile_max = fmaxf(tile_max, x);
       }
@@ -428,12 +452,38 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       float* score_row =
           outputs.scores + (static_cast<size_t>(sequence) * params.num_heads + first_head + row) *
                                outputs.scores_stride;
+      if (Variant::kSlots && outputs.slot_smem_slots > 0) {  // the block's own, index = slot
+        const int near = outputs.slot_smem_slots;
 #pragma unroll
-      for (int j = 0; j < kScoreBlocks; ++j) {
+        for (int j = 0; j < kScoreBlocks; ++j) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int index = index0 + 8 * j + 2 * quad + e;
-          if (index < end) score_row[keys.Position(index)] = score[j][e];  // no compact here
+          for (int e = 0; e < 2; ++e) {
+            const int index = index0 + 8 * j + 2 * quad + e;
+            if (index < near) {
+              shared_scores[row * near + index] = score[j][e];
+            } else if (index < end) {
+              score_row[index] = score[j][e];
+            }
+          }
+        }
+      } else if (Variant::kSlots && pair_stores) {  // index = position: a pair is adjacent
+#pragma unroll
+        for (int j = 0; j < kScoreBlocks; ++j) {
+          const int index = index0 + 8 * j + 2 * quad;
+          if (index + 1 < end) {
+            *reinterpret_cast<float2*>(score_row + index) = make_float2(score[j][0], score[j][1]);
+          } else if (index < end) {
+            score_row[index] = score[j][0];
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kScoreBlocks; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int index = index0 + 8 * j + 2 * quad + e;
+            if (index < end) score_row[keys.Position(index)] = score[j][e];  // no compact here
+          }
         }
       }
     }
@@ -557,9 +607,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         lse2[r] = base + log2f(denominator);
       }
       __syncthreads();  // the block's score and norm writes are visible to all its threads
-      ChooseSlot<kGroup, kThreads>(
-          SlotChoiceRowOf(params, outputs.scores, outputs.scores_stride, sequence, kv_head, kGroup),
-          lse2);
+      SlotChoiceRow choice =
+          SlotChoiceRowOf(params, outputs.scores, outputs.scores_stride, sequence, kv_head, kGroup);
+      choice.near_scores = shared_scores;
+      choice.near_count = outputs.slot_smem_slots;
+      ChooseSlot<kGroup, kThreads>(choice, lse2);
     }
   }
 }

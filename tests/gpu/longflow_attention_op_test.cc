@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/longflow_attention.h"
+#include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/longflow_attention.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -242,4 +243,36 @@ TEST(LongFlowAttentionOp, TiesAndTheOverflowFallback) {
 }
 
 }  // namespace
+// The slot choice's fields are refused by name where they cannot apply.
+TEST(LongFlowAttentionOp, BadSlotChoiceFieldsAreNamed) {
+  auto next = gpu_test::Poisoned<int32_t>(8);
+  cuda::DecodeAttentionParams paged;  // a paged launch asking for a slot choice
+  paged.head_dim = 64;
+  paged.slot_next = next.data();
+  const Status no_slots = cuda::DecodeAttention(paged, nullptr);
+  EXPECT_FALSE(no_slots.ok());
+  EXPECT_NE(no_slots.message().find("slot_next"), std::string::npos) << no_slots.message();
+
+  auto keys = gpu_test::Poisoned<__nv_bfloat16>(64 * 64);
+  auto valid = gpu_test::Poisoned<uint8_t>(64);
+  auto scores = gpu_test::Poisoned<float>(64);
+  cuda::DecodeAttentionParams slots;
+  slots.q = slots.slot_keys = slots.slot_values = keys.data();
+  slots.out = keys.data();
+  slots.slot_valid = valid.data();
+  slots.scores = scores.data();
+  slots.slot_value_norms = scores.data();
+  slots.batch = slots.num_heads = slots.num_kv_heads = 1;
+  slots.head_dim = 64;
+  slots.slot_budget = slots.max_seq_len = 64;
+  slots.scores_stride = 64;
+  slots.q_row_stride = slots.out_row_stride = 64;
+  slots.scale = 0.125f;
+  slots.slot_next = next.data();
+  slots.slot_sink_slots = 65;
+  const Status sinks = cuda::DecodeAttention(slots, nullptr);
+  EXPECT_FALSE(sinks.ok());
+  EXPECT_NE(sinks.message().find("slot_sink_slots 65"), std::string::npos) << sinks.message();
+}
+
 }  // namespace rubato
