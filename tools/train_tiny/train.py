@@ -15,6 +15,10 @@ index, so a resumed run sees exactly the rows a single run would have seen):
     distractors inside (--vartrack-hard-share).
 Each training row is --row-tokens (+1) tokens (default: the shape's context) packed with
 documents, each ending in <|endoftext|>. tools/train_tiny/check_data.py checks the rows.
+With --alt-share a share of the steps take a batch of another shape and mix instead
+(--alt-row-tokens, --alt-batch-size, --alt-short-share, --alt-task-weights, --alt-suite-share;
+rows seeded by the phase + "-alt"): e.g. short rows dense with kv_recall instances, which teach
+the first value token, interleaved with full-context rows, which keep the long retrieval.
 Loss: mean cross-entropy over all tokens plus the mean over answer tokens (weight
 --answer-weight), so that the few answer tokens of a long instance still teach retrieval, plus
 the mean over each instance's first answer token (weight --first-answer-weight).
@@ -100,6 +104,57 @@ def data_options(args):
         task_share=args.task_share, short_share=args.short_share, task_weights=args.task_weights,
         kv_letter_first=args.kv_letter_first, vartrack_hard_share=args.vartrack_hard_share,
         suite_share=args.suite_share, suite_lengths=args.suite_lengths)
+
+
+def alt_args(args):
+    """The alternate batches' flags: the main ones with the --alt-* values in place."""
+    alt = argparse.Namespace(**vars(args))
+    alt.phase = f"{args.phase}-alt"
+    alt.row_tokens, alt.batch_size = args.alt_row_tokens, args.alt_batch_size
+    if args.alt_short_share is not None:
+        alt.short_share = args.alt_short_share
+    if args.alt_task_weights is not None:
+        alt.task_weights = args.alt_task_weights
+    if args.alt_suite_share is not None:
+        alt.suite_share = args.alt_suite_share
+    alt.suite_lengths = [n for n in args.suite_lengths if n <= alt.row_tokens] or \
+        [alt.row_tokens]
+    return alt
+
+
+def alt_summary(args):
+    alt = alt_args(args)
+    return {"row_tokens": alt.row_tokens, "batch_size": alt.batch_size,
+            "short_share": alt.short_share, "task_weights": alt.task_weights,
+            "data": data_options(alt).as_dict()}
+
+
+def alt_steps_before(step, share):
+    """Alternate batches among steps 0 .. step-1: step s is one when floor((s + 1) * share)
+    passes floor(s * share), so they spread evenly (share 0.5: every other step)."""
+    return math.floor(step * share + 1e-9)
+
+
+def batches(args, tokenizer_json, lines, words, step):
+    """(is_alt, tokens, weights) for steps step, step + 1, ...: main and alternate batches from
+    two loaders (workers split by share), each resuming at its own batch index."""
+    share = args.alt_share
+    n_alt = alt_steps_before(step, share)
+    alt_workers = max(1, round(args.workers * share)) if share else 0
+    main_workers = max(1, args.workers - alt_workers)
+
+    def loader(a, start, workers):
+        stream = RowStream(tokenizer_json, lines, words, a, start)
+        return iter(torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers,
+                                                prefetch_factor=4, persistent_workers=False))
+
+    main = loader(args, step - n_alt, main_workers)
+    alt = loader(alt_args(args), n_alt, alt_workers) if share else None
+    while True:
+        is_alt = bool(share) and alt_steps_before(step + 1, share) > alt_steps_before(step, share)
+        tokens, weights = next(alt if is_alt else main)
+        yield is_alt, tokens, weights
+        step += 1
 
 
 class RowStream(torch.utils.data.IterableDataset):
@@ -289,19 +344,31 @@ def main():
     p.add_argument("--phase", default="", help="names a later training phase (seeds its rows)")
     p.add_argument("--init-from", default=None,
                    help="start from an exported model folder (weights + tokenizer), fresh AdamW")
+    p.add_argument("--alt-share", type=float, default=0.0,
+                   help="share of steps that take an alternate batch (the --alt-* flags)")
+    p.add_argument("--alt-row-tokens", type=int, default=4096)
+    p.add_argument("--alt-batch-size", type=int, default=32)
+    p.add_argument("--alt-short-share", type=float, default=None)
+    p.add_argument("--alt-task-weights", type=train_data.parse_task_weights, default=None)
+    p.add_argument("--alt-suite-share", type=float, default=None)
     args = p.parse_args()
     shape = SHAPES[args.shape]
     args.row_tokens = args.row_tokens or shape["context"]
     if args.suite_lengths is None:
         args.suite_lengths = [n for n in shape["eval_lengths"] if n <= args.row_tokens]
-    for name in ("kv_letter_first", "vartrack_hard_share", "suite_share"):
+    for name in ("kv_letter_first", "vartrack_hard_share", "suite_share", "alt_share",
+                 "alt_short_share", "alt_suite_share"):
         value = getattr(args, name)
         if value is not None and not 0 <= value <= 1:
             p.error(f"--{name.replace('_', '-')} {value} outside [0, 1]")
     if args.suite_share and not [n for n in args.suite_lengths if n <= args.row_tokens]:
         p.error(f"no --suite-lengths fit --row-tokens {args.row_tokens}")
-    if not 2048 + 192 <= args.row_tokens <= shape["context"]:
-        p.error(f"--row-tokens {args.row_tokens} outside [2240, {shape['context']}]")
+    for flag, tokens in (("--row-tokens", args.row_tokens),
+                         ("--alt-row-tokens", args.alt_row_tokens)):
+        if not 2048 + 192 <= tokens <= shape["context"]:
+            p.error(f"{flag} {tokens} outside [2240, {shape['context']}]")
+    if args.alt_batch_size < 1:
+        p.error(f"--alt-batch-size {args.alt_batch_size} must be >= 1")
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(args.seed)
@@ -352,11 +419,8 @@ def main():
     forward = model
     if args.compile:
         forward = torch.compile(model)
-    stream = RowStream(tokenizer_json, lines, words, args, step)
-    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
-                                         prefetch_factor=4, persistent_workers=False)
     tokens_seen, t_train = 0, time.time()
-    for batch, weights in loader:
+    for is_alt, batch, weights in batches(args, tokenizer_json, lines, words, step):
         elapsed = time.time() - t0
         if step >= args.steps or elapsed > args.time_budget_s:
             break
@@ -391,10 +455,11 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         step += 1
-        tokens_seen += batch.shape[0] * args.row_tokens
+        tokens_seen += batch.shape[0] * (batch.shape[1] - 1)
         if step % 25 == 0 or step == 1:
             rate = tokens_seen / (time.time() - t_train)
-            print(f"step {step} lm {lm_loss.item():.3f} answer {answer_loss.item():.3f} "
+            kind = " alt" if is_alt else ""
+            print(f"step {step}{kind} lm {lm_loss.item():.3f} answer {answer_loss.item():.3f} "
                   f"first {first_loss.item():.3f} "
                   f"lr {optimizer.param_groups[0]['lr']:.2e} {rate / 1e3:.0f}k tok/s "
                   f"t={time.time() - t0:.0f}s", flush=True)
@@ -422,6 +487,8 @@ def main():
                    "phase": args.phase, "init_from": args.init_from,
                    "task_share": args.task_share, "short_share": args.short_share,
                    "task_weights": args.task_weights,
+                   "alt_share": args.alt_share,
+                   "alt": alt_summary(args) if args.alt_share else None,
                    "parameters": n_params, "quick_accuracy": acc,
                    "torch": torch.__version__}, f, indent=1)
     print("DONE", flush=True)
