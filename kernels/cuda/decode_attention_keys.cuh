@@ -138,15 +138,20 @@ struct KeySpace {
 template <class Variant>
 using KeySpaceFor = KeySpace<Variant::kCompact, Variant::kList, Variant::kSlots>;
 
+// The slot array of a slot launch's sequence: its own index, or its array in a pool
+// (slot_arrays, clamped to [0, num_slot_arrays)).
+__device__ inline int SlotArrayOf(const DecodeAttentionParams& params, int sequence) {
+  return params.slot_arrays == nullptr
+             ? sequence
+             : min(max(params.slot_arrays[sequence], 0), params.num_slot_arrays - 1);
+}
+
 template <class Variant>
 __device__ inline KeySpaceFor<Variant> KeySpaceOf(const DecodeAttentionParams& params, int sequence,
                                                   int kv_head, int seq_len) {
   KeySpaceFor<Variant> keys;
   if constexpr (Variant::kSlots) {
-    // The sequence's slot array: its own index, or its array in a pool (slot_arrays).
-    const int array = params.slot_arrays == nullptr
-                          ? sequence
-                          : min(max(params.slot_arrays[sequence], 0), params.num_slot_arrays - 1);
+    const int array = SlotArrayOf(params, sequence);
     keys.slot_valid = params.slot_valid + static_cast<int64_t>(array) * params.slot_budget;
     keys.slot_row0 =
         (static_cast<int64_t>(array) * params.num_kv_heads + kv_head) * params.slot_budget;

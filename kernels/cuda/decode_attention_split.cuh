@@ -336,10 +336,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     }
     slot_holes = __syncthreads_or(hole) != 0;
   }
-  // Slot scores go out as 8-byte pairs where every pair starts 8-byte aligned.
-  const bool pair_stores = Variant::kSlots && outputs.scores_stride % 2 == 0 && begin % 2 == 0 &&
-                           reinterpret_cast<uintptr_t>(outputs.scores) % 8 == 0;
-
   // Q as MMA A fragments in the tiles' dim order, loaded once the first copies are in flight.
   uint32_t q_frag[kHeadDim / 16][2];
   {
@@ -466,16 +462,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
             }
           }
         }
-      } else if (Variant::kSlots && pair_stores) {  // index = position: a pair is adjacent
-#pragma unroll
-        for (int j = 0; j < kScoreBlocks; ++j) {
-          const int index = index0 + 8 * j + 2 * quad;
-          if (index + 1 < end) {
-            *reinterpret_cast<float2*>(score_row + index) = make_float2(score[j][0], score[j][1]);
-          } else if (index < end) {
-            score_row[index] = score[j][0];
-          }
-        }
       } else {
 #pragma unroll
         for (int j = 0; j < kScoreBlocks; ++j) {
@@ -555,19 +541,22 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     }
   }
   __syncthreads();
+  // The split's lse of the group's head r (log2 units; -inf when nothing was attended).
+  auto head_lse2 = [&](int r) {
+    float block_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w * 8 + r]);
+    const float base = block_max == -INFINITY ? 0.f : block_max;
+    float denominator = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      denominator += exp2f(warp_max[w * 8 + r] - base) * warp_sum[w * 8 + r];
+    return base + log2f(denominator);
+  };
   if constexpr (!Variant::kValues) {  // scores only: the split's lse of each head, no output
     if (threadIdx.x < kGroup) {
-      const int r = threadIdx.x;
-      float block_max = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w * 8 + r]);
-      const float base = block_max == -INFINITY ? 0.f : block_max;
-      float denominator = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w)
-        denominator += exp2f(warp_max[w * 8 + r] - base) * warp_sum[w * 8 + r];
-      outputs.partial_lse[partial_row0 + static_cast<size_t>(r) * outputs.num_splits] =
-          base + log2f(denominator);  // -inf when nothing was attended
+      outputs.partial_lse[partial_row0 + static_cast<size_t>(threadIdx.x) * outputs.num_splits] =
+          head_lse2(threadIdx.x);
     }
   } else {
     for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads) {
@@ -591,21 +580,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
   if constexpr (Variant::kSlots) {
     // One split saw every slot: its lse is the heads' own, and the eviction choice is made here
-    // from the scores and norms this block just wrote (still in L2), with no second launch.
+    // from the scores this block kept in shared memory (those past slot_smem_slots, and the
+    // norms, in L2), with no second launch.
     if (outputs.num_splits == 1 && params.slot_next != nullptr) {
       float lse2[kGroup];
 #pragma unroll
-      for (int r = 0; r < kGroup; ++r) {
-        float block_max = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w * 8 + r]);
-        const float base = block_max == -INFINITY ? 0.f : block_max;
-        float denominator = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w)
-          denominator += exp2f(warp_max[w * 8 + r] - base) * warp_sum[w * 8 + r];
-        lse2[r] = base + log2f(denominator);
-      }
+      for (int r = 0; r < kGroup; ++r) lse2[r] = head_lse2(r);
       __syncthreads();  // the block's score and norm writes are visible to all its threads
       SlotChoiceRow choice =
           SlotChoiceRowOf(params, outputs.scores, outputs.scores_stride, sequence, kv_head, kGroup);

@@ -18,9 +18,9 @@ namespace rubato::cuda {
 namespace {
 
 // The workspace: the decode attention's, then raw scores [batch][num_heads][budget] (log2
-// units), ||v||_1 [batch][num_kv_heads <= num_heads][budget] and lse [batch][num_heads].
+// units) and ||v||_1 [batch][num_kv_heads <= num_heads][budget].
 struct Layout {
-  size_t decode = 0, scores = 0, norms = 0, lse = 0, total = 0;
+  size_t decode = 0, scores = 0, norms = 0, total = 0;
 };
 
 size_t AlignUp256(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -32,8 +32,7 @@ Layout MakeLayout(int batch, int num_heads, int head_dim, int budget) {
   layout.scores =
       AlignUp256(DecodeAttentionWorkspaceBytes(batch, num_heads, head_dim, budget, false));
   layout.norms = AlignUp256(layout.scores + per_head * budget * sizeof(float));
-  layout.lse = AlignUp256(layout.norms + per_head * budget * sizeof(float));
-  layout.total = AlignUp256(layout.lse + per_head * sizeof(float));
+  layout.total = AlignUp256(layout.norms + per_head * budget * sizeof(float));
   return layout;
 }
 
@@ -71,7 +70,6 @@ Status LongFlowAttention(const LongFlowAttentionParams& p, cudaStream_t stream) 
   unsigned char* base = static_cast<unsigned char*>(p.workspace);
   float* scores = reinterpret_cast<float*>(base + layout.scores);
   float* norms = reinterpret_cast<float*>(base + layout.norms);
-  float* lse = reinterpret_cast<float*>(base + layout.lse);
 
   DecodeAttentionParams d;
   d.q = p.q;
@@ -91,7 +89,6 @@ Status LongFlowAttention(const LongFlowAttentionParams& p, cudaStream_t stream) 
   d.scale = p.scale;
   d.out = p.out;
   d.out_row_stride = p.out_row_stride;
-  d.lse = lse;
   d.scores = scores;
   d.scores_stride = p.budget;
   d.slot_next = p.next_slot;

@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/longflow_attention.h"  // kLongFlowPlainExpLimit
 #include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/decode_attention_keys.cuh"  // SlotArrayOf
 
 namespace rubato::cuda::decode_attention {
 
@@ -144,13 +145,6 @@ __device__ void ChooseSlot(const SlotChoiceRow& row, const float (&lse2)[kGroup]
       *row.used_max = largest * kLn2 > kLongFlowPlainExpLimit ? 1 : 0;
     }
   }
-}
-
-// The (sequence, KV head) of a slot launch: its slot array (its own, or its array in a pool).
-__device__ inline int SlotArrayOf(const DecodeAttentionParams& params, int sequence) {
-  return params.slot_arrays == nullptr
-             ? sequence
-             : min(max(params.slot_arrays[sequence], 0), params.num_slot_arrays - 1);
 }
 
 // Everything but the log-sum-exps, from a slot launch's params. scores: its raw scores
