@@ -24,6 +24,7 @@ uses), or from the `tokenizers` Python package when it is installed and --rubato
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import subprocess
@@ -290,6 +291,22 @@ def main():
                 for r in range(10000)) / 10000
     print(f"suite: rows with a suite-sized instance at --suite-share 0.3: {share:.3f}")
     fails.check(0.28 <= share <= 0.32, f"suite share {share}")
+
+    # --alt-share's schedule: the share of steps, evenly spread, and a resumed run's two
+    # stream positions equal to a single run's.
+    for alt_share in (0.5, 1 / 3, 0.25, 0.0, 1.0):
+        is_alt = [train_data.alt_steps_before(s + 1, alt_share) >
+                  train_data.alt_steps_before(s, alt_share) for s in range(1200)]
+        fails.check(sum(is_alt) == round(1200 * alt_share), f"alt share {alt_share}: "
+                    f"{sum(is_alt)} of 1200 steps")
+        if 0 < alt_share < 1:
+            gap = max(len(run) for run in "".join("a" if a else "m" for a in is_alt).split("a"))
+            fails.check(gap <= math.ceil(1 / alt_share), f"alt share {alt_share}: {gap} main "
+                        "steps in a row")
+        for step in (0, 7, 100, 1199):
+            fails.check(train_data.alt_steps_before(step, alt_share) == sum(is_alt[:step]),
+                        f"alt share {alt_share}: resume at {step}")
+    print("alt schedule: shares 0.5, 1/3, 0.25, 0, 1 over 1200 steps checked")
 
     # The quick accuracy's instances: the suite's (seed 0, 5 depths) fitted to length - 26.
     count = train_data.CachedCounter(encode)

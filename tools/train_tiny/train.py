@@ -129,17 +129,11 @@ def alt_summary(args):
             "data": data_options(alt).as_dict()}
 
 
-def alt_steps_before(step, share):
-    """Alternate batches among steps 0 .. step-1: step s is one when floor((s + 1) * share)
-    passes floor(s * share), so they spread evenly (share 0.5: every other step)."""
-    return math.floor(step * share + 1e-9)
-
-
 def batches(args, tokenizer_json, lines, words, step):
     """(is_alt, tokens, weights) for steps step, step + 1, ...: main and alternate batches from
     two loaders (workers split by share), each resuming at its own batch index."""
     share = args.alt_share
-    n_alt = alt_steps_before(step, share)
+    n_alt = train_data.alt_steps_before(step, share)
     alt_workers = max(1, round(args.workers * share)) if share else 0
     main_workers = max(1, args.workers - alt_workers)
 
@@ -151,7 +145,8 @@ def batches(args, tokenizer_json, lines, words, step):
     main = loader(args, step - n_alt, main_workers)
     alt = loader(alt_args(args), n_alt, alt_workers) if share else None
     while True:
-        is_alt = bool(share) and alt_steps_before(step + 1, share) > alt_steps_before(step, share)
+        is_alt = bool(share) and (train_data.alt_steps_before(step + 1, share) >
+                                  train_data.alt_steps_before(step, share))
         tokens, weights = next(alt if is_alt else main)
         yield is_alt, tokens, weights
         step += 1

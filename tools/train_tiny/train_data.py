@@ -76,6 +76,14 @@ def parse_lengths(text):
     return lengths
 
 
+def alt_steps_before(step, share):
+    """How many of steps 0 .. step-1 take train.py's alternate batch (--alt-share): step s is
+    one when floor((s + 1) * share) passes floor(s * share), so they spread evenly (share 0.5:
+    every other step, starting with step 1). A run resumed at `step` continues the main stream
+    at batch step - alt_steps_before(step) and the alternate one at alt_steps_before(step)."""
+    return math.floor(step * share + 1e-9)
+
+
 def read_lines(path):
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
