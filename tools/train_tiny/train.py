@@ -145,8 +145,7 @@ def batches(args, tokenizer_json, lines, words, step):
     main = loader(args, step - n_alt, main_workers)
     alt = loader(alt_args(args), n_alt, alt_workers) if share else None
     while True:
-        is_alt = bool(share) and (train_data.alt_steps_before(step + 1, share) >
-                                  train_data.alt_steps_before(step, share))
+        is_alt = train_data.is_alt_step(step, share)
         tokens, weights = next(alt if is_alt else main)
         yield is_alt, tokens, weights
         step += 1

@@ -84,6 +84,11 @@ def alt_steps_before(step, share):
     return math.floor(step * share + 1e-9)
 
 
+def is_alt_step(step, share):
+    """Whether step `step` takes the alternate batch (the schedule of alt_steps_before)."""
+    return alt_steps_before(step + 1, share) > alt_steps_before(step, share)
+
+
 def read_lines(path):
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
