@@ -70,17 +70,22 @@ class TokenCounter:
 def fit_instance(make, budget, count_tokens):
     """make(target_tokens) -> an instance whose facts do not depend on the target (a fresh RNG
     of the same seed each call); returns the one with the largest filler whose prompt has at
-    most `budget` tokens (with its "prompt_tokens"), or None when MAX_TRIES do not fit.
+    most `budget` tokens (with its "prompt_tokens"), or None when 2 * MAX_TRIES do not fit.
     Shared with the training data (tools/train_tiny/train_data.py), which fits its
     suite-sized instances exactly as the suite does."""
     target = budget - FIRST_TRY_SLACK
-    for _ in range(MAX_TRIES):
+    # Equal steps first (every suite instance so far fits in these, and keeps its filler);
+    # then doubling steps, for a draw whose filler holds a sentence longer than the steps.
+    for attempt in range(2 * MAX_TRIES):
+        if attempt >= MAX_TRIES and target < 0:
+            break  # the facts and the question alone do not fit
         instance = make(target)
         prompt_tokens = count_tokens(instance["prompt"])
         if prompt_tokens <= budget:
             instance["prompt_tokens"] = prompt_tokens
             return instance
-        target -= prompt_tokens - budget + 8
+        over = prompt_tokens - budget + 8
+        target -= over if attempt < MAX_TRIES else over << (attempt - MAX_TRIES + 1)
     return None
 
 

@@ -287,6 +287,16 @@ def main():
     print(f"suite: {len(suite)} suite-sized instances at position 0; budget - prompt tokens: "
           f"min {min(slack)}, max {max(slack)}, mean {sum(slack) / len(slack):.1f}; per task x "
           f"length {dict(sorted(by.items()))} ({time.time() - t:.0f}s)")
+    # --suite-depths / --suite-task-weights: the suite-sized instances only, the rest unchanged.
+    o = options(suite_share=1.0, suite_depths=(0.0, 0.25), suite_task_weights={"vartrack": 1})
+    maker = train_data.RowMaker(encode, eos, lines, words, o)
+    docs = check_rows("suite-focus", maker, encode, eos, 8, args.row_tokens, fails)
+    focus = [d for d in docs if d["kind"] == "suite"]
+    fails.check(len(focus) == 8 and all(d["task"] == "vartrack" and d["grid_depth"] in
+                                        (0.0, 0.25) for d in focus),
+                f"suite focus: {[(d['task'], d['grid_depth']) for d in focus]}")
+    fails.check(len({d["task"] for d in docs if d["kind"] == "task"}) > 1,
+                "suite focus: the other instances keep --task-weights")
     share = sum(random.Random(f"{options().row_prefix}/{r}/suite").random() < 0.3
                 for r in range(10000)) / 10000
     print(f"suite: rows with a suite-sized instance at --suite-share 0.3: {share:.3f}")

@@ -103,7 +103,8 @@ def data_options(args):
         seed=args.seed, phase=args.phase, row_tokens=args.row_tokens,
         task_share=args.task_share, short_share=args.short_share, task_weights=args.task_weights,
         kv_letter_first=args.kv_letter_first, vartrack_hard_share=args.vartrack_hard_share,
-        suite_share=args.suite_share, suite_lengths=args.suite_lengths)
+        suite_share=args.suite_share, suite_lengths=args.suite_lengths,
+        suite_depths=args.suite_depths, suite_task_weights=args.suite_task_weights)
 
 
 def alt_args(args):
@@ -119,6 +120,7 @@ def alt_args(args):
         alt.suite_share = args.alt_suite_share
     alt.suite_lengths = [n for n in args.suite_lengths if n <= alt.row_tokens] or \
         [alt.row_tokens]
+    alt.suite_depths, alt.suite_task_weights = train_data.SUITE_DEPTHS, None  # main rows only
     return alt
 
 
@@ -321,6 +323,13 @@ def main():
     p.add_argument("--suite-lengths", type=train_data.parse_lengths, default=None,
                    help="lengths of the suite-sized instances, drawn uniformly (repeat one to "
                         "weight it; default: the shape's suite lengths that fit --row-tokens)")
+    p.add_argument("--suite-depths", type=train_data.parse_depths,
+                   default=list(train_data.SUITE_DEPTHS),
+                   help="grid depths of the suite-sized instances of the main rows, drawn "
+                        "uniformly (repeat one to weight it; default: the suite's grid)")
+    p.add_argument("--suite-task-weights", type=train_data.parse_task_weights, default=None,
+                   help="task weights of the main rows' suite-sized instances (default: "
+                        "--task-weights)")
     p.add_argument("--eval-seed", type=int, default=0,
                    help="seed of the quick accuracy's instances (0: the suite's own)")
     p.add_argument("--eval-instances", type=int, default=5,

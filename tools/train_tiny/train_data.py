@@ -76,6 +76,16 @@ def parse_lengths(text):
     return lengths
 
 
+def parse_depths(text):
+    try:
+        depths = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated depths, got {text!r}")
+    if not depths or min(depths) < 0 or max(depths) > 1:
+        raise argparse.ArgumentTypeError(f"depths must lie in [0, 1], got {text!r}")
+    return depths
+
+
 def alt_steps_before(step, share):
     """How many of steps 0 .. step-1 take train.py's alternate batch (--alt-share): step s is
     one when floor((s + 1) * share) passes floor(s * share), so they spread evenly (share 0.5:
@@ -122,12 +132,14 @@ class DataOptions:
     def __init__(self, seed, phase="", row_tokens=16384, task_share=0.8, short_share=0.5,
                  task_weights=None, kv_letter_first=None, vartrack_hard_share=0.0,
                  suite_share=0.0, suite_lengths=(4096, 8192, 16384),
-                 suite_depths=generate.SUITE_DEPTHS, max_new_tokens=generate.MAX_NEW_TOKENS):
+                 suite_depths=generate.SUITE_DEPTHS, suite_task_weights=None,
+                 max_new_tokens=generate.MAX_NEW_TOKENS):
         self.seed, self.phase, self.row_tokens = seed, phase, row_tokens
         self.task_share, self.short_share = task_share, short_share
         self.task_weights = dict(task_weights or TASK_WEIGHTS)
         self.kv_letter_first, self.vartrack_hard_share = kv_letter_first, vartrack_hard_share
         self.suite_share, self.suite_depths = suite_share, tuple(suite_depths)
+        self.suite_task_weights = dict(suite_task_weights or self.task_weights)
         self.suite_lengths = tuple(length for length in suite_lengths if length <= row_tokens)
         self.max_new_tokens = max_new_tokens
         if suite_share > 0 and not self.suite_lengths:
@@ -140,7 +152,9 @@ class DataOptions:
         return {"kv_letter_first": self.kv_letter_first,
                 "vartrack_hard_share": self.vartrack_hard_share,
                 "suite_share": self.suite_share, "suite_lengths": list(self.suite_lengths),
-                "suite_depths": list(self.suite_depths), "max_new_tokens": self.max_new_tokens}
+                "suite_depths": list(self.suite_depths),
+                "suite_task_weights": self.suite_task_weights,
+                "max_new_tokens": self.max_new_tokens}
 
 
 class RowMaker:
@@ -153,8 +167,8 @@ class RowMaker:
         self.filler = tasks.FillerText(lines)
         self.count = CachedCounter(encode)
 
-    def _choose_task(self, rng):
-        weights = self.options.task_weights
+    def _choose_task(self, rng, weights=None):
+        weights = weights or self.options.task_weights
         return rng.choices(list(weights), weights=list(weights.values()))[0]
 
     def _task_options(self, task, rng):
@@ -179,7 +193,7 @@ class RowMaker:
         """The row's suite-sized instance at position 0 (see the module's docstring)."""
         o = self.options
         length = rng.choice(o.suite_lengths)
-        task = self._choose_task(rng)
+        task = self._choose_task(rng, o.suite_task_weights)
         grid = rng.choice(o.suite_depths)
         depth = min(1.0, max(0.0, grid + rng.uniform(-SUITE_DEPTH_JITTER, SUITE_DEPTH_JITTER)))
         kw = {"kv_letter_first": o.kv_letter_first} \
