@@ -25,8 +25,10 @@ Training-only options of make_instance (tools/train_tiny/train_data.py; the suit
 them, and with them left at their defaults the RNG draws, hence every suite instance, are
 exactly those of the original generator): kv_letter_first (share of kv_recall values whose
 first character is a letter a-f instead of the uniform 6/16), vartrack_hops (a fixed chain
-length instead of 2-4) and vartrack_span_distractors (that many distractor-chain facts placed
-between the asked chain's first and last facts).
+length instead of 2-4), vartrack_span_distractors (that many distractor-chain facts placed
+between the asked chain's first and last facts) and vartrack_distractor_first (the distractor
+chain in order too, opening no later than the asked chain: only the question's value tells the
+chains apart).
 """
 import random
 import re
@@ -127,7 +129,8 @@ def _facts(task, rng, words, kv_letter_first=None, vartrack_hops=None):
 
 
 def make_instance(task, rng, filler, words, target_tokens, depth, count_tokens, *,
-                  kv_letter_first=None, vartrack_hops=None, vartrack_span_distractors=0):
+                  kv_letter_first=None, vartrack_hops=None, vartrack_span_distractors=0,
+                  vartrack_distractor_first=False):
     """One instance as a dict: prompt (text ending with the question), answer (the string
     to produce), where the asked fact starts in the prompt (asked_char_offset), and for
     vartrack the chain length (hops) and how many distractor-chain facts lie between the asked
@@ -150,9 +153,16 @@ def make_instance(task, rng, filler, words, target_tokens, depth, count_tokens, 
             slots[1 + i] = s
         for i in range(hops + 1, len(facts)):
             slots[i] = rng.randint(0, n)
+        if vartrack_distractor_first:
+            start = rng.randint(0, slots[0])
+            slots[hops + 1] = start
+            for i, s in enumerate(sorted(rng.randint(start, n) for _ in range(hops))):
+                slots[hops + 2 + i] = s
         # Facts are ordered by (slot, key); a distractor moved inside the asked chain's span
         # goes between chain facts j and j + 1 (key j + 0.5 at a slot between theirs).
         keys = {i: (slots[i], i) for i in range(len(facts))}
+        if vartrack_distractor_first:
+            keys[hops + 1] = (slots[hops + 1], -1)  # before the asked chain's first fact
         if vartrack_span_distractors:
             inside = rng.sample(range(hops + 1, len(facts)),
                                 min(vartrack_span_distractors, hops + 1))
@@ -162,8 +172,10 @@ def make_instance(task, rng, filler, words, target_tokens, depth, count_tokens, 
                 keys[i] = (slots[i], j + 0.5)
         order = sorted(range(len(facts)), key=lambda i: keys[i])
         position = {i: p for p, i in enumerate(order)}
+        other = [position[i] for i in range(hops + 1, len(facts))]
         extra = {"hops": hops, "span_distractors": sum(
-            position[0] < position[i] < position[hops] for i in range(hops + 1, len(facts)))}
+            position[0] < position[i] < position[hops] for i in range(hops + 1, len(facts))),
+            "distractor_first": other == sorted(other) and other[0] < position[0]}
     else:
         for i in range(len(facts)):
             if i != asked:

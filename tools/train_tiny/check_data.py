@@ -263,6 +263,21 @@ def main():
           f"; other instances with >= 2 in span: {easy_span:.3f} ({time.time() - t:.0f}s)")
     fails.check(len(vt) >= args.rows and 0.4 <= hard_share <= 0.6, f"hard share {hard_share}")
 
+    # vartrack: the distractor chain in order and opening first, for the instances not hard.
+    first = check_rows("vartrack-first", train_data.RowMaker(encode, eos, lines, words, options(
+        task_weights={"vartrack": 1.0}, vartrack_hard_share=0.5,
+        vartrack_distractor_first_share=1.0)), encode, eos, 10, args.row_tokens, fails)
+    marked = [d for d in first if d["kind"] == "task" and
+              d["options"].get("vartrack_distractor_first")]
+    fails.check(marked and all(d["distractor_first"] for d in marked),
+                "distractor-first vartrack: not in order first")
+    fails.check(all(not d["options"].get("vartrack_distractor_first") for d in first
+                    if d["kind"] == "task" and d["options"].get("vartrack_span_distractors")),
+                "distractor-first vartrack: mixed with span distractors")
+    natural = sum(d["distractor_first"] for d in easy) / max(1, len(easy))
+    print(f"vartrack: {len(marked)} distractor-first instances, all in order and opening first; "
+          f"without the option {natural:.3f} of the instances not hard are")
+
     # suite: one suite-sized instance at position 0 of every row (share 1 here).
     t = time.time()
     o = options(kv_letter_first=0.6, suite_share=1.0)

@@ -103,6 +103,7 @@ def data_options(args):
         seed=args.seed, phase=args.phase, row_tokens=args.row_tokens,
         task_share=args.task_share, short_share=args.short_share, task_weights=args.task_weights,
         kv_letter_first=args.kv_letter_first, vartrack_hard_share=args.vartrack_hard_share,
+        vartrack_distractor_first_share=args.vartrack_distractor_first_share,
         suite_share=args.suite_share, suite_lengths=args.suite_lengths,
         suite_depths=args.suite_depths, suite_task_weights=args.suite_task_weights)
 
@@ -317,6 +318,9 @@ def main():
     p.add_argument("--vartrack-hard-share", type=float, default=0.0,
                    help="share of vartrack instances with 2-5 distractor facts inside the "
                         "asked chain and depth <= 0.3 or 4 hops")
+    p.add_argument("--vartrack-distractor-first-share", type=float, default=0.0,
+                   help="share of the other vartrack instances whose distractor chain is in "
+                        "order and opens no later than the asked chain")
     p.add_argument("--suite-share", type=float, default=0.0,
                    help="share of rows starting with one suite-sized instance (fitted as the "
                         "suite fits it, the suite's depth grid +- 0.05)")
@@ -359,7 +363,8 @@ def main():
     args.row_tokens = args.row_tokens or shape["context"]
     if args.suite_lengths is None:
         args.suite_lengths = [n for n in shape["eval_lengths"] if n <= args.row_tokens]
-    for name in ("kv_letter_first", "vartrack_hard_share", "suite_share", "alt_share",
+    for name in ("kv_letter_first", "vartrack_hard_share", "vartrack_distractor_first_share",
+                 "suite_share", "alt_share",
                  "alt_short_share", "alt_suite_share"):
         value = getattr(args, name)
         if value is not None and not 0 <= value <= 1:

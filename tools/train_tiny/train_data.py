@@ -22,6 +22,10 @@ Training-only data options (DataOptions; the suite's instances never use them):
   vartrack_hard_share  share of vartrack instances with 2-5 distractor-chain facts placed
                        inside the asked chain's span and either depth U[0, 0.3] or 4 hops
                        (half each), the cases the model fails;
+  vartrack_distractor_first_share  share of vartrack instances whose distractor chain is in
+                       order and opens no later than the asked chain (tasks.py
+                       vartrack_distractor_first): the suite's misses that answer the chain
+                       opening first;
   suite_share          share of rows that start (position 0, as the suite's prompts do) with
                        one suite-sized instance: length from suite_lengths, prompt fitted as
                        the suite fits it (generate.fit_instance, at most length -
@@ -131,6 +135,7 @@ class DataOptions:
 
     def __init__(self, seed, phase="", row_tokens=16384, task_share=0.8, short_share=0.5,
                  task_weights=None, kv_letter_first=None, vartrack_hard_share=0.0,
+                 vartrack_distractor_first_share=0.0,
                  suite_share=0.0, suite_lengths=(4096, 8192, 16384),
                  suite_depths=generate.SUITE_DEPTHS, suite_task_weights=None,
                  max_new_tokens=generate.MAX_NEW_TOKENS):
@@ -138,6 +143,7 @@ class DataOptions:
         self.task_share, self.short_share = task_share, short_share
         self.task_weights = dict(task_weights or TASK_WEIGHTS)
         self.kv_letter_first, self.vartrack_hard_share = kv_letter_first, vartrack_hard_share
+        self.vartrack_distractor_first_share = vartrack_distractor_first_share
         self.suite_share, self.suite_depths = suite_share, tuple(suite_depths)
         self.suite_task_weights = dict(suite_task_weights or self.task_weights)
         self.suite_lengths = tuple(length for length in suite_lengths if length <= row_tokens)
@@ -151,6 +157,7 @@ class DataOptions:
     def as_dict(self):
         return {"kv_letter_first": self.kv_letter_first,
                 "vartrack_hard_share": self.vartrack_hard_share,
+                "vartrack_distractor_first_share": self.vartrack_distractor_first_share,
                 "suite_share": self.suite_share, "suite_lengths": list(self.suite_lengths),
                 "suite_depths": list(self.suite_depths),
                 "suite_task_weights": self.suite_task_weights,
@@ -183,6 +190,9 @@ class RowMaker:
                 depth = rng.uniform(0.0, SHALLOW_DEPTH)
             else:
                 kw["vartrack_hops"] = 4
+        elif task == "vartrack" and self.options.vartrack_distractor_first_share > 0 and \
+                rng.random() < self.options.vartrack_distractor_first_share:
+            kw["vartrack_distractor_first"] = True  # of the instances that are not hard
         return kw, depth
 
     def _append(self, ids, weights, prompt, answer):
