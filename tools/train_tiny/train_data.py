@@ -53,7 +53,6 @@ MIN_ROOM = 160          # a task instance starts only where this many tokens are
 LONG_MARGIN = 192       # long instances aim at 2048 .. row_tokens - LONG_MARGIN tokens
 SUITE_DEPTH_JITTER = 0.05
 SHALLOW_DEPTH = 0.3     # hard vartrack: depth U[0, SHALLOW_DEPTH] (or 4 hops)
-SUITE_REFIT_MARGINS = (64, 256, 1024)  # tokens under the budget when the suite's fit fails
 
 
 def parse_task_weights(text):
@@ -214,13 +213,9 @@ class RowMaker:
         def make(target):
             return tasks.make_instance(task, random.Random(seed), self.filler, self.words, target,
                                        depth, self.count, **kw)
+        # The training corpus has longer sentences than the suite's filler; fit_instance's
+        # doubling steps get past one that keeps overshooting.
         inst = generate.fit_instance(make, budget, self.count)
-        # The training corpus has longer sentences than the suite's filler: where the suite's
-        # tries keep overshooting by one long last sentence, aim lower.
-        for margin in SUITE_REFIT_MARGINS:
-            if inst is not None:
-                break
-            inst = generate.fit_instance(make, budget - margin, self.count)
         if inst is None:
             return
         prompt = self.encode(inst["prompt"])
