@@ -151,13 +151,13 @@ def make_instance(task, rng, filler, words, target_tokens, depth, count_tokens, 
         rest = sorted(rng.randint(slots[0], n) for _ in range(hops))
         for i, s in enumerate(rest):
             slots[1 + i] = s
-        for i in range(hops + 1, len(facts)):
-            slots[i] = rng.randint(0, n)
-        if vartrack_distractor_first:
-            start = rng.randint(0, slots[0])
-            slots[hops + 1] = start
-            for i, s in enumerate(sorted(rng.randint(start, n) for _ in range(hops))):
+        if vartrack_distractor_first:  # in order, opening no later than the asked chain
+            slots[hops + 1] = rng.randint(0, slots[0])
+            for i, s in enumerate(sorted(rng.randint(slots[hops + 1], n) for _ in range(hops))):
                 slots[hops + 2 + i] = s
+        else:
+            for i in range(hops + 1, len(facts)):
+                slots[i] = rng.randint(0, n)
         # Facts are ordered by (slot, key); a distractor moved inside the asked chain's span
         # goes between chain facts j and j + 1 (key j + 0.5 at a slot between theirs).
         keys = {i: (slots[i], i) for i in range(len(facts))}

@@ -24,8 +24,8 @@ Training-only data options (DataOptions; the suite's instances never use them):
                        (half each), the cases the model fails;
   vartrack_distractor_first_share  share of vartrack instances whose distractor chain is in
                        order and opens no later than the asked chain (tasks.py
-                       vartrack_distractor_first): the suite's misses that answer the chain
-                       opening first;
+                       vartrack_distractor_first; only the question's value tells the chains
+                       apart), drawn from the instances that are not hard ones;
   suite_share          share of rows that start (position 0, as the suite's prompts do) with
                        one suite-sized instance: length from suite_lengths, prompt fitted as
                        the suite fits it (generate.fit_instance, at most length -
@@ -69,24 +69,23 @@ def parse_task_weights(text):
     return weights
 
 
-def parse_lengths(text):
+def _parse_list(text, convert, what, valid, rule):
+    """An argparse type: comma-separated values, each converted and all of them valid."""
     try:
-        lengths = [int(v) for v in text.split(",") if v.strip()]
+        values = [convert(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}")
-    if not lengths or min(lengths) < 256:
-        raise argparse.ArgumentTypeError(f"lengths must be >= 256 tokens, got {text!r}")
-    return lengths
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
+    if not values or not all(valid(v) for v in values):
+        raise argparse.ArgumentTypeError(f"{what} must {rule}, got {text!r}")
+    return values
+
+
+def parse_lengths(text):
+    return _parse_list(text, int, "token counts", lambda n: n >= 256, "be >= 256 tokens")
 
 
 def parse_depths(text):
-    try:
-        depths = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated depths, got {text!r}")
-    if not depths or min(depths) < 0 or max(depths) > 1:
-        raise argparse.ArgumentTypeError(f"depths must lie in [0, 1], got {text!r}")
-    return depths
+    return _parse_list(text, float, "depths", lambda d: 0 <= d <= 1, "lie in [0, 1]")
 
 
 def alt_steps_before(step, share):
