@@ -14,9 +14,9 @@
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/model.h"
-#include "inference_rank/offload/colocated_cache.h"
-#include "inference_rank/offload/reconnecting_cache.h"
-#include "inference_rank/offload/remote_cache.h"
+#include "inference_rank/residency/offloaded/colocated_cache.h"
+#include "inference_rank/residency/offloaded/reconnecting_cache.h"
+#include "inference_rank/residency/offloaded/remote_cache.h"
 #include "inference_rank/policies/policy_registry.h"
 
 namespace rubato {

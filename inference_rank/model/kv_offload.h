@@ -2,7 +2,7 @@
 // every layer the model hands the entry's new K/V (and its last query) to a KvOffloadExchange,
 // which ships them in layer packs; a decode token attends the compact KV the exchange returns
 // plus the local recent segment through the two-segment op; prefill chunks attend locally. The
-// exchange (inference_rank/offload/cache_client.h) owns packs, transports and timing; the model
+// exchange (inference_rank/residency/offloaded/cache_client.h) owns packs, transports and timing; the model
 // calls it in layer order: LayerComputed, then CompactFor per decode entry.
 // Narrative: docs/disaggregated.md "The model's side".
 #pragma once
@@ -53,7 +53,7 @@ class KvOffloadExchange {
 };
 
 // The engine's handle on a cache rank: sessions per request, the exchange their entries use, and
-// whether the data plane still works (inference_rank/offload/cache_client.h implements it).
+// whether the data plane still works (inference_rank/residency/offloaded/cache_client.h implements it).
 class KvOffloadClient : public KvOffloadExchange {
  public:
   // A session for a request of up to `capacity_tokens` positions.

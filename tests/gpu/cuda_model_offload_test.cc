@@ -20,7 +20,7 @@
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/cpu_model.h"
 #include "inference_rank/model/cuda_model.h"
-#include "inference_rank/offload/colocated_cache.h"
+#include "inference_rank/residency/offloaded/colocated_cache.h"
 #include "tests/golden_reference.h"
 #include "tests/gpu/cuda_model_test_util.h"
 #include "tests/gpu/gpu_test_util.h"

@@ -20,7 +20,7 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "inference_rank/model/kv_offload.h"
-#include "inference_rank/offload/remote_cache.h"
+#include "inference_rank/residency/offloaded/remote_cache.h"
 
 namespace rubato {
 

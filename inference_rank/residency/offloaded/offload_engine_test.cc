@@ -13,7 +13,7 @@
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/engine/engine_test_requests.h"
 #include "inference_rank/model/tiny_test_models.h"
-#include "inference_rank/offload/colocated_cache.h"
+#include "inference_rank/residency/offloaded/colocated_cache.h"
 
 namespace rubato {
 namespace {

@@ -1,6 +1,6 @@
 // ColocatedCacheRank (colocated_cache.h): a CacheService and a CacheRankClient joined by a
 // two-rank loopback hub (rank 0 the cache, rank 1 the engine).
-#include "inference_rank/offload/colocated_cache.h"
+#include "inference_rank/residency/offloaded/colocated_cache.h"
 
 #include <utility>
 

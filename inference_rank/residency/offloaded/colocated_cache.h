@@ -13,7 +13,7 @@
 #include "cache_rank/cache_service.h"
 #include "common/hf_config.h"
 #include "common/status.h"
-#include "inference_rank/offload/cache_client.h"
+#include "inference_rank/residency/offloaded/cache_client.h"
 #include "transport/loopback_transport.h"
 
 namespace rubato {

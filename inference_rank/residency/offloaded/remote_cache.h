@@ -14,7 +14,7 @@
 #include "common/hf_config.h"
 #include "common/metrics.h"
 #include "common/status.h"
-#include "inference_rank/offload/cache_client.h"
+#include "inference_rank/residency/offloaded/cache_client.h"
 #include "transport/rpc/rpc_client.h"
 
 namespace rubato {

@@ -1,6 +1,6 @@
 // CacheRankClient (cache_client.h): KV packs out per P layers, replies in, compact KV served to
 // the model's two-segment attention.
-#include "inference_rank/offload/cache_client.h"
+#include "inference_rank/residency/offloaded/cache_client.h"
 
 #include <algorithm>
 #include <cstring>

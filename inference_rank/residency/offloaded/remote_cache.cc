@@ -1,7 +1,7 @@
 // RemoteCacheRank (remote_cache.h): RPC Hello that connects the data plane (UCX addresses or an
 // NCCL unique id), sessions over the RPC, the cache rank's health from the heartbeat and its
 // data-plane report.
-#include "inference_rank/offload/remote_cache.h"
+#include "inference_rank/residency/offloaded/remote_cache.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,5 +1,5 @@
 // ReconnectingCacheRank (reconnecting_cache.h): forwarding, loss detection and the watcher.
-#include "inference_rank/offload/reconnecting_cache.h"
+#include "inference_rank/residency/offloaded/reconnecting_cache.h"
 
 #include <algorithm>
 #include <utility>
