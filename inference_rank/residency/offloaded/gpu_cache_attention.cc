@@ -1,0 +1,310 @@
+// Attention on a GPU cache rank inside this process (see gpu_cache_attention.h).
+#include "inference_rank/residency/offloaded/gpu_cache_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/kv_append.cuh"
+
+namespace rubato {
+namespace {
+
+// Makes `device` current for its lifetime and restores the previous one.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    (void)cudaGetDevice(&previous_);
+    status_ = cuda::CudaStatus(cudaSetDevice(device), "selecting device " + std::to_string(device));
+  }
+  ~DeviceScope() { (void)cudaSetDevice(previous_); }
+  const Status& status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  Status status_;
+};
+
+int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+Result<std::unique_ptr<GpuCacheAttention>> GpuCacheAttention::Create(
+    const ModelConfig& config, const GpuCacheAttentionOptions& options) {
+  if (options.max_rows < 1 || options.max_context < 1 || options.budget_bytes == 0) {
+    return InvalidArgumentError(
+        "GPU cache attention: max_rows, max_context and budget_bytes must be positive");
+  }
+  if (options.block_tokens != 16 && options.block_tokens != 64) {
+    return InvalidArgumentError("GPU cache attention: block_tokens must be 16 or 64, got " +
+                                std::to_string(options.block_tokens));
+  }
+  auto self = std::unique_ptr<GpuCacheAttention>(new GpuCacheAttention());
+  self->config_ = config;
+  self->options_ = options;
+  self->same_device_ = options.model_device == options.cache_device;
+  self->table_stride_ = CeilDiv(options.max_context, options.block_tokens);
+
+  KvCacheShape shape;
+  shape.num_layers = config.num_layers;
+  shape.num_kv_heads = config.num_kv_heads;
+  shape.head_dim = config.head_dim;
+  shape.block_tokens = options.block_tokens;
+  shape.num_blocks = 1;
+  const size_t block_bytes = DeviceKvStorage::PoolBytes(shape);
+  shape.num_blocks = static_cast<int>(
+      std::min<size_t>(options.budget_bytes / block_bytes, static_cast<size_t>(INT32_MAX)));
+  if (shape.num_blocks < 1) {
+    return InvalidArgumentError("GPU cache attention: a budget of " +
+                                std::to_string(options.budget_bytes) + " bytes holds no block of " +
+                                std::to_string(block_bytes));
+  }
+
+  DeviceScope scope(options.cache_device);
+  RUBATO_RETURN_IF_ERROR(scope.status());
+  if (!self->same_device_) {
+    // Direct loads over NVLink where the pair allows it; cudaMemcpyPeerAsync works either way.
+    for (auto [from, to] : {std::pair{options.cache_device, options.model_device},
+                            std::pair{options.model_device, options.cache_device}}) {
+      int can = 0;
+      RUBATO_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, from, to), "peer access query");
+      if (can == 0) continue;
+      RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(from), "selecting a device");
+      const cudaError_t enabled = cudaDeviceEnablePeerAccess(to, 0);
+      if (enabled != cudaSuccess && enabled != cudaErrorPeerAccessAlreadyEnabled) {
+        return cuda::CudaStatus(enabled, "enabling peer access from device " +
+                                             std::to_string(from) + " to " + std::to_string(to));
+      }
+      (void)cudaGetLastError();  // "already enabled" is sticky otherwise
+    }
+    RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.cache_device), "selecting the cache GPU");
+  }
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<DeviceKvStorage> pools, DeviceKvStorage::Create(shape));
+  self->pools_ = pools.get();
+  RUBATO_ASSIGN_OR_RETURN(self->store_, PagedKvCache::CreateWithStorage(shape, std::move(pools)));
+
+  RUBATO_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&self->cache_stream_, cudaStreamNonBlocking),
+      "creating the cache GPU's stream");
+  for (cudaEvent_t* event : {&self->rows_ready_, &self->output_ready_, &self->inputs_ready_,
+                             &self->staged_[0], &self->staged_[1]}) {
+    RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(event, cudaEventDisableTiming),
+                                "creating a cache GPU event");
+  }
+  const size_t rows = static_cast<size_t>(options.max_rows);
+  const size_t input_ints = rows * (2 + static_cast<size_t>(self->table_stride_));
+  RUBATO_ASSIGN_OR_RETURN(self->step_inputs_,
+                          cuda::DeviceBuffer<int32_t>::Allocate(input_ints, "cache step inputs"));
+  for (PinnedBuffer& staging : self->staging_) {
+    RUBATO_ASSIGN_OR_RETURN(
+        staging, PinnedBuffer::Allocate(input_ints * sizeof(int32_t), "cache step inputs (host)"));
+  }
+  const size_t qkv_dim = static_cast<size_t>(config.q_dim() + 2 * config.kv_dim());
+  if (!self->same_device_) {
+    RUBATO_ASSIGN_OR_RETURN(self->rows_buffer_, cuda::DeviceBuffer<__nv_bfloat16>::Allocate(
+                                                    rows * qkv_dim, "cache q|k|v rows"));
+    RUBATO_ASSIGN_OR_RETURN(
+        self->output_buffer_,
+        cuda::DeviceBuffer<__nv_bfloat16>::Allocate(rows * config.q_dim(), "cache attention rows"));
+  }
+  const size_t workspace = cuda::DecodeAttentionWorkspaceBytes(
+      options.max_rows, config.num_heads, config.head_dim, options.max_context, false);
+  RUBATO_ASSIGN_OR_RETURN(self->workspace_,
+                          cuda::DeviceBuffer<unsigned char>::Allocate(
+                              std::max<size_t>(workspace, 1), "cache decode attention workspace"));
+  return self;
+}
+
+GpuCacheAttention::~GpuCacheAttention() {
+  int previous = 0;
+  (void)cudaGetDevice(&previous);
+  (void)cudaSetDevice(options_.cache_device);
+  if (cache_stream_ != nullptr) (void)cudaStreamSynchronize(cache_stream_);
+  for (cudaEvent_t event : {rows_ready_, output_ready_, inputs_ready_, staged_[0], staged_[1]}) {
+    if (event != nullptr) (void)cudaEventDestroy(event);
+  }
+  if (cache_stream_ != nullptr) (void)cudaStreamDestroy(cache_stream_);
+  (void)cudaSetDevice(previous);
+}
+
+size_t GpuCacheAttention::device_bytes() const {
+  return store_->pool_bytes() + step_inputs_.bytes() + rows_buffer_.bytes() +
+         output_buffer_.bytes() + workspace_.bytes();
+}
+
+Result<int> GpuCacheAttention::OpenSession(int capacity_tokens) {
+  if (capacity_tokens < 1 || capacity_tokens > options_.max_context) {
+    return InvalidArgumentError("GPU cache attention: a session of " +
+                                std::to_string(capacity_tokens) + " tokens (max_context " +
+                                std::to_string(options_.max_context) + ")");
+  }
+  size_t id = 0;
+  while (id < open_.size() && open_[id]) ++id;
+  if (id == open_.size()) {
+    open_.push_back(false);
+    sessions_.emplace_back();
+  }
+  KvSequence& sequence = sessions_[id];
+  sequence = KvSequence();
+  const Status reserved = store_->Reserve(sequence, capacity_tokens);
+  if (!reserved.ok()) {
+    return ResourceExhaustedError("GPU cache attention: a session of " +
+                                  std::to_string(capacity_tokens) + " tokens needs " +
+                                  std::to_string(store_->BlocksFor(capacity_tokens)) + " blocks; " +
+                                  std::to_string(store_->free_blocks()) + " of the budget's " +
+                                  std::to_string(store_->shape().num_blocks) + " are free (" +
+                                  std::to_string(options_.budget_bytes) + " bytes)");
+  }
+  open_[id] = true;
+  return static_cast<int>(id);
+}
+
+Status GpuCacheAttention::CloseSession(int session) {
+  if (session < 0 || static_cast<size_t>(session) >= open_.size() || !open_[session]) {
+    return InvalidArgumentError("GPU cache attention: no open session " + std::to_string(session));
+  }
+  open_[session] = false;
+  return store_->Release(sessions_[session]);
+}
+
+Status GpuCacheAttention::PlanStep(std::span<const Row> rows, int decode_rows, cudaStream_t main) {
+  if (rows.empty() || static_cast<int>(rows.size()) > options_.max_rows || decode_rows < 0 ||
+      decode_rows > static_cast<int>(rows.size())) {
+    return InvalidArgumentError("GPU cache attention: a step of " + std::to_string(rows.size()) +
+                                " rows (" + std::to_string(decode_rows) + " decode; at most " +
+                                std::to_string(options_.max_rows) + ")");
+  }
+  const int bt = store_->shape().block_tokens;
+  const size_t max_rows = static_cast<size_t>(options_.max_rows);
+  // The buffer this step writes was uploaded two steps ago: that copy is long done.
+  PinnedBuffer& staging = staging_[staging_index_];
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staged_[staging_index_]),
+                              "waiting for an old step-input upload");
+  auto* ints = reinterpret_cast<int32_t*>(staging.data());
+  int32_t* slots = ints;
+  int32_t* seq_lens = ints + max_rows;
+  int32_t* tables = ints + 2 * max_rows;
+  max_seq_len_ = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const Row& row = rows[r];
+    if (row.session < 0 || static_cast<size_t>(row.session) >= open_.size() ||
+        !open_[row.session]) {
+      return InvalidArgumentError("GPU cache attention: row " + std::to_string(r) +
+                                  " names no open session (" + std::to_string(row.session) + ")");
+    }
+    const KvSequence& sequence = sessions_[row.session];
+    const int capacity = store_->Capacity(sequence);
+    if (row.position < 0 || row.position >= capacity) {
+      return OutOfRangeError("GPU cache attention: row " + std::to_string(r) + " at position " +
+                             std::to_string(row.position) + " past its session's " +
+                             std::to_string(capacity) + " tokens");
+    }
+    slots[r] = sequence.block_table[row.position / bt] * bt + row.position % bt;
+    if (static_cast<int>(r) >= decode_rows) continue;
+    const int keys = row.position + 1;
+    seq_lens[r] = keys;
+    max_seq_len_ = std::max(max_seq_len_, keys);
+    int32_t* table = tables + r * table_stride_;
+    const int blocks = CeilDiv(keys, bt);
+    std::copy_n(sequence.block_table.begin(), blocks, table);
+    std::fill(table + blocks, table + table_stride_, 0);
+  }
+  rows_ = static_cast<int>(rows.size());
+  decode_rows_ = decode_rows;
+
+  DeviceScope scope(options_.cache_device);
+  RUBATO_RETURN_IF_ERROR(scope.status());
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_inputs_.data(), ints, step_inputs_.bytes(),
+                                              cudaMemcpyHostToDevice, cache_stream_),
+                              "uploading the cache step inputs");
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecord(staged_[staging_index_], cache_stream_),
+                              "recording the step-input upload");
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecord(inputs_ready_, cache_stream_),
+                              "recording the step inputs");
+  staging_index_ ^= 1;
+  // The model's stream (and any graph launched on it) orders its layers after the upload.
+  return cuda::CudaStatus(cudaStreamWaitEvent(main, inputs_ready_, 0),
+                          "ordering the step after its cache inputs");
+}
+
+Status GpuCacheAttention::Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat16* attention,
+                                cudaStream_t main) {
+  if (layer < 0 || layer >= config_.num_layers || rows_ == 0) {
+    return InvalidArgumentError("GPU cache attention: layer " + std::to_string(layer) +
+                                " outside a planned step");
+  }
+  const int q_dim = config_.q_dim();
+  const int kv_dim = config_.kv_dim();
+  const int64_t qkv_dim = q_dim + 2 * kv_dim;
+  const std::string where = "cache attention of layer " + std::to_string(layer);
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecord(rows_ready_, main), where);
+  DeviceScope scope(options_.cache_device);
+  RUBATO_RETURN_IF_ERROR(scope.status());
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(cache_stream_, rows_ready_, 0), where);
+  const __nv_bfloat16* rows = qkv;
+  __nv_bfloat16* output = attention;
+  if (!same_device_) {
+    RUBATO_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyPeerAsync(rows_buffer_.data(), options_.cache_device, qkv, options_.model_device,
+                            static_cast<size_t>(rows_) * qkv_dim * sizeof(__nv_bfloat16),
+                            cache_stream_),
+        where + ": q|k|v rows to the cache GPU");
+    rows = rows_buffer_.data();
+    output = output_buffer_.data();
+  }
+  const size_t max_rows = static_cast<size_t>(options_.max_rows);
+  const int32_t* slots = step_inputs_.data();
+  const int32_t* seq_lens = step_inputs_.data() + max_rows;
+  const int32_t* tables = step_inputs_.data() + 2 * max_rows;
+
+  cuda::KvAppendParams append;
+  append.keys = rows + q_dim;
+  append.values = rows + q_dim + kv_dim;
+  append.row_stride = qkv_dim;
+  append.slots = slots;
+  append.tokens = rows_;
+  append.num_kv_heads = config_.num_kv_heads;
+  append.head_dim = config_.head_dim;
+  append.block_tokens = store_->shape().block_tokens;
+  append.key_pool = pools_->layer_keys(layer);
+  append.value_pool = pools_->layer_values(layer);
+  RUBATO_RETURN_IF_ERROR(cuda::AppendToPagedKv(append, cache_stream_));
+
+  if (decode_rows_ > 0) {
+    cuda::DecodeAttentionParams p;
+    p.q = rows;
+    p.q_row_stride = qkv_dim;
+    p.key_pool = pools_->layer_keys(layer);
+    p.value_pool = pools_->layer_values(layer);
+    p.num_pool_blocks = store_->shape().num_blocks;
+    p.block_tables = tables;
+    p.block_table_stride = table_stride_;
+    p.seq_lens = seq_lens;
+    p.batch = decode_rows_;
+    p.num_heads = config_.num_heads;
+    p.num_kv_heads = config_.num_kv_heads;
+    p.head_dim = config_.head_dim;
+    p.block_tokens = store_->shape().block_tokens;
+    p.max_seq_len = max_seq_len_;
+    p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+    p.out = output;
+    p.out_row_stride = q_dim;
+    p.workspace = workspace_.data();
+    p.workspace_bytes = workspace_.bytes();
+    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(p, cache_stream_).WithContext(where));
+    if (!same_device_) {
+      RUBATO_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyPeerAsync(attention, options_.model_device, output, options_.cache_device,
+                              static_cast<size_t>(decode_rows_) * q_dim * sizeof(__nv_bfloat16),
+                              cache_stream_),
+          where + ": attention rows back to the model GPU");
+    }
+  }
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecord(output_ready_, cache_stream_), where);
+  return cuda::CudaStatus(cudaStreamWaitEvent(main, output_ready_, 0), where);
+}
+
+}  // namespace rubato

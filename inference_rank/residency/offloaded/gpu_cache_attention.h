@@ -1,0 +1,112 @@
+// Attention on a GPU cache rank inside this process (DESIGN §1 "attention on the cache rank"; the
+// colocated mode's device path): the offloaded requests' KV lives in a paged bf16 store on the
+// cache GPU, and in every layer the step's q|k|v rows cross to it peer to peer, are appended
+// there and attended by the same kernels/cuda ops as local dense attention (the output has local
+// dense's bits), and the decode rows' attention output crosses back. The KV is read by the cache
+// GPU's HBM and never shipped: a layer moves rows x (q_dim + 2 kv_dim) bf16 out and decode rows
+// x q_dim back, whatever the context. Only stream waits on events order the two GPUs: no host
+// synchronisation inside a step, and a layer can be captured in a CUDA graph on the model's
+// stream. Not thread-safe: one thread (the model's) drives it. docs/disaggregated.md.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/hf_config.h"
+#include "common/status.h"
+#include "inference_rank/kv/paged_kv_cache.h"
+#include "inference_rank/model/cuda_kv_storage.h"
+#include "inference_rank/model/cuda_pinned_buffer.h"
+#include "kernels/cuda/device_buffer.h"
+
+namespace rubato {
+
+struct GpuCacheAttentionOptions {
+  int model_device = 0;     // where the model's q|k|v rows and attention output live
+  int cache_device = 1;     // the store's GPU; may equal model_device (one GPU)
+  int block_tokens = 16;    // 16 or 64
+  size_t budget_bytes = 0;  // K + V bytes of the store's pool, > 0 (allocated at Create)
+  int max_rows = 0;         // rows of one step (decode tokens + prefill chunk tokens), >= 1
+  int max_context = 0;      // positions one session may hold, >= 1
+};
+
+class GpuCacheAttention {
+ public:
+  // Allocates the store (budget_bytes rounded down to whole blocks), its row buffers and step
+  // inputs on the cache device and enables peer access between the two devices where the
+  // hardware allows. ResourceExhausted names the bytes; InvalidArgument a bad option.
+  static Result<std::unique_ptr<GpuCacheAttention>> Create(const ModelConfig& config,
+                                                           const GpuCacheAttentionOptions& options);
+  ~GpuCacheAttention();
+  GpuCacheAttention(const GpuCacheAttention&) = delete;
+  GpuCacheAttention& operator=(const GpuCacheAttention&) = delete;
+
+  // A session that may hold positions [0, capacity_tokens): its blocks are reserved now (all
+  // or nothing), so a step never runs out. ResourceExhausted names the budget.
+  Result<int> OpenSession(int capacity_tokens);
+  // Returns the session's blocks. Only call between steps (no layer of it in flight).
+  Status CloseSession(int session);
+
+  // One row of a step's batch, in the model's row order.
+  struct Row {
+    int session = 0;
+    int position = 0;
+  };
+  // Host, outside any capture: the step's rows. The first `decode_rows` rows are decode tokens
+  // (attended; their output written back), the rest prefill rows (appended only). Uploads the
+  // step inputs on the cache stream; `main` waits for them before its next work.
+  Status PlanStep(std::span<const Row> rows, int decode_rows, cudaStream_t main);
+
+  // Device, on `main` after the layer's q|k|v rows are final (after RoPE):
+  //   qkv        [rows][q_dim + 2 kv_dim] bf16 on the model device (the rows of PlanStep)
+  //   attention  [decode rows][q_dim] bf16 on the model device: written
+  // Every row's K/V is appended to its session; every decode row attends [0, position] of its
+  // session. `main` waits for the output.
+  Status Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat16* attention, cudaStream_t main);
+
+  // Device bytes this holds on the cache GPU (store, buffers, workspace).
+  size_t device_bytes() const;
+  int free_blocks() const { return store_->free_blocks(); }
+  int block_tokens() const { return store_->shape().block_tokens; }
+
+ private:
+  GpuCacheAttention() = default;
+
+  ModelConfig config_;
+  GpuCacheAttentionOptions options_;
+  std::unique_ptr<PagedKvCache> store_;  // block accounting; its storage is `pools_`
+  DeviceKvStorage* pools_ = nullptr;     // [layer][block][kv_head][block_tokens][head_dim] bf16
+  std::vector<KvSequence> sessions_;     // by session id
+  std::vector<bool> open_;
+  int table_stride_ = 0;  // blocks per session row of the step's block tables
+
+  cudaStream_t cache_stream_ = nullptr;  // on the cache device
+  cudaEvent_t rows_ready_ = nullptr;     // main -> cache: the layer's q|k|v rows are final
+  cudaEvent_t output_ready_ = nullptr;   // cache -> main: the layer's attention rows arrived
+  cudaEvent_t inputs_ready_ = nullptr;   // cache -> main: the step inputs are on the device
+  bool same_device_ = false;
+
+  // Step inputs on the cache device, one upload per step:
+  //   slots       [max_rows] int32: physical_block * block_tokens + row of each row's position
+  //   tables      [max_rows][table_stride_] int32: decode rows' block tables
+  //   seq_lens    [max_rows] int32: decode rows' keys (position + 1)
+  cuda::DeviceBuffer<int32_t> step_inputs_;
+  PinnedBuffer staging_[2];     // host copies of step_inputs_, alternating by step
+  cudaEvent_t staged_[2] = {};  // each staging buffer's upload done
+  int staging_index_ = 0;
+  int rows_ = 0;
+  int decode_rows_ = 0;
+  int max_seq_len_ = 0;
+
+  cuda::DeviceBuffer<__nv_bfloat16> rows_buffer_;    // [max_rows][q_dim + 2 kv_dim] (cache)
+  cuda::DeviceBuffer<__nv_bfloat16> output_buffer_;  // [max_rows][q_dim] (cache)
+  cuda::DeviceBuffer<unsigned char> workspace_;      // decode attention's
+};
+
+}  // namespace rubato
