@@ -1,7 +1,8 @@
 // rubato_bench_transport: what moving bytes between two ranks costs, per transport backend
 // (loopback, UCX per UCX_TLS, NCCL between two GPUs beside cudaMemcpyPeer, and layer-pack round
-// trips at Qwen3-8B shapes; the NCCL part in transport_nccl.cc): bandwidth and latency against
-// message size. A benchmark, not a test: a table per backend, JSON with --out.
+// trips at Qwen3-8B shapes, in transport_nccl.cc; device packs over the stream-ordered paths of
+// NCCL and cuda_peer, in transport_device.cc): bandwidth and latency against message size. A
+// benchmark, not a test: a table per backend, JSON with --out.
 // Method and command lines: docs/benchmarks.md "Transport".
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "transport/ucx_transport.h"
 #endif
 #ifdef RUBATO_HAS_NCCL
+#include "bench/transport_device.h"
 #include "bench/transport_nccl.h"
 #endif
 
@@ -50,6 +52,9 @@ struct Options {
   std::vector<int> pack_layers = {4, 6, 12};
   int pack_batch = 8;
   int pack_selected = 2048;  // compact rows per KV head the reply carries (AsyncSpade: top-2k)
+  // device only:
+  int device_rounds = 200;
+  int graph_rounds = 20;
   std::string out;
   std::string commit = RUBATO_GIT_COMMIT;
 };
@@ -273,13 +278,14 @@ std::vector<std::string> BuiltBackends() {
 #endif
 #ifdef RUBATO_HAS_NCCL
   built.push_back("nccl");
+  built.push_back("device");
 #endif
   return built;
 }
 
 // Runs one backend; its results go under json["pingpong"] or json["nccl"].
 Status RunBackend(const std::string& backend, const Options& options, Json& json) {
-  const bool host = backend != "nccl";
+  const bool host = backend != "nccl" && backend != "device";
   RUBATO_ASSIGN_OR_RETURN(
       const std::vector<size_t> sizes,
       ParseSizes(!options.sizes.empty() ? options.sizes : PowersOfFour(host ? "64M" : "1G")));
@@ -311,6 +317,13 @@ Status RunBackend(const std::string& backend, const Options& options, Json& json
     if (!nccl.is_null()) json["nccl"] = nccl;  // what was measured before a failure too
     return status;
   }
+  if (backend == "device") {
+    Json device;
+    const Status status = bench::RunDevicePacks(
+        sizes, {.max_rounds = options.device_rounds, .graph_rounds = options.graph_rounds}, device);
+    if (!device.is_null()) json["device_packs"] = device;
+    return status;
+  }
 #endif
   std::string built;
   for (const std::string& name : BuiltBackends()) built += (built.empty() ? "" : ", ") + name;
@@ -325,9 +338,10 @@ int main(int argc, char** argv) {
   Options options;
   CLI::App app("Transport round trips (loopback, UCX) and GPU-to-GPU bandwidth (NCCL)");
   app.add_option("--backend", options.backends,
-                 "loopback, ucx, nccl (default: every one built in; nccl only with 2 GPUs)")
+                 "loopback, ucx, nccl, device (default: every one built in; nccl only with 2 "
+                 "GPUs, device with 1 or more)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"loopback", "ucx", "nccl"}));
+      ->check(CLI::IsMember({"loopback", "ucx", "nccl", "device"}));
   app.add_option("--sizes", options.sizes,
                  "message sizes, e.g. 4096,64K,16M,1G (default 4K .. 64M; nccl 4K .. 1G)")
       ->delimiter(',');
@@ -343,6 +357,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--pack-selected", options.pack_selected, "nccl: compact rows per KV head")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--device-rounds", options.device_rounds,
+                 "device: most ping-pong rounds / copies per size (about 1 GiB moved)")
+      ->check(CLI::Range(4, 100000));
+  app.add_option("--graph-rounds", options.graph_rounds,
+                 "device: ping-pong rounds captured in one CUDA graph")
+      ->check(CLI::Range(1, 10000));
   app.add_option("--out", options.out, "write the results as JSON here");
   app.add_option("--commit", options.commit, "commit recorded in the JSON (default: the build's)");
   CLI11_PARSE(app, argc, argv);
@@ -352,7 +372,7 @@ int main(int argc, char** argv) {
   }
 
   // Host backends first: the UCX ranks are forked before this process initializes CUDA.
-  const std::vector<std::string> order = {"loopback", "ucx", "nccl"};
+  const std::vector<std::string> order = {"loopback", "ucx", "nccl", "device"};
   const std::vector<std::string> built = BuiltBackends();
   const bool chosen = !options.backends.empty();
   std::vector<std::string> backends;
@@ -365,11 +385,18 @@ int main(int argc, char** argv) {
   Json json = {{"benchmark", "transport"}, {"commit", options.commit}, {"command", command}};
   json["backends"] = Json::array();
   json["pingpong"] = Json::array();
+  json["not_run"] = Json::array();
   bool failed = false;
   for (const std::string& backend : backends) {
 #ifdef RUBATO_HAS_NCCL
     if (backend == "nccl" && !chosen && bench::CudaDeviceCount() < 2) {
       std::printf("\n== nccl: skipped, fewer than two CUDA devices (--backend nccl insists)\n");
+      json["not_run"].push_back({{"name", "nccl"}, {"why", "fewer than two CUDA devices"}});
+      continue;
+    }
+    if (backend == "device" && !chosen && bench::CudaDeviceCount() < 1) {
+      std::printf("\n== device: skipped, no CUDA device (--backend device insists)\n");
+      json["not_run"].push_back({{"name", "device"}, {"why", "no CUDA device"}});
       continue;
     }
 #endif

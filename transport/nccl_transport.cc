@@ -1,5 +1,6 @@
-// NCCL backend (nccl_transport.h): communicator setup, grouped send / receive on the
-// transport's stream, completion by CUDA events, abort on timeout or peer failure.
+// NCCL backend (nccl_transport.h): communicator setup, send / receive (grouped when several) on
+// the transport's or the caller's stream, completion by pooled CUDA events, abort on timeout or
+// peer failure.
 #include "transport/nccl_transport.h"
 
 #include <cuda_runtime_api.h>
@@ -36,10 +37,13 @@ Status NcclStatus(ncclResult_t result, std::string_view what) {
 }
 
 // Polls the non-blocking communicator until it leaves ncclInProgress, `timeout` passes or
-// `give_up` (may be null) reads true.
+// `give_up` (may be null) reads true. Yields between polls for the first millisecond (taking a
+// group is quick once the peers are connected), then sleeps.
 Status AwaitCommReady(ncclComm_t comm, std::chrono::milliseconds timeout, std::string_view what,
                       const std::atomic<bool>* give_up = nullptr) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  const auto spin_until = start + std::chrono::milliseconds(1);
   while (true) {
     ncclResult_t state = ncclSuccess;
     RUBATO_RETURN_IF_ERROR(NcclStatus(ncclCommGetAsyncError(comm, &state), what));
@@ -48,12 +52,17 @@ Status AwaitCommReady(ncclComm_t comm, std::chrono::milliseconds timeout, std::s
       return UnavailableError("nccl: " + std::string(what) + " given up (the other rank is not "
                             "coming)");
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
       return DeadlineExceededError("nccl: " + std::string(what) + " did not finish within " +
                                    std::to_string(timeout.count()) +
                                    " ms (is every rank of the communicator running?)");
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (now < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 }
 
@@ -163,14 +172,13 @@ Status NcclTransport::ConnectPeers(std::chrono::milliseconds timeout,
 
 NcclTransport::~NcclTransport() {
   if (device_ >= 0) (void)cudaSetDevice(device_);
-  for (auto& [id, group] : groups_) {
-    if (group.done != nullptr) (void)cudaEventDestroy(AsEvent(group.done));
-  }
   if (comm_ != nullptr) {
     // Abort, not finalize: finalize waits for outstanding operations, which may never end
     // when the peer is gone.
     (void)ncclCommAbort(AsComm(comm_));
   }
+  for (const Group& group : groups_) events_.push_back(group.done);
+  for (void* event : events_) (void)cudaEventDestroy(AsEvent(event));
   if (stream_ != nullptr) (void)cudaStreamDestroy(AsStream(stream_));
 }
 
@@ -203,112 +211,177 @@ void NcclTransport::Fail(Status why) {
   }
 }
 
-Result<TransferId> NcclTransport::Post(std::span<const TransferOp> ops) {
-  RUBATO_RETURN_IF_ERROR(Health());
-  RUBATO_RETURN_IF_ERROR(ValidateOps(*this, ops));
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "nccl: selecting the device");
-  Group group;
+Status NcclTransport::EnqueueOps(std::span<const TransferOp> ops, void* stream,
+                                 uint64_t& bytes_sent, uint64_t& bytes_received) {
   for (const TransferOp& op : ops) {
     if (op.direction == TransferOp::Direction::kSend && op.ready_event != nullptr) {
-      RUBATO_CUDA_RETURN_IF_ERROR(
-          cudaStreamWaitEvent(AsStream(stream_), AsEvent(op.ready_event), 0),
-          "nccl: ordering a send after its ready event");
+      RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(AsStream(stream), AsEvent(op.ready_event), 0),
+                                  "nccl: ordering a send after its ready event");
     }
   }
-  RUBATO_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart"));
-  Status enqueue = Status::Ok();
-  for (const TransferOp& op : ops) {
+  // A group costs a host round of NCCL's group machinery: only when several ops must start
+  // together (a send and a receive of one round would otherwise wait for each other).
+  const bool grouped = ops.size() > 1;
+  Status enqueue = grouped ? NcclStatus(ncclGroupStart(), "ncclGroupStart") : Status::Ok();
+  for (size_t i = 0; i < ops.size() && enqueue.ok(); ++i) {
+    const TransferOp& op = ops[i];
     if (op.direction == TransferOp::Direction::kSend) {
       enqueue = NcclStatus(ncclSend(op.data, op.bytes, ncclUint8, op.peer, AsComm(comm_),
-                                    AsStream(stream_)),
+                                    AsStream(stream)),
                            "ncclSend");
-      group.bytes_sent += op.bytes;
+      bytes_sent += op.bytes;
     } else {
       enqueue = NcclStatus(ncclRecv(op.data, op.bytes, ncclUint8, op.peer, AsComm(comm_),
-                                    AsStream(stream_)),
+                                    AsStream(stream)),
                            "ncclRecv");
-      group.bytes_received += op.bytes;
+      bytes_received += op.bytes;
     }
-    if (!enqueue.ok()) break;
   }
-  const Status end = NcclStatus(ncclGroupEnd(), "ncclGroupEnd");
-  if (!enqueue.ok() || !end.ok()) {
-    Fail(!enqueue.ok() ? enqueue : end);
+  if (grouped) {
+    const Status end = NcclStatus(ncclGroupEnd(), "ncclGroupEnd");
+    if (enqueue.ok()) enqueue = end;
+  }
+  if (enqueue.ok()) {
+    enqueue = AwaitCommReady(AsComm(comm_), kEnqueueTimeout, "enqueuing a group");
+  }
+  if (!enqueue.ok()) {
+    Fail(enqueue);
     return failed_;
   }
-  const Status taken = AwaitCommReady(AsComm(comm_), kEnqueueTimeout, "enqueuing a group");
-  if (!taken.ok()) {
-    Fail(taken);
-    return failed_;
-  }
-  cudaEvent_t done = nullptr;
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
-                              "nccl: creating a completion event");
-  group.done = done;
-  const Status recorded =
-      cuda::CudaStatus(cudaEventRecord(done, AsStream(stream_)), "nccl: recording completion");
-  if (!recorded.ok()) {
-    (void)cudaEventDestroy(done);
-    return recorded;
-  }
-  const TransferId id = next_id_++;
-  groups_.emplace(id, group);
-  return id;
+  return Status::Ok();
 }
 
-void NcclTransport::Release(std::map<TransferId, Group>::iterator group, bool completed) {
-  if (completed) {
-    stats_.bytes_sent += group->second.bytes_sent;
-    stats_.bytes_received += group->second.bytes_received;
+Result<void*> NcclTransport::TakeEvent() {
+  if (!events_.empty()) {
+    void* event = events_.back();
+    events_.pop_back();
+    return event;
   }
-  (void)cudaEventDestroy(AsEvent(group->second.done));
-  groups_.erase(group);
+  cudaEvent_t event = nullptr;
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                              "nccl: creating a completion event");
+  return static_cast<void*>(event);
+}
+
+Result<TransferId> NcclTransport::Post(std::span<const TransferOp> ops) {
+  return PostOnStream(ops, stream_);
+}
+
+Result<TransferId> NcclTransport::PostOnStream(std::span<const TransferOp> ops, void* stream) {
+  RUBATO_RETURN_IF_ERROR(Health());
+  RUBATO_RETURN_IF_ERROR(ValidateOps(*this, ops));
+  if (stream == nullptr) {
+    return InvalidArgumentError("nccl: PostOnStream needs a stream (the legacy default stream "
+                                "would serialise with every other stream of the device)");
+  }
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "nccl: selecting the device");
+  // The event first: once the ops are enqueued, a failure to get one would strand them.
+  RUBATO_ASSIGN_OR_RETURN(void* done, TakeEvent());
+  Group group{.id = next_id_, .done = done};
+  const Status enqueued = EnqueueOps(ops, stream, group.bytes_sent, group.bytes_received);
+  if (!enqueued.ok()) {
+    events_.push_back(done);
+    return enqueued;
+  }
+  const Status recorded = cuda::CudaStatus(cudaEventRecord(AsEvent(done), AsStream(stream)),
+                                           "nccl: recording completion");
+  if (!recorded.ok()) {
+    // The group runs with nothing to tell when it ends: its buffers cannot be handed back.
+    events_.push_back(done);
+    Fail(recorded);
+    return failed_;
+  }
+  ++next_id_;
+  groups_.push_back(group);
+  return group.id;
+}
+
+Status NcclTransport::Enqueue(std::span<const TransferOp> ops, void* stream) {
+  RUBATO_RETURN_IF_ERROR(Health());
+  RUBATO_RETURN_IF_ERROR(ValidateOps(*this, ops));
+  if (stream == nullptr) {
+    return InvalidArgumentError("nccl: Enqueue needs a stream (the legacy default stream "
+                                "cannot be captured and serialises with every other stream)");
+  }
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "nccl: selecting the device");
+  return EnqueueOps(ops, stream, stats_.bytes_sent, stats_.bytes_received);
+}
+
+Status NcclTransport::StreamWait(TransferId id, void* stream) {
+  const size_t index = FindGroup(id);
+  if (index == groups_.size()) {
+    return InvalidArgumentError("nccl: StreamWait: unknown transfer id " + std::to_string(id));
+  }
+  RUBATO_CUDA_RETURN_IF_ERROR(
+      cudaStreamWaitEvent(AsStream(stream), AsEvent(groups_[index].done), 0),
+      "nccl: making a stream wait for transfer " + std::to_string(id));
+  return Status::Ok();
+}
+
+size_t NcclTransport::FindGroup(TransferId id) const {
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    if (groups_[i].id == id) return i;
+  }
+  return groups_.size();
+}
+
+void NcclTransport::Release(size_t index, bool completed) {
+  Group& group = groups_[index];
+  if (completed) {
+    stats_.bytes_sent += group.bytes_sent;
+    stats_.bytes_received += group.bytes_received;
+  }
+  // A group that did not complete leaves the transport failed (every caller of this fails it),
+  // so its event, which aborted work may still touch, is never recorded again.
+  events_.push_back(group.done);
+  group = groups_.back();
+  groups_.pop_back();
 }
 
 Result<bool> NcclTransport::Test(TransferId id) {
-  const auto group = groups_.find(id);
-  if (group == groups_.end()) {
+  const size_t index = FindGroup(id);
+  if (index == groups_.size()) {
     return InvalidArgumentError("nccl: unknown transfer id " + std::to_string(id));
   }
-  const cudaError_t query = cudaEventQuery(AsEvent(group->second.done));
+  const cudaError_t query = cudaEventQuery(AsEvent(groups_[index].done));
   if (query == cudaSuccess) {
-    Release(group, /*completed=*/true);
+    Release(index, /*completed=*/true);
     return true;
   }
   if (query != cudaErrorNotReady) {
     const Status error = cuda::CudaStatus(query, "nccl: transfer " + std::to_string(id));
-    Release(group, /*completed=*/false);
+    Release(index, /*completed=*/false);
     Fail(error);
     return error;
   }
   const Status health = Health();
   if (!health.ok()) {
-    Release(group, /*completed=*/false);
+    Release(index, /*completed=*/false);
     return health;
   }
   return false;
 }
 
 Status NcclTransport::Wait(TransferId id, std::chrono::milliseconds timeout) {
-  return WaitByTesting(*this, id, timeout);
+  return WaitBySpinning(*this, id, timeout);
 }
 
 void NcclTransport::Cancel(TransferId id) {
-  const auto group = groups_.find(id);
-  if (group == groups_.end()) return;
-  if (cudaEventQuery(AsEvent(group->second.done)) == cudaSuccess) {
-    Release(group, /*completed=*/true);
+  const size_t index = FindGroup(id);
+  if (index == groups_.size()) return;
+  if (cudaEventQuery(AsEvent(groups_[index].done)) == cudaSuccess) {
+    Release(index, /*completed=*/true);
     return;
   }
   // A posted NCCL operation cannot be withdrawn: the only way to free its buffers is to abort
   // the communicator (nccl_transport.h).
-  Release(group, /*completed=*/false);
+  Release(index, /*completed=*/false);
   Fail(UnavailableError("transfer " + std::to_string(id) + " was cancelled in flight"));
 }
 
 void* NcclTransport::DoneEvent(TransferId id) const {
-  const auto group = groups_.find(id);
-  return group == groups_.end() ? nullptr : group->second.done;
+  const size_t index = FindGroup(id);
+  return index == groups_.size() ? nullptr : groups_[index].done;
 }
 
 }  // namespace rubato::transport

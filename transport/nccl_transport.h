@@ -1,19 +1,20 @@
 // NCCL backend of the data-plane Transport: GPU-to-GPU point-to-point transfers, each Post one
-// NCCL group of sends / receives on the transport's own CUDA stream, completion tracked by an
-// event. Device memory only; Create is collective; Create, Post and the destructor leave `device`
-// current. NCCL sees neither message sizes nor dead peers: the communicator is non-blocking so
-// that a timeout or Cancel can abort it, after which every call returns kUnavailable.
-// Narrative and usage: docs/transport.md "NCCL".
+// NCCL group of sends / receives on the transport's own CUDA stream (PostOnStream, Enqueue: on
+// the caller's), completion tracked by a pooled event. Device memory only; Create is
+// collective; Create, the posts and the destructor leave `device` current. NCCL sees neither
+// message sizes nor dead peers: the communicator is non-blocking so that a timeout or Cancel can
+// abort it, after which every call returns kUnavailable. Enqueue is capturable in a CUDA graph.
+// Narrative and usage: docs/transport.md "NCCL" and "Stream-ordered transfers".
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "transport/transport.h"
@@ -32,7 +33,7 @@ struct NcclTransportOptions {
   const std::atomic<bool>* give_up = nullptr;
 };
 
-class NcclTransport final : public Transport {
+class NcclTransport final : public StreamOrderedTransport {
  public:
   // A fresh ncclUniqueId as bytes (rank 0 makes it; the others receive it out of band).
   static Result<std::string> NewUniqueId();
@@ -55,16 +56,29 @@ class NcclTransport final : public Transport {
   void Cancel(TransferId id) override;
   TransportStats Stats() const override { return stats_; }
 
-  // The dedicated stream every group runs on (a consumer stream can wait on DoneEvent instead
-  // of a host Wait).
+  Result<TransferId> PostOnStream(std::span<const TransferOp> ops, void* stream) override;
+  Status StreamWait(TransferId id, void* stream) override;
+
+  // The purely stream-ordered form, for a step that runs as a CUDA graph: enqueues `ops` on
+  // `stream` behind its work (and each send's ready_event) and returns once NCCL took them,
+  // without an id or an event; completion is `stream`'s order (work enqueued after sees the
+  // received bytes). May be called while `stream` is being captured (cudaStreamCaptureMode
+  // ThreadLocal or Relaxed when several threads drive ranks); every rank must then capture its
+  // side, and each graph launch is a collective of the ranks that captured. Ops are validated
+  // as for Post; bytes count in Stats when enqueued (a captured graph's once, at capture). NCCL
+  // cannot take back enqueued work: a failure aborts the transport.
+  Status Enqueue(std::span<const TransferOp> ops, void* stream);
+
+  // The dedicated stream every Post group runs on.
   void* Stream() const { return stream_; }
   // The cudaEvent_t recorded after the group `id`, or null for an unknown id. Valid until the
-  // group is released by Test / Wait / Cancel.
+  // group is released by Test / Wait / Cancel (the event then goes back to the pool).
   void* DoneEvent(TransferId id) const;
 
  private:
   struct Group {
-    void* done = nullptr;  // cudaEvent_t
+    TransferId id = 0;
+    void* done = nullptr;  // cudaEvent_t from events_
     uint64_t bytes_sent = 0;
     uint64_t bytes_received = 0;
   };
@@ -79,7 +93,13 @@ class NcclTransport final : public Transport {
   Status Health();
   // Marks the transport failed with `why` and aborts the communicator (idempotent).
   void Fail(Status why);
-  void Release(std::map<TransferId, Group>::iterator group, bool completed);
+  // Enqueues the NCCL calls of `ops` (validated) on `stream`: one group when there are several.
+  // Adds their bytes to the two counters. A failure aborts the transport.
+  Status EnqueueOps(std::span<const TransferOp> ops, void* stream, uint64_t& bytes_sent,
+                    uint64_t& bytes_received);
+  Result<void*> TakeEvent();
+  size_t FindGroup(TransferId id) const;  // index into groups_, or groups_.size()
+  void Release(size_t index, bool completed);
 
   int rank_ = 0;
   int world_size_ = 0;
@@ -88,7 +108,9 @@ class NcclTransport final : public Transport {
   void* stream_ = nullptr;  // cudaStream_t
   Status failed_;           // ok until the communicator is aborted
   TransferId next_id_ = 1;
-  std::map<TransferId, Group> groups_;
+  // Groups in flight, in no order (few: a linear search beats a map's allocation per Post).
+  std::vector<Group> groups_;
+  std::vector<void*> events_;  // idle cudaEvent_t (timing disabled), reused by later Posts
   TransportStats stats_;
 };
 

@@ -27,4 +27,12 @@ std::string DescribeOp(const TransferOp& op);
 Status WaitByTesting(Transport& transport, TransferId id, std::chrono::milliseconds timeout,
                      std::chrono::microseconds pause = std::chrono::microseconds(20));
 
+// Wait for backends whose progress is a cheap query of the GPU (nccl, cuda_peer): polls Test,
+// yielding the CPU between polls for the first `spin` (a small transfer completes within tens
+// of microseconds, which a sleep would overshoot), then sleeping `pause` between polls. Same
+// results as WaitByTesting.
+Status WaitBySpinning(Transport& transport, TransferId id, std::chrono::milliseconds timeout,
+                      std::chrono::microseconds spin = std::chrono::microseconds(2000),
+                      std::chrono::microseconds pause = std::chrono::microseconds(20));
+
 }  // namespace rubato::transport

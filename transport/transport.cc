@@ -78,20 +78,32 @@ Status ValidateOps(const Transport& transport, std::span<const TransferOp> ops) 
   return Status::Ok();
 }
 
-Status WaitByTesting(Transport& transport, TransferId id, std::chrono::milliseconds timeout,
-                     std::chrono::microseconds pause) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+Status WaitBySpinning(Transport& transport, TransferId id, std::chrono::milliseconds timeout,
+                      std::chrono::microseconds spin, std::chrono::microseconds pause) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  const auto spin_until = start + spin;
   while (true) {
     RUBATO_ASSIGN_OR_RETURN(const bool done, transport.Test(id));
     if (done) return Status::Ok();
-    if (std::chrono::steady_clock::now() >= deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
       return DeadlineExceededError(std::string(transport.BackendName()) + ": transfer " +
                                    std::to_string(id) + " of rank " +
                                    std::to_string(transport.Rank()) + " not done within " +
                                    std::to_string(timeout.count()) + " ms");
     }
-    std::this_thread::sleep_for(pause);
+    if (now < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(pause);
+    }
   }
+}
+
+Status WaitByTesting(Transport& transport, TransferId id, std::chrono::milliseconds timeout,
+                     std::chrono::microseconds pause) {
+  return WaitBySpinning(transport, id, timeout, std::chrono::microseconds(0), pause);
 }
 
 }  // namespace rubato::transport

@@ -1,5 +1,6 @@
 // The data-plane transport between inference ranks and cache ranks: tagged, non-blocking
-// point-to-point transfers of host or device buffers, one file per backend (loopback, UCX, NCCL).
+// point-to-point transfers of host or device buffers, one file per backend (loopback, UCX, NCCL,
+// cuda_peer); the device backends add stream-ordered posting (StreamOrderedTransport).
 // Every backend matches by (source peer, 48-bit tag) in order, requires exact sizes (kDataLoss
 // otherwise), blocks only in Wait (bounded by its timeout), and leaves buffers to the caller until
 // a transfer completes or fails. Thread-compatible: one thread drives a Transport.
@@ -50,8 +51,8 @@ using TransferId = uint64_t;
 
 // Totals since the transport was created (the `rubato:transport_bytes_total` counters).
 struct TransportStats {
-  uint64_t bytes_sent = 0;      // of completed sends
-  uint64_t bytes_received = 0;  // of completed receives
+  uint64_t bytes_sent = 0;      // of completed sends (NCCL Enqueue: counted when enqueued)
+  uint64_t bytes_received = 0;  // of completed receives (same)
   uint64_t transfers_failed = 0;
 };
 
@@ -84,6 +85,26 @@ class Transport {
   virtual void Cancel(TransferId id) = 0;
 
   virtual TransportStats Stats() const = 0;
+};
+
+// The device backends (nccl, cuda_peer): a group posted behind the work of a caller's CUDA
+// stream and awaited by a stream, with no host synchronisation between producer, transfer and
+// consumer. Streams are cudaStream_t of this rank's device, passed as void* so that this header
+// needs no CUDA. Narrative: docs/transport.md "Stream-ordered transfers".
+class StreamOrderedTransport : public Transport {
+ public:
+  // Post, except that the group starts behind the work already enqueued on `stream` (a send
+  // reads its buffer after it, a receive writes its buffer after it) instead of behind the
+  // transport's own stream; `stream` then waits for each op's ready_event too. Test, Wait,
+  // Cancel and StreamWait take the id as for Post.
+  virtual Result<TransferId> PostOnStream(std::span<const TransferOp> ops, void* stream) = 0;
+
+  // Makes `stream` wait, on the GPU, until group `id` has completed: work enqueued on `stream`
+  // afterwards sees the received bytes and may overwrite the sent buffers. The host does not
+  // wait. The id stays posted (Test / Wait release it). kInvalidArgument for an unknown id;
+  // kFailedPrecondition when the backend cannot order on the group yet (cuda_peer: an op whose
+  // peer has not posted its side, the error names it).
+  virtual Status StreamWait(TransferId id, void* stream) = 0;
 };
 
 }  // namespace rubato::transport
