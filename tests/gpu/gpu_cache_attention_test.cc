@@ -151,6 +151,7 @@ void RunSteps(int block_tokens, bool use_graph) {
   ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
   auto remote = GpuCacheAttention::Create(config, options);
   ASSERT_TRUE(remote.ok()) << remote.status().message();
+  ASSERT_STATUS_OK((*remote)->SetMeasureWaits(true));
   LocalAttention local(config, block_tokens, 256, max_rows, max_context);
   std::vector<int> sessions;
   for (int s = 0; s < 3; ++s) {
@@ -234,6 +235,13 @@ void RunSteps(int block_tokens, bool use_graph) {
       }
     }
   }
+  // The last step's exposed wait was measured (events inside the graph too) and its bytes do not
+  // depend on the context: 3 decode rows (and one chunk row every 4th step) per layer.
+  const Result<double> waited = (*remote)->LastStepWaitMs();
+  ASSERT_TRUE(waited.ok()) << waited.status().message();
+  EXPECT_GE(*waited, 0.0);
+  EXPECT_EQ((*remote)->step_bytes_back(),
+            static_cast<size_t>(config.num_layers) * 3 * config.q_dim() * 2);
   for (int session : sessions) ASSERT_STATUS_OK((*remote)->CloseSession(session));
   EXPECT_FALSE((*remote)->CloseSession(sessions[0]).ok());
   (void)cudaStreamDestroy(stream);

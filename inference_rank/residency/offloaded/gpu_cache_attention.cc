@@ -127,7 +127,47 @@ GpuCacheAttention::~GpuCacheAttention() {
     if (event != nullptr) (void)cudaEventDestroy(event);
   }
   if (cache_stream_ != nullptr) (void)cudaStreamDestroy(cache_stream_);
+  (void)cudaSetDevice(options_.model_device);
+  for (std::vector<cudaEvent_t>* events : {&wait_begin_, &wait_end_}) {
+    for (cudaEvent_t event : *events) (void)cudaEventDestroy(event);
+  }
   (void)cudaSetDevice(previous);
+}
+
+size_t GpuCacheAttention::step_bytes_out() const {
+  const size_t qkv_dim = static_cast<size_t>(config_.q_dim() + 2 * config_.kv_dim());
+  return static_cast<size_t>(config_.num_layers) * rows_ * qkv_dim * sizeof(__nv_bfloat16);
+}
+
+size_t GpuCacheAttention::step_bytes_back() const {
+  return static_cast<size_t>(config_.num_layers) * decode_rows_ * config_.q_dim() *
+         sizeof(__nv_bfloat16);
+}
+
+Status GpuCacheAttention::SetMeasureWaits(bool on) {
+  measure_waits_ = on;
+  if (!on || !wait_begin_.empty()) return Status::Ok();
+  DeviceScope scope(options_.model_device);
+  RUBATO_RETURN_IF_ERROR(scope.status());
+  for (std::vector<cudaEvent_t>* events : {&wait_begin_, &wait_end_}) {
+    events->assign(static_cast<size_t>(config_.num_layers), nullptr);
+    for (cudaEvent_t& event : *events) {
+      RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&event), "creating a wait timing event");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<double> GpuCacheAttention::LastStepWaitMs() const {
+  if (!measure_waits_) return FailedPreconditionError("GPU cache attention: waits not measured");
+  double total = 0;
+  for (size_t layer = 0; layer < wait_begin_.size(); ++layer) {
+    float ms = 0;
+    RUBATO_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, wait_begin_[layer], wait_end_[layer]),
+                                "reading a layer's exposed wait");
+    total += ms;
+  }
+  return total;
 }
 
 size_t GpuCacheAttention::device_bytes() const {
@@ -304,7 +344,14 @@ Status GpuCacheAttention::Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat
     }
   }
   RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecord(output_ready_, cache_stream_), where);
-  return cuda::CudaStatus(cudaStreamWaitEvent(main, output_ready_, 0), where);
+  if (measure_waits_) {
+    RUBATO_CUDA_RETURN_IF_ERROR(
+        cudaEventRecordWithFlags(wait_begin_[layer], main, cudaEventRecordExternal), where);
+  }
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(main, output_ready_, 0), where);
+  if (!measure_waits_) return Status::Ok();
+  return cuda::CudaStatus(cudaEventRecordWithFlags(wait_end_[layer], main, cudaEventRecordExternal),
+                          where);
 }
 
 }  // namespace rubato

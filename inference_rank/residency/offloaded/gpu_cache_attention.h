@@ -70,6 +70,16 @@ class GpuCacheAttention {
   // session. `main` waits for the output.
   Status Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat16* attention, cudaStream_t main);
 
+  // Bytes the last planned step moves each way (every layer): q|k|v rows to the cache GPU and
+  // attention rows back. Independent of the context.
+  size_t step_bytes_out() const;
+  size_t step_bytes_back() const;
+  // Exposed wait: with measuring on, every layer records a timing event on `main` before and
+  // after its wait for the output (cudaEventRecordExternal: also inside a captured graph), and
+  // LastStepWaitMs (host; after the step's work finished) sums them.
+  Status SetMeasureWaits(bool on);
+  Result<double> LastStepWaitMs() const;
+
   // Device bytes this holds on the cache GPU (store, buffers, workspace).
   size_t device_bytes() const;
   int free_blocks() const { return store_->free_blocks(); }
@@ -103,6 +113,10 @@ class GpuCacheAttention {
   int rows_ = 0;
   int decode_rows_ = 0;
   int max_seq_len_ = 0;
+
+  // [layer] timing events around the main stream's wait (SetMeasureWaits), on the model device.
+  std::vector<cudaEvent_t> wait_begin_, wait_end_;
+  bool measure_waits_ = false;
 
   cuda::DeviceBuffer<__nv_bfloat16> rows_buffer_;    // [max_rows][q_dim + 2 kv_dim] (cache)
   cuda::DeviceBuffer<__nv_bfloat16> output_buffer_;  // [max_rows][q_dim] (cache)
