@@ -1,0 +1,170 @@
+// The GPU cache rank's KV store: sessions' K and V in bf16 on the cache rank's GPU, paged like
+// the inference rank's cache, so the kernels/cuda ops run on it as they are:
+//   keys, values: [layer][block][kv_head][block_tokens][head_dim], bf16, sized by the budget
+// Block accounting is PagedKvCache's (inference_rank/kv/paged_kv_cache.h); a session reserves
+// the blocks of its whole capacity at open, so the budget is enforced there. A step is planned
+// on the host once (BeginStep: one upload of its tables) and its ops run per layer on the
+// caller's stream without host synchronization: append a layer's new K/V from a layer pack's
+// sections, decode attention over each session's [0, L) (o and lse, for attention on the cache
+// rank), and oracle_topk's selection with the gather of its rows. CPU twin: the host store
+// (cache_rank/kv_store.h), exact_top_k.h and the CPU attention ops. Narrative:
+// docs/disaggregated.md "The GPU cache rank's store".
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "inference_rank/kv/paged_kv_cache.h"
+#include "kernels/cuda/device_buffer.h"
+#include "transport/layer_pack.h"
+
+namespace rubato {
+
+struct DeviceKvStoreOptions {
+  // The model's KV shape; every session of the store has it (bf16).
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int num_query_heads = 0;    // a multiple of num_kv_heads, GQA group 1, 2, 4 or 8
+  int head_dim = 0;           // 64 or 128 (16 and 32 for the tiny test models)
+  int block_tokens = 64;      // 16 or 64
+  uint64_t budget_bytes = 0;  // K and V pools, allocated at Create: the blocks that fit
+  int max_batch = 0;          // entries per step, >= 1
+  int max_step_tokens = 0;    // new tokens per step over all entries; 0: max_batch
+  int max_top_k = 0;          // the largest top_k a step may select; 0: no SelectTopK
+};
+
+// One request of a step. Positions [first_position, first_position + new_tokens) are written.
+struct DeviceStepEntry {
+  uint64_t session_id = 0;
+  uint32_t first_position = 0;  // must equal the session's length
+  uint32_t new_tokens = 1;      // >= 1
+  // Byte offsets from AppendLayer's `source` of this entry's K and V, each
+  // [num_kv_heads][new_tokens][head_dim] bf16 (a KV pack's sections; 16-byte multiples).
+  uint64_t key_offset = 0;
+  uint64_t value_offset = 0;
+  // SelectTopK only (the oracle_topk rule, cache_rank/selectors/oracle_topk_selector.h): with
+  // L = first_position + new_tokens, recent_begin = max(0, L - recent_tokens), sink_end =
+  // min(sink_tokens, recent_begin): rows [0, sink_end), then the top_k of [sink_end,
+  // recent_begin) by the GQA-pooled softmax probability of the query (ties low), ascending.
+  int top_k = 0;          // in [0, max_top_k]
+  int sink_tokens = 0;    // >= 0
+  int recent_tokens = 1;  // >= 1
+};
+
+// The step's queries: entry e's [num_query_heads][head_dim] bf16 (after RoPE) at
+// q + e * row_stride (a decode KV pack's Q sections: the per-request stride of the pack).
+struct DeviceQueries {
+  const __nv_bfloat16* q = nullptr;  // 16-byte aligned
+  int64_t row_stride = 0;            // elements, a multiple of 8, >= num_query_heads * head_dim
+};
+
+struct DeviceAttendOutputs {
+  // Head h of entry e at out + e * out_row_stride + h * head_dim, bf16: the softmax-weighted
+  // sum of V over [0, L) with scale 1 / sqrt(head_dim).
+  __nv_bfloat16* out = nullptr;
+  int64_t out_row_stride = 0;  // >= num_query_heads * head_dim
+  float* lse = nullptr;        // [batch][num_query_heads], natural log (attention_merge.h)
+};
+
+struct DeviceSelectOutputs {
+  int capacity = 0;                 // rows per (entry, KV head), >= max sink_end + max top_k
+  int32_t* counts = nullptr;        // [batch][num_kv_heads]: sink_end + min(top_k, candidates)
+  int32_t* positions = nullptr;     // [batch][num_kv_heads][capacity]; rows >= count untouched
+  __nv_bfloat16* keys = nullptr;    // [batch][num_kv_heads][capacity][head_dim], bf16
+  __nv_bfloat16* values = nullptr;  // [batch][num_kv_heads][capacity][head_dim], bf16
+};
+
+struct DeviceKvStoreStats {
+  uint64_t sessions_open = 0;
+  uint64_t budget_bytes = 0;     // the pools' bytes (the budget rounded down to whole blocks)
+  uint64_t bytes_reserved = 0;   // pool bytes of the blocks open sessions hold
+  uint64_t device_bytes = 0;     // all device memory the store holds: pools, tables, workspaces
+  uint64_t steps = 0;            // BeginStep calls that succeeded
+  uint64_t tokens_appended = 0;  // new tokens x layers appended
+};
+
+class DeviceKvStore {
+ public:
+  // Allocates the pools (zeroed) and the step tables on the current device.
+  static Result<std::unique_ptr<DeviceKvStore>> Create(const DeviceKvStoreOptions& options);
+  ~DeviceKvStore();
+  DeviceKvStore(const DeviceKvStore&) = delete;
+  DeviceKvStore& operator=(const DeviceKvStore&) = delete;
+
+  // Reserves the blocks of shape.capacity_tokens. The shape must be the store's (bf16).
+  // kResourceExhausted naming the budget when the blocks are not free; kInvalidArgument for a
+  // shape that is not the store's or a request id already open. Grows the workspaces to the
+  // longest open capacity (control plane: may synchronize the device).
+  Result<uint64_t> OpenSession(uint64_t request_id, const SessionShape& shape);
+  // Returns the session's blocks (a step naming it can run no further op).
+  Status CloseSession(uint64_t session_id);
+  Result<uint32_t> SessionLength(uint64_t session_id) const;
+
+  // Plans a step over `entries` (distinct open sessions, each at its length, within capacity,
+  // at most max_batch entries and max_step_tokens new tokens) and uploads its tables on
+  // `stream` from pinned memory. The sessions' lengths advance now; every layer must then be
+  // appended (AppendLayer) before it is attended or selected from. All of a step's ops must run
+  // on `stream` (or after it). Waits on the host only for the upload of two steps before. A
+  // refused step changes nothing.
+  Status BeginStep(std::span<const DeviceStepEntry> entries, cudaStream_t stream);
+
+  // Copies the step's new K and V of `layer` from `source` (device, 16-byte aligned; entry e's
+  // sections at its key_offset / value_offset) into the sessions' pages.
+  Status AppendLayer(int layer, const void* source, cudaStream_t stream);
+
+  // Decode attention of each entry's query over its session's [0, L) of `layer` (L counts the
+  // step's new tokens; a prefill entry's query is its last token's).
+  Status Attend(int layer, const DeviceQueries& queries, const DeviceAttendOutputs& outputs,
+                cudaStream_t stream);
+
+  // The oracle_topk selection of each entry (DeviceStepEntry) from its query at `layer`, and
+  // the gather of the selected rows' K and V.
+  Status SelectTopK(int layer, const DeviceQueries& queries, const DeviceSelectOutputs& outputs,
+                    cudaStream_t stream);
+
+  // One layer's pools, [block][kv_head][block_tokens][head_dim] bf16, and a session's block
+  // table (position p is row p % block_tokens of block table[p / block_tokens]).
+  const __nv_bfloat16* layer_keys(int layer) const;
+  const __nv_bfloat16* layer_values(int layer) const;
+  Result<std::vector<int32_t>> BlockTable(uint64_t session_id) const;
+  const KvCacheShape& pool_shape() const { return cache_->shape(); }
+
+  DeviceKvStoreStats Stats() const;
+
+ private:
+  struct Session;
+  struct StepTables;
+  class Pools;
+  DeviceKvStore() = default;
+  Result<const Session*> Find(uint64_t session_id) const;
+  Status GrowWorkspaces(int capacity_tokens);
+  Status CheckStepOp(const char* op, int layer, bool needs_append) const;
+  Status CheckQueries(const char* op, const DeviceQueries& queries) const;
+
+  DeviceKvStoreOptions options_;
+  std::unique_ptr<PagedKvCache> cache_;  // block accounting; owns the device pools (Pools)
+  Pools* pools_ = nullptr;               // cache_->storage(), downcast
+  uint64_t next_session_id_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<Session>> sessions_;  // by session id
+  std::unordered_map<uint64_t, uint64_t> session_of_request_;
+  int workspace_capacity_ = 0;        // longest session capacity the workspaces hold
+  std::unique_ptr<StepTables> step_;  // the step in progress
+  // Workspaces, sized for max_batch entries of workspace_capacity_ tokens.
+  cuda::DeviceBuffer<std::byte> attention_workspace_;  // DecodeAttentionWorkspaceBytes
+  cuda::DeviceBuffer<float> scores_;  // [max_batch][num_query_heads][capacity], log2 units
+  cuda::DeviceBuffer<std::byte> top_k_workspace_;  // PooledTopKWorkspaceBytes
+  cuda::DeviceBuffer<int32_t> selected_;           // [max_batch][num_kv_heads][max_top_k]
+  cuda::DeviceBuffer<int32_t> selected_count_;     // [max_batch][num_kv_heads]
+  uint64_t steps_ = 0;
+  uint64_t tokens_appended_ = 0;
+};
+
+}  // namespace rubato
