@@ -18,8 +18,8 @@
 
 #include "bench/decode_bench_common.h"
 #include "common/status.h"
-#include "inference_rank/model/cuda_evicting_kv_storage.h"
 #include "inference_rank/model/cuda_model.h"
+#include "inference_rank/model/cuda_slot_kv_storage.h"
 #include "inference_rank/policies/longflow/longflow_policy.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/longflow_attention.cuh"
@@ -178,10 +178,10 @@ Result<nlohmann::json> RunLongFlow(CudaModel& model, const Options& o) {
   LongFlowConfig lf;
   lf.budget = o.budget;
   LongFlowPolicy policy(lf);
-  const EvictingKvShape one{config.num_layers, config.num_kv_heads, config.head_dim, o.budget, 1};
+  const SlotKvShape one{config.num_layers, config.num_kv_heads, config.head_dim, o.budget, 1};
   // Per request: its slot arrays and its row of the fused op's workspace (scores and norms).
   const size_t per_request =
-      DeviceEvictingKvStorage::PoolBytes(one) +
+      DeviceSlotKvStorage::PoolBytes(one) +
       cuda::LongFlowAttentionWorkspaceBytes(1, config.num_heads, config.head_dim, o.budget);
   const int prompt_blocks = (o.prompt + o.common.block_size - 1) / o.common.block_size;
   const KvCacheShape paged{config.num_layers, config.num_kv_heads, config.head_dim,
@@ -198,14 +198,14 @@ Result<nlohmann::json> RunLongFlow(CudaModel& model, const Options& o) {
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> backend,
                           policy.MakeBackend(model, batch));
   RUBATO_RETURN_IF_ERROR(model.SetAttentionBackend(std::move(backend)));
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<EvictingKvPool> pool,
-                          model.CreateEvictingKvPool(o.budget, batch));
-  auto* slots = static_cast<DeviceEvictingKvStorage*>(pool->storage());
-  std::vector<EvictingForward> forwards(static_cast<size_t>(batch));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<SlotKvPool> pool,
+                          model.CreateSlotKvPool(o.budget, batch));
+  auto* slots = static_cast<DeviceSlotKvStorage*>(pool->storage());
+  std::vector<SlotKvForward> forwards(static_cast<size_t>(batch));
   std::vector<std::unique_ptr<PolicyRequest>> requests;
-  for (EvictingForward& f : forwards) {
+  for (SlotKvForward& f : forwards) {
     f.pool = pool.get();
-    RUBATO_RETURN_IF_ERROR(pool->Reserve(f.slots));
+    RUBATO_RETURN_IF_ERROR(pool->Reserve(f.arrays));
     requests.push_back(policy.Admit(KvResidency::kEvicting));
   }
   // Random K and V in every slot of every layer, once.
@@ -246,7 +246,7 @@ Result<nlohmann::json> RunLongFlow(CudaModel& model, const Options& o) {
         const double ms,
         TimeSteps(model, *cache, entries, sequences, o, [&](size_t i, ForwardEntry& entry) {
           entry.attention = requests[i]->PlanDecode(entry.start_position);
-          entry.evicting = &forwards[i];
+          entry.slots = &forwards[i];
         }));
     peak = std::max(peak, UsedBytes());
     curve.contexts.push_back(context);
@@ -258,7 +258,7 @@ Result<nlohmann::json> RunLongFlow(CudaModel& model, const Options& o) {
                       {"max_batch_by_memory", static_cast<int64_t>(room / per_request)},
                       {"budget", o.budget},
                       {"slot_bytes", pool->pool_bytes()},
-                      {"slot_bytes_per_request", DeviceEvictingKvStorage::PoolBytes(one)},
+                      {"slot_bytes_per_request", DeviceSlotKvStorage::PoolBytes(one)},
                       {"prefill_kv_bytes", cache->pool_bytes()},
                       {"peak_device_bytes", peak},
                       {"contexts", curve.contexts},
@@ -266,7 +266,7 @@ Result<nlohmann::json> RunLongFlow(CudaModel& model, const Options& o) {
                       {"generation_seconds", seconds},
                       {"tokens_per_s", batch * static_cast<double>(o.output) / seconds}};
   requests.clear();
-  for (EvictingForward& f : forwards) RUBATO_RETURN_IF_ERROR(pool->Release(f.slots));
+  for (SlotKvForward& f : forwards) RUBATO_RETURN_IF_ERROR(pool->Release(f.arrays));
   RUBATO_RETURN_IF_ERROR(model.SetAttentionBackend(nullptr));
   return j;
 }

@@ -56,16 +56,16 @@ Result<Trace> Run(CpuModel& model, const std::vector<int>& tokens, int prompt,
   const int total = static_cast<int>(tokens.size());
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> cache,
                           model.CreateKvCache(block_size, (total + block_size - 1) / block_size));
-  std::unique_ptr<EvictingKvPool> pool;
+  std::unique_ptr<SlotKvPool> pool;
   std::unique_ptr<PolicyRequest> request;
-  EvictingForward evicting;
+  SlotKvForward evicting;
   if (policy != nullptr) {
     RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> backend,
                             policy->MakeBackend(model, 1));
     RUBATO_RETURN_IF_ERROR(model.SetAttentionBackend(std::move(backend)));
-    RUBATO_ASSIGN_OR_RETURN(pool, model.CreateEvictingKvPool(policy->config().budget, 1));
+    RUBATO_ASSIGN_OR_RETURN(pool, model.CreateSlotKvPool(policy->config().budget, 1));
     evicting.pool = pool.get();
-    RUBATO_RETURN_IF_ERROR(pool->Reserve(evicting.slots));
+    RUBATO_RETURN_IF_ERROR(pool->Reserve(evicting.arrays));
     request = policy->Admit(KvResidency::kEvicting);
   } else {
     RUBATO_RETURN_IF_ERROR(model.SetAttentionBackend(nullptr));
@@ -84,7 +84,7 @@ Result<Trace> Run(CpuModel& model, const std::vector<int>& tokens, int prompt,
     if (request != nullptr) {
       entry.attention =
           prefill ? request->PlanPrefill(0, prompt, true) : request->PlanDecode(start);
-      entry.evicting = &evicting;
+      entry.slots = &evicting;
     }
     RUBATO_RETURN_IF_ERROR(model.Forward(std::span<const ForwardEntry>(&entry, 1), *cache, result));
     start += count;

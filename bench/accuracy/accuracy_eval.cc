@@ -80,11 +80,7 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
   EngineOptions engine_options = EngineOptionsFromConfig(config);
   engine_options.max_batch = options.batch;
   RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, tokenizer.get(), engine_options));
-  OffloadTarget offload;  // outlives the engine
-  if (policy.offload.has_value()) {
-    RUBATO_ASSIGN_OR_RETURN(offload, ConnectOffload(config, policy, model->config()));
-    engine_options.offload = offload.client;
-  }
+  RUBATO_ASSIGN_OR_RETURN(engine_options.residency, MakeResidency(config, policy, model->config()));
   result.backend = std::string(model->backend_name());
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           Engine::Create(std::move(model), engine_options));

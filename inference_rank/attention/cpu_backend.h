@@ -23,11 +23,8 @@ struct CpuEntryRows {
   int start_position = 0;
   KvSequence* sequence = nullptr;
   const EntryAttention* attention = nullptr;  // null: dense, not the backend's
-  const OffloadForward* offload = nullptr;    // set when its KV is offloaded (kv_offload.h)
-  const EvictingForward* evicting = nullptr;  // set when its KV is evicting (evicting_kv_pool.h)
-
-  // An offloaded one-token entry past position 0 attends the exchange's compact KV.
-  bool AttendsOffloaded() const { return offload != nullptr && tokens == 1 && start_position > 0; }
+  const ResidencyEntry* residency = nullptr;  // ForwardEntry::residency
+  const SlotKvForward* slots = nullptr;       // ForwardEntry::slots (kv/slot_kv_pool.h)
 };
 
 // What a backend may read (and, for `attention`, write) in one layer of a forward.
@@ -41,6 +38,8 @@ struct CpuLayerContext {
   // [tokens][num_heads][head_dim], f32: the layer's attention output, every entry's rows;
   // a backend writes only the rows of the entries whose op it runs (kFixedBudget).
   float* output = nullptr;
+  const float* k = nullptr;  // [tokens][num_kv_heads][head_dim], f32, after RoPE: the new keys
+  const float* v = nullptr;  // [tokens][num_kv_heads][head_dim], f32: the new values
 };
 
 // A kIndexGather entry's positions in one layer, per KV head (any order, each once). A decode

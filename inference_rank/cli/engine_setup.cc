@@ -1,12 +1,11 @@
-// Config overrides, build / policy checks, model loading and offload connection shared by
+// Config overrides, build / policy checks, model loading and the residency shared by
 // `rubato generate` and `rubato serve` (see engine_setup.h).
 #include "inference_rank/cli/engine_setup.h"
 
-#include <algorithm>
-#include <chrono>
 #include <utility>
 
 #include "inference_rank/model/cpu_model.h"
+#include "inference_rank/residency/residency_registry.h"
 
 #ifdef RUBATO_HAS_CUDA
 #include "inference_rank/model/cuda_model.h"
@@ -96,35 +95,14 @@ Status CheckOffloadChoice(const RubatoConfig& config, const PolicyChoice& policy
   return Status::Ok();
 }
 
-Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyChoice& policy,
-                                     const ModelConfig& model) {
-  CacheClientOptions options;
-  options.pack_layers = config.topology.pack_layers;
-  options.selection = *policy.offload;
-  // A reply may wait for a whole pack of another request's prefill: the control plane's
-  // deadline, not the heartbeat, bounds it; a lost cache rank ends it sooner.
-  options.timeout = std::chrono::milliseconds(
-      std::max(config.limits.rpc_timeout_ms, 5 * config.limits.heartbeat_ms));
-  OffloadTarget target;
-  if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
-    const std::string endpoint = config.topology.cache_endpoints.front();
-    const LimitsSection limits = config.limits;
-    const RemoteDataPlane plane{config.topology.transport, config.engine.device};
-    // A lost cache rank is reconnected from the heartbeat period on, doubling up to 10 s.
-    const ReconnectBackoff backoff{std::chrono::milliseconds(limits.heartbeat_ms),
-                                   std::chrono::milliseconds(10000)};
-    ReconnectingCacheRank::Connector connect = [endpoint, model, options, limits, plane] {
-      return RemoteCacheRank::Connect(endpoint, model, options, limits, plane);
-    };
-    RUBATO_ASSIGN_OR_RETURN(target.remote,
-                            ReconnectingCacheRank::Connect(std::move(connect), backoff));
-    target.client = target.remote.get();
-  } else {
-    RUBATO_ASSIGN_OR_RETURN(target.colocated,
-                            ColocatedCacheRank::Create(model, options, CacheServiceOptions()));
-    target.client = &target.colocated->client();
-  }
-  return target;
+Result<std::shared_ptr<Residency>> MakeResidency(const RubatoConfig& config,
+                                                 const PolicyChoice& policy,
+                                                 const ModelConfig& model) {
+  ResidencySetup setup;
+  setup.policy = policy.policy.get();
+  setup.model = &model;
+  setup.config = &config;
+  return CreateResidency(KvResidencyName(policy.residency), setup);
 }
 
 Result<std::unique_ptr<Model>> LoadModel(const RubatoConfig& config,
@@ -155,7 +133,6 @@ EngineOptions EngineOptionsFromConfig(const RubatoConfig& config) {
   options.block_size = config.engine.block_size;
   options.prefill_chunk = config.engine.prefill_chunk;
   options.num_threads = config.engine.threads;
-  if (config.engine.kv_residency == "evicting") options.kv_residency = KvResidency::kEvicting;
   return options;
 }
 

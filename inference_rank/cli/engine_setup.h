@@ -1,7 +1,8 @@
 // What `rubato generate` and `rubato serve` share before their first token: the config with the
 // command-line overrides, the checks of what this build and the policy can run, the model
-// (CPU or CUDA backend), the engine options from the config, and the cache rank that an offload
-// policy's KV goes to. Every failure is a Status naming the flag or config key.
+// (CPU or CUDA backend), the engine options from the config, and the residency requests' KV
+// lives in (a cache rank for offloaded KV). Every failure is a Status naming the flag or config
+// key.
 #pragma once
 
 #include <filesystem>
@@ -14,10 +15,8 @@
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/model.h"
-#include "inference_rank/residency/offloaded/colocated_cache.h"
-#include "inference_rank/residency/offloaded/reconnecting_cache.h"
-#include "inference_rank/residency/offloaded/remote_cache.h"
 #include "inference_rank/policies/policy_registry.h"
+#include "inference_rank/residency/residency.h"
 
 namespace rubato {
 
@@ -52,27 +51,20 @@ Result<PolicyChoice> ResolveAndCheck(const RubatoConfig& config);
 // The policy's host half gets the tokenizer (may be null) and goes into `options`.
 Status ApplyPolicy(const PolicyChoice& policy, const Tokenizer* tokenizer, EngineOptions& options);
 
-// Where offloaded KV goes: the remote cache rank (reconnected when lost), or one in this
-// process. Must outlive the engine whose EngineOptions::offload is `client`.
-struct OffloadTarget {
-  std::unique_ptr<ReconnectingCacheRank> remote;
-  std::unique_ptr<ColocatedCacheRank> colocated;
-  KvOffloadClient* client = nullptr;
-  // The current connection's client (byte counts, metrics); null without offload.
-  CacheRankClient* data_client() const {
-    if (remote != nullptr) return &remote->current().client();
-    return colocated != nullptr ? &colocated->client() : nullptr;
-  }
-};
-Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyChoice& policy,
-                                     const ModelConfig& model);
+// The residency of the policy's choice (engine.kv_residency, or offloaded for the old offload_*
+// policy names) from the residency table, for `model`'s shapes: for offloaded KV, connected to
+// the cache rank of `config` (remote, reconnected when lost, or one in this process). Goes into
+// EngineOptions::residency.
+Result<std::shared_ptr<Residency>> MakeResidency(const RubatoConfig& config,
+                                                 const PolicyChoice& policy,
+                                                 const ModelConfig& model);
 
 // The model of `model_dir` on config.engine.backend (random weights when model.random_weights).
 Result<std::unique_ptr<Model>> LoadModel(const RubatoConfig& config,
                                          const std::filesystem::path& model_dir);
 
 // engine.max_batch / max_context / block_size / prefill_chunk / threads as EngineOptions (the
-// policy, metrics and offload fields are left for the caller).
+// policy, metrics and residency fields are left for the caller).
 EngineOptions EngineOptionsFromConfig(const RubatoConfig& config);
 
 }  // namespace rubato

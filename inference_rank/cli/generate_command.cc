@@ -47,17 +47,6 @@ ConfigOverrides OverridesOf(const GenerateArgs& args) {
   return overrides;
 }
 
-// " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=..." for offload runs.
-std::string OffloadStats(const CacheRankClient* client) {
-  if (client == nullptr) return "";
-  char text[160];
-  std::snprintf(
-      text, sizeof(text), " offload_bytes_sent=%llu offload_bytes_received=%llu pack_wait_ms=%.1f",
-      static_cast<unsigned long long>(client->bytes_sent()),
-      static_cast<unsigned long long>(client->bytes_received()), client->pack_wait_seconds() * 1e3);
-  return text;
-}
-
 // "1,2,3" -> {1, 2, 3}. Range against the vocabulary is checked by the engine.
 Result<std::vector<int>> ParsePromptIds(std::string_view text) {
   std::vector<int> ids;
@@ -148,11 +137,7 @@ Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config) {
 
   EngineOptions engine_options = EngineOptionsFromConfig(config);
   RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, tokenizer.get(), engine_options));
-  OffloadTarget offload;
-  if (policy.offload.has_value()) {
-    RUBATO_ASSIGN_OR_RETURN(offload, ConnectOffload(config, policy, model->config()));
-    engine_options.offload = offload.client;
-  }
+  RUBATO_ASSIGN_OR_RETURN(engine_options.residency, MakeResidency(config, policy, model->config()));
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           Engine::Create(std::move(model), engine_options));
 
@@ -201,7 +186,7 @@ Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config) {
       "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s%s%s\n",
       prompt_ids.size(), generated, prefill_ms, decode_tok_s, config.policy.name.c_str(),
       retained_kv, backend.c_str(), policy.policy->StatsLine().c_str(),
-      OffloadStats(offload.data_client()).c_str());
+      engine_options.residency->StatsLine().c_str());
   std::fflush(stdout);
   return Status::Ok();
 }

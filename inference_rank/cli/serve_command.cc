@@ -130,18 +130,13 @@ Status Serve(const RubatoConfig& config) {
   // Declared before everything that points into them: destroyed last.
   MetricsRegistry metrics;
   RUBATO_RETURN_IF_ERROR(RegisterProcessMetrics(metrics, "inference"));
-  OffloadTarget offload;
   EngineOptions engine_options = EngineOptionsFromConfig(config);
   engine_options.metrics = &metrics;
   RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, tokenizer.get(), engine_options));
-  if (policy.offload.has_value()) {
-    RUBATO_ASSIGN_OR_RETURN(offload, ConnectOffload(config, policy, model->config()));
-    // A remote cache rank adds its link's metrics to the client's.
-    RUBATO_RETURN_IF_ERROR(offload.remote != nullptr
-                               ? offload.remote->RegisterMetrics(metrics)
-                               : offload.colocated->client().RegisterMetrics(metrics));
-    engine_options.offload = offload.client;
-  }
+  RUBATO_ASSIGN_OR_RETURN(engine_options.residency,
+                          MakeResidency(config, policy, model->config()));
+  // E.g. a cache rank's transport bytes and waits (a remote one adds its link's).
+  RUBATO_RETURN_IF_ERROR(engine_options.residency->RegisterMetrics(metrics));
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           Engine::Create(std::move(model), engine_options));
   server::ServingEngineOptions serving_options;

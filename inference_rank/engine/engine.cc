@@ -58,30 +58,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
         "engine: attention window sink_tokens must be >= 0 and recent_tokens >= 1, got " +
         std::to_string(window.sink_tokens) + " and " + std::to_string(window.recent_tokens));
   }
-  if (options.kv_residency != KvResidency::kLocal &&
-      options.kv_residency != KvResidency::kEvicting) {
-    return InvalidArgumentError(
-        "engine: kv_residency must be local or evicting (offloaded KV "
-        "is set by the offload client), got " +
-        std::string(KvResidencyName(options.kv_residency)));
-  }
-  if (options.offload != nullptr && options.kv_residency == KvResidency::kEvicting) {
-    return InvalidArgumentError("engine: KV cannot be both offloaded and evicting");
-  }
   const KvResidency residency =
-      options.offload != nullptr ? KvResidency::kOffloaded : options.kv_residency;
+      options.residency != nullptr ? options.residency->kind() : KvResidency::kLocal;
   if (options.policy != nullptr) {
     RUBATO_RETURN_IF_ERROR(CheckResidency(*options.policy, residency).WithContext("engine"));
   }
-  if (options.policy == nullptr && residency == KvResidency::kEvicting) {
-    return InvalidArgumentError(
-        "engine: evicting KV needs a policy that supports it (none given: dense attention)");
-  }
-  const int evicting_slots =
-      options.policy != nullptr ? options.policy->traits().evicting_slots : 0;
-  if (residency == KvResidency::kEvicting && evicting_slots < 1) {
-    return InvalidArgumentError("engine: policy '" + std::string(options.policy->name()) +
-                                "' supports evicting KV but declares no slots per request");
+  if (options.residency != nullptr) {
+    RUBATO_RETURN_IF_ERROR(options.residency->Check(options.policy.get()).WithContext("engine"));
   }
   if (options.max_kv_blocks < 0) {
     return InvalidArgumentError("engine.max_kv_blocks must be >= 0 (0 = automatic), got " +
@@ -106,31 +89,26 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
                             resolved.policy->MakeBackend(*model, resolved.max_batch));
     RUBATO_RETURN_IF_ERROR(model->SetAttentionBackend(std::move(backend)).WithContext("engine"));
   }
-  std::unique_ptr<EvictingKvPool> evicting_pool;
-  if (residency == KvResidency::kEvicting) {
-    // One slot array per request that may run: admission never waits on the pool.
-    Result<std::unique_ptr<EvictingKvPool>> pool =
-        model->CreateEvictingKvPool(evicting_slots, resolved.max_batch);
-    if (!pool.ok()) return pool.status().WithContext("engine");
-    evicting_pool = std::move(pool).value();
-    RUBATO_LOG_INFO(kLogSubsystem,
-                    "evicting KV: {} requests x {} slots per layer and KV head ({} MiB)",
-                    resolved.max_batch, evicting_slots, evicting_pool->pool_bytes() >> 20);
+  // The residency's storage for max_batch requests and its model half, before the KV cache.
+  if (resolved.residency != nullptr) {
+    RUBATO_RETURN_IF_ERROR(
+        resolved.residency->Attach(*model, resolved.policy.get(), resolved.max_batch)
+            .WithContext("engine"));
   }
   Result<std::unique_ptr<PagedKvCache>> cache =
       model->CreateKvCache(resolved.block_size, resolved.max_kv_blocks);
   if (!cache.ok()) return cache.status().WithContext("engine");
   RUBATO_LOG_INFO(kLogSubsystem,
                   "backend {}, max_batch {}, max_context {}, {} KV blocks of {} tokens ({} MiB), "
-                  "prefill chunk {}, policy {}",
+                  "prefill chunk {}, policy {}, {} KV",
                   model->backend_name(), resolved.max_batch, resolved.max_context,
                   resolved.max_kv_blocks, resolved.block_size, (*cache)->pool_bytes() >> 20,
                   resolved.prefill_chunk,
-                  resolved.policy != nullptr ? std::string(resolved.policy->name()) : "dense");
+                  resolved.policy != nullptr ? std::string(resolved.policy->name()) : "dense",
+                  KvResidencyName(residency));
   auto engine =
       std::unique_ptr<Engine>(new Engine(std::move(model), std::move(cache).value(), resolved));
   engine->window_ = window;
-  engine->evicting_pool_ = std::move(evicting_pool);
   if (options.metrics != nullptr) {
     RUBATO_ASSIGN_OR_RETURN(
         engine->retained_kv_metric_,
@@ -152,9 +130,12 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<PagedKvCache> kv_ca
 
 int Engine::ReservedTokens(const GenerationRequest& request) const {
   const int64_t prompt = static_cast<int64_t>(request.prompt_ids.size());
-  if (options_.kv_residency == KvResidency::kEvicting) return static_cast<int>(prompt);
-  const int64_t longest = std::min<int64_t>(prompt + request.max_new_tokens, options_.max_context);
-  return static_cast<int>(longest - 1);
+  const int longest =
+      static_cast<int>(std::min<int64_t>(prompt + request.max_new_tokens, options_.max_context));
+  if (options_.residency != nullptr) {
+    return options_.residency->ReservedTokens(static_cast<int>(prompt), longest);
+  }
+  return longest - 1;
 }
 
 Result<uint64_t> Engine::Submit(GenerationRequest request) {
@@ -223,15 +204,9 @@ Result<uint64_t> Engine::Submit(GenerationRequest request) {
                            std::to_string(options_.max_context) + " (engine.max_context)");
   }
   const int blocks = kv_cache_->BlocksFor(ReservedTokens(request));
-  if (evicting_pool_ != nullptr && blocks > kv_cache_->shape().num_blocks) {
-    return ResourceExhaustedError(
-        "request: its prompt (" + std::to_string(prompt_tokens) + " tokens) prefills through " +
-        std::to_string(blocks) + " KV blocks but the cache has " +
-        std::to_string(kv_cache_->shape().num_blocks) +
-        " (engine.max_kv_blocks); its slot budget of " +
-        std::to_string(evicting_pool_->shape().budget) +
-        " tokens is reserved only for a prompt that fits; shorten the prompt or raise "
-        "engine.max_kv_blocks");
+  if (options_.residency != nullptr && blocks > kv_cache_->shape().num_blocks) {
+    RUBATO_RETURN_IF_ERROR(
+        options_.residency->ExplainTooLarge(prompt_tokens, blocks, kv_cache_->shape().num_blocks));
   }
   if (blocks > kv_cache_->shape().num_blocks) {
     return ResourceExhaustedError(
@@ -255,35 +230,21 @@ Status Engine::AdmitWaiting(std::vector<TokenEvent>& events) {
     Request& next = waiting_.front();
     const int tokens = ReservedTokens(next.params);
     if (kv_cache_->BlocksFor(tokens) > kv_cache_->free_blocks()) break;  // FCFS: wait
-    if (options_.offload != nullptr) {
-      // Positions 0..tokens are handed over: the last sampled token is never fed back.
-      Result<uint64_t> session = options_.offload->OpenSession(next.id, tokens + 1);
-      if (!session.ok()) {
-        const Status error = session.status().WithContext("request " + std::to_string(next.id) +
-                                                          ": opening its cache-rank session");
+    if (options_.residency != nullptr) {
+      Result<std::unique_ptr<ResidencyRequest>> opened = options_.residency->Open(next.id, tokens);
+      if (!opened.ok()) {
+        const Status error = opened.status().WithContext("request " + std::to_string(next.id));
         RUBATO_LOG_WARN(kLogSubsystem, "{}", error.message());
         events.push_back(TokenEvent{next.id, -1, FinishReason::kError, 1.0, error});
         waiting_.pop_front();
         continue;
       }
-      next.offload_session = *session;
+      next.residency = std::move(opened).value();
     }
     RUBATO_RETURN_IF_ERROR(kv_cache_->Reserve(next.kv, tokens));
-    if (evicting_pool_ != nullptr) {
-      const Status reserved = evicting_pool_->Reserve(next.slots);
-      if (!reserved.ok()) {  // cannot happen: one array per request that may run
-        const Status error =
-            reserved.WithContext("request " + std::to_string(next.id) + ": reserving its slots");
-        RUBATO_LOG_WARN(kLogSubsystem, "{}", error.message());
-        events.push_back(TokenEvent{next.id, -1, FinishReason::kError, 1.0, error});
-        RUBATO_RETURN_IF_ERROR(kv_cache_->Release(next.kv));
-        waiting_.pop_front();
-        continue;
-      }
-    }
     if (options_.policy != nullptr) {
       next.policy = options_.policy->Admit(
-          next.offload_session.has_value() ? KvResidency::kOffloaded : options_.kv_residency);
+          options_.residency != nullptr ? options_.residency->kind() : KvResidency::kLocal);
     }
     RUBATO_LOG_DEBUG(kLogSubsystem, "admit request {} ({} prompt tokens, {} KV blocks)", next.id,
                      next.params.prompt_ids.size(), next.kv.block_table.size());
@@ -337,8 +298,6 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   rng_before_step_.clear();
   // Sized before any entry points into it: no reallocation while the batch is built.
   batch_sampling_.resize(running_.size());
-  batch_offload_.resize(running_.size());
-  batch_evicting_.resize(running_.size());
   int prefill_budget = options_.prefill_chunk;
   for (Request& request : running_) {
     const std::vector<int>& prompt = request.params.prompt_ids;
@@ -362,16 +321,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
         batch_.back().attention = request.policy->PlanDecode(request.kv.num_tokens);
       }
     }
-    if (request.offload_session.has_value()) {
-      OffloadForward& offload = batch_offload_[batch_.size() - 1];
-      offload = OffloadForward{options_.offload, *request.offload_session};
-      batch_.back().offload = &offload;
-    }
-    if (request.slots.array >= 0) {
-      EvictingForward& evicting = batch_evicting_[batch_.size() - 1];
-      evicting = EvictingForward{evicting_pool_.get(), request.slots};
-      batch_.back().evicting = &evicting;
-    }
+    if (request.residency != nullptr) request.residency->AttachTo(batch_.back());
     if (batch_.back().logits != LogitsWanted::kNone) {
       // A failed forward gives the draw back, so that a retried step samples the same tokens.
       if (request.params.sampling.temperature > 0.0f) {
@@ -390,9 +340,9 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   Status forward = model_->Forward(batch_, *kv_cache_, forward_result_, window_);
   if (!forward.ok()) {
     for (auto& [request, rng] : rng_before_step_) request->rng = rng;
-    if (options_.offload != nullptr && !options_.offload->Broken().ok()) {
-      // The cache rank is gone: its requests cannot continue, the engine can.
-      FailOffloadedRequests(options_.offload->Broken(), events);
+    if (options_.residency != nullptr && !options_.residency->Broken().ok()) {
+      // The residency's peer is gone: its requests cannot continue, the engine can.
+      FailResidencyRequests(options_.residency->Broken(), events);
       return events;
     }
     return forward.WithContext("engine step");
@@ -410,9 +360,11 @@ Result<std::vector<TokenEvent>> Engine::Step() {
         request.prompt_done >= static_cast<int>(request.params.prompt_ids.size());
     if (!decode_entry) {
       request.prompt_done += static_cast<int>(batch_[e].tokens.size());
-      if (request.slots.array >= 0 &&
+      if (request.residency != nullptr &&
           request.prompt_done == static_cast<int>(request.params.prompt_ids.size())) {
-        RUBATO_RETURN_IF_ERROR(ReleasePromptBlocks(request));
+        RUBATO_RETURN_IF_ERROR(
+            options_.residency->PromptDone(*request.residency, request.kv, *kv_cache_)
+                .WithContext("engine step: request " + std::to_string(request.id)));
       }
     }
     if (batch_[e].sampling == nullptr) continue;
@@ -429,10 +381,9 @@ Result<std::vector<TokenEvent>> Engine::Step() {
       const float probability = forward_result_.sampled_probabilities[e];
       if (request.policy->Observe(decode_entry, token, probability) ==
           PolicyRequest::Verdict::kRedo) {
-        if (request.slots.array >= 0) {
-          return InternalError("engine step: request " + std::to_string(request.id) +
-                               ": a step on evicting KV cannot be redone (its slot was "
-                               "overwritten)");
+        if (options_.residency != nullptr) {
+          RUBATO_RETURN_IF_ERROR(options_.residency->CheckRedo().WithContext(
+              "engine step: request " + std::to_string(request.id)));
         }
         DiscardStep(request);
         continue;
@@ -484,31 +435,17 @@ Status Engine::Cancel(uint64_t request_id) {
 }
 
 Status Engine::Retire(Request& request) {
-  if (request.offload_session.has_value()) {
-    // Closed even on a broken client, which then only forgets it (a reconnecting client waits
-    // for its sessions to end); the error is news only while the client works.
-    const Status closed = options_.offload->CloseSession(*request.offload_session);
-    if (!closed.ok() && options_.offload->Broken().ok()) {
-      RUBATO_LOG_WARN(kLogSubsystem, "request {}: closing its cache-rank session: {}", request.id,
-                      closed.message());
-    }
+  if (request.residency != nullptr) {
+    const std::unique_ptr<ResidencyRequest> storage = std::move(request.residency);
+    RUBATO_RETURN_IF_ERROR(
+        options_.residency->Close(*storage).WithContext("request " + std::to_string(request.id)));
   }
-  request.offload_session.reset();
-  if (evicting_pool_ != nullptr) RUBATO_RETURN_IF_ERROR(evicting_pool_->Release(request.slots));
   return kv_cache_->Release(request.kv);
 }
 
-Status Engine::ReleasePromptBlocks(Request& request) {
-  // The positions stay counted: the next decode token continues at num_tokens.
-  const int positions = request.kv.num_tokens;
-  RUBATO_RETURN_IF_ERROR(kv_cache_->Release(request.kv));
-  request.kv.num_tokens = positions;
-  return Status::Ok();
-}
-
-void Engine::FailOffloadedRequests(const Status& why, std::vector<TokenEvent>& events) {
+void Engine::FailResidencyRequests(const Status& why, std::vector<TokenEvent>& events) {
   for (auto it = running_.begin(); it != running_.end();) {
-    if (!it->offload_session.has_value()) {
+    if (it->residency == nullptr) {
       ++it;
       continue;
     }

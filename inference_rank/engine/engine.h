@@ -18,6 +18,7 @@
 #include "inference_rank/attention/policy.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/model.h"
+#include "inference_rank/residency/residency.h"
 
 namespace rubato {
 
@@ -58,22 +59,14 @@ struct EngineOptions {
   // rubato:retained_kv_ratio (a histogram, one observation per sampled token) and the policy's own
   // (AttentionPolicy::RegisterMetrics). Must outlive the engine.
   MetricsRegistry* metrics = nullptr;
-  // Offloaded KV (DESIGN §3 "KV residency"): set, every request gets a session on the cache rank
-  // behind this client at admission (capacity: its prompt + max_new_tokens), its forward entries
-  // hand their K/V over and decode through the compact KV it returns (kv_offload.h), and the
-  // session is closed when the request ends. Needs a policy that supports offloaded KV (its
-  // traits; the cache rank's selector chooses the rows). When the client breaks (the cache rank
-  // died or stalled), every offloaded request ends with an error event; requests that fail to open
-  // a session end alike. Must outlive the engine.
-  KvOffloadClient* offload = nullptr;
-  // Where requests' KV lives when `offload` is not set: kLocal (the paged cache holds every
-  // position) or kEvicting (DESIGN §3): every request holds a static slot array of the policy's
-  // traits().evicting_slots (B) per (layer, KV head) from a pool of max_batch arrays made at
-  // Create; its prompt prefills through the paged cache, which holds only the prompt and is
-  // released once the forward that ended the prompt moved it into the slots; decode tokens
-  // write into the slots. Admission and the KV cache's accounting use the prompt and B, never
-  // max_new_tokens. Needs a policy that supports it (its traits).
-  KvResidency kv_residency = KvResidency::kLocal;
+  // Where requests' KV lives (DESIGN §3 "KV residency", docs/residency.md): a residency of
+  // inference_rank/residency/ (residency_registry.h makes one by name). Null: the paged cache
+  // holds every position (local). The policy must support it (its traits). The engine asks it
+  // what to reserve at admission, opens and closes each request's storage with it, installs its
+  // model half at Create, and when its peer breaks ends every request it holds with an error
+  // event (requests whose storage cannot be opened end alike). Shared with the caller, who may
+  // read its counters.
+  std::shared_ptr<Residency> residency;
 };
 
 enum class FinishReason {
@@ -92,7 +85,7 @@ struct TokenEvent {
   // (sink + recent) / context once the context is longer than sink + recent; for a selection,
   // what the policy kept (PolicyRequest::RetainedKvRatio).
   double retained_kv_ratio = 1.0;
-  Status error;  // kError: why the request failed (e.g. its cache rank was lost)
+  Status error;  // kError: why the request failed (e.g. its residency's peer was lost)
 };
 
 // VisibleKeys / context for the query at position context - 1 (context >= 1).
@@ -119,7 +112,7 @@ class Engine {
   Result<std::vector<TokenEvent>> Step();
 
   // Ends request `request_id` without another token event: a waiting request leaves the queue,
-  // a running one is retired (its KV blocks go back to the free list, its cache-rank session is
+  // a running one is retired (its KV blocks go back to the free list, its residency's storage is
   // closed). Used when a client goes away or a stop string ended the text. NotFound when no
   // waiting or running request has that id (it finished already, or never existed).
   Status Cancel(uint64_t request_id);
@@ -131,9 +124,6 @@ class Engine {
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   const PagedKvCache& kv_cache() const { return *kv_cache_; }
-  const EvictingKvPool* evicting_pool() const {
-    return evicting_pool_.get();
-  }                                                          // null unless evicting
   const EngineOptions& options() const { return options_; }  // with defaults resolved
   // The requests the last Step moved from waiting to running (their queue time ends there).
   const std::vector<uint64_t>& admitted() const { return admitted_; }
@@ -149,25 +139,24 @@ class Engine {
     std::vector<int> output_tokens;  // the generated tokens, when penalties need them
     int last_token = -1;             // newest generated token: the input of the next decode step
     FinishReason finish = FinishReason::kNone;
-    std::unique_ptr<PolicyRequest> policy;    // the policy's state of it, or null (dense)
-    std::optional<uint64_t> offload_session;  // its session on the cache rank (options.offload)
-    EvictingKvSlots slots;                    // its slot arrays (evicting KV), else none
+    std::unique_ptr<PolicyRequest> policy;  // the policy's state of it, or null (dense)
+    // Its storage in options.residency (opened at admission), or null.
+    std::unique_ptr<ResidencyRequest> residency;
   };
 
   Engine(std::unique_ptr<Model> model, std::unique_ptr<PagedKvCache> kv_cache,
          const EngineOptions& options);
 
   // Positions of a request's KV that the paged cache may ever hold (prompt + generated - 1, the
-  // last sampled token is never fed back; the prompt alone on evicting KV).
+  // last sampled token is never fed back; what the residency says otherwise).
   int ReservedTokens(const GenerationRequest& request) const;
-  // Evicting KV: the request's prompt is in its slots now; its paged blocks go back.
-  Status ReleasePromptBlocks(Request& request);
   // Moves waiting requests to running while the batch and the KV cache have room; a request
-  // whose cache-rank session cannot be opened ends with an error event in `events`.
+  // whose residency storage cannot be opened ends with an error event in `events`.
   Status AdmitWaiting(std::vector<TokenEvent>& events);
-  // The offload client broke: every running request ends with an error event naming why.
-  void FailOffloadedRequests(const Status& why, std::vector<TokenEvent>& events);
-  // Frees a finished request's KV blocks and closes its cache-rank session.
+  // The residency's peer broke: every running request it holds ends with an error event naming
+  // why.
+  void FailResidencyRequests(const Status& why, std::vector<TokenEvent>& events);
+  // Frees a finished request's KV blocks and closes its residency storage.
   Status Retire(Request& request);
   // The TokenSampling of a request's next token: its filter, and one draw of its RNG unless
   // greedy.
@@ -179,7 +168,6 @@ class Engine {
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<PagedKvCache> kv_cache_;
-  std::unique_ptr<EvictingKvPool> evicting_pool_;  // evicting KV only
   EngineOptions options_;
   uint64_t next_id_ = 1;
   std::deque<Request> waiting_;
@@ -192,12 +180,9 @@ class Engine {
   // the forward fails (one draw per sampled token, never per attempt).
   std::vector<std::pair<Request*, std::mt19937_64>> rng_before_step_;
   std::vector<TokenSampling> batch_sampling_;  // [batch entries]; what entries' sampling points to
-  std::vector<OffloadForward> batch_offload_;  // [batch entries]; what entries' offload points to
-  std::vector<EvictingForward>
-      batch_evicting_;                       // [batch entries]; what entries' evicting points to
-  AttentionWindow window_;                   // the policy's (dense without one)
-  Histogram* retained_kv_metric_ = nullptr;  // in options_.metrics, when set
-  std::vector<uint64_t> admitted_;           // ids moved to running by the last Step
+  AttentionWindow window_;                     // the policy's (dense without one)
+  Histogram* retained_kv_metric_ = nullptr;    // in options_.metrics, when set
+  std::vector<uint64_t> admitted_;             // ids moved to running by the last Step
   ForwardResult forward_result_;
 };
 

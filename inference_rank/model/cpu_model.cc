@@ -82,9 +82,9 @@ Result<std::unique_ptr<PagedKvCache>> CpuModel::CreateKvCache(int block_tokens, 
                                            config_.head_dim, block_tokens, num_blocks});
 }
 
-Result<std::unique_ptr<EvictingKvPool>> CpuModel::CreateEvictingKvPool(int budget, int num_arrays) {
-  return EvictingKvPool::Create(EvictingKvShape{config_.num_layers, config_.num_kv_heads,
-                                                config_.head_dim, budget, num_arrays});
+Result<std::unique_ptr<SlotKvPool>> CpuModel::CreateSlotKvPool(int budget, int num_arrays) {
+  return SlotKvPool::Create(
+      SlotKvShape{config_.num_layers, config_.num_kv_heads, config_.head_dim, budget, num_arrays});
 }
 
 Status CpuModel::SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) {
@@ -99,6 +99,21 @@ Status CpuModel::SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) 
   }
   backend.release();
   backend_.reset(cpu);
+  return Status::Ok();
+}
+
+Status CpuModel::SetResidencyBackend(std::unique_ptr<ResidencyBackend> backend) {
+  if (backend == nullptr) {
+    residency_.reset();
+    return Status::Ok();
+  }
+  auto* cpu = dynamic_cast<CpuResidencyBackend*>(backend.get());
+  if (cpu == nullptr) {
+    return InvalidArgumentError("CPU model: a residency backend made for the " +
+                                std::string(backend->backend_name()) + " model");
+  }
+  backend.release();
+  residency_.reset(cpu);
   return Status::Ok();
 }
 
@@ -119,7 +134,7 @@ void CpuModel::PlanBatch(std::span<const ForwardEntry> batch) {
   for (const ForwardEntry& entry : batch) {
     const int tokens = static_cast<int>(entry.tokens.size());
     plan_.push_back(CpuEntryRows{total_tokens_, tokens, entry.start_position, entry.sequence,
-                                 entry.attention, entry.offload, entry.evicting});
+                                 entry.attention, entry.residency, entry.slots});
     total_tokens_ += tokens;
     CausalAttentionArgs shape_only;  // the scratch size depends on sizes only
     shape_only.tokens = tokens;
@@ -171,7 +186,15 @@ Status CpuModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cach
                                      "backend (SetAttentionBackend)");
     }
   }
+  for (size_t e = 0; e < batch.size(); ++e) {
+    if (batch[e].residency != nullptr && residency_ == nullptr) {
+      return FailedPreconditionError("forward: batch entry " + std::to_string(e) +
+                                     " has a residency handle but the model has no residency "
+                                     "backend (SetResidencyBackend)");
+    }
+  }
   if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->CheckBatch(batch));
+  if (residency_ != nullptr) RUBATO_RETURN_IF_ERROR(residency_->CheckBatch(batch, window));
   RUBATO_RETURN_IF_ERROR(ReserveForwardBlocks(batch, cache));
   try {
     PlanBatch(batch);
@@ -243,8 +266,8 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
 
   for (const CpuEntryRows& p : plan_) {
     const size_t offset = static_cast<size_t>(p.first_token) * kv_dim;
-    if (IsFixedBudget(p, layer)) {  // evicting KV: the slot the previous step chose
-      RUBATO_RETURN_IF_ERROR(WriteToNextSlots(p.evicting->pool->LayerView(layer, p.evicting->slots),
+    if (IsFixedBudget(p, layer)) {  // slot arrays: the slot the previous step chose
+      RUBATO_RETURN_IF_ERROR(WriteToNextSlots(p.slots->pool->LayerView(layer, p.slots->arrays),
                                               k_.data() + offset, v_.data() + offset)
                                  .WithContext("layer " + std::to_string(layer)));
       continue;
@@ -252,8 +275,9 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
     AppendToPagedKv(k_.data() + offset, v_.data() + offset, p.tokens, p.start_position,
                     cache.LayerView(layer, *p.sequence));
   }
-  const CpuLayerContext context{layer,     &config_,           &cache,           plan_,
-                                q_.data(), thread_pool_.get(), attention_.data()};
+  const CpuLayerContext context{
+      layer,     &config_, &cache, plan_, q_.data(), thread_pool_.get(), attention_.data(),
+      k_.data(), v_.data()};
   two_segment_args_.resize(plan_.size());
   index_gather_args_.resize(plan_.size());
   tile_gather_args_.resize(plan_.size());
@@ -261,7 +285,7 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
     RUBATO_RETURN_IF_ERROR(backend_->BeforeAttention(context));
     RUBATO_RETURN_IF_ERROR(PlannedOpArgs(context));
   }
-  RUBATO_RETURN_IF_ERROR(OffloadLayer(layer, cache));
+  RUBATO_RETURN_IF_ERROR(ResidencyLayer(context));
   for (size_t e = 0; e < plan_.size(); ++e) {
     if (!IsFixedBudget(plan_[e], layer)) continue;
     RUBATO_RETURN_IF_ERROR(backend_->AttendFixedBudget(context, static_cast<int>(e)));
@@ -283,7 +307,10 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
       }
       return;
     }
-    if (op == AttentionOp::kTwoSegment || p.AttendsOffloaded()) {
+    const ResidencyAttention::Kind residency =
+        residency_attention_[static_cast<size_t>(item / kv_heads)];
+    if (residency == ResidencyAttention::Kind::kWritten) return;  // the residency's, above
+    if (op == AttentionOp::kTwoSegment || residency == ResidencyAttention::Kind::kTwoSegment) {
       TwoSegmentAttentionForKvHead(two_segment_args_[static_cast<size_t>(item / kv_heads)],
                                    item % kv_heads,
                                    attention_scratch_[static_cast<size_t>(worker)].data());
@@ -381,48 +408,35 @@ Status CpuModel::IndexGatherArgs(const CpuLayerContext& context, int entry) {
   return Status::Ok();
 }
 
-Status CpuModel::OffloadLayer(int layer, PagedKvCache& cache) {
-  const int kv_dim = config_.kv_dim();
+Status CpuModel::ResidencyLayer(const CpuLayerContext& context) {
+  residency_attention_.assign(plan_.size(), ResidencyAttention::Kind::kLocal);
+  if (residency_ == nullptr) return Status::Ok();
+  const bool any = std::any_of(plan_.begin(), plan_.end(),
+                               [](const CpuEntryRows& p) { return p.residency != nullptr; });
+  if (!any) return Status::Ok();
+  RUBATO_RETURN_IF_ERROR(residency_->LayerComputed(context));
   const int q_dim = config_.q_dim();
-  // Every exchange of the batch gets its entries' K/V (usually one exchange: one cache rank).
-  std::vector<KvOffloadExchange*> exchanges;
-  for (const CpuEntryRows& p : plan_) {
-    if (p.offload != nullptr &&
-        std::find(exchanges.begin(), exchanges.end(), p.offload->exchange) == exchanges.end()) {
-      exchanges.push_back(p.offload->exchange);
-    }
-  }
-  for (KvOffloadExchange* exchange : exchanges) {
-    offload_layer_kv_.clear();
-    for (const CpuEntryRows& p : plan_) {
-      if (p.offload == nullptr || p.offload->exchange != exchange) continue;
-      const size_t row = static_cast<size_t>(p.first_token);
-      const size_t last = row + static_cast<size_t>(p.tokens) - 1;
-      offload_layer_kv_.push_back(OffloadLayerKv{p.offload->session_id, p.start_position, p.tokens,
-                                                 k_.data() + row * kv_dim, v_.data() + row * kv_dim,
-                                                 q_.data() + last * q_dim});
-    }
-    RUBATO_RETURN_IF_ERROR(exchange->LayerComputed(layer, offload_layer_kv_));
-  }
   for (size_t e = 0; e < plan_.size(); ++e) {
     const CpuEntryRows& p = plan_[e];
-    if (!p.AttendsOffloaded()) continue;
-    RUBATO_ASSIGN_OR_RETURN(
-        const OffloadCompactKv compact,
-        p.offload->exchange->CompactFor(layer, p.offload->session_id, p.start_position));
+    if (p.residency == nullptr) continue;
+    RUBATO_ASSIGN_OR_RETURN(const ResidencyAttention read,
+                            residency_->Attend(context, static_cast<int>(e)));
+    residency_attention_[e] = read.kind;
+    if (read.kind != ResidencyAttention::Kind::kTwoSegment) continue;
     TwoSegmentAttentionArgs& args = two_segment_args_[e];
     const size_t offset = static_cast<size_t>(p.first_token) * q_dim;
     args.query = q_.data() + offset;
     args.output = attention_.data() + offset;
     args.num_heads = config_.num_heads;
-    args.compact = compact.compact;
-    args.compact_counts = compact.counts;
-    args.kv = cache.LayerView(layer, *p.sequence);
-    args.recent_begin = compact.recent_begin;
+    args.compact = read.compact.view;
+    args.compact_counts = read.compact.counts;
+    args.kv = context.cache->LayerView(context.layer, *p.sequence);
+    args.recent_begin = read.recent_begin;
     args.recent_end = p.start_position + 1;
     RUBATO_RETURN_IF_ERROR(ValidateTwoSegmentAttention(args).WithContext(
-        "offloaded attention of layer " + std::to_string(layer)));
-    // The compact capacity is the cache rank's to choose: grow the workers' scratch to it.
+        std::string(residency_->residency_name()) + " attention of layer " +
+        std::to_string(context.layer)));
+    // The compact capacity is the residency's to choose: grow the workers' scratch to it.
     const size_t scratch = static_cast<size_t>(TwoSegmentAttentionScratchSize(args));
     for (std::vector<float>& worker_scratch : attention_scratch_)
       GrowVector(worker_scratch, scratch);

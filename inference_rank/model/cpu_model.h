@@ -19,6 +19,7 @@
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/model.h"
 #include "inference_rank/model/model_weights.h"
+#include "inference_rank/residency/cpu_residency_backend.h"
 #include "kernels/cpu/attention_window.h"
 #include "kernels/cpu/index_gather_attention.h"
 #include "kernels/cpu/sampling.h"
@@ -46,8 +47,8 @@ class CpuModel : public Model {
 
   // A KV cache shaped for this model, with f32 host pools.
   Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override;
-  // Model::CreateEvictingKvPool: f32 host slot arrays.
-  Result<std::unique_ptr<EvictingKvPool>> CreateEvictingKvPool(int budget, int num_arrays) override;
+  // Model::CreateSlotKvPool: f32 host slot arrays.
+  Result<std::unique_ptr<SlotKvPool>> CreateSlotKvPool(int budget, int num_arrays) override;
 
   // Threads for attention and (process-wide: OpenBLAS has one setting) GEMMs; 0 = all cores.
   void SetNumThreads(int num_threads) override;
@@ -55,10 +56,13 @@ class CpuModel : public Model {
   // Model::SetAttentionBackend: a CpuAttentionBackend (InvalidArgument for another).
   Status SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) override;
   AttentionBackend* attention_backend() override { return backend_.get(); }
+  // Model::SetResidencyBackend: a CpuResidencyBackend (InvalidArgument for another).
+  Status SetResidencyBackend(std::unique_ptr<ResidencyBackend> backend) override;
+  ResidencyBackend* residency_backend() const override { return residency_.get(); }
 
   // Model::Forward. The window is per batch because the engine runs one policy; the KV cache
-  // still holds every position (the CPU reference masks, it never evicts), except for
-  // kFixedBudget entries, whose K/V go to their evicting slots. Sampled entries keep their
+  // still holds every position (the CPU reference masks, it never drops a position), except
+  // for kFixedBudget entries, whose K/V go to their slot arrays. Sampled entries keep their
   // logits too.
   Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache, ForwardResult& result,
                  const AttentionWindow& window = AttentionWindow()) override;
@@ -82,9 +86,9 @@ class CpuModel : public Model {
   // index_gather_args_; prefill chunks, in tiles: tile_gather_args_), the workers' scratch grown
   // to them.
   Status IndexGatherArgs(const CpuLayerContext& context, int entry);
-  // Offloaded entries: hand this layer's new K/V to their exchanges, then fetch the compact KV
-  // every offloaded decode token attends (its two_segment_args_).
-  Status OffloadLayer(int layer, PagedKvCache& cache);
+  // Entries with a residency handle: this layer's new K/V to the residency backend, then what
+  // each attends (residency_attention_; kTwoSegment as its two_segment_args_).
+  Status ResidencyLayer(const CpuLayerContext& context);
   // normed -> projected: down(silu(gate(x)) * up(x)).
   void Mlp(int layer);
   // final norm -> lm_head (or tied embedding) for the rows the entries want.
@@ -97,11 +101,11 @@ class CpuModel : public Model {
   std::vector<float> inv_freq_;              // [head_dim / 2], f32, RoPE inverse frequencies
   std::unique_ptr<ThreadPool> thread_pool_;  // attention workers
 
-  std::unique_ptr<CpuAttentionBackend> backend_;  // the policy's half, or null
+  std::unique_ptr<CpuAttentionBackend> backend_;    // the policy's half, or null
+  std::unique_ptr<CpuResidencyBackend> residency_;  // the residency's half, or null
 
   // Per-forward state. Buffers only grow, so steady decoding does not allocate.
   std::vector<CpuEntryRows> plan_;  // where each entry's tokens sit in the activations
-  std::vector<OffloadLayerKv> offload_layer_kv_;  // one layer's offloaded entries, batch order
   int total_tokens_ = 0;
   std::vector<int> token_ids_;     // [tokens]
   std::vector<int> positions_;     // [tokens]
@@ -121,8 +125,10 @@ class CpuModel : public Model {
   std::vector<std::vector<float>> attention_scratch_;
   SamplingWorkspace sampling_workspace_;
   // [entries] per layer: the args of the entries that attend through the two-segment op
-  // (kTwoSegment plans, offloaded decode tokens); unused for the others.
+  // (kTwoSegment plans, residency entries that attend two segments); unused for the others.
   std::vector<TwoSegmentAttentionArgs> two_segment_args_;
+  // [entries] per layer: what each entry with a residency handle attends (kLocal for the others).
+  std::vector<ResidencyAttention::Kind> residency_attention_;
   std::vector<IndexGatherAttentionArgs> index_gather_args_;  // [entries], kIndexGather decode
   std::vector<TileGatherAttentionArgs> tile_gather_args_;    // [entries], kIndexGather prefill
 };

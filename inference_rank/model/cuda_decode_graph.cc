@@ -15,7 +15,7 @@ Status DecodeGraphCache::Run(const DecodeGraphKey& key, cudaStream_t stream,
   Entry& entry = it->second;
   entry.last_use = ++clock_;
   if (inserted) {  // first sight: eager
-    EvictLeastRecentlyUsed();
+    DropLeastRecentlyUsed();
     return enqueue(stream);
   }
   if (entry.exec == nullptr) {
@@ -62,7 +62,7 @@ Status DecodeGraphCache::Capture(Entry& entry, cudaStream_t stream,
   return Status::Ok();
 }
 
-void DecodeGraphCache::EvictLeastRecentlyUsed() {
+void DecodeGraphCache::DropLeastRecentlyUsed() {
   while (static_cast<int>(graphs_.size()) > max_graphs_) {
     auto oldest = graphs_.begin();
     for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {

@@ -69,7 +69,7 @@ class DecodeGraphCache {
 
   Status Capture(Entry& entry, cudaStream_t stream,
                  const std::function<Status(cudaStream_t)>& enqueue);
-  void EvictLeastRecentlyUsed();
+  void DropLeastRecentlyUsed();
 
   int max_graphs_;
   std::map<DecodeGraphKey, Entry> graphs_;

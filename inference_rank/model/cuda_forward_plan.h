@@ -58,7 +58,7 @@ struct StepInputLayout {
 };
 
 // Consecutive decode rows of one row group (EntryAttention::row_group; 0: entries without an
-// attention plan, the model's own dense and offloaded rows).
+// attention plan, the model's own dense rows and the residency's).
 struct DecodeRowGroup {
   int group = 0;
   int first_row = 0;

@@ -162,20 +162,19 @@ Result<std::unique_ptr<PagedKvCache>> CudaModel::CreateKvCache(int block_tokens,
   return PagedKvCache::CreateWithStorage(shape, std::move(storage));
 }
 
-Result<std::unique_ptr<EvictingKvPool>> CudaModel::CreateEvictingKvPool(int budget,
-                                                                        int num_arrays) {
+Result<std::unique_ptr<SlotKvPool>> CudaModel::CreateSlotKvPool(int budget, int num_arrays) {
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
-  const EvictingKvShape shape{config_.num_layers, config_.num_kv_heads, config_.head_dim, budget,
-                              num_arrays};
-  // EvictingKvPool validates the shape too, but only after the arrays would have been allocated.
+  const SlotKvShape shape{config_.num_layers, config_.num_kv_heads, config_.head_dim, budget,
+                          num_arrays};
+  // SlotKvPool validates the shape too, but only after the arrays would have been allocated.
   if (budget <= 0 || num_arrays <= 0) {
-    return InvalidArgumentError("evicting KV pool: budget (" + std::to_string(budget) +
+    return InvalidArgumentError("KV slot pool: budget (" + std::to_string(budget) +
                                 ") and arrays (" + std::to_string(num_arrays) +
                                 ") must be positive");
   }
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<DeviceEvictingKvStorage> storage,
-                          DeviceEvictingKvStorage::Create(shape, stream_));
-  return EvictingKvPool::CreateWithStorage(shape, std::move(storage));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<DeviceSlotKvStorage> storage,
+                          DeviceSlotKvStorage::Create(shape, stream_));
+  return SlotKvPool::CreateWithStorage(shape, std::move(storage));
 }
 
 // ---- attention backend --------------------------------------------------------------------------
@@ -206,13 +205,35 @@ Status CudaModel::SetAttentionBackend(std::unique_ptr<AttentionBackend> backend)
   return Status::Ok();
 }
 
+Status CudaModel::SetResidencyBackend(std::unique_ptr<ResidencyBackend> backend) {
+  CudaResidencyBackend* cuda_backend = nullptr;
+  if (backend != nullptr) {
+    cuda_backend = dynamic_cast<CudaResidencyBackend*>(backend.get());
+    if (cuda_backend == nullptr) {
+      return InvalidArgumentError("SetResidencyBackend: a residency half made for the " +
+                                  std::string(backend->backend_name()) +
+                                  " model cannot serve the CUDA model");
+    }
+  }
+  graphs_.Clear();  // they may hold the old half's launches and addresses
+  residency_.reset();
+  backend.release();
+  residency_.reset(cuda_backend);
+  return Status::Ok();
+}
+
 Status CudaModel::CheckAttentionEntries(std::span<const ForwardEntry> batch) const {
   for (size_t e = 0; e < batch.size(); ++e) {
-    if (batch[e].evicting != nullptr &&
-        dynamic_cast<DeviceEvictingKvStorage*>(batch[e].evicting->pool->storage()) == nullptr) {
+    if (batch[e].slots != nullptr &&
+        dynamic_cast<DeviceSlotKvStorage*>(batch[e].slots->pool->storage()) == nullptr) {
       return InvalidArgumentError("forward: batch entry " + std::to_string(e) +
-                                  ": its evicting KV pool was not created by a CUDA model "
-                                  "(CreateEvictingKvPool); its slots are not on the GPU");
+                                  ": its KV slot pool was not created by a CUDA model "
+                                  "(CreateSlotKvPool); its slots are not on the GPU");
+    }
+    if (batch[e].residency != nullptr && residency_ == nullptr) {
+      return FailedPreconditionError("forward: batch entry " + std::to_string(e) +
+                                     " has a residency handle but the model has no residency "
+                                     "backend (SetResidencyBackend)");
     }
     const EntryAttention* attention = batch[e].attention;
     if (attention == nullptr) continue;
@@ -346,6 +367,7 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
   }
   RUBATO_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, cache, window));
   RUBATO_RETURN_IF_ERROR(CheckAttentionEntries(batch));
+  if (residency_ != nullptr) RUBATO_RETURN_IF_ERROR(residency_->CheckBatch(batch, window));
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
 
   // Buffers first, blocks second, the backend's per-request resources third: a failed
@@ -355,7 +377,10 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
   const KvCacheShape& shape = cache.shape();
   PlanForward(batch, shape, plan_);
   RUBATO_RETURN_IF_ERROR(EnsureCapacity(batch, plan_));
-  RUBATO_RETURN_IF_ERROR(PlanOffload(batch));
+  residency_step_ = std::any_of(batch.begin(), batch.end(), [](const ForwardEntry& entry) {
+    return entry.residency != nullptr;
+  });
+  if (residency_step_) RUBATO_RETURN_IF_ERROR(residency_->PlanStep(batch, plan_));
   RUBATO_RETURN_IF_ERROR(ReserveForwardBlocks(batch, cache));
   if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->Acquire(batch));
   FillStepInputs(batch, shape, plan_, input_layout_, staging_.data());
@@ -372,9 +397,10 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
                         cudaMemcpyHostToDevice, stream_),
         "copying the step inputs to the device");
     auto device_work = [&](cudaStream_t stream) { return EnqueueForward(*kv, window, stream); };
-    // Offloaded entries wait for their exchange in every layer: never in a graph.
-    const bool replayable = backend_ == nullptr || backend_->graph_replayable();
-    if (options_.use_cuda_graph && plan_.decode_only() && !offload_step_ && replayable) {
+    // A residency that waits for its peer on the host in every layer: never in a graph.
+    const bool replayable = (backend_ == nullptr || backend_->graph_replayable()) &&
+                            (!residency_step_ || residency_->graph_replayable());
+    if (options_.use_cuda_graph && plan_.decode_only() && replayable) {
       DecodeGraphKey key;
       key.batch = plan_.decode_rows;
       key.max_seq_len = plan_.decode_max_seq_len;
@@ -389,6 +415,7 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
       key.backend_rows = plan_.backend_rows;
       key.adjusts_logits = plan_.adjusts_logits();
       if (backend_ != nullptr) backend_->AddToGraphKey(plan_, key);
+      if (residency_step_) residency_->AddToGraphKey(plan_, key);
       RUBATO_RETURN_IF_ERROR(graphs_.Run(key, stream_, device_work));
     } else {
       RUBATO_RETURN_IF_ERROR(device_work(stream_));
@@ -420,6 +447,7 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
   if (!enqueued.ok() || !synced.ok()) {
     // A step that failed before its end-of-step join may leave the backend's streams running.
     if (backend_ != nullptr) backend_->AbortStep();
+    if (residency_step_) residency_->AbortStep();
     result.logits.clear();
     return !enqueued.ok() ? enqueued : synced;
   }

@@ -4,8 +4,9 @@
 // token id back from the device and no logits. One forward: host planning and one input copy,
 // the decoder's launches on one stream (a batch of decode tokens replays them as a CUDA graph),
 // the results copied back and one synchronization. Attention plans run with the installed
-// attention backend (attention/cuda_backend.h); offloaded entries attend what their exchange
-// returns (cuda_model_offload.cc). docs/cuda_model.md. Not thread-safe: one thread drives it.
+// attention backend (attention/cuda_backend.h); entries whose KV a residency holds go through
+// the installed residency backend (residency/cuda_residency_backend.h). docs/cuda_model.md. Not
+// thread-safe: one thread drives it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,13 +25,14 @@
 #include "inference_rank/attention/cuda_backend.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/model/cuda_decode_graph.h"
-#include "inference_rank/model/cuda_evicting_kv_storage.h"
 #include "inference_rank/model/cuda_forward_plan.h"
 #include "inference_rank/model/cuda_kv_storage.h"
 #include "inference_rank/model/cuda_pinned_buffer.h"
+#include "inference_rank/model/cuda_slot_kv_storage.h"
 #include "inference_rank/model/cuda_weights.h"
 #include "inference_rank/model/model.h"
 #include "inference_rank/model/model_weights.h"
+#include "inference_rank/residency/cuda_residency_backend.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
 
@@ -72,15 +74,15 @@ class CudaModel : public Model {
 
   // A cache with bf16 device pools (DeviceKvStorage), zeroed; ResourceExhausted with the bytes.
   Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override;
-  // Model::CreateEvictingKvPool: bf16 slot arrays, masks and next slots on the device
-  // (DeviceEvictingKvStorage), reset on the model's stream; ResourceExhausted with the bytes.
-  // Evicting entries' fixed-budget rows are the attention backend's (it writes their K/V).
-  Result<std::unique_ptr<EvictingKvPool>> CreateEvictingKvPool(int budget, int num_arrays) override;
+  // Model::CreateSlotKvPool: bf16 slot arrays, masks and next slots on the device
+  // (DeviceSlotKvStorage), reset on the model's stream; ResourceExhausted with the bytes.
+  // Slot entries' fixed-budget rows are the attention backend's (it writes their K/V).
+  Result<std::unique_ptr<SlotKvPool>> CreateSlotKvPool(int budget, int num_arrays) override;
 
   // Model::Forward. `cache` must come from CreateKvCache of a CUDA model (InvalidArgument
-  // otherwise). A batch with offloaded entries runs eagerly, waiting for the exchange in every
-  // layer. Entries with an attention plan need an installed backend (FailedPrecondition) and a
-  // row_group >= 1; the backend checks the rest (CudaAttentionBackend::CheckBatch).
+  // otherwise). A batch with residency entries runs eagerly unless the residency backend is
+  // graph_replayable. Entries with an attention plan need an installed backend (FailedPrecondition)
+  // and a row_group >= 1; the backend checks the rest (CudaAttentionBackend::CheckBatch).
   Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache, ForwardResult& result,
                  const AttentionWindow& window = AttentionWindow()) override;
 
@@ -89,6 +91,11 @@ class CudaModel : public Model {
   // the current one). Drops the captured graphs.
   Status SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) override;
   AttentionBackend* attention_backend() override { return backend_.get(); }
+
+  // Model::SetResidencyBackend: a CudaResidencyBackend, or null (InvalidArgument for another
+  // backend's). Drops the captured graphs.
+  Status SetResidencyBackend(std::unique_ptr<ResidencyBackend> backend) override;
+  ResidencyBackend* residency_backend() const override { return residency_.get(); }
 
   // Decode-step graphs captured and launched so far (tests, benchmark).
   int64_t graph_captures() const { return graphs_.captures(); }
@@ -117,16 +124,6 @@ class CudaModel : public Model {
   Status LogitsAndSampling(cudaStream_t stream);
   // What layer `layer` of the current forward hands its attention launches (and the backend).
   CudaLayerContext LayerContext(int layer, DeviceKvStorage& kv, cudaStream_t stream);
-
-  // Offloaded entries (cuda_model_offload.cc). PlanOffload (host, before the device work): the
-  // batch's offloaded entries and the pinned buffer their rows come back in. OffloadLayer (after
-  // the layer's KV append): ships their K/V and last query to the exchange and uploads the
-  // replies of their decode rows. OffloadedDecodeAttention: decode rows [first_row, + rows), the
-  // offloaded ones two-segment over their replies, the others dense in runs.
-  Status PlanOffload(std::span<const ForwardEntry> batch);
-  Status OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stream);
-  Status OffloadedDecodeAttention(const CudaLayerContext& context, int first_row, int rows,
-                                  const AttentionWindow& window);
 
   // Device address of a step-input array at `offset` (StepInputLayout).
   template <typename T>
@@ -170,14 +167,9 @@ class CudaModel : public Model {
   // The attention backend (SetAttentionBackend), or null.
   std::unique_ptr<CudaAttentionBackend> backend_;
 
-  // Offloaded entries of the current forward and their decode rows' replies
-  // (cuda_model_offload.cc); allocated at the first forward with offloaded entries.
-  struct OffloadStep;
-  struct OffloadStepDeleter {
-    void operator()(OffloadStep* step) const;
-  };
-  std::unique_ptr<OffloadStep, OffloadStepDeleter> offload_;
-  bool offload_step_ = false;  // the current forward has offloaded entries
+  // The residency backend (SetResidencyBackend), or null.
+  std::unique_ptr<CudaResidencyBackend> residency_;
+  bool residency_step_ = false;  // the current forward has entries with a residency handle
 };
 
 }  // namespace rubato

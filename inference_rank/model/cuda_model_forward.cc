@@ -40,6 +40,7 @@ cuda::LinearArgs Linear(const __nv_bfloat16* x, const cuda::DeviceBuffer<__nv_bf
 Status CudaModel::EnqueueForward(DeviceKvStorage& kv, const AttentionWindow& window,
                                  cudaStream_t stream) {
   if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->BeginStep(stream));
+  if (residency_step_) RUBATO_RETURN_IF_ERROR(residency_->BeginStep(stream));
   cuda::EmbeddingParams embedding;
   embedding.table = weights_.embed_tokens.data();
   embedding.token_ids = StepInput<const int32_t>(input_layout_.token_ids);
@@ -67,6 +68,7 @@ Status CudaModel::EnqueueForward(DeviceKvStorage& kv, const AttentionWindow& win
   RUBATO_RETURN_IF_ERROR(LogitsAndSampling(stream));
   // The backend's end of step (e.g. joining work that overlapped the last layers and the lm_head).
   if (backend_ != nullptr) RUBATO_RETURN_IF_ERROR(backend_->EndStep());
+  if (residency_step_) RUBATO_RETURN_IF_ERROR(residency_->EndStep());
   return Status::Ok();
 }
 
@@ -172,20 +174,21 @@ Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionW
   append.key_pool = kv.layer_keys(layer);
   append.value_pool = kv.layer_values(layer);
   RUBATO_RETURN_IF_ERROR(cuda::AppendToPagedKv(append, stream));
-  if (offload_step_) RUBATO_RETURN_IF_ERROR(OffloadLayer(layer, kv, stream));
+  const CudaLayerContext context = LayerContext(layer, kv, stream);
+  // The residency's entries' new K/V and queries, after the local append.
+  if (residency_step_) RUBATO_RETURN_IF_ERROR(residency_->LayerComputed(context));
 
   // Decode rows [0, decode_rows), one query each: the backend's row groups, then the dense rows
-  // (group 0). The backend goes first, so that work it forks after its attention (a selection
-  // on a side stream) overlaps the rest of the layer.
-  const CudaLayerContext context = LayerContext(layer, kv, stream);
+  // (group 0, the residency's among them). The backend goes first, so that work it forks after
+  // its attention (a selection on a side stream) overlaps the rest of the layer.
   if (backend_ != nullptr && plan_.has_backend_work()) {
     RUBATO_RETURN_IF_ERROR(backend_->Attend(context));
   }
   const int decode_rows = plan_.decode_rows;
   const int dense_first = plan_.backend_rows;
-  if (decode_rows > dense_first && offload_step_) {
+  if (decode_rows > dense_first && residency_step_) {
     RUBATO_RETURN_IF_ERROR(
-        OffloadedDecodeAttention(context, dense_first, decode_rows - dense_first, window));
+        residency_->AttendDecodeRows(context, dense_first, decode_rows - dense_first, window));
   } else if (decode_rows > dense_first) {
     cuda::DecodeAttentionParams dense = context.DecodeRows(dense_first, decode_rows - dense_first);
     dense.sink_tokens = window.sink_tokens;

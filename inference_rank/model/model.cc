@@ -106,10 +106,10 @@ Status ValidateLayerAction(const ForwardEntry& entry, const LayerAction& action,
         return InvalidArgumentError(where + ": fixed-budget attention takes one token, got " +
                                     std::to_string(tokens));
       }
-      if (entry.evicting == nullptr) {
+      if (entry.slots == nullptr) {
         return InvalidArgumentError(where +
-                                    ": fixed-budget attention needs the entry's evicting KV "
-                                    "(ForwardEntry::evicting)");
+                                    ": fixed-budget attention needs the entry's slot arrays "
+                                    "(ForwardEntry::slots)");
       }
       return Status::Ok();
   }
@@ -167,32 +167,16 @@ Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardEn
     if (entry.attention != nullptr) {
       RUBATO_RETURN_IF_ERROR(ValidateAttentionEntry(entry, window, config.num_layers, where));
     }
-    if (entry.offload != nullptr) {
-      if (entry.offload->exchange == nullptr) {
-        return InvalidArgumentError(where + ": offloaded entry without an exchange");
+    if (entry.slots != nullptr) {
+      const SlotKvForward& slots = *entry.slots;
+      if (slots.pool == nullptr || slots.arrays.array < 0 ||
+          slots.arrays.array >= slots.pool->shape().num_arrays) {
+        return InvalidArgumentError(where + ": slot entry without a slot array of its pool");
       }
-      if (entry.attention != nullptr) {
-        return InvalidArgumentError(where +
-                                    " is offloaded and has a local attention plan (an "
-                                    "offloaded entry attends what its cache rank returns)");
-      }
-      if (!window.IsDense()) {
-        return InvalidArgumentError(where + ": offloaded entries need a dense forward window");
-      }
-    }
-    if (entry.evicting != nullptr) {
-      const EvictingForward& evicting = *entry.evicting;
-      if (evicting.pool == nullptr || evicting.slots.array < 0 ||
-          evicting.slots.array >= evicting.pool->shape().num_arrays) {
-        return InvalidArgumentError(where + ": evicting entry without a slot array of its pool");
-      }
-      const EvictingKvShape& slots = evicting.pool->shape();
-      if (slots.num_layers != config.num_layers || slots.num_kv_heads != config.num_kv_heads ||
-          slots.head_dim != config.head_dim) {
-        return InvalidArgumentError(where + ": its evicting KV pool is not shaped for this model");
-      }
-      if (entry.offload != nullptr) {
-        return InvalidArgumentError(where + " is both offloaded and evicting");
+      const SlotKvShape& shape = slots.pool->shape();
+      if (shape.num_layers != config.num_layers || shape.num_kv_heads != config.num_kv_heads ||
+          shape.head_dim != config.head_dim) {
+        return InvalidArgumentError(where + ": its KV slot pool is not shaped for this model");
       }
     }
   }

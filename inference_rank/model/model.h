@@ -22,10 +22,10 @@
 #include "common/status.h"
 #include "inference_rank/attention/attention_backend.h"
 #include "inference_rank/attention/layer_action.h"
-#include "inference_rank/kv/evicting_kv_pool.h"
 #include "inference_rank/kv/paged_kv_cache.h"
-#include "inference_rank/model/kv_offload.h"
+#include "inference_rank/kv/slot_kv_pool.h"
 #include "inference_rank/model/model_weights.h"
+#include "inference_rank/residency/residency_backend.h"
 #include "kernels/cpu/attention_window.h"
 #include "kernels/cpu/sampling.h"
 
@@ -73,18 +73,18 @@ struct ForwardEntry {
   // operands of the model's attention backend (SetAttentionBackend). Null: dense through the
   // forward's window. Must outlive the Forward call.
   const EntryAttention* attention = nullptr;
-  // Set: the entry's KV is offloaded to a cache rank (kv_offload.h): every layer's new K/V go to
-  // offload->exchange; a one-token entry past position 0 attends the compact KV it returns plus
-  // the recent segment, longer entries attend locally. Needs a dense window and no `attention`
-  // (the cache rank's selector chooses the rows). Both models run it (the CUDA model eagerly,
-  // synchronous per layer). Must outlive Forward.
-  const OffloadForward* offload = nullptr;
-  // Set: the entry's KV is evicting (kv/evicting_kv_pool.h). A prefill chunk still runs through
-  // the paged cache (the backend moves the prompt into the slots); a kFixedBudget entry (one
-  // decode token) writes each layer's new K/V into the slots its arrays' next_slot names, not
-  // the paged cache (no block is reserved for it), and the backend attends the slots. Must
-  // outlive Forward.
-  const EvictingForward* evicting = nullptr;
+  // Set: a residency holds the entry's KV (its handle, made by the residency's engine half; the
+  // model passes it to the installed residency backend, SetResidencyBackend): every layer's new
+  // K/V and last query go to that backend after the local append, and the backend says what
+  // the entry attends (the local cache, a compact segment plus the recent segment, or output it
+  // wrote itself). Must outlive Forward.
+  const ResidencyEntry* residency = nullptr;
+  // Set: the entry has slot arrays (kv/slot_kv_pool.h). A prefill chunk still runs through the
+  // paged cache (the attention backend moves the prompt into the slots); a kFixedBudget entry
+  // (one decode token) writes each layer's new K/V into the slots its arrays' next_slot names,
+  // not the paged cache (no block is reserved for it), and the attention backend attends the
+  // slots. Must outlive Forward.
+  const SlotKvForward* slots = nullptr;
 };
 
 // An entry whose plan is kFixedBudget (in every layer: validation refuses mixed plans).
@@ -142,13 +142,13 @@ class Model {
 
   // A KV cache shaped for this model, its pools where this backend computes (host or device).
   virtual Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) = 0;
-  // The slot pool of evicting KV for this model (its pools where this backend computes);
-  // Unsupported where the backend does not run evicting KV yet.
-  virtual Result<std::unique_ptr<EvictingKvPool>> CreateEvictingKvPool(int budget, int num_arrays) {
+  // A pool of `num_arrays` slot arrays of `budget` slots per (layer, KV head) for this model
+  // (kv/slot_kv_pool.h; its arrays where this backend computes); Unsupported where the backend
+  // has none.
+  virtual Result<std::unique_ptr<SlotKvPool>> CreateSlotKvPool(int budget, int num_arrays) {
     (void)budget;
     (void)num_arrays;
-    return UnsupportedError("the " + std::string(backend_name()) +
-                            " model does not run evicting KV yet");
+    return UnsupportedError("the " + std::string(backend_name()) + " model has no KV slot arrays");
   }
 
   // Runs one batch. For each entry, reserves KV blocks for its new positions (all entries or
@@ -186,6 +186,17 @@ class Model {
   // while requests still hold its resources (the CUDA model's pools).
   virtual Status SetAttentionBackend(std::unique_ptr<AttentionBackend> backend) = 0;
   virtual AttentionBackend* attention_backend() = 0;
+
+  // Installs the model half of the engine's residency (inference_rank/residency/), made for this
+  // model; null removes it. Entries with a `residency` handle need the half of the residency
+  // that made it (FailedPrecondition without one). InvalidArgument for a half of another model
+  // type.
+  virtual Status SetResidencyBackend(std::unique_ptr<ResidencyBackend> backend) {
+    if (backend == nullptr) return Status::Ok();
+    return UnsupportedError("the " + std::string(backend_name()) +
+                            " model takes no residency backend");
+  }
+  virtual ResidencyBackend* residency_backend() const { return nullptr; }
 };
 
 // ---- shared by the backends' Forward --------------------------------------------------------

@@ -186,8 +186,8 @@ void ServingEngine::Loop() {
       CancelOnEngineThread(id, ClientGone(), RequestEnd::kAborted);
     }
     ExpireDeadlines();
-    if (const KvOffloadClient* offload = engine_->options().offload; offload != nullptr) {
-      Status broken = offload->Broken();
+    if (const Residency* residency = engine_->options().residency.get(); residency != nullptr) {
+      Status broken = residency->Broken();
       std::lock_guard<std::mutex> lock(mutex_);
       health_ = broken.ok() ? Status::Ok() : broken.WithContext("cache rank lost");
     }

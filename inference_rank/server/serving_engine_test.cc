@@ -16,7 +16,7 @@
 
 #include "common/tokenizer/stream_decoder.h"
 #include "inference_rank/model/cpu_model.h"
-#include "inference_rank/model/kv_offload.h"
+#include "inference_rank/residency/offloaded/offloaded_residency.h"
 #include "inference_rank/server/openai_router.h"
 
 namespace rubato::server {
@@ -63,7 +63,7 @@ std::unique_ptr<Engine> MakeEngine(int max_batch, MetricsRegistry* metrics = nul
   options.max_context = 1024;
   options.num_threads = 1;
   options.metrics = metrics;
-  options.offload = offload;
+  if (offload != nullptr) options.residency = std::make_shared<OffloadedResidency>(*offload);
   Result<std::unique_ptr<Engine>> engine = Engine::Create(std::move(model).value(), options);
   EXPECT_TRUE(engine.ok()) << engine.status().message();
   return std::move(engine).value();

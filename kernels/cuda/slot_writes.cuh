@@ -2,7 +2,7 @@
 // step stays graph-replayable: each decode token's K/V go into the slot its array's next_slot
 // names (marking it valid), and after a prompt moved into the slots (compact_gather.cuh with the
 // arrays as its pool) the masks and next slots are set. CPU twin of the token write:
-// inference_rank/kv/evicting_kv_pool.h WriteToNextSlots (same contract, bf16 here).
+// inference_rank/kv/slot_kv_pool.h WriteToNextSlots (same contract, bf16 here).
 #pragma once
 
 #include <cuda_bf16.h>

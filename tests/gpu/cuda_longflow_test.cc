@@ -17,9 +17,10 @@
 #include <random>
 #include <vector>
 
-#include "inference_rank/model/cuda_evicting_kv_storage.h"
+#include "inference_rank/model/cuda_slot_kv_storage.h"
 #include "inference_rank/policies/longflow/longflow_policy.h"
 #include "inference_rank/policies/longflow/longflow_test_steps.h"
+#include "inference_rank/residency/evicting/evicting_residency.h"
 #include "kernels/cpu/longflow_attention.h"
 #include "kernels/cpu/snapkv_scores.h"
 #include "tests/gpu/cuda_model_test_util.h"
@@ -55,19 +56,19 @@ struct LongFlowRun {
 };
 
 // Every layer's next slots of `slots` (host or device pool).
-std::vector<int32_t> NextSlots(const EvictingKvPool& pool, const EvictingKvSlots& slots) {
-  const EvictingKvShape& s = pool.shape();
+std::vector<int32_t> NextSlots(const SlotKvPool& pool, const SlotKvArrays& slots) {
+  const SlotKvShape& s = pool.shape();
   std::vector<int32_t> next;
   for (int layer = 0; layer < s.num_layers; ++layer) {
     std::vector<int32_t> row(static_cast<size_t>(s.num_kv_heads));
-    if (auto* device = dynamic_cast<DeviceEvictingKvStorage*>(pool.storage())) {
+    if (auto* device = dynamic_cast<DeviceSlotKvStorage*>(pool.storage())) {
       EXPECT_EQ(cudaMemcpy(row.data(),
                            device->layer_next_slot(layer) +
                                static_cast<size_t>(slots.array) * s.num_kv_heads,
                            row.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
                 cudaSuccess);
     } else {
-      const EvictingKvView view = pool.LayerView(layer, slots);
+      const SlotKvView view = pool.LayerView(layer, slots);
       row.assign(view.next_slot, view.next_slot + s.num_kv_heads);
     }
     next.insert(next.end(), row.begin(), row.end());
@@ -76,17 +77,17 @@ std::vector<int32_t> NextSlots(const EvictingKvPool& pool, const EvictingKvSlots
 }
 
 // One layer's slot keys ([kv heads][B][head_dim]) as floats.
-std::vector<float> SlotKeys(const EvictingKvPool& pool, const EvictingKvSlots& slots, int layer) {
-  const EvictingKvShape& s = pool.shape();
+std::vector<float> SlotKeys(const SlotKvPool& pool, const SlotKvArrays& slots, int layer) {
+  const SlotKvShape& s = pool.shape();
   const size_t count = static_cast<size_t>(s.num_kv_heads) * s.budget * s.head_dim;
-  if (auto* device = dynamic_cast<DeviceEvictingKvStorage*>(pool.storage())) {
+  if (auto* device = dynamic_cast<DeviceSlotKvStorage*>(pool.storage())) {
     std::vector<__nv_bfloat16> raw(count);
     EXPECT_EQ(cudaMemcpy(raw.data(), device->layer_keys(layer) + slots.array * count,
                          count * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost),
               cudaSuccess);
     return gpu_test::FromBf16(raw);
   }
-  const EvictingKvView view = pool.LayerView(layer, slots);
+  const SlotKvView view = pool.LayerView(layer, slots);
   return std::vector<float>(view.keys, view.keys + count);
 }
 
@@ -99,9 +100,9 @@ LongFlowRun Forward(Model& model, LongFlowPolicy* policy, const std::vector<int>
   LongFlowRun run;
   const int length = static_cast<int>(prompt.size());
   auto cache = NewCache(model, 16, 512);  // 8192 positions: a dense bucket of 4096
-  std::unique_ptr<EvictingKvPool> pool;
+  std::unique_ptr<SlotKvPool> pool;
   std::unique_ptr<PolicyRequest> request;
-  EvictingForward evicting;
+  SlotKvForward evicting;
   if (policy != nullptr) {
     auto backend = backend_override != nullptr
                        ? Result<std::unique_ptr<AttentionBackend>>(std::move(backend_override))
@@ -109,14 +110,14 @@ LongFlowRun Forward(Model& model, LongFlowPolicy* policy, const std::vector<int>
     EXPECT_TRUE(backend.ok()) << backend.status().ToString();
     if (!backend.ok()) return run;
     EXPECT_TRUE(model.SetAttentionBackend(std::move(backend).value()).ok());
-    auto made = model.CreateEvictingKvPool(policy->config().budget, 2);
+    auto made = model.CreateSlotKvPool(policy->config().budget, 2);
     EXPECT_TRUE(made.ok()) << made.status().ToString();
     if (!made.ok()) return run;
     pool = std::move(made).value();
     evicting.pool = pool.get();
-    EvictingKvSlots unused;  // array 0 stays free: the request writes array 1
+    SlotKvArrays unused;  // array 0 stays free: the request writes array 1
     EXPECT_TRUE(pool->Reserve(unused).ok());
-    EXPECT_TRUE(pool->Reserve(evicting.slots).ok());
+    EXPECT_TRUE(pool->Reserve(evicting.arrays).ok());
     request = policy->Admit(KvResidency::kEvicting);
   }
   KvSequence sequence;
@@ -134,13 +135,13 @@ LongFlowRun Forward(Model& model, LongFlowPolicy* policy, const std::vector<int>
       EXPECT_TRUE(cache->Release(sequence).ok());  // as the engine does: the prompt is in slots
       sequence.num_tokens = length;
       for (int layer = 0; layer < kLayers; ++layer) {
-        run.prompt_keys.push_back(SlotKeys(*pool, evicting.slots, layer));
+        run.prompt_keys.push_back(SlotKeys(*pool, evicting.arrays, layer));
       }
     }
     if (entry.logits == LogitsWanted::kNone) continue;
     const std::span<const float> last = result.LastLogits(0);
     run.logits.emplace_back(last.begin(), last.end());
-    if (pool != nullptr) run.next.push_back(NextSlots(*pool, evicting.slots));
+    if (pool != nullptr) run.next.push_back(NextSlots(*pool, evicting.arrays));
     const size_t taken = run.logits.size() - 1;
     next_token = taken < forced.size() ? forced[taken] : ArgMax(last);
     if (request) request->Observe(start > length, next_token, -1.f);
@@ -189,7 +190,7 @@ TEST(CudaLongFlow, EngineWithBudgetCoveringTheContextGivesTheDenseTokens) {
   const auto dense_tokens = EngineGreedyTokens(std::move(dense.cuda), options, prompts);
   auto policy = std::make_shared<LongFlowPolicy>(SmallConfig(4096));
   options.policy = policy;
-  options.kv_residency = KvResidency::kEvicting;
+  options.residency = std::make_shared<EvictingResidency>();
   const auto longflow_tokens = EngineGreedyTokens(std::move(longflow.cuda), options, prompts);
   EXPECT_EQ(longflow_tokens, dense_tokens);
   EXPECT_EQ(policy->counters().evictions, 0);
@@ -270,8 +271,8 @@ class LockstepBackend final : public CudaAttentionBackend {
   };
 
   Slots FetchSlots(int layer) const {
-    auto* storage = static_cast<DeviceEvictingKvStorage*>(entry_->evicting->pool->storage());
-    const size_t array = static_cast<size_t>(entry_->evicting->slots.array);
+    auto* storage = static_cast<DeviceSlotKvStorage*>(entry_->slots->pool->storage());
+    const size_t array = static_cast<size_t>(entry_->slots->arrays.array);
     const size_t B = static_cast<size_t>(config_.budget);
     const size_t kv = static_cast<size_t>(model_.num_kv_heads);
     const size_t elements = kv * B * model_.head_dim;
@@ -466,16 +467,16 @@ TEST(CudaLongFlow, AHostPoolIsRefusedByTheCudaModel) {
   ASSERT_NE(pair.cuda, nullptr);
   LongFlowPolicy policy(SmallConfig(96));
   ASSERT_TRUE(pair.cuda->SetAttentionBackend(policy.MakeBackend(*pair.cuda, 1).value()).ok());
-  auto host_pool = pair.cpu->CreateEvictingKvPool(96, 1).value();
-  EvictingForward evicting{host_pool.get(), {}};
-  ASSERT_TRUE(host_pool->Reserve(evicting.slots).ok());
+  auto host_pool = pair.cpu->CreateSlotKvPool(96, 1).value();
+  SlotKvForward evicting{host_pool.get(), {}};
+  ASSERT_TRUE(host_pool->Reserve(evicting.arrays).ok());
   auto request = policy.Admit(KvResidency::kEvicting);
   auto cache = NewCache(*pair.cuda, 16, 64);
   KvSequence sequence;
   const std::vector<int> prompt(20, 7);
   ForwardEntry entry{&sequence, prompt, 0, LogitsWanted::kLast};
   entry.attention = request->PlanPrefill(0, 20, true);
-  entry.evicting = &evicting;
+  entry.slots = &evicting;
   ForwardResult result;
   EXPECT_TRUE(gpu_test::FailsWith(pair.cuda->Forward({&entry, 1}, *cache, result),
                                   StatusCode::kInvalidArgument, "not created by a CUDA model"));

@@ -21,6 +21,7 @@
 #include "inference_rank/model/cpu_model.h"
 #include "inference_rank/model/cuda_model.h"
 #include "inference_rank/residency/offloaded/colocated_cache.h"
+#include "inference_rank/residency/offloaded/offloaded_residency.h"
 #include "tests/golden_reference.h"
 #include "tests/gpu/cuda_model_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -84,7 +85,9 @@ class CudaOffloadTest : public ::testing::TestWithParam<OffloadCase> {
     options.max_context = 512;
     options.block_size = 16;
     options.prefill_chunk = 32;
-    options.offload = cache != nullptr ? &cache->client() : nullptr;
+    if (cache != nullptr) {
+      options.residency = std::make_shared<OffloadedResidency>(cache->client(), &cache->client());
+    }
     return EngineGreedyTokens(Load(), options, Prompts(GetParam()));
   }
 
@@ -156,12 +159,17 @@ std::vector<std::vector<float>> TeacherForced(Model& model, ColocatedCacheRank* 
     EXPECT_TRUE(session.ok()) << session.status().message();
     if (!session.ok()) return {};
     offload = OffloadForward{&cache->client(), *session};
+    // The offloaded residency's model half, as an engine would install it.
+    OffloadedResidency residency(cache->client(), &cache->client());
+    const Status attached = residency.Attach(model, /*policy=*/nullptr, /*max_batch=*/1);
+    EXPECT_TRUE(attached.ok()) << attached.message();
+    if (!attached.ok()) return {};
   }
   std::vector<std::vector<float>> rows;
   ForwardResult result;
   auto feed = [&](std::span<const int> tokens, int start, bool want) {
     ForwardEntry entry{&sequence, tokens, start, want ? LogitsWanted::kLast : LogitsWanted::kNone};
-    if (cache != nullptr) entry.offload = &offload;
+    if (cache != nullptr) entry.residency = &offload;
     const Status status = model.Forward({&entry, 1}, *kv_cache, result);
     EXPECT_TRUE(status.ok()) << status.message();
     if (status.ok() && want) {

@@ -1,5 +1,5 @@
 // kernels/cuda/slot_writes (writes into evicting KV slot arrays) against the host's copies of the
-// same contract (inference_rank/kv/evicting_kv_pool.h WriteToNextSlots, per array): each row's
+// same contract (inference_rank/kv/slot_kv_pool.h WriteToNextSlots, per array): each row's
 // K/V heads land in the slots next_slot names in its array, marked valid, bit for bit; a row
 // whose next slot is -1 or whose array is out of range writes nothing; the prompt marks set the
 // masks and the next slots (or leave them). Rows of a qkv-like stride, head_dim 16/64/128.

@@ -19,9 +19,8 @@ void GrowScratch(LongFlowScratch& scratch, const ThreadPool& pool, int floats) {
 }
 
 // The fused op over every KV head: output, next_slot.
-Status FusedAttention(const EvictingKvView& slots, int sink_tokens, int num_heads,
-                      const float* query, float* output, ThreadPool& pool,
-                      LongFlowScratch& scratch) {
+Status FusedAttention(const SlotKvView& slots, int sink_tokens, int num_heads, const float* query,
+                      float* output, ThreadPool& pool, LongFlowScratch& scratch) {
   LongFlowAttentionArgs args;
   args.query = query;
   args.output = output;
@@ -54,13 +53,13 @@ LongFlowRequestState* StateOf(const CpuEntryRows& entry) {
 
 }  // namespace
 
-Status ChooseNextSlots(const EvictingKvView& slots, int sink_tokens, int num_heads,
-                       const float* query, ThreadPool& pool, LongFlowScratch& scratch) {
+Status ChooseNextSlots(const SlotKvView& slots, int sink_tokens, int num_heads, const float* query,
+                       ThreadPool& pool, LongFlowScratch& scratch) {
   std::vector<float> discarded(static_cast<size_t>(num_heads) * slots.head_dim);
   return FusedAttention(slots, sink_tokens, num_heads, query, discarded.data(), pool, scratch);
 }
 
-Result<bool> LongFlowDecodeStep(const EvictingKvView& slots, int occupied_before, int sink_tokens,
+Result<bool> LongFlowDecodeStep(const SlotKvView& slots, int occupied_before, int sink_tokens,
                                 int num_heads, const float* query, float* output, ThreadPool& pool,
                                 LongFlowScratch& scratch) {
   if (occupied_before >= slots.budget) {
@@ -120,7 +119,7 @@ class LongFlowCpuBackend final : public CpuAttentionBackend {
   Status AttendFixedBudget(const CpuLayerContext& context, int e) override {
     const CpuEntryRows& entry = context.entries[static_cast<size_t>(e)];
     LongFlowRequestState* state = StateOf(entry);
-    if (state == nullptr || entry.evicting == nullptr) {
+    if (state == nullptr || entry.slots == nullptr) {
       return InvalidArgumentError("longflow: batch entry " + std::to_string(e) +
                                   " has no LongFlow state or no slots");
     }
@@ -129,7 +128,7 @@ class LongFlowCpuBackend final : public CpuAttentionBackend {
     const size_t row = static_cast<size_t>(entry.first_token) * model_.q_dim();
     RUBATO_ASSIGN_OR_RETURN(
         const bool evicted,
-        LongFlowDecodeStep(entry.evicting->pool->LayerView(context.layer, entry.evicting->slots),
+        LongFlowDecodeStep(entry.slots->pool->LayerView(context.layer, entry.slots->arrays),
                            occupied, config_.sink_tokens, model_.num_heads, context.q + row,
                            context.output + row, *context.pool, scratch_));
     if (evicted) {
@@ -148,7 +147,7 @@ class LongFlowCpuBackend final : public CpuAttentionBackend {
           entry.attention->ActionFor(context.layer).op != AttentionOp::kDense) {
         continue;
       }
-      if (entry.evicting == nullptr) {
+      if (entry.slots == nullptr) {
         return InvalidArgumentError("longflow: batch entry " + std::to_string(e) +
                                     " ends its prompt without evicting KV (slots to move it to)");
       }
@@ -197,8 +196,7 @@ Status LongFlowCpuBackend::MovePrompt(const CpuLayerContext& context, const CpuE
   const size_t head_dim = static_cast<size_t>(model_.head_dim);
   const size_t q_dim = static_cast<size_t>(model_.q_dim());
   const PagedKvView kv = context.cache->LayerView(context.layer, *entry.sequence);
-  const EvictingKvView slots =
-      entry.evicting->pool->LayerView(context.layer, entry.evicting->slots);
+  const SlotKvView slots = entry.slots->pool->LayerView(context.layer, entry.slots->arrays);
   if (slots.budget != budget) {
     return InvalidArgumentError("the slot arrays hold " + std::to_string(slots.budget) +
                                 " slots, the config's budget is " + std::to_string(budget));

@@ -11,7 +11,7 @@
 #include "common/hf_config.h"
 #include "common/status.h"
 #include "inference_rank/attention/cpu_backend.h"
-#include "inference_rank/kv/evicting_kv_pool.h"
+#include "inference_rank/kv/slot_kv_pool.h"
 #include "inference_rank/policies/longflow/longflow_policy.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -30,13 +30,13 @@ using LongFlowScratch = std::vector<std::vector<float>>;
 // in order and the attention is the dense op's over them (bit for bit dense attention); the
 // fused op (kernels/cpu/longflow_attention.h) chooses the next slot once the budget is full and
 // gives the output from the first eviction on.
-Result<bool> LongFlowDecodeStep(const EvictingKvView& slots, int occupied_before, int sink_tokens,
+Result<bool> LongFlowDecodeStep(const SlotKvView& slots, int occupied_before, int sink_tokens,
                                 int num_heads, const float* query, float* output, ThreadPool& pool,
                                 LongFlowScratch& scratch);
 
 // The next write slot of every KV head once the budget is full: the fused op's argmin for
 // `query` ([num_heads][head_dim], the latest token's), its output discarded.
-Status ChooseNextSlots(const EvictingKvView& slots, int sink_tokens, int num_heads,
-                       const float* query, ThreadPool& pool, LongFlowScratch& scratch);
+Status ChooseNextSlots(const SlotKvView& slots, int sink_tokens, int num_heads, const float* query,
+                       ThreadPool& pool, LongFlowScratch& scratch);
 
 }  // namespace rubato

@@ -8,8 +8,8 @@
 
 #include "common/sizes.h"
 #include "inference_rank/attention/cuda_backend.h"
-#include "inference_rank/model/cuda_evicting_kv_storage.h"
 #include "inference_rank/model/cuda_model.h"
+#include "inference_rank/model/cuda_slot_kv_storage.h"
 #include "kernels/cuda/compact_gather.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
@@ -97,7 +97,7 @@ class LongFlowCudaBackend final : public CudaAttentionBackend {
   const Model* owner_;
   ModelConfig model_;
   LongFlowConfig config_;
-  DeviceEvictingKvStorage* slots_ = nullptr;  // the engine's slot arrays (from the batch)
+  DeviceSlotKvStorage* slots_ = nullptr;  // the engine's slot arrays (from the batch)
   // The current step (Reserve).
   DecodeRowGroup rows_;         // the fixed-budget decode rows
   DecodeRowGroup prompt_rows_;  // one-token prompt chunks: dense decode rows
@@ -129,16 +129,16 @@ Status LongFlowCudaBackend::CheckBatch(std::span<const ForwardEntry> batch) cons
       return InvalidArgumentError(where + " is not a LongFlow plan (no state or row group " +
                                   std::to_string(entry.attention->row_group) + ")");
     }
-    if (entry.evicting == nullptr) {
+    if (entry.slots == nullptr) {
       return InvalidArgumentError(where + " has no evicting KV (slots to attend and move into)");
     }
-    const EvictingKvShape& shape = entry.evicting->pool->shape();
+    const SlotKvShape& shape = entry.slots->pool->shape();
     if (shape.budget != config_.budget) {
       return InvalidArgumentError(where + ": its slot arrays hold " + std::to_string(shape.budget) +
                                   " slots, the config's budget is " +
                                   std::to_string(config_.budget));
     }
-    if (dynamic_cast<DeviceEvictingKvStorage*>(entry.evicting->pool->storage()) == nullptr) {
+    if (dynamic_cast<DeviceSlotKvStorage*>(entry.slots->pool->storage()) == nullptr) {
       return InvalidArgumentError(where + ": its slot arrays are not on the GPU");
     }
     if (decode ? entry.tokens.size() != 1
@@ -162,14 +162,14 @@ Status LongFlowCudaBackend::Reserve(std::span<const ForwardEntry> batch, const F
     const ForwardEntry& entry = batch[e];
     LongFlowRequestState* state = StateOf(entry);
     if (state == nullptr) continue;
-    auto* storage = static_cast<DeviceEvictingKvStorage*>(entry.evicting->pool->storage());
+    auto* storage = static_cast<DeviceSlotKvStorage*>(entry.slots->pool->storage());
     if (slots_ != storage) {
       drop_graphs();  // captured launches point into the arrays
       slots_ = storage;
     }
     if (IsFixedBudgetEntry(entry)) continue;
     PromptChunk chunk;
-    chunk.array = entry.evicting->slots.array;
+    chunk.array = entry.slots->arrays.array;
     chunk.first_row = plan.entry_first_row[e];
     chunk.tokens = static_cast<int>(entry.tokens.size());
     chunk.start = entry.start_position;
@@ -189,7 +189,7 @@ Status LongFlowCudaBackend::Reserve(std::span<const ForwardEntry> batch, const F
   if (chunks_.empty()) return Status::Ok();
   // Prompt work runs eagerly (a step with prefill rows is never captured): growing here drops
   // no graph that could point into these buffers, but the calls stay uniform.
-  const EvictingKvShape& shape = slots_->shape();
+  const SlotKvShape& shape = slots_->shape();
   const size_t q_dim = static_cast<size_t>(model_.q_dim());
   const size_t window = static_cast<size_t>(config_.snapkv_window);
   const size_t kv_heads = static_cast<size_t>(model_.num_kv_heads);
@@ -231,7 +231,7 @@ void LongFlowCudaBackend::FillStepInputs(std::span<const ForwardEntry> batch,
   auto* arrays = reinterpret_cast<int32_t*>(region);
   for (size_t e = 0; e < batch.size(); ++e) {
     if (StateOf(batch[e]) == nullptr || !IsFixedBudgetEntry(batch[e])) continue;
-    arrays[plan.entry_first_row[e] - rows_.first_row] = batch[e].evicting->slots.array;
+    arrays[plan.entry_first_row[e] - rows_.first_row] = batch[e].slots->arrays.array;
   }
   auto* prompts = reinterpret_cast<int32_t*>(region + Align16(sizeof(int32_t) * row_capacity_));
   const int budget = config_.budget;

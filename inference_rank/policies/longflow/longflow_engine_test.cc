@@ -18,6 +18,7 @@
 #include "inference_rank/policies/longflow/longflow_cpu_backend.h"
 #include "inference_rank/policies/longflow/longflow_policy.h"
 #include "inference_rank/policies/longflow/longflow_test_steps.h"
+#include "inference_rank/residency/evicting/evicting_residency.h"
 
 namespace rubato {
 namespace {
@@ -40,14 +41,14 @@ std::vector<std::vector<float>> ForwardLogits(const std::filesystem::path& dir,
   EXPECT_TRUE(loaded.ok());
   std::unique_ptr<CpuModel> model = std::move(loaded).value();
   auto cache = model->CreateKvCache(16, 16).value();
-  std::unique_ptr<EvictingKvPool> pool;
+  std::unique_ptr<SlotKvPool> pool;
   std::unique_ptr<PolicyRequest> request;
-  EvictingForward evicting;
+  SlotKvForward evicting;
   if (policy != nullptr) {
     EXPECT_TRUE(model->SetAttentionBackend(policy->MakeBackend(*model, 1).value()).ok());
-    pool = model->CreateEvictingKvPool(policy->config().budget, 1).value();
+    pool = model->CreateSlotKvPool(policy->config().budget, 1).value();
     evicting.pool = pool.get();
-    EXPECT_TRUE(pool->Reserve(evicting.slots).ok());
+    EXPECT_TRUE(pool->Reserve(evicting.arrays).ok());
     request = policy->Admit(KvResidency::kEvicting);
   }
   const std::vector<int> prompt = engine_test::Prompt(prompt_length, 4);
@@ -132,7 +133,8 @@ std::unique_ptr<Engine> MakeEngine(const std::filesystem::path& dir,
   options.max_batch = 2;
   options.prefill_chunk = 32;
   options.policy = std::move(policy);
-  options.kv_residency = residency;
+  if (residency == KvResidency::kEvicting)
+    options.residency = std::make_shared<EvictingResidency>();
   options.max_kv_blocks = max_kv_blocks;
   options.metrics = metrics;
   auto engine = Engine::Create(std::move(model).value(), options);
@@ -193,7 +195,8 @@ TEST(LongFlowEngine, LongPromptIsCompressedAndEveryDecodeTokenEvicts) {
             std::string::npos)
       << exposition;
   EXPECT_NE(exposition.find("rubato:longflow_budget_occupancy 1"), std::string::npos);
-  EXPECT_EQ(engine->evicting_pool()->free_arrays(), 2);  // handed back
+  const auto& evicting = static_cast<const EvictingResidency&>(*engine->options().residency);
+  EXPECT_EQ(evicting.pool()->free_arrays(), 2);  // handed back
   EXPECT_EQ(engine->kv_cache().used_blocks(), 0);
 }
 
@@ -232,14 +235,14 @@ TEST(LongFlowEngine, ResidencyAndPlanErrorsAreRefusedByName) {
   TestTempDir dir("longflow");
   auto model = LoadTinyModel(TinyModelKind::kQwen3, dir.path(), 5).value();
   EngineOptions options;
-  options.kv_residency = KvResidency::kEvicting;  // no policy: dense
+  options.residency = std::make_shared<EvictingResidency>();  // no policy: dense
   auto dense = Engine::Create(std::move(model), options);
   ASSERT_FALSE(dense.ok());
   EXPECT_EQ(dense.status().message(),
             "engine: evicting KV needs a policy that supports it (none given: dense attention)");
 
   options.policy = std::make_shared<LongFlowPolicy>(SmallConfig(24));
-  options.kv_residency = KvResidency::kLocal;
+  options.residency = nullptr;  // local
   auto local = Engine::Create(LoadTinyModel(TinyModelKind::kQwen3, dir.path(), 5).value(), options);
   ASSERT_FALSE(local.ok());
   EXPECT_EQ(local.status().message(),
@@ -257,13 +260,13 @@ TEST(LongFlowEngine, ResidencyAndPlanErrorsAreRefusedByName) {
   entry.attention = &plan;
   ForwardResult result;
   Status status = cpu->Forward(std::span<const ForwardEntry>(&entry, 1), *cache, result);
-  EXPECT_NE(status.message().find("fixed-budget attention needs the entry's evicting KV"),
+  EXPECT_NE(status.message().find("fixed-budget attention needs the entry's slot arrays"),
             std::string::npos)
       << status.message();
-  auto pool = cpu->CreateEvictingKvPool(24, 1).value();
-  EvictingForward evicting{pool.get(), {}};
-  ASSERT_TRUE(pool->Reserve(evicting.slots).ok());
-  entry.evicting = &evicting;
+  auto pool = cpu->CreateSlotKvPool(24, 1).value();
+  SlotKvForward evicting{pool.get(), {}};
+  ASSERT_TRUE(pool->Reserve(evicting.arrays).ok());
+  entry.slots = &evicting;
   entry.tokens = tokens;
   status = cpu->Forward(std::span<const ForwardEntry>(&entry, 1), *cache, result);
   EXPECT_NE(status.message().find("fixed-budget attention takes one token, got 2"),

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "inference_rank/kv/evicting_kv_pool.h"
+#include "inference_rank/kv/slot_kv_pool.h"
 #include "inference_rank/policies/longflow/longflow_cpu_backend.h"
 #include "inference_rank/policies/longflow/longflow_policy.h"
 #include "inference_rank/policies/policy_registry.h"
@@ -157,11 +157,10 @@ int ReferenceStep(const Scripted& s, const ReferenceHead& head, const float* gro
 TEST(LongFlowDecodeStep, ScriptedEvictionsMatchTheBruteForce) {
   const Scripted s;
   const int steps = 60;
-  auto pool =
-      EvictingKvPool::Create(EvictingKvShape{1, s.kv_heads, s.head_dim, s.budget, 1}).value();
-  EvictingKvSlots slots;
+  auto pool = SlotKvPool::Create(SlotKvShape{1, s.kv_heads, s.head_dim, s.budget, 1}).value();
+  SlotKvArrays slots;
   ASSERT_TRUE(pool->Reserve(slots).ok());
-  const EvictingKvView view = pool->LayerView(0, slots);
+  const SlotKvView view = pool->LayerView(0, slots);
   ThreadPool threads(2);
   LongFlowScratch scratch;
   std::vector<ReferenceHead> reference(static_cast<size_t>(s.kv_heads));

@@ -14,7 +14,7 @@ namespace rubato::longflow_test {
 // the chunk that ends it), else `*next_token` alone. With `request`, its plan and `evicting`.
 inline ForwardEntry StepEntry(KvSequence& sequence, std::span<const int> prompt, int start,
                               const int* next_token, PolicyRequest* request,
-                              EvictingForward* evicting) {
+                              SlotKvForward* evicting) {
   ForwardEntry entry;
   entry.sequence = &sequence;
   entry.start_position = start;
@@ -29,7 +29,7 @@ inline ForwardEntry StepEntry(KvSequence& sequence, std::span<const int> prompt,
     entry.tokens = std::span<const int>(next_token, 1);
     if (request != nullptr) entry.attention = request->PlanDecode(start);
   }
-  if (request != nullptr) entry.evicting = evicting;
+  if (request != nullptr) entry.slots = evicting;
   return entry;
 }
 

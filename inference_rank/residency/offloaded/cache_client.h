@@ -17,7 +17,7 @@
 #include "common/hf_config.h"
 #include "common/metrics.h"
 #include "common/status.h"
-#include "inference_rank/model/kv_offload.h"
+#include "inference_rank/residency/offloaded/kv_offload.h"
 #include "transport/layer_pack.h"
 #include "transport/pack_protocol.h"
 #include "transport/transport.h"

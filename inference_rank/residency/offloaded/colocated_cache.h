@@ -4,7 +4,8 @@
 // on one machine (and in CI): the same packs, replies and checks as between two processes.
 //
 //   RUBATO_ASSIGN_OR_RETURN(auto cache, ColocatedCacheRank::Create(model.config(), client, {}));
-//   engine_options.offload = &cache->client();
+//   engine_options.residency = std::make_shared<OffloadedResidency>(cache->client(),
+//   &cache->client());
 #pragma once
 
 #include <cstdint>

@@ -14,6 +14,7 @@
 #include "inference_rank/engine/engine_test_requests.h"
 #include "inference_rank/model/tiny_test_models.h"
 #include "inference_rank/residency/offloaded/colocated_cache.h"
+#include "inference_rank/residency/offloaded/offloaded_residency.h"
 
 namespace rubato {
 namespace {
@@ -42,7 +43,9 @@ class OffloadEngineTest : public ::testing::Test {
     options.max_context = 128;
     options.prefill_chunk = 16;
     options.num_threads = 2;
-    options.offload = cache != nullptr ? &cache->client() : nullptr;
+    if (cache != nullptr) {
+      options.residency = std::make_shared<OffloadedResidency>(cache->client(), &cache->client());
+    }
     auto engine = Engine::Create(LoadModel(), options);
     EXPECT_TRUE(engine.ok()) << engine.status().ToString();
     std::map<uint64_t, Output> outputs;
@@ -80,7 +83,7 @@ class OffloadEngineTest : public ::testing::Test {
     options.max_batch = 4;
     options.max_context = 128;
     options.num_threads = 2;
-    options.offload = &cache.client();
+    options.residency = std::make_shared<OffloadedResidency>(cache.client(), &cache.client());
     return options;
   }
 

@@ -19,7 +19,7 @@
 
 #include "common/metrics.h"
 #include "common/status.h"
-#include "inference_rank/model/kv_offload.h"
+#include "inference_rank/residency/offloaded/kv_offload.h"
 #include "inference_rank/residency/offloaded/remote_cache.h"
 
 namespace rubato {

@@ -1,5 +1,5 @@
-// The evicting residency's slot pool (see evicting_kv_pool.h).
-#include "inference_rank/kv/evicting_kv_pool.h"
+// The KV slot pool (see slot_kv_pool.h).
+#include "inference_rank/kv/slot_kv_pool.h"
 
 #include <algorithm>
 #include <new>
@@ -8,7 +8,7 @@
 
 namespace rubato {
 
-Status WriteToNextSlots(const EvictingKvView& view, const float* key, const float* value) {
+Status WriteToNextSlots(const SlotKvView& view, const float* key, const float* value) {
   for (int h = 0; h < view.num_kv_heads; ++h) {
     const int slot = view.next_slot[h];
     if (slot < 0 || slot >= view.budget) {
@@ -27,7 +27,7 @@ Status WriteToNextSlots(const EvictingKvView& view, const float* key, const floa
   return Status::Ok();
 }
 
-size_t EvictingKvPool::PoolBytes(const EvictingKvShape& s) {
+size_t SlotKvPool::PoolBytes(const SlotKvShape& s) {
   const size_t per_layer =
       2 * sizeof(float) * static_cast<size_t>(s.num_kv_heads) * s.budget * s.head_dim + s.budget +
       sizeof(int32_t) * s.num_kv_heads;
@@ -36,7 +36,7 @@ size_t EvictingKvPool::PoolBytes(const EvictingKvShape& s) {
 
 namespace {
 
-Status ValidateShape(const EvictingKvShape& shape) {
+Status ValidateShape(const SlotKvShape& shape) {
   if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
       shape.budget <= 0 || shape.num_arrays <= 0) {
     return InvalidArgumentError("evicting KV pool: layers (" + std::to_string(shape.num_layers) +
@@ -50,20 +50,20 @@ Status ValidateShape(const EvictingKvShape& shape) {
 
 }  // namespace
 
-Result<std::unique_ptr<EvictingKvPool>> EvictingKvPool::CreateWithStorage(
-    const EvictingKvShape& shape, std::unique_ptr<EvictingKvStorage> storage) {
+Result<std::unique_ptr<SlotKvPool>> SlotKvPool::CreateWithStorage(
+    const SlotKvShape& shape, std::unique_ptr<SlotKvStorage> storage) {
   RUBATO_RETURN_IF_ERROR(ValidateShape(shape));
   if (storage == nullptr) return InvalidArgumentError("evicting KV pool: no storage given");
-  std::unique_ptr<EvictingKvPool> pool(new EvictingKvPool(shape));
+  std::unique_ptr<SlotKvPool> pool(new SlotKvPool(shape));
   pool->storage_ = std::move(storage);
   for (int array = shape.num_arrays - 1; array >= 0; --array) pool->free_arrays_.push_back(array);
   pool->array_in_use_.assign(static_cast<size_t>(shape.num_arrays), 0);
   return pool;
 }
 
-Result<std::unique_ptr<EvictingKvPool>> EvictingKvPool::Create(const EvictingKvShape& shape) {
+Result<std::unique_ptr<SlotKvPool>> SlotKvPool::Create(const SlotKvShape& shape) {
   RUBATO_RETURN_IF_ERROR(ValidateShape(shape));
-  std::unique_ptr<EvictingKvPool> pool(new EvictingKvPool(shape));
+  std::unique_ptr<SlotKvPool> pool(new SlotKvPool(shape));
   pool->layer_floats_ = static_cast<size_t>(shape.num_kv_heads) * shape.budget * shape.head_dim;
   const size_t layers = static_cast<size_t>(shape.num_arrays) * shape.num_layers;
   pool->keys_.reset(new (std::nothrow) float[pool->layer_floats_ * layers]);
@@ -81,7 +81,7 @@ Result<std::unique_ptr<EvictingKvPool>> EvictingKvPool::Create(const EvictingKvS
   return pool;
 }
 
-Status EvictingKvPool::Reserve(EvictingKvSlots& slots) {
+Status SlotKvPool::Reserve(SlotKvArrays& slots) {
   if (slots.array >= 0) {
     return InvalidArgumentError("evicting KV pool: the request already holds slot array " +
                                 std::to_string(slots.array));
@@ -106,7 +106,7 @@ Status EvictingKvPool::Reserve(EvictingKvSlots& slots) {
   return Status::Ok();
 }
 
-Status EvictingKvPool::Release(EvictingKvSlots& slots) {
+Status SlotKvPool::Release(SlotKvArrays& slots) {
   if (slots.array < 0) return Status::Ok();
   if (slots.array >= shape_.num_arrays || !array_in_use_[static_cast<size_t>(slots.array)]) {
     return InternalError("evicting KV pool: slot array " + std::to_string(slots.array) +
@@ -118,10 +118,10 @@ Status EvictingKvPool::Release(EvictingKvSlots& slots) {
   return Status::Ok();
 }
 
-EvictingKvView EvictingKvPool::LayerView(int layer, const EvictingKvSlots& slots) const {
-  if (storage_ != nullptr) return EvictingKvView{};
+SlotKvView SlotKvPool::LayerView(int layer, const SlotKvArrays& slots) const {
+  if (storage_ != nullptr) return SlotKvView{};
   const size_t index = static_cast<size_t>(slots.array) * shape_.num_layers + layer;
-  EvictingKvView view;
+  SlotKvView view;
   view.keys = keys_.get() + index * layer_floats_;
   view.values = values_.get() + index * layer_floats_;
   view.valid = valid_.get() + index * shape_.budget;

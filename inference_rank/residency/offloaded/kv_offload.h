@@ -1,9 +1,10 @@
-// Offloaded KV residency, the model's side: an entry whose full KV lives on a cache rank. In
-// every layer the model hands the entry's new K/V (and its last query) to a KvOffloadExchange,
-// which ships them in layer packs; a decode token attends the compact KV the exchange returns
-// plus the local recent segment through the two-segment op; prefill chunks attend locally. The
-// exchange (inference_rank/residency/offloaded/cache_client.h) owns packs, transports and timing; the model
-// calls it in layer order: LayerComputed, then CompactFor per decode entry.
+// The offloaded residency's exchange: an entry whose full KV lives on a cache rank. In every
+// layer the residency's model half (offloaded_cpu_backend.h, offloaded_cuda_backend.h) hands
+// the entry's new K/V (and its last query) to a KvOffloadExchange, which ships them in layer
+// packs; a decode token attends the compact KV the exchange returns plus the local recent
+// segment through the two-segment op; prefill chunks attend locally. The exchange
+// (cache_client.h) owns packs, transports and timing; the model half calls it in layer order:
+// LayerComputed, then CompactFor per decode entry.
 // Narrative: docs/disaggregated.md "The model's side".
 #pragma once
 
@@ -11,17 +12,18 @@
 #include <span>
 
 #include "common/status.h"
+#include "inference_rank/residency/residency_backend.h"
 #include "kernels/cpu/compact_kv_view.h"
 
 namespace rubato {
 
 // One entry's new K/V of one layer, as the model computed them (post q/k-norm and RoPE).
 struct OffloadLayerKv {
-  uint64_t session_id = 0;       // the entry's session on the cache rank
-  int start_position = 0;        // position of the first new token
-  int tokens = 0;                // new tokens (1 in decode, more for a prefill chunk)
-  const float* keys = nullptr;   // [tokens][num_kv_heads][head_dim], f32
-  const float* values = nullptr;  // [tokens][num_kv_heads][head_dim], f32
+  uint64_t session_id = 0;            // the entry's session on the cache rank
+  int start_position = 0;             // position of the first new token
+  int tokens = 0;                     // new tokens (1 in decode, more for a prefill chunk)
+  const float* keys = nullptr;        // [tokens][num_kv_heads][head_dim], f32
+  const float* values = nullptr;      // [tokens][num_kv_heads][head_dim], f32
   const float* last_query = nullptr;  // [num_heads][head_dim], f32: the last new token's query
 };
 
@@ -29,11 +31,12 @@ struct OffloadLayerKv {
 // head h, then positions [recent_begin, position + 1) of the local paged cache. The compact rows
 // and the recent segment never share a position.
 struct OffloadCompactKv {
-  CompactKvView compact;  // [num_kv_heads][capacity][head_dim], f32; read only
+  CompactKvView compact;        // [num_kv_heads][capacity][head_dim], f32; read only
   const int* counts = nullptr;  // [num_kv_heads]
   int recent_begin = 0;
   // Optional, [num_kv_heads][capacity]: the position each row holds (-1 past the count). Lets a
-  // model see that a reply is the whole prefix [0, recent_begin) in order (cuda_model_offload.cc).
+  // model see that a reply is the whole prefix [0, recent_begin) in order
+  // (offloaded_cuda_backend.cc).
   const int* positions = nullptr;
 };
 
@@ -53,7 +56,7 @@ class KvOffloadExchange {
 };
 
 // The engine's handle on a cache rank: sessions per request, the exchange their entries use, and
-// whether the data plane still works (inference_rank/residency/offloaded/cache_client.h implements it).
+// whether the data plane still works (cache_client.h implements it).
 class KvOffloadClient : public KvOffloadExchange {
  public:
   // A session for a request of up to `capacity_tokens` positions.
@@ -65,8 +68,13 @@ class KvOffloadClient : public KvOffloadExchange {
   virtual Status Broken() const = 0;
 };
 
-// Set on a ForwardEntry: the entry's KV is offloaded through `exchange` (model.h).
-struct OffloadForward {
+// The handle on a ForwardEntry (ForwardEntry::residency): the entry's KV is offloaded through
+// `exchange`, in session `session_id`.
+struct OffloadForward final : ResidencyEntry {
+  OffloadForward() = default;
+  OffloadForward(KvOffloadExchange* exchange_in, uint64_t session_id_in)
+      : exchange(exchange_in), session_id(session_id_in) {}
+
   KvOffloadExchange* exchange = nullptr;
   uint64_t session_id = 0;
 };

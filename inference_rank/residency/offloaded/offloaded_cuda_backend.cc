@@ -1,9 +1,9 @@
-// The CUDA model's offloaded entries (kv_offload.h, DESIGN §3 "KV residency"), the twin of the
-// CPU model's OffloadLayer: per layer, after the local KV append, their new K/V (and last query)
-// go to their exchange through pinned host memory, and their decode rows attend what it returns:
-// a whole prefix as paged blocks with the dense kernel (local dense's bits), a compact selection
-// plus the recent segment with the two-segment kernel. Synchronous per layer and never in a
-// graph: the correctness path. docs/cuda_model.md "Offloaded entries".
+// The offloaded residency's CUDA model half (see offloaded_cuda_backend.h), the twin of the CPU
+// half (offloaded_cpu_backend.cc).
+#include "inference_rank/residency/offloaded/offloaded_cuda_backend.h"
+
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -11,8 +11,11 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "inference_rank/model/cuda_model.h"
+#include "inference_rank/model/cuda_pinned_buffer.h"
+#include "inference_rank/residency/offloaded/kv_offload.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/device_buffer.h"
 
 namespace rubato {
 namespace {
@@ -44,10 +47,31 @@ bool IsWholePrefix(const OffloadCompactKv& reply, int position) {
   return true;
 }
 
-}  // namespace
+const OffloadForward& Handle(const ResidencyEntry* entry) {
+  return static_cast<const OffloadForward&>(*entry);
+}
 
-// The current forward's offloaded entries and, per layer, their decode rows' replies.
-struct CudaModel::OffloadStep {
+class OffloadedCudaBackend final : public CudaResidencyBackend {
+ public:
+  explicit OffloadedCudaBackend(const ModelConfig& config) : config_(config) {}
+
+  std::string_view residency_name() const override { return "offloaded"; }
+  // Every layer waits on the host for the exchange.
+  bool graph_replayable() const override { return false; }
+
+  Status CheckBatch(std::span<const ForwardEntry> batch,
+                    const AttentionWindow& window) const override;
+  // The batch's offloaded entries and the pinned buffer their rows come back in.
+  Status PlanStep(std::span<const ForwardEntry> batch, const ForwardPlan& plan) override;
+  // Ships the entries' K/V and last query to the exchange and uploads the replies of their
+  // decode rows.
+  Status LayerComputed(const CudaLayerContext& layer) override;
+  // The offloaded rows two-segment over their replies (or dense over an uploaded whole
+  // prefix), the others dense in runs.
+  Status AttendDecodeRows(const CudaLayerContext& layer, int first_row, int rows,
+                          const AttentionWindow& window) override;
+
+ private:
   struct Entry {
     KvOffloadExchange* exchange = nullptr;
     uint64_t session_id = 0;
@@ -92,26 +116,50 @@ struct CudaModel::OffloadStep {
   PinnedBuffer upload;
   cuda::DeviceBuffer<unsigned char> compact;
   std::vector<float> f32;  // the exchange's f32 K/V and queries
+
+  const ModelConfig config_;
 };
 
-void CudaModel::OffloadStepDeleter::operator()(OffloadStep* step) const { delete step; }
+Status OffloadedCudaBackend::CheckBatch(std::span<const ForwardEntry> batch,
+                                        const AttentionWindow& window) const {
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const ForwardEntry& entry = batch[e];
+    if (entry.residency == nullptr) continue;
+    const std::string where = "forward: batch entry " + std::to_string(e);
+    if (dynamic_cast<const OffloadForward*>(entry.residency) == nullptr) {
+      return InvalidArgumentError(where + ": a residency handle not made by offloaded KV");
+    }
+    if (Handle(entry.residency).exchange == nullptr) {
+      return InvalidArgumentError(where + ": offloaded entry without an exchange");
+    }
+    if (entry.attention != nullptr) {
+      return InvalidArgumentError(where +
+                                  " is offloaded and has a local attention plan (an "
+                                  "offloaded entry attends what its cache rank returns)");
+    }
+    if (entry.slots != nullptr) {
+      return InvalidArgumentError(where + " is both offloaded and on slot arrays");
+    }
+    if (!window.IsDense()) {
+      return InvalidArgumentError(where + ": offloaded entries need a dense forward window");
+    }
+  }
+  return Status::Ok();
+}
 
-Status CudaModel::PlanOffload(std::span<const ForwardEntry> batch) {
-  offload_step_ = std::any_of(batch.begin(), batch.end(),
-                              [](const ForwardEntry& entry) { return entry.offload != nullptr; });
-  if (!offload_step_) return Status::Ok();
-  if (offload_ == nullptr) offload_.reset(new OffloadStep());
-  OffloadStep& step = *offload_;
+Status OffloadedCudaBackend::PlanStep(std::span<const ForwardEntry> batch,
+                                      const ForwardPlan& plan) {
+  OffloadedCudaBackend& step = *this;
   step.entries.clear();
   step.rows.clear();
   size_t rows = 0;
   for (size_t e = 0; e < batch.size(); ++e) {
     const ForwardEntry& entry = batch[e];
-    if (entry.offload == nullptr) continue;
-    OffloadStep::Entry p;
-    p.exchange = entry.offload->exchange;
-    p.session_id = entry.offload->session_id;
-    p.first_row = plan_.entry_first_row[e];
+    if (entry.residency == nullptr) continue;
+    Entry p;
+    p.exchange = Handle(entry.residency).exchange;
+    p.session_id = Handle(entry.residency).session_id;
+    p.first_row = plan.entry_first_row[e];
     p.tokens = static_cast<int>(entry.tokens.size());
     p.start_position = entry.start_position;
     p.download_row = static_cast<int>(rows);
@@ -125,17 +173,20 @@ Status CudaModel::PlanOffload(std::span<const ForwardEntry> batch) {
                       "the offloaded entries' q|k|v rows");
 }
 
-Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stream) {
-  OffloadStep& step = *offload_;
+Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
+  OffloadedCudaBackend& step = *this;
+  const int layer = context.layer;
+  const cudaStream_t stream = context.stream;
+  const DeviceKvStorage& kv = *context.kv;
   const int q_dim = config_.q_dim();
   const int kv_dim = config_.kv_dim();
   const size_t qkv_dim = static_cast<size_t>(q_dim + 2 * kv_dim);
   auto* download = reinterpret_cast<__nv_bfloat16*>(step.download.data());
   // The offloaded entries' q|k|v rows (after q/k-norm and RoPE), [download rows][qkv_dim] bf16.
-  for (const OffloadStep::Entry& p : step.entries) {
+  for (const Entry& p : step.entries) {
     RUBATO_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(download + static_cast<size_t>(p.download_row) * qkv_dim,
-                        qkv_.data() + static_cast<size_t>(p.first_row) * qkv_dim,
+                        context.qkv + static_cast<size_t>(p.first_row) * qkv_dim,
                         static_cast<size_t>(p.tokens) * qkv_dim * sizeof(__nv_bfloat16),
                         cudaMemcpyDeviceToHost, stream),
         "copying the offloaded entries' K/V of layer " + std::to_string(layer) + " to the host");
@@ -148,7 +199,7 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
   // f32 copies for the exchange: per entry keys [tokens][kv_dim], values [tokens][kv_dim], the
   // last token's query [q_dim].
   size_t floats = 0;
-  for (const OffloadStep::Entry& p : step.entries) {
+  for (const Entry& p : step.entries) {
     floats += static_cast<size_t>(p.tokens) * 2 * kv_dim + q_dim;
   }
   step.f32.resize(floats);
@@ -161,7 +212,7 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
     out += count;
     return begin;
   };
-  for (const OffloadStep::Entry& p : step.entries) {
+  for (const Entry& p : step.entries) {
     const __nv_bfloat16* first = download + static_cast<size_t>(p.download_row) * qkv_dim;
     OffloadLayerKv entry_kv{p.session_id, p.start_position, p.tokens, nullptr, nullptr, nullptr};
     float* keys = out;
@@ -188,18 +239,18 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
   }
 
   // The replies of the decode rows, narrowed to bf16 into the upload buffer: whole prefixes as
-  // paged blocks, other replies as compact slabs (OffloadStep::upload has the layout).
+  // paged blocks, other replies as compact slabs (`upload` has the layout).
   const int kv_heads = config_.num_kv_heads;
   const int head_dim = config_.head_dim;
   const int block_tokens = kv.shape().block_tokens;
-  const int table_stride = plan_.decode_table_stride;
+  const int table_stride = context.plan->decode_table_stride;
   step.rows.clear();
   std::vector<OffloadCompactKv> replies;
-  std::vector<const OffloadStep::Entry*> row_entries;
+  std::vector<const Entry*> row_entries;
   size_t upload_bytes = 0;
   int prefix_blocks = 0;
   int prefix_rows = 0;
-  for (const OffloadStep::Entry& p : step.entries) {
+  for (const Entry& p : step.entries) {
     if (!p.attends) continue;
     RUBATO_ASSIGN_OR_RETURN(const OffloadCompactKv reply,
                             p.exchange->CompactFor(layer, p.session_id, p.start_position));
@@ -220,7 +271,7 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
                              std::to_string(view.capacity));
       }
     }
-    OffloadStep::Row row;
+    Row row;
     row.decode_row = p.first_row;
     row.recent_tokens = p.start_position + 1 - reply.recent_begin;
     row.prefix = IsWholePrefix(reply, p.start_position);
@@ -245,9 +296,7 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
   // Offloaded decode rows are all dense-kind rows, which the forward plan numbers in batch
   // order: OffloadedDecodeAttention's binary search and the prefix tables rely on it.
   if (!std::is_sorted(step.rows.begin(), step.rows.end(),
-                      [](const OffloadStep::Row& a, const OffloadStep::Row& b) {
-                        return a.decode_row < b.decode_row;
-                      })) {
+                      [](const Row& a, const Row& b) { return a.decode_row < b.decode_row; })) {
     return InternalError("layer " + std::to_string(layer) +
                          ": the offloaded decode rows are not in row order");
   }
@@ -271,7 +320,7 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
   auto* tables = reinterpret_cast<int32_t*>(upload + step.prefix_tables_offset);
   std::fill_n(tables, static_cast<size_t>(prefix_rows) * table_stride, 0);
   for (size_t r = 0; r < step.rows.size(); ++r) {
-    const OffloadStep::Row& row = step.rows[r];
+    const Row& row = step.rows[r];
     const OffloadCompactKv& reply = replies[r];
     const CompactKvView& view = reply.compact;
     if (row.prefix) {
@@ -325,9 +374,9 @@ Status CudaModel::OffloadLayer(int layer, DeviceKvStorage& kv, cudaStream_t stre
       "copying the compact KV replies of layer " + std::to_string(layer) + " to the device");
 }
 
-Status CudaModel::OffloadedDecodeAttention(const CudaLayerContext& context, int first_row, int rows,
-                                           const AttentionWindow& window) {
-  const OffloadStep& step = *offload_;
+Status OffloadedCudaBackend::AttendDecodeRows(const CudaLayerContext& context, int first_row,
+                                              int rows, const AttentionWindow& window) {
+  const OffloadedCudaBackend& step = *this;
   const unsigned char* base = step.compact.data();
   // Consecutive rows of one kind share a launch: local rows the dense kernel over the local
   // cache, prefix rows the dense kernel over their uploaded blocks (the same launch shape as
@@ -335,9 +384,9 @@ Status CudaModel::OffloadedDecodeAttention(const CudaLayerContext& context, int 
   enum class Kind { kLocal, kPrefix, kCompact };
   // step.rows is in decode-row order (built in batch order): found by binary search.
   auto offloaded = [&](int row) {
-    const auto it = std::lower_bound(
-        step.rows.begin(), step.rows.end(), row,
-        [](const OffloadStep::Row& r, int decode_row) { return r.decode_row < decode_row; });
+    const auto it =
+        std::lower_bound(step.rows.begin(), step.rows.end(), row,
+                         [](const Row& r, int decode_row) { return r.decode_row < decode_row; });
     return it != step.rows.end() && it->decode_row == row ? it : step.rows.end();
   };
   auto kind_of = [&](int row) {
@@ -372,13 +421,19 @@ Status CudaModel::OffloadedDecodeAttention(const CudaLayerContext& context, int 
       params.value_pool = reinterpret_cast<const __nv_bfloat16*>(base + step.prefix_values_offset);
       params.num_pool_blocks = step.prefix_blocks;
       const auto* tables = reinterpret_cast<const int32_t*>(base + step.prefix_tables_offset);
-      params.block_tables =
-          tables + static_cast<size_t>(offloaded(row)->table_row) * plan_.decode_table_stride;
+      params.block_tables = tables + static_cast<size_t>(offloaded(row)->table_row) *
+                                         context.plan->decode_table_stride;
     }
     RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(params, context.stream));
     row = end;
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+std::unique_ptr<CudaResidencyBackend> MakeOffloadedCudaBackend(const ModelConfig& config) {
+  return std::make_unique<OffloadedCudaBackend>(config);
 }
 
 }  // namespace rubato

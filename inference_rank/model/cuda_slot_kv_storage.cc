@@ -1,5 +1,5 @@
-// The CUDA model's evicting KV slot arrays (cuda_evicting_kv_storage.h).
-#include "inference_rank/model/cuda_evicting_kv_storage.h"
+// The CUDA model's KV slot arrays (cuda_slot_kv_storage.h).
+#include "inference_rank/model/cuda_slot_kv_storage.h"
 
 #include <string>
 
@@ -7,23 +7,23 @@
 
 namespace rubato {
 
-size_t DeviceEvictingKvStorage::PoolBytes(const EvictingKvShape& s) {
+size_t DeviceSlotKvStorage::PoolBytes(const SlotKvShape& s) {
   const size_t per_layer_array =
       2 * sizeof(__nv_bfloat16) * static_cast<size_t>(s.num_kv_heads) * s.budget * s.head_dim +
       static_cast<size_t>(s.budget) + sizeof(int32_t) * s.num_kv_heads;
   return per_layer_array * static_cast<size_t>(s.num_layers) * s.num_arrays;
 }
 
-Result<std::unique_ptr<DeviceEvictingKvStorage>> DeviceEvictingKvStorage::Create(
-    const EvictingKvShape& shape, cudaStream_t stream) {
-  std::unique_ptr<DeviceEvictingKvStorage> storage(new DeviceEvictingKvStorage());
+Result<std::unique_ptr<DeviceSlotKvStorage>> DeviceSlotKvStorage::Create(const SlotKvShape& shape,
+                                                                         cudaStream_t stream) {
+  std::unique_ptr<DeviceSlotKvStorage> storage(new DeviceSlotKvStorage());
   storage->shape_ = shape;
   storage->stream_ = stream;
   storage->layer_elements_ =
       static_cast<size_t>(shape.num_arrays) * shape.num_kv_heads * shape.budget * shape.head_dim;
   const size_t layers = static_cast<size_t>(shape.num_layers);
   const size_t arrays = static_cast<size_t>(shape.num_arrays);
-  const std::string what = "evicting KV (" + std::to_string(shape.num_arrays) + " requests x " +
+  const std::string what = "slot KV arrays (" + std::to_string(shape.num_arrays) + " requests x " +
                            std::to_string(shape.budget) + " slots x " +
                            std::to_string(shape.num_layers) + " layers, bf16; " +
                            std::to_string(PoolBytes(shape)) +
@@ -40,21 +40,21 @@ Result<std::unique_ptr<DeviceEvictingKvStorage>> DeviceEvictingKvStorage::Create
   // Zero everything (finite K/V in never-written slots; every mask clear, every next slot 0),
   // finished before any forward can read it.
   RUBATO_CUDA_RETURN_IF_ERROR(cudaMemset(storage->keys_.data(), 0, storage->keys_.bytes()),
-                              "zeroing the evicting K arrays");
+                              "zeroing the slot K arrays");
   RUBATO_CUDA_RETURN_IF_ERROR(cudaMemset(storage->values_.data(), 0, storage->values_.bytes()),
-                              "zeroing the evicting V arrays");
+                              "zeroing the slot V arrays");
   RUBATO_CUDA_RETURN_IF_ERROR(cudaMemset(storage->valid_.data(), 0, storage->valid_.bytes()),
-                              "zeroing the evicting masks");
+                              "zeroing the slot masks");
   RUBATO_CUDA_RETURN_IF_ERROR(
       cudaMemset(storage->next_slot_.data(), 0, storage->next_slot_.bytes()),
-      "zeroing the evicting next slots");
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "zeroing the evicting KV arrays");
+      "zeroing the next slots");
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "zeroing the KV slot arrays");
   return storage;
 }
 
-Status DeviceEvictingKvStorage::ResetArray(int array) {
+Status DeviceSlotKvStorage::ResetArray(int array) {
   if (array < 0 || array >= shape_.num_arrays) {
-    return InternalError("evicting KV storage: array " + std::to_string(array) + " outside [0, " +
+    return InternalError("KV slot storage: array " + std::to_string(array) + " outside [0, " +
                          std::to_string(shape_.num_arrays) + ")");
   }
   // One row per layer, strided by the layer's arrays.
@@ -64,11 +64,11 @@ Status DeviceEvictingKvStorage::ResetArray(int array) {
   RUBATO_CUDA_RETURN_IF_ERROR(
       cudaMemset2DAsync(valid_.data() + array * budget, arrays * budget, 0, budget,
                         static_cast<size_t>(shape_.num_layers), stream_),
-      "clearing an evicting KV mask");
+      "clearing a KV slot mask");
   RUBATO_CUDA_RETURN_IF_ERROR(
       cudaMemset2DAsync(next_slot_.data() + array * heads, arrays * heads * sizeof(int32_t), 0,
                         heads * sizeof(int32_t), static_cast<size_t>(shape_.num_layers), stream_),
-      "clearing evicting next slots");
+      "clearing next slots");
   return Status::Ok();
 }
 

@@ -1,4 +1,5 @@
-// The CPU model's offloaded-KV hook (kv_offload.h) against an in-test exchange that plays the
+// The CPU model with the offloaded residency's model half (offloaded_cpu_backend.h, its
+// exchange kv_offload.h) against an in-test exchange that plays the
 // cache rank: it stores every K/V the model hands over and answers CompactFor with every stored
 // position before the recent segment (offload-dense).
 //   * offloaded decoding gives the dense logits (every element, tight tolerance: the keys are
@@ -16,6 +17,8 @@
 #include "common/test_temp_dir.h"
 #include "inference_rank/model/cpu_model.h"
 #include "inference_rank/model/tiny_test_models.h"
+#include "inference_rank/residency/offloaded/kv_offload.h"
+#include "inference_rank/residency/offloaded/offloaded_cpu_backend.h"
 #include "kernels/cpu/all_close_for_test.h"
 #include "kernels/cpu/sampling.h"
 
@@ -106,6 +109,7 @@ class CpuModelOffloadTest : public ::testing::TestWithParam<TinyModelKind> {
     auto model = LoadTinyModel(GetParam(), dir_.path());
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     model_ = std::move(model).value();
+    ASSERT_TRUE(model_->SetResidencyBackend(MakeOffloadedCpuBackend(model_->config())).ok());
     auto cache = model_->CreateKvCache(16, 64);
     ASSERT_TRUE(cache.ok());
     cache_ = std::move(cache).value();
@@ -125,7 +129,7 @@ class CpuModelOffloadTest : public ::testing::TestWithParam<TinyModelKind> {
       const std::span<const int> tokens =
           prefill ? std::span<const int>(prompt).subspan(start, n) : std::span<const int>(&token, 1);
       ForwardEntry entry{&sequence, tokens, start, LogitsWanted::kLast};
-      entry.offload = exchange != nullptr ? &offload : nullptr;
+      entry.residency = exchange != nullptr ? &offload : nullptr;
       const Status status = model_->Forward({&entry, 1}, *cache_, result);
       EXPECT_TRUE(status.ok()) << status.ToString();
       if (!status.ok()) return logits;
@@ -194,20 +198,20 @@ TEST_P(CpuModelOffloadTest, ExchangeErrorsEndTheForwardAndBadEntriesAreRefused) 
   const std::vector<int> prompt = TestPrompt(5, 1);
   const OffloadForward offload{&exchange, 7};
   ForwardEntry entry{&sequence, prompt, 0, LogitsWanted::kLast};
-  entry.offload = &offload;
+  entry.residency = &offload;
   ForwardResult result;
   Status status = model_->Forward({&entry, 1}, *cache_, result);
   EXPECT_EQ(status.code(), StatusCode::kUnavailable);
   EXPECT_NE(status.message().find("cache rank gone"), std::string::npos) << status.message();
 
   const OffloadForward no_exchange{nullptr, 7};
-  entry.offload = &no_exchange;
+  entry.residency = &no_exchange;
   status = model_->Forward({&entry, 1}, *cache_, result);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("without an exchange"), std::string::npos);
 
   exchange.fail_layer_computed_ = false;
-  entry.offload = &offload;
+  entry.residency = &offload;
   status = model_->Forward({&entry, 1}, *cache_, result, AttentionWindow{4, 8});
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("dense forward window"), std::string::npos);

@@ -1,7 +1,7 @@
 // Tests for the evicting residency's slot pool: reserve / release accounting (all arrays held,
 // double release), a fresh array's masks and next slots, views of distinct arrays and layers
 // never overlapping, writes into the next slots, refused shapes, and a backend's own storage.
-#include "inference_rank/kv/evicting_kv_pool.h"
+#include "inference_rank/kv/slot_kv_pool.h"
 
 #include <gtest/gtest.h>
 
@@ -11,10 +11,10 @@
 namespace rubato {
 namespace {
 
-TEST(EvictingKvPool, ReservesEveryArrayOnceAndTakesThemBack) {
-  auto pool = EvictingKvPool::Create(EvictingKvShape{2, 2, 4, 5, 2}).value();
-  EXPECT_EQ(pool->pool_bytes(), EvictingKvPool::PoolBytes(pool->shape()));
-  EvictingKvSlots a, b, c;
+TEST(SlotKvPool, ReservesEveryArrayOnceAndTakesThemBack) {
+  auto pool = SlotKvPool::Create(SlotKvShape{2, 2, 4, 5, 2}).value();
+  EXPECT_EQ(pool->pool_bytes(), SlotKvPool::PoolBytes(pool->shape()));
+  SlotKvArrays a, b, c;
   ASSERT_TRUE(pool->Reserve(a).ok());
   ASSERT_TRUE(pool->Reserve(b).ok());
   EXPECT_NE(a.array, b.array);
@@ -25,27 +25,27 @@ TEST(EvictingKvPool, ReservesEveryArrayOnceAndTakesThemBack) {
   EXPECT_EQ(pool->Reserve(a).code(), StatusCode::kInvalidArgument);  // holds one already
 
   // Dirty a's masks, hand it back, take it again: fresh.
-  const EvictingKvView view = pool->LayerView(1, a);
+  const SlotKvView view = pool->LayerView(1, a);
   view.valid[3] = 1;
   view.next_slot[1] = 4;
-  EvictingKvSlots copy = a;
+  SlotKvArrays copy = a;
   ASSERT_TRUE(pool->Release(a).ok());
   EXPECT_EQ(a.array, -1);
   EXPECT_EQ(pool->Release(copy).code(), StatusCode::kInternal);  // a double release
   ASSERT_TRUE(pool->Reserve(c).ok());
-  const EvictingKvView fresh = pool->LayerView(1, c);
+  const SlotKvView fresh = pool->LayerView(1, c);
   for (int s = 0; s < 5; ++s) EXPECT_EQ(fresh.valid[s], 0);
   EXPECT_EQ(fresh.next_slot[0], 0);
   EXPECT_EQ(fresh.next_slot[1], 0);
   EXPECT_TRUE(pool->Release(a).ok());  // holds none: a no-op
 }
 
-TEST(EvictingKvPool, WritesTheNextSlotOfEveryHead) {
-  auto pool = EvictingKvPool::Create(EvictingKvShape{2, 2, 3, 4, 2}).value();
-  EvictingKvSlots a, b;
+TEST(SlotKvPool, WritesTheNextSlotOfEveryHead) {
+  auto pool = SlotKvPool::Create(SlotKvShape{2, 2, 3, 4, 2}).value();
+  SlotKvArrays a, b;
   ASSERT_TRUE(pool->Reserve(a).ok());
   ASSERT_TRUE(pool->Reserve(b).ok());
-  const EvictingKvView view = pool->LayerView(1, a);
+  const SlotKvView view = pool->LayerView(1, a);
   view.next_slot[0] = 2;
   view.next_slot[1] = 3;
   const std::vector<float> key = {1, 2, 3, 4, 5, 6}, value = {-1, -2, -3, -4, -5, -6};
@@ -68,16 +68,16 @@ TEST(EvictingKvPool, WritesTheNextSlotOfEveryHead) {
             std::string::npos);
 }
 
-TEST(EvictingKvPool, RefusesEmptyShapes) {
-  EXPECT_EQ(EvictingKvPool::Create(EvictingKvShape{2, 2, 4, 0, 1}).status().code(),
+TEST(SlotKvPool, RefusesEmptyShapes) {
+  EXPECT_EQ(SlotKvPool::Create(SlotKvShape{2, 2, 4, 0, 1}).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(EvictingKvPool::Create(EvictingKvShape{2, 2, 4, 8, 0}).status().code(),
+  EXPECT_EQ(SlotKvPool::Create(SlotKvShape{2, 2, 4, 8, 0}).status().code(),
             StatusCode::kInvalidArgument);
 }
 
 // A backend's own arrays (the CUDA model's device storage): the pool does the accounting, resets
 // an array through the storage at Reserve, reports its bytes and has no host views.
-class CountingStorage final : public EvictingKvStorage {
+class CountingStorage final : public SlotKvStorage {
  public:
   explicit CountingStorage(std::vector<int>* resets) : resets_(resets) {}
   size_t bytes() const override { return 12345; }
@@ -90,13 +90,13 @@ class CountingStorage final : public EvictingKvStorage {
   std::vector<int>* resets_;
 };
 
-TEST(EvictingKvPool, StorageKeepsTheArraysAndThePoolTheAccounting) {
+TEST(SlotKvPool, StorageKeepsTheArraysAndThePoolTheAccounting) {
   std::vector<int> resets;
-  auto pool = EvictingKvPool::CreateWithStorage(EvictingKvShape{2, 2, 4, 8, 2},
-                                                std::make_unique<CountingStorage>(&resets));
+  auto pool = SlotKvPool::CreateWithStorage(SlotKvShape{2, 2, 4, 8, 2},
+                                            std::make_unique<CountingStorage>(&resets));
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   EXPECT_EQ((*pool)->pool_bytes(), 12345u);
-  EvictingKvSlots a, b, c;
+  SlotKvArrays a, b, c;
   ASSERT_TRUE((*pool)->Reserve(a).ok());
   ASSERT_TRUE((*pool)->Reserve(b).ok());
   EXPECT_EQ((*pool)->Reserve(c).code(), StatusCode::kResourceExhausted);
@@ -106,9 +106,8 @@ TEST(EvictingKvPool, StorageKeepsTheArraysAndThePoolTheAccounting) {
   ASSERT_TRUE((*pool)->Reserve(c).ok());
   EXPECT_EQ(c.array, 0);
   EXPECT_EQ(resets, (std::vector<int>{0, 1, 0}));
-  EXPECT_EQ(
-      EvictingKvPool::CreateWithStorage(EvictingKvShape{2, 2, 4, 8, 2}, nullptr).status().code(),
-      StatusCode::kInvalidArgument);
+  EXPECT_EQ(SlotKvPool::CreateWithStorage(SlotKvShape{2, 2, 4, 8, 2}, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

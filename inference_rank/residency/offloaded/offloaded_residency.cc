@@ -1,0 +1,139 @@
+// The offloaded residency's engine half and its cache-rank connection (see
+// offloaded_residency.h).
+#include "inference_rank/residency/offloaded/offloaded_residency.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <utility>
+
+#include "common/logging.h"
+#include "inference_rank/residency/offloaded/offloaded_cpu_backend.h"
+#include "inference_rank/residency/offloaded/remote_cache.h"
+
+#ifdef RUBATO_HAS_CUDA
+#include "inference_rank/residency/offloaded/offloaded_cuda_backend.h"
+#endif
+
+namespace rubato {
+namespace {
+
+// One request's session, attached to its forward entries.
+class OffloadedRequest final : public ResidencyRequest {
+ public:
+  OffloadedRequest(KvOffloadExchange* exchange, uint64_t session_id)
+      : forward_(exchange, session_id) {}
+  void AttachTo(ForwardEntry& entry) const override { entry.residency = &forward_; }
+  uint64_t session_id() const { return forward_.session_id; }
+
+ private:
+  OffloadForward forward_;
+};
+
+}  // namespace
+
+Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSelectorSpec& selection,
+                                     const ModelConfig& model) {
+  CacheClientOptions options;
+  options.pack_layers = config.topology.pack_layers;
+  options.selection = selection;
+  // A reply may wait for a whole pack of another request's prefill: the control plane's
+  // deadline, not the heartbeat, bounds it; a lost cache rank ends it sooner.
+  options.timeout = std::chrono::milliseconds(
+      std::max(config.limits.rpc_timeout_ms, 5 * config.limits.heartbeat_ms));
+  OffloadTarget target;
+  if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
+    const std::string endpoint = config.topology.cache_endpoints.front();
+    const LimitsSection limits = config.limits;
+    const RemoteDataPlane plane{config.topology.transport, config.engine.device};
+    // A lost cache rank is reconnected from the heartbeat period on, doubling up to 10 s.
+    const ReconnectBackoff backoff{std::chrono::milliseconds(limits.heartbeat_ms),
+                                   std::chrono::milliseconds(10000)};
+    ReconnectingCacheRank::Connector connect = [endpoint, model, options, limits, plane] {
+      return RemoteCacheRank::Connect(endpoint, model, options, limits, plane);
+    };
+    RUBATO_ASSIGN_OR_RETURN(target.remote,
+                            ReconnectingCacheRank::Connect(std::move(connect), backoff));
+    target.client = target.remote.get();
+  } else {
+    RUBATO_ASSIGN_OR_RETURN(target.colocated,
+                            ColocatedCacheRank::Create(model, options, CacheServiceOptions()));
+    target.client = &target.colocated->client();
+  }
+  return target;
+}
+
+OffloadedResidency::OffloadedResidency(KvOffloadClient& client, CacheRankClient* data_client)
+    : client_(&client), data_client_(data_client) {}
+
+OffloadedResidency::OffloadedResidency(OffloadTarget target)
+    : target_(std::move(target)), client_(target_.client) {}
+
+CacheRankClient* OffloadedResidency::data_client() const {
+  return data_client_ != nullptr ? data_client_ : target_.data_client();
+}
+
+Status OffloadedResidency::Attach(Model& model, const AttentionPolicy* /*policy*/,
+                                  int /*max_batch*/) {
+  std::unique_ptr<ResidencyBackend> half;
+  if (model.backend_name() == "cpu") half = MakeOffloadedCpuBackend(model.config());
+#ifdef RUBATO_HAS_CUDA
+  if (model.backend_name() == "cuda") half = MakeOffloadedCudaBackend(model.config());
+#endif
+  if (half == nullptr) {
+    return UnsupportedError("offloaded KV: no model half for the " +
+                            std::string(model.backend_name()) + " model in this build");
+  }
+  return model.SetResidencyBackend(std::move(half));
+}
+
+Result<std::unique_ptr<ResidencyRequest>> OffloadedResidency::Open(uint64_t request_id,
+                                                                   int reserved_tokens) {
+  // Positions 0..reserved_tokens are handed over: the last sampled token is never fed back.
+  Result<uint64_t> session = client_->OpenSession(request_id, reserved_tokens + 1);
+  if (!session.ok()) return session.status().WithContext("opening its cache-rank session");
+  return std::unique_ptr<ResidencyRequest>(std::make_unique<OffloadedRequest>(client_, *session));
+}
+
+Status OffloadedResidency::Close(ResidencyRequest& request) {
+  // Closed even on a broken client, which then only forgets it (a reconnecting client waits
+  // for its sessions to end); the error is news only while the client works.
+  const uint64_t session = static_cast<OffloadedRequest&>(request).session_id();
+  const Status closed = client_->CloseSession(session);
+  if (!closed.ok() && client_->Broken().ok()) {
+    RUBATO_LOG_WARN("engine", "closing cache-rank session {}: {}", session, closed.message());
+  }
+  return Status::Ok();
+}
+
+Status OffloadedResidency::RegisterMetrics(MetricsRegistry& registry) {
+  if (target_.remote != nullptr) return target_.remote->RegisterMetrics(registry);
+  CacheRankClient* client = data_client();
+  return client != nullptr ? client->RegisterMetrics(registry) : Status::Ok();
+}
+
+std::string OffloadedResidency::StatsLine() const {
+  const CacheRankClient* client = data_client();
+  if (client == nullptr) return "";
+  char text[160];
+  std::snprintf(
+      text, sizeof(text), " offload_bytes_sent=%llu offload_bytes_received=%llu pack_wait_ms=%.1f",
+      static_cast<unsigned long long>(client->bytes_sent()),
+      static_cast<unsigned long long>(client->bytes_received()), client->pack_wait_seconds() * 1e3);
+  return text;
+}
+
+Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup& setup) {
+  if (setup.model == nullptr) {
+    return InvalidArgumentError("offloaded KV: no model shapes for its cache-rank sessions");
+  }
+  CacheSelectorSpec selection;  // dense without a policy
+  if (setup.policy != nullptr) {
+    RUBATO_ASSIGN_OR_RETURN(selection, setup.policy->MakeCacheSelector());
+  }
+  const RubatoConfig config = setup.config != nullptr ? *setup.config : DefaultConfig();
+  RUBATO_ASSIGN_OR_RETURN(OffloadTarget target, ConnectOffload(config, selection, *setup.model));
+  return std::shared_ptr<Residency>(std::make_shared<OffloadedResidency>(std::move(target)));
+}
+
+}  // namespace rubato

@@ -1,0 +1,83 @@
+// The offloaded residency's engine half (DESIGN §3 "KV residency", docs/disaggregated.md): every
+// request gets a session on a cache rank at admission (capacity: its reserved positions + 1,
+// the last sampled token's), its forward entries carry the session (OffloadForward) to the
+// model half, which hands their K/V over and decodes through the compact KV the cache rank
+// returns, and the session is closed when the request ends. The cache rank's selector (the
+// policy's cache-rank half) chooses the rows. When the client breaks (the cache rank died or
+// stalled), the engine ends every request with an error event; requests that fail to open a
+// session end alike.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cache_rank/cache_selector.h"
+#include "common/config.h"
+#include "common/hf_config.h"
+#include "common/status.h"
+#include "inference_rank/residency/offloaded/cache_client.h"
+#include "inference_rank/residency/offloaded/colocated_cache.h"
+#include "inference_rank/residency/offloaded/kv_offload.h"
+#include "inference_rank/residency/offloaded/reconnecting_cache.h"
+#include "inference_rank/residency/residency.h"
+#include "inference_rank/residency/residency_setup.h"
+
+namespace rubato {
+
+// Where offloaded KV goes: the remote cache rank (reconnected when lost), or one in this
+// process.
+struct OffloadTarget {
+  std::unique_ptr<ReconnectingCacheRank> remote;
+  std::unique_ptr<ColocatedCacheRank> colocated;
+  KvOffloadClient* client = nullptr;
+  // The current connection's client (byte counts, metrics); null without one.
+  CacheRankClient* data_client() const {
+    if (remote != nullptr) return &remote->current().client();
+    return colocated != nullptr ? &colocated->client() : nullptr;
+  }
+};
+
+// The cache rank of `config` for sessions selecting with `selection`: topology.mode
+// disaggregated connects to topology.cache_endpoints (reconnected when lost), colocated makes
+// one in this process.
+Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSelectorSpec& selection,
+                                     const ModelConfig& model);
+
+class OffloadedResidency final : public Residency {
+ public:
+  // Over `client`, which the caller owns and keeps alive longer (tests: a ColocatedCacheRank's
+  // client, which is also `data_client`, the one whose counters StatsLine reads).
+  explicit OffloadedResidency(KvOffloadClient& client, CacheRankClient* data_client = nullptr);
+  // Owning the cache-rank connection.
+  explicit OffloadedResidency(OffloadTarget target);
+
+  std::string_view name() const override { return "offloaded"; }
+  KvResidency kind() const override { return KvResidency::kOffloaded; }
+
+  // Installs the model half of the model's backend (CPU, or CUDA in a CUDA build).
+  Status Attach(Model& model, const AttentionPolicy* policy, int max_batch) override;
+  Result<std::unique_ptr<ResidencyRequest>> Open(uint64_t request_id, int reserved_tokens) override;
+  // Closed even on a broken client, which then only forgets it; the error is logged, and only
+  // while the client works.
+  Status Close(ResidencyRequest& request) override;
+  Status Broken() const override { return client_->Broken(); }
+
+  // rubato:transport_bytes_total and rubato:pack_wait_seconds (CacheRankClient::RegisterMetrics).
+  Status RegisterMetrics(MetricsRegistry& registry) override;
+  // " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=...".
+  std::string StatsLine() const override;
+
+  KvOffloadClient& client() { return *client_; }
+  CacheRankClient* data_client() const;
+
+ private:
+  OffloadTarget target_;  // empty over a caller's client
+  KvOffloadClient* client_ = nullptr;
+  CacheRankClient* data_client_ = nullptr;  // over a caller's client
+};
+
+// The residency table's factory (residency_registry.cc): ConnectOffload with the policy's
+// cache-rank selector (dense without a policy).
+Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup& setup);
+
+}  // namespace rubato

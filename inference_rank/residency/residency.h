@@ -1,0 +1,86 @@
+// The engine half of a residency (docs/residency.md): where a request's full KV lives, as the
+// engine sees it. It admits (the positions the paged cache reserves for a request), opens and
+// closes a request's storage (a session on a cache rank, slot arrays), installs its model half
+// in the model, attaches a request's handles to its forward entries, runs its per-step hooks
+// and says when its peer failed (the engine then ends the affected requests with an error
+// event). The engine drives it and never names one; residencies are one folder each under
+// inference_rank/residency/ and one line of residency_registry.cc.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/metrics.h"
+#include "common/status.h"
+#include "inference_rank/attention/kv_residency.h"
+#include "inference_rank/attention/policy.h"
+#include "inference_rank/kv/paged_kv_cache.h"
+#include "inference_rank/model/model.h"
+
+namespace rubato {
+
+// One request's storage, owned by the engine from admission to retirement.
+class ResidencyRequest {
+ public:
+  virtual ~ResidencyRequest() = default;
+  // Sets the request's handles on its next forward entry (ForwardEntry::residency, ::slots); they
+  // live as long as this object.
+  virtual void AttachTo(ForwardEntry& entry) const = 0;
+};
+
+class Residency {
+ public:
+  virtual ~Residency() = default;
+
+  virtual std::string_view name() const = 0;  // its table name ("offloaded")
+  virtual KvResidency kind() const = 0;       // what policies declare support for
+
+  // Engine::Create, before anything is allocated: what the residency needs of `policy` (null:
+  // dense) beyond the support the engine checks from its traits.
+  virtual Status Check(const AttentionPolicy* /*policy*/) const { return Status::Ok(); }
+  // Engine::Create, after the policy's backend half and before the KV cache: the storage of up
+  // to `max_batch` running requests and the model half (Model::SetResidencyBackend).
+  virtual Status Attach(Model& /*model*/, const AttentionPolicy* /*policy*/, int /*max_batch*/) {
+    return Status::Ok();
+  }
+
+  // Positions of a request's KV the paged cache must hold at most: by default every position
+  // but the last sampled token's, of `longest` (prompt + max_new_tokens within max_context).
+  virtual int ReservedTokens(int /*prompt_tokens*/, int longest) const { return longest - 1; }
+  // Submit, when the request's `blocks` exceed the cache's `cache_blocks`: the residency's own
+  // refusal (ResourceExhausted), or ok for the engine's.
+  virtual Status ExplainTooLarge(int /*prompt_tokens*/, int /*blocks*/,
+                                 int /*cache_blocks*/) const {
+    return Status::Ok();
+  }
+
+  // Admission, before the request's blocks are reserved: its storage for `reserved_tokens`
+  // positions (ReservedTokens), or null when it needs none. An error ends the request with an
+  // error event; the engine continues.
+  virtual Result<std::unique_ptr<ResidencyRequest>> Open(uint64_t /*request_id*/,
+                                                         int /*reserved_tokens*/) {
+    return std::unique_ptr<ResidencyRequest>();
+  }
+  // Retirement (finished, cancelled or failed): hands the storage back.
+  virtual Status Close(ResidencyRequest& /*request*/) { return Status::Ok(); }
+  // After the forward that ended the request's prompt (e.g. the prompt moved elsewhere: its
+  // paged blocks go back to `cache`; `kv` keeps its position count).
+  virtual Status PromptDone(ResidencyRequest& /*request*/, KvSequence& /*kv*/,
+                            PagedKvCache& /*cache*/) {
+    return Status::Ok();
+  }
+  // Whether a step may be thrown away and planned again (PolicyRequest::Verdict::kRedo); an
+  // error says why not.
+  virtual Status CheckRedo() const { return Status::Ok(); }
+  // The error that stopped the residency's peer (its open requests are then lost), or ok.
+  virtual Status Broken() const { return Status::Ok(); }
+
+  // Registers its metrics (DESIGN §3 names); `registry` outlives the residency.
+  virtual Status RegisterMetrics(MetricsRegistry& /*registry*/) { return Status::Ok(); }
+  // " key=value ..." for the CLI's stats line; "" when there is nothing to say.
+  virtual std::string StatsLine() const { return ""; }
+};
+
+}  // namespace rubato
