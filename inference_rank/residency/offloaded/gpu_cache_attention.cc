@@ -210,7 +210,8 @@ Status GpuCacheAttention::CloseSession(int session) {
   return store_->Release(sessions_[session]);
 }
 
-Status GpuCacheAttention::PlanStep(std::span<const Row> rows, int decode_rows, cudaStream_t main) {
+Status GpuCacheAttention::PlanStep(std::span<const Row> rows, int decode_rows, cudaStream_t main,
+                                   int max_seq_len) {
   if (rows.empty() || static_cast<int>(rows.size()) > options_.max_rows || decode_rows < 0 ||
       decode_rows > static_cast<int>(rows.size())) {
     return InvalidArgumentError("GPU cache attention: a step of " + std::to_string(rows.size()) +
@@ -252,8 +253,19 @@ Status GpuCacheAttention::PlanStep(std::span<const Row> rows, int decode_rows, c
     std::copy_n(sequence.block_table.begin(), blocks, table);
     std::fill(table + blocks, table + table_stride_, 0);
   }
+  if (max_seq_len != 0) {
+    if (max_seq_len < max_seq_len_ || max_seq_len > options_.max_context) {
+      return InvalidArgumentError("GPU cache attention: max_seq_len " +
+                                  std::to_string(max_seq_len) + " below the decode rows' " +
+                                  std::to_string(max_seq_len_) + " keys or past max_context");
+    }
+    max_seq_len_ = max_seq_len;
+  }
   rows_ = static_cast<int>(rows.size());
   decode_rows_ = decode_rows;
+  total_bytes_out_ += step_bytes_out();
+  total_bytes_back_ += step_bytes_back();
+  if (step_observer_) step_observer_(step_bytes_out(), step_bytes_back());
 
   DeviceScope scope(options_.cache_device);
   RUBATO_RETURN_IF_ERROR(scope.status());

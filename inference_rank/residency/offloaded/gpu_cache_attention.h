@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -61,7 +62,10 @@ class GpuCacheAttention {
   // Host, outside any capture: the step's rows. The first `decode_rows` rows are decode tokens
   // (attended; their output written back), the rest prefill rows (appended only). Uploads the
   // step inputs on the cache stream; `main` waits for them before its next work.
-  Status PlanStep(std::span<const Row> rows, int decode_rows, cudaStream_t main);
+  // `max_seq_len`: a bound of the decode rows' keys (position + 1) that fixes the attention
+  // grid (the model's graph-stable bucket); 0: their maximum.
+  Status PlanStep(std::span<const Row> rows, int decode_rows, cudaStream_t main,
+                  int max_seq_len = 0);
 
   // Device, on `main` after the layer's q|k|v rows are final (after RoPE):
   //   qkv        [rows][q_dim + 2 kv_dim] bf16 on the model device (the rows of PlanStep)
@@ -74,6 +78,12 @@ class GpuCacheAttention {
   // attention rows back. Independent of the context.
   size_t step_bytes_out() const;
   size_t step_bytes_back() const;
+  // Their sums over every planned step, and a function PlanStep calls with each step's.
+  uint64_t total_bytes_out() const { return total_bytes_out_; }
+  uint64_t total_bytes_back() const { return total_bytes_back_; }
+  void SetStepObserver(std::function<void(size_t bytes_out, size_t bytes_back)> observer) {
+    step_observer_ = std::move(observer);
+  }
   // Exposed wait: with measuring on, every layer records a timing event on `main` before and
   // after its wait for the output (cudaEventRecordExternal: also inside a captured graph), and
   // LastStepWaitMs (host; after the step's work finished) sums them.
@@ -113,6 +123,9 @@ class GpuCacheAttention {
   int rows_ = 0;
   int decode_rows_ = 0;
   int max_seq_len_ = 0;
+  uint64_t total_bytes_out_ = 0;
+  uint64_t total_bytes_back_ = 0;
+  std::function<void(size_t, size_t)> step_observer_;
 
   // [layer] timing events around the main stream's wait (SetMeasureWaits), on the model device.
   std::vector<cudaEvent_t> wait_begin_, wait_end_;

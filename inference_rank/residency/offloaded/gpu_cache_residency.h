@@ -1,0 +1,55 @@
+// The offloaded residency with its cache rank on a GPU of this process (`cache.memory: device`,
+// the colocated mode, the CUDA model): both halves over one GpuCacheAttention. Each request
+// gets a session in the cache GPU's paged store at admission; the model half sends every
+// layer's q|k|v rows there and receives the decode rows' attention output (attention on the
+// cache rank: the KV is read by the cache GPU, never shipped), with stream waits on events
+// only, so its decode steps replay as CUDA graphs. Dense attention only: a policy with a cache-
+// rank selector of its own (oracle_topk) is refused by name. docs/disaggregated.md "Attention on
+// a GPU cache rank in this process".
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/config.h"
+#include "common/hf_config.h"
+#include "inference_rank/residency/offloaded/gpu_cache_attention.h"
+#include "inference_rank/residency/residency.h"
+
+namespace rubato {
+
+class GpuCacheResidency final : public Residency {
+ public:
+  // The store is made at Attach (it needs the model's device and max_batch): `cache` gives its
+  // budget and GPU (-1: the model's), `max_context` the longest session.
+  GpuCacheResidency(const CacheSection& cache, int max_context);
+
+  std::string_view name() const override { return "offloaded"; }
+  KvResidency kind() const override { return KvResidency::kOffloaded; }
+
+  // Dense only (no policy, or one whose cache-rank selector is attention on the cache rank).
+  Status Check(const AttentionPolicy* policy) const override;
+  // Makes the store on the cache GPU and installs the CUDA half; Unsupported on another model.
+  Status Attach(Model& model, const AttentionPolicy* policy, int max_batch) override;
+  Result<std::unique_ptr<ResidencyRequest>> Open(uint64_t request_id, int reserved_tokens) override;
+  Status Close(ResidencyRequest& request) override;
+
+  Status RegisterMetrics(MetricsRegistry& registry) override;
+  // " cache_bytes_out=... cache_bytes_back=... cache_device_mib=...".
+  std::string StatsLine() const override;
+
+  GpuCacheAttention* attention() { return attention_.get(); }
+
+ private:
+  // Counts every planned step's bytes in the metrics, once both exist.
+  void ObserveSteps();
+
+  CacheSection cache_;
+  int max_context_ = 0;
+  std::shared_ptr<GpuCacheAttention> attention_;  // shared with the model half
+  Counter* bytes_out_metric_ = nullptr;
+  Counter* bytes_back_metric_ = nullptr;
+  Gauge* device_bytes_metric_ = nullptr;
+};
+
+}  // namespace rubato
