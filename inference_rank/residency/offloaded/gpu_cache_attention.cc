@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/kv_append.cuh"
+#include "kernels/cuda/random_fill.cuh"
 
 namespace rubato {
 namespace {
@@ -173,6 +174,22 @@ Result<double> GpuCacheAttention::LastStepWaitMs() const {
 size_t GpuCacheAttention::device_bytes() const {
   return store_->pool_bytes() + step_inputs_.bytes() + rows_buffer_.bytes() +
          output_buffer_.bytes() + workspace_.bytes();
+}
+
+Status GpuCacheAttention::FillRandom(uint64_t seed) {
+  DeviceScope scope(options_.cache_device);
+  RUBATO_RETURN_IF_ERROR(scope.status());
+  uint64_t stream_id = 0;
+  for (cuda::DeviceBuffer<__nv_bfloat16>* pool : {&pools_->keys(), &pools_->values()}) {
+    cuda::RandomFillParams fill;
+    fill.out = pool->data();
+    fill.count = static_cast<int64_t>(pool->size());
+    fill.seed = seed;
+    fill.stream = stream_id++;
+    fill.bound = 1.f;
+    RUBATO_RETURN_IF_ERROR(cuda::RandomFill(fill, cache_stream_));
+  }
+  return cuda::CudaStatus(cudaStreamSynchronize(cache_stream_), "filling the cache GPU's store");
 }
 
 Result<int> GpuCacheAttention::OpenSession(int capacity_tokens) {

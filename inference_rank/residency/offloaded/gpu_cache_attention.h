@@ -90,6 +90,10 @@ class GpuCacheAttention {
   Status SetMeasureWaits(bool on);
   Result<double> LastStepWaitMs() const;
 
+  // Benchmarks: fills the whole store with random bf16 in [-1, 1] (kernels/cuda/random_fill),
+  // then waits for it; decode speed does not depend on the values.
+  Status FillRandom(uint64_t seed);
+
   // Device bytes this holds on the cache GPU (store, buffers, workspace).
   size_t device_bytes() const;
   int free_blocks() const { return store_->free_blocks(); }

@@ -3,6 +3,7 @@
 // every layer through GpuCacheAttention::Layer).
 #include "inference_rank/residency/offloaded/gpu_cache_residency.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -105,8 +106,8 @@ class GpuCacheCudaBackend final : public CudaResidencyBackend {
 
 }  // namespace
 
-GpuCacheResidency::GpuCacheResidency(const CacheSection& cache, int max_context)
-    : cache_(cache), max_context_(max_context) {}
+GpuCacheResidency::GpuCacheResidency(const CacheSection& cache, int max_context, int max_step_rows)
+    : cache_(cache), max_context_(max_context), max_step_rows_(max_step_rows) {}
 
 Status GpuCacheResidency::Check(const AttentionPolicy* policy) const {
   if (policy == nullptr || policy->name() == "dense") return Status::Ok();
@@ -130,8 +131,7 @@ Status GpuCacheResidency::Attach(Model& model, const AttentionPolicy* policy, in
   options.cache_device = cache_.device >= 0 ? cache_.device : options.model_device;
   options.budget_bytes = cache_.budget_bytes();
   options.max_context = max_context_;
-  // A step's rows: every decode token plus the prefill chunk tokens the engine adds.
-  options.max_rows = max_batch + max_context_;
+  options.max_rows = std::max(max_step_rows_, max_batch);
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<GpuCacheAttention> made,
                           GpuCacheAttention::Create(model.config(), options));
   attention_ = std::move(made);

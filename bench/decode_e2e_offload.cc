@@ -1,0 +1,235 @@
+// rubato_bench_decode_e2e_offload: end-to-end dense decode of the CUDA model at real shapes
+// (random weights from a config.json), local KV against offloaded KV with attention on a GPU
+// cache rank of this process (GpuCacheResidency: the cache GPU keeps the KV and attends it; the
+// model GPU sends each layer's q|k|v rows and takes the attention rows back), at batch x context
+// points, in one process and one run, steps replayed as CUDA graphs: TPOT, tok/s, bytes per step
+// each way and the exposed wait (the model stream's time blocked on the cache GPU). A point
+// that does not fit the cards is reported as such. No prefill: the KV is random bf16 on both
+// sides. A benchmark, not a test. docs/benchmarks.md "Offloaded decode".
+#include <cuda_runtime_api.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/decode_bench_common.h"
+#include "common/config.h"
+#include "common/status.h"
+#include "inference_rank/model/cuda_model.h"
+#include "inference_rank/residency/offloaded/gpu_cache_residency.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace rubato {
+namespace {
+
+using bench::Percentile;
+using bench::Point;
+
+struct Options {
+  bench::CommonOptions common;  // --config, --block-size, --seed, --device, --commit, --out
+  std::string points = "8x32768,16x32768,4x131072";
+  int steps = 20;
+  int warmup = 3;
+  int cache_device = -1;  // -1: device 1 when there are two GPUs, else the model's
+};
+
+struct StepTimes {
+  double median_ms = 0, p90_ms = 0;
+  double wait_ms = 0;  // median exposed wait per step (offloaded only)
+  int64_t graph_steps = 0;
+};
+
+// Decode steps of `sequences` (one token each), `requests` attached when offloaded; the median
+// device time of the timed steps.
+Result<StepTimes> RunSteps(CudaModel& model, PagedKvCache& cache,
+                           std::vector<KvSequence>& sequences,
+                           const std::vector<std::unique_ptr<ResidencyRequest>>& requests,
+                           GpuCacheAttention* attention, const Options& options, uint64_t seed) {
+  const ModelConfig& config = model.config();
+  std::mt19937_64 rng(seed);
+  std::vector<int> next(sequences.size());
+  for (int& token : next) token = static_cast<int>(rng() % config.vocab_size);
+  const TokenSampling greedy;
+  ForwardResult result;
+  std::vector<ForwardEntry> batch(sequences.size());
+  cudaEvent_t start, stop;
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "creating an event");
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "creating an event");
+  std::vector<double> device_ms, wait_ms;
+  int64_t replays_before = 0;
+  Status status;
+  for (int step = 0; step < options.warmup + options.steps && status.ok(); ++step) {
+    if (step == options.warmup) replays_before = model.graph_replays();
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      batch[i] = ForwardEntry{
+          &sequences[i], {&next[i], 1}, sequences[i].num_tokens, LogitsWanted::kLast, &greedy};
+      if (!requests.empty()) requests[i]->AttachTo(batch[i]);
+    }
+    cudaEventRecord(start, model.stream());
+    status = model.Forward(batch, cache, result);
+    cudaEventRecord(stop, model.stream());
+    if (status.ok()) status = cuda::CudaStatus(cudaEventSynchronize(stop), "timing a step");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (step >= options.warmup && status.ok()) {
+      device_ms.push_back(ms);
+      if (attention != nullptr) {
+        Result<double> waited = attention->LastStepWaitMs();
+        if (!waited.ok()) status = waited.status();
+        if (waited.ok()) wait_ms.push_back(*waited);
+      }
+    }
+    for (size_t i = 0; i < sequences.size() && status.ok(); ++i) next[i] = result.sampled_tokens[i];
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  RUBATO_RETURN_IF_ERROR(status);
+  StepTimes times;
+  times.median_ms = Percentile(device_ms, 0.5);
+  times.p90_ms = Percentile(device_ms, 0.9);
+  if (!wait_ms.empty()) times.wait_ms = Percentile(wait_ms, 0.5);
+  times.graph_steps = model.graph_replays() - replays_before;
+  return times;
+}
+
+// Local dense, then offloaded dense, of one point; both into `json`.
+Status RunPoint(CudaModel& model, PagedKvCache& cache, const Point& point, const Options& options,
+                int cache_device, uint64_t seed, nlohmann::json& json) {
+  const ModelConfig& config = model.config();
+  json = {{"batch", point.batch}, {"context", point.context}};
+  std::vector<KvSequence> sequences(static_cast<size_t>(point.batch));
+  std::vector<KvSequence*> pointers;
+  for (KvSequence& s : sequences) pointers.push_back(&s);
+  RUBATO_RETURN_IF_ERROR(bench::FillRandomKv(model, cache, pointers, point.context, seed));
+  auto release = [&] {
+    for (KvSequence& s : sequences) (void)cache.Release(s);
+  };
+  Result<StepTimes> local = RunSteps(model, cache, sequences, {}, nullptr, options, seed);
+  if (!local.ok()) {
+    release();
+    return local.status();
+  }
+  json["local"] = {{"tpot_ms", local->median_ms},
+                   {"step_ms_p90", local->p90_ms},
+                   {"tokens_per_s", point.batch / (local->median_ms / 1e3)},
+                   {"graph_replayed_steps", local->graph_steps}};
+  // The same sequences go on from where the local run left them; the cache rank holds every
+  // position up to the last one this point decodes.
+  const int longest = sequences.front().num_tokens + options.warmup + options.steps + 1;
+  CacheSection section;
+  section.memory = CacheSection::Memory::kDevice;
+  section.device = cache_device;
+  const KvCacheShape one_token{config.num_layers, config.num_kv_heads, config.head_dim, 1, 1};
+  const size_t bytes_per_token = DeviceKvStorage::PoolBytes(one_token);
+  section.budget_gib = static_cast<double>(bytes_per_token) * point.batch * (longest + 64) /
+                       static_cast<double>(1ull << 30);
+  GpuCacheResidency residency(section, longest, point.batch);
+  Status attached = residency.Attach(model, nullptr, point.batch);
+  if (!attached.ok()) {
+    release();
+    (void)model.SetResidencyBackend(nullptr);
+    json["offloaded"] = {{"not_run", attached.message()}};
+    std::printf("%dx%d: offloaded does not fit: %s\n", point.batch, point.context,
+                attached.message().c_str());
+    return Status::Ok();
+  }
+  std::vector<std::unique_ptr<ResidencyRequest>> requests;
+  Status status = residency.attention()->FillRandom(seed + 7);
+  for (size_t i = 0; i < sequences.size() && status.ok(); ++i) {
+    Result<std::unique_ptr<ResidencyRequest>> opened = residency.Open(i, longest - 1);
+    status = opened.status();
+    if (opened.ok()) requests.push_back(std::move(*opened));
+  }
+  if (status.ok()) status = residency.attention()->SetMeasureWaits(true);
+  Result<StepTimes> offloaded = status;
+  if (status.ok()) {
+    offloaded = RunSteps(model, cache, sequences, requests, residency.attention(), options, seed);
+  }
+  const size_t out = residency.attention()->step_bytes_out();
+  const size_t back = residency.attention()->step_bytes_back();
+  const size_t device_bytes = residency.attention()->device_bytes();
+  for (auto& request : requests) (void)residency.Close(*request);
+  const Status detached = model.SetResidencyBackend(nullptr);
+  release();
+  RUBATO_RETURN_IF_ERROR(offloaded.status());
+  RUBATO_RETURN_IF_ERROR(detached);
+  json["offloaded"] = {{"tpot_ms", offloaded->median_ms},
+                       {"step_ms_p90", offloaded->p90_ms},
+                       {"tokens_per_s", point.batch / (offloaded->median_ms / 1e3)},
+                       {"graph_replayed_steps", offloaded->graph_steps},
+                       {"exposed_wait_ms_per_step", offloaded->wait_ms},
+                       {"bytes_to_cache_per_step", out},
+                       {"bytes_from_cache_per_step", back},
+                       {"bytes_to_cache_per_sequence", out / point.batch},
+                       {"bytes_from_cache_per_sequence", back / point.batch},
+                       {"cache_device_bytes", device_bytes}};
+  json["tpot_ratio_offloaded_to_local"] = offloaded->median_ms / local->median_ms;
+  std::printf(
+      "%dx%d: local %.3f ms, offloaded %.3f ms (%.3fx), exposed wait %.3f ms/step, "
+      "%.0f KB out / %.0f KB back per sequence and step\n",
+      point.batch, point.context, local->median_ms, offloaded->median_ms,
+      offloaded->median_ms / local->median_ms, offloaded->wait_ms, out / 1e3 / point.batch,
+      back / 1e3 / point.batch);
+  return Status::Ok();
+}
+
+Status Run(const Options& options, nlohmann::json& report) {
+  RUBATO_ASSIGN_OR_RETURN(const std::vector<Point> points,
+                          bench::ParsePoints(options.points, 8, 32768));
+  if (options.steps < 1 || options.warmup < 2) {
+    return InvalidArgumentError("--steps must be >= 1 and --warmup >= 2 (eager, then capture)");
+  }
+  int devices = 0;
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&devices), "counting CUDA devices");
+  const int cache_device = options.cache_device >= 0 ? options.cache_device
+                           : devices > 1             ? (options.common.device == 0 ? 1 : 0)
+                                                     : options.common.device;
+  RUBATO_ASSIGN_OR_RETURN(bench::BenchModel loaded, bench::LoadBenchModel(options.common));
+  CudaModel* model = loaded.model;
+  const int num_blocks = bench::BlocksForPoints(points, 2 * (options.warmup + options.steps) + 1,
+                                                options.common.block_size);
+  RUBATO_ASSIGN_OR_RETURN(
+      std::unique_ptr<PagedKvCache> cache,
+      bench::CreateBenchKvCache(*model, options.common.block_size, num_blocks, 0, ""));
+  bench::AddReportHeader(report, options.common, loaded, *cache,
+                         "random bf16 in [-1, 1] written directly on both GPUs, no prefill");
+  report["cache_device"] = cache_device;
+  report["model_device"] = options.common.device;
+  report["gpus"] = devices;
+  report["same_gpu"] = cache_device == options.common.device;
+  report["steps"] = options.steps;
+  report["warmup"] = options.warmup;
+  std::printf("model on GPU %d, cache rank on GPU %d (%d GPUs)%s\n", options.common.device,
+              cache_device, devices,
+              cache_device == options.common.device
+                  ? ": one GPU serves both, so its bandwidth is shared (an overhead check only)"
+                  : "");
+  for (size_t i = 0; i < points.size(); ++i) {
+    nlohmann::json point;
+    RUBATO_RETURN_IF_ERROR(RunPoint(*model, *cache, points[i], options, cache_device,
+                                    options.common.seed + 1 + i, point));
+    report["points"].push_back(point);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace rubato
+
+int main(int argc, char** argv) {
+  rubato::Options options;
+  CLI::App app{"rubato offloaded decode benchmark (CUDA model, random weights, GPU cache rank)"};
+  rubato::bench::AddCommonOptions(app, options.common);
+  app.add_option("--points", options.points, "BATCHxCONTEXT list, e.g. 8x32768,16x32768");
+  app.add_option("--steps", options.steps, "timed decode steps per point and side");
+  app.add_option("--warmup", options.warmup, "untimed steps per point and side (>= 2)");
+  app.add_option("--cache-device", options.cache_device,
+                 "the cache rank's GPU (default: 1 with two GPUs, else the model's)");
+  return rubato::bench::BenchMain(
+      "rubato_bench_decode_e2e_offload", app, options.common, argc, argv,
+      [&](nlohmann::json& report) { return rubato::Run(options, report); });
+}
