@@ -41,7 +41,8 @@ class Residency {
   // dense) beyond the support the engine checks from its traits.
   virtual Status Check(const AttentionPolicy* /*policy*/) const { return Status::Ok(); }
   // Engine::Create, after the policy's backend half and before the KV cache: the storage of up
-  // to `max_batch` running requests and the model half (Model::SetResidencyBackend).
+  // to `max_batch` running requests and the model half (Model::SetResidencyBackend). Called
+  // once: a residency serves one engine.
   virtual Status Attach(Model& /*model*/, const AttentionPolicy* /*policy*/, int /*max_batch*/) {
     return Status::Ok();
   }

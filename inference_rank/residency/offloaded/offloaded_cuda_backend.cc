@@ -78,29 +78,29 @@ class OffloadedCudaBackend final : public CudaResidencyBackend {
     int first_row = 0;  // batch row of the entry's first token
     int tokens = 0;
     int start_position = 0;
-    int download_row = 0;  // first row in `download`
+    int download_row = 0;  // first row in `download_`
     bool attends = false;  // a decode row attending the exchange's compact KV
   };
-  struct Row {  // one attending decode row's reply in `compact`
+  struct Row {  // one attending decode row's reply in `compact_`
     int decode_row = 0;
     bool prefix = false;     // the whole prefix, as paged blocks (else a compact slab)
     int first_block = 0;     // prefix: its first block in the upload pool
     int table_row = 0;       // prefix: its row of the upload block tables
     int capacity = 0;        // compact: rows per KV head (>= 1)
     int recent_tokens = 0;   // L - recent_begin
-    size_t keys_offset = 0;  // byte offsets in `compact` (see `upload`)
+    size_t keys_offset = 0;  // byte offsets in `compact_` (see `upload_`)
     size_t values_offset = 0;
     size_t counts_offset = 0;
     size_t recent_begin_offset = 0;
   };
-  std::vector<Entry> entries;     // batch order
-  std::vector<Row> rows;          // decode-row order
-  size_t prefix_keys_offset = 0;  // the prefix replies' pool and tables in `compact`
-  size_t prefix_values_offset = 0;
-  size_t prefix_tables_offset = 0;
-  int prefix_blocks = 0;
-  PinnedBuffer download;  // [offloaded rows][qkv_dim] bf16
-  // The replies of one layer, host (`upload`) then device (`compact`), each section 256-byte
+  std::vector<Entry> entries_;     // batch order
+  std::vector<Row> rows_;          // decode-row order
+  size_t prefix_keys_offset_ = 0;  // the prefix replies' pool and tables in `compact_`
+  size_t prefix_values_offset_ = 0;
+  size_t prefix_tables_offset_ = 0;
+  int prefix_blocks_ = 0;
+  PinnedBuffer download_;  // [offloaded rows][qkv_dim] bf16
+  // The replies of one layer, host (`upload_`) then device (`compact_`), each section 256-byte
   // aligned (tensor maps want 16):
   //   per compact reply, in decode-row order (Row's offsets):
   //     keys    [num_kv_heads][capacity][head_dim] bf16, rows past a head's count zero
@@ -113,9 +113,9 @@ class OffloadedCudaBackend final : public CudaResidencyBackend {
   //     values  the same
   //     tables  [prefix rows][decode_table_stride] int32, block ids into that pool, in
   //             decode-row order (unused entries 0)
-  PinnedBuffer upload;
-  cuda::DeviceBuffer<unsigned char> compact;
-  std::vector<float> f32;  // the exchange's f32 K/V and queries
+  PinnedBuffer upload_;
+  cuda::DeviceBuffer<unsigned char> compact_;
+  std::vector<float> f32_;  // the exchange's f32 K/V and queries
 
   const ModelConfig config_;
 };
@@ -149,9 +149,8 @@ Status OffloadedCudaBackend::CheckBatch(std::span<const ForwardEntry> batch,
 
 Status OffloadedCudaBackend::PlanStep(std::span<const ForwardEntry> batch,
                                       const ForwardPlan& plan) {
-  OffloadedCudaBackend& step = *this;
-  step.entries.clear();
-  step.rows.clear();
+  entries_.clear();
+  rows_.clear();
   size_t rows = 0;
   for (size_t e = 0; e < batch.size(); ++e) {
     const ForwardEntry& entry = batch[e];
@@ -166,24 +165,23 @@ Status OffloadedCudaBackend::PlanStep(std::span<const ForwardEntry> batch,
     // A decode row past position 0 attends the exchange's compact KV (the CPU model's rule).
     p.attends = p.tokens == 1 && p.start_position > 0;
     rows += static_cast<size_t>(p.tokens);
-    step.entries.push_back(p);
+    entries_.push_back(p);
   }
   const size_t qkv_dim = static_cast<size_t>(config_.q_dim() + 2 * config_.kv_dim());
-  return EnsurePinned(step.download, rows * qkv_dim * sizeof(__nv_bfloat16),
+  return EnsurePinned(download_, rows * qkv_dim * sizeof(__nv_bfloat16),
                       "the offloaded entries' q|k|v rows");
 }
 
 Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
-  OffloadedCudaBackend& step = *this;
   const int layer = context.layer;
   const cudaStream_t stream = context.stream;
   const DeviceKvStorage& kv = *context.kv;
   const int q_dim = config_.q_dim();
   const int kv_dim = config_.kv_dim();
   const size_t qkv_dim = static_cast<size_t>(q_dim + 2 * kv_dim);
-  auto* download = reinterpret_cast<__nv_bfloat16*>(step.download.data());
+  auto* download = reinterpret_cast<__nv_bfloat16*>(download_.data());
   // The offloaded entries' q|k|v rows (after q/k-norm and RoPE), [download rows][qkv_dim] bf16.
-  for (const Entry& p : step.entries) {
+  for (const Entry& p : entries_) {
     RUBATO_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(download + static_cast<size_t>(p.download_row) * qkv_dim,
                         context.qkv + static_cast<size_t>(p.first_row) * qkv_dim,
@@ -199,20 +197,20 @@ Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
   // f32 copies for the exchange: per entry keys [tokens][kv_dim], values [tokens][kv_dim], the
   // last token's query [q_dim].
   size_t floats = 0;
-  for (const Entry& p : step.entries) {
+  for (const Entry& p : entries_) {
     floats += static_cast<size_t>(p.tokens) * 2 * kv_dim + q_dim;
   }
-  step.f32.resize(floats);
+  f32_.resize(floats);
   std::vector<OffloadLayerKv> layer_kv;
-  layer_kv.reserve(step.entries.size());
-  float* out = step.f32.data();
+  layer_kv.reserve(entries_.size());
+  float* out = f32_.data();
   auto widen = [&out](const __nv_bfloat16* in, size_t count) {
     const float* begin = out;
     ConvertToF32(DType::kBF16, in, out, count);
     out += count;
     return begin;
   };
-  for (const Entry& p : step.entries) {
+  for (const Entry& p : entries_) {
     const __nv_bfloat16* first = download + static_cast<size_t>(p.download_row) * qkv_dim;
     OffloadLayerKv entry_kv{p.session_id, p.start_position, p.tokens, nullptr, nullptr, nullptr};
     float* keys = out;
@@ -226,31 +224,31 @@ Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
   }
   // Every exchange of the batch gets its own entries, in batch order.
   std::vector<OffloadLayerKv> for_exchange;
-  for (size_t i = 0; i < step.entries.size(); ++i) {
-    KvOffloadExchange* exchange = step.entries[i].exchange;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    KvOffloadExchange* exchange = entries_[i].exchange;
     bool seen = false;
-    for (size_t j = 0; j < i; ++j) seen = seen || step.entries[j].exchange == exchange;
+    for (size_t j = 0; j < i; ++j) seen = seen || entries_[j].exchange == exchange;
     if (seen) continue;
     for_exchange.clear();
-    for (size_t j = i; j < step.entries.size(); ++j) {
-      if (step.entries[j].exchange == exchange) for_exchange.push_back(layer_kv[j]);
+    for (size_t j = i; j < entries_.size(); ++j) {
+      if (entries_[j].exchange == exchange) for_exchange.push_back(layer_kv[j]);
     }
     RUBATO_RETURN_IF_ERROR(exchange->LayerComputed(layer, for_exchange));
   }
 
   // The replies of the decode rows, narrowed to bf16 into the upload buffer: whole prefixes as
-  // paged blocks, other replies as compact slabs (`upload` has the layout).
+  // paged blocks, other replies as compact slabs (`upload_` has the layout).
   const int kv_heads = config_.num_kv_heads;
   const int head_dim = config_.head_dim;
   const int block_tokens = kv.shape().block_tokens;
   const int table_stride = context.plan->decode_table_stride;
-  step.rows.clear();
+  rows_.clear();
   std::vector<OffloadCompactKv> replies;
   std::vector<const Entry*> row_entries;
   size_t upload_bytes = 0;
   int prefix_blocks = 0;
   int prefix_rows = 0;
-  for (const Entry& p : step.entries) {
+  for (const Entry& p : entries_) {
     if (!p.attends) continue;
     RUBATO_ASSIGN_OR_RETURN(const OffloadCompactKv reply,
                             p.exchange->CompactFor(layer, p.session_id, p.start_position));
@@ -288,14 +286,14 @@ Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
       row.recent_begin_offset = row.counts_offset + AlignUp(sizeof(int32_t) * kv_heads);
       upload_bytes = row.recent_begin_offset + AlignUp(sizeof(int32_t));
     }
-    step.rows.push_back(row);
+    rows_.push_back(row);
     replies.push_back(reply);
     row_entries.push_back(&p);
   }
-  if (step.rows.empty()) return Status::Ok();
+  if (rows_.empty()) return Status::Ok();
   // Offloaded decode rows are all dense-kind rows, which the forward plan numbers in batch
   // order: OffloadedDecodeAttention's binary search and the prefix tables rely on it.
-  if (!std::is_sorted(step.rows.begin(), step.rows.end(),
+  if (!std::is_sorted(rows_.begin(), rows_.end(),
                       [](const Row& a, const Row& b) { return a.decode_row < b.decode_row; })) {
     return InternalError("layer " + std::to_string(layer) +
                          ": the offloaded decode rows are not in row order");
@@ -304,23 +302,23 @@ Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
   // same, then their block tables [prefix rows][decode_table_stride] int32.
   const size_t block_elements = static_cast<size_t>(kv_heads) * block_tokens * head_dim;
   const size_t pool_bytes = static_cast<size_t>(prefix_blocks) * block_elements * 2;
-  step.prefix_keys_offset = upload_bytes;
-  step.prefix_values_offset = step.prefix_keys_offset + AlignUp(pool_bytes);
-  step.prefix_tables_offset = step.prefix_values_offset + AlignUp(pool_bytes);
-  step.prefix_blocks = prefix_blocks;
-  upload_bytes = step.prefix_tables_offset +
+  prefix_keys_offset_ = upload_bytes;
+  prefix_values_offset_ = prefix_keys_offset_ + AlignUp(pool_bytes);
+  prefix_tables_offset_ = prefix_values_offset_ + AlignUp(pool_bytes);
+  prefix_blocks_ = prefix_blocks;
+  upload_bytes = prefix_tables_offset_ +
                  AlignUp(sizeof(int32_t) * static_cast<size_t>(prefix_rows) * table_stride);
 
-  RUBATO_RETURN_IF_ERROR(EnsurePinned(step.upload, upload_bytes, "the compact KV replies"));
+  RUBATO_RETURN_IF_ERROR(EnsurePinned(upload_, upload_bytes, "the compact KV replies"));
   RUBATO_RETURN_IF_ERROR(
-      cuda::GrowTo(step.compact, upload_bytes, "the compact KV replies on the device"));
-  std::byte* upload = step.upload.data();
-  auto* pool_keys = reinterpret_cast<uint16_t*>(upload + step.prefix_keys_offset);
-  auto* pool_values = reinterpret_cast<uint16_t*>(upload + step.prefix_values_offset);
-  auto* tables = reinterpret_cast<int32_t*>(upload + step.prefix_tables_offset);
+      cuda::GrowTo(compact_, upload_bytes, "the compact KV replies on the device"));
+  std::byte* upload = upload_.data();
+  auto* pool_keys = reinterpret_cast<uint16_t*>(upload + prefix_keys_offset_);
+  auto* pool_values = reinterpret_cast<uint16_t*>(upload + prefix_values_offset_);
+  auto* tables = reinterpret_cast<int32_t*>(upload + prefix_tables_offset_);
   std::fill_n(tables, static_cast<size_t>(prefix_rows) * table_stride, 0);
-  for (size_t r = 0; r < step.rows.size(); ++r) {
-    const Row& row = step.rows[r];
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    const Row& row = rows_[r];
     const OffloadCompactKv& reply = replies[r];
     const CompactKvView& view = reply.compact;
     if (row.prefix) {
@@ -370,28 +368,27 @@ Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
     *reinterpret_cast<int32_t*>(upload + row.recent_begin_offset) = reply.recent_begin;
   }
   return cuda::CudaStatus(
-      cudaMemcpyAsync(step.compact.data(), upload, upload_bytes, cudaMemcpyHostToDevice, stream),
+      cudaMemcpyAsync(compact_.data(), upload, upload_bytes, cudaMemcpyHostToDevice, stream),
       "copying the compact KV replies of layer " + std::to_string(layer) + " to the device");
 }
 
 Status OffloadedCudaBackend::AttendDecodeRows(const CudaLayerContext& context, int first_row,
                                               int rows, const AttentionWindow& window) {
-  const OffloadedCudaBackend& step = *this;
-  const unsigned char* base = step.compact.data();
+  const unsigned char* base = compact_.data();
   // Consecutive rows of one kind share a launch: local rows the dense kernel over the local
   // cache, prefix rows the dense kernel over their uploaded blocks (the same launch shape as
   // local dense when every decode row is one, hence the same bits).
   enum class Kind { kLocal, kPrefix, kCompact };
-  // step.rows is in decode-row order (built in batch order): found by binary search.
+  // rows_ is in decode-row order (built in batch order): found by binary search.
   auto offloaded = [&](int row) {
     const auto it =
-        std::lower_bound(step.rows.begin(), step.rows.end(), row,
+        std::lower_bound(rows_.begin(), rows_.end(), row,
                          [](const Row& r, int decode_row) { return r.decode_row < decode_row; });
-    return it != step.rows.end() && it->decode_row == row ? it : step.rows.end();
+    return it != rows_.end() && it->decode_row == row ? it : rows_.end();
   };
   auto kind_of = [&](int row) {
     const auto it = offloaded(row);
-    if (it == step.rows.end()) return Kind::kLocal;
+    if (it == rows_.end()) return Kind::kLocal;
     return it->prefix ? Kind::kPrefix : Kind::kCompact;
   };
   int row = first_row;
@@ -417,10 +414,10 @@ Status OffloadedCudaBackend::AttendDecodeRows(const CudaLayerContext& context, i
     params.recent_tokens = window.recent_tokens;
     if (kind == Kind::kPrefix) {
       // Prefix rows were numbered in decode-row order: a run's table rows are consecutive.
-      params.key_pool = reinterpret_cast<const __nv_bfloat16*>(base + step.prefix_keys_offset);
-      params.value_pool = reinterpret_cast<const __nv_bfloat16*>(base + step.prefix_values_offset);
-      params.num_pool_blocks = step.prefix_blocks;
-      const auto* tables = reinterpret_cast<const int32_t*>(base + step.prefix_tables_offset);
+      params.key_pool = reinterpret_cast<const __nv_bfloat16*>(base + prefix_keys_offset_);
+      params.value_pool = reinterpret_cast<const __nv_bfloat16*>(base + prefix_values_offset_);
+      params.num_pool_blocks = prefix_blocks_;
+      const auto* tables = reinterpret_cast<const int32_t*>(base + prefix_tables_offset_);
       params.block_tables = tables + static_cast<size_t>(offloaded(row)->table_row) *
                                          context.plan->decode_table_stride;
     }
