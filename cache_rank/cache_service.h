@@ -45,6 +45,9 @@ struct CacheServiceStats {
   uint64_t replies_sent = 0;
   uint64_t bytes_sent = 0;
   uint64_t peers = 0;
+  // Seconds the data plane spent selecting and building replies (attention on the cache rank
+  // included), summed over the packs: the cache rank's share of an offloaded step.
+  double selection_seconds = 0;
 };
 
 class CacheService {
@@ -69,8 +72,9 @@ class CacheService {
   Status PeerHealth(uint64_t peer) const;
   CacheServiceStats Stats() const;
   // Registers and from then on updates (DESIGN §3): rubato:cache_rank_sessions,
-  // rubato:cache_rank_memory_bytes{kind="reserved"|"budget"} (KV storage) and
-  // rubato:transport_bytes_total{role="cache", direction, backend} of the cache rank's data plane.
+  // rubato:cache_rank_memory_bytes{kind="reserved"|"budget"} (KV storage),
+  // rubato:transport_bytes_total{role="cache", direction, backend} of the cache rank's data plane
+  // and rubato:selection_latency_seconds{selector} (selecting and building one pack's reply).
   // `registry` must outlive the service.
   Status RegisterMetrics(MetricsRegistry& registry);
 
@@ -129,6 +133,7 @@ class CacheService {
   Gauge* sessions_metric_ = nullptr;
   Gauge* reserved_bytes_metric_ = nullptr;
   CounterFamily* transport_bytes_metric_ = nullptr;
+  HistogramFamily* selection_metric_ = nullptr;
   void UpdateStoreGauges();  // with mutex_ held
 
   std::atomic<bool> stop_{false};
@@ -137,6 +142,7 @@ class CacheService {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> replies_sent_{0};
   std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> selection_nanoseconds_{0};
 };
 
 }  // namespace rubato
