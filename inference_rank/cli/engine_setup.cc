@@ -101,6 +101,10 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyCho
   CacheClientOptions options;
   options.pack_layers = config.topology.pack_layers;
   options.selection = *policy.offload;
+  // The wire and the cache rank's store in the model's K/V dtype: the CUDA model's engine.dtype,
+  // the CPU model's f32.
+  options.kv_dtype =
+      config.engine.backend == EngineSection::Backend::kCuda ? config.engine.dtype : DType::kF32;
   // A reply may wait for a whole pack of another request's prefill: the control plane's
   // deadline, not the heartbeat, bounds it; a lost cache rank ends it sooner.
   options.timeout = std::chrono::milliseconds(

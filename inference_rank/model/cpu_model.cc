@@ -269,6 +269,7 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
   // One work item per (entry, KV head); items write disjoint rows of attention_.
   const int items = static_cast<int>(plan_.size()) * kv_heads;
   thread_pool_->ParallelFor(items, [&](int item, int worker) {
+    if (attention_taken_[static_cast<size_t>(item / kv_heads)]) return;  // OffloadLayer's
     const CpuEntryRows& p = plan_[static_cast<size_t>(item / kv_heads)];
     const AttentionOp op =
         p.attention != nullptr ? p.attention->ActionFor(layer).op : AttentionOp::kDense;
@@ -384,6 +385,7 @@ Status CpuModel::IndexGatherArgs(const CpuLayerContext& context, int entry) {
 Status CpuModel::OffloadLayer(int layer, PagedKvCache& cache) {
   const int kv_dim = config_.kv_dim();
   const int q_dim = config_.q_dim();
+  attention_taken_.assign(plan_.size(), 0);
   // Every exchange of the batch gets its entries' K/V (usually one exchange: one cache rank).
   std::vector<KvOffloadExchange*> exchanges;
   for (const CpuEntryRows& p : plan_) {
@@ -407,6 +409,10 @@ Status CpuModel::OffloadLayer(int layer, PagedKvCache& cache) {
   for (size_t e = 0; e < plan_.size(); ++e) {
     const CpuEntryRows& p = plan_[e];
     if (!p.AttendsOffloaded()) continue;
+    if (p.offload->exchange->ServesPartialAttention(p.offload->session_id)) {
+      RUBATO_RETURN_IF_ERROR(TakePartialAttention(layer, e));
+      continue;
+    }
     RUBATO_ASSIGN_OR_RETURN(
         const OffloadCompactKv compact,
         p.offload->exchange->CompactFor(layer, p.offload->session_id, p.start_position));
@@ -427,6 +433,19 @@ Status CpuModel::OffloadLayer(int layer, PagedKvCache& cache) {
     for (std::vector<float>& worker_scratch : attention_scratch_)
       GrowVector(worker_scratch, scratch);
   }
+  return Status::Ok();
+}
+
+Status CpuModel::TakePartialAttention(int layer, size_t entry) {
+  const CpuEntryRows& p = plan_[entry];
+  RUBATO_ASSIGN_OR_RETURN(
+      const OffloadPartial partial,
+      p.offload->exchange->PartialFor(layer, p.offload->session_id, p.start_position));
+  // Every position [0, start_position] is in it: it is the token's whole attention output.
+  const size_t q_dim = static_cast<size_t>(config_.q_dim());
+  std::copy(partial.output, partial.output + q_dim,
+            attention_.begin() + static_cast<ptrdiff_t>(p.first_token * q_dim));
+  attention_taken_[entry] = 1;
   return Status::Ok();
 }
 

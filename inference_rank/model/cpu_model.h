@@ -85,6 +85,9 @@ class CpuModel : public Model {
   // Offloaded entries: hand this layer's new K/V to their exchanges, then fetch the compact KV
   // every offloaded decode token attends (its two_segment_args_).
   Status OffloadLayer(int layer, PagedKvCache& cache);
+  // An offloaded decode token whose attention the exchange computed (PartialFor): its output
+  // goes to the token's attention_ rows and the layer's attention skips the entry.
+  Status TakePartialAttention(int layer, size_t entry);
   // normed -> projected: down(silu(gate(x)) * up(x)).
   void Mlp(int layer);
   // final norm -> lm_head (or tied embedding) for the rows the entries want.
@@ -102,6 +105,7 @@ class CpuModel : public Model {
   // Per-forward state. Buffers only grow, so steady decoding does not allocate.
   std::vector<CpuEntryRows> plan_;  // where each entry's tokens sit in the activations
   std::vector<OffloadLayerKv> offload_layer_kv_;  // one layer's offloaded entries, batch order
+  std::vector<char> attention_taken_;  // [entries] this layer: attention from TakePartialAttention
   int total_tokens_ = 0;
   std::vector<int> token_ids_;     // [tokens]
   std::vector<int> positions_;     // [tokens]
