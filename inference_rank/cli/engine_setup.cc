@@ -124,8 +124,12 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const PolicyCho
                             ReconnectingCacheRank::Connect(std::move(connect), backoff));
     target.client = target.remote.get();
   } else {
-    RUBATO_ASSIGN_OR_RETURN(target.colocated,
-                            ColocatedCacheRank::Create(model, options, CacheServiceOptions()));
+    // The colocated cache rank's storage from the config's cache section (on the engine's GPU
+    // unless cache.device names another).
+    const int device = config.cache.device >= 0 ? config.cache.device : config.engine.device;
+    RUBATO_ASSIGN_OR_RETURN(const CacheServiceOptions service,
+                            CacheServiceOptionsFromConfig(config.cache, device));
+    RUBATO_ASSIGN_OR_RETURN(target.colocated, ColocatedCacheRank::Create(model, options, service));
     target.client = &target.colocated->client();
   }
   return target;
