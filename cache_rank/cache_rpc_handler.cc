@@ -148,6 +148,7 @@ Result<rpc::StatsResponse> CacheRpcHandler::OnStats(rpc::ConnectionId /*connecti
   counters["bytes_sent"] = static_cast<double>(stats.bytes_sent);
   counters["peers"] = static_cast<double>(stats.peers);
   counters["selection_seconds"] = stats.selection_seconds;
+  counters["bytes_reserved_peak"] = static_cast<double>(stats.store.bytes_reserved_peak);
   return response;
 }
 

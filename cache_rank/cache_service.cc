@@ -148,6 +148,7 @@ CacheServiceStats CacheService::Stats() const {
   stats.replies_sent = replies_sent_.load();
   stats.bytes_sent = bytes_sent_.load();
   stats.selection_seconds = static_cast<double>(selection_nanoseconds_.load()) * 1e-9;
+  if (options_.allocator != nullptr) stats.memory = std::string(options_.allocator->name());
   const ControlLock lock(*this);
   stats.peers = peers_.size();
   return stats;
@@ -161,9 +162,11 @@ Status CacheService::RegisterMetrics(MetricsRegistry& registry) {
   RUBATO_ASSIGN_OR_RETURN(GaugeFamily * memory,
                           registry.AddGaugeFamily("rubato:cache_rank_memory_bytes",
                                                   "KV storage of this cache rank: reserved by "
-                                                  "open sessions, and the budget.",
+                                                  "open sessions, the most ever reserved, and "
+                                                  "the budget.",
                                                   {"kind"}));
   RUBATO_ASSIGN_OR_RETURN(reserved_bytes_metric_, memory->WithLabels({"reserved"}));
+  RUBATO_ASSIGN_OR_RETURN(peak_bytes_metric_, memory->WithLabels({"peak"}));
   RUBATO_ASSIGN_OR_RETURN(Gauge * budget, memory->WithLabels({"budget"}));
   budget->Set(static_cast<double>(options_.budget_bytes));
   RUBATO_ASSIGN_OR_RETURN(transport_bytes_metric_,
@@ -188,6 +191,7 @@ void CacheService::UpdateStoreGauges() {
   const KvStoreStats stats = store_.Stats();
   sessions_metric_->Set(static_cast<double>(stats.sessions_open));
   reserved_bytes_metric_->Set(static_cast<double>(stats.bytes_reserved));
+  peak_bytes_metric_->Set(static_cast<double>(stats.bytes_reserved_peak));
 }
 
 // ---- data plane -------------------------------------------------------------------------------

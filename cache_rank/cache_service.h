@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -48,6 +49,9 @@ struct CacheServiceStats {
   // Seconds the data plane spent selecting and building replies (attention on the cache rank
   // included), summed over the packs: the cache rank's share of an offloaded step.
   double selection_seconds = 0;
+  // Where the KV lives: the storage allocator's name ("host", "pinned", ...); the store's bytes
+  // are of that memory (a device store's are device bytes).
+  std::string memory = "host";
 };
 
 class CacheService {
@@ -72,7 +76,8 @@ class CacheService {
   Status PeerHealth(uint64_t peer) const;
   CacheServiceStats Stats() const;
   // Registers and from then on updates (DESIGN §3): rubato:cache_rank_sessions,
-  // rubato:cache_rank_memory_bytes{kind="reserved"|"budget"} (KV storage),
+  // rubato:cache_rank_memory_bytes{kind="reserved"|"peak"|"budget"} (KV storage, of the
+  // allocator's memory),
   // rubato:transport_bytes_total{role="cache", direction, backend} of the cache rank's data plane
   // and rubato:selection_latency_seconds{selector} (selecting and building one pack's reply).
   // `registry` must outlive the service.
@@ -132,6 +137,7 @@ class CacheService {
   // Set by RegisterMetrics (under mutex_); updated where the numbers change.
   Gauge* sessions_metric_ = nullptr;
   Gauge* reserved_bytes_metric_ = nullptr;
+  Gauge* peak_bytes_metric_ = nullptr;
   CounterFamily* transport_bytes_metric_ = nullptr;
   HistogramFamily* selection_metric_ = nullptr;
   void UpdateStoreGauges();  // with mutex_ held

@@ -205,9 +205,22 @@ TEST_F(CliBadInputTest, TheColocatedCacheRankEnforcesTheConfigsBudget) {
       WriteYaml("cache:\n  budget_gib: 3.814697265625e-06\nlogging:\n  level: error\n");
   ExpectCleanFailure(Generate({"--config", yaml.string(), "--kv-residency", "offloaded"}),
                      {"budget's 4096 bytes"});
-  // With the default budget the same run succeeds.
+  // With the default budget the same run succeeds, and its stats line reports the exchange per
+  // step and the cache rank's selection time and memory.
   const ProcessResult fits = Generate({"--kv-residency", "offloaded"});
   EXPECT_EQ(fits.exit_code, 0) << fits.err;
+  const auto number = [&](const std::string& key) {
+    const size_t at = fits.out.find(" " + key + "=");
+    EXPECT_NE(at, std::string::npos) << key << " missing: " << fits.out;
+    return at == std::string::npos ? -1.0 : std::stod(fits.out.substr(at + key.size() + 2));
+  };
+  EXPECT_GT(number("offload_steps"), 0);
+  EXPECT_GT(number("step_bytes_sent"), 0);
+  EXPECT_GT(number("step_bytes_received"), 0);
+  EXPECT_GE(number("step_wait_ms"), 0);
+  EXPECT_GE(number("cache_selection_ms"), 0);
+  EXPECT_GT(number("cache_memory_peak_bytes"), 0);
+  EXPECT_NE(fits.out.find(" cache_memory=host"), std::string::npos) << fits.out;
 }
 
 TEST_F(CliBadInputTest, MissingConfigFile) {

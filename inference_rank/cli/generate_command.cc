@@ -3,6 +3,8 @@
 // them and prints one stats line.
 #include "inference_rank/cli/generate_command.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -47,14 +49,39 @@ ConfigOverrides OverridesOf(const GenerateArgs& args) {
   return overrides;
 }
 
-// " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=..." for offload runs.
-std::string OffloadStats(const CacheRankClient* client) {
+// For offloaded runs: " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=..." (the
+// run's totals), then per step (a forward that offloaded K/V) the bytes each way and the exposed
+// wait (time blocked on replies), and the cache rank's selection time (its replies, attention on
+// the cache rank included) and peak KV memory (of its storage: host, pinned or device).
+std::string OffloadStats(OffloadTarget& target) {
+  const CacheRankClient* client = target.data_client();
   if (client == nullptr) return "";
-  char text[160];
-  std::snprintf(
-      text, sizeof(text), " offload_bytes_sent=%llu offload_bytes_received=%llu pack_wait_ms=%.1f",
-      static_cast<unsigned long long>(client->bytes_sent()),
-      static_cast<unsigned long long>(client->bytes_received()), client->pack_wait_seconds() * 1e3);
+  const double steps = static_cast<double>(std::max<uint64_t>(client->steps(), 1));
+  std::string text = fmt::format(
+      " offload_bytes_sent={} offload_bytes_received={} pack_wait_ms={:.1f} offload_steps={} "
+      "step_bytes_sent={:.0f} step_bytes_received={:.0f} step_wait_ms={:.3f}",
+      client->bytes_sent(), client->bytes_received(), client->pack_wait_seconds() * 1e3,
+      client->steps(), static_cast<double>(client->bytes_sent()) / steps,
+      static_cast<double>(client->bytes_received()) / steps,
+      client->pack_wait_seconds() * 1e3 / steps);
+  if (target.colocated != nullptr) {
+    const CacheServiceStats stats = target.colocated->service().Stats();
+    text +=
+        fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={} cache_memory={}",
+                    stats.selection_seconds * 1e3, stats.store.bytes_reserved_peak, stats.memory);
+  } else if (target.remote != nullptr) {
+    // The cache rank's own counters (Stats RPC); a cache rank that does not answer leaves them
+    // out of the line rather than failing a finished run.
+    const Result<rpc::StatsResponse> stats = target.remote->current().rpc().Stats();
+    if (stats.ok()) {
+      const auto counter = [&](const std::string& name) {
+        const auto found = stats->counters().find(name);
+        return found == stats->counters().end() ? 0.0 : found->second;
+      };
+      text += fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={:.0f}",
+                          counter("selection_seconds") * 1e3, counter("bytes_reserved_peak"));
+    }
+  }
   return text;
 }
 
@@ -201,7 +228,7 @@ Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config) {
       "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s%s%s\n",
       prompt_ids.size(), generated, prefill_ms, decode_tok_s, config.policy.name.c_str(),
       retained_kv, backend.c_str(), policy.policy->StatsLine().c_str(),
-      OffloadStats(offload.data_client()).c_str());
+      OffloadStats(offload).c_str());
   std::fflush(stdout);
   return Status::Ok();
 }

@@ -184,6 +184,8 @@ TEST_F(OffloadEngineTest, MetricsCountTheBytesTheWaitsAndTheSessions) {
   EXPECT_EQ(sample(served, "rubato:cache_rank_sessions"), 0) << served;
   EXPECT_EQ(sample(served, "rubato:cache_rank_memory_bytes{kind=\"reserved\"}"), 0);
   EXPECT_EQ(sample(served, "rubato:cache_rank_memory_bytes{kind=\"budget\"}"), 64 << 20);
+  EXPECT_GT(sample(served, "rubato:cache_rank_memory_bytes{kind=\"peak\"}"), 0);
+  EXPECT_EQ(cache->service().Stats().memory, "host");
 }
 
 TEST_F(OffloadEngineTest, ALostCacheRankEndsEveryOffloadedRequestWithAnError) {
