@@ -25,8 +25,9 @@ constexpr const char* kLogSubsystem = "cache";
 
 CacheSelectorSpec SelectorSpecFromRequest(const rpc::OpenSessionRequest& request) {
   CacheSelectorSpec spec;
-  // Peers that never set the field want dense; "topk" is oracle_topk's name on older peers.
-  if (!request.selector().empty()) spec.name = request.selector();
+  // Peers that never set the field want the whole-prefix replies of the retired "dense"
+  // selector, refused by that name; "topk" is oracle_topk's name on older peers.
+  spec.name = request.selector().empty() ? "dense" : request.selector();
   if (spec.name == "topk") spec.name = "oracle_topk";
   spec.top_k = static_cast<int>(std::min<uint32_t>(request.top_k(), INT32_MAX));
   spec.sink_tokens = static_cast<int>(std::min<uint32_t>(request.sink_tokens(), INT32_MAX));
@@ -146,6 +147,8 @@ Result<rpc::StatsResponse> CacheRpcHandler::OnStats(rpc::ConnectionId /*connecti
   counters["replies_sent"] = static_cast<double>(stats.replies_sent);
   counters["bytes_sent"] = static_cast<double>(stats.bytes_sent);
   counters["peers"] = static_cast<double>(stats.peers);
+  counters["selection_seconds"] = stats.selection_seconds;
+  counters["bytes_reserved_peak"] = static_cast<double>(stats.store.bytes_reserved_peak);
   return response;
 }
 

@@ -1,7 +1,7 @@
 // The table of cache selectors (cache_selector.h) and the look-ups over it.
 #include "cache_rank/cache_selector.h"
 
-#include "cache_rank/selectors/dense_selector.h"
+#include "cache_rank/selectors/attention_selector.h"
 #include "cache_rank/selectors/oracle_topk_selector.h"
 
 namespace rubato {
@@ -9,7 +9,7 @@ namespace {
 
 // Every cache selector, one line each (the shape of NCCL's ncclTransports[]).
 constexpr const CacheSelector* kCacheSelectors[] = {
-    &kDenseCacheSelector,
+    &kAttentionCacheSelector,
     &kOracleTopKCacheSelector,
 };
 

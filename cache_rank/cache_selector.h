@@ -1,6 +1,8 @@
 // Cache selectors (DESIGN §3 "Policy", the optional cache-rank half of a policy): the rule that
-// picks which stored positions of an offloaded request the cache rank sends back for a decode
-// step. Where the KV lives is the residency; which rows a step attends is the policy. An
+// picks what the cache rank sends back for an offloaded request's decode step: stored rows
+// (positions and their K / V), or the attention of the step's query over the stored KV (its
+// output and log-sum-exp). Where the KV lives is the residency; which rows a step attends is
+// the policy. An
 // inference rank names a selector at OpenSession (CacheSelectorSpec); both ranks look it up in
 // one static table (FindCacheSelector), so they size and read every reply alike.
 //
@@ -19,10 +21,10 @@
 
 namespace rubato {
 
-// What an inference rank asks for at OpenSession: a selector by its policy's name ("dense",
-// "oracle_topk") and oracle_topk's parameters (dense ignores them).
+// What an inference rank asks for at OpenSession: a selector by name ("attention" for the dense
+// policy, "oracle_topk") and oracle_topk's parameters (attention ignores them).
 struct CacheSelectorSpec {
-  std::string name = "dense";
+  std::string name = "attention";
   int top_k = 2048;         // selected positions per KV head, >= 1
   int sink_tokens = 4;      // leading positions always kept, >= 0
   int recent_tokens = 256;  // trailing positions the inference rank reads in place, >= 1
@@ -30,11 +32,14 @@ struct CacheSelectorSpec {
 
 // What the reply to one request entry carries: rows [0, sink_end) are the sink positions, then
 // the selected ones; `slots` is the entry's reply_slots (rows per KV head, each filled); the
-// inference rank's recent segment starts at `recent_begin`.
+// inference rank's recent segment starts at `recent_begin`. `attention_queries` (0 or 1) is the
+// entry's attention_queries: the reply also carries the attention of the entry's last query
+// over every stored position (layer_pack.h).
 struct ReplyRange {
   int sink_end = 0;
   int recent_begin = 0;
   int slots = 0;
+  int attention_queries = 0;
 
   friend bool operator==(const ReplyRange&, const ReplyRange&) = default;
 };
@@ -47,6 +52,10 @@ struct CacheSelectorTraits {
   // The reply to a step's pack serves that step's own decode token, so a layer's attention waits
   // for it and packs hold one layer; otherwise a reply serves the request's next step.
   bool serves_same_step = false;
+  // A decode token's reply is a partial attention result (output and log-sum-exp of its query
+  // over the stored KV, the new token's included) instead of rows: the inference rank takes it
+  // as the token's attention (CacheRankClient::PartialFor) and reads no K / V.
+  bool partial_attention = false;
 };
 
 class CacheSelector {
@@ -82,7 +91,7 @@ class CacheSelector {
 const CacheSelector* FindCacheSelector(std::string_view name);
 // Every registered name, in table order.
 std::vector<std::string> CacheSelectorNames();
-// FindCacheSelector, then Validate: "cache rank: unknown selector 'x' (known: dense,
+// FindCacheSelector, then Validate: "cache rank: unknown selector 'x' (known: attention,
 // oracle_topk)", or the selector's complaint about a parameter.
 Result<const CacheSelector*> ResolveCacheSelector(const CacheSelectorSpec& spec);
 

@@ -1,14 +1,14 @@
 // Tests for the cache selectors and their table: the registered names and traits, the refusal of
 // an unknown name and of bad parameters (by the table, CacheService::OpenSession and the RPC's
-// OpenSession), the RPC's names ("topk" is oracle_topk), each selector's reply range, and Select
-// against the store: dense gives every position, oracle_topk the sink plus ExactTopK of the
-// pack's query.
+// OpenSession), the RPC's names ("topk" is oracle_topk, no name the retired whole-prefix
+// "dense"), each selector's reply range, and Select against the store: attention gives no rows
+// (its reply is the attention of the query, stored_attention_test.cc), oracle_topk the sink plus
+// ExactTopK of the pack's query.
 #include "cache_rank/cache_selector.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <numeric>
 #include <ostream>
 #include <random>
 #include <string>
@@ -22,7 +22,7 @@ namespace rubato {
 
 void PrintTo(const ReplyRange& range, std::ostream* out) {
   *out << "{sink_end " << range.sink_end << ", recent_begin " << range.recent_begin << ", slots "
-       << range.slots << "}";
+       << range.slots << ", attention_queries " << range.attention_queries << "}";
 }
 
 namespace {
@@ -37,17 +37,21 @@ CacheSelectorSpec OracleTopK(int top_k, int sink_tokens, int recent_tokens) {
 const CacheSelector& Selector(const std::string& name) {
   const CacheSelector* selector = FindCacheSelector(name);
   EXPECT_NE(selector, nullptr) << name;
-  return selector != nullptr ? *selector : *FindCacheSelector("dense");
+  return selector != nullptr ? *selector : *FindCacheSelector("attention");
 }
 
-TEST(CacheSelectorTable, ListsDenseAndOracleTopKWithTheirTraits) {
-  EXPECT_EQ(CacheSelectorNames(), (std::vector<std::string>{"dense", "oracle_topk"}));
-  EXPECT_EQ(Selector("dense").name(), "dense");
-  EXPECT_FALSE(Selector("dense").traits().needs_query);
-  EXPECT_FALSE(Selector("dense").traits().serves_same_step);
+TEST(CacheSelectorTable, ListsAttentionAndOracleTopKWithTheirTraits) {
+  EXPECT_EQ(CacheSelectorNames(), (std::vector<std::string>{"attention", "oracle_topk"}));
+  EXPECT_EQ(Selector("attention").name(), "attention");
+  EXPECT_TRUE(Selector("attention").traits().needs_query);
+  EXPECT_TRUE(Selector("attention").traits().serves_same_step);
+  EXPECT_TRUE(Selector("attention").traits().partial_attention);
   EXPECT_EQ(Selector("oracle_topk").name(), "oracle_topk");
   EXPECT_TRUE(Selector("oracle_topk").traits().needs_query);
   EXPECT_TRUE(Selector("oracle_topk").traits().serves_same_step);
+  EXPECT_FALSE(Selector("oracle_topk").traits().partial_attention);
+  // The whole-prefix selector is gone: attention replaces it.
+  EXPECT_EQ(FindCacheSelector("dense"), nullptr);
   // "topk" is the RPC's old name, not a selector of the table.
   EXPECT_EQ(FindCacheSelector("topk"), nullptr);
   EXPECT_EQ(FindCacheSelector(""), nullptr);
@@ -58,14 +62,14 @@ TEST(CacheSelectorTable, RefusesAnUnknownNameByName) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(unknown.status().message(),
-            "cache rank: unknown selector 'quest' (known: dense, oracle_topk)");
+            "cache rank: unknown selector 'quest' (known: attention, oracle_topk)");
 }
 
 TEST(CacheSelectorTable, ValidationNamesTheField) {
   ASSERT_TRUE(ResolveCacheSelector(CacheSelectorSpec()).ok());
   ASSERT_TRUE(ResolveCacheSelector(OracleTopK(1, 0, 1)).ok());
-  // Dense reads none of the numbers.
-  EXPECT_TRUE(ResolveCacheSelector({.name = "dense", .top_k = 0, .recent_tokens = 0}).ok());
+  // Attention reads none of the numbers.
+  EXPECT_TRUE(ResolveCacheSelector({.name = "attention", .top_k = 0, .recent_tokens = 0}).ok());
   const std::pair<CacheSelectorSpec, std::string> bad[] = {
       {OracleTopK(0, 4, 256), "top_k must be >= 1, got 0"},
       {OracleTopK(8, -1, 256), "sink_tokens must be >= 0, got -1"},
@@ -79,11 +83,13 @@ TEST(CacheSelectorTable, ValidationNamesTheField) {
   }
 }
 
-TEST(CacheSelectorReplyRange, DenseCarriesEveryPosition) {
-  const CacheSelector& dense = Selector("dense");
-  EXPECT_EQ(dense.ReplyRangeFor({}, 0, 16), (ReplyRange{0, 16, 16}));  // a prefill chunk
-  EXPECT_EQ(dense.ReplyRangeFor({}, 16, 1), (ReplyRange{0, 17, 17}));
-  EXPECT_EQ(dense.ReplyRangeFor(OracleTopK(2, 1, 1), 16, 1), (ReplyRange{0, 17, 17}));
+TEST(CacheSelectorReplyRange, AttentionCarriesNoRowsAndTheDecodeQuerysAttention) {
+  const CacheSelector& attention = Selector("attention");
+  EXPECT_EQ(attention.ReplyRangeFor({}, 0, 16), (ReplyRange{0, 16, 0, 0}));  // a prefill chunk
+  EXPECT_EQ(attention.ReplyRangeFor({}, 16, 1), (ReplyRange{0, 17, 0, 1}));
+  // The same at every context length: the reply does not grow with it.
+  EXPECT_EQ(attention.ReplyRangeFor({}, 60000, 1), (ReplyRange{0, 60001, 0, 1}));
+  EXPECT_EQ(attention.ReplyRangeFor(OracleTopK(2, 1, 1), 16, 1), (ReplyRange{0, 17, 0, 1}));
 }
 
 TEST(CacheSelectorReplyRange, OracleTopKCarriesTheSinkAndTopKBeforeTheRecentWindow) {
@@ -100,8 +106,9 @@ TEST(CacheSelectorReplyRange, OracleTopKCarriesTheSinkAndTopKBeforeTheRecentWind
   EXPECT_EQ(topk.ReplyRangeFor(OracleTopK(3, 8, 4), 9, 1), (ReplyRange{6, 6, 6}));
 }
 
-TEST(CacheSelectorSpecFromRpc, NoNameIsDenseAndTopkIsOracleTopK) {
+TEST(CacheSelectorSpecFromRpc, NoNameIsTheRetiredDenseAndTopkIsOracleTopK) {
   rpc::OpenSessionRequest request;
+  // Peers that never set the field wanted whole-prefix replies: refused at OpenSession by name.
   EXPECT_EQ(SelectorSpecFromRequest(request).name, "dense");
   request.set_selector("topk");
   request.set_top_k(64);
@@ -191,13 +198,11 @@ class CacheSelectorSelectTest : public ::testing::Test {
   LayerPackView decode_;
 };
 
-TEST_F(CacheSelectorSelectTest, DenseSelectsEveryPositionOfEveryHead) {
-  std::vector<int32_t> all(kPrefillTokens + 1);
-  std::iota(all.begin(), all.end(), 0);
+TEST_F(CacheSelectorSelectTest, AttentionSelectsNoRows) {
   for (uint32_t layer = 0; layer < shape_.num_layers; ++layer) {
-    auto selection = Selector("dense").Select({}, store_, decode_, layer, 0);
+    auto selection = Selector("attention").Select({}, store_, decode_, layer, 0);
     ASSERT_TRUE(selection.ok()) << selection.status().ToString();
-    EXPECT_EQ(*selection, KvHeadSelection(shape_.num_kv_heads, all)) << "layer " << layer;
+    EXPECT_EQ(*selection, KvHeadSelection(shape_.num_kv_heads)) << "layer " << layer;
   }
 }
 
@@ -236,7 +241,7 @@ TEST(CacheServiceSessions, OpenSessionRefusesAnUnknownSelectorOrABadParameter) {
   const Result<uint64_t> unknown = service.OpenSession(1, 1, shape, {.name = "topk2"});
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().message(),
-            "cache rank: unknown selector 'topk2' (known: dense, oracle_topk)");
+            "cache rank: unknown selector 'topk2' (known: attention, oracle_topk)");
   const Result<uint64_t> bad = service.OpenSession(1, 1, shape, OracleTopK(0, 4, 256));
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("top_k"), std::string::npos) << bad.status().message();
@@ -305,7 +310,7 @@ TEST(CacheServiceSessions, TheRpcOpenSessionTakesTheOldNameAndRefusesAnUnknownOn
   const Result<rpc::OpenSessionResponse> refused = handler.OnOpenSession(1, request);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().message(),
-            "cache rank: unknown selector 'x' (known: dense, oracle_topk)");
+            "cache rank: unknown selector 'x' (known: attention, oracle_topk)");
   request.set_selector("oracle_topk");
   request.set_top_k(0);
   EXPECT_FALSE(handler.OnOpenSession(1, request).ok());

@@ -147,6 +147,8 @@ CacheServiceStats CacheService::Stats() const {
   stats.bytes_received = bytes_received_.load();
   stats.replies_sent = replies_sent_.load();
   stats.bytes_sent = bytes_sent_.load();
+  stats.selection_seconds = static_cast<double>(selection_nanoseconds_.load()) * 1e-9;
+  if (options_.allocator != nullptr) stats.memory = std::string(options_.allocator->name());
   const ControlLock lock(*this);
   stats.peers = peers_.size();
   return stats;
@@ -160,9 +162,11 @@ Status CacheService::RegisterMetrics(MetricsRegistry& registry) {
   RUBATO_ASSIGN_OR_RETURN(GaugeFamily * memory,
                           registry.AddGaugeFamily("rubato:cache_rank_memory_bytes",
                                                   "KV storage of this cache rank: reserved by "
-                                                  "open sessions, and the budget.",
+                                                  "open sessions, the most ever reserved, and "
+                                                  "the budget.",
                                                   {"kind"}));
   RUBATO_ASSIGN_OR_RETURN(reserved_bytes_metric_, memory->WithLabels({"reserved"}));
+  RUBATO_ASSIGN_OR_RETURN(peak_bytes_metric_, memory->WithLabels({"peak"}));
   RUBATO_ASSIGN_OR_RETURN(Gauge * budget, memory->WithLabels({"budget"}));
   budget->Set(static_cast<double>(options_.budget_bytes));
   RUBATO_ASSIGN_OR_RETURN(transport_bytes_metric_,
@@ -171,6 +175,13 @@ Status CacheService::RegisterMetrics(MetricsRegistry& registry) {
                                                     "ranks, by the counting rank's role, "
                                                     "direction and transport backend.",
                                                     {"role", "direction", "backend"}));
+  RUBATO_ASSIGN_OR_RETURN(
+      selection_metric_,
+      registry.AddHistogramFamily("rubato:selection_latency_seconds",
+                                  "Time the cache rank took to select and "
+                                  "build one layer pack's reply (attention "
+                                  "on the cache rank included), by selector.",
+                                  {1e-5, 1e-4, 1e-3, 0.01, 0.1, 1, 10}, {"selector"}));
   UpdateStoreGauges();
   return Status::Ok();
 }
@@ -180,6 +191,7 @@ void CacheService::UpdateStoreGauges() {
   const KvStoreStats stats = store_.Stats();
   sessions_metric_->Set(static_cast<double>(stats.sessions_open));
   reserved_bytes_metric_->Set(static_cast<double>(stats.bytes_reserved));
+  peak_bytes_metric_->Set(static_cast<double>(stats.bytes_reserved_peak));
 }
 
 // ---- data plane -------------------------------------------------------------------------------
@@ -302,6 +314,13 @@ bool CacheService::Progress(Peer& peer) {
       if (!*done) return progressed;
       LayerPackHeader header;
       std::memcpy(&header, peer.header.data(), sizeof(header));
+      if (std::memcmp(header.magic, kLayerPackMagic, sizeof(header.magic)) == 0 &&
+          header.version != kLayerPackVersion) {
+        return fail(UnsupportedError(
+            "a KV pack of layer-pack version " + std::to_string(header.version) +
+            ", this cache rank reads version " + std::to_string(kLayerPackVersion) +
+            " (the inference rank runs another rubato version)"));
+      }
       if (std::memcmp(header.magic, kLayerPackMagic, sizeof(header.magic)) != 0 ||
           header.kind != static_cast<uint8_t>(LayerPackKind::kKvPack) ||
           header.total_bytes < sizeof(LayerPackHeader) ||
@@ -385,7 +404,14 @@ Status CacheService::ProcessPack(Peer& peer) {
                                   " reply rows per KV head, its selector gives " +
                                   std::to_string(range.slots));
     }
-    if (session.selector->traits().needs_query && range.slots > 0 && !pack.has_query()) {
+    if (static_cast<int64_t>(request.attention_queries) != range.attention_queries) {
+      return InvalidArgumentError(
+          where + ": session " + std::to_string(request.session_id) +
+          " asks for the attention of " + std::to_string(request.attention_queries) +
+          " queries, its selector gives " + std::to_string(range.attention_queries));
+    }
+    if (session.selector->traits().needs_query &&
+        (range.slots > 0 || range.attention_queries > 0) && !pack.has_query()) {
       return InvalidArgumentError(where + ": " + std::string(session.selector->name()) +
                                   " session " + std::to_string(request.session_id) +
                                   " sent no query");
@@ -394,6 +420,7 @@ Status CacheService::ProcessPack(Peer& peer) {
   }
   RUBATO_RETURN_IF_ERROR(store_.AppendKvPack(pack).WithContext(where));
 
+  const auto selection_start = std::chrono::steady_clock::now();
   std::vector<KvHeadSelection> selections;
   selections.reserve(static_cast<size_t>(pack.num_layers()) * pack.batch());
   for (uint32_t layer_index = 0; layer_index < pack.num_layers(); ++layer_index) {
@@ -415,6 +442,15 @@ Status CacheService::ProcessPack(Peer& peer) {
   if (written != peer.reply_bytes) {
     return InternalError(where + ": reply of " + std::to_string(written) + " bytes, expected " +
                          std::to_string(peer.reply_bytes));
+  }
+  const auto took = std::chrono::steady_clock::now() - selection_start;
+  selection_nanoseconds_ +=
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count());
+  if (selection_metric_ != nullptr && !sessions.empty()) {
+    // A pack's sessions come from one client, so one selector.
+    const Result<Histogram*> histogram =
+        selection_metric_->WithLabels({std::string(sessions.front()->selector->name())});
+    if (histogram.ok()) (*histogram)->Observe(std::chrono::duration<double>(took).count());
   }
   return Status::Ok();
 }

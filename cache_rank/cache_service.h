@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -45,6 +46,12 @@ struct CacheServiceStats {
   uint64_t replies_sent = 0;
   uint64_t bytes_sent = 0;
   uint64_t peers = 0;
+  // Seconds the data plane spent selecting and building replies (attention on the cache rank
+  // included), summed over the packs: the cache rank's share of an offloaded step.
+  double selection_seconds = 0;
+  // Where the KV lives: the storage allocator's name ("host", "pinned", ...); the store's bytes
+  // are of that memory (a device store's are device bytes).
+  std::string memory = "host";
 };
 
 class CacheService {
@@ -69,8 +76,10 @@ class CacheService {
   Status PeerHealth(uint64_t peer) const;
   CacheServiceStats Stats() const;
   // Registers and from then on updates (DESIGN §3): rubato:cache_rank_sessions,
-  // rubato:cache_rank_memory_bytes{kind="reserved"|"budget"} (KV storage) and
-  // rubato:transport_bytes_total{role="cache", direction, backend} of the cache rank's data plane.
+  // rubato:cache_rank_memory_bytes{kind="reserved"|"peak"|"budget"} (KV storage, of the
+  // allocator's memory),
+  // rubato:transport_bytes_total{role="cache", direction, backend} of the cache rank's data plane
+  // and rubato:selection_latency_seconds{selector} (selecting and building one pack's reply).
   // `registry` must outlive the service.
   Status RegisterMetrics(MetricsRegistry& registry);
 
@@ -128,7 +137,9 @@ class CacheService {
   // Set by RegisterMetrics (under mutex_); updated where the numbers change.
   Gauge* sessions_metric_ = nullptr;
   Gauge* reserved_bytes_metric_ = nullptr;
+  Gauge* peak_bytes_metric_ = nullptr;
   CounterFamily* transport_bytes_metric_ = nullptr;
+  HistogramFamily* selection_metric_ = nullptr;
   void UpdateStoreGauges();  // with mutex_ held
 
   std::atomic<bool> stop_{false};
@@ -137,6 +148,7 @@ class CacheService {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> replies_sent_{0};
   std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> selection_nanoseconds_{0};
 };
 
 }  // namespace rubato

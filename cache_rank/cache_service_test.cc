@@ -3,12 +3,14 @@
 // next pack waits for the previous reply's send across sweeps, never with the service's mutex
 // held, so control-plane calls are served meanwhile; once the peer receives, the waiting pack is
 // processed and answered. Over the loopback transport, whose sends complete only when their
-// receive is posted.
+// receive is posted. And a peer that speaks another layer-pack version is refused by name.
 #include "cache_rank/cache_service.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -69,7 +71,8 @@ TEST(CacheServiceDataPlane, ControlCallsAreServedWhileAReplyWaitsForItsReceiver)
     shape.step = position;
     shape.num_kv_heads = shape.num_query_heads = kHeads;
     shape.head_dim = kHeadDim;
-    const LayerPackRequest request{*session, position, 1, position + 1};
+    shape.has_query = true;  // the attention selector's: the reply is the query's attention
+    const LayerPackRequest request{*session, position, 1, 0, 1};
     auto layout = LayerPackLayout::Compute(shape, {&request, 1});
     ASSERT_TRUE(layout.ok()) << layout.status().ToString();
     packs.emplace_back(layout->total_bytes(), std::byte{0});
@@ -119,6 +122,40 @@ TEST(CacheServiceDataPlane, ControlCallsAreServedWhileAReplyWaitsForItsReceiver)
   }
   EXPECT_TRUE(WaitFor([&] { return service.Stats().replies_sent == 2; }));
   EXPECT_TRUE(service.PeerHealth(1).ok());
+  service.Stop();
+}
+
+TEST(CacheServiceDataPlane, APeerOfAnotherPackVersionIsRefusedByName) {
+  auto hub = transport::LoopbackHub::Create(2);
+  ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+  auto service_end = (*hub)->Endpoint(0);
+  auto client = (*hub)->Endpoint(1);
+  ASSERT_TRUE(service_end.ok() && client.ok());
+  CacheService service(CacheServiceOptions{});
+  ASSERT_TRUE(service.AddPeer(/*peer=*/1, std::move(*service_end), /*peer_rank=*/1).ok());
+  service.Start();
+  const Result<uint64_t> session = service.OpenSession(1, 7, Shape(), {});
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  LayerPackShape shape;
+  shape.num_kv_heads = shape.num_query_heads = kHeads;
+  shape.head_dim = kHeadDim;
+  shape.has_query = true;
+  const LayerPackRequest request{*session, 0, 1, 0, 1};
+  std::vector<std::byte> pack(*KvPackBytes(shape, {&request, 1}));
+  ASSERT_TRUE(LayerPackWriter::Create(shape, {&request, 1}, pack).ok());
+  const uint16_t version = 1;  // a build from before attention on the cache rank
+  std::memcpy(pack.data() + offsetof(LayerPackHeader, version), &version, sizeof(version));
+  const TransferOp header =
+      TransferOp::Send(0, kPackHeaderTag, pack.data(), sizeof(LayerPackHeader));
+  ASSERT_TRUE((*client)->Post({&header, 1}).ok());
+  ASSERT_TRUE(WaitFor([&] { return !service.PeerHealth(1).ok(); }));
+  const Status health = service.PeerHealth(1);
+  EXPECT_EQ(health.code(), StatusCode::kUnsupported) << health.ToString();
+  EXPECT_NE(health.message().find("a KV pack of layer-pack version 1, this cache rank reads "
+                                  "version 2"),
+            std::string::npos)
+      << health.ToString();
+  EXPECT_EQ(service.Stats().packs_received, 0u);
   service.Stop();
 }
 

@@ -118,7 +118,11 @@ Result<uint64_t> KvStore::OpenSession(uint64_t request_id, const SessionShape& s
   sessions_.emplace(id, std::move(session));
   session_of_request_.emplace(request_id, id);
   sessions_open_.fetch_add(1, std::memory_order_relaxed);
-  bytes_reserved_.fetch_add(bytes, std::memory_order_relaxed);
+  const uint64_t reserved = bytes_reserved_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  // One thread opens sessions (the class comment): a plain max is enough.
+  if (reserved > bytes_reserved_peak_.load(std::memory_order_relaxed)) {
+    bytes_reserved_peak_.store(reserved, std::memory_order_relaxed);
+  }
   RUBATO_LOG_DEBUG("cache_rank", "opened session {} for request {}: {} bytes ({} allocator)", id,
                    request_id, bytes, options_.allocator->name());
   return id;
@@ -306,6 +310,7 @@ KvStoreStats KvStore::Stats() const {
   KvStoreStats stats;
   stats.sessions_open = sessions_open_.load(std::memory_order_relaxed);
   stats.bytes_reserved = bytes_reserved_.load(std::memory_order_relaxed);
+  stats.bytes_reserved_peak = bytes_reserved_peak_.load(std::memory_order_relaxed);
   stats.budget_bytes = options_.budget_bytes;
   stats.appends = appends_.load(std::memory_order_relaxed);
   stats.bytes_appended = bytes_appended_.load(std::memory_order_relaxed);

@@ -32,7 +32,8 @@ struct KvStoreOptions {
 
 struct KvStoreStats {
   uint64_t sessions_open = 0;
-  uint64_t bytes_reserved = 0;  // storage reserved by open sessions
+  uint64_t bytes_reserved = 0;       // storage reserved by open sessions
+  uint64_t bytes_reserved_peak = 0;  // the most bytes_reserved has been
   uint64_t budget_bytes = 0;
   uint64_t appends = 0;         // KV packs appended
   uint64_t bytes_appended = 0;  // K and V bytes written by appends
@@ -101,6 +102,7 @@ class KvStore {
 
   std::atomic<uint64_t> sessions_open_{0};
   std::atomic<uint64_t> bytes_reserved_{0};
+  std::atomic<uint64_t> bytes_reserved_peak_{0};
   std::atomic<uint64_t> appends_{0};
   std::atomic<uint64_t> bytes_appended_{0};
   std::atomic<uint64_t> gathers_{0};

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "cache_rank/stored_attention.h"
+
 namespace rubato {
 namespace {
 
@@ -68,6 +70,7 @@ Result<uint64_t> BuildReplyPack(KvStore& store, const LayerPackView& kv_pack,
   RUBATO_ASSIGN_OR_RETURN(LayerPackWriter writer,
                           LayerPackWriter::Create(shape, kv_pack.requests(), out));
   const uint64_t row_bytes = uint64_t{kv_pack.head_dim()} * DTypeSize(kv_pack.dtype());
+  StoredAttentionScratch scratch;
   for (uint32_t l = 0; l < kv_pack.num_layers(); ++l) {
     for (uint32_t r = 0; r < kv_pack.batch(); ++r) {
       const LayerPackRequest& entry = kv_pack.requests()[r];
@@ -97,6 +100,12 @@ Result<uint64_t> BuildReplyPack(KvStore& store, const LayerPackView& kv_pack,
           std::memset(keys.data() + head_offset + used, 0, unused);
           std::memset(values.data() + head_offset + used, 0, unused);
         }
+      }
+      if (entry.attention_queries > 0) {  // the layout allows one: the last new token's query
+        RUBATO_RETURN_IF_ERROR(StoredDecodeAttention(
+            store, entry.session_id, kv_pack.first_layer() + l, kv_pack.Query(l, r),
+            entry.first_position + entry.new_tokens, writer.AttentionOutput(l, r),
+            writer.AttentionLse(l, r), scratch));
       }
     }
   }

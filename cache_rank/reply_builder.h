@@ -1,6 +1,7 @@
 // Builds the cache rank's reply pack for a KV pack (DESIGN §1 step 3; AsyncSpade §4): per
 // layer and request, the selected positions per KV head and the compact K / V rows gathered
-// from the store at them (layer_pack.h "reply pack").
+// from the store at them, and for a request that asks for it (attention_queries) the attention
+// of its query over the stored KV (stored_attention.h; layer_pack.h "reply pack").
 #pragma once
 
 #include <cstddef>
@@ -17,8 +18,10 @@ namespace rubato {
 // layer_index * batch + request: num_kv_heads lists of strictly ascending positions, each at
 // most the request's reply_slots long and below the layer's readable tokens. Writes the reply
 // (same step, layers and request table; kind reply, no query) into out[0, returned size):
-// counts, positions padded with -1, and K / V rows with rows past each count zeroed. Every
-// selection is checked before anything is written; `out` must hold ReplyPackBytes.
+// counts, positions padded with -1, K / V rows with rows past each count zeroed, and the
+// attention output and log-sum-exp of each request with attention_queries 1 over positions
+// [0, first_position + new_tokens). Every selection is checked before anything is written;
+// `out` must hold ReplyPackBytes.
 Result<uint64_t> BuildReplyPack(KvStore& store, const LayerPackView& kv_pack,
                                 std::span<const KvHeadSelection> selections,
                                 std::span<std::byte> out);

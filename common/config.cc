@@ -37,6 +37,10 @@ constexpr EnumName<TopologySection::Transport> kTransports[] = {
     {"nccl", TopologySection::Transport::kNccl}};
 constexpr EnumName<RankSpec::Role> kRoles[] = {{"inference", RankSpec::Role::kInference},
                                                {"cache", RankSpec::Role::kCache}};
+constexpr EnumName<CacheSection::Memory> kCacheMemories[] = {
+    {"pageable", CacheSection::Memory::kPageable},
+    {"pinned", CacheSection::Memory::kPinned},
+    {"device", CacheSection::Memory::kDevice}};
 constexpr EnumName<std::string_view> kLogLevels[] = {{"trace", "trace"}, {"debug", "debug"},
                                                      {"info", "info"},   {"warn", "warn"},
                                                      {"error", "error"}, {"off", "off"}};
@@ -151,6 +155,20 @@ Status ReadTopology(YamlMapReader& reader, TopologySection* topology) {
   return reader.Finish();
 }
 
+constexpr double kMaxCacheBudgetGib = 1 << 20;
+
+Status ReadCache(YamlMapReader& reader, CacheSection* cache) {
+  RUBATO_RETURN_IF_ERROR(reader.ReadDouble(
+      "budget_gib", DoubleRange{0, kMaxCacheBudgetGib, /*min_inclusive=*/false, true},
+      &cache->budget_gib));
+  if (cache->budget_bytes() == 0) {
+    return reader.Error("budget_gib", fmt::format("{} GiB is less than a byte", cache->budget_gib));
+  }
+  RUBATO_RETURN_IF_ERROR(reader.ReadEnum("memory", kCacheMemories, &cache->memory));
+  RUBATO_RETURN_IF_ERROR(reader.ReadInt("device", -1, 1023, &cache->device));
+  return reader.Finish();
+}
+
 Status ReadServer(YamlMapReader& reader, ServerSection* server) {
   RUBATO_RETURN_IF_ERROR(reader.ReadNonEmptyString("host", &server->host));
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("port", 1, 65535, &server->port));
@@ -214,6 +232,8 @@ Result<RubatoConfig> ReadConfig(const YAML::Node& root, const std::string& sourc
   RUBATO_RETURN_IF_ERROR(ReadPolicy(policy, &config.policy));
   RUBATO_ASSIGN_OR_RETURN(YamlMapReader topology, top.ReadMap("topology"));
   RUBATO_RETURN_IF_ERROR(ReadTopology(topology, &config.topology));
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader cache, top.ReadMap("cache"));
+  RUBATO_RETURN_IF_ERROR(ReadCache(cache, &config.cache));
   RUBATO_ASSIGN_OR_RETURN(YamlMapReader server, top.ReadMap("server"));
   RUBATO_RETURN_IF_ERROR(ReadServer(server, &config.server));
   RUBATO_ASSIGN_OR_RETURN(YamlMapReader limits, top.ReadMap("limits"));
@@ -280,6 +300,10 @@ bool PolicySection::operator==(const PolicySection& other) const {
   return name == other.name && YAML::Dump(params) == YAML::Dump(other.params);
 }
 
+uint64_t CacheSection::budget_bytes() const {
+  return static_cast<uint64_t>(budget_gib * static_cast<double>(uint64_t{1} << 30));
+}
+
 RubatoConfig DefaultConfig() { return RubatoConfig(); }
 
 Result<RubatoConfig> ParseConfig(std::string_view yaml_text, const std::string& source) {
@@ -312,6 +336,9 @@ std::string_view ConfigEnumName(TopologySection::Transport transport) {
   return NameOf(kTransports, transport);
 }
 std::string_view ConfigEnumName(RankSpec::Role role) { return NameOf(kRoles, role); }
+std::string_view ConfigEnumName(CacheSection::Memory memory) {
+  return NameOf(kCacheMemories, memory);
+}
 
 std::string FormatConfigYaml(const RubatoConfig& config) {
   YAML::Emitter out;
@@ -365,6 +392,12 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
     out << YAML::EndMap;
   }
   out << YAML::EndSeq;
+  out << YAML::EndMap;
+
+  key("cache") << YAML::BeginMap;
+  key("budget_gib") << fmt::format("{}", config.cache.budget_gib);
+  key("memory") << text(ConfigEnumName(config.cache.memory));
+  key("device") << config.cache.device;
   out << YAML::EndMap;
 
   key("server") << YAML::BeginMap;

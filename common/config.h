@@ -88,6 +88,24 @@ struct TopologySection {
   bool operator==(const TopologySection&) const = default;
 };
 
+// A cache rank's KV storage: what the colocated cache rank, `rubato cache` (its flags override
+// these) and the cache role under mpirun keep offloaded KV in.
+struct CacheSection {
+  enum class Memory { kPageable, kPinned, kDevice };
+
+  // (0, 1048576] GiB of KV that all sessions of a cache rank may reserve; a session past it is
+  // refused naming the budget.
+  double budget_gib = 4;
+  // pageable host memory, pinned (page-locked, CUDA builds) or device (the GPU `device`).
+  Memory memory = Memory::kPageable;
+  // The cache rank's GPU, [-1, 1023]; -1: the mode's (the colocated mode: engine.device; `rubato
+  // cache`: 0; under mpirun: the node-local rank).
+  int device = -1;
+
+  uint64_t budget_bytes() const;  // budget_gib in bytes, rounded down
+  bool operator==(const CacheSection&) const = default;
+};
+
 struct ServerSection {
   std::string host = "127.0.0.1";
   int port = 8000;       // [1, 65535] OpenAI-compatible HTTP API
@@ -128,6 +146,7 @@ struct RubatoConfig {
   EngineSection engine;
   PolicySection policy;
   TopologySection topology;
+  CacheSection cache;
   ServerSection server;
   LimitsSection limits;
   LoggingSection logging;
@@ -153,5 +172,6 @@ std::string_view ConfigEnumName(EngineSection::Backend backend);
 std::string_view ConfigEnumName(TopologySection::Mode mode);
 std::string_view ConfigEnumName(TopologySection::Transport transport);
 std::string_view ConfigEnumName(RankSpec::Role role);
+std::string_view ConfigEnumName(CacheSection::Memory memory);
 
 }  // namespace rubato

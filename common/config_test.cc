@@ -46,6 +46,10 @@ topology:
   ranks:
     - {rank: 0, role: inference}
     - {rank: 1, role: cache}
+cache:
+  budget_gib: 16.5
+  memory: pinned
+  device: 2
 server:
   host: 0.0.0.0
   port: 8080
@@ -129,7 +133,8 @@ TEST(Config, DefaultYamlSpellsOutEveryKey) {
   const std::set<std::string> expected = KeyPaths(formatted);
   EXPECT_EQ(KeyPaths(file), expected);
   EXPECT_EQ(expected.size(),
-            31u);  // model 3, engine 9, policy 1, topology 5, server 7, limits 5, logging 1
+            34u);  // model 3, engine 9, policy 1, topology 5, cache 3, server 7, limits 5,
+                   // logging 1
 }
 
 TEST(Config, ParsesEveryKey) {
@@ -156,6 +161,10 @@ TEST(Config, ParsesEveryKey) {
             (std::vector<std::string>{"cache-0.rubato:7000", "10.0.0.2:7001"}));
   EXPECT_EQ(config.topology.ranks,
             (std::vector<RankSpec>{{0, RankSpec::Role::kInference}, {1, RankSpec::Role::kCache}}));
+  EXPECT_EQ(config.cache.budget_gib, 16.5);
+  EXPECT_EQ(config.cache.budget_bytes(), uint64_t{33} << 29);
+  EXPECT_EQ(config.cache.memory, CacheSection::Memory::kPinned);
+  EXPECT_EQ(config.cache.device, 2);
   EXPECT_EQ(config.server.host, "0.0.0.0");
   EXPECT_EQ(config.server.port, 8080);
   EXPECT_EQ(config.server.metrics_port, 0);
@@ -315,6 +324,10 @@ TEST(Config, OutOfRangeValuesNameKeyRangeAndValue) {
        "limits.heartbeat_ms: must be in [1, 600000], got 600001"},
       {"limits:\n  max_prompt_tokens: -5\n",
        "limits.max_prompt_tokens: must be in [0, 16777216], got -5"},
+      {"cache:\n  budget_gib: 0\n", "cache.budget_gib: must be in (0, 1048576], got 0"},
+      {"cache:\n  budget_gib: 2e6\n", "cache.budget_gib: must be in (0, 1048576], got 2e6"},
+      {"cache:\n  budget_gib: 1e-12\n", "cache.budget_gib: 1e-12 GiB is less than a byte"},
+      {"cache:\n  device: -2\n", "cache.device: must be in [-1, 1023], got -2"},
   };
   for (const Case& c : cases) EXPECT_THAT(ConfigError(c.yaml), HasSubstr(c.expected)) << c.yaml;
 }
@@ -334,6 +347,8 @@ TEST(Config, BadEnumValuesListTheChoices) {
        "topology.transport: must be one of loopback, ucx, nccl; got 'tcp'"},
       {"topology:\n  ranks: [{rank: 0, role: decoder}]\n",
        "topology.ranks[0].role: must be one of inference, cache; got 'decoder'"},
+      {"cache:\n  memory: host\n",
+       "cache.memory: must be one of pageable, pinned, device; got 'host'"},
       {"logging:\n  level: verbose\n",
        "logging.level: must be one of trace, debug, info, warn, error, off; got 'verbose'"},
   };
@@ -412,6 +427,20 @@ TEST(Config, EnumNamesMatchTheYamlSpelling) {
   EXPECT_EQ(ConfigEnumName(TopologySection::Mode::kDisaggregated), "disaggregated");
   EXPECT_EQ(ConfigEnumName(TopologySection::Transport::kUcx), "ucx");
   EXPECT_EQ(ConfigEnumName(RankSpec::Role::kCache), "cache");
+  EXPECT_EQ(ConfigEnumName(CacheSection::Memory::kPageable), "pageable");
+  EXPECT_EQ(ConfigEnumName(CacheSection::Memory::kDevice), "device");
+}
+
+TEST(Config, CacheKeysAreNamedAndDefaultToFourGibOfPageableMemory) {
+  const CacheSection defaults = DefaultConfig().cache;
+  EXPECT_EQ(defaults.budget_bytes(), uint64_t{4} << 30);
+  EXPECT_EQ(defaults.memory, CacheSection::Memory::kPageable);
+  EXPECT_EQ(defaults.device, -1);
+  EXPECT_THAT(ConfigError("cache:\n  budget_mb: 100\n"), HasSubstr("cache.budget_mb"));
+  EXPECT_THAT(ConfigError("cache:\n  budget_gib: lots\n"), HasSubstr("cache.budget_gib"));
+  auto small = ParseConfig("cache:\n  budget_gib: 0.5\n", "small.yaml");
+  ASSERT_TRUE(small.ok()) << small.status().message();
+  EXPECT_EQ(small->cache.budget_bytes(), uint64_t{1} << 29);
 }
 
 }  // namespace

@@ -182,6 +182,47 @@ TEST_F(CliBadInputTest, YamlSyntaxError) {
   ExpectCleanFailure(Generate({"--config", yaml.string()}), {"rubato.yaml"});
 }
 
+// The config's cache section: bad keys and values are refused by key path, by `generate` and by
+// `rubato cache`; the colocated cache rank enforces the budget it sets.
+TEST_F(CliBadInputTest, CacheSectionKeysAreRefusedByName) {
+  fs::path yaml = WriteYaml("cache:\n  memory: host\n");
+  ExpectCleanFailure(Generate({"--config", yaml.string()}), {"rubato.yaml", "cache.memory"});
+  yaml = WriteYaml("cache:\n  budget_gib: 0\n");
+  ExpectCleanFailure(Generate({"--config", yaml.string()}), {"rubato.yaml", "cache.budget_gib"});
+  yaml = WriteYaml("cache:\n  budget: 1\n");
+  ExpectCleanFailure(RunProcess(RUBATO_BINARY, {"cache", "--config", yaml.string()}),
+                     {"rubato.yaml", "cache.budget"});
+  yaml = WriteYaml("cache:\n  memory: device\n");
+  ExpectCleanFailure(RunProcess(RUBATO_BINARY, {"cache", "--config", yaml.string()}),
+                     {"cache.memory 'device'"});
+}
+
+TEST_F(CliBadInputTest, TheColocatedCacheRankEnforcesTheConfigsBudget) {
+  // 4 KiB (2^-18 GiB): less than one session of the tiny model, which reserves 2 KiB a token
+  // (4 layers x 2 KV heads x head_dim 32 x 4 bytes x K and V) for its prompt and 2 new tokens.
+  // (The engine's warning about the refused session is logged at warn: keep it off stderr.)
+  const fs::path yaml =
+      WriteYaml("cache:\n  budget_gib: 3.814697265625e-06\nlogging:\n  level: error\n");
+  ExpectCleanFailure(Generate({"--config", yaml.string(), "--kv-residency", "offloaded"}),
+                     {"budget's 4096 bytes"});
+  // With the default budget the same run succeeds, and its stats line reports the exchange per
+  // step and the cache rank's selection time and memory.
+  const ProcessResult fits = Generate({"--kv-residency", "offloaded"});
+  EXPECT_EQ(fits.exit_code, 0) << fits.err;
+  const auto number = [&](const std::string& key) {
+    const size_t at = fits.out.find(" " + key + "=");
+    EXPECT_NE(at, std::string::npos) << key << " missing: " << fits.out;
+    return at == std::string::npos ? -1.0 : std::stod(fits.out.substr(at + key.size() + 2));
+  };
+  EXPECT_GT(number("offload_steps"), 0);
+  EXPECT_GT(number("step_bytes_sent"), 0);
+  EXPECT_GT(number("step_bytes_received"), 0);
+  EXPECT_GE(number("step_wait_ms"), 0);
+  EXPECT_GE(number("cache_selection_ms"), 0);
+  EXPECT_GT(number("cache_memory_peak_bytes"), 0);
+  EXPECT_NE(fits.out.find(" cache_memory=host"), std::string::npos) << fits.out;
+}
+
 TEST_F(CliBadInputTest, MissingConfigFile) {
   ExpectCleanFailure(Generate({"--config", (dir_.path() / "absent.yaml").string()}),
                      {"absent.yaml"});

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -31,7 +32,7 @@ static_assert(offsetof(LayerPackHeader, version) == 4 && offsetof(LayerPackHeade
 static_assert(offsetof(LayerPackRequestEntry, first_position) == 8 &&
               offsetof(LayerPackRequestEntry, new_tokens) == 12 &&
               offsetof(LayerPackRequestEntry, reply_slots) == 16 &&
-              offsetof(LayerPackRequestEntry, reserved0) == 20 &&
+              offsetof(LayerPackRequestEntry, attention_queries) == 20 &&
               offsetof(LayerPackRequestEntry, reserved1) == 24);
 
 namespace {
@@ -121,7 +122,7 @@ Status CheckShape(const LayerPackShape& shape, size_t batch) {
   return Status::Ok();
 }
 
-Status CheckRequest(const LayerPackRequest& request, size_t index) {
+Status CheckRequest(const LayerPackShape& shape, const LayerPackRequest& request, size_t index) {
   if (request.new_tokens == 0) {
     return InvalidArgumentError(
         fmt::format("layer pack: request {} (session {}): 'new_tokens' is 0, must be at least 1",
@@ -140,6 +141,17 @@ Status CheckRequest(const LayerPackRequest& request, size_t index) {
         "layer pack: request {} (session {}): 'reply_slots' {} exceeds {}", index,
         request.session_id, request.reply_slots, kMaxPosition));
   }
+  // One query row per request: the KV pack's query section holds the last new token's.
+  if (request.attention_queries > 1) {
+    return InvalidArgumentError(fmt::format(
+        "layer pack: request {} (session {}): 'attention_queries' is {}, must be 0 or 1", index,
+        request.session_id, request.attention_queries));
+  }
+  if (request.attention_queries > 0 && shape.kind == LayerPackKind::kKvPack && !shape.has_query) {
+    return InvalidArgumentError(fmt::format(
+        "layer pack: request {} (session {}): 'attention_queries' is {} but the kv pack carries "
+        "no query", index, request.session_id, request.attention_queries));
+  }
   return Status::Ok();
 }
 
@@ -149,7 +161,7 @@ Result<LayerPackLayout> LayerPackLayout::Compute(const LayerPackShape& shape,
                                                  std::span<const LayerPackRequest> requests) {
   RUBATO_RETURN_IF_ERROR(CheckShape(shape, requests.size()));
   for (size_t r = 0; r < requests.size(); ++r) {
-    RUBATO_RETURN_IF_ERROR(CheckRequest(requests[r], r));
+    RUBATO_RETURN_IF_ERROR(CheckRequest(shape, requests[r], r));
   }
   CheckedSize math;
   LayerPackLayout layout;
@@ -179,6 +191,10 @@ Result<LayerPackLayout> LayerPackLayout::Compute(const LayerPackShape& shape,
       place(math.Mul(slots, 4), s.positions_offset, s.positions_bytes);
       place(math.Mul(slots, row), s.key_offset, s.key_bytes);
       place(math.Mul(slots, row), s.value_offset, s.value_bytes);
+      // The attention sections are f32 whatever the K / V dtype.
+      const uint64_t heads = math.Mul(requests[r].attention_queries, shape.num_query_heads);
+      place(math.Mul(math.Mul(heads, shape.head_dim), 4), s.output_offset, s.output_bytes);
+      place(math.Mul(heads, 4), s.lse_offset, s.lse_bytes);
     }
   }
   layout.layer_stride_ = offset;
@@ -202,6 +218,8 @@ LayerPackSections LayerPackLayout::Sections(uint32_t layer_index, uint32_t reque
   s.query_offset += base;
   s.counts_offset += base;
   s.positions_offset += base;
+  s.output_offset += base;
+  s.lse_offset += base;
   return s;
 }
 
@@ -258,6 +276,7 @@ Result<LayerPackWriter> LayerPackWriter::Create(const LayerPackShape& shape,
     entry.first_position = requests[r].first_position;
     entry.new_tokens = requests[r].new_tokens;
     entry.reply_slots = requests[r].reply_slots;
+    entry.attention_queries = requests[r].attention_queries;
     std::memcpy(base + kHeaderBytes + r * kEntryBytes, &entry, sizeof(entry));
   }
   // Zero the padding after the table and after every section, so that a message's bytes are a
@@ -282,6 +301,8 @@ Result<LayerPackWriter> LayerPackWriter::Create(const LayerPackShape& shape,
         pad(s.positions_offset, s.positions_bytes);
         pad(s.key_offset, s.key_bytes);
         pad(s.value_offset, s.value_bytes);
+        pad(s.output_offset, s.output_bytes);
+        pad(s.lse_offset, s.lse_bytes);
       }
     }
   }
@@ -312,6 +333,12 @@ std::span<std::byte> LayerPackWriter::Counts(uint32_t l, uint32_t r) const {
 std::span<std::byte> LayerPackWriter::Positions(uint32_t l, uint32_t r) const {
   return Section(l, r, kPositionsSection);
 }
+std::span<std::byte> LayerPackWriter::AttentionOutput(uint32_t l, uint32_t r) const {
+  return Section(l, r, kOutputSection);
+}
+std::span<std::byte> LayerPackWriter::AttentionLse(uint32_t l, uint32_t r) const {
+  return Section(l, r, kLseSection);
+}
 
 // ---- view ------------------------------------------------------------------------------
 
@@ -331,8 +358,8 @@ Result<LayerPackView> LayerPackView::Parse(std::span<const std::byte> bytes) {
   }
   if (header.version != kLayerPackVersion) {
     return UnsupportedError(fmt::format(
-        "layer pack: header field 'version' is {}, this build reads version {}",
-        header.version, kLayerPackVersion));
+        "layer pack: header field 'version' is {}, this build reads version {} (the peer runs "
+        "another rubato version)", header.version, kLayerPackVersion));
   }
   if (header.kind != static_cast<uint8_t>(LayerPackKind::kKvPack) &&
       header.kind != static_cast<uint8_t>(LayerPackKind::kReplyPack)) {
@@ -383,10 +410,9 @@ Result<LayerPackView> LayerPackView::Parse(std::span<const std::byte> bytes) {
   for (uint32_t r = 0; r < header.batch; ++r) {
     LayerPackRequestEntry entry;
     std::memcpy(&entry, bytes.data() + kHeaderBytes + r * kEntryBytes, sizeof(entry));
-    if (entry.reserved0 != 0 || entry.reserved1 != 0) {
+    if (entry.reserved1 != 0) {
       return DataLossError(fmt::format(
-          "layer pack: request {}: fields 'reserved0' / 'reserved1' are {} / {}, expected 0",
-          r, entry.reserved0, entry.reserved1));
+          "layer pack: request {}: field 'reserved1' is {}, expected 0", r, entry.reserved1));
     }
     if (!sessions.insert(entry.session_id).second) {
       return DataLossError(fmt::format(
@@ -394,7 +420,8 @@ Result<LayerPackView> LayerPackView::Parse(std::span<const std::byte> bytes) {
           entry.session_id));
     }
     view.requests_[r] = LayerPackRequest{entry.session_id, entry.first_position,
-                                         entry.new_tokens, entry.reply_slots};
+                                         entry.new_tokens, entry.reply_slots,
+                                         entry.attention_queries};
   }
   auto layout = LayerPackLayout::Compute(shape, view.requests_);
   if (!layout.ok()) {  // a header or table the sender could not have written: corrupt
@@ -434,6 +461,12 @@ std::span<const std::byte> LayerPackView::Counts(uint32_t l, uint32_t r) const {
 }
 std::span<const std::byte> LayerPackView::Positions(uint32_t l, uint32_t r) const {
   return Section(l, r, kPositionsSection);
+}
+std::span<const std::byte> LayerPackView::AttentionOutput(uint32_t l, uint32_t r) const {
+  return Section(l, r, kOutputSection);
+}
+std::span<const std::byte> LayerPackView::AttentionLse(uint32_t l, uint32_t r) const {
+  return Section(l, r, kLseSection);
 }
 
 int32_t LoadInt32(std::span<const std::byte> section, size_t index) {
@@ -480,6 +513,16 @@ Status ValidateReplyContents(const LayerPackView& reply) {
             return DataLossError(fmt::format(
                 "{}: position[{}] = {} past count {} must be -1", where, i, p, count));
           }
+        }
+      }
+      const auto lse = reply.AttentionLse(l, r);
+      for (size_t i = 0; i < lse.size() / sizeof(float); ++i) {
+        float value;
+        std::memcpy(&value, lse.data() + i * sizeof(value), sizeof(value));
+        if (!std::isfinite(value)) {
+          return DataLossError(fmt::format(
+              "layer pack reply: layer {}, request {} (session {}): attention lse[{}] is {}, "
+              "not finite", reply.first_layer() + l, r, request.session_id, i, value));
         }
       }
     }

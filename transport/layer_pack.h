@@ -1,6 +1,7 @@
 // The layer-pack wire format: the data-plane messages between an inference rank and a cache rank
 // for one step. A KV pack carries the new K / V (and optionally the last query) of P layers for
-// B requests; a reply pack the selected positions and compact K / V rows. Both are a 64-byte
+// B requests; a reply pack the selected positions and compact K / V rows, or the attention
+// output and log-sum-exp of the query over the request's stored KV. Both are a 64-byte
 // header, a request table and 16-byte aligned payload sections, little-endian; the size follows
 // from header and table alone. LayerPackView::Parse validates an untrusted buffer completely
 // before exposing any span. Layout in full: docs/transport.md "The layer-pack wire format".
@@ -18,7 +19,8 @@
 namespace rubato {
 
 inline constexpr char kLayerPackMagic[4] = {'R', 'B', 'L', 'P'};
-inline constexpr uint16_t kLayerPackVersion = 1;
+// 2: the request table's attention_queries and the reply's attention sections (1 had neither).
+inline constexpr uint16_t kLayerPackVersion = 2;
 // Flag bits of LayerPackHeader::flags. Unknown bits are refused by Parse.
 inline constexpr uint32_t kLayerPackFlagHasQuery = 1u << 0;
 // Every payload section starts at a multiple of this many bytes from the message start.
@@ -51,10 +53,11 @@ struct LayerPackRequestEntry {
   uint64_t session_id;      // cache-rank session (KvStore::OpenSession)
   uint32_t first_position;  // position of the first new token (== tokens stored before it)
   uint32_t new_tokens;      // >= 1: 1 in decode, the chunk length for a prefill chunk
-  uint32_t reply_slots;     // positions per KV head the reply carries (selection budget;
-                            // offload-dense: first_position + new_tokens)
-  uint32_t reserved0;       // 0
-  uint64_t reserved1;       // 0
+  uint32_t reply_slots;     // positions per KV head the reply carries (selection budget)
+  uint32_t attention_queries;  // 0 or 1: the reply carries the attention of the last new
+                               // token's query (the KV pack's query section) over positions
+                               // [0, first_position + new_tokens); needs the query
+  uint64_t reserved1;          // 0
 };
 static_assert(sizeof(LayerPackRequestEntry) == 32, "LayerPackRequestEntry is 32 bytes");
 
@@ -78,6 +81,7 @@ struct LayerPackRequest {
   uint32_t first_position = 0;
   uint32_t new_tokens = 1;
   uint32_t reply_slots = 0;
+  uint32_t attention_queries = 0;  // 0 or 1 (LayerPackRequestEntry)
 
   friend bool operator==(const LayerPackRequest&, const LayerPackRequest&) = default;
 };
@@ -90,6 +94,8 @@ struct LayerPackSections {
   uint64_t query_offset = 0, query_bytes = 0;
   uint64_t counts_offset = 0, counts_bytes = 0;
   uint64_t positions_offset = 0, positions_bytes = 0;
+  uint64_t output_offset = 0, output_bytes = 0;  // reply: attention output
+  uint64_t lse_offset = 0, lse_bytes = 0;        // reply: attention log-sum-exp
 };
 
 // Names one section of LayerPackSections (its offset and size members).
@@ -107,13 +113,18 @@ inline constexpr SectionField kCountsSection{&LayerPackSections::counts_offset,
                                              &LayerPackSections::counts_bytes};
 inline constexpr SectionField kPositionsSection{&LayerPackSections::positions_offset,
                                                 &LayerPackSections::positions_bytes};
+inline constexpr SectionField kOutputSection{&LayerPackSections::output_offset,
+                                             &LayerPackSections::output_bytes};
+inline constexpr SectionField kLseSection{&LayerPackSections::lse_offset,
+                                          &LayerPackSections::lse_bytes};
 
 // The byte layout of one message, computed from shape + request table with overflow checks.
 // Shared by the writer and the view; callers rarely need it directly.
 class LayerPackLayout {
  public:
   // Refuses invalid shapes / entries (zero heads, query heads not a multiple of KV heads,
-  // new_tokens 0, positions past INT32_MAX, ...) and sizes that overflow 64 bits.
+  // new_tokens 0, positions past INT32_MAX, attention_queries past 1 or without a query in a
+  // KV pack, ...) and sizes that overflow 64 bits.
   static Result<LayerPackLayout> Compute(const LayerPackShape& shape,
                                          std::span<const LayerPackRequest> requests);
 
@@ -157,6 +168,8 @@ class LayerPackWriter {
   std::span<std::byte> Query(uint32_t layer_index, uint32_t request) const;
   std::span<std::byte> Counts(uint32_t layer_index, uint32_t request) const;
   std::span<std::byte> Positions(uint32_t layer_index, uint32_t request) const;
+  std::span<std::byte> AttentionOutput(uint32_t layer_index, uint32_t request) const;
+  std::span<std::byte> AttentionLse(uint32_t layer_index, uint32_t request) const;
 
  private:
   LayerPackWriter(LayerPackLayout layout, std::byte* base, uint32_t num_layers, uint32_t batch)
@@ -198,6 +211,8 @@ class LayerPackView {
   std::span<const std::byte> Query(uint32_t layer_index, uint32_t request) const;
   std::span<const std::byte> Counts(uint32_t layer_index, uint32_t request) const;
   std::span<const std::byte> Positions(uint32_t layer_index, uint32_t request) const;
+  std::span<const std::byte> AttentionOutput(uint32_t layer_index, uint32_t request) const;
+  std::span<const std::byte> AttentionLse(uint32_t layer_index, uint32_t request) const;
 
  private:
   std::span<const std::byte> Section(uint32_t layer_index, uint32_t request,
@@ -214,7 +229,8 @@ int32_t LoadInt32(std::span<const std::byte> section, size_t index);
 void StoreInt32(std::span<std::byte> section, size_t index, int32_t value);
 
 // Checks a reply pack's counts and positions: 0 <= count <= reply_slots, positions strictly
-// ascending within [0, first_position + new_tokens), entries past count -1. Not part of Parse
+// ascending within [0, first_position + new_tokens), entries past count -1; every attention
+// log-sum-exp finite. Not part of Parse
 // because it reads the whole index payload; a receiver that trusts its peer may skip it.
 Status ValidateReplyContents(const LayerPackView& reply);
 
@@ -231,6 +247,7 @@ struct SessionShape {
 // Checks request `request` of a parsed pack against its session before any byte is written:
 // layers within the model, heads / head_dim / dtype equal, first_position + new_tokens within
 // capacity, reply_slots within the positions that will exist after the append.
+// (attention_queries is bounded by the layout: 0 or 1, with the pack's query.)
 Status ValidateAgainstSession(const LayerPackView& view, uint32_t request,
                               const SessionShape& session);
 

@@ -1,12 +1,14 @@
 // Tests for the layer-pack wire format: round trips of every header field, table entry and
 // section for KV and reply packs over several shapes; sizes by hand and by helper; every kind
 // of corruption refused with an error naming the field; truncation at every length; checks
-// against a session field by field; reply content validation.
+// against a session field by field; reply content validation; the attention sections of a
+// reply; a peer of another format version refused by name.
 #include "transport/layer_pack.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -37,13 +39,16 @@ void FillPattern(std::span<std::byte> span, uint32_t layer, uint32_t request, in
   return ::testing::AssertionSuccess();
 }
 
-std::vector<LayerPackRequest> MakeRequests(uint32_t batch, uint32_t new_tokens_base) {
+// With `attention`, even requests ask for the attention of their query (odd ones do not).
+std::vector<LayerPackRequest> MakeRequests(uint32_t batch, uint32_t new_tokens_base,
+                                           bool attention) {
   std::vector<LayerPackRequest> requests;
   for (uint32_t r = 0; r < batch; ++r) {
     // Different sessions, positions and chunk lengths per request.
     const uint32_t new_tokens = new_tokens_base == 1 ? 1 : new_tokens_base + r;
     const uint32_t first = 100 + 17 * r;
-    requests.push_back({1000 + 3 * r, first, new_tokens, 1 + (first + new_tokens) / 3});
+    requests.push_back({1000 + 3 * r, first, new_tokens, 1 + (first + new_tokens) / 3,
+                        attention && r % 2 == 0 ? 1u : 0u});
   }
   return requests;
 }
@@ -70,7 +75,7 @@ class LayerPackRoundTrip : public ::testing::TestWithParam<RoundTripParam> {};
 TEST_P(LayerPackRoundTrip, KvPackEveryFieldAndSection) {
   const auto [layers, batch, dtype, has_query, new_tokens] = GetParam();
   const LayerPackShape shape = MakeShape(LayerPackKind::kKvPack, layers, dtype, has_query);
-  const auto requests = MakeRequests(batch, new_tokens);
+  const auto requests = MakeRequests(batch, new_tokens, /*attention=*/has_query);
   auto size = KvPackBytes(shape, requests);
   ASSERT_TRUE(size.ok()) << size.status().ToString();
   Bytes buffer(*size + 40, std::byte{0xee});  // larger than needed: the writer uses a prefix
@@ -88,6 +93,8 @@ TEST_P(LayerPackRoundTrip, KvPackEveryFieldAndSection) {
                 has_query ? size_t{shape.num_query_heads} * shape.head_dim * elem : 0u);
       EXPECT_TRUE(writer->Counts(l, r).empty());
       EXPECT_TRUE(writer->Positions(l, r).empty());
+      EXPECT_TRUE(writer->AttentionOutput(l, r).empty());
+      EXPECT_TRUE(writer->AttentionLse(l, r).empty());
       for (auto span : {writer->Key(l, r), writer->Value(l, r), writer->Query(l, r)}) {
         if (!span.empty()) {
           EXPECT_EQ((span.data() - buffer.data()) % kLayerPackSectionAlignment, 0);
@@ -133,7 +140,7 @@ TEST_P(LayerPackRoundTrip, ReplyPackEveryFieldAndSection) {
   const auto [layers, batch, dtype, has_query, new_tokens] = GetParam();
   // has_query is ignored for replies: they never carry a query.
   const LayerPackShape shape = MakeShape(LayerPackKind::kReplyPack, layers, dtype, has_query);
-  const auto requests = MakeRequests(batch, new_tokens);
+  const auto requests = MakeRequests(batch, new_tokens, /*attention=*/true);
   auto size = ReplyPackBytes(shape, requests);
   ASSERT_TRUE(size.ok()) << size.status().ToString();
   Bytes buffer(*size);
@@ -149,10 +156,21 @@ TEST_P(LayerPackRoundTrip, ReplyPackEveryFieldAndSection) {
       ASSERT_EQ(writer->Key(l, r).size(), slots * shape.head_dim * elem);
       ASSERT_EQ(writer->Value(l, r).size(), slots * shape.head_dim * elem);
       EXPECT_TRUE(writer->Query(l, r).empty());
+      // The attention sections are f32 whatever the dtype, one query row when asked for.
+      const size_t heads = size_t{requests[r].attention_queries} * shape.num_query_heads;
+      ASSERT_EQ(writer->AttentionOutput(l, r).size(), heads * shape.head_dim * 4);
+      ASSERT_EQ(writer->AttentionLse(l, r).size(), heads * 4);
+      for (auto span : {writer->AttentionOutput(l, r), writer->AttentionLse(l, r)}) {
+        if (!span.empty()) {
+          EXPECT_EQ((span.data() - buffer.data()) % kLayerPackSectionAlignment, 0);
+        }
+      }
       FillPattern(writer->Counts(l, r), l, r, 3);
       FillPattern(writer->Positions(l, r), l, r, 4);
       FillPattern(writer->Key(l, r), l, r, 0);
       FillPattern(writer->Value(l, r), l, r, 1);
+      FillPattern(writer->AttentionOutput(l, r), l, r, 5);
+      FillPattern(writer->AttentionLse(l, r), l, r, 6);
     }
   }
   auto view = LayerPackView::Parse(buffer);
@@ -169,6 +187,9 @@ TEST_P(LayerPackRoundTrip, ReplyPackEveryFieldAndSection) {
       EXPECT_TRUE(HasPattern(view->Positions(l, r), l, r, 4));
       EXPECT_TRUE(HasPattern(view->Key(l, r), l, r, 0));
       EXPECT_TRUE(HasPattern(view->Value(l, r), l, r, 1));
+      EXPECT_EQ(view->AttentionOutput(l, r).size(), writer->AttentionOutput(l, r).size());
+      EXPECT_TRUE(HasPattern(view->AttentionOutput(l, r), l, r, 5));
+      EXPECT_TRUE(HasPattern(view->AttentionLse(l, r), l, r, 6));
     }
   }
 }
@@ -202,6 +223,34 @@ TEST(LayerPackSizes, MatchHandComputedLayout) {
   shape.num_layers = 1;
   const std::vector<LayerPackRequest> three = {{1, 0, 1, 1}, {2, 0, 1, 1}, {3, 0, 1, 1}};
   EXPECT_EQ(*KvPackBytes(shape, three), 160u + 3 * (16u + 16u));
+  // An attention reply (no rows): counts 4 -> 16, output 1 head x 3 x 4 = 12 -> 16, lse 4 -> 16,
+  // the same at every context length.
+  for (const uint32_t first : {0u, 5000u}) {
+    const std::vector<LayerPackRequest> attention = {{1, first, 1, 0, 1}};
+    EXPECT_EQ(*ReplyPackBytes(shape, attention), 96u + 16u + 16u + 16u) << first;
+  }
+}
+
+TEST(LayerPackLayout, RefusesAttentionWithoutAQueryOrOfSeveralQueries) {
+  LayerPackShape shape;
+  shape.num_kv_heads = 1;
+  shape.num_query_heads = 2;
+  shape.head_dim = 4;
+  const std::vector<LayerPackRequest> asks = {{1, 3, 1, 0, 1}};
+  const auto no_query = KvPackBytes(shape, asks);
+  ASSERT_FALSE(no_query.ok());
+  EXPECT_NE(no_query.status().message().find("'attention_queries' is 1 but the kv pack carries "
+                                              "no query"),
+            std::string::npos)
+      << no_query.status().ToString();
+  shape.has_query = true;
+  EXPECT_TRUE(KvPackBytes(shape, asks).ok());
+  const std::vector<LayerPackRequest> two = {{1, 3, 2, 0, 2}};
+  const auto several = KvPackBytes(shape, two);
+  ASSERT_FALSE(several.ok());
+  EXPECT_NE(several.status().message().find("'attention_queries' is 2, must be 0 or 1"),
+            std::string::npos)
+      << several.status().ToString();
 }
 
 TEST(LayerPackWriter, RefusesSmallBufferAndBadShapes) {
@@ -276,8 +325,10 @@ TEST(LayerPackParse, RefusesEveryHeaderCorruption) {
   b[0] = std::byte{'X'};
   ExpectParseError(b, "'magic'");
   b = pack.bytes;
-  Poke<uint16_t>(b, offsetof(LayerPackHeader, version), 2);
-  ExpectParseError(b, "'version' is 2, this build reads version 1", StatusCode::kUnsupported);
+  // A peer of format version 1 (no attention sections) is refused by name.
+  Poke<uint16_t>(b, offsetof(LayerPackHeader, version), 1);
+  ExpectParseError(b, "'version' is 1, this build reads version 2 (the peer runs another rubato",
+                   StatusCode::kUnsupported);
   b = pack.bytes;
   Poke<uint8_t>(b, offsetof(LayerPackHeader, kind), 3);
   ExpectParseError(b, "'kind' is 3");
@@ -346,8 +397,11 @@ TEST(LayerPackParse, RefusesBadRequestTable) {
   Poke<uint32_t>(b, entry1 + offsetof(LayerPackRequestEntry, new_tokens), 0);
   ExpectParseError(b, "'new_tokens' is 0");
   b = pack.bytes;
-  Poke<uint32_t>(b, entry1 + offsetof(LayerPackRequestEntry, reserved0), 5);
-  ExpectParseError(b, "request 1: fields 'reserved0'");
+  Poke<uint64_t>(b, entry1 + offsetof(LayerPackRequestEntry, reserved1), 5);
+  ExpectParseError(b, "request 1: field 'reserved1' is 5");
+  b = pack.bytes;
+  Poke<uint32_t>(b, entry1 + offsetof(LayerPackRequestEntry, attention_queries), 5);
+  ExpectParseError(b, "'attention_queries' is 5, must be 0 or 1");
   b = pack.bytes;
   Poke<uint32_t>(b, entry1 + offsetof(LayerPackRequestEntry, new_tokens), 4);
   ExpectParseError(b, "describe a");  // one more token: the payload would be larger
@@ -460,6 +514,24 @@ TEST(LayerPackReply, ContentValidation) {
   // A KV pack is not a reply.
   const SamplePack kv = MakeSamplePack();
   EXPECT_FALSE(ValidateReplyContents(*LayerPackView::Parse(kv.bytes)).ok());
+}
+
+TEST(LayerPackReply, AttentionLseMustBeFinite) {
+  LayerPackShape shape;
+  shape.kind = LayerPackKind::kReplyPack;
+  shape.num_kv_heads = 1;
+  shape.num_query_heads = 2;
+  shape.head_dim = 4;
+  const std::vector<LayerPackRequest> requests = {{1, 3, 1, 0, 1}};
+  Bytes bytes(*ReplyPackBytes(shape, requests));
+  auto writer = LayerPackWriter::Create(shape, requests, bytes);
+  ASSERT_TRUE(writer.ok());
+  StoreInt32(writer->Counts(0, 0), 0, 0);
+  const float lse[2] = {1.5f, std::numeric_limits<float>::quiet_NaN()};
+  std::memcpy(writer->AttentionLse(0, 0).data(), lse, sizeof(lse));
+  const Status status = ValidateReplyContents(*LayerPackView::Parse(bytes));
+  EXPECT_NE(status.message().find("attention lse[1] is nan, not finite"), std::string::npos)
+      << status.ToString();
 }
 
 }  // namespace

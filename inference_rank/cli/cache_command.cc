@@ -11,13 +11,11 @@
 
 #include "cache_rank/cache_rpc_handler.h"
 #include "cache_rank/cache_service.h"
-#ifdef RUBATO_HAS_CUDA_PINNED
-#include "cache_rank/pinned_kv_storage.h"
-#endif
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/process_metrics.h"
+#include "inference_rank/residency/offloaded/colocated_cache.h"
 #include "inference_rank/server/http_server.h"
 #include "transport/rpc/rpc_auth.h"
 #include "transport/rpc/rpc_client.h"
@@ -71,17 +69,38 @@ Status RunCache(const CacheArgs& args) {
     RUBATO_ASSIGN_OR_RETURN(config, LoadConfigFile(*args.config_file));
   }
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
-  return ServeCacheRank(args, config.limits, [](const std::string& endpoint) {
+  return ServeCacheRank(args, config, [](const std::string& endpoint) {
     std::printf("rubato cache: listening on %s\n", endpoint.c_str());
     std::fflush(stdout);
     return Status::Ok();
   });
 }
 
-Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
+Status ServeCacheRank(const CacheArgs& args, const RubatoConfig& config,
                       const std::function<Status(const std::string&)>& on_listening) {
-  if (args.device < 0) {
-    return InvalidArgumentError("--device must be >= 0, got " + std::to_string(args.device));
+  const LimitsSection& limits = config.limits;
+  // The config's cache section, then the flags.
+  CacheSection cache = config.cache;
+  int device = cache.device >= 0 ? cache.device : 0;
+  if (args.device.has_value()) {
+    if (*args.device < 0) {
+      return InvalidArgumentError("--device must be >= 0, got " + std::to_string(*args.device));
+    }
+    device = *args.device;
+  }
+  std::string memory_key = "cache.memory";
+  if (args.memory.has_value()) {
+    memory_key = "--memory";
+    if (*args.memory == "pageable" || *args.memory == "host") {
+      cache.memory = CacheSection::Memory::kPageable;
+    } else if (*args.memory == "pinned") {
+      cache.memory = CacheSection::Memory::kPinned;
+    } else if (*args.memory == "device") {
+      cache.memory = CacheSection::Memory::kDevice;
+    } else {
+      return InvalidArgumentError("--memory: '" + *args.memory +
+                                  "' is not one of pageable (or host), pinned, device");
+    }
   }
   RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint,
                           ParseListenAddress(args.listen, "--listen"));
@@ -89,34 +108,29 @@ Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
   if (!args.metrics_listen.empty()) {
     RUBATO_ASSIGN_OR_RETURN(metrics_endpoint, ParseListenAddress(args.metrics_listen, "--metrics"));
   }
-  if (args.budget_mb < 1 || args.budget_mb > (int64_t{1} << 30)) {
-    return InvalidArgumentError("--budget-mb must be in [1, 2^30], got " +
-                                std::to_string(args.budget_mb));
+  RUBATO_ASSIGN_OR_RETURN(CacheServiceOptions service_options,
+                          CacheServiceOptionsFromConfig(cache, device, memory_key));
+  std::string budget_name = "cache.budget_gib";
+  if (args.budget_mb.has_value()) {
+    if (*args.budget_mb < 1 || *args.budget_mb > (int64_t{1} << 30)) {
+      return InvalidArgumentError("--budget-mb must be in [1, 2^30], got " +
+                                  std::to_string(*args.budget_mb));
+    }
+    service_options.budget_bytes = static_cast<uint64_t>(*args.budget_mb) << 20;
+    budget_name = "--budget-mb";
   }
-
-  if (args.peer_budget_mb < 0 || args.peer_budget_mb > args.budget_mb) {
-    return InvalidArgumentError("--peer-budget-mb must be in [0, --budget-mb " +
-                                std::to_string(args.budget_mb) + "], got " +
-                                std::to_string(args.peer_budget_mb));
+  if (args.peer_budget_mb < 0 ||
+      static_cast<uint64_t>(args.peer_budget_mb) << 20 > service_options.budget_bytes) {
+    return InvalidArgumentError("--peer-budget-mb must be in [0, " +
+                                std::to_string(service_options.budget_bytes >> 20) + "] (" +
+                                budget_name + "), got " + std::to_string(args.peer_budget_mb));
   }
   if (args.max_sessions_per_peer < 1) {
     return InvalidArgumentError("--max-sessions-per-peer must be >= 1, got " +
                                 std::to_string(args.max_sessions_per_peer));
   }
-
-  CacheServiceOptions service_options;
-  service_options.budget_bytes = static_cast<uint64_t>(args.budget_mb) << 20;
   service_options.peer_budget_bytes = static_cast<uint64_t>(args.peer_budget_mb) << 20;
   service_options.max_sessions_per_peer = args.max_sessions_per_peer;
-  if (args.memory == "pinned") {
-#ifdef RUBATO_HAS_CUDA_PINNED
-    service_options.allocator = MakePinnedKvStorageAllocator(args.device);
-#else
-    return UnsupportedError("--memory pinned: this rubato was built without CUDA");
-#endif
-  } else if (args.memory != "host") {
-    return InvalidArgumentError("--memory: '" + args.memory + "' is not one of host, pinned");
-  }
   CacheService service(service_options);
   std::mutex mutex;
   std::condition_variable stop_requested;
@@ -124,7 +138,7 @@ Status ServeCacheRank(const CacheArgs& args, const LimitsSection& limits,
   RUBATO_ASSIGN_OR_RETURN(const std::string token, rpc::AuthTokenFromEnvironment());
   CacheRpcHandlerOptions handler_options;
   handler_options.peers_authenticated = !token.empty();
-  handler_options.nccl_device = args.device;
+  handler_options.nccl_device = device;
   handler_options.nccl_init_timeout = std::chrono::milliseconds(limits.rpc_timeout_ms);
   CacheRpcHandler handler(
       service,

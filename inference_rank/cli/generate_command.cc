@@ -3,6 +3,8 @@
 // them and prints one stats line.
 #include "inference_rank/cli/generate_command.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <chrono>

@@ -124,7 +124,9 @@ int main(int argc, char** argv) {
                          "Run a cache rank: offloaded KV, token selection and compact buffers for "
                          "inference ranks that connect to it");
   cache->add_option("--listen", cache_args.listen, "host:port of its RPC server (port 0: any)");
-  cache->add_option("--budget-mb", cache_args.budget_mb, "KV storage for all sessions, MiB")
+  cache
+      ->add_option("--budget-mb", cache_args.budget_mb,
+                   "KV storage for all sessions, MiB (overrides cache.budget_gib)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cache
       ->add_option("--peer-budget-mb", cache_args.peer_budget_mb,
@@ -136,15 +138,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 30));
   cache
       ->add_option("--memory", cache_args.memory,
-                   "Where the KV lives: host (pageable) or pinned (page-locked, CUDA builds)")
-      ->check(CLI::IsMember({"host", "pinned"}));
-  cache->add_option("--config", cache_args.config_file, "YAML config (limits, logging)");
+                   "Where the KV lives: pageable (or host), pinned (page-locked, CUDA builds) or "
+                   "device (overrides cache.memory)")
+      ->check(CLI::IsMember({"host", "pageable", "pinned", "device"}));
+  cache->add_option("--config", cache_args.config_file,
+                    "YAML config (its cache section, limits, logging)");
   cache->add_option("--metrics", cache_args.metrics_listen,
                     "host:port of an HTTP endpoint for GET /metrics and /health (port 0: any)");
   cache
       ->add_option("--device", cache_args.device,
                    "GPU of this rank's side of NCCL data planes (inference ranks with "
-                   "topology.transport nccl; another GPU than theirs)")
+                   "topology.transport nccl; another GPU than theirs) and of pinned memory "
+                   "(overrides cache.device)")
       ->check(CLI::NonNegativeNumber);
 
   rubato::BenchServeArgs bench_serve_args;

@@ -30,8 +30,6 @@ MpiLaunch& MpiLaunch::operator=(MpiLaunch&&) noexcept = default;
 
 namespace {
 
-constexpr int64_t kMpiCacheBudgetMb = 4096;
-
 std::string HostName() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
@@ -167,10 +165,11 @@ Status MpiLaunch::ServeAsCacheRank(const RubatoConfig& config) {
   bool published = false;
   CacheArgs args;
   args.listen = listen;
-  args.budget_mb = kMpiCacheBudgetMb;
-  args.device = config.engine.device;  // the node-local rank (JoinMpiLaunch)
+  // The storage is the config's cache section; its GPU, unless cache.device names one, is the
+  // node-local rank (JoinMpiLaunch).
+  if (config.cache.device < 0) args.device = config.engine.device;
   const Status served =
-      ServeCacheRank(args, config.limits, [&](const std::string& bound) -> Status {
+      ServeCacheRank(args, config, [&](const std::string& bound) -> Status {
         const std::string port = bound.substr(bound.rfind(':') + 1);
         published = true;
         std::printf("rubato cache (mpi rank %d): listening on %s:%s\n", rank_, host.c_str(),

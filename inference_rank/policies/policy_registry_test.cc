@@ -77,7 +77,8 @@ TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
   EXPECT_EQ(dense_choice->policy->name(), "dense");
   EXPECT_EQ(dense_choice->residency, KvResidency::kOffloaded);
   ASSERT_TRUE(dense_choice->offload.has_value());
-  EXPECT_EQ(dense_choice->offload->name, "dense");
+  // Dense on offloaded KV attends on the cache rank.
+  EXPECT_EQ(dense_choice->offload->name, "attention");
   EXPECT_TRUE(dense_choice->policy->window().IsDense());
 
   auto topk = ParseConfig(

@@ -1,5 +1,6 @@
 // Dense attention (DESIGN §4.1): every query attends every earlier position. No backend half,
-// no per-request state; on offloaded KV the cache rank returns every position.
+// no per-request state; on offloaded KV the cache rank attends (its `attention` selector) and
+// returns each decode token's attention output.
 #pragma once
 
 #include <memory>
@@ -15,7 +16,7 @@ class DensePolicy final : public AttentionPolicy {
   const PolicyTraits& traits() const override;
   Result<std::unique_ptr<AttentionBackend>> MakeBackend(Model& model, int max_batch) const override;
   Result<CacheSelectorSpec> MakeCacheSelector() const override {
-    return CacheSelectorSpec{"dense"};
+    return CacheSelectorSpec{"attention"};
   }
   std::unique_ptr<PolicyRequest> Admit(KvResidency residency) override;
 };

@@ -1,5 +1,6 @@
-// CacheRankClient (cache_client.h): KV packs out per P layers, replies in, compact KV served to
-// the model's two-segment attention.
+// CacheRankClient (cache_client.h): KV packs out per P layers in the session's dtype, replies
+// in, compact KV served to the model's two-segment attention or partial attention taken as the
+// decode token's.
 #include "inference_rank/residency/offloaded/cache_client.h"
 
 #include <algorithm>
@@ -44,9 +45,9 @@ CacheRankClient::CacheRankClient(const CacheClientOptions& options, const ModelC
   Result<const CacheSelector*> selector = ResolveCacheSelector(options.selection);
   if (selector.ok()) {
     selector_ = *selector;
-  } else {  // every call returns the refusal; dense keeps the sizes below well defined
+  } else {  // every call returns the refusal; attention keeps the sizes below well defined
     broken_ = selector.status();
-    selector_ = FindCacheSelector("dense");
+    selector_ = FindCacheSelector("attention");
   }
   pack_layers_ = selector_->traits().serves_same_step
                      ? 1
@@ -57,7 +58,7 @@ CacheRankClient::CacheRankClient(const CacheClientOptions& options, const ModelC
   session_shape_.num_kv_heads = static_cast<uint32_t>(model.num_kv_heads);
   session_shape_.num_query_heads = static_cast<uint32_t>(model.num_heads);
   session_shape_.head_dim = static_cast<uint32_t>(model.head_dim);
-  session_shape_.dtype = DType::kF32;  // the CPU model's K/V
+  session_shape_.dtype = options.kv_dtype;  // the model's
 }
 
 CacheRankClient::~CacheRankClient() {
@@ -114,6 +115,10 @@ Status CacheRankClient::RegisterMetrics(MetricsRegistry& registry) {
                             "Time the inference rank waited for a layer pack's reply (or for a "
                             "pack to leave) before it could go on.",
                             {1e-5, 1e-4, 1e-3, 0.01, 0.1, 1, 10}));
+  RUBATO_ASSIGN_OR_RETURN(steps_metric_,
+                          registry.AddCounter("rubato:offload_steps_total",
+                                              "Forward steps of the inference rank that sent "
+                                              "offloaded K/V to the cache rank."));
   return Status::Ok();
 }
 
@@ -164,6 +169,7 @@ Status CacheRankClient::LayerComputed(int layer, std::span<const OffloadLayerKv>
     return InvalidArgumentError("offload: layer " + std::to_string(layer) + " outside [0, " +
                                 std::to_string(model_.num_layers) + ")");
   }
+  widened_.clear();  // CompactFor's rows of the previous layer are no longer read
   if (layer == 0) RUBATO_RETURN_IF_ERROR(StartStep(entries));
   if (entries.size() != step_requests_.size()) {
     return InvalidArgumentError("offload: layer " + std::to_string(layer) + " hands over " +
@@ -192,6 +198,7 @@ Status CacheRankClient::LayerComputed(int layer, std::span<const OffloadLayerKv>
 
 Status CacheRankClient::StartStep(std::span<const OffloadLayerKv> entries) {
   ++step_;
+  if (steps_metric_ != nullptr) steps_metric_->Increment();
   // Replies nobody will read again (their sessions moved on or closed) are dropped once their
   // receive is done; the transport still writes into a buffer until then.
   std::erase_if(inflight_, [&](const std::shared_ptr<Reply>& reply) {
@@ -237,8 +244,10 @@ Status CacheRankClient::StartStep(std::span<const OffloadLayerKv> entries) {
     request.session_id = entry.session_id;
     request.first_position = static_cast<uint32_t>(entry.start_position);
     request.new_tokens = static_cast<uint32_t>(entry.tokens);
-    request.reply_slots = static_cast<uint32_t>(
-        selector_->ReplyRangeFor(options_.selection, entry.start_position, entry.tokens).slots);
+    const ReplyRange range =
+        selector_->ReplyRangeFor(options_.selection, entry.start_position, entry.tokens);
+    request.reply_slots = static_cast<uint32_t>(range.slots);
+    request.attention_queries = static_cast<uint32_t>(range.attention_queries);
     step_requests_.push_back(request);
   }
   step_replies_ = std::make_shared<StepReplies>();
@@ -261,21 +270,46 @@ Status CacheRankClient::WritePackLayer(int layer, std::span<const OffloadLayerKv
       return InvalidArgumentError("offload: layer " + std::to_string(layer) + " entry " +
                                   std::to_string(i) + " differs from layer 0's");
     }
+    if (entry.memory != OffloadMemory::kHost) {
+      return UnsupportedError("offload: layer " + std::to_string(layer) + " entry " +
+                              std::to_string(i) + " hands over device buffers; this client "
+                              "writes host packs");
+    }
     // The model's rows are [tokens][kv_heads][head_dim]; the pack's [kv_heads][tokens][head_dim].
-    float* keys = reinterpret_cast<float*>(writer_->Key(layer_index, i).data());
-    float* values = reinterpret_cast<float*>(writer_->Value(layer_index, i).data());
+    const size_t from_row = head_dim * DTypeSize(entry.dtype);
+    const size_t to_row = head_dim * DTypeSize(session_shape_.dtype);
+    std::byte* keys = writer_->Key(layer_index, i).data();
+    std::byte* values = writer_->Value(layer_index, i).data();
+    const auto* entry_keys = static_cast<const std::byte*>(entry.keys);
+    const auto* entry_values = static_cast<const std::byte*>(entry.values);
     for (int h = 0; h < kv_heads; ++h) {
       for (int t = 0; t < entry.tokens; ++t) {
-        const size_t from = (static_cast<size_t>(t) * kv_heads + h) * head_dim;
-        const size_t to = (static_cast<size_t>(h) * entry.tokens + t) * head_dim;
-        std::memcpy(keys + to, entry.keys + from, head_dim * sizeof(float));
-        std::memcpy(values + to, entry.values + from, head_dim * sizeof(float));
+        const size_t from = static_cast<size_t>(t) * kv_heads + h;
+        const size_t to = static_cast<size_t>(h) * entry.tokens + t;
+        WriteElements(entry.dtype, entry_keys + from * from_row, keys + to * to_row, head_dim);
+        WriteElements(entry.dtype, entry_values + from * from_row, values + to * to_row,
+                      head_dim);
       }
     }
     const std::span<std::byte> query = writer_->Query(layer_index, i);
-    if (!query.empty()) std::memcpy(query.data(), entry.last_query, query.size());
+    if (!query.empty()) {
+      WriteElements(entry.dtype, entry.last_query, query.data(),
+                    static_cast<size_t>(model_.num_heads) * head_dim);
+    }
   }
   return Status::Ok();
+}
+
+void CacheRankClient::WriteElements(DType dtype, const void* from, std::byte* to, size_t count) {
+  if (dtype == session_shape_.dtype) {
+    std::memcpy(to, from, count * DTypeSize(dtype));
+  } else if (dtype == DType::kF32) {
+    ConvertFromF32(session_shape_.dtype, static_cast<const float*>(from), to, count);
+  } else {
+    convert_.resize(count);
+    ConvertToF32(dtype, from, convert_.data(), count);
+    ConvertFromF32(session_shape_.dtype, convert_.data(), to, count);
+  }
 }
 
 Status CacheRankClient::SendPack(int pack) {
@@ -370,6 +404,31 @@ Status CacheRankClient::AwaitReply(Reply& reply, uint64_t step, int pack) {
   return Status::Ok();
 }
 
+Result<std::pair<const LayerPackView*, uint32_t>> CacheRankClient::SameStepReply(
+    int layer, uint64_t session_id, int position) {
+  const auto in_step =
+      std::find_if(step_requests_.begin(), step_requests_.end(),
+                   [&](const LayerPackRequest& r) { return r.session_id == session_id; });
+  if (in_step == step_requests_.end() || static_cast<int>(in_step->first_position) != position) {
+    return FailedPreconditionError("offload: session " + std::to_string(session_id) +
+                                   " at position " + std::to_string(position) +
+                                   " is not in this step's packs");
+  }
+  const uint32_t index = static_cast<uint32_t>(in_step - step_requests_.begin());
+  const int pack = PackOf(layer);
+  const std::shared_ptr<Reply>& reply = step_replies_->packs[static_cast<size_t>(pack)];
+  if (reply == nullptr) {
+    return FailedPreconditionError("offload: the pack of layer " + std::to_string(layer) +
+                                   " was not sent before its reply was asked for");
+  }
+  RUBATO_RETURN_IF_ERROR(AwaitReply(*reply, step_replies_->step, pack));
+  if (reply->view->requests()[index] != *in_step) {
+    return Broken(DataLossError(options_.cache_name + ": the reply's request table differs "
+                                "from the pack's"));
+  }
+  return std::pair<const LayerPackView*, uint32_t>{reply->view.get(), index};
+}
+
 Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session_id,
                                                      int position) {
   if (!broken_.ok()) return broken_;
@@ -378,12 +437,19 @@ Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session
     return InvalidArgumentError("offload: session " + std::to_string(session_id) +
                                 " is not open on " + options_.cache_name);
   }
+  if (selector_->traits().partial_attention) {
+    return FailedPreconditionError("offload: session " + std::to_string(session_id) + " (" +
+                                   std::string(selector_->name()) + " selector) gets its "
+                                   "attention from " + options_.cache_name +
+                                   " (PartialFor), not compact KV");
+  }
   // A decode token attends the reply of the session's previous step, or the current step's for
   // a selector that serves the same step.
-  std::shared_ptr<StepReplies> replies;
+  const LayerPackView* view = nullptr;
   uint32_t index = 0;
   LayerPackRequest request;
   int recent_begin = 0;
+  const int pack = PackOf(layer);
   if (!selector_->traits().serves_same_step) {
     const SessionState& session = found->second;
     if (session.replies == nullptr) {
@@ -397,39 +463,29 @@ Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session
                                      " decodes position " + std::to_string(position) +
                                      " but its last step ended at " + std::to_string(next));
     }
-    replies = session.replies;
     index = session.request_index;
     recent_begin = next;
-  } else {
-    const auto in_step =
-        std::find_if(step_requests_.begin(), step_requests_.end(),
-                     [&](const LayerPackRequest& r) { return r.session_id == session_id; });
-    if (in_step == step_requests_.end() ||
-        static_cast<int>(in_step->first_position) != position) {
-      return FailedPreconditionError("offload: session " + std::to_string(session_id) +
-                                     " at position " + std::to_string(position) +
-                                     " is not in this step's packs");
+    const std::shared_ptr<Reply>& reply = session.replies->packs[static_cast<size_t>(pack)];
+    if (reply == nullptr) {
+      return FailedPreconditionError("offload: the pack of layer " + std::to_string(layer) +
+                                     " was not sent before its compact KV was asked for");
     }
-    replies = step_replies_;
-    index = static_cast<uint32_t>(in_step - step_requests_.begin());
-    request = *in_step;
+    RUBATO_RETURN_IF_ERROR(AwaitReply(*reply, session.replies->step, pack));
+    if (reply->view->requests()[index] != request) {
+      return Broken(DataLossError(options_.cache_name + ": the reply's request table differs "
+                                  "from the pack's"));
+    }
+    view = reply->view.get();
+  } else {
+    RUBATO_ASSIGN_OR_RETURN(const auto reply, SameStepReply(layer, session_id, position));
+    view = reply.first;
+    index = reply.second;
+    request = view->requests()[index];
     recent_begin = selector_->ReplyRangeFor(options_.selection, position, 1).recent_begin;
   }
-  const int pack = PackOf(layer);
-  const std::shared_ptr<Reply>& reply = replies->packs[static_cast<size_t>(pack)];
-  if (reply == nullptr) {
-    return FailedPreconditionError("offload: the pack of layer " + std::to_string(layer) +
-                                   " was not sent before its compact KV was asked for");
-  }
-  RUBATO_RETURN_IF_ERROR(AwaitReply(*reply, replies->step, pack));
-  const LayerPackView& view = *reply->view;
-  if (view.requests()[index] != request) {
-    return Broken(DataLossError(options_.cache_name + ": the reply's request table differs "
-                                "from the pack's"));
-  }
   const uint32_t layer_index = static_cast<uint32_t>(layer - PackFirstLayer(pack));
-  const std::span<const std::byte> counts = view.Counts(layer_index, index);
-  const std::span<const std::byte> positions = view.Positions(layer_index, index);
+  const std::span<const std::byte> counts = view->Counts(layer_index, index);
+  const std::span<const std::byte> positions = view->Positions(layer_index, index);
   const int slots = static_cast<int>(request.reply_slots);
   const int kv_heads = model_.num_kv_heads;
   // Every head must carry its whole range, and nothing from the recent segment: a short or
@@ -447,15 +503,58 @@ Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session
           std::to_string(recent_begin)));
     }
   }
+  // The compact view is f32: rows of another session dtype are widened.
+  const std::span<const std::byte> keys = view->Key(layer_index, index);
+  const std::span<const std::byte> values = view->Value(layer_index, index);
+  const float* compact_keys = reinterpret_cast<const float*>(keys.data());
+  const float* compact_values = reinterpret_cast<const float*>(values.data());
+  if (view->dtype() != DType::kF32 && slots > 0) {
+    const size_t count = static_cast<size_t>(kv_heads) * slots * model_.head_dim;
+    for (const std::span<const std::byte> rows : {keys, values}) {
+      std::vector<float>& wide = widened_.emplace_back(count);
+      ConvertToF32(view->dtype(), rows.data(), wide.data(), count);
+    }
+    compact_keys = widened_[widened_.size() - 2].data();
+    compact_values = widened_.back().data();
+  }
   OffloadCompactKv compact;
-  compact.compact = CompactKvView{
-      const_cast<float*>(reinterpret_cast<const float*>(view.Key(layer_index, index).data())),
-      const_cast<float*>(reinterpret_cast<const float*>(view.Value(layer_index, index).data())),
-      kv_heads, slots, model_.head_dim};
+  compact.compact = CompactKvView{const_cast<float*>(compact_keys),
+                                  const_cast<float*>(compact_values), kv_heads, slots,
+                                  model_.head_dim};
   compact.counts = reinterpret_cast<const int*>(counts.data());
   compact.recent_begin = recent_begin;
   compact.positions = reinterpret_cast<const int*>(positions.data());
   return compact;
+}
+
+bool CacheRankClient::ServesPartialAttention(uint64_t session_id) const {
+  return selector_->traits().partial_attention && sessions_.contains(session_id);
+}
+
+Result<OffloadPartial> CacheRankClient::PartialFor(int layer, uint64_t session_id,
+                                                   int position) {
+  if (!broken_.ok()) return broken_;
+  if (!ServesPartialAttention(session_id)) {
+    return FailedPreconditionError("offload: session " + std::to_string(session_id) +
+                                   " is not open on " + options_.cache_name + " with a selector "
+                                   "that replies partial attention (" +
+                                   std::string(selector_->name()) + ")");
+  }
+  RUBATO_ASSIGN_OR_RETURN(const auto reply, SameStepReply(layer, session_id, position));
+  const LayerPackView& view = *reply.first;
+  const uint32_t layer_index = static_cast<uint32_t>(layer - PackFirstLayer(PackOf(layer)));
+  const std::span<const std::byte> output = view.AttentionOutput(layer_index, reply.second);
+  const std::span<const std::byte> lse = view.AttentionLse(layer_index, reply.second);
+  const size_t heads = static_cast<size_t>(model_.num_heads);
+  if (output.size() != heads * model_.head_dim * sizeof(float) ||
+      lse.size() != heads * sizeof(float)) {
+    return Broken(DataLossError(options_.cache_name + ": the reply for session " +
+                                std::to_string(session_id) + " layer " + std::to_string(layer) +
+                                " carries no attention of its query"));
+  }
+  // Sections start 16-byte aligned in 8-byte aligned buffers: f32 reads are aligned.
+  return OffloadPartial{reinterpret_cast<const float*>(output.data()),
+                        reinterpret_cast<const float*>(lse.data())};
 }
 
 }  // namespace rubato

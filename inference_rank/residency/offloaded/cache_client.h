@@ -1,6 +1,7 @@
 // The inference rank's side of offloaded KV: CacheRankClient turns the model's per-layer K/V
-// (kv_offload.h) into layer packs sent to a cache rank over a Transport, serves each decode
-// token's compact KV from the replies (sized by the session's cache selector), and opens and
+// (kv_offload.h) into layer packs in the session's dtype sent to a cache rank over a Transport,
+// serves each decode token's compact KV or partial attention from the replies (sized by the
+// session's cache selector), and opens and
 // closes sessions through a CacheSessionControl. Every wait is bounded; after a data-plane
 // failure the client stays broken with that error. docs/disaggregated.md "The cache client".
 #pragma once
@@ -11,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cache_rank/cache_selector.h"
@@ -40,6 +42,9 @@ struct CacheClientOptions {
   // attention).
   int pack_layers = 4;
   CacheSelectorSpec selection;
+  // The sessions' K / V dtype, on the wire and in the cache rank's store: the model's (f32 for
+  // the CPU model, bf16 for the CUDA model). The model's buffers are converted when they differ.
+  DType kv_dtype = DType::kF32;
   std::chrono::milliseconds timeout{5000};  // longest wait for a reply or a send
   std::string cache_name = "cache rank";    // names the peer in errors ("cache rank 10.0.0.2:7000")
 };
@@ -61,17 +66,29 @@ class CacheRankClient final : public KvOffloadClient {
   Status Broken() const override { return broken_; }
 
   Status LayerComputed(int layer, std::span<const OffloadLayerKv> entries) override;
+  // Compact KV for a selector that replies rows (oracle_topk); f32 rows whatever the session's
+  // dtype (widened here when it is not f32).
   Result<OffloadCompactKv> CompactFor(int layer, uint64_t session_id, int position) override;
+  // For a selector whose replies are partial attention (attention): true for open sessions.
+  bool ServesPartialAttention(uint64_t session_id) const override;
+  // The attention output and log-sum-exp the cache rank computed for the decode token of
+  // `session_id` at `position` in `layer` (this step's reply of the layer's pack); blocks until
+  // it arrives (bounded like CompactFor); valid until the next LayerComputed.
+  Result<OffloadPartial> PartialFor(int layer, uint64_t session_id, int position) override;
 
   int pack_layers() const { return pack_layers_; }
+  DType kv_dtype() const { return session_shape_.dtype; }
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
-  // Seconds spent waiting for replies (the `rubato:pack_wait_seconds` metric).
+  // Seconds spent waiting for replies (the `rubato:pack_wait_seconds` metric): the exposed wait.
   double pack_wait_seconds() const { return pack_wait_seconds_; }
+  // Forward steps that offloaded K/V (each sends one KV pack per pack of layers).
+  uint64_t steps() const { return step_; }
 
   // Registers and from then on updates (DESIGN §3): rubato:transport_bytes_total{role=
-  // "inference", direction="tx"|"rx", backend} (KV packs out, replies in) and
-  // rubato:pack_wait_seconds (a histogram of each wait for a reply or a send). `registry` must
+  // "inference", direction="tx"|"rx", backend} (KV packs out, replies in),
+  // rubato:pack_wait_seconds (a histogram of each wait for a reply or a send) and
+  // rubato:offload_steps_total (steps: bytes and wait per step are the ratios). `registry` must
   // outlive the client.
   Status RegisterMetrics(MetricsRegistry& registry);
 
@@ -113,6 +130,12 @@ class CacheRankClient final : public KvOffloadClient {
   LayerPackShape PackShape(LayerPackKind kind, int pack) const;
   Status StartStep(std::span<const OffloadLayerKv> entries);
   Status WritePackLayer(int layer, std::span<const OffloadLayerKv> entries);
+  // `count` elements of `dtype` at `from` as the session's dtype at `to`.
+  void WriteElements(DType dtype, const void* from, std::byte* to, size_t count);
+  // The reply of this step's pack of `layer` for the decode token of `session_id` at
+  // `position` (serves_same_step selectors): its view and request index, once arrived.
+  Result<std::pair<const LayerPackView*, uint32_t>> SameStepReply(int layer, uint64_t session_id,
+                                                                  int position);
   Status SendPack(int pack);
   Status AwaitReply(Reply& reply, uint64_t step, int pack);
   Status Wait(transport::TransferId id, const std::string& what);
@@ -137,6 +160,12 @@ class CacheRankClient final : public KvOffloadClient {
   std::map<uint64_t, SessionState> sessions_;
   // Every reply whose receive may still be in flight, so that no buffer is freed under it.
   std::vector<std::shared_ptr<Reply>> inflight_;
+  // CompactFor's rows widened to f32 (sessions not in f32), [kv_heads][slots][head_dim] each,
+  // kept until the next LayerComputed.
+  std::vector<std::vector<float>> widened_;
+  std::vector<float> convert_;  // f32 staging of WriteElements
+
+  Counter* steps_metric_ = nullptr;
 
   Counter* tx_bytes_metric_ = nullptr;  // set by RegisterMetrics
   Counter* rx_bytes_metric_ = nullptr;

@@ -2,9 +2,38 @@
 // two-rank loopback hub (rank 0 the cache, rank 1 the engine).
 #include "inference_rank/residency/offloaded/colocated_cache.h"
 
+#include <string>
 #include <utility>
 
+#ifdef RUBATO_HAS_CUDA_PINNED
+#include "cache_rank/pinned_kv_storage.h"
+#endif
+
 namespace rubato {
+
+Result<CacheServiceOptions> CacheServiceOptionsFromConfig(const CacheSection& cache, int device,
+                                                          std::string_view memory_key) {
+  CacheServiceOptions options;
+  options.budget_bytes = cache.budget_bytes();
+  const std::string memory = std::string(memory_key) + " '" +
+                             std::string(ConfigEnumName(cache.memory)) + "'";
+  switch (cache.memory) {
+    case CacheSection::Memory::kPageable:
+      break;
+    case CacheSection::Memory::kPinned:
+#ifdef RUBATO_HAS_CUDA_PINNED
+      options.allocator = MakePinnedKvStorageAllocator(device);
+      break;
+#else
+      (void)device;
+      return UnsupportedError(memory + ": this rubato was built without CUDA");
+#endif
+    case CacheSection::Memory::kDevice:
+      return UnsupportedError(memory + ": this build's cache rank keeps KV in host memory "
+                              "(pageable or pinned)");
+  }
+  return options;
+}
 
 // Sessions by direct calls into the service; health is the service's view of this peer.
 class ColocatedCacheRank::InProcessControl final : public CacheSessionControl {

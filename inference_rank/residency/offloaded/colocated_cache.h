@@ -10,14 +10,23 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 #include "cache_rank/cache_service.h"
+#include "common/config.h"
 #include "common/hf_config.h"
 #include "common/status.h"
 #include "inference_rank/residency/offloaded/cache_client.h"
 #include "transport/loopback_transport.h"
 
 namespace rubato {
+
+// The service options of a config's `cache:` section (budget, memory) for a cache rank on GPU
+// `device` (pinned memory belongs to its context): what the colocated mode, `rubato cache` and
+// the cache role under mpirun serve with. Memory this build cannot give is refused naming
+// `memory_key` ("cache.memory", or the flag that set it).
+Result<CacheServiceOptions> CacheServiceOptionsFromConfig(
+    const CacheSection& cache, int device, std::string_view memory_key = "cache.memory");
 
 class ColocatedCacheRank {
  public:

@@ -50,11 +50,17 @@ class DenseTestExchange : public KvOffloadExchange {
         stored.keys.resize(end * row);
         stored.values.resize(end * row);
       }
-      std::copy(entry.keys, entry.keys + entry.tokens * row,
+      // The CPU model hands over f32 host buffers.
+      EXPECT_EQ(entry.dtype, DType::kF32);
+      EXPECT_EQ(entry.memory, OffloadMemory::kHost);
+      const auto* keys = static_cast<const float*>(entry.keys);
+      const auto* values = static_cast<const float*>(entry.values);
+      const auto* last_query = static_cast<const float*>(entry.last_query);
+      std::copy(keys, keys + entry.tokens * row,
                 stored.keys.begin() + static_cast<ptrdiff_t>(entry.start_position * row));
-      std::copy(entry.values, entry.values + entry.tokens * row,
+      std::copy(values, values + entry.tokens * row,
                 stored.values.begin() + static_cast<ptrdiff_t>(entry.start_position * row));
-      stored.last_query.assign(entry.last_query, entry.last_query + config_.q_dim());
+      stored.last_query.assign(last_query, last_query + config_.q_dim());
     }
     return Status::Ok();
   }

@@ -2,29 +2,45 @@
 // layer the residency's model half (offloaded_cpu_backend.h, offloaded_cuda_backend.h) hands
 // the entry's new K/V (and its last query) to a KvOffloadExchange, which ships them in layer
 // packs; a decode token attends the compact KV the exchange returns plus the local recent
-// segment through the two-segment op; prefill chunks attend locally. The exchange
-// (cache_client.h) owns packs, transports and timing; the model half calls it in layer order:
-// LayerComputed, then CompactFor per decode entry.
+// segment through the two-segment op, or takes the attention output it returns (sessions served
+// attention on the cache rank); prefill chunks attend locally. The exchange (cache_client.h) owns
+// packs, transports and timing; the model half calls it in layer order: LayerComputed, then
+// CompactFor or PartialFor per decode entry.
 // Narrative: docs/disaggregated.md "The model's side".
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <string>
 
+#include "common/dtype.h"
 #include "common/status.h"
 #include "inference_rank/residency/residency_backend.h"
 #include "kernels/cpu/compact_kv_view.h"
 
 namespace rubato {
 
+// Where the buffers an exchange is handed lie.
+enum class OffloadMemory { kHost, kDevice };
+
 // One entry's new K/V of one layer, as the model computed them (post q/k-norm and RoPE).
 struct OffloadLayerKv {
-  uint64_t session_id = 0;            // the entry's session on the cache rank
-  int start_position = 0;             // position of the first new token
-  int tokens = 0;                     // new tokens (1 in decode, more for a prefill chunk)
-  const float* keys = nullptr;        // [tokens][num_kv_heads][head_dim], f32
-  const float* values = nullptr;      // [tokens][num_kv_heads][head_dim], f32
-  const float* last_query = nullptr;  // [num_heads][head_dim], f32: the last new token's query
+  uint64_t session_id = 0;        // the entry's session on the cache rank
+  int start_position = 0;         // position of the first new token
+  int tokens = 0;                 // new tokens (1 in decode, more for a prefill chunk)
+  const void* keys = nullptr;     // [tokens][num_kv_heads][head_dim], `dtype`
+  const void* values = nullptr;   // [tokens][num_kv_heads][head_dim], `dtype`
+  const void* last_query = nullptr;  // [num_heads][head_dim], `dtype`: the last new token's query
+  DType dtype = DType::kF32;      // of keys, values and last_query
+  OffloadMemory memory = OffloadMemory::kHost;  // where keys, values and last_query lie
+};
+
+// A decode token's attention of one layer computed where its KV lives, over every position
+// [0, position] (its own included): the token's attention output, and the log-sum-exp that lets
+// it be merged with attention over other positions (split-K).
+struct OffloadPartial {
+  const float* output = nullptr;  // [num_heads][head_dim], f32
+  const float* lse = nullptr;     // [num_heads], f32: log(sum of exp(q.k / sqrt(head_dim)))
 };
 
 // What a decode token attends in one layer: rows [0, counts[h]) of the compact buffer for KV
@@ -53,6 +69,16 @@ class KvOffloadExchange {
   // until it has arrived (bounded by the exchange's timeout: kDeadlineExceeded /
   // kUnavailable name the cache rank). Valid until the next LayerComputed or the forward ends.
   virtual Result<OffloadCompactKv> CompactFor(int layer, uint64_t session_id, int position) = 0;
+
+  // Whether decode tokens of `session_id` take their attention from PartialFor (computed where
+  // the KV lives) instead of attending CompactFor's KV.
+  virtual bool ServesPartialAttention(uint64_t /*session_id*/) const { return false; }
+  // The attention of the decode token of `session_id` at `position` in `layer`; blocks like
+  // CompactFor and is valid as long.
+  virtual Result<OffloadPartial> PartialFor(int /*layer*/, uint64_t session_id, int /*position*/) {
+    return FailedPreconditionError("offload: session " + std::to_string(session_id) +
+                                   " is not served partial attention");
+  }
 };
 
 // The engine's handle on a cache rank: sessions per request, the exchange their entries use, and

@@ -104,10 +104,12 @@ TEST_F(OffloadEngineTest, OffloadDenseGivesTheDenseTokensForEveryPackSize) {
                                                         << pack_layers;
       EXPECT_NE(offloaded.at(id).finish, FinishReason::kError) << offloaded.at(id).error.message();
     }
-    // The tiny model has 2 layers: one pack a step for P >= 2, two for P = 1; one reply each.
+    // Attention on the cache rank serves the same step: packs of one layer whatever P asks, so
+    // the tiny model's 2 layers make two packs a step, one reply each.
+    EXPECT_EQ(cache->client().pack_layers(), 1);
     const CacheServiceStats stats = cache->service().Stats();
     EXPECT_GT(stats.packs_received, 0u);
-    EXPECT_EQ(stats.packs_received % (pack_layers == 1 ? 2 : 1), 0u);
+    EXPECT_EQ(stats.packs_received % 2, 0u);
     EXPECT_EQ(stats.store.sessions_open, 0u) << "every finished request closed its session";
   }
 }
@@ -171,6 +173,11 @@ TEST_F(OffloadEngineTest, MetricsCountTheBytesTheWaitsAndTheSessions) {
                               "backend=\"loopback\"}"),
             received);
   EXPECT_GT(sample(inference, "rubato:pack_wait_seconds_count"), 0) << inference;
+  EXPECT_EQ(sample(inference, "rubato:offload_steps_total"),
+            static_cast<double>(cache->client().steps()));
+  EXPECT_GT(cache->client().steps(), 0u);
+  EXPECT_GT(sample(served, "rubato:selection_latency_seconds_count{selector=\"attention\"}"), 0)
+      << served;
   // What one side sent the other received; every session was closed again.
   EXPECT_EQ(sample(served, "rubato:transport_bytes_total{role=\"cache\",direction=\"rx\","
                            "backend=\"loopback\"}"),
@@ -180,6 +187,8 @@ TEST_F(OffloadEngineTest, MetricsCountTheBytesTheWaitsAndTheSessions) {
   EXPECT_EQ(sample(served, "rubato:cache_rank_sessions"), 0) << served;
   EXPECT_EQ(sample(served, "rubato:cache_rank_memory_bytes{kind=\"reserved\"}"), 0);
   EXPECT_EQ(sample(served, "rubato:cache_rank_memory_bytes{kind=\"budget\"}"), 64 << 20);
+  EXPECT_GT(sample(served, "rubato:cache_rank_memory_bytes{kind=\"peak\"}"), 0);
+  EXPECT_EQ(cache->service().Stats().memory, "host");
 }
 
 TEST_F(OffloadEngineTest, ALostCacheRankEndsEveryOffloadedRequestWithAnError) {
@@ -245,7 +254,7 @@ TEST_F(OffloadEngineTest, AnUnknownSelectorIsRefusedByNameWhenTheCacheIsMade) {
   ASSERT_FALSE(cache.ok());
   EXPECT_EQ(cache.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.status().message(),
-            "cache rank: unknown selector 'quest' (known: dense, oracle_topk)");
+            "cache rank: unknown selector 'quest' (known: attention, oracle_topk)");
 }
 
 }  // namespace

@@ -83,6 +83,18 @@ class OffloadedCpuBackend final : public CpuResidencyBackend {
     ResidencyAttention read;
     if (!AttendsCompact(p)) return read;  // a prefill chunk, or position 0: the paged cache
     const OffloadForward& handle = Handle(p.residency);
+    if (handle.exchange->ServesPartialAttention(handle.session_id)) {
+      // Attention on the cache rank: every position [0, start_position] is in its reply, so it
+      // is the token's whole attention output.
+      RUBATO_ASSIGN_OR_RETURN(
+          const OffloadPartial partial,
+          handle.exchange->PartialFor(layer.layer, handle.session_id, p.start_position));
+      const size_t q_dim = static_cast<size_t>(config_.q_dim());
+      std::copy(partial.output, partial.output + q_dim,
+                layer.output + static_cast<size_t>(p.first_token) * q_dim);
+      read.kind = ResidencyAttention::Kind::kWritten;
+      return read;
+    }
     RUBATO_ASSIGN_OR_RETURN(
         const OffloadCompactKv compact,
         handle.exchange->CompactFor(layer.layer, handle.session_id, p.start_position));

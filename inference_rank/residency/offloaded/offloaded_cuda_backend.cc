@@ -33,20 +33,6 @@ Status EnsurePinned(PinnedBuffer& buffer, size_t bytes, const std::string& what)
   return Status::Ok();
 }
 
-// Whether `reply` holds exactly positions [0, position) for every KV head, in order: the whole
-// prefix before a decode token at `position` (a selector that returns every position).
-bool IsWholePrefix(const OffloadCompactKv& reply, int position) {
-  if (reply.positions == nullptr || reply.recent_begin != position) return false;
-  const CompactKvView& view = reply.compact;
-  for (int h = 0; h < view.num_kv_heads; ++h) {
-    if (reply.counts[h] != position) return false;
-    for (int r = 0; r < position; ++r) {
-      if (reply.positions[static_cast<size_t>(h) * view.capacity + r] != r) return false;
-    }
-  }
-  return true;
-}
-
 const OffloadForward& Handle(const ResidencyEntry* entry) {
   return static_cast<const OffloadForward&>(*entry);
 }
@@ -66,8 +52,8 @@ class OffloadedCudaBackend final : public CudaResidencyBackend {
   // Ships the entries' K/V and last query to the exchange and uploads the replies of their
   // decode rows.
   Status LayerComputed(const CudaLayerContext& layer) override;
-  // The offloaded rows two-segment over their replies (or dense over an uploaded whole
-  // prefix), the others dense in runs.
+  // The offloaded rows: the attention output the cache rank computed (copied into their rows),
+  // or two-segment over their compact replies; the others dense in runs.
   Status AttendDecodeRows(const CudaLayerContext& layer, int first_row, int rows,
                           const AttentionWindow& window) override;
 
@@ -83,10 +69,9 @@ class OffloadedCudaBackend final : public CudaResidencyBackend {
   };
   struct Row {  // one attending decode row's reply in `compact_`
     int decode_row = 0;
-    bool prefix = false;     // the whole prefix, as paged blocks (else a compact slab)
-    int first_block = 0;     // prefix: its first block in the upload pool
-    int table_row = 0;       // prefix: its row of the upload block tables
-    int capacity = 0;        // compact: rows per KV head (>= 1)
+    bool written = false;     // attention on the cache rank: its output (else a compact slab)
+    size_t output_offset = 0;  // written: [q_dim] bf16 in `compact_`
+    int capacity = 0;         // compact: rows per KV head (>= 1)
     int recent_tokens = 0;   // L - recent_begin
     size_t keys_offset = 0;  // byte offsets in `compact_` (see `upload_`)
     size_t values_offset = 0;
@@ -94,28 +79,22 @@ class OffloadedCudaBackend final : public CudaResidencyBackend {
     size_t recent_begin_offset = 0;
   };
   std::vector<Entry> entries_;     // batch order
-  std::vector<Row> rows_;          // decode-row order
-  size_t prefix_keys_offset_ = 0;  // the prefix replies' pool and tables in `compact_`
-  size_t prefix_values_offset_ = 0;
-  size_t prefix_tables_offset_ = 0;
-  int prefix_blocks_ = 0;
+  std::vector<Row> rows_;       // decode-row order
   PinnedBuffer download_;  // [offloaded rows][qkv_dim] bf16
   // The replies of one layer, host (`upload_`) then device (`compact_`), each section 256-byte
   // aligned (tensor maps want 16):
-  //   per compact reply, in decode-row order (Row's offsets):
+  //   per reply, in decode-row order (Row's offsets), attention on the cache rank:
+  //     output  [num_heads * head_dim] bf16
+  //   or a compact reply:
   //     keys    [num_kv_heads][capacity][head_dim] bf16, rows past a head's count zero
   //     values  [num_kv_heads][capacity][head_dim] bf16
   //     counts  [num_kv_heads] int32
   //     recent_begin [1] int32
-  //   then the prefix replies' pool and tables:
-  //     keys    [prefix blocks][num_kv_heads][block_tokens][head_dim] bf16 (the local pool's
-  //             layout)
-  //     values  the same
-  //     tables  [prefix rows][decode_table_stride] int32, block ids into that pool, in
-  //             decode-row order (unused entries 0)
   PinnedBuffer upload_;
   cuda::DeviceBuffer<unsigned char> compact_;
-  std::vector<float> f32_;  // the exchange's f32 K/V and queries
+  // The exchange's K/V in the model's dtype, per entry keys [tokens][kv_dim] then values
+  // [tokens][kv_dim], bf16 (a query is read in place in `download_`).
+  std::vector<uint16_t> kv_;
 
   const ModelConfig config_;
 };
@@ -194,32 +173,28 @@ Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
   RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream),
                               "running layer " + std::to_string(layer) + " up to its KV append");
 
-  // f32 copies for the exchange: per entry keys [tokens][kv_dim], values [tokens][kv_dim], the
-  // last token's query [q_dim].
-  size_t floats = 0;
-  for (const Entry& p : entries_) {
-    floats += static_cast<size_t>(p.tokens) * 2 * kv_dim + q_dim;
-  }
-  f32_.resize(floats);
+  // The exchange's inputs in bf16, the model's K/V dtype (the wire's, ConnectOffload): per
+  // entry keys [tokens][kv_dim], values [tokens][kv_dim]; the last token's query in place.
+  size_t elements = 0;
+  for (const Entry& p : entries_) elements += static_cast<size_t>(p.tokens) * 2 * kv_dim;
+  kv_.resize(elements);
   std::vector<OffloadLayerKv> layer_kv;
   layer_kv.reserve(entries_.size());
-  float* out = f32_.data();
-  auto widen = [&out](const __nv_bfloat16* in, size_t count) {
-    const float* begin = out;
-    ConvertToF32(DType::kBF16, in, out, count);
-    out += count;
-    return begin;
-  };
+  uint16_t* out = kv_.data();
   for (const Entry& p : entries_) {
-    const __nv_bfloat16* first = download + static_cast<size_t>(p.download_row) * qkv_dim;
+    const auto* first =
+        reinterpret_cast<const uint16_t*>(download + static_cast<size_t>(p.download_row) * qkv_dim);
     OffloadLayerKv entry_kv{p.session_id, p.start_position, p.tokens, nullptr, nullptr, nullptr};
-    float* keys = out;
-    for (int t = 0; t < p.tokens; ++t) widen(first + t * qkv_dim + q_dim, kv_dim);
-    float* values = out;
-    for (int t = 0; t < p.tokens; ++t) widen(first + t * qkv_dim + q_dim + kv_dim, kv_dim);
-    entry_kv.keys = keys;
-    entry_kv.values = values;
-    entry_kv.last_query = widen(first + static_cast<size_t>(p.tokens - 1) * qkv_dim, q_dim);
+    entry_kv.dtype = DType::kBF16;
+    entry_kv.keys = out;
+    for (int t = 0; t < p.tokens; ++t, out += kv_dim) {
+      std::memcpy(out, first + t * qkv_dim + q_dim, kv_dim * sizeof(uint16_t));
+    }
+    entry_kv.values = out;
+    for (int t = 0; t < p.tokens; ++t, out += kv_dim) {
+      std::memcpy(out, first + t * qkv_dim + q_dim + kv_dim, kv_dim * sizeof(uint16_t));
+    }
+    entry_kv.last_query = first + static_cast<size_t>(p.tokens - 1) * qkv_dim;
     layer_kv.push_back(entry_kv);
   }
   // Every exchange of the batch gets its own entries, in batch order.
@@ -236,20 +211,29 @@ Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
     RUBATO_RETURN_IF_ERROR(exchange->LayerComputed(layer, for_exchange));
   }
 
-  // The replies of the decode rows, narrowed to bf16 into the upload buffer: whole prefixes as
-  // paged blocks, other replies as compact slabs (`upload_` has the layout).
+  // The replies of the decode rows, narrowed to bf16 into the upload buffer (`upload_` has the
+  // layout): the attention output the cache rank computed, or a compact slab.
   const int kv_heads = config_.num_kv_heads;
   const int head_dim = config_.head_dim;
-  const int block_tokens = kv.shape().block_tokens;
-  const int table_stride = context.plan->decode_table_stride;
   rows_.clear();
   std::vector<OffloadCompactKv> replies;
-  std::vector<const Entry*> row_entries;
+  std::vector<OffloadPartial> partials;
   size_t upload_bytes = 0;
-  int prefix_blocks = 0;
-  int prefix_rows = 0;
   for (const Entry& p : entries_) {
     if (!p.attends) continue;
+    Row row;
+    row.decode_row = p.first_row;
+    if (p.exchange->ServesPartialAttention(p.session_id)) {
+      RUBATO_ASSIGN_OR_RETURN(const OffloadPartial partial,
+                              p.exchange->PartialFor(layer, p.session_id, p.start_position));
+      row.written = true;
+      row.output_offset = upload_bytes;
+      upload_bytes += AlignUp(static_cast<size_t>(q_dim) * sizeof(uint16_t));
+      rows_.push_back(row);
+      partials.push_back(partial);
+      replies.emplace_back();
+      continue;
+    }
     RUBATO_ASSIGN_OR_RETURN(const OffloadCompactKv reply,
                             p.exchange->CompactFor(layer, p.session_id, p.start_position));
     const CompactKvView& view = reply.compact;
@@ -269,88 +253,39 @@ Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
                              std::to_string(view.capacity));
       }
     }
-    Row row;
-    row.decode_row = p.first_row;
     row.recent_tokens = p.start_position + 1 - reply.recent_begin;
-    row.prefix = IsWholePrefix(reply, p.start_position);
-    if (row.prefix) {
-      row.first_block = prefix_blocks;
-      row.table_row = prefix_rows++;
-      prefix_blocks += (p.start_position + 1 + block_tokens - 1) / block_tokens;
-    } else {
-      row.capacity = std::max(view.capacity, 1);  // the kernel wants >= 1 row; counts say 0
-      const size_t slab = static_cast<size_t>(kv_heads) * row.capacity * head_dim * 2;
-      row.keys_offset = upload_bytes;
-      row.values_offset = row.keys_offset + AlignUp(slab);
-      row.counts_offset = row.values_offset + AlignUp(slab);
-      row.recent_begin_offset = row.counts_offset + AlignUp(sizeof(int32_t) * kv_heads);
-      upload_bytes = row.recent_begin_offset + AlignUp(sizeof(int32_t));
-    }
+    row.capacity = std::max(view.capacity, 1);  // the kernel wants >= 1 row; counts say 0
+    const size_t slab = static_cast<size_t>(kv_heads) * row.capacity * head_dim * 2;
+    row.keys_offset = upload_bytes;
+    row.values_offset = row.keys_offset + AlignUp(slab);
+    row.counts_offset = row.values_offset + AlignUp(slab);
+    row.recent_begin_offset = row.counts_offset + AlignUp(sizeof(int32_t) * kv_heads);
+    upload_bytes = row.recent_begin_offset + AlignUp(sizeof(int32_t));
     rows_.push_back(row);
     replies.push_back(reply);
-    row_entries.push_back(&p);
+    partials.emplace_back();
   }
   if (rows_.empty()) return Status::Ok();
   // Offloaded decode rows are all dense-kind rows, which the forward plan numbers in batch
-  // order: OffloadedDecodeAttention's binary search and the prefix tables rely on it.
+  // order: AttendDecodeRows' binary search relies on it.
   if (!std::is_sorted(rows_.begin(), rows_.end(),
                       [](const Row& a, const Row& b) { return a.decode_row < b.decode_row; })) {
     return InternalError("layer " + std::to_string(layer) +
                          ": the offloaded decode rows are not in row order");
   }
-  // The prefix rows' blocks: keys [blocks][kv_heads][block_tokens][head_dim] bf16, values the
-  // same, then their block tables [prefix rows][decode_table_stride] int32.
-  const size_t block_elements = static_cast<size_t>(kv_heads) * block_tokens * head_dim;
-  const size_t pool_bytes = static_cast<size_t>(prefix_blocks) * block_elements * 2;
-  prefix_keys_offset_ = upload_bytes;
-  prefix_values_offset_ = prefix_keys_offset_ + AlignUp(pool_bytes);
-  prefix_tables_offset_ = prefix_values_offset_ + AlignUp(pool_bytes);
-  prefix_blocks_ = prefix_blocks;
-  upload_bytes = prefix_tables_offset_ +
-                 AlignUp(sizeof(int32_t) * static_cast<size_t>(prefix_rows) * table_stride);
-
-  RUBATO_RETURN_IF_ERROR(EnsurePinned(upload_, upload_bytes, "the compact KV replies"));
+  RUBATO_RETURN_IF_ERROR(EnsurePinned(upload_, upload_bytes, "the offloaded decode replies"));
   RUBATO_RETURN_IF_ERROR(
-      cuda::GrowTo(compact_, upload_bytes, "the compact KV replies on the device"));
+      cuda::GrowTo(compact_, upload_bytes, "the offloaded decode replies on the device"));
   std::byte* upload = upload_.data();
-  auto* pool_keys = reinterpret_cast<uint16_t*>(upload + prefix_keys_offset_);
-  auto* pool_values = reinterpret_cast<uint16_t*>(upload + prefix_values_offset_);
-  auto* tables = reinterpret_cast<int32_t*>(upload + prefix_tables_offset_);
-  std::fill_n(tables, static_cast<size_t>(prefix_rows) * table_stride, 0);
   for (size_t r = 0; r < rows_.size(); ++r) {
     const Row& row = rows_[r];
-    const OffloadCompactKv& reply = replies[r];
-    const CompactKvView& view = reply.compact;
-    if (row.prefix) {
-      // Positions [0, p) from the reply, p (the token itself) from its downloaded q|k|v row.
-      const int position = row_entries[r]->start_position;
-      const auto* own = reinterpret_cast<const uint16_t*>(
-          download + static_cast<size_t>(row_entries[r]->download_row) * qkv_dim);
-      const int blocks = (position + 1 + block_tokens - 1) / block_tokens;
-      int32_t* table = tables + static_cast<size_t>(row.table_row) * table_stride;
-      for (int b = 0; b < blocks; ++b) table[b] = row.first_block + b;
-      // Every slot of the row's blocks is written: past the token itself, zeros.
-      for (int t = 0; t < blocks * block_tokens; ++t) {
-        const size_t block = static_cast<size_t>(row.first_block + t / block_tokens);
-        for (int h = 0; h < kv_heads; ++h) {
-          const size_t at = block * block_elements +
-                            (static_cast<size_t>(h) * block_tokens + t % block_tokens) * head_dim;
-          if (t > position) {
-            std::memset(pool_keys + at, 0, head_dim * sizeof(uint16_t));
-            std::memset(pool_values + at, 0, head_dim * sizeof(uint16_t));
-          } else if (t < position) {
-            ConvertFromF32(DType::kBF16, view.keys + view.Offset(h, t), pool_keys + at, head_dim);
-            ConvertFromF32(DType::kBF16, view.values + view.Offset(h, t), pool_values + at,
-                           head_dim);
-          } else {
-            std::memcpy(pool_keys + at, own + q_dim + h * head_dim, head_dim * sizeof(uint16_t));
-            std::memcpy(pool_values + at, own + q_dim + kv_dim + h * head_dim,
-                        head_dim * sizeof(uint16_t));
-          }
-        }
-      }
+    if (row.written) {
+      ConvertFromF32(DType::kBF16, partials[r].output, upload + row.output_offset,
+                     static_cast<size_t>(q_dim));
       continue;
     }
+    const OffloadCompactKv& reply = replies[r];
+    const CompactKvView& view = reply.compact;
     auto* keys = reinterpret_cast<uint16_t*>(upload + row.keys_offset);
     auto* values = reinterpret_cast<uint16_t*>(upload + row.values_offset);
     auto* counts = reinterpret_cast<int32_t*>(upload + row.counts_offset);
@@ -369,16 +304,13 @@ Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
   }
   return cuda::CudaStatus(
       cudaMemcpyAsync(compact_.data(), upload, upload_bytes, cudaMemcpyHostToDevice, stream),
-      "copying the compact KV replies of layer " + std::to_string(layer) + " to the device");
+      "copying the offloaded decode replies of layer " + std::to_string(layer) + " to the device");
 }
 
 Status OffloadedCudaBackend::AttendDecodeRows(const CudaLayerContext& context, int first_row,
                                               int rows, const AttentionWindow& window) {
   const unsigned char* base = compact_.data();
-  // Consecutive rows of one kind share a launch: local rows the dense kernel over the local
-  // cache, prefix rows the dense kernel over their uploaded blocks (the same launch shape as
-  // local dense when every decode row is one, hence the same bits).
-  enum class Kind { kLocal, kPrefix, kCompact };
+  const size_t q_dim = static_cast<size_t>(config_.q_dim());
   // rows_ is in decode-row order (built in batch order): found by binary search.
   auto offloaded = [&](int row) {
     const auto it =
@@ -386,16 +318,19 @@ Status OffloadedCudaBackend::AttendDecodeRows(const CudaLayerContext& context, i
                          [](const Row& r, int decode_row) { return r.decode_row < decode_row; });
     return it != rows_.end() && it->decode_row == row ? it : rows_.end();
   };
-  auto kind_of = [&](int row) {
-    const auto it = offloaded(row);
-    if (it == rows_.end()) return Kind::kLocal;
-    return it->prefix ? Kind::kPrefix : Kind::kCompact;
-  };
   int row = first_row;
   while (row < first_row + rows) {
-    const Kind kind = kind_of(row);
-    if (kind == Kind::kCompact) {
-      const auto it = offloaded(row);
+    const auto it = offloaded(row);
+    if (it != rows_.end() && it->written) {  // the cache rank's attention output, as it is
+      RUBATO_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(context.attention + static_cast<size_t>(row) * q_dim,
+                          base + it->output_offset, q_dim * sizeof(__nv_bfloat16),
+                          cudaMemcpyDeviceToDevice, context.stream),
+          "copying the cache rank's attention output of decode row " + std::to_string(row));
+      ++row;
+      continue;
+    }
+    if (it != rows_.end()) {  // a compact reply and the recent segment
       cuda::DecodeAttentionParams two_segment = context.DecodeRows(row, 1);
       two_segment.compact_keys = reinterpret_cast<const __nv_bfloat16*>(base + it->keys_offset);
       two_segment.compact_values = reinterpret_cast<const __nv_bfloat16*>(base + it->values_offset);
@@ -407,20 +342,12 @@ Status OffloadedCudaBackend::AttendDecodeRows(const CudaLayerContext& context, i
       ++row;
       continue;
     }
+    // A run of local rows: dense over the local cache.
     int end = row + 1;
-    while (end < first_row + rows && kind_of(end) == kind) ++end;
+    while (end < first_row + rows && offloaded(end) == rows_.end()) ++end;
     cuda::DecodeAttentionParams params = context.DecodeRows(row, end - row);
     params.sink_tokens = window.sink_tokens;
     params.recent_tokens = window.recent_tokens;
-    if (kind == Kind::kPrefix) {
-      // Prefix rows were numbered in decode-row order: a run's table rows are consecutive.
-      params.key_pool = reinterpret_cast<const __nv_bfloat16*>(base + prefix_keys_offset_);
-      params.value_pool = reinterpret_cast<const __nv_bfloat16*>(base + prefix_values_offset_);
-      params.num_pool_blocks = prefix_blocks_;
-      const auto* tables = reinterpret_cast<const int32_t*>(base + prefix_tables_offset_);
-      params.block_tables = tables + static_cast<size_t>(offloaded(row)->table_row) *
-                                         context.plan->decode_table_stride;
-    }
     RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(params, context.stream));
     row = end;
   }

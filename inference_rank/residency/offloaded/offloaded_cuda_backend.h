@@ -1,9 +1,10 @@
 // The offloaded residency's model half on the CUDA model (cuda_residency_backend.h): per layer,
 // after the local KV append, its entries' new K/V (and last query) go to their exchange through
-// pinned host memory, and their decode rows attend what it returns: a whole prefix as paged
-// blocks with the dense kernel (local dense's bits), a compact selection plus the recent segment
-// with the two-segment kernel. Synchronous per layer (it waits on the host for the exchange),
-// hence not graph-replayable: the correctness path. docs/cuda_model.md "Offloaded entries".
+// pinned host memory in bf16, and their decode rows take what it returns: the attention output
+// the cache rank computed (dense), or a compact selection attended with the recent segment by
+// the two-segment kernel (oracle_topk). Synchronous per layer (it waits on the host for the
+// exchange), hence not graph-replayable: the path of host cache ranks; a GPU cache rank in this
+// process is gpu_cache_residency.h. docs/cuda_model.md "Offloaded entries".
 #pragma once
 
 #include <memory>

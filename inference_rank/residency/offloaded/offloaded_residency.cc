@@ -2,9 +2,12 @@
 // offloaded_residency.h).
 #include "inference_rank/residency/offloaded/offloaded_residency.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <utility>
 
 #include "common/logging.h"
@@ -37,6 +40,10 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSele
   CacheClientOptions options;
   options.pack_layers = config.topology.pack_layers;
   options.selection = selection;
+  // The wire and the cache rank's store in the model's K/V dtype: the CUDA model's engine.dtype,
+  // the CPU model's f32.
+  options.kv_dtype =
+      config.engine.backend == EngineSection::Backend::kCuda ? config.engine.dtype : DType::kF32;
   // A reply may wait for a whole pack of another request's prefill: the control plane's
   // deadline, not the heartbeat, bounds it; a lost cache rank ends it sooner.
   options.timeout = std::chrono::milliseconds(
@@ -56,8 +63,12 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSele
                             ReconnectingCacheRank::Connect(std::move(connect), backoff));
     target.client = target.remote.get();
   } else {
-    RUBATO_ASSIGN_OR_RETURN(target.colocated,
-                            ColocatedCacheRank::Create(model, options, CacheServiceOptions()));
+    // The colocated cache rank's storage from the config's cache section (on the engine's GPU
+    // unless cache.device names another).
+    const int device = config.cache.device >= 0 ? config.cache.device : config.engine.device;
+    RUBATO_ASSIGN_OR_RETURN(const CacheServiceOptions service,
+                            CacheServiceOptionsFromConfig(config.cache, device));
+    RUBATO_ASSIGN_OR_RETURN(target.colocated, ColocatedCacheRank::Create(model, options, service));
     target.client = &target.colocated->client();
   }
   return target;
@@ -112,14 +123,39 @@ Status OffloadedResidency::RegisterMetrics(MetricsRegistry& registry) {
   return client != nullptr ? client->RegisterMetrics(registry) : Status::Ok();
 }
 
+// " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=..." (the run's totals), then
+// per step (a forward that offloaded K/V) the bytes each way and the exposed wait (time blocked on
+// replies), and the cache rank's selection time (its replies, attention on the cache rank
+// included) and peak KV memory (of its storage: host, pinned or device).
 std::string OffloadedResidency::StatsLine() const {
   const CacheRankClient* client = data_client();
   if (client == nullptr) return "";
-  char text[160];
-  std::snprintf(
-      text, sizeof(text), " offload_bytes_sent=%llu offload_bytes_received=%llu pack_wait_ms=%.1f",
-      static_cast<unsigned long long>(client->bytes_sent()),
-      static_cast<unsigned long long>(client->bytes_received()), client->pack_wait_seconds() * 1e3);
+  const double steps = static_cast<double>(std::max<uint64_t>(client->steps(), 1));
+  std::string text = fmt::format(
+      " offload_bytes_sent={} offload_bytes_received={} pack_wait_ms={:.1f} offload_steps={} "
+      "step_bytes_sent={:.0f} step_bytes_received={:.0f} step_wait_ms={:.3f}",
+      client->bytes_sent(), client->bytes_received(), client->pack_wait_seconds() * 1e3,
+      client->steps(), static_cast<double>(client->bytes_sent()) / steps,
+      static_cast<double>(client->bytes_received()) / steps,
+      client->pack_wait_seconds() * 1e3 / steps);
+  if (target_.colocated != nullptr) {
+    const CacheServiceStats stats = target_.colocated->service().Stats();
+    text += fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={} cache_memory={}",
+                        stats.selection_seconds * 1e3, stats.store.bytes_reserved_peak,
+                        stats.memory);
+  } else if (target_.remote != nullptr) {
+    // The cache rank's own counters (Stats RPC); a cache rank that does not answer leaves them
+    // out of the line rather than failing a finished run.
+    const Result<rpc::StatsResponse> stats = target_.remote->current().rpc().Stats();
+    if (stats.ok()) {
+      const auto counter = [&](const std::string& name) {
+        const auto found = stats->counters().find(name);
+        return found == stats->counters().end() ? 0.0 : found->second;
+      };
+      text += fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={:.0f}",
+                          counter("selection_seconds") * 1e3, counter("bytes_reserved_peak"));
+    }
+  }
   return text;
 }
 

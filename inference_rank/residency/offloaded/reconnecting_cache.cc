@@ -71,6 +71,15 @@ Result<OffloadCompactKv> ReconnectingCacheRank::CompactFor(int layer, uint64_t s
   return current_->client().CompactFor(layer, session_id, position);
 }
 
+bool ReconnectingCacheRank::ServesPartialAttention(uint64_t session_id) const {
+  return current_->client().ServesPartialAttention(session_id);
+}
+
+Result<OffloadPartial> ReconnectingCacheRank::PartialFor(int layer, uint64_t session_id,
+                                                         int position) {
+  return current_->client().PartialFor(layer, session_id, position);
+}
+
 Status ReconnectingCacheRank::RegisterMetrics(MetricsRegistry& registry) {
   std::lock_guard<std::mutex> lock(mutex_);
   RUBATO_RETURN_IF_ERROR(current_->RegisterMetrics(registry));

@@ -47,6 +47,8 @@ class ReconnectingCacheRank final : public KvOffloadClient {
   // The data plane; only called for open sessions, so never during a swap (no lock).
   Status LayerComputed(int layer, std::span<const OffloadLayerKv> entries) override;
   Result<OffloadCompactKv> CompactFor(int layer, uint64_t session_id, int position) override;
+  bool ServesPartialAttention(uint64_t session_id) const override;
+  Result<OffloadPartial> PartialFor(int layer, uint64_t session_id, int position) override;
 
   // RemoteCacheRank::RegisterMetrics for every connection (the same children carry on), and
   // rubato:cache_link_up (1 while Broken() is ok), read at each scrape. `registry` must not be
