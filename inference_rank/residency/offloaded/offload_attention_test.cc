@@ -15,6 +15,7 @@
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/cpu_model.h"
 #include "inference_rank/residency/offloaded/colocated_cache.h"
+#include "inference_rank/residency/offloaded/offloaded_residency.h"
 #include "tests/golden_reference.h"
 
 namespace rubato {
@@ -67,7 +68,9 @@ std::vector<int> Greedy(const std::string& dir, const std::vector<int>& prompt, 
   options.max_context = 512;  // the golden prompts have up to 246 tokens
   options.prefill_chunk = 64;
   options.num_threads = 2;
-  options.offload = cache != nullptr ? &cache->client() : nullptr;
+  if (cache != nullptr) {
+    options.residency = std::make_shared<OffloadedResidency>(cache->client(), &cache->client());
+  }
   auto engine = Engine::Create(std::move(model), options);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   if (!engine.ok()) return {};
@@ -177,7 +180,7 @@ TEST(OffloadAttention, BytesPerStepDoNotGrowWithTheContext) {
   options.max_batch = 1;
   options.max_context = 256;
   options.num_threads = 2;
-  options.offload = &cache->client();
+  options.residency = std::make_shared<OffloadedResidency>(cache->client(), &cache->client());
   auto engine = Engine::Create(std::move(model), options);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   GenerationRequest request;

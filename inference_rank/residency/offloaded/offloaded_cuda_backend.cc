@@ -154,7 +154,6 @@ Status OffloadedCudaBackend::PlanStep(std::span<const ForwardEntry> batch,
 Status OffloadedCudaBackend::LayerComputed(const CudaLayerContext& context) {
   const int layer = context.layer;
   const cudaStream_t stream = context.stream;
-  const DeviceKvStorage& kv = *context.kv;
   const int q_dim = config_.q_dim();
   const int kv_dim = config_.kv_dim();
   const size_t qkv_dim = static_cast<size_t>(q_dim + 2 * kv_dim);
