@@ -195,6 +195,13 @@ TEST_F(CliBadInputTest, CacheSectionKeysAreRefusedByName) {
   yaml = WriteYaml("cache:\n  memory: device\n");
   ExpectCleanFailure(RunProcess(RUBATO_BINARY, {"cache", "--config", yaml.string()}),
                      {"cache.memory 'device'"});
+  // A GPU cache rank in the inference rank's process needs the CUDA model, and runs attention
+  // there: a policy that selects rows on the cache rank is refused by name.
+  ExpectCleanFailure(Generate({"--config", yaml.string(), "--kv-residency", "offloaded"}),
+                     {"cache.memory: device"});
+  ExpectCleanFailure(Generate({"--config", yaml.string(), "--kv-residency", "offloaded",
+                               "--policy", "oracle_topk"}),
+                     {"cache.memory: device", "oracle_topk"});
 }
 
 TEST_F(CliBadInputTest, TheColocatedCacheRankEnforcesTheConfigsBudget) {

@@ -29,8 +29,10 @@ Result<CacheServiceOptions> CacheServiceOptionsFromConfig(const CacheSection& ca
       return UnsupportedError(memory + ": this rubato was built without CUDA");
 #endif
     case CacheSection::Memory::kDevice:
-      return UnsupportedError(memory + ": this build's cache rank keeps KV in host memory "
-                              "(pageable or pinned)");
+      return UnsupportedError(memory +
+                              ": a cache rank of its own process keeps KV in host memory "
+                              "(pageable or pinned); a GPU cache rank runs in the inference "
+                              "rank's process (topology.mode: colocated, engine.backend: cuda)");
   }
   return options;
 }

@@ -25,13 +25,13 @@ enum class OffloadMemory { kHost, kDevice };
 
 // One entry's new K/V of one layer, as the model computed them (post q/k-norm and RoPE).
 struct OffloadLayerKv {
-  uint64_t session_id = 0;        // the entry's session on the cache rank
-  int start_position = 0;         // position of the first new token
-  int tokens = 0;                 // new tokens (1 in decode, more for a prefill chunk)
-  const void* keys = nullptr;     // [tokens][num_kv_heads][head_dim], `dtype`
-  const void* values = nullptr;   // [tokens][num_kv_heads][head_dim], `dtype`
+  uint64_t session_id = 0;           // the entry's session on the cache rank
+  int start_position = 0;            // position of the first new token
+  int tokens = 0;                    // new tokens (1 in decode, more for a prefill chunk)
+  const void* keys = nullptr;        // [tokens][num_kv_heads][head_dim], `dtype`
+  const void* values = nullptr;      // [tokens][num_kv_heads][head_dim], `dtype`
   const void* last_query = nullptr;  // [num_heads][head_dim], `dtype`: the last new token's query
-  DType dtype = DType::kF32;      // of keys, values and last_query
+  DType dtype = DType::kF32;         // of keys, values and last_query
   OffloadMemory memory = OffloadMemory::kHost;  // where keys, values and last_query lie
 };
 

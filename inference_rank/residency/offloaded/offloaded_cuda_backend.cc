@@ -69,18 +69,18 @@ class OffloadedCudaBackend final : public CudaResidencyBackend {
   };
   struct Row {  // one attending decode row's reply in `compact_`
     int decode_row = 0;
-    bool written = false;     // attention on the cache rank: its output (else a compact slab)
+    bool written = false;      // attention on the cache rank: its output (else a compact slab)
     size_t output_offset = 0;  // written: [q_dim] bf16 in `compact_`
-    int capacity = 0;         // compact: rows per KV head (>= 1)
-    int recent_tokens = 0;   // L - recent_begin
-    size_t keys_offset = 0;  // byte offsets in `compact_` (see `upload_`)
+    int capacity = 0;          // compact: rows per KV head (>= 1)
+    int recent_tokens = 0;     // L - recent_begin
+    size_t keys_offset = 0;    // byte offsets in `compact_` (see `upload_`)
     size_t values_offset = 0;
     size_t counts_offset = 0;
     size_t recent_begin_offset = 0;
   };
-  std::vector<Entry> entries_;     // batch order
+  std::vector<Entry> entries_;  // batch order
   std::vector<Row> rows_;       // decode-row order
-  PinnedBuffer download_;  // [offloaded rows][qkv_dim] bf16
+  PinnedBuffer download_;       // [offloaded rows][qkv_dim] bf16
   // The replies of one layer, host (`upload_`) then device (`compact_`), each section 256-byte
   // aligned (tensor maps want 16):
   //   per reply, in decode-row order (Row's offsets), attention on the cache rank:

@@ -15,6 +15,7 @@
 #include "inference_rank/residency/offloaded/remote_cache.h"
 
 #ifdef RUBATO_HAS_CUDA
+#include "inference_rank/residency/offloaded/gpu_cache_residency.h"
 #include "inference_rank/residency/offloaded/offloaded_cuda_backend.h"
 #endif
 
@@ -140,9 +141,9 @@ std::string OffloadedResidency::StatsLine() const {
       client->pack_wait_seconds() * 1e3 / steps);
   if (target_.colocated != nullptr) {
     const CacheServiceStats stats = target_.colocated->service().Stats();
-    text += fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={} cache_memory={}",
-                        stats.selection_seconds * 1e3, stats.store.bytes_reserved_peak,
-                        stats.memory);
+    text +=
+        fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={} cache_memory={}",
+                    stats.selection_seconds * 1e3, stats.store.bytes_reserved_peak, stats.memory);
   } else if (target_.remote != nullptr) {
     // The cache rank's own counters (Stats RPC); a cache rank that does not answer leaves them
     // out of the line rather than failing a finished run.
@@ -168,6 +169,20 @@ Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup
     RUBATO_ASSIGN_OR_RETURN(selection, setup.policy->MakeCacheSelector());
   }
   const RubatoConfig config = setup.config != nullptr ? *setup.config : DefaultConfig();
+  if (config.cache.memory == CacheSection::Memory::kDevice &&
+      config.topology.mode == TopologySection::Mode::kColocated) {
+    // The cache rank on a GPU of this process: its store, its attention, no host in the step.
+#ifdef RUBATO_HAS_CUDA
+    const int max_context = config.engine.max_context > 0 ? config.engine.max_context
+                                                          : setup.model->max_position_embeddings;
+    auto residency = std::make_shared<GpuCacheResidency>(
+        config.cache, max_context, config.engine.max_batch + config.engine.prefill_chunk);
+    RUBATO_RETURN_IF_ERROR(residency->Check(setup.policy));
+    return std::shared_ptr<Residency>(std::move(residency));
+#else
+    return UnsupportedError("cache.memory: device needs a CUDA build of rubato");
+#endif
+  }
   RUBATO_ASSIGN_OR_RETURN(OffloadTarget target, ConnectOffload(config, selection, *setup.model));
   return std::shared_ptr<Residency>(std::make_shared<OffloadedResidency>(std::move(target)));
 }
