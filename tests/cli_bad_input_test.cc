@@ -199,8 +199,8 @@ TEST_F(CliBadInputTest, CacheSectionKeysAreRefusedByName) {
   // there: a policy that selects rows on the cache rank is refused by name.
   ExpectCleanFailure(Generate({"--config", yaml.string(), "--kv-residency", "offloaded"}),
                      {"cache.memory: device"});
-  ExpectCleanFailure(Generate({"--config", yaml.string(), "--kv-residency", "offloaded",
-                               "--policy", "oracle_topk"}),
+  ExpectCleanFailure(Generate({"--config", yaml.string(), "--kv-residency", "offloaded", "--policy",
+                               "oracle_topk"}),
                      {"cache.memory: device", "oracle_topk"});
 }
 
