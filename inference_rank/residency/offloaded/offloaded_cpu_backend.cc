@@ -6,14 +6,10 @@
 #include <vector>
 
 #include "inference_rank/residency/offloaded/kv_offload.h"
+#include "inference_rank/residency/offloaded/offloaded_entries.h"
 
 namespace rubato {
 namespace {
-
-// The handle the offloaded residency's engine half set (ForwardEntry::residency).
-const OffloadForward& Handle(const ResidencyEntry* entry) {
-  return static_cast<const OffloadForward&>(*entry);
-}
 
 // A one-token entry past position 0 attends the exchange's compact KV.
 bool AttendsCompact(const CpuEntryRows& p) { return p.tokens == 1 && p.start_position > 0; }
@@ -26,29 +22,7 @@ class OffloadedCpuBackend final : public CpuResidencyBackend {
 
   Status CheckBatch(std::span<const ForwardEntry> batch,
                     const AttentionWindow& window) const override {
-    for (size_t e = 0; e < batch.size(); ++e) {
-      const ForwardEntry& entry = batch[e];
-      if (entry.residency == nullptr) continue;
-      const std::string where = "forward: batch entry " + std::to_string(e);
-      if (dynamic_cast<const OffloadForward*>(entry.residency) == nullptr) {
-        return InvalidArgumentError(where + ": a residency handle not made by offloaded KV");
-      }
-      if (Handle(entry.residency).exchange == nullptr) {
-        return InvalidArgumentError(where + ": offloaded entry without an exchange");
-      }
-      if (entry.attention != nullptr) {
-        return InvalidArgumentError(where +
-                                    " is offloaded and has a local attention plan (an "
-                                    "offloaded entry attends what its cache rank returns)");
-      }
-      if (entry.slots != nullptr) {
-        return InvalidArgumentError(where + " is both offloaded and on slot arrays");
-      }
-      if (!window.IsDense()) {
-        return InvalidArgumentError(where + ": offloaded entries need a dense forward window");
-      }
-    }
-    return Status::Ok();
+    return CheckOffloadedEntries(batch, window);
   }
 
   Status LayerComputed(const CpuLayerContext& layer) override {
@@ -58,7 +32,7 @@ class OffloadedCpuBackend final : public CpuResidencyBackend {
     exchanges_.clear();
     for (const CpuEntryRows& p : layer.entries) {
       if (p.residency == nullptr) continue;
-      KvOffloadExchange* exchange = Handle(p.residency).exchange;
+      KvOffloadExchange* exchange = OffloadHandle(p.residency).exchange;
       if (std::find(exchanges_.begin(), exchanges_.end(), exchange) == exchanges_.end()) {
         exchanges_.push_back(exchange);
       }
@@ -66,10 +40,10 @@ class OffloadedCpuBackend final : public CpuResidencyBackend {
     for (KvOffloadExchange* exchange : exchanges_) {
       layer_kv_.clear();
       for (const CpuEntryRows& p : layer.entries) {
-        if (p.residency == nullptr || Handle(p.residency).exchange != exchange) continue;
+        if (p.residency == nullptr || OffloadHandle(p.residency).exchange != exchange) continue;
         const size_t row = static_cast<size_t>(p.first_token);
         const size_t last = row + static_cast<size_t>(p.tokens) - 1;
-        layer_kv_.push_back(OffloadLayerKv{Handle(p.residency).session_id, p.start_position,
+        layer_kv_.push_back(OffloadLayerKv{OffloadHandle(p.residency).session_id, p.start_position,
                                            p.tokens, layer.k + row * kv_dim, layer.v + row * kv_dim,
                                            layer.q + last * q_dim});
       }
@@ -82,7 +56,7 @@ class OffloadedCpuBackend final : public CpuResidencyBackend {
     const CpuEntryRows& p = layer.entries[static_cast<size_t>(entry)];
     ResidencyAttention read;
     if (!AttendsCompact(p)) return read;  // a prefill chunk, or position 0: the paged cache
-    const OffloadForward& handle = Handle(p.residency);
+    const OffloadForward& handle = OffloadHandle(p.residency);
     if (handle.exchange->ServesPartialAttention(handle.session_id)) {
       // Attention on the cache rank: every position [0, start_position] is in its reply, so it
       // is the token's whole attention output.

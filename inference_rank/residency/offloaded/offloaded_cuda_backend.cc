@@ -13,6 +13,7 @@
 #include "common/dtype.h"
 #include "inference_rank/model/cuda_pinned_buffer.h"
 #include "inference_rank/residency/offloaded/kv_offload.h"
+#include "inference_rank/residency/offloaded/offloaded_entries.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/device_buffer.h"
@@ -31,10 +32,6 @@ Status EnsurePinned(PinnedBuffer& buffer, size_t bytes, const std::string& what)
   buffer = PinnedBuffer();
   RUBATO_ASSIGN_OR_RETURN(buffer, PinnedBuffer::Allocate(std::bit_ceil(bytes), what));
   return Status::Ok();
-}
-
-const OffloadForward& Handle(const ResidencyEntry* entry) {
-  return static_cast<const OffloadForward&>(*entry);
 }
 
 class OffloadedCudaBackend final : public CudaResidencyBackend {
@@ -101,29 +98,7 @@ class OffloadedCudaBackend final : public CudaResidencyBackend {
 
 Status OffloadedCudaBackend::CheckBatch(std::span<const ForwardEntry> batch,
                                         const AttentionWindow& window) const {
-  for (size_t e = 0; e < batch.size(); ++e) {
-    const ForwardEntry& entry = batch[e];
-    if (entry.residency == nullptr) continue;
-    const std::string where = "forward: batch entry " + std::to_string(e);
-    if (dynamic_cast<const OffloadForward*>(entry.residency) == nullptr) {
-      return InvalidArgumentError(where + ": a residency handle not made by offloaded KV");
-    }
-    if (Handle(entry.residency).exchange == nullptr) {
-      return InvalidArgumentError(where + ": offloaded entry without an exchange");
-    }
-    if (entry.attention != nullptr) {
-      return InvalidArgumentError(where +
-                                  " is offloaded and has a local attention plan (an "
-                                  "offloaded entry attends what its cache rank returns)");
-    }
-    if (entry.slots != nullptr) {
-      return InvalidArgumentError(where + " is both offloaded and on slot arrays");
-    }
-    if (!window.IsDense()) {
-      return InvalidArgumentError(where + ": offloaded entries need a dense forward window");
-    }
-  }
-  return Status::Ok();
+  return CheckOffloadedEntries(batch, window);
 }
 
 Status OffloadedCudaBackend::PlanStep(std::span<const ForwardEntry> batch,
@@ -135,8 +110,8 @@ Status OffloadedCudaBackend::PlanStep(std::span<const ForwardEntry> batch,
     const ForwardEntry& entry = batch[e];
     if (entry.residency == nullptr) continue;
     Entry p;
-    p.exchange = Handle(entry.residency).exchange;
-    p.session_id = Handle(entry.residency).session_id;
+    p.exchange = OffloadHandle(entry.residency).exchange;
+    p.session_id = OffloadHandle(entry.residency).session_id;
     p.first_row = plan.entry_first_row[e];
     p.tokens = static_cast<int>(entry.tokens.size());
     p.start_position = entry.start_position;
