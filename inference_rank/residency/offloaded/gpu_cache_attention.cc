@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "inference_rank/model/cuda_forward_plan.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/kv_append.cuh"
@@ -47,7 +48,10 @@ Result<std::unique_ptr<GpuCacheAttention>> GpuCacheAttention::Create(
   self->config_ = config;
   self->options_ = options;
   self->same_device_ = options.model_device == options.cache_device;
-  self->table_stride_ = CeilDiv(options.max_context, options.block_tokens);
+  // The model's decode attention bucket (cuda_forward_plan.h) may pass the longest session: the
+  // grid's bound (PlanStep's max_seq_len), the tables' width and the workspace allow for it.
+  self->max_seq_len_bound_ = DecodeSeqLenBucket(options.max_context, INT32_MAX);
+  self->table_stride_ = CeilDiv(self->max_seq_len_bound_, options.block_tokens);
 
   KvCacheShape shape;
   shape.num_layers = config.num_layers;
@@ -112,7 +116,7 @@ Result<std::unique_ptr<GpuCacheAttention>> GpuCacheAttention::Create(
         cuda::DeviceBuffer<__nv_bfloat16>::Allocate(rows * config.q_dim(), "cache attention rows"));
   }
   const size_t workspace = cuda::DecodeAttentionWorkspaceBytes(
-      options.max_rows, config.num_heads, config.head_dim, options.max_context, false);
+      options.max_rows, config.num_heads, config.head_dim, self->max_seq_len_bound_, false);
   RUBATO_ASSIGN_OR_RETURN(self->workspace_,
                           cuda::DeviceBuffer<unsigned char>::Allocate(
                               std::max<size_t>(workspace, 1), "cache decode attention workspace"));
@@ -271,10 +275,11 @@ Status GpuCacheAttention::PlanStep(std::span<const Row> rows, int decode_rows, c
     std::fill(table + blocks, table + table_stride_, 0);
   }
   if (max_seq_len != 0) {
-    if (max_seq_len < max_seq_len_ || max_seq_len > options_.max_context) {
+    if (max_seq_len < max_seq_len_ || max_seq_len > max_seq_len_bound_) {
       return InvalidArgumentError("GPU cache attention: max_seq_len " +
                                   std::to_string(max_seq_len) + " below the decode rows' " +
-                                  std::to_string(max_seq_len_) + " keys or past max_context");
+                                  std::to_string(max_seq_len_) + " keys or past " +
+                                  std::to_string(max_seq_len_bound_));
     }
     max_seq_len_ = max_seq_len;
   }
@@ -373,14 +378,20 @@ Status GpuCacheAttention::Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat
     }
   }
   RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecord(output_ready_, cache_stream_), where);
+  // Inside a capture a timing event must be an external record node to stay a real record.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   if (measure_waits_) {
-    RUBATO_CUDA_RETURN_IF_ERROR(
-        cudaEventRecordWithFlags(wait_begin_[layer], main, cudaEventRecordExternal), where);
+    RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(main, &capturing), where);
+  }
+  const unsigned record_flags =
+      capturing == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault;
+  if (measure_waits_) {
+    RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(wait_begin_[layer], main, record_flags),
+                                where);
   }
   RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(main, output_ready_, 0), where);
   if (!measure_waits_) return Status::Ok();
-  return cuda::CudaStatus(cudaEventRecordWithFlags(wait_end_[layer], main, cudaEventRecordExternal),
-                          where);
+  return cuda::CudaStatus(cudaEventRecordWithFlags(wait_end_[layer], main, record_flags), where);
 }
 
 }  // namespace rubato

@@ -63,7 +63,8 @@ class GpuCacheAttention {
   // (attended; their output written back), the rest prefill rows (appended only). Uploads the
   // step inputs on the cache stream; `main` waits for them before its next work.
   // `max_seq_len`: a bound of the decode rows' keys (position + 1) that fixes the attention
-  // grid (the model's graph-stable bucket); 0: their maximum.
+  // grid (the model's graph-stable bucket, DecodeSeqLenBucket, at most that of max_context);
+  // 0: their maximum.
   Status PlanStep(std::span<const Row> rows, int decode_rows, cudaStream_t main,
                   int max_seq_len = 0);
 
@@ -108,7 +109,8 @@ class GpuCacheAttention {
   DeviceKvStorage* pools_ = nullptr;     // [layer][block][kv_head][block_tokens][head_dim] bf16
   std::vector<KvSequence> sessions_;     // by session id
   std::vector<bool> open_;
-  int table_stride_ = 0;  // blocks per session row of the step's block tables
+  int max_seq_len_bound_ = 0;  // the largest decode attention grid bound PlanStep takes
+  int table_stride_ = 0;       // blocks per session row of the step's block tables
 
   cudaStream_t cache_stream_ = nullptr;  // on the cache device
   cudaEvent_t rows_ready_ = nullptr;     // main -> cache: the layer's q|k|v rows are final
