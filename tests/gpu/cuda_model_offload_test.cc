@@ -215,8 +215,12 @@ std::vector<std::vector<float>> TeacherForced(Model& model, Residency* residency
     const int position = static_cast<int>(prompt.size() + i);
     if (!feed(std::span(forced).subspan(i, 1), position, true)) return {};
   }
-  if (request != nullptr) EXPECT_TRUE(residency->Close(*request).ok());
-  if (residency != nullptr) EXPECT_TRUE(model.SetResidencyBackend(nullptr).ok());
+  if (request != nullptr) {
+    EXPECT_TRUE(residency->Close(*request).ok());
+  }
+  if (residency != nullptr) {
+    EXPECT_TRUE(model.SetResidencyBackend(nullptr).ok());
+  }
   return rows;
 }
 
