@@ -22,8 +22,10 @@ class GpuCacheResidency final : public Residency {
  public:
   // The store is made at Attach (it needs the model's device and max_batch): `cache` gives its
   // budget and GPU (-1: the model's), `max_context` the longest session, `max_step_rows` the
-  // most tokens of one forward (decode tokens + prefill chunk tokens).
-  GpuCacheResidency(const CacheSection& cache, int max_context, int max_step_rows);
+  // most tokens of one forward (decode tokens + prefill chunk tokens), `block_tokens` the
+  // store's block (the engine's, so that the cache GPU's attention runs local dense's shapes).
+  GpuCacheResidency(const CacheSection& cache, int max_context, int max_step_rows,
+                    int block_tokens = 16);
 
   std::string_view name() const override { return "offloaded"; }
   KvResidency kind() const override { return KvResidency::kOffloaded; }
@@ -48,6 +50,7 @@ class GpuCacheResidency final : public Residency {
   CacheSection cache_;
   int max_context_ = 0;
   int max_step_rows_ = 0;
+  int block_tokens_ = 16;
   std::shared_ptr<GpuCacheAttention> attention_;  // shared with the model half
   Counter* bytes_out_metric_ = nullptr;
   Counter* bytes_back_metric_ = nullptr;
