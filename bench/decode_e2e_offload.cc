@@ -127,7 +127,7 @@ Status RunPoint(CudaModel& model, PagedKvCache& cache, const Point& point, const
   const size_t bytes_per_token = DeviceKvStorage::PoolBytes(one_token);
   section.budget_gib = static_cast<double>(bytes_per_token) * point.batch * (longest + 64) /
                        static_cast<double>(1ull << 30);
-  GpuCacheResidency residency(section, longest, point.batch);
+  GpuCacheResidency residency(section, longest, point.batch, options.common.block_size);
   Status attached = residency.Attach(model, nullptr, point.batch);
   if (!attached.ok()) {
     release();

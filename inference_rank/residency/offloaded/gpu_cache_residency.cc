@@ -107,8 +107,12 @@ class GpuCacheCudaBackend final : public CudaResidencyBackend {
 
 }  // namespace
 
-GpuCacheResidency::GpuCacheResidency(const CacheSection& cache, int max_context, int max_step_rows)
-    : cache_(cache), max_context_(max_context), max_step_rows_(max_step_rows) {}
+GpuCacheResidency::GpuCacheResidency(const CacheSection& cache, int max_context, int max_step_rows,
+                                     int block_tokens)
+    : cache_(cache),
+      max_context_(max_context),
+      max_step_rows_(max_step_rows),
+      block_tokens_(block_tokens) {}
 
 Status GpuCacheResidency::Check(const AttentionPolicy* policy) const {
   if (policy == nullptr) return Status::Ok();
@@ -138,6 +142,7 @@ Status GpuCacheResidency::Attach(Model& model, const AttentionPolicy* policy, in
   options.budget_bytes = cache_.budget_bytes();
   options.max_context = max_context_;
   options.max_rows = std::max(max_step_rows_, max_batch);
+  options.block_tokens = block_tokens_;
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<GpuCacheAttention> made,
                           GpuCacheAttention::Create(model.config(), options));
   attention_ = std::move(made);

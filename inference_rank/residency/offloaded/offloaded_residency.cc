@@ -176,7 +176,8 @@ Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup
     const int max_context = config.engine.max_context > 0 ? config.engine.max_context
                                                           : setup.model->max_position_embeddings;
     auto residency = std::make_shared<GpuCacheResidency>(
-        config.cache, max_context, config.engine.max_batch + config.engine.prefill_chunk);
+        config.cache, max_context, config.engine.max_batch + config.engine.prefill_chunk,
+        config.engine.block_size);
     RUBATO_RETURN_IF_ERROR(residency->Check(setup.policy));
     return std::shared_ptr<Residency>(std::move(residency));
 #else
