@@ -67,7 +67,8 @@ class NcclTransport final : public StreamOrderedTransport {
   // side, and each graph launch is a collective of the ranks that captured. Ops are validated
   // as for Post; bytes count in Stats when enqueued (a captured graph's once, at capture). NCCL
   // cannot take back enqueued work: a failure aborts the transport.
-  Status Enqueue(std::span<const TransferOp> ops, void* stream);
+  bool SupportsEnqueue() const override { return true; }
+  Status Enqueue(std::span<const TransferOp> ops, void* stream) override;
 
   // The dedicated stream every Post group runs on.
   void* Stream() const { return stream_; }
