@@ -102,6 +102,10 @@ class DeviceCacheRankBackend final : public CudaResidencyBackend {
     return client_.Layer(layer.layer, layer.qkv, layer.attention, layer.stream);
   }
 
+  // A cache rank lost during the step (its data plane aborted under the model's stream
+  // waits): the step's attention rows are not the cache rank's.
+  Status FinishStep() override { return residency_.control_.Health(); }
+
   Status AttendDecodeRows(const CudaLayerContext& /*layer*/, int first_row, int rows,
                           const AttentionWindow& /*window*/) override {
     // LayerComputed received rows [0, decode rows): all of them are the residency's.
