@@ -31,6 +31,9 @@ struct DevicePlaneClientOptions {
   // Bounds the wait for the cache rank's posts (in-process transports) and the release of a
   // step's transfers.
   std::chrono::milliseconds transfer_timeout{30000};
+  // Whether the model may capture a layer's exchange in a CUDA graph where the transport allows
+  // it (nccl): the cache rank's side runs eagerly, ops matching the graph's one for one.
+  bool capture = true;
 };
 
 class DevicePlaneClient {
@@ -55,7 +58,7 @@ class DevicePlaneClient {
   // Tells the cache rank's loop to end (a stop descriptor); the data plane serves no more steps.
   Status Stop(cudaStream_t main);
 
-  bool capturable() const { return exchange_.capturable(); }
+  bool capturable() const { return options_.capture && exchange_.capturable(); }
   std::string_view backend_name() { return exchange_.transport().BackendName(); }
   const DevicePlaneLimits& limits() const { return options_.limits; }
   // Bytes of the last planned step each way (descriptor and every layer), and their sums.
