@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -185,7 +186,15 @@ NcclTransport::~NcclTransport() {
 Status NcclTransport::Health() {
   if (!failed_.ok()) return failed_;
   ncclResult_t state = ncclSuccess;
-  const Status query = NcclStatus(ncclCommGetAsyncError(AsComm(comm_), &state), "health");
+  Status query;
+  {
+    std::lock_guard lock(comm_mutex_);
+    if (comm_ == nullptr) {
+      query = abort_reason_;  // aborted by another thread
+    } else {
+      query = NcclStatus(ncclCommGetAsyncError(AsComm(comm_), &state), "health");
+    }
+  }
   if (!query.ok()) {
     Fail(query);
     return failed_;
@@ -205,10 +214,22 @@ void NcclTransport::Fail(Status why) {
                    "nccl transport of rank " + std::to_string(rank_) +
                        " is aborted: " + why.message());
   ++stats_.transfers_failed;
+  std::lock_guard lock(comm_mutex_);
   if (comm_ != nullptr) {
     (void)ncclCommAbort(AsComm(comm_));
     comm_ = nullptr;
   }
+}
+
+void NcclTransport::AbortFromAnyThread(const Status& why) {
+  std::lock_guard lock(comm_mutex_);
+  if (comm_ == nullptr) return;
+  RUBATO_LOG_WARN("transport", "nccl rank {}: aborting the communicator: {}", rank_,
+                  why.message());
+  abort_reason_ = UnavailableError("aborted: " + why.message());
+  (void)cudaSetDevice(device_);
+  (void)ncclCommAbort(AsComm(comm_));
+  comm_ = nullptr;
 }
 
 Status NcclTransport::EnqueueOps(std::span<const TransferOp> ops, void* stream,
@@ -222,6 +243,12 @@ Status NcclTransport::EnqueueOps(std::span<const TransferOp> ops, void* stream,
   // A group costs a host round of NCCL's group machinery: only when several ops must start
   // together (a send and a receive of one round would otherwise wait for each other).
   const bool grouped = ops.size() > 1;
+  std::unique_lock lock(comm_mutex_);  // AbortFromAnyThread may not free comm_ under the calls
+  if (comm_ == nullptr) {
+    lock.unlock();
+    RUBATO_RETURN_IF_ERROR(Health());
+    return UnavailableError("nccl: the communicator is gone");
+  }
   Status enqueue = grouped ? NcclStatus(ncclGroupStart(), "ncclGroupStart") : Status::Ok();
   for (size_t i = 0; i < ops.size() && enqueue.ok(); ++i) {
     const TransferOp& op = ops[i];
@@ -244,6 +271,7 @@ Status NcclTransport::EnqueueOps(std::span<const TransferOp> ops, void* stream,
   if (enqueue.ok()) {
     enqueue = AwaitCommReady(AsComm(comm_), kEnqueueTimeout, "enqueuing a group");
   }
+  lock.unlock();
   if (!enqueue.ok()) {
     Fail(enqueue);
     return failed_;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,7 +68,15 @@ class NcclTransport final : public StreamOrderedTransport {
   // side, and each graph launch is a collective of the ranks that captured. Ops are validated
   // as for Post; bytes count in Stats when enqueued (a captured graph's once, at capture). NCCL
   // cannot take back enqueued work: a failure aborts the transport.
-  Status Enqueue(std::span<const TransferOp> ops, void* stream);
+  bool SupportsEnqueue() const override { return true; }
+  Status Enqueue(std::span<const TransferOp> ops, void* stream) override;
+
+  // From any thread (a watchdog that learned the peer is gone): aborts the communicator, so that
+  // NCCL kernels still waiting for the peer on any stream end, and fails the transport (every
+  // later call of its owner returns kUnavailable naming `why`). Device work that waited for the
+  // aborted transfers runs on with whatever the buffers hold: the owner must learn of the abort
+  // (a later call, or Health through Test) before it trusts them. Idempotent.
+  void AbortFromAnyThread(const Status& why);
 
   // The dedicated stream every Post group runs on.
   void* Stream() const { return stream_; }
@@ -104,7 +113,9 @@ class NcclTransport final : public StreamOrderedTransport {
   int rank_ = 0;
   int world_size_ = 0;
   int device_ = 0;
-  void* comm_ = nullptr;    // ncclComm_t
+  std::mutex comm_mutex_;   // guards comm_ against AbortFromAnyThread
+  void* comm_ = nullptr;    // ncclComm_t; null once aborted
+  Status abort_reason_;     // under comm_mutex_: why AbortFromAnyThread ran
   void* stream_ = nullptr;  // cudaStream_t
   Status failed_;           // ok until the communicator is aborted
   TransferId next_id_ = 1;

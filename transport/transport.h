@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "common/status.h"
@@ -105,6 +106,17 @@ class StreamOrderedTransport : public Transport {
   // kFailedPrecondition when the backend cannot order on the group yet (cuda_peer: an op whose
   // peer has not posted its side, the error names it).
   virtual Status StreamWait(TransferId id, void* stream) = 0;
+
+  // Whether Enqueue works (nccl): a group ordered by `stream` alone, with no id, no event and no
+  // host wait, that a CUDA graph may capture. cuda_peer orders by events of other threads'
+  // posts and cannot (PostOnStream + StreamWait instead).
+  virtual bool SupportsEnqueue() const { return false; }
+  // Enqueues `ops` on `stream` behind its work; later work on `stream` sees the received bytes
+  // and may overwrite the sent buffers. kUnsupported where SupportsEnqueue() is false.
+  virtual Status Enqueue(std::span<const TransferOp> /*ops*/, void* /*stream*/) {
+    return UnsupportedError(std::string(BackendName()) +
+                            ": no stream-ordered Enqueue (post with PostOnStream and StreamWait)");
+  }
 };
 
 }  // namespace rubato::transport

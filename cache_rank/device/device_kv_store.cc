@@ -77,7 +77,10 @@ Result<std::unique_ptr<DeviceKvStore>> DeviceKvStore::Create(const DeviceKvStore
     RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
                                 "creating the step upload events");
   }
-  RUBATO_RETURN_IF_ERROR(store->GrowWorkspaces(o.block_tokens));
+  RUBATO_RETURN_IF_ERROR(store->GrowWorkspaces(
+      o.fixed_workspaces ? static_cast<int>(std::min<int64_t>(
+                               int64_t{shape.num_blocks} * o.block_tokens, INT32_MAX))
+                         : o.block_tokens));
   return store;
 }
 
@@ -214,6 +217,24 @@ Result<uint32_t> DeviceKvStore::SessionLength(uint64_t session_id) const {
 Result<std::vector<int32_t>> DeviceKvStore::BlockTable(uint64_t session_id) const {
   RUBATO_ASSIGN_OR_RETURN(const Session* session, Find(session_id));
   return session->sequence.block_table;
+}
+
+Result<uint32_t> DeviceKvStore::SessionCapacity(uint64_t session_id) const {
+  RUBATO_ASSIGN_OR_RETURN(const Session* session, Find(session_id));
+  return session->capacity_tokens;
+}
+
+Result<std::span<const int32_t>> DeviceKvStore::BlockTableView(uint64_t session_id) const {
+  RUBATO_ASSIGN_OR_RETURN(const Session* session, Find(session_id));
+  return std::span<const int32_t>(session->sequence.block_table);
+}
+
+__nv_bfloat16* DeviceKvStore::mutable_layer_keys(int layer) {
+  return pools_->keys.data() + pools_->layer_elements * static_cast<size_t>(layer);
+}
+
+__nv_bfloat16* DeviceKvStore::mutable_layer_values(int layer) {
+  return pools_->values.data() + pools_->layer_elements * static_cast<size_t>(layer);
 }
 
 const __nv_bfloat16* DeviceKvStore::layer_keys(int layer) const {

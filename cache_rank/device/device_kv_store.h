@@ -39,6 +39,10 @@ struct DeviceKvStoreOptions {
   int max_batch = 0;          // entries per step, >= 1
   int max_step_tokens = 0;    // new tokens per step over all entries; 0: max_batch
   int max_top_k = 0;          // the largest top_k a step may select; 0: no SelectTopK
+  // true: the workspaces and tables are sized at Create for sessions as long as the whole
+  // budget, so that OpenSession never synchronizes the device (a cache rank whose data plane
+  // keeps a receive posted on this device, device_attention_server.h, would wait for it).
+  bool fixed_workspaces = false;
 };
 
 // One request of a step. Positions [first_position, first_position + new_tokens) are written.
@@ -136,6 +140,15 @@ class DeviceKvStore {
   const __nv_bfloat16* layer_values(int layer) const;
   Result<std::vector<int32_t>> BlockTable(uint64_t session_id) const;
   const KvCacheShape& pool_shape() const { return cache_->shape(); }
+
+  // For a caller that plans its own steps over the pools (device_attention_server.h: the
+  // model's token-major rows, attended by position): a session's capacity and block table (a
+  // view valid until the session closes), and the pools to write.
+  Result<uint32_t> SessionCapacity(uint64_t session_id) const;
+  Result<std::span<const int32_t>> BlockTableView(uint64_t session_id) const;
+  __nv_bfloat16* mutable_layer_keys(int layer);
+  __nv_bfloat16* mutable_layer_values(int layer);
+  const DeviceKvStoreOptions& options() const { return options_; }
 
   DeviceKvStoreStats Stats() const;
 

@@ -11,6 +11,9 @@
 
 #include "cache_rank/cache_rpc_handler.h"
 #include "cache_rank/cache_service.h"
+#ifdef RUBATO_HAS_DEVICE_CACHE_RANK
+#include "cache_rank/device/device_cache_rpc_handler.h"
+#endif
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -61,6 +64,101 @@ server::HttpReply MetricsReply(const MetricsRegistry& registry,
   return server::HttpReply{200, kExpositionContentType, registry.ExpositionText(), nullptr};
 }
 
+std::mutex stop_mutex;
+std::condition_variable stop_requested;
+std::string pending_stop;  // under stop_mutex: why to stop, once a peer asked
+
+void RequestStop(const std::string& reason) {
+  std::lock_guard lock(stop_mutex);
+  pending_stop = "a peer asked: " + reason;
+  stop_requested.notify_all();
+}
+
+// Blocks until a peer asks to stop or a signal arrives; the reason.
+std::string WaitForStop() {
+  std::unique_lock lock(stop_mutex);
+  while (pending_stop.empty() && signal_received == 0) {
+    stop_requested.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  std::string reason =
+      pending_stop.empty() ? "signal " + std::to_string(signal_received) : pending_stop;
+  pending_stop.clear();  // a later run in this process waits again
+  return reason;
+}
+
+// The RPC server's options of a cache rank.
+rpc::RpcServerOptions ServerOptions(const rpc::RpcEndpoint& endpoint, const LimitsSection& limits,
+                                    const std::string& token) {
+  rpc::RpcServerOptions server_options;
+  server_options.host = endpoint.host;
+  server_options.port = endpoint.port;
+  server_options.peer_timeout_ms = 5 * limits.heartbeat_ms;
+  server_options.auth_token = token;
+  return server_options;
+}
+
+// `cache.memory: device`: the KV on this process's GPU, attention there, the device data plane
+// over NCCL (cache_rank/device/device_cache_rpc_handler.h).
+Status ServeDeviceCacheRank(const CacheArgs& args, const RubatoConfig& config,
+                            const CacheSection& cache, int device, const std::string& memory_key,
+                            const rpc::RpcEndpoint& endpoint,
+                            const std::function<Status(const std::string&)>& on_listening) {
+#ifndef RUBATO_HAS_DEVICE_CACHE_RANK
+  (void)args;
+  (void)config;
+  (void)cache;
+  (void)device;
+  (void)endpoint;
+  (void)on_listening;
+  return UnsupportedError(memory_key +
+                          " 'device': this rubato was built without CUDA and NCCL, which a GPU "
+                          "cache rank needs (pageable or pinned keep the KV in host memory)");
+#else
+  if (Status usable = DeviceCacheRpcHandler::CheckDevice(device); !usable.ok()) {
+    return usable.WithContext(memory_key + " 'device'");
+  }
+  DeviceCacheRpcHandlerOptions options;
+  options.device = device;
+  options.budget_bytes = cache.budget_bytes();
+  options.budget_name = "cache.budget_gib";
+  if (args.budget_mb.has_value()) {
+    if (*args.budget_mb < 1 || *args.budget_mb > (int64_t{1} << 30)) {
+      return InvalidArgumentError("--budget-mb must be in [1, 2^30], got " +
+                                  std::to_string(*args.budget_mb));
+    }
+    options.budget_bytes = static_cast<uint64_t>(*args.budget_mb) << 20;
+    options.budget_name = "--budget-mb";
+  }
+  if (args.metrics_listen.size() > 0 || args.peer_budget_mb != 0) {
+    return UnsupportedError(
+        "--metrics and --peer-budget-mb are served by a cache rank in host memory; a GPU cache "
+        "rank (--memory device) reports through the Stats RPC and has one budget");
+  }
+  options.nccl_init_timeout = std::chrono::milliseconds(config.limits.rpc_timeout_ms);
+  RUBATO_ASSIGN_OR_RETURN(const std::string token, rpc::AuthTokenFromEnvironment());
+  options.peers_authenticated = !token.empty();
+  DeviceCacheRpcHandler handler(RequestStop, options);
+  RUBATO_ASSIGN_OR_RETURN(
+      std::unique_ptr<rpc::RpcServer> server,
+      rpc::RpcServer::Start(ServerOptions(endpoint, config.limits, token), &handler));
+  std::printf(
+      "rubato cache: KV on GPU %d (%llu bytes), attention there, device data plane "
+      "over NCCL\n",
+      device, static_cast<unsigned long long>(options.budget_bytes));
+  RUBATO_RETURN_IF_ERROR(on_listening(server->endpoint()));
+  const std::string reason = WaitForStop();
+  RUBATO_LOG_INFO("cache", "stopping ({})", reason);
+  server->Stop();
+  const DeviceCacheRpcHandler::Totals totals = handler.totals();
+  std::printf("rubato cache: stopped (%s) steps=%llu bytes_received=%llu bytes_sent=%llu\n",
+              reason.c_str(), static_cast<unsigned long long>(totals.steps),
+              static_cast<unsigned long long>(totals.bytes_received),
+              static_cast<unsigned long long>(totals.bytes_sent));
+  std::fflush(stdout);
+  return Status::Ok();
+#endif
+}
+
 }  // namespace
 
 Status RunCache(const CacheArgs& args) {
@@ -104,9 +202,14 @@ Status ServeCacheRank(const CacheArgs& args, const RubatoConfig& config,
   }
   RUBATO_ASSIGN_OR_RETURN(const rpc::RpcEndpoint endpoint,
                           ParseListenAddress(args.listen, "--listen"));
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
   std::optional<rpc::RpcEndpoint> metrics_endpoint;
   if (!args.metrics_listen.empty()) {
     RUBATO_ASSIGN_OR_RETURN(metrics_endpoint, ParseListenAddress(args.metrics_listen, "--metrics"));
+  }
+  if (cache.memory == CacheSection::Memory::kDevice) {
+    return ServeDeviceCacheRank(args, config, cache, device, memory_key, endpoint, on_listening);
   }
   RUBATO_ASSIGN_OR_RETURN(CacheServiceOptions service_options,
                           CacheServiceOptionsFromConfig(cache, device, memory_key));
@@ -132,27 +235,13 @@ Status ServeCacheRank(const CacheArgs& args, const RubatoConfig& config,
   service_options.peer_budget_bytes = static_cast<uint64_t>(args.peer_budget_mb) << 20;
   service_options.max_sessions_per_peer = args.max_sessions_per_peer;
   CacheService service(service_options);
-  std::mutex mutex;
-  std::condition_variable stop_requested;
-  std::string stop_reason;
   RUBATO_ASSIGN_OR_RETURN(const std::string token, rpc::AuthTokenFromEnvironment());
   CacheRpcHandlerOptions handler_options;
   handler_options.peers_authenticated = !token.empty();
   handler_options.nccl_device = device;
   handler_options.nccl_init_timeout = std::chrono::milliseconds(limits.rpc_timeout_ms);
-  CacheRpcHandler handler(
-      service,
-      [&](const std::string& reason) {
-        std::lock_guard lock(mutex);
-        stop_reason = "a peer asked: " + reason;
-        stop_requested.notify_all();
-      },
-      handler_options);
-  rpc::RpcServerOptions server_options;
-  server_options.host = endpoint.host;
-  server_options.port = endpoint.port;
-  server_options.peer_timeout_ms = 5 * limits.heartbeat_ms;
-  server_options.auth_token = token;
+  CacheRpcHandler handler(service, RequestStop, handler_options);
+  const rpc::RpcServerOptions server_options = ServerOptions(endpoint, limits, token);
   MetricsRegistry metrics;
   RUBATO_RETURN_IF_ERROR(service.RegisterMetrics(metrics));
   RUBATO_RETURN_IF_ERROR(RegisterProcessMetrics(metrics, "cache"));
@@ -173,16 +262,8 @@ Status ServeCacheRank(const CacheArgs& args, const RubatoConfig& config,
   service.Start();
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<rpc::RpcServer> server,
                           rpc::RpcServer::Start(server_options, &handler));
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
   RUBATO_RETURN_IF_ERROR(on_listening(server->endpoint()));
-
-  std::unique_lock lock(mutex);
-  while (stop_reason.empty() && signal_received == 0) {
-    stop_requested.wait_for(lock, std::chrono::milliseconds(100));
-  }
-  if (stop_reason.empty()) stop_reason = "signal " + std::to_string(signal_received);
-  lock.unlock();
+  const std::string stop_reason = WaitForStop();
   RUBATO_LOG_INFO("cache", "stopping ({})", stop_reason);
   server->Stop();
   service.Stop();

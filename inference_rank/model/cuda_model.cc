@@ -442,8 +442,9 @@ Status CudaModel::Forward(std::span<const ForwardEntry> batch, PagedKvCache& cac
     return Status::Ok();
   };
   const Status enqueued = enqueue_all();
-  const Status synced =
+  Status synced =
       cuda::CudaStatus(cudaStreamSynchronize(stream_), "running the forward on the device");
+  if (enqueued.ok() && synced.ok() && residency_step_) synced = residency_->FinishStep();
   if (!enqueued.ok() || !synced.ok()) {
     // A step that failed before its end-of-step join may leave the backend's streams running.
     if (backend_ != nullptr) backend_->AbortStep();

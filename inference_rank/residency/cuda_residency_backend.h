@@ -51,6 +51,10 @@ class CudaResidencyBackend : public ResidencyBackend {
   virtual Status AttendDecodeRows(const CudaLayerContext& layer, int first_row, int rows,
                                   const AttentionWindow& window) = 0;
   virtual Status EndStep() { return Status::Ok(); }
+  // Host, after the step's device work synchronized: whether what the residency's peer
+  // delivered in it may be trusted (an exchange aborted under a stream wait lets the stream run
+  // on; its error then fails the step and its results are dropped).
+  virtual Status FinishStep() { return Status::Ok(); }
   // After a failed step: waits for whatever the residency's own streams or peers still run.
   virtual void AbortStep() {}
 };

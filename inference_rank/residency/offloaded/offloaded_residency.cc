@@ -18,6 +18,9 @@
 #include "inference_rank/residency/offloaded/gpu_cache_residency.h"
 #include "inference_rank/residency/offloaded/offloaded_cuda_backend.h"
 #endif
+#if defined(RUBATO_HAS_CUDA) && defined(RUBATO_HAS_NCCL)
+#include "inference_rank/residency/offloaded/remote_device_cache.h"
+#endif
 
 namespace rubato {
 namespace {
@@ -184,6 +187,17 @@ Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup
     return UnsupportedError("cache.memory: device needs a CUDA build of rubato");
 #endif
   }
+#if defined(RUBATO_HAS_CUDA) && defined(RUBATO_HAS_NCCL)
+  if (config.topology.mode == TopologySection::Mode::kDisaggregated &&
+      config.topology.transport == TopologySection::Transport::kNccl &&
+      config.engine.backend == EngineSection::Backend::kCuda && selection.name == "attention") {
+    // A cache rank that keeps the KV on its GPU says so in its Hello: the device data plane,
+    // attention there; one in host memory is connected again for layer packs.
+    RUBATO_ASSIGN_OR_RETURN(std::shared_ptr<Residency> device,
+                            ConnectDeviceCacheRank(config, *setup.model));
+    if (device != nullptr) return device;
+  }
+#endif
   RUBATO_ASSIGN_OR_RETURN(OffloadTarget target, ConnectOffload(config, selection, *setup.model));
   return std::shared_ptr<Residency>(std::make_shared<OffloadedResidency>(std::move(target)));
 }

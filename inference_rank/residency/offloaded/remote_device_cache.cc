@@ -1,0 +1,203 @@
+// RemoteDeviceCacheRank (remote_device_cache.h): the Hello that forms the device data plane,
+// sessions over the RPC, the watchdog.
+#include "inference_rank/residency/offloaded/remote_device_cache.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "common/dtype.h"
+#include "common/logging.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace rubato {
+namespace {
+
+using std::chrono::milliseconds;
+
+// How often the watchdog asks the cache rank how its side of the data plane is.
+constexpr milliseconds kHealthCallInterval{200};
+
+// Keeps the connection alive as long as the residency that reads it.
+class OwningDeviceCacheRankResidency final : public Residency {
+ public:
+  explicit OwningDeviceCacheRankResidency(std::unique_ptr<RemoteDeviceCacheRank> cache)
+      : cache_(std::move(cache)), residency_(cache_->client(), *cache_, cache_->name()) {}
+  std::string_view name() const override { return residency_.name(); }
+  KvResidency kind() const override { return residency_.kind(); }
+  Status Check(const AttentionPolicy* policy) const override { return residency_.Check(policy); }
+  Status Attach(Model& model, const AttentionPolicy* policy, int max_batch) override {
+    return residency_.Attach(model, policy, max_batch);
+  }
+  Result<std::unique_ptr<ResidencyRequest>> Open(uint64_t request_id,
+                                                 int reserved_tokens) override {
+    return residency_.Open(request_id, reserved_tokens);
+  }
+  Status Close(ResidencyRequest& request) override {
+    // Closed even on a lost cache rank, which then only forgets it.
+    const Status closed = residency_.Close(request);
+    if (!closed.ok() && cache_->Health().ok()) {
+      RUBATO_LOG_WARN("engine", "closing a session on {}: {}", cache_->name(), closed.message());
+    }
+    return Status::Ok();
+  }
+  Status Broken() const override { return residency_.Broken(); }
+  Status RegisterMetrics(MetricsRegistry& registry) override {
+    return residency_.RegisterMetrics(registry);
+  }
+  std::string StatsLine() const override { return residency_.StatsLine(); }
+
+ private:
+  std::unique_ptr<RemoteDeviceCacheRank> cache_;  // before residency_: outlives it
+  DeviceCacheRankResidency residency_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<RemoteDeviceCacheRank>> RemoteDeviceCacheRank::Connect(
+    const std::string& endpoint, const ModelConfig& model, const LimitsSection& limits, int device,
+    const DevicePlaneLimits& plane) {
+  RUBATO_RETURN_IF_ERROR(plane.Check());
+  std::unique_ptr<RemoteDeviceCacheRank> cache(new RemoteDeviceCacheRank());
+  cache->name_ = "cache rank " + endpoint;
+  cache->model_ = model;
+  RUBATO_ASSIGN_OR_RETURN(cache->rpc_,
+                          rpc::RpcClient::Connect(endpoint, milliseconds(limits.rpc_timeout_ms),
+                                                  rpc::RpcClientOptions::FromLimits(limits)));
+  rpc::HelloRequest hello;
+  hello.set_role(rpc::ROLE_INFERENCE);
+  hello.set_rank(1);
+  rpc::ModelShape& shape = *hello.mutable_model_shape();
+  shape.set_num_layers(static_cast<uint32_t>(model.num_layers));
+  shape.set_num_kv_heads(static_cast<uint32_t>(model.num_kv_heads));
+  shape.set_num_query_heads(static_cast<uint32_t>(model.num_heads));
+  shape.set_head_dim(static_cast<uint32_t>(model.head_dim));
+  shape.set_kv_dtype("bf16");
+  RUBATO_ASSIGN_OR_RETURN(const std::string id, transport::NcclTransport::NewUniqueId());
+  hello.set_transport_backend("nccl");
+  hello.set_transport_address(id);
+  hello.set_device_max_runs(static_cast<uint32_t>(plane.max_runs));
+  hello.set_device_max_rows(static_cast<uint32_t>(plane.max_rows));
+  // This rank (1) joins while the cache rank's handler joins as rank 0 answering the Hello.
+  std::atomic<bool> give_up{false};
+  Result<std::unique_ptr<transport::NcclTransport>> joined = InternalError("not joined");
+  std::thread join([&] {
+    joined = transport::NcclTransport::Create({.unique_id = id,
+                                               .rank = 1,
+                                               .world_size = 2,
+                                               .device = device,
+                                               .init_timeout = milliseconds(limits.rpc_timeout_ms),
+                                               .give_up = &give_up});
+  });
+  const Result<rpc::HelloResponse> response = cache->rpc_->Hello(hello);
+  if (!response.ok()) give_up = true;  // the cache rank will not join
+  join.join();
+  if (!response.ok()) return response.status().WithContext(cache->name_);
+  if (!joined.ok()) {
+    return joined.status().WithContext(cache->name_ + ": joining its NCCL communicator on GPU " +
+                                       std::to_string(device) +
+                                       " (each rank needs a GPU of its own)");
+  }
+  cache->transport_ = std::move(joined).value();
+  if (response->cache_memory() != "device") {
+    cache->rpc_->Close();
+    return std::unique_ptr<RemoteDeviceCacheRank>();  // host memory: layer packs
+  }
+  RUBATO_ASSIGN_OR_RETURN(
+      cache->client_,
+      DevicePlaneClient::Create(
+          model, *cache->transport_,
+          {.limits = plane, .peer = 0, .transfer_timeout = milliseconds(limits.rpc_timeout_ms)}));
+  cache->watchdog_ = std::thread([raw = cache.get(), period = limits.heartbeat_ms] {
+    raw->Watch(milliseconds(std::max(period, 10)));
+  });
+  return cache;
+}
+
+RemoteDeviceCacheRank::~RemoteDeviceCacheRank() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  client_.reset();
+  // The cache rank retires this peer when the connection closes (its loop ends, its sessions
+  // are freed); the communicator goes last.
+  if (rpc_ != nullptr) rpc_->Close();
+  transport_.reset();
+}
+
+void RemoteDeviceCacheRank::Watch(milliseconds period) {
+  auto last_call = std::chrono::steady_clock::now() - kHealthCallInterval;
+  std::unique_lock lock(mutex_);
+  while (!stopping_ && lost_.ok()) {
+    wake_.wait_for(lock, std::min(period, kHealthCallInterval));
+    if (stopping_) return;
+    lock.unlock();
+    Status health;
+    if (!rpc_->Healthy()) {
+      health = rpc_->LostReason();
+    } else if (std::chrono::steady_clock::now() - last_call >= kHealthCallInterval) {
+      last_call = std::chrono::steady_clock::now();
+      const Result<rpc::HealthResponse> answer = rpc_->Health();
+      if (!answer.ok()) {
+        health = answer.status();
+      } else if (answer->status() != "ok") {
+        health = UnavailableError(answer->status());
+      }
+    }
+    lock.lock();
+    if (!health.ok() && !stopping_) {
+      lost_ = UnavailableError(name_ + " is lost: " + health.message());
+      RUBATO_LOG_WARN("engine", "{}", lost_.message());
+      // The model's stream may wait inside an NCCL receive for it: end that wait.
+      transport_->AbortFromAnyThread(lost_);
+    }
+  }
+}
+
+Status RemoteDeviceCacheRank::Health() {
+  std::lock_guard lock(mutex_);
+  return lost_;
+}
+
+Result<uint64_t> RemoteDeviceCacheRank::OpenSession(uint64_t request_id, int capacity_tokens) {
+  RUBATO_RETURN_IF_ERROR(Health());
+  rpc::OpenSessionRequest request;
+  request.set_request_id(request_id);
+  request.set_num_layers(static_cast<uint32_t>(model_.num_layers));
+  request.set_num_kv_heads(static_cast<uint32_t>(model_.num_kv_heads));
+  request.set_num_query_heads(static_cast<uint32_t>(model_.num_heads));
+  request.set_head_dim(static_cast<uint32_t>(model_.head_dim));
+  request.set_dtype(std::string(DTypeName(DType::kBF16)));
+  request.set_capacity_tokens(static_cast<uint64_t>(capacity_tokens));
+  request.set_selector("attention");
+  RUBATO_ASSIGN_OR_RETURN(const rpc::OpenSessionResponse response, rpc_->OpenSession(request));
+  return response.session_id();
+}
+
+Status RemoteDeviceCacheRank::CloseSession(uint64_t session_id) {
+  rpc::CloseSessionRequest request;
+  request.set_session_id(session_id);
+  return rpc_->CloseSession(request).status();
+}
+
+Result<std::shared_ptr<Residency>> ConnectDeviceCacheRank(const RubatoConfig& config,
+                                                          const ModelConfig& model) {
+  const std::string& endpoint = config.topology.cache_endpoints.front();
+  // A step holds at most max_batch requests and their tokens: one decode token each, or a
+  // prefill chunk beside the decode rows.
+  const DevicePlaneLimits plane{config.engine.max_batch,
+                                config.engine.max_batch + config.engine.prefill_chunk};
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(config.engine.device), "selecting the model's GPU");
+  RUBATO_ASSIGN_OR_RETURN(
+      std::unique_ptr<RemoteDeviceCacheRank> cache,
+      RemoteDeviceCacheRank::Connect(endpoint, model, config.limits, config.engine.device, plane));
+  if (cache == nullptr) return std::shared_ptr<Residency>();
+  return std::shared_ptr<Residency>(
+      std::make_shared<OwningDeviceCacheRankResidency>(std::move(cache)));
+}
+
+}  // namespace rubato
