@@ -169,7 +169,9 @@ Status DeviceAttentionServer::Plan() {
     // The views stay valid after the lock: a session closed under a running step is the
     // peer's error, and its blocks are only rewritten by later steps (stream order).
   }
-  int stride = 1;
+  // The model's max_seq_len (its graph-stable bucket) may pass every session's blocks: the
+  // tables hold as many entries as the grid may read.
+  int stride = (step_.max_seq_len + block_tokens - 1) / block_tokens;
   for (int r = 0; r < step_.decode_rows; ++r) {
     stride = std::max(stride, static_cast<int>(tables[static_cast<size_t>(r)].size()));
   }

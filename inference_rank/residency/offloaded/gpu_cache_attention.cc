@@ -94,11 +94,17 @@ Result<std::unique_ptr<GpuCacheAttention>> GpuCacheAttention::Create(
   RUBATO_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&self->cache_stream_, cudaStreamNonBlocking),
       "creating the cache GPU's stream");
-  for (cudaEvent_t* event : {&self->rows_ready_, &self->output_ready_, &self->inputs_ready_,
-                             &self->staged_[0], &self->staged_[1]}) {
+  // An event is recorded on a stream of its own device: rows_ready_ on the model's stream, the
+  // others on the cache GPU's.
+  for (cudaEvent_t* event :
+       {&self->output_ready_, &self->inputs_ready_, &self->staged_[0], &self->staged_[1]}) {
     RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(event, cudaEventDisableTiming),
                                 "creating a cache GPU event");
   }
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.model_device), "selecting the model's GPU");
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&self->rows_ready_, cudaEventDisableTiming),
+                              "creating a model GPU event");
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.cache_device), "selecting the cache GPU");
   const size_t rows = static_cast<size_t>(options.max_rows);
   const size_t input_ints = rows * (2 + static_cast<size_t>(self->table_stride_));
   RUBATO_ASSIGN_OR_RETURN(self->step_inputs_,
