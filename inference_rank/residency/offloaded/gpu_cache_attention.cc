@@ -71,7 +71,8 @@ Result<std::unique_ptr<GpuCacheAttention>> GpuCacheAttention::Create(
   DeviceScope scope(options.cache_device);
   RUBATO_RETURN_IF_ERROR(scope.status());
   if (!self->same_device_) {
-    // Direct loads over NVLink where the pair allows it; cudaMemcpyPeerAsync works either way.
+    // Copies between the two GPUs are plain cudaMemcpyAsync (unified addressing): capturable in a
+    // graph, unlike cudaMemcpyPeerAsync; peer access makes them direct over NVLink.
     for (auto [from, to] : {std::pair{options.cache_device, options.model_device},
                             std::pair{options.model_device, options.cache_device}}) {
       int can = 0;
@@ -328,9 +329,9 @@ Status GpuCacheAttention::Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat
   __nv_bfloat16* output = attention;
   if (!same_device_) {
     RUBATO_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyPeerAsync(rows_buffer_.data(), options_.cache_device, qkv, options_.model_device,
-                            static_cast<size_t>(rows_) * qkv_dim * sizeof(__nv_bfloat16),
-                            cache_stream_),
+        cudaMemcpyAsync(rows_buffer_.data(), qkv,
+                        static_cast<size_t>(rows_) * qkv_dim * sizeof(__nv_bfloat16),
+                        cudaMemcpyDefault, cache_stream_),
         where + ": q|k|v rows to the cache GPU");
     rows = rows_buffer_.data();
     output = output_buffer_.data();
@@ -377,9 +378,9 @@ Status GpuCacheAttention::Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat
     RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(p, cache_stream_).WithContext(where));
     if (!same_device_) {
       RUBATO_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyPeerAsync(attention, options_.model_device, output, options_.cache_device,
-                              static_cast<size_t>(decode_rows_) * q_dim * sizeof(__nv_bfloat16),
-                              cache_stream_),
+          cudaMemcpyAsync(attention, output,
+                          static_cast<size_t>(decode_rows_) * q_dim * sizeof(__nv_bfloat16),
+                          cudaMemcpyDefault, cache_stream_),
           where + ": attention rows back to the model GPU");
     }
   }
