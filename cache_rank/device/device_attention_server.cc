@@ -171,7 +171,7 @@ Status DeviceAttentionServer::Plan() {
   }
   // The model's max_seq_len (its graph-stable bucket) may pass every session's blocks: the
   // tables hold as many entries as the grid may read.
-  int stride = (step_.max_seq_len + block_tokens - 1) / block_tokens;
+  int stride = std::max(1, (step_.max_seq_len + block_tokens - 1) / block_tokens);
   for (int r = 0; r < step_.decode_rows; ++r) {
     stride = std::max(stride, static_cast<int>(tables[static_cast<size_t>(r)].size()));
   }

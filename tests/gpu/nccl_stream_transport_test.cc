@@ -183,7 +183,10 @@ TEST_F(NcclStreamTest, ACapturedGraphReplaysTheExchangeWithNewBytes) {
     const uint64_t sent_after_capture = ranks_[r]->Stats().bytes_sent;
     for (int replay = 0; replay < kReplays; ++replay) {
       const std::vector<uint8_t> mine = Pattern(kBytes, static_cast<uint32_t>(10 * replay + r));
-      ASSERT_EQ(cudaMemcpy(source.data, mine.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+      // On the graph's stream: a plain cudaMemcpy from pageable memory may return before its
+      // bytes land, and the non-blocking stream would not wait for them.
+      ASSERT_EQ(cudaMemcpyAsync(source.data, mine.data(), kBytes, cudaMemcpyHostToDevice, stream),
+                cudaSuccess);
       ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
       EXPECT_EQ(out.Read(), Pattern(kBytes, static_cast<uint32_t>(10 * replay + 1 - r)))
