@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/peer_access.h"
 
 namespace rubato::transport {
 namespace {
@@ -60,15 +61,9 @@ class CudaPeerCopier final : public PeerCopier {
     }
     for (const int a : devices_) {
       for (const int b : devices_) {
-        int can = 0;
-        if (a == b || cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || can == 0) continue;
-        RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(a), "cuda_peer: selecting a device");
-        const cudaError_t enabled = cudaDeviceEnablePeerAccess(b, 0);
-        if (enabled == cudaErrorPeerAccessAlreadyEnabled) {
-          (void)cudaGetLastError();  // not an error here: forget it
-        } else if (enabled != cudaSuccess) {
-          return cuda::CudaStatus(enabled, fmt::format("cuda_peer: peer access {} -> {}", a, b));
-        }
+        if (a == b) continue;
+        const Result<bool> enabled = cuda::EnablePeerAccessOnce(a, b);
+        if (!enabled.ok()) return enabled.status().WithContext("cuda_peer");
       }
     }
     return Status::Ok();

@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/kv_append.cuh"
+#include "kernels/cuda/peer_access.h"
 #include "kernels/cuda/random_fill.cuh"
 
 namespace rubato {
@@ -75,16 +76,7 @@ Result<std::unique_ptr<GpuCacheAttention>> GpuCacheAttention::Create(
     // graph, unlike cudaMemcpyPeerAsync; peer access makes them direct over NVLink.
     for (auto [from, to] : {std::pair{options.cache_device, options.model_device},
                             std::pair{options.model_device, options.cache_device}}) {
-      int can = 0;
-      RUBATO_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, from, to), "peer access query");
-      if (can == 0) continue;
-      RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(from), "selecting a device");
-      const cudaError_t enabled = cudaDeviceEnablePeerAccess(to, 0);
-      if (enabled != cudaSuccess && enabled != cudaErrorPeerAccessAlreadyEnabled) {
-        return cuda::CudaStatus(enabled, "enabling peer access from device " +
-                                             std::to_string(from) + " to " + std::to_string(to));
-      }
-      (void)cudaGetLastError();  // "already enabled" is sticky otherwise
+      RUBATO_RETURN_IF_ERROR(cuda::EnablePeerAccessOnce(from, to).status());
     }
     RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.cache_device), "selecting the cache GPU");
   }
