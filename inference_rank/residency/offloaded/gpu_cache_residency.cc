@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "cache_rank/cache_selector.h"
 #include "inference_rank/model/cuda_model.h"
 #include "inference_rank/residency/cuda_residency_backend.h"
+#include "inference_rank/residency/offloaded/offloaded_residency.h"
 
 namespace rubato {
 namespace {
@@ -115,16 +115,7 @@ GpuCacheResidency::GpuCacheResidency(const CacheSection& cache, int max_context,
       block_tokens_(block_tokens) {}
 
 Status GpuCacheResidency::Check(const AttentionPolicy* policy) const {
-  if (policy == nullptr) return Status::Ok();
-  // What the policy asks of a cache rank, by its selector's traits: attention there.
-  Result<CacheSelectorSpec> spec = policy->MakeCacheSelector();
-  const CacheSelector* selector = spec.ok() ? FindCacheSelector(spec->name) : nullptr;
-  if (selector != nullptr && selector->traits().partial_attention) return Status::Ok();
-  return UnsupportedError(
-      "cache.memory: device (a GPU cache rank in this process) runs "
-      "attention on the cache GPU; policy '" +
-      std::string(policy->name()) +
-      "' selects rows there, which needs cache.memory pageable or pinned");
+  return CheckGpuCachePolicy(policy);
 }
 
 Status GpuCacheResidency::Attach(Model& model, const AttentionPolicy* policy, int max_batch) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "cache_rank/cache_selector.h"
 #include "common/logging.h"
 #include "inference_rank/residency/offloaded/offloaded_cpu_backend.h"
 #include "inference_rank/residency/offloaded/remote_cache.h"
@@ -163,6 +164,19 @@ std::string OffloadedResidency::StatsLine() const {
   return text;
 }
 
+Status CheckGpuCachePolicy(const AttentionPolicy* policy) {
+  if (policy == nullptr) return Status::Ok();
+  // What the policy asks of a cache rank, by its selector's traits: attention there.
+  Result<CacheSelectorSpec> spec = policy->MakeCacheSelector();
+  const CacheSelector* selector = spec.ok() ? FindCacheSelector(spec->name) : nullptr;
+  if (selector != nullptr && selector->traits().partial_attention) return Status::Ok();
+  return UnsupportedError(
+      "cache.memory: device (a GPU cache rank in this process) runs "
+      "attention on the cache GPU; policy '" +
+      std::string(policy->name()) +
+      "' selects rows there, which needs cache.memory pageable or pinned");
+}
+
 Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup& setup) {
   if (setup.model == nullptr) {
     return InvalidArgumentError("offloaded KV: no model shapes for its cache-rank sessions");
@@ -175,13 +189,13 @@ Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup
   if (config.cache.memory == CacheSection::Memory::kDevice &&
       config.topology.mode == TopologySection::Mode::kColocated) {
     // The cache rank on a GPU of this process: its store, its attention, no host in the step.
+    RUBATO_RETURN_IF_ERROR(CheckGpuCachePolicy(setup.policy));
 #ifdef RUBATO_HAS_CUDA
     const int max_context = config.engine.max_context > 0 ? config.engine.max_context
                                                           : setup.model->max_position_embeddings;
     auto residency = std::make_shared<GpuCacheResidency>(
         config.cache, max_context, config.engine.max_batch + config.engine.prefill_chunk,
         config.engine.block_size);
-    RUBATO_RETURN_IF_ERROR(residency->Check(setup.policy));
     return std::shared_ptr<Residency>(std::move(residency));
 #else
     return UnsupportedError("cache.memory: device needs a CUDA build of rubato");

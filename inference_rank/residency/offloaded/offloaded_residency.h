@@ -76,6 +76,11 @@ class OffloadedResidency final : public Residency {
   CacheRankClient* data_client_ = nullptr;  // over a caller's client
 };
 
+// Ok when `policy` (null: dense) runs on a GPU cache rank of this process, which computes the
+// attention itself (its cache selector's partial_attention trait); else Unsupported naming the
+// policy and cache.memory.
+Status CheckGpuCachePolicy(const AttentionPolicy* policy);
+
 // The residency table's factory (residency_registry.cc): ConnectOffload with the policy's
 // cache-rank selector (dense without a policy).
 Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup& setup);
