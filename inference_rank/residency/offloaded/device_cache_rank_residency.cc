@@ -11,28 +11,9 @@
 #include "cache_rank/cache_selector.h"
 #include "inference_rank/model/cuda_model.h"
 #include "inference_rank/residency/cuda_residency_backend.h"
+#include "inference_rank/residency/offloaded/gpu_cache_session.h"
 
 namespace rubato {
-namespace {
-
-// One request's session on the cache rank, the handle its forward entries carry.
-class DeviceCacheSession final : public ResidencyEntry {
- public:
-  explicit DeviceCacheSession(uint64_t session) : session(session) {}
-  const uint64_t session;
-};
-
-class DeviceCacheRequest final : public ResidencyRequest {
- public:
-  explicit DeviceCacheRequest(uint64_t session) : handle_(session) {}
-  void AttachTo(ForwardEntry& entry) const override { entry.residency = &handle_; }
-  uint64_t session() const { return handle_.session; }
-
- private:
-  DeviceCacheSession handle_;
-};
-
-}  // namespace
 
 // The CUDA half: every row of the step is the residency's (an offloaded engine offloads every
 // request), so every decode row's attention comes from the cache rank.
@@ -46,21 +27,9 @@ class DeviceCacheRankBackend final : public CudaResidencyBackend {
 
   Status CheckBatch(std::span<const ForwardEntry> batch,
                     const AttentionWindow& window) const override {
+    RUBATO_RETURN_IF_ERROR(CheckGpuCacheBatch(batch, window));
     size_t rows = 0;
-    for (size_t e = 0; e < batch.size(); ++e) {
-      const ForwardEntry& entry = batch[e];
-      if (dynamic_cast<const DeviceCacheSession*>(entry.residency) == nullptr) {
-        return InvalidArgumentError("batch entry " + std::to_string(e) +
-                                    ": every entry of a step on a GPU cache rank must hold a "
-                                    "session there");
-      }
-      if (entry.attention != nullptr) {
-        return InvalidArgumentError("batch entry " + std::to_string(e) +
-                                    ": attention on the GPU cache rank is dense; the entry has "
-                                    "a policy's plan");
-      }
-      rows += entry.tokens.size();
-    }
+    for (const ForwardEntry& entry : batch) rows += entry.tokens.size();
     const DevicePlaneLimits& limits = client_.limits();
     if (batch.size() > static_cast<size_t>(limits.max_runs) ||
         rows > static_cast<size_t>(limits.max_rows)) {
@@ -69,9 +38,6 @@ class DeviceCacheRankBackend final : public CudaResidencyBackend {
           " tokens exceeds the GPU cache rank's "
           "data plane (max_runs " +
           std::to_string(limits.max_runs) + ", max_rows " + std::to_string(limits.max_rows) + ")");
-    }
-    if (!window.IsDense()) {
-      return InvalidArgumentError("attention on the GPU cache rank needs a dense window");
     }
     return Status::Ok();
   }
@@ -87,8 +53,7 @@ class DeviceCacheRankBackend final : public CudaResidencyBackend {
     runs_.clear();
     for (const size_t e : order_) {
       const ForwardEntry& entry = batch[e];
-      runs_.push_back({static_cast<const DeviceCacheSession&>(*entry.residency).session,
-                       static_cast<uint32_t>(entry.start_position),
+      runs_.push_back({GpuCacheSessionOf(entry), static_cast<uint32_t>(entry.start_position),
                        static_cast<uint32_t>(entry.tokens.size())});
     }
     // The plan's bound of the decode rows' keys fixes the attention grid, as for local dense.
@@ -169,11 +134,11 @@ Result<std::unique_ptr<ResidencyRequest>> DeviceCacheRankResidency::Open(uint64_
   if (!session.ok()) {
     return session.status().WithContext("opening its session on " + cache_name_);
   }
-  return std::unique_ptr<ResidencyRequest>(std::make_unique<DeviceCacheRequest>(*session));
+  return std::unique_ptr<ResidencyRequest>(std::make_unique<GpuCacheRequest>(*session));
 }
 
 Status DeviceCacheRankResidency::Close(ResidencyRequest& request) {
-  return control_.CloseSession(static_cast<DeviceCacheRequest&>(request).session());
+  return control_.CloseSession(static_cast<GpuCacheRequest&>(request).session());
 }
 
 Status DeviceCacheRankResidency::RegisterMetrics(MetricsRegistry& registry) {

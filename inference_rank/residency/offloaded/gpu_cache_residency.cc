@@ -10,27 +10,11 @@
 
 #include "inference_rank/model/cuda_model.h"
 #include "inference_rank/residency/cuda_residency_backend.h"
+#include "inference_rank/residency/offloaded/gpu_cache_session.h"
 #include "inference_rank/residency/offloaded/offloaded_residency.h"
 
 namespace rubato {
 namespace {
-
-// One request's session in the store, the handle its forward entries carry.
-class GpuCacheSession final : public ResidencyEntry {
- public:
-  explicit GpuCacheSession(int session) : session(session) {}
-  const int session;
-};
-
-class GpuCacheRequest final : public ResidencyRequest {
- public:
-  explicit GpuCacheRequest(int session) : handle_(session) {}
-  void AttachTo(ForwardEntry& entry) const override { entry.residency = &handle_; }
-  int session() const { return handle_.session; }
-
- private:
-  GpuCacheSession handle_;
-};
 
 // The CUDA half: every row of the step is the residency's (an offloaded engine offloads every
 // request), so every decode row's attention comes from the cache GPU.
@@ -44,30 +28,14 @@ class GpuCacheCudaBackend final : public CudaResidencyBackend {
 
   Status CheckBatch(std::span<const ForwardEntry> batch,
                     const AttentionWindow& window) const override {
-    for (size_t e = 0; e < batch.size(); ++e) {
-      const ForwardEntry& entry = batch[e];
-      if (dynamic_cast<const GpuCacheSession*>(entry.residency) == nullptr) {
-        return InvalidArgumentError("batch entry " + std::to_string(e) +
-                                    ": every entry of a step on a GPU cache rank must hold "
-                                    "a session there");
-      }
-      if (entry.attention != nullptr) {
-        return InvalidArgumentError("batch entry " + std::to_string(e) +
-                                    ": attention on the GPU cache rank is dense; the entry "
-                                    "has a policy's plan");
-      }
-    }
-    if (!window.IsDense()) {
-      return InvalidArgumentError("attention on the GPU cache rank needs a dense window");
-    }
-    return Status::Ok();
+    return CheckGpuCacheBatch(batch, window);
   }
 
   Status PlanStep(std::span<const ForwardEntry> batch, const ForwardPlan& plan) override {
     rows_.resize(static_cast<size_t>(plan.entry_first_row.empty() ? 0 : TotalRows(batch)));
     for (size_t e = 0; e < batch.size(); ++e) {
       const ForwardEntry& entry = batch[e];
-      const int session = static_cast<const GpuCacheSession&>(*entry.residency).session;
+      const int session = static_cast<int>(GpuCacheSessionOf(entry));
       const int first = plan.entry_first_row[e];
       for (size_t t = 0; t < entry.tokens.size(); ++t) {
         rows_[static_cast<size_t>(first) + t] = {session,
@@ -155,7 +123,8 @@ Result<std::unique_ptr<ResidencyRequest>> GpuCacheResidency::Open(uint64_t /*req
 }
 
 Status GpuCacheResidency::Close(ResidencyRequest& request) {
-  return attention_->CloseSession(static_cast<GpuCacheRequest&>(request).session());
+  return attention_->CloseSession(
+      static_cast<int>(static_cast<GpuCacheRequest&>(request).session()));
 }
 
 Status GpuCacheResidency::RegisterMetrics(MetricsRegistry& registry) {
