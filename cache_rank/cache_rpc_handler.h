@@ -1,6 +1,6 @@
-// The cache rank's RPC handler (DESIGN §3 "RPC control plane"): turns the control-plane calls of
-// each inference-rank connection into CacheService calls. The connection id is the peer id:
-// Hello connects that peer's data plane (a UCX endpoint pair whose addresses the Hello and its
+// The cache rank's RPC handler (docs/design.md §3 "RPC control plane"): turns the control-plane
+// calls of each inference-rank connection into CacheService calls. The connection id is the peer
+// id: Hello connects that peer's data plane (a UCX endpoint pair whose addresses the Hello and its
 // response carry, or an NCCL communicator of two whose unique id the Hello carries and which the
 // handler joins as rank 0 on its GPU before answering; a Hello without a transport backend is a
 // control-only peer), OpenSession / CloseSession act on its sessions, Health reports its data

@@ -1,5 +1,5 @@
-// Cache selectors (DESIGN §3 "Policy", the optional cache-rank half of a policy): the rule that
-// picks what the cache rank sends back for an offloaded request's decode step: stored rows
+// Cache selectors (docs/design.md §3 "Policy", the optional cache-rank half of a policy): the rule
+// that picks what the cache rank sends back for an offloaded request's decode step: stored rows
 // (positions and their K / V), or the attention of the step's query over the stored KV (its
 // output and log-sum-exp). Where the KV lives is the residency; which rows a step attends is
 // the policy. An

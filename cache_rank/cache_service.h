@@ -75,7 +75,7 @@ class CacheService {
   // the service does not know.
   Status PeerHealth(uint64_t peer) const;
   CacheServiceStats Stats() const;
-  // Registers and from then on updates (DESIGN §3): rubato:cache_rank_sessions,
+  // Registers and from then on updates (docs/design.md §3): rubato:cache_rank_sessions,
   // rubato:cache_rank_memory_bytes{kind="reserved"|"peak"|"budget"} (KV storage, of the
   // allocator's memory),
   // rubato:transport_bytes_total{role="cache", direction, backend} of the cache rank's data plane

@@ -1,8 +1,8 @@
-// Pinned (page-locked) host memory for the cache rank's KV (DESIGN §1 "full KV store (GPU or
-// pinned)"): the same host-addressable storage as MakeHostKvStorageAllocator, allocated with
-// cudaHostAlloc so that a GPU can read and write it by DMA at full PCIe / C2C bandwidth (the
-// copies of a cache rank that feeds a GPU, or a GPU transport's staging). Built in CUDA builds
-// only (RUBATO_HAS_CUDA_PINNED); on a machine without a GPU driver Allocate fails with
+// Pinned (page-locked) host memory for the cache rank's KV (docs/design.md §1, the cache
+// rank's "full KV store"): the same host-addressable storage as MakeHostKvStorageAllocator,
+// allocated with cudaHostAlloc so that a GPU can read and write it by DMA at full PCIe / C2C
+// bandwidth (the copies of a cache rank that feeds a GPU, or a GPU transport's staging). Built in
+// CUDA builds only (RUBATO_HAS_CUDA_PINNED); on a machine without a GPU driver Allocate fails with
 // kUnavailable, naming CUDA's error.
 #pragma once
 

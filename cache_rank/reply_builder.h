@@ -1,4 +1,4 @@
-// Builds the cache rank's reply pack for a KV pack (DESIGN §1 step 3; AsyncSpade §4): per
+// Builds the cache rank's reply pack for a KV pack (docs/design.md §1 step 3; AsyncSpade §4): per
 // layer and request, the selected positions per KV head and the compact K / V rows gathered
 // from the store at them, and for a request that asks for it (attention_queries) the attention
 // of its query over the stored KV (stored_attention.h; layer_pack.h "reply pack").

@@ -1,4 +1,4 @@
-// Attention on the cache rank (DESIGN §1, §4.5): one decode query's dense attention over a
+// Attention on the cache rank (docs/design.md §1, §4.5): one decode query's dense attention over a
 // session's stored K / V of one layer, the reply of the `attention` selector. The inference
 // rank sends the query and the step's new K / V; the cache rank appends them and answers with
 // the attention output and its log-sum-exp, so that the KV is read where it lives and the reply

@@ -1,5 +1,5 @@
-// The rubato YAML config (DESIGN §6): one file, validated at load. Unknown keys, wrong types,
-// out-of-range values and bad enum values are errors naming the file and the key path, e.g.
+// The rubato YAML config (docs/design.md §6): one file, validated at load. Unknown keys, wrong
+// types, out-of-range values and bad enum values are errors naming the file and the key path, e.g.
 // "rubato.yaml: engine.max_batch: must be in [1, 4096], got 0 (line 7)". Missing keys take the
 // defaults below (configs/default.yaml spells them out); an empty file is the default config.
 //

@@ -169,7 +169,7 @@ class MetricsRegistry {
 
   // Registration. InvalidArgument when:
   //  * the name does not match [a-zA-Z_:][a-zA-Z0-9_:]*, or a counter's name does not end in
-  //    `_total` (DESIGN §3);
+  //    `_total` (docs/design.md §3);
   //  * a label name does not match [a-zA-Z_][a-zA-Z0-9_]*, starts with `__` (reserved by
   //    Prometheus), repeats, or is `le` on a histogram;
   //  * histogram bounds are not strictly increasing, or contain NaN or -Inf, or +Inf anywhere

@@ -1,5 +1,5 @@
-// The CI subset of the long-context accuracy suite (DESIGN §7) on the trained tiny model, CPU
-// backend: 40 fixed instances at 2K-4K tokens (tests/data/accuracy/ci_subset.jsonl, written by
+// The CI subset of the long-context accuracy suite (docs/design.md §7) on the trained tiny model,
+// CPU backend: 40 fixed instances at 2K-4K tokens (tests/data/accuracy/ci_subset.jsonl, written by
 // tests/data/accuracy/regenerate). Dense attention must recall the pass key; StreamingLLM with a
 // 256-token recent window must lose the facts that lie outside its window; SFI at a tight budget
 // (K = 512 positions per KV head) must still recall them.

@@ -1,6 +1,6 @@
 // Bad input through the `rubato generate` command: each case must end with exactly one line on
-// stderr naming the problem and a non-zero exit, never a crash or a hang (DESIGN §7 "Bad input
-// and faults").
+// stderr naming the problem and a non-zero exit, never a crash or a hang (docs/design.md §7
+// "Bad input and faults").
 // Each case copies the bundled tiny model into a temporary directory and breaks one thing.
 // Also: the backend switch (`--backend cuda` without CUDA in the build or without a GPU), and
 // prompts given as token ids for a model directory holding only config.json (--random-weights).

@@ -1,4 +1,4 @@
-// Golden parity with Hugging Face transformers (DESIGN §7 "Golden").
+// Golden parity with Hugging Face transformers (docs/design.md §7 "Golden").
 //
 // For each tiny checkpoint, tests/data/golden/<model>/ holds what transformers computed in fp32
 // on the CPU (tools/golden/hf_golden.py, run on the GPU machine by scripts/gpu/golden.sh): the

@@ -1,7 +1,7 @@
-// MPI bootstrap (DESIGN §1 "Disaggregated mode"): when rubato is launched by `mpirun -np N`,
-// MPI tells each process its rank, the world size and its rank on the node (which picks the
-// local GPU), and carries the small blobs that connect the data plane: the ncclUniqueId that
-// rank 0 makes, the UCX worker addresses of every rank. MPI is used for nothing else; the
+// MPI bootstrap (docs/design.md §1 "Disaggregated mode"): when rubato is launched by
+// `mpirun -np N`, MPI tells each process its rank, the world size and its rank on the node (which
+// picks the local GPU), and carries the small blobs that connect the data plane: the ncclUniqueId
+// that rank 0 makes, the UCX worker addresses of every rank. MPI is used for nothing else; the
 // control plane is the RPC and the bulk data goes over the Transport.
 //
 //   RUBATO_ASSIGN_OR_RETURN(auto mpi, MpiBootstrap::Init(&argc, &argv));

@@ -1,8 +1,8 @@
 // rubato_accuracy: scores one config (model + attention policy, CPU or CUDA engine) on the
-// long-context accuracy suite and writes the results as JSON (DESIGN §7, §8); bench/accuracy/run
-// calls it once per policy and merges the outputs. Flags, output fields and examples:
-// bench/accuracy/README.md. Every error is one line on stderr ("rubato_accuracy: error: ...")
-// and exit status 1.
+// long-context accuracy suite and writes the results as JSON (docs/design.md §7, §8);
+// bench/accuracy/run calls it once per policy and merges the outputs. Flags, output fields and
+// examples: bench/accuracy/README.md. Every error is one line on stderr
+// ("rubato_accuracy: error: ...") and exit status 1.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>

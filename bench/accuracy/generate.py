@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the instances of the long-context accuracy suite (DESIGN §7) as JSON lines.
+"""Writes the instances of the long-context accuracy suite (docs/design.md §7) as JSON lines.
 
 One instance per (task, length bucket, depth, index) cell, drawn from tasks.py with the RNG
 tasks.instance_rng(seed, ...) so that a larger --instances keeps the earlier instances. Token

@@ -80,7 +80,7 @@ class AttentionPolicy {
   // A request's state for KV of `residency` (supported by traits()).
   virtual std::unique_ptr<PolicyRequest> Admit(KvResidency residency) = 0;
 
-  // Registers the policy's counters (DESIGN §3 names); `registry` outlives the policy.
+  // Registers the policy's counters (docs/design.md §3 names); `registry` outlives the policy.
   virtual Status RegisterMetrics(MetricsRegistry& /*registry*/) { return Status::Ok(); }
   // " key=value ..." for the CLI's stats line; "" when there is nothing to say.
   virtual std::string StatsLine() const { return ""; }

@@ -1,7 +1,7 @@
-// `rubato cache --listen HOST:PORT`: a standalone cache rank (DESIGN §1 "Disaggregated mode",
-// what a Kubernetes cache pod runs). Serves the RPC control plane on HOST:PORT (port 0: any free
-// port) and each connecting inference rank's KV packs over UCX or NCCL (the inference rank's
-// topology.transport; NCCL from GPU --device), until a peer's Shutdown call,
+// `rubato cache --listen HOST:PORT`: a standalone cache rank (docs/design.md §1
+// "Disaggregated mode", what a Kubernetes cache pod runs). Serves the RPC control plane on
+// HOST:PORT (port 0: any free port) and each connecting inference rank's KV packs over UCX or NCCL
+// (the inference rank's topology.transport; NCCL from GPU --device), until a peer's Shutdown call,
 // SIGINT or SIGTERM. Prints "rubato cache: listening on HOST:PORT" (the bound port) once ready,
 // and with --metrics HOST:PORT "rubato cache: metrics on http://HOST:PORT/metrics" before it.
 // Its storage (budget, memory, GPU) is the config's `cache:` section; the flags override it.

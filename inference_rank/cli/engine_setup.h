@@ -22,7 +22,7 @@ namespace rubato {
 
 // Command-line flags that override config keys (unset: the config file's value, or the default).
 struct ConfigOverrides {
-  std::optional<std::string> config_file;   // YAML config (DESIGN §6)
+  std::optional<std::string> config_file;   // YAML config (docs/design.md §6)
   std::optional<std::string> model_dir;     // model.path
   bool random_weights = false;              // model.random_weights
   std::optional<std::string> backend;       // "cpu" | "cuda": engine.backend

@@ -27,7 +27,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   std::optional<std::string> policy;        // overrides config policy.name
   std::optional<std::string> kv_residency;  // overrides config engine.kv_residency
-  std::optional<std::string> config_file;   // YAML config (DESIGN §6)
+  std::optional<std::string> config_file;   // YAML config (docs/design.md §6)
   std::optional<int> threads;               // overrides config engine.threads
   // "host:port" of a cache rank (`rubato cache --listen`): an offload policy's KV goes there
   // instead of to the in-process (colocated) cache service. Overrides topology.cache_endpoints.

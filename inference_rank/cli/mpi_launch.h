@@ -1,5 +1,5 @@
-// Launch under `mpirun -np N` (DESIGN §1 "Disaggregated mode"): each process takes its role from
-// the config's topology.ranks by its MPI rank. A cache rank serves (ServeCacheRank) until an
+// Launch under `mpirun -np N` (docs/design.md §1 "Disaggregated mode"): each process takes its role
+// from the config's topology.ranks by its MPI rank. A cache rank serves (ServeCacheRank) until an
 // inference rank asks it to stop; an inference rank learns the cache rank's RPC endpoint through
 // MPI and then connects exactly as `--cache HOST:PORT` does (RPC + UCX, or NCCL with
 // topology.transport nccl). MPI carries only the endpoint (an NCCL communicator's unique id goes

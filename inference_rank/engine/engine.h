@@ -55,11 +55,11 @@ struct EngineOptions {
   // The attention policy every request follows (its host half; the engine installs its backend
   // half in the model). Null: dense. Shared with the caller, who may read its counters.
   std::shared_ptr<AttentionPolicy> policy;
-  // Optional: where the engine registers and updates its metrics (DESIGN §3 names):
+  // Optional: where the engine registers and updates its metrics (docs/design.md §3 names):
   // rubato:retained_kv_ratio (a histogram, one observation per sampled token) and the policy's own
   // (AttentionPolicy::RegisterMetrics). Must outlive the engine.
   MetricsRegistry* metrics = nullptr;
-  // Where requests' KV lives (DESIGN §3 "KV residency", docs/residency.md): a residency of
+  // Where requests' KV lives (docs/design.md §3 "KV residency", docs/residency.md): a residency of
   // inference_rank/residency/ (residency_registry.h makes one by name). Null: the paged cache
   // holds every position (local). The policy must support it (its traits). The engine asks it
   // what to reserve at admission, opens and closes each request's storage with it, installs its

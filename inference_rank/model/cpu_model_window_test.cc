@@ -1,6 +1,6 @@
-// Tests for the CPU model's attention window (StreamingLLM's sink + recent, DESIGN §3/§4.7) on
-// the tiny random Qwen3 / Qwen2 / Llama models:
-//   * a window with sink + recent >= context gives exactly the logits of dense (DESIGN §4),
+// Tests for the CPU model's attention window (StreamingLLM's sink + recent, docs/design.md §3/§4.7)
+// on the tiny random Qwen3 / Qwen2 / Llama models:
+//   * a window with sink + recent >= context gives exactly the logits of dense (docs/design.md §4),
 //     through chunked prefill and decode;
 //   * a long prompt with a small window differs from dense, and chunking the prompt does not
 //     change the windowed logits (the window is per query position, not per chunk);

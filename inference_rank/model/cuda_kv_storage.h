@@ -1,6 +1,6 @@
 // The CUDA model's KV pools: bf16 K and V on the device, behind PagedKvCache's KvStorage. The
 // cache keeps the block accounting on the host (free list, block tables, all-or-nothing
-// Reserve); the pools live here, laid out as DESIGN §3 says:
+// Reserve); the pools live here, laid out as docs/design.md §3 says:
 //   keys, values: [layer][block][kv_head][block_tokens][head_dim], bf16
 // so a block id names the same slot in every layer, and one layer's pool is a contiguous
 // [block][kv_head][block_tokens][head_dim] array (what kernels/cuda/*attention* and kv_append

@@ -1,6 +1,6 @@
 // The CUDA model: the Llama / Qwen2 / Qwen3 decoder of cpu_model.h on one NVIDIA GPU, with bf16
-// weights, activations and KV cache and fp32 accumulation (DESIGN §3). Same contract as the CPU
-// model (model.h), up to bf16 rounding; an entry that samples with LogitsWanted::kLast gets its
+// weights, activations and KV cache and fp32 accumulation (docs/design.md §3). Same contract as the
+// CPU model (model.h), up to bf16 rounding; an entry that samples with LogitsWanted::kLast gets its
 // token id back from the device and no logits. One forward: host planning and one input copy,
 // the decoder's launches on one stream (a batch of decode tokens replays them as a CUDA graph),
 // the results copied back and one synchronization. Attention plans run with the installed

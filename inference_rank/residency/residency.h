@@ -78,7 +78,7 @@ class Residency {
   // The error that stopped the residency's peer (its open requests are then lost), or ok.
   virtual Status Broken() const { return Status::Ok(); }
 
-  // Registers its metrics (DESIGN §3 names); `registry` outlives the residency.
+  // Registers its metrics (docs/design.md §3 names); `registry` outlives the residency.
   virtual Status RegisterMetrics(MetricsRegistry& /*registry*/) { return Status::Ok(); }
   // " key=value ..." for the CLI's stats line; "" when there is nothing to say.
   virtual std::string StatsLine() const { return ""; }

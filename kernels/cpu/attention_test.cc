@@ -192,7 +192,7 @@ TEST(CausalAttention, WindowMatchesMaskedNaiveReference) {
   }
 }
 
-// A window that covers every position is dense, bit for bit (DESIGN §4: budget >= context
+// A window that covers every position is dense, bit for bit (docs/design.md §4: budget >= context
 // equals dense).
 TEST(CausalAttention, WindowCoveringTheContextIsDense) {
   const Shape s{6, 2, 10, 16, 300};  // key tiles of 170: the sink boundary falls inside one

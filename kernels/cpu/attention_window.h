@@ -1,5 +1,5 @@
-// Which keys a query may attend: the two-segment plan of DESIGN §3 reduced to positions. A query
-// at position p attends [0, min(sink, p + 1)) ∪ [max(sink, p - recent + 1), p], the sink and
+// Which keys a query may attend: the two-segment plan of docs/design.md §3 reduced to positions. A
+// query at position p attends [0, min(sink, p + 1)) ∪ [max(sink, p - recent + 1), p], the sink and
 // recent segments (never overlapping); dense causal attention is sink = 0, recent = unbounded.
 // The window applies to prefill and decode alike; the CPU reference masks, it never evicts.
 // Narrative: docs/kernels_cpu.md "Attention windows".

@@ -1,5 +1,5 @@
-// How CPU ops see one (request, layer)'s compact KV buffer (DESIGN §3 "Working set"): the sink
-// and selected keys and values of a sparse policy, gathered out of the paged cache into one
+// How CPU ops see one (request, layer)'s compact KV buffer (docs/design.md §3 "Working set"): the
+// sink and selected keys and values of a sparse policy, gathered out of the paged cache into one
 // contiguous slab per KV head. Row r of KV head h is the r-th kept position of that head (sink
 // then selected, ascending); how many rows are valid is per-head state kept next to the buffer
 // (the counts GatherCompactKv writes), not part of the view. Like PagedKvView this is a

@@ -1,6 +1,6 @@
 // Key norms: the L2 norm of the cached key of every KV head at a range of positions of one
-// sequence, the input of the SFI Selector's key-norm prior (paper Eq. 9, `gamma > 0`; DESIGN
-// §4.2). The sum of squares is taken in double and rounded once to f32.
+// sequence, the input of the SFI Selector's key-norm prior (paper Eq. 9, `gamma > 0`;
+// docs/design.md §4.2). The sum of squares is taken in double and rounded once to f32.
 //
 // CUDA twin: kernels/cuda/key_norms.cuh (bf16 keys, a batch of sequences, f32 sums, rows indexed
 // by position as SfiSelect reads them); given the same key values the two agree to f32 rounding.

@@ -1,5 +1,5 @@
 // How CPU ops see one sequence's keys and values of one layer in a paged KV cache
-// (DESIGN §3): fixed-size blocks of `block_tokens` positions, found through the sequence's
+// (docs/design.md §3): fixed-size blocks of `block_tokens` positions, found through the sequence's
 // block table. Token at position p lives in physical block block_table[p / block_tokens], at
 // row p % block_tokens of every KV head's slab in that block.
 #pragma once

@@ -307,8 +307,8 @@ TEST(TwoSegmentAttention, LargeScoresStayFinite) {
 
 // (b): the compact buffer holding every position [0, recent_begin) plus the recent segment
 // [recent_begin, L) is dense decode of the query at L - 1, as RowsAttentionForKvHead computes it
-// (DESIGN §4: a budget covering the context equals dense). The contract is 1e-5; this CPU op
-// also matches bit for bit, because it runs the rows path's loops over the same keys in the same
+// (docs/design.md §4: a budget covering the context equals dense). The contract is 1e-5; this CPU
+// op also matches bit for bit, because it runs the rows path's loops over the same keys in the same
 // order.
 TEST(TwoSegmentAttention, EverythingGatheredIsDenseDecode) {
   const Shape shapes[] = {{8, 2, 64, 16, 300},

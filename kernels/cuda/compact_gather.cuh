@@ -1,5 +1,5 @@
-// Compact gather on the GPU (DESIGN §4.2 "Reorganization"): for each (sequence, KV head), the
-// sink positions and then the selected positions are copied, K and V, out of the paged pools
+// Compact gather on the GPU (docs/design.md §4.2 "Reorganization"): for each (sequence, KV head),
+// the sink positions and then the selected positions are copied, K and V, out of the paged pools
 // into rows 0.. of that head's compact buffer, which two-segment decode attention reads as its
 // first segment (decode_attention.cuh). CPU twin: kernels/cpu/compact_gather.h (one sequence,
 // f32); given the same positions both produce the same rows bit for bit.

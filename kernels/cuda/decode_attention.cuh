@@ -60,7 +60,7 @@ struct DecodeAttentionParams {
   int64_t scores_stride = 0;
   void* workspace = nullptr;  // DecodeAttentionWorkspaceBytes(...) bytes, device
   size_t workspace_bytes = 0;
-  // Optional first segment (two-segment sparse attention, DESIGN §3 "Working set"): per
+  // Optional first segment (two-segment sparse attention, docs/design.md §3 "Working set"): per
   // (sequence b, KV head h), rows [0, compact_counts[b * num_kv_heads + h]) of
   //   compact_keys / compact_values + (b * num_kv_heads + h) * compact_capacity * head_dim
   // are attended first, then the paged positions [recent_begin[b], L) (not [0, L)). Needs a

@@ -1,6 +1,6 @@
 // Key norms on the GPU: the L2 norm of the cached key of every KV head at positions
 // [begin[b], begin[b] + count[b]) of each sequence b of a batch, out of the paged key pool; the
-// input of SfiSelect's key-norm prior (paper Eq. 9, `gamma > 0`; DESIGN §4.2). CPU twin:
+// input of SfiSelect's key-norm prior (paper Eq. 9, `gamma > 0`; docs/design.md §4.2). CPU twin:
 // kernels/cpu/key_norms.h (one sequence, f32 keys, rows indexed from `begin`); this op writes
 // each row indexed by position, the layout SfiSelect reads (sfi_selector.cuh key_norms), and sums
 // the squares of the bf16 keys in f32 (the twins agree to ~1e-6 relative on the same values).

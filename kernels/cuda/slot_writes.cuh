@@ -1,7 +1,7 @@
-// Writes into evicting KV slot arrays (DESIGN §3 "KV residency"), on the device so that a decode
-// step stays graph-replayable: each decode token's K/V go into the slot its array's next_slot
-// names (marking it valid), and after a prompt moved into the slots (compact_gather.cuh with the
-// arrays as its pool) the masks and next slots are set. CPU twin of the token write:
+// Writes into evicting KV slot arrays (docs/design.md §3 "KV residency"), on the device so that a
+// decode step stays graph-replayable: each decode token's K/V go into the slot its array's
+// next_slot names (marking it valid), and after a prompt moved into the slots (compact_gather.cuh
+// with the arrays as its pool) the masks and next slots are set. CPU twin of the token write:
 // inference_rank/kv/slot_kv_pool.h WriteToNextSlots (same contract, bf16 here).
 #pragma once
 

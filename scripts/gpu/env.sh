@@ -1,6 +1,6 @@
 # Sourced by the scripts/gpu/* device scripts: points CMake and pkg-config at the Debian packages
 # scripts/gpu/fetch-build-deps unpacked into .cache/gpu-deps (the GPU machine lacks their headers;
-# DESIGN §9), and keeps NVLink multicast off (device README).
+# docs/design.md §9), and keeps NVLink multicast off (device README).
 deps="$PWD/.cache/gpu-deps/root"
 if [ ! -f "$deps/.complete" ]; then
   echo "scripts/gpu: .cache/gpu-deps missing: run scripts/gpu/fetch-build-deps here and carry .cache/gpu-deps" >&2

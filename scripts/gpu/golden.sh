@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Produces every committed reference that needs PyTorch / transformers / tokenizers, on the
-# GPU machine (DESIGN §9), in one call:
+# GPU machine (docs/design.md §9), in one call:
 #   1. the tiny random checkpoints (tools/model_maker/make_tiny_model.py)
 #   2. transformers reference logits for each (tools/golden/hf_golden.py)
 #   3. HF tokenizers reference ids for the Qwen3 / Llama-3 parity set

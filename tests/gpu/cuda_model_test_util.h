@@ -23,8 +23,8 @@
 
 namespace rubato::cuda_model_test {
 
-// The bound of DESIGN §7 for bf16 on one logits row, relaxed from 1e-2 to 2e-2 because a whole
-// model compounds bf16 roundings of every activation, weight and cached key/value.
+// The bound of docs/design.md §7 for bf16 on one logits row, relaxed from 1e-2 to 2e-2 because a
+// whole model compounds bf16 roundings of every activation, weight and cached key/value.
 inline constexpr double kRowRelL2 = 2e-2;
 
 inline double RelL2(std::span<const float> got, std::span<const float> ref) {

@@ -1,4 +1,4 @@
-// GPU tests of the row-wise and elementwise CUDA ops against their CPU twins (DESIGN §7):
+// GPU tests of the row-wise and elementwise CUDA ops against their CPU twins (docs/design.md §7):
 // embedding, rmsnorm (with and without the fused residual add), qk-norm, rope (default and llama3
 // frequencies, positions up to ~200000) and swiglu, on fresh random inputs of odd sizes, plus the
 // launchers' rejection of bad parameters. *Large* tests hold the big shapes, which the

@@ -1,6 +1,6 @@
 // Helpers shared by the GPU op tests (tests/gpu): fresh random inputs, device upload and
-// download, poisoned outputs, and the two accuracy checks of DESIGN §7 (every element within
-// atol + rtol * |ref|, and relative L2 error under a bound).
+// download, poisoned outputs, and the two accuracy checks of docs/design.md §7 (every element
+// within atol + rtol * |ref|, and relative L2 error under a bound).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -134,7 +134,7 @@ inline ::testing::AssertionResult RelativeL2Below(const std::string& what,
          << what << ": relative L2 error " << relative << " > " << bound;
 }
 
-// Both checks of DESIGN §7 at once (the bf16 defaults: rel L2 1e-2).
+// Both checks of docs/design.md §7 at once (the bf16 defaults: rel L2 1e-2).
 inline ::testing::AssertionResult Bf16Close(const std::string& what, std::span<const float> actual,
                                             std::span<const float> expected, double atol,
                                             double rtol, double rel_l2 = 1e-2) {

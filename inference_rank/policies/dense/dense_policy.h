@@ -1,5 +1,5 @@
-// Dense attention (DESIGN §4.1): every query attends every earlier position. No backend half,
-// no per-request state; on offloaded KV the cache rank attends (its `attention` selector) and
+// Dense attention (docs/design.md §4.1): every query attends every earlier position. No backend
+// half, no per-request state; on offloaded KV the cache rank attends (its `attention` selector) and
 // returns each decode token's attention output.
 #pragma once
 

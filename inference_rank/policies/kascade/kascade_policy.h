@@ -1,7 +1,7 @@
-// Kascade (papers/kascade.txt §3; DESIGN §4.4): top-k selections made on a few anchor layers and
-// reused by the layers after them. Decode: layer 0 dense, every anchor selects per KV head the
-// top k positions of its query's GQA-pooled post-softmax probabilities and attends them, each
-// reuse layer attends its anchor's selection through the calibrated head map (index gather).
+// Kascade (papers/kascade.txt §3; docs/design.md §4.4): top-k selections made on a few anchor
+// layers and reused by the layers after them. Decode: layer 0 dense, every anchor selects per KV
+// head the top k positions of its query's GQA-pooled post-softmax probabilities and attends them,
+// each reuse layer attends its anchor's selection through the calibrated head map (index gather).
 // k = min(L, max(ceil(top_k_ratio L), top_k_min)); k >= L attends densely. Prefill (tiled): the
 // same per tile of `prefill_tile` queries, pooled over the tile. Anchors and head map come from
 // `rubato calibrate kascade`. Narrative and choices: docs/kascade.md.

@@ -1,5 +1,5 @@
-// LongFlow (papers/longflow.txt §3, §4.1, App. E; DESIGN §4.6): a request's KV never exceeds a
-// budget of B slots per (layer, KV head) (evicting KV, kv/slot_kv_pool.h). Each decode
+// LongFlow (papers/longflow.txt §3, §4.1, App. E; docs/design.md §4.6): a request's KV never
+// exceeds a budget of B slots per (layer, KV head) (evicting KV, kv/slot_kv_pool.h). Each decode
 // token overwrites the slot its previous step chose; its attention over the slots also scores
 // every slot by Eq. 6 and chooses the next one (kernels/cpu/longflow_attention.h). A prompt
 // longer than B is compressed to B after prefill with SnapKV-style scoring

@@ -1,5 +1,5 @@
-// Oracle top-k (DESIGN §4.7; the Kascade paper's "Oracle"): every decode step and layer, each
-// KV head attends the sink, the exact top-k positions of the current query and the recent
+// Oracle top-k (docs/design.md §4.7; the Kascade paper's "Oracle"): every decode step and layer,
+// each KV head attends the sink, the exact top-k positions of the current query and the recent
 // window. The upper bound every selection policy is judged against. docs/oracle_topk.md.
 //
 // Selection, per (layer, KV head), for the query at position L - 1: candidates J = [sink_end,

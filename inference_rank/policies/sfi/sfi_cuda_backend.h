@@ -1,4 +1,4 @@
-// SFI's backend half on the CUDA model (DESIGN §4.2; docs/sfi.md "CUDA model"): a pool of
+// SFI's backend half on the CUDA model (docs/design.md §4.2; docs/sfi.md "CUDA model"): a pool of
 // compact buffers with a slot per request (cuda_sfi_pool.h); fast rows (kSfiFastRows) attend
 // their slot and the recent segment in one two-segment launch per layer; slow rows
 // (kSfiSlowRows), and the last W queries of a prompt's last chunk ("window rows"), attend densely

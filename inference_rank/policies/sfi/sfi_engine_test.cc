@@ -1,4 +1,4 @@
-// Tests for SFI in the engine (the sfi policy, DESIGN §4.2) on the CPU reference: a budget
+// Tests for SFI in the engine (the sfi policy, docs/design.md §4.2) on the CPU reference: a budget
 // covering the context generates exactly the dense tokens; the schedule's step kinds reach the
 // model and the counters (first decode step slow, t_max, triggers); the confidence trigger
 // recomputes improbable fast steps as slow ones (same draw, same position); a small budget attends

@@ -1,5 +1,5 @@
-// SFI, Slow-Fast Inference (DESIGN §4.2): the policy's host half. Per request it runs the step
-// schedule (sfi_config.h) and plans each entry (sfi_state.h SfiStep): the prompt's last chunk
+// SFI, Slow-Fast Inference (docs/design.md §4.2): the policy's host half. Per request it runs the
+// step schedule (sfi_config.h) and plans each entry (sfi_state.h SfiStep): the prompt's last chunk
 // and slow decode steps attend densely and refresh the selection, fast steps attend sink +
 // selected + recent; a fast step whose token falls below the confidence threshold is thrown
 // away and recomputed as a slow step. Backend halves: sfi_cpu_backend.h, sfi_cuda_backend.h.

@@ -1,5 +1,5 @@
-// StreamingLLM (DESIGN §4.7), the weak baseline: every query, prefill and decode, attends the
-// first sink_tokens positions and the last recent_window positions up to itself (a forward
+// StreamingLLM (docs/design.md §4.7), the weak baseline: every query, prefill and decode, attends
+// the first sink_tokens positions and the last recent_window positions up to itself (a forward
 // window, kernels/cpu/attention_window.h). The KV cache keeps every position.
 #pragma once
 

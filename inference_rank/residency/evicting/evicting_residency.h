@@ -1,6 +1,6 @@
-// The evicting residency (DESIGN §3 "KV residency"): every request holds a static slot array of
-// the policy's traits().evicting_slots (B) per (layer, KV head), from a pool of max_batch arrays
-// the model makes at Engine::Create (kv/slot_kv_pool.h, Model::CreateSlotKvPool). Its prompt
+// The evicting residency (docs/design.md §3 "KV residency"): every request holds a static slot
+// array of the policy's traits().evicting_slots (B) per (layer, KV head), from a pool of max_batch
+// arrays the model makes at Engine::Create (kv/slot_kv_pool.h, Model::CreateSlotKvPool). Its prompt
 // prefills through the paged cache, which holds only the prompt and is released once the
 // forward that ended the prompt moved it into the slots; decode tokens write into the slots
 // (ForwardEntry::slots) and the policy's attention backend chooses which slot each overwrites.

@@ -85,7 +85,7 @@ class CacheRankClient final : public KvOffloadClient {
   // Forward steps that offloaded K/V (each sends one KV pack per pack of layers).
   uint64_t steps() const { return step_; }
 
-  // Registers and from then on updates (DESIGN §3): rubato:transport_bytes_total{role=
+  // Registers and from then on updates (docs/design.md §3): rubato:transport_bytes_total{role=
   // "inference", direction="tx"|"rx", backend} (KV packs out, replies in),
   // rubato:pack_wait_seconds (a histogram of each wait for a reply or a send) and
   // rubato:offload_steps_total (steps: bytes and wait per step are the ratios). `registry` must

@@ -1,5 +1,5 @@
-// The colocated mode's cache rank (DESIGN §1 "Colocated mode"): the cache service runs in this
-// process, behind the same client the disaggregated mode uses, over the loopback transport.
+// The colocated mode's cache rank (docs/design.md §1 "Colocated mode"): the cache service runs in
+// this process, behind the same client the disaggregated mode uses, over the loopback transport.
 // Sessions go to the service by direct calls instead of the RPC. This is how offloaded KV runs
 // on one machine (and in CI): the same packs, replies and checks as between two processes.
 //

@@ -1,12 +1,13 @@
-// Attention on a GPU cache rank inside this process (DESIGN §1 "attention on the cache rank"; the
-// colocated mode's device path): the offloaded requests' KV lives in a paged bf16 store on the
-// cache GPU, and in every layer the step's q|k|v rows cross to it peer to peer, are appended
-// there and attended by the same kernels/cuda ops as local dense attention (the output has local
-// dense's bits), and the decode rows' attention output crosses back. The KV is read by the cache
-// GPU's HBM and never shipped: a layer moves rows x (q_dim + 2 kv_dim) bf16 out and decode rows
-// x q_dim back, whatever the context. Only stream waits on events order the two GPUs: no host
-// synchronisation inside a step, and a layer can be captured in a CUDA graph on the model's
-// stream. Not thread-safe: one thread (the model's) drives it. docs/disaggregated.md.
+// Attention on a GPU cache rank inside this process (docs/design.md §1
+// "attention on the cache rank"; the colocated mode's device path): the offloaded requests' KV
+// lives in a paged bf16 store on the cache GPU, and in every layer the step's q|k|v rows cross to
+// it peer to peer, are appended there and attended by the same kernels/cuda ops as local dense
+// attention (the output has local dense's bits), and the decode rows' attention output crosses
+// back. The KV is read by the cache GPU's HBM and never shipped: a layer moves rows x (q_dim + 2
+// kv_dim) bf16 out and decode rows x q_dim back, whatever the context. Only stream waits on events
+// order the two GPUs: no host synchronisation inside a step, and a layer can be captured in a CUDA
+// graph on the model's stream. Not thread-safe: one thread (the model's) drives it.
+// docs/disaggregated.md.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,5 +1,5 @@
-// The offloaded residency's engine half (DESIGN §3 "KV residency", docs/disaggregated.md): every
-// request gets a session on a cache rank at admission (capacity: its reserved positions + 1,
+// The offloaded residency's engine half (docs/design.md §3 "KV residency", docs/disaggregated.md):
+// every request gets a session on a cache rank at admission (capacity: its reserved positions + 1,
 // the last sampled token's), its forward entries carry the session (OffloadForward) to the
 // model half, which hands their K/V over and decodes through the compact KV the cache rank
 // returns, and the session is closed when the request ends. The cache rank's selector (the

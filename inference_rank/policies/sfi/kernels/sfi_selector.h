@@ -18,7 +18,7 @@
 
 namespace rubato {
 
-struct SfiSelectorConfig {             // DESIGN §4.2 defaults
+struct SfiSelectorConfig {             // docs/design.md §4.2 defaults
   int budget = 2048;                   // K: positions selected per KV head, >= 1
   double alpha = 0.5;                  // power-mean exponent, (0, 1]
   double gamma = 0.0;                  // key-norm prior exponent, >= 0

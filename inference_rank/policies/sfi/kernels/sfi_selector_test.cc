@@ -282,7 +282,7 @@ std::vector<int> Range(int begin, int count) {
 TEST(SfiSelectorConfig, DefaultsAreValidAndBetaIsComputed) {
   const SfiSelectorConfig config;
   EXPECT_TRUE(ValidateSfiSelectorConfig(config).ok());
-  EXPECT_EQ(config.beta, -std::log(0.6) / 0.9);  // 0.56758402641 (DESIGN §4.2)
+  EXPECT_EQ(config.beta, -std::log(0.6) / 0.9);  // 0.56758402641 (docs/design.md §4.2)
   EXPECT_NEAR(std::exp(-config.beta * 0.9), 0.6, 1e-15);
 }
 
