@@ -163,17 +163,24 @@ Result<rpc::HealthResponse> CacheRpcHandler::OnHealth(rpc::ConnectionId connecti
   return response;
 }
 
-Result<rpc::ShutdownResponse> CacheRpcHandler::OnShutdown(rpc::ConnectionId connection,
-                                                          const rpc::ShutdownRequest& request) {
-  if (!options_.peers_authenticated) {
+Result<rpc::ShutdownResponse> ServeShutdown(bool peers_authenticated,
+                                            rpc::ConnectionId connection,
+                                            const rpc::ShutdownRequest& request,
+                                            const std::function<void(const std::string&)>& stop) {
+  if (!peers_authenticated) {
     return FailedPreconditionError(
         "Shutdown is served only to authenticated peers: start the cache rank with a token "
         "(RUBATO_CACHE_TOKEN or RUBATO_CACHE_TOKEN_FILE), or stop it with a signal");
   }
   RUBATO_LOG_INFO(kLogSubsystem, "peer {} asks the cache rank to stop: {}", connection,
                   request.reason());
-  if (on_shutdown_) on_shutdown_(request.reason());
+  if (stop) stop(request.reason());
   return rpc::ShutdownResponse();
+}
+
+Result<rpc::ShutdownResponse> CacheRpcHandler::OnShutdown(rpc::ConnectionId connection,
+                                                          const rpc::ShutdownRequest& request) {
+  return ServeShutdown(options_.peers_authenticated, connection, request, on_shutdown_);
 }
 
 void CacheRpcHandler::OnConnectionLost(rpc::ConnectionId connection, const Status& reason) {

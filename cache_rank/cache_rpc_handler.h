@@ -63,4 +63,10 @@ class CacheRpcHandler final : public rpc::RpcHandler {
 // "topk" is "oracle_topk". Unchecked: CacheService::OpenSession refuses an unknown name.
 CacheSelectorSpec SelectorSpecFromRequest(const rpc::OpenSessionRequest& request);
 
+// The Shutdown RPC as every cache-rank handler serves it: refused unless the peers are
+// authenticated (a token), else logged and handed to `stop` (may be empty).
+Result<rpc::ShutdownResponse> ServeShutdown(bool peers_authenticated, rpc::ConnectionId connection,
+                                            const rpc::ShutdownRequest& request,
+                                            const std::function<void(const std::string&)>& stop);
+
 }  // namespace rubato

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache_rank/cache_rpc_handler.h"
 #include "cache_rank/device/device_attention_server.h"
 #include "common/dtype.h"
 #include "common/logging.h"
@@ -276,15 +277,7 @@ Result<rpc::HealthResponse> DeviceCacheRpcHandler::OnHealth(rpc::ConnectionId co
 
 Result<rpc::ShutdownResponse> DeviceCacheRpcHandler::OnShutdown(
     rpc::ConnectionId connection, const rpc::ShutdownRequest& request) {
-  if (!options_.peers_authenticated) {
-    return FailedPreconditionError(
-        "Shutdown is served only to authenticated peers: start the cache rank with a token "
-        "(RUBATO_CACHE_TOKEN or RUBATO_CACHE_TOKEN_FILE), or stop it with a signal");
-  }
-  RUBATO_LOG_INFO(kLogSubsystem, "peer {} asks the cache rank to stop: {}", connection,
-                  request.reason());
-  if (on_shutdown_) on_shutdown_(request.reason());
-  return rpc::ShutdownResponse();
+  return ServeShutdown(options_.peers_authenticated, connection, request, on_shutdown_);
 }
 
 void DeviceCacheRpcHandler::OnConnectionLost(rpc::ConnectionId connection, const Status& reason) {
