@@ -105,19 +105,25 @@ Result<std::unique_ptr<transport::Transport>> CacheRpcHandler::JoinNccl(
 #endif
 }
 
-Result<rpc::OpenSessionResponse> CacheRpcHandler::OnOpenSession(
-    rpc::ConnectionId connection, const rpc::OpenSessionRequest& request) {
+Result<SessionShape> SessionShapeOf(const rpc::OpenSessionRequest& request,
+                                    uint64_t max_capacity_tokens) {
   SessionShape shape;
   shape.num_layers = request.num_layers();
   shape.num_kv_heads = request.num_kv_heads();
   shape.num_query_heads = request.num_query_heads();
   shape.head_dim = request.head_dim();
   RUBATO_ASSIGN_OR_RETURN(shape.dtype, ParseDTypeName(request.dtype()));
-  if (request.capacity_tokens() > UINT32_MAX) {
+  if (request.capacity_tokens() > max_capacity_tokens) {
     return InvalidArgumentError("open session: capacity of " +
                                 std::to_string(request.capacity_tokens()) + " tokens is too large");
   }
   shape.capacity_tokens = static_cast<uint32_t>(request.capacity_tokens());
+  return shape;
+}
+
+Result<rpc::OpenSessionResponse> CacheRpcHandler::OnOpenSession(
+    rpc::ConnectionId connection, const rpc::OpenSessionRequest& request) {
+  RUBATO_ASSIGN_OR_RETURN(const SessionShape shape, SessionShapeOf(request, UINT32_MAX));
   RUBATO_ASSIGN_OR_RETURN(const uint64_t session,
                           service_.OpenSession(connection, request.request_id(), shape,
                                                SelectorSpecFromRequest(request)));

@@ -63,6 +63,11 @@ class CacheRpcHandler final : public rpc::RpcHandler {
 // "topk" is "oracle_topk". Unchecked: CacheService::OpenSession refuses an unknown name.
 CacheSelectorSpec SelectorSpecFromRequest(const rpc::OpenSessionRequest& request);
 
+// The session shape an OpenSession request asks for (its dtype by name), every cache-rank
+// handler's; InvalidArgument for an unknown dtype or a capacity past `max_capacity_tokens`.
+Result<SessionShape> SessionShapeOf(const rpc::OpenSessionRequest& request,
+                                    uint64_t max_capacity_tokens);
+
 // The Shutdown RPC as every cache-rank handler serves it: refused unless the peers are
 // authenticated (a token), else logged and handed to `stop` (may be empty).
 Result<rpc::ShutdownResponse> ServeShutdown(bool peers_authenticated, rpc::ConnectionId connection,

@@ -185,17 +185,7 @@ Result<rpc::OpenSessionResponse> DeviceCacheRpcHandler::OnOpenSession(
                             "(selector attention: dense over offloaded KV); a row selection "
                             "needs a cache rank with cache.memory pageable or pinned");
   }
-  SessionShape shape;
-  shape.num_layers = request.num_layers();
-  shape.num_kv_heads = request.num_kv_heads();
-  shape.num_query_heads = request.num_query_heads();
-  shape.head_dim = request.head_dim();
-  RUBATO_ASSIGN_OR_RETURN(shape.dtype, ParseDTypeName(request.dtype()));
-  if (request.capacity_tokens() > INT32_MAX) {
-    return InvalidArgumentError("open session: capacity of " +
-                                std::to_string(request.capacity_tokens()) + " tokens is too large");
-  }
-  shape.capacity_tokens = static_cast<uint32_t>(request.capacity_tokens());
+  RUBATO_ASSIGN_OR_RETURN(const SessionShape shape, SessionShapeOf(request, INT32_MAX));
   std::lock_guard lock(mutex_);
   auto it = peers_.find(connection);
   if (it == peers_.end()) {
