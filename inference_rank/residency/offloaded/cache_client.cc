@@ -523,7 +523,6 @@ Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session
                                   model_.head_dim};
   compact.counts = reinterpret_cast<const int*>(counts.data());
   compact.recent_begin = recent_begin;
-  compact.positions = reinterpret_cast<const int*>(positions.data());
   return compact;
 }
 

@@ -50,10 +50,6 @@ struct OffloadCompactKv {
   CompactKvView compact;        // [num_kv_heads][capacity][head_dim], f32; read only
   const int* counts = nullptr;  // [num_kv_heads]
   int recent_begin = 0;
-  // Optional, [num_kv_heads][capacity]: the position each row holds (-1 past the count). Lets a
-  // model see that a reply is the whole prefix [0, recent_begin) in order
-  // (offloaded_cuda_backend.cc).
-  const int* positions = nullptr;
 };
 
 class KvOffloadExchange {
