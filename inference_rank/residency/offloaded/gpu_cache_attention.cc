@@ -290,9 +290,13 @@ Status GpuCacheAttention::PlanStep(std::span<const Row> rows, int decode_rows, c
 
   DeviceScope scope(options_.cache_device);
   RUBATO_RETURN_IF_ERROR(scope.status());
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_inputs_.data(), ints, step_inputs_.bytes(),
-                                              cudaMemcpyHostToDevice, cache_stream_),
-                              "uploading the cache step inputs");
+  // Only what the step uses: slots and key counts, then the decode rows' tables (the buffer is
+  // sized for max_rows tables of the widest bucket, megabytes with a prefill chunk's rows).
+  const size_t used_ints = 2 * max_rows + static_cast<size_t>(decode_rows) * table_stride_;
+  RUBATO_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(step_inputs_.data(), ints, used_ints * sizeof(int32_t),
+                      cudaMemcpyHostToDevice, cache_stream_),
+      "uploading the cache step inputs");
   RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecord(staged_[staging_index_], cache_stream_),
                               "recording the step-input upload");
   RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecord(inputs_ready_, cache_stream_),
