@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "common/json_limits.h"
 #include "common/text_file.h"
@@ -290,6 +291,124 @@ Result<size_t> CountYamlDocuments(std::string_view text, const std::string& sour
   return documents;
 }
 
+// Policy parameters keep their YAML form through FormatConfigYaml + ParseConfig: a quoted scalar
+// must come back quoted (the typed readers refuse "64" where they want 64) and with its exact
+// text. yaml-cpp's emitter drops the quotes of a quoted scalar whenever plain text would do, and
+// writes some strings plain that do not read back (a trailing carriage return, for one). So the
+// parameters go out through `out << node` (which also keeps tags, anchors and aliases) unless a
+// quoted scalar would not survive that, and then through ParamEmitter, which quotes every quoted
+// scalar and numbers anchors the way yaml-cpp does (in order of first use).
+bool QuotedScalarNeedsQuotes(const YAML::Node& node) {
+  if (node.IsScalar()) {
+    if (node.Tag() != "!") return false;
+    try {
+      // Inside a block map with an entry after it, as the formatted config has it: "4\r" alone
+      // reads back whole, but not when a line follows.
+      YAML::Emitter probe;
+      probe << YAML::BeginMap << YAML::Key << "k" << YAML::Value << node.Scalar() << YAML::Key
+            << "next" << YAML::Value << 0 << YAML::EndMap;
+      const YAML::Node again = YAML::Load(probe.c_str());
+      return !again["k"].IsScalar() || again["k"].Scalar() != node.Scalar();
+    } catch (const YAML::Exception&) {
+      return true;
+    }
+  }
+  if (node.IsSequence()) {
+    for (const YAML::Node& item : node) {
+      if (QuotedScalarNeedsQuotes(item)) return true;
+    }
+  }
+  if (node.IsMap()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      if (QuotedScalarNeedsQuotes(it->first) || QuotedScalarNeedsQuotes(it->second)) return true;
+    }
+  }
+  return false;
+}
+
+class ParamEmitter {
+ public:
+  // Counts the uses of every node under `root`, so that shared ones get anchors.
+  ParamEmitter(YAML::Emitter& out, const YAML::Node& root) : out_(out) { Count(root); }
+
+  // Writes `node`, which must lie under the root.
+  void Write(const YAML::Node& node) {
+    Seen* seen = Find(node);
+    if (seen->anchor > 0) {
+      out_ << YAML::Alias(std::to_string(seen->anchor));
+      return;
+    }
+    if (seen->uses > 1) {
+      seen->anchor = ++anchors_;
+      out_ << YAML::Anchor(std::to_string(seen->anchor));
+    }
+    WriteContent(node);
+  }
+
+ private:
+  struct Seen {
+    YAML::Node node;
+    int uses = 0;
+    int anchor = 0;
+  };
+
+  Seen* Find(const YAML::Node& node) {
+    for (Seen& seen : seen_) {
+      if (seen.node.is(node)) return &seen;
+    }
+    return nullptr;
+  }
+
+  void Count(const YAML::Node& node) {
+    if (Seen* seen = Find(node)) {
+      ++seen->uses;
+      return;  // an alias: its children are counted once
+    }
+    seen_.push_back({node, 1, 0});
+    if (node.IsSequence()) {
+      for (const YAML::Node& item : node) Count(item);
+    } else if (node.IsMap()) {
+      for (auto it = node.begin(); it != node.end(); ++it) {
+        Count(it->first);
+        Count(it->second);
+      }
+    }
+  }
+
+  void WriteContent(const YAML::Node& node) {
+    const std::string& tag = node.Tag();
+    if (!tag.empty() && tag != "?" && tag != "!") out_ << YAML::VerbatimTag(tag);
+    const auto style = node.Style() == YAML::EmitterStyle::Flow ? YAML::Flow : YAML::Block;
+    switch (node.Type()) {
+      case YAML::NodeType::Scalar:
+        if (tag == "!") out_ << YAML::DoubleQuoted;
+        out_ << node.Scalar();
+        return;
+      case YAML::NodeType::Sequence:
+        out_ << style << YAML::BeginSeq;
+        for (const YAML::Node& item : node) Write(item);
+        out_ << YAML::EndSeq;
+        return;
+      case YAML::NodeType::Map:
+        out_ << style << YAML::BeginMap;
+        for (auto it = node.begin(); it != node.end(); ++it) {
+          out_ << YAML::Key;
+          Write(it->first);
+          out_ << YAML::Value;
+          Write(it->second);
+        }
+        out_ << YAML::EndMap;
+        return;
+      default:
+        out_ << YAML::Null;
+    }
+  }
+
+  YAML::Emitter& out_;
+  std::vector<Seen> seen_;
+  int anchors_ = 0;
+};
+
 }  // namespace
 
 Result<YamlMapReader> PolicySection::ParamsReader() const {
@@ -369,8 +488,18 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
 
   key("policy") << YAML::BeginMap;
   key("name") << YAML::DoubleQuoted << config.policy.name;
-  for (auto it = config.policy.params.begin(); it != config.policy.params.end(); ++it) {
-    out << YAML::Key << it->first << YAML::Value << it->second;
+  if (QuotedScalarNeedsQuotes(config.policy.params)) {
+    ParamEmitter params(out, config.policy.params);
+    for (auto it = config.policy.params.begin(); it != config.policy.params.end(); ++it) {
+      out << YAML::Key;
+      params.Write(it->first);
+      out << YAML::Value;
+      params.Write(it->second);
+    }
+  } else {
+    for (auto it = config.policy.params.begin(); it != config.policy.params.end(); ++it) {
+      out << YAML::Key << it->first << YAML::Value << it->second;
+    }
   }
   out << YAML::EndMap;
 

@@ -198,6 +198,30 @@ TEST(Config, FormatRoundTrips) {
   EXPECT_NE(*ParseConfig(kFullConfig, "full.yaml"), DefaultConfig());
 }
 
+// A policy parameter keeps its text and its quoting through the formatter, also where yaml-cpp
+// alone would write a quoted string plain and lose a carriage return (a fuzzer finding).
+TEST(Config, FormattedPolicyParametersKeepTextQuotesAndAliases) {
+  const char* yaml =
+      "policy:\n"
+      "  name: dense\n"
+      "  budget: \"4\\r\"\n"
+      "  quoted: \"64\"\n"
+      "  plain: 64\n"
+      "  shared: &a [x, \"y\\t\"]\n"
+      "  again: *a\n";
+  auto config = ParseConfig(yaml, "params.yaml");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  const std::string formatted = FormatConfigYaml(*config);
+  auto reparsed = ParseConfig(formatted, "formatted.yaml");
+  ASSERT_TRUE(reparsed.ok()) << reparsed.status().message() << "\n" << formatted;
+  EXPECT_EQ(*reparsed, *config) << formatted;
+  const YAML::Node& params = reparsed->policy.params;
+  EXPECT_EQ(params["budget"].Scalar(), "4\r");
+  EXPECT_EQ(params["quoted"].Tag(), "!") << formatted;  // still a string to the typed readers
+  EXPECT_EQ(params["plain"].Tag(), "?") << formatted;
+  EXPECT_TRUE(params["again"].is(params["shared"])) << formatted;
+}
+
 TEST(Config, PolicyParametersAreKeptForTheFactory) {
   auto config = ParseConfig(kFullConfig, "full.yaml");
   ASSERT_TRUE(config.ok()) << config.status().message();
