@@ -295,35 +295,22 @@ Result<size_t> CountYamlDocuments(std::string_view text, const std::string& sour
 // must come back quoted (the typed readers refuse "64" where they want 64) and with its exact
 // text. yaml-cpp's emitter drops the quotes of a quoted scalar whenever plain text would do, and
 // writes some strings plain that do not read back (a trailing carriage return, for one). So the
-// parameters go out through `out << node` (which also keeps tags, anchors and aliases) unless a
-// quoted scalar would not survive that, and then through ParamEmitter, which quotes every quoted
-// scalar and numbers anchors the way yaml-cpp does (in order of first use).
-bool QuotedScalarNeedsQuotes(const YAML::Node& node) {
-  if (node.IsScalar()) {
-    if (node.Tag() != "!") return false;
-    try {
-      // Inside a block map with an entry after it, as the formatted config has it: "4\r" alone
-      // reads back whole, but not when a line follows.
-      YAML::Emitter probe;
-      probe << YAML::BeginMap << YAML::Key << "k" << YAML::Value << node.Scalar() << YAML::Key
-            << "next" << YAML::Value << 0 << YAML::EndMap;
-      const YAML::Node again = YAML::Load(probe.c_str());
-      return !again["k"].IsScalar() || again["k"].Scalar() != node.Scalar();
-    } catch (const YAML::Exception&) {
-      return true;
-    }
+// parameters go out through ParamEmitter, which quotes every quoted scalar and every one that
+// plain text would change, and keeps tags, styles, anchors and aliases (anchors numbered in
+// order of first use, as yaml-cpp numbers them).
+// Whether `text` written plain (as yaml-cpp's emitter writes it, inside a block map with an
+// entry after it, as the formatted config has it) reads back as `text`: "4\r" alone reads back
+// whole, but not when a line follows.
+bool PlainReadsBack(const std::string& text) {
+  try {
+    YAML::Emitter probe;
+    probe << YAML::BeginMap << YAML::Key << "k" << YAML::Value << text << YAML::Key << "next"
+          << YAML::Value << 0 << YAML::EndMap;
+    const YAML::Node again = YAML::Load(probe.c_str());
+    return again["k"].IsScalar() && again["k"].Scalar() == text;
+  } catch (const YAML::Exception&) {
+    return false;
   }
-  if (node.IsSequence()) {
-    for (const YAML::Node& item : node) {
-      if (QuotedScalarNeedsQuotes(item)) return true;
-    }
-  }
-  if (node.IsMap()) {
-    for (auto it = node.begin(); it != node.end(); ++it) {
-      if (QuotedScalarNeedsQuotes(it->first) || QuotedScalarNeedsQuotes(it->second)) return true;
-    }
-  }
-  return false;
 }
 
 class ParamEmitter {
@@ -381,7 +368,7 @@ class ParamEmitter {
     const auto style = node.Style() == YAML::EmitterStyle::Flow ? YAML::Flow : YAML::Block;
     switch (node.Type()) {
       case YAML::NodeType::Scalar:
-        if (tag == "!") out_ << YAML::DoubleQuoted;
+        if (tag == "!" || !PlainReadsBack(node.Scalar())) out_ << YAML::DoubleQuoted;
         out_ << node.Scalar();
         return;
       case YAML::NodeType::Sequence:
@@ -488,18 +475,12 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
 
   key("policy") << YAML::BeginMap;
   key("name") << YAML::DoubleQuoted << config.policy.name;
-  if (QuotedScalarNeedsQuotes(config.policy.params)) {
-    ParamEmitter params(out, config.policy.params);
-    for (auto it = config.policy.params.begin(); it != config.policy.params.end(); ++it) {
-      out << YAML::Key;
-      params.Write(it->first);
-      out << YAML::Value;
-      params.Write(it->second);
-    }
-  } else {
-    for (auto it = config.policy.params.begin(); it != config.policy.params.end(); ++it) {
-      out << YAML::Key << it->first << YAML::Value << it->second;
-    }
+  ParamEmitter params(out, config.policy.params);
+  for (auto it = config.policy.params.begin(); it != config.policy.params.end(); ++it) {
+    out << YAML::Key;
+    params.Write(it->first);
+    out << YAML::Value;
+    params.Write(it->second);
   }
   out << YAML::EndMap;
 

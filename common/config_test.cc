@@ -220,6 +220,15 @@ TEST(Config, FormattedPolicyParametersKeepTextQuotesAndAliases) {
   EXPECT_EQ(params["quoted"].Tag(), "!") << formatted;  // still a string to the typed readers
   EXPECT_EQ(params["plain"].Tag(), "?") << formatted;
   EXPECT_TRUE(params["again"].is(params["shared"])) << formatted;
+
+  // A plain scalar that keeps a carriage return only because the file ends after it.
+  auto at_end = ParseConfig("policy:\n  name: sfi\n  t_max: &4 tioj\r", "params.yaml");
+  ASSERT_TRUE(at_end.ok()) << at_end.status().message();
+  ASSERT_EQ(at_end->policy.params["t_max"].Scalar(), "tioj\r");
+  const std::string text = FormatConfigYaml(*at_end);
+  auto again = ParseConfig(text, "formatted.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().message() << "\n" << text;
+  EXPECT_EQ(*again, *at_end) << text;
 }
 
 TEST(Config, PolicyParametersAreKeptForTheFactory) {
