@@ -44,8 +44,9 @@ struct EngineSection {
   // Where requests' full KV lives: "local" (this rank's cache), "offloaded" (a cache rank,
   // topology.cache_endpoints or one in this process) or "evicting" (a fixed budget of slots
   // per request, one overwritten per step). Apart from the policy, which must
-  // support it.
-  std::string kv_residency = "local";
+  // support it. "auto": offloaded with a cache rank (topology.mode disaggregated), else local
+  // when the policy supports it, else the one residency the policy supports.
+  std::string kv_residency = "auto";
 
   bool operator==(const EngineSection&) const = default;
 };

@@ -257,10 +257,20 @@ TEST_F(CliBadInputTest, UnsupportedPolicyResidencyPairIsRefusedByName) {
   ExpectCleanFailure(Generate({"--kv-residency", "evicting"}),
                      {"policy 'dense' does not support evicting KV (supported: local, "
                       "offloaded)"});
-  ExpectCleanFailure(Generate({"--policy", "longflow"}),
+  ExpectCleanFailure(Generate({"--policy", "longflow", "--kv-residency", "local"}),
                      {"policy 'longflow' does not support local KV (supported: evicting)"});
+  // The old spelling of dense on offloaded KV with local KV asked for: refused, not run offloaded.
+  ExpectCleanFailure(Generate({"--policy", "offload_dense", "--kv-residency", "local"}),
+                     {"policy 'offload_dense' is policy 'dense' on offloaded KV, which conflicts "
+                      "with engine.kv_residency (--kv-residency) local"});
   ExpectCleanFailure(Generate({"--kv-residency", "split"}),
-                     {"--kv-residency: 'split' is not one of local, offloaded, evicting"});
+                     {"--kv-residency: 'split' is not one of auto, local, offloaded, evicting"});
+}
+
+// `rubato serve` names its model: the default model.path has random weights.
+TEST_F(CliBadInputTest, ServeWithoutAModelIsRefused) {
+  ExpectCleanFailure(RunProcess(RUBATO_BINARY, {"serve", "--port", "0"}),
+                     {"no model to serve: pass --model DIR"});
 }
 
 TEST_F(CliBadInputTest, UnknownPolicyInYaml) {

@@ -35,10 +35,10 @@ Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides) {
     if (!overrides.config_file) config.policy.source = "command line";
   }
   if (overrides.kv_residency) {
-    if (*overrides.kv_residency != "local" && *overrides.kv_residency != "offloaded" &&
-        *overrides.kv_residency != "evicting") {
+    if (*overrides.kv_residency != "auto" && *overrides.kv_residency != "local" &&
+        *overrides.kv_residency != "offloaded" && *overrides.kv_residency != "evicting") {
       return InvalidArgumentError("--kv-residency: '" + *overrides.kv_residency +
-                                  "' is not one of local, offloaded, evicting");
+                                  "' is not one of auto, local, offloaded, evicting");
     }
     config.engine.kv_residency = *overrides.kv_residency;
   }

@@ -22,13 +22,14 @@ namespace rubato {
 
 // Command-line flags that override config keys (unset: the config file's value, or the default).
 struct ConfigOverrides {
-  std::optional<std::string> config_file;   // YAML config (docs/design.md §6)
-  std::optional<std::string> model_dir;     // model.path
-  bool random_weights = false;              // model.random_weights
-  std::optional<std::string> backend;       // "cpu" | "cuda": engine.backend
-  std::optional<std::string> policy;        // policy.name
-  std::optional<std::string> kv_residency;  // engine.kv_residency: local | offloaded | evicting
-  std::optional<int> threads;               // engine.threads
+  std::optional<std::string> config_file;  // YAML config (docs/design.md §6)
+  std::optional<std::string> model_dir;    // model.path
+  bool random_weights = false;             // model.random_weights
+  std::optional<std::string> backend;      // "cpu" | "cuda": engine.backend
+  std::optional<std::string> policy;       // policy.name
+  std::optional<std::string>
+      kv_residency;            // engine.kv_residency: auto | local | offloaded | evicting
+  std::optional<int> threads;  // engine.threads
   // "host:port" of a cache rank (`rubato cache --listen`): topology.mode disaggregated over ucx
   // with this one cache endpoint.
   std::optional<std::string> cache_endpoint;

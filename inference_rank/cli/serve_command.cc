@@ -97,6 +97,14 @@ server::HttpReply MetricsOnly(const MetricsRegistry& metrics, const server::Http
 
 Status RunServe(const ServeArgs& args) {
   RUBATO_ASSIGN_OR_RETURN(RubatoConfig config, ResolveConfig(args.overrides));
+  // The default model.path is the random-weight test model: serving it answers gibberish, so a
+  // server names its model (--model, or model.path in --config) or does not start.
+  if (!args.overrides.model_dir && config.model.path == DefaultConfig().model.path) {
+    return InvalidArgumentError(
+        "no model to serve: pass --model DIR (a Hugging Face model directory, e.g. --model "
+        "models/tiny-qwen3-longctx) or set model.path in --config FILE (the default, " +
+        config.model.path + ", has random weights: pass it with --model to serve it anyway)");
+  }
   if (args.host) config.server.host = *args.host;
   if (args.port) {
     if (*args.port < 0 || *args.port > 65535) {

@@ -36,6 +36,17 @@ constexpr PolicyAlias kOffloadedAliases[] = {
     {"offload_topk", "oracle_topk"},
 };
 
+// engine.kv_residency "auto": local where the policy supports it (the common case), else the
+// first residency it supports (LongFlow: evicting).
+KvResidency DefaultResidency(const AttentionPolicy& policy) {
+  const ResidencySet supported = policy.traits().residencies;
+  if (supported.Has(KvResidency::kLocal)) return KvResidency::kLocal;
+  for (KvResidency residency : kAllResidencies) {
+    if (supported.Has(residency)) return residency;
+  }
+  return KvResidency::kLocal;  // a policy with no residency: CheckResidency names the problem
+}
+
 }  // namespace
 
 std::vector<std::string> KnownPolicyNames() {
@@ -44,10 +55,19 @@ std::vector<std::string> KnownPolicyNames() {
   return names;
 }
 
-Result<PolicyChoice> ResolvePolicy(const PolicySection& section, KvResidency residency) {
+Result<PolicyChoice> ResolvePolicy(const PolicySection& section,
+                                   std::optional<KvResidency> residency) {
   std::string_view name = section.name;
   for (const PolicyAlias& alias : kOffloadedAliases) {
     if (name != alias.name) continue;
+    if (residency.has_value() && *residency != KvResidency::kOffloaded) {
+      return InvalidArgumentError(
+          section.source + ": " + section.key_path + ".name: policy '" + section.name +
+          "' is policy '" + std::string(alias.policy) +
+          "' on offloaded KV, which conflicts with engine.kv_residency (--kv-residency) " +
+          std::string(KvResidencyName(*residency)) + "; use --policy " + std::string(alias.policy) +
+          " with the residency you want");
+    }
     RUBATO_LOG_INFO("policy", "policy '{}' is policy '{}' with engine.kv_residency: offloaded",
                     alias.name, alias.policy);
     name = alias.policy;
@@ -56,11 +76,12 @@ Result<PolicyChoice> ResolvePolicy(const PolicySection& section, KvResidency res
   for (const PolicyRegistration& entry : kPolicies) {
     if (entry.name != name) continue;
     RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<AttentionPolicy> policy, entry.create(section));
-    RUBATO_RETURN_IF_ERROR(CheckResidency(*policy, residency));
+    if (!residency.has_value()) residency = DefaultResidency(*policy);
+    RUBATO_RETURN_IF_ERROR(CheckResidency(*policy, *residency));
     PolicyChoice choice;
     choice.name = std::string(name);
-    choice.residency = residency;
-    if (residency == KvResidency::kOffloaded) {
+    choice.residency = *residency;
+    if (*residency == KvResidency::kOffloaded) {
       RUBATO_ASSIGN_OR_RETURN(choice.offload, policy->MakeCacheSelector());
     }
     choice.policy = std::move(policy);
@@ -75,10 +96,17 @@ Result<PolicyChoice> ResolvePolicy(const PolicySection& section, KvResidency res
 }
 
 Result<PolicyChoice> ResolvePolicy(const RubatoConfig& config) {
+  if (config.engine.kv_residency == "auto") {
+    // A cache rank to feed means offloaded KV; otherwise the policy's own default.
+    if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
+      return ResolvePolicy(config.policy, KvResidency::kOffloaded);
+    }
+    return ResolvePolicy(config.policy, std::nullopt);
+  }
   const std::optional<KvResidency> residency = ParseKvResidency(config.engine.kv_residency);
   if (!residency.has_value()) {
     return InvalidArgumentError("engine.kv_residency: '" + config.engine.kv_residency +
-                                "' is not one of local, offloaded, evicting");
+                                "' is not one of auto, local, offloaded, evicting");
   }
   if (*residency == KvResidency::kSplitByHead) {
     return UnsupportedError("engine.kv_residency: " + config.engine.kv_residency +

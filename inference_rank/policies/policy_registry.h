@@ -34,12 +34,14 @@ struct PolicyChoice {
 std::vector<std::string> KnownPolicyNames();
 
 // Checks the name and every parameter key of `section` and that the policy supports
-// `residency`; errors name the section's source file and key path ("rubato.yaml:
-// policy.budget: unknown key", "rubato.yaml: policy.recent_window: must be in [1, ...], got 0").
+// `residency` (none given: local where the policy supports it, else its first one); errors name the
+// section's source file and key path ("rubato.yaml: policy.budget: unknown key", "rubato.yaml:
+// policy.recent_window: must be in [1, ...], got 0").
 Result<PolicyChoice> ResolvePolicy(const PolicySection& section,
-                                   KvResidency residency = KvResidency::kLocal);
+                                   std::optional<KvResidency> residency = std::nullopt);
 
-// engine.kv_residency ("local" | "offloaded"), then ResolvePolicy.
+// engine.kv_residency ("auto" | "local" | "offloaded" | "evicting"), then ResolvePolicy; "auto"
+// is offloaded with a cache rank (topology.mode disaggregated), else the policy's default.
 Result<PolicyChoice> ResolvePolicy(const RubatoConfig& config);
 
 }  // namespace rubato

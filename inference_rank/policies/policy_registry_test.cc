@@ -210,9 +210,9 @@ TEST(PolicyRegistry, ResidencyIsCheckedAgainstThePolicysTraits) {
   }
   auto bad = ParseConfig("engine: {kv_residency: split_by_head}\n", "r.yaml");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(
-      bad.status().message().find("engine.kv_residency: must be local, offloaded or evicting"),
-      std::string::npos)
+  EXPECT_NE(bad.status().message().find(
+                "engine.kv_residency: must be auto, local, offloaded or evicting"),
+            std::string::npos)
       << bad.status().message();
 }
 
@@ -286,6 +286,47 @@ TEST(PolicyRegistry, SfiRejectsBadValuesAndUnknownKeys) {
     EXPECT_EQ(rejected.status().code(), StatusCode::kInvalidArgument) << c.yaml;
     EXPECT_EQ(rejected.status().message().rfind(c.message_start, 0), 0u)
         << c.yaml << " -> " << rejected.status().message();
+  }
+}
+
+// engine.kv_residency "auto" (the default): offloaded when a cache rank is configured, local
+// where the policy supports it; an old offload_* spelling with a residency other than offloaded
+// is a conflict, refused by name rather than run offloaded.
+TEST(PolicyRegistry, AutoResidencyAndConflictingOldSpellings) {
+  auto plain = ParseConfig("policy: {name: sfi}\n", "r.yaml");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->engine.kv_residency, "auto");
+  auto sfi = ResolvePolicy(*plain);
+  ASSERT_TRUE(sfi.ok()) << sfi.status().message();
+  EXPECT_EQ(sfi->residency, KvResidency::kLocal);
+
+  auto remote = ParseConfig(
+      "topology: {mode: disaggregated, transport: ucx, cache_endpoints: [\"h:1\"]}\n"
+      "policy: {name: dense}\n",
+      "r.yaml");
+  ASSERT_TRUE(remote.ok()) << remote.status().message();
+  auto dense = ResolvePolicy(*remote);
+  ASSERT_TRUE(dense.ok()) << dense.status().message();
+  EXPECT_EQ(dense->residency, KvResidency::kOffloaded);
+
+  auto alias = ParseConfig("policy: {name: offload_dense}\n", "r.yaml");
+  ASSERT_TRUE(alias.ok());
+  auto offloaded = ResolvePolicy(*alias);
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status().message();
+  EXPECT_EQ(offloaded->residency, KvResidency::kOffloaded);
+
+  for (const char* residency : {"local", "evicting"}) {
+    auto conflict = ParseConfig(
+        std::string("engine: {kv_residency: ") + residency + "}\npolicy: {name: offload_dense}\n",
+        "r.yaml");
+    ASSERT_TRUE(conflict.ok());
+    auto refused = ResolvePolicy(*conflict);
+    ASSERT_FALSE(refused.ok()) << residency;
+    EXPECT_EQ(refused.status().message(),
+              std::string("r.yaml: policy.name: policy 'offload_dense' is policy 'dense' on "
+                          "offloaded KV, which conflicts with engine.kv_residency "
+                          "(--kv-residency) ") +
+                  residency + "; use --policy dense with the residency you want");
   }
 }
 

@@ -87,6 +87,9 @@ struct KascadeCalibration {
   std::vector<double> importance;          // [layer]
   std::vector<double> similarity;          // S, [layer][layer]
   std::vector<double> head_similarity;     // see KascadeSimilarity::HeadSimilarity
+  // Optional: what a measurement found this calibration loses on its model, logged as a warning
+  // whenever a policy loads it ("" when none is known). The calibrator never writes it.
+  std::string known_loss;
 
   // The anchor whose selection `layer` attends (the last anchor <= layer).
   int AnchorOf(int layer) const;

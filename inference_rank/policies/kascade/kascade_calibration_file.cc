@@ -86,7 +86,7 @@ Status SaveCalibration(const KascadeCalibration& c, const std::string& path) {
     similarity.push_back(
         std::vector<double>(c.similarity.begin() + a * L, c.similarity.begin() + (a + 1) * L));
   }
-  const nlohmann::json json = {
+  nlohmann::json json = {
       {"format", kFormat},
       {"version", kVersion},
       {"model",
@@ -103,6 +103,7 @@ Status SaveCalibration(const KascadeCalibration& c, const std::string& path) {
       {"similarity", similarity},
       {"head_similarity_layout", "((anchor_layer * H + anchor_head) * L + layer) * H + head"},
       {"head_similarity", c.head_similarity}};
+  if (!c.known_loss.empty()) json["known_loss"] = c.known_loss;
   std::ofstream out(path);
   out << json.dump(1) << "\n";
   out.close();
@@ -156,6 +157,7 @@ Result<KascadeCalibration> LoadCalibration(const std::string& path) {
       c.similarity.insert(c.similarity.end(), values.begin(), values.end());
     }
     c.head_similarity = json.value("head_similarity", std::vector<double>());
+    if (json.contains("known_loss")) c.known_loss = json.at("known_loss").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(where + "missing or mistyped field: " + e.what());
   }

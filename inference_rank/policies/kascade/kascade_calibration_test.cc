@@ -221,6 +221,15 @@ TEST_F(KascadeCalibrationFile, RoundTripsAndRefusesBadFilesByName) {
   EXPECT_EQ(loaded->AnchorOf(1), 0);
   EXPECT_EQ(loaded->AnchorOf(2), 2);
   EXPECT_TRUE(CheckCalibrationFits(*loaded, 3, 4, 2, 8).ok());
+  EXPECT_EQ(loaded->known_loss, "");
+
+  // A measured loss written into the file comes back to be logged at start.
+  KascadeCalibration noted = SmallCalibration();
+  noted.known_loss = "loses retrieval: 0 of 4 pass keys";
+  ASSERT_TRUE(SaveCalibration(noted, Path("noted.json")).ok());
+  const Result<KascadeCalibration> noted_back = LoadCalibration(Path("noted.json"));
+  ASSERT_TRUE(noted_back.ok()) << noted_back.status().ToString();
+  EXPECT_EQ(noted_back->known_loss, noted.known_loss);
 
   // Another model's shape.
   const Status wrong = CheckCalibrationFits(*loaded, 12, 8, 4, 64);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/logging.h"
 #include "common/yaml_map_reader.h"
 #include "inference_rank/model/model.h"
 #include "inference_rank/policies/kascade/kascade_cpu_backend.h"
@@ -184,6 +185,9 @@ Result<KascadeConfig> ParseKascadeConfig(const PolicySection& section) {
 Result<std::unique_ptr<AttentionPolicy>> CreateKascadePolicy(const PolicySection& section) {
   RUBATO_ASSIGN_OR_RETURN(const KascadeConfig config, ParseKascadeConfig(section));
   RUBATO_ASSIGN_OR_RETURN(KascadeCalibration calibration, LoadCalibration(config.calibration));
+  if (!calibration.known_loss.empty()) {
+    RUBATO_LOG_WARN("kascade", "calibration {}: {}", config.calibration, calibration.known_loss);
+  }
   return std::unique_ptr<AttentionPolicy>(new KascadePolicy(config, std::move(calibration)));
 }
 

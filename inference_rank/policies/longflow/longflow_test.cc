@@ -73,7 +73,14 @@ TEST(LongFlowConfig, ShippedPresetsAndResidency) {
     EXPECT_EQ(policy.config().budget, budget);
     EXPECT_EQ(policy.traits().evicting_slots, budget);
   }
-  auto local = ParseConfig("policy:\n  name: longflow\n", "p.yaml");
+  // No residency given: the one LongFlow supports.
+  auto automatic = ParseConfig("policy:\n  name: longflow\n", "p.yaml");
+  ASSERT_TRUE(automatic.ok());
+  auto chosen = ResolvePolicy(*automatic);
+  ASSERT_TRUE(chosen.ok()) << chosen.status().message();
+  EXPECT_EQ(chosen->residency, KvResidency::kEvicting);
+  // Local asked for by name: refused by name.
+  auto local = ParseConfig("engine:\n  kv_residency: local\npolicy:\n  name: longflow\n", "p.yaml");
   ASSERT_TRUE(local.ok());
   auto refused = ResolvePolicy(*local);
   ASSERT_FALSE(refused.ok());
