@@ -23,12 +23,12 @@ using nlohmann::json;
 
 // What the chat backend's prompts are made of: common words, about one token each.
 constexpr const char* kWords[] = {
-    "the",   "of",    "and",   "to",    "in",    "is",    "that",  "for",   "it",    "as",
-    "was",   "with",  "be",    "by",    "on",    "not",   "he",    "this",  "are",   "or",
-    "his",   "from",  "at",    "which", "but",   "have",  "an",    "had",   "they",  "you",
-    "were",  "their", "one",   "all",   "we",    "can",   "her",   "has",   "there", "been",
-    "if",    "more",  "when",  "will",  "would", "who",   "so",    "no",    "time",  "day",
-    "water", "house", "light", "world", "year",  "work",  "hand",  "place", "point", "city"};
+    "the",   "of",    "and",   "to",    "in",    "is",   "that", "for",   "it",    "as",
+    "was",   "with",  "be",    "by",    "on",    "not",  "he",   "this",  "are",   "or",
+    "his",   "from",  "at",    "which", "but",   "have", "an",   "had",   "they",  "you",
+    "were",  "their", "one",   "all",   "we",    "can",  "her",  "has",   "there", "been",
+    "if",    "more",  "when",  "will",  "would", "who",  "so",   "no",    "time",  "day",
+    "water", "house", "light", "world", "year",  "work", "hand", "place", "point", "city"};
 constexpr int64_t kWordCount = sizeof(kWords) / sizeof(kWords[0]);
 
 Clock::duration SecondsToDuration(double seconds) {
@@ -42,8 +42,9 @@ Result<bench::ServerAddress> ServerAddressOf(const BenchServeArgs& args) {
   const std::string& url = *args.base_url;
   constexpr std::string_view kScheme = "http://";
   if (url.rfind(kScheme, 0) != 0) {
-    return InvalidArgumentError("bench serve: --base-url must start with http:// (no TLS here), got '" +
-                                bench::Excerpt(url) + "'");
+    return InvalidArgumentError(
+        "bench serve: --base-url must start with http:// (no TLS here), got '" +
+        bench::Excerpt(url) + "'");
   }
   const std::string rest = url.substr(kScheme.size());
   const size_t slash = rest.find('/');
@@ -54,7 +55,8 @@ Result<bench::ServerAddress> ServerAddressOf(const BenchServeArgs& args) {
   }
   const size_t bracket = authority.rfind(']');
   const size_t colon = authority.rfind(':');
-  const bool has_port = colon != std::string::npos && (bracket == std::string::npos || colon > bracket);
+  const bool has_port =
+      colon != std::string::npos && (bracket == std::string::npos || colon > bracket);
   server.host = authority.substr(0, has_port ? colon : std::string::npos);
   server.port = has_port ? authority.substr(colon + 1) : "80";
   if (server.host.size() > 2 && server.host.front() == '[' && server.host.back() == ']') {
@@ -74,15 +76,15 @@ Result<std::string> EndpointOf(const BenchServeArgs& args) {
   const bool chat = args.backend == "openai-chat";
   const std::string endpoint =
       args.endpoint.value_or(chat ? "/v1/chat/completions" : "/v1/completions");
-  const bool ends_chat = endpoint.size() >= 16 &&
-                         endpoint.compare(endpoint.size() - 16, 16, "chat/completions") == 0;
+  const bool ends_chat =
+      endpoint.size() >= 16 && endpoint.compare(endpoint.size() - 16, 16, "chat/completions") == 0;
   const bool ends_completions =
       endpoint.size() >= 11 && endpoint.compare(endpoint.size() - 11, 11, "completions") == 0;
   if (endpoint.empty() || endpoint[0] != '/' || (chat && !ends_chat) ||
       (!chat && (!ends_completions || ends_chat))) {
-    return InvalidArgumentError(
-        "bench serve: --endpoint '" + bench::Excerpt(endpoint) + "' does not fit --backend " +
-        args.backend + " (a path ending in " + (chat ? "chat/completions" : "/completions") + ")");
+    return InvalidArgumentError("bench serve: --endpoint '" + bench::Excerpt(endpoint) +
+                                "' does not fit --backend " + args.backend + " (a path ending in " +
+                                (chat ? "chat/completions" : "/completions") + ")");
   }
   return endpoint;
 }
@@ -132,9 +134,7 @@ RandomDataset MakeDataset(const BenchServeArgs& args, std::mt19937_64& rng) {
 std::string RequestBody(const BenchServeArgs& args, const std::string& model,
                         const RandomDataset& data, size_t i) {
   const bool chat = args.backend == "openai-chat";
-  json body = {{"model", model},
-               {"stream", true},
-               {"stream_options", {{"include_usage", true}}}};
+  json body = {{"model", model}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
   if (chat) {
     std::string text;
     const auto add_word = [&text](int64_t k) {
@@ -219,8 +219,8 @@ Status RunBenchServe(const BenchServeArgs& args) {
   bench::LoadPlan plan;
   plan.server = server;
   plan.target = server.path_prefix + endpoint;
-  plan.api = args.backend == "openai-chat" ? bench::StreamApi::kChat
-                                           : bench::StreamApi::kCompletions;
+  plan.api =
+      args.backend == "openai-chat" ? bench::StreamApi::kChat : bench::StreamApi::kCompletions;
   plan.arrival_s = Arrivals(args, rng);
   plan.make_body = [&](size_t i) { return RequestBody(args, model, data, i); };
   plan.prompt_len = [&](size_t i) {
@@ -239,17 +239,17 @@ Status RunBenchServe(const BenchServeArgs& args) {
   const bench::MetricSelection selection{args.percentile_metrics, args.metric_percentiles};
   const std::string label = args.label.empty() ? args.backend : args.label;
   const std::string date = Now("%Y%m%d-%H%M%S");
-  json result = {{"date", date},
-                 {"endpoint_type", args.backend},
-                 {"backend", args.backend},
-                 {"label", args.label.empty() ? json(nullptr) : json(args.label)},
-                 {"model_id", model},
-                 {"tokenizer_id", nullptr},
-                 {"num_prompts", args.num_prompts},
-                 {"request_rate", std::isinf(rate) ? json("inf") : json(rate)},
-                 {"burstiness", std::isinf(args.burstiness) ? json("inf") : json(args.burstiness)},
-                 {"max_concurrency",
-                  args.max_concurrency > 0 ? json(args.max_concurrency) : json(nullptr)}};
+  json result = {
+      {"date", date},
+      {"endpoint_type", args.backend},
+      {"backend", args.backend},
+      {"label", args.label.empty() ? json(nullptr) : json(args.label)},
+      {"model_id", model},
+      {"tokenizer_id", nullptr},
+      {"num_prompts", args.num_prompts},
+      {"request_rate", std::isinf(rate) ? json("inf") : json(rate)},
+      {"burstiness", std::isinf(args.burstiness) ? json("inf") : json(args.burstiness)},
+      {"max_concurrency", args.max_concurrency > 0 ? json(args.max_concurrency) : json(nullptr)}};
   result.update(bench::BenchmarkJson(load, selection));
 
   std::string errors;

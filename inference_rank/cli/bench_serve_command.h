@@ -21,7 +21,7 @@ class App;
 namespace rubato {
 
 struct BenchServeArgs {
-  std::string backend = "openai";  // openai (/v1/completions) | openai-chat
+  std::string backend = "openai";       // openai (/v1/completions) | openai-chat
   std::optional<std::string> base_url;  // http://host:port[/prefix]; else --host / --port
   std::string host = "127.0.0.1";
   int port = 8000;
@@ -29,13 +29,13 @@ struct BenchServeArgs {
   std::optional<std::string> model;     // default: the first id of GET /v1/models
   std::string label;                    // default: the backend
   int64_t num_prompts = 1000;
-  int64_t input_len = 1024;  // --random-input-len (--input-len)
-  int64_t output_len = 128;  // --random-output-len (--output-len)
-  double range_ratio = 0;    // lengths uniform in [len * (1 - r), len * (1 + r)]
-  int64_t prefix_len = 0;    // random tokens every prompt starts with
-  int64_t vocab_limit = 1000;  // prompt ids are drawn from [1, vocab_limit)
-  double request_rate = 0;     // requests/s; 0 or inf: all at once
-  double burstiness = 1;       // gamma shape of the gaps; 1: Poisson
+  int64_t input_len = 1024;     // --random-input-len (--input-len)
+  int64_t output_len = 128;     // --random-output-len (--output-len)
+  double range_ratio = 0;       // lengths uniform in [len * (1 - r), len * (1 + r)]
+  int64_t prefix_len = 0;       // random tokens every prompt starts with
+  int64_t vocab_limit = 1000;   // prompt ids are drawn from [1, vocab_limit)
+  double request_rate = 0;      // requests/s; 0 or inf: all at once
+  double burstiness = 1;        // gamma shape of the gaps; 1: Poisson
   int64_t max_concurrency = 0;  // 0: no limit
   bool ignore_eos = false;
   std::optional<double> temperature;  // sent only when given

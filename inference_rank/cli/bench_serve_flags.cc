@@ -4,11 +4,11 @@
 // is parsed here, whole and strictly: a value out of range, NaN, not a number or with trailing
 // text is refused with a short message naming the flag (exit 2), never wrapped or saturated.
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <charconv>
 #include <cmath>
-#include <limits>
-#include <cctype>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -38,15 +38,14 @@ int64_t IntFlag(const std::string& flag, const std::string& text, int64_t min, i
 
 // A decimal number (or "inf" / "infinity" where allow_inf) in [min, max]; min itself only when
 // min_inclusive.
-double FloatFlag(const std::string& flag, const std::string& text, double min,
-                 bool min_inclusive, double max, bool allow_inf, const std::string& expected) {
+double FloatFlag(const std::string& flag, const std::string& text, double min, bool min_inclusive,
+                 double max, bool allow_inf, const std::string& expected) {
   std::string lower;
   for (char c : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (allow_inf && (lower == "inf" || lower == "+inf" || lower == "infinity")) return kInf;
   double value = 0;
   const char* end = text.data() + text.size();
-  const auto [stop, error] =
-      std::from_chars(text.data(), end, value, std::chars_format::general);
+  const auto [stop, error] = std::from_chars(text.data(), end, value, std::chars_format::general);
   const bool in_range =
       std::isfinite(value) && (min_inclusive ? value >= min : value > min) && value <= max;
   if (text.empty() || error != std::errc() || stop != end || !in_range) {
@@ -121,30 +120,30 @@ CLI::App* AddBenchServeCommand(CLI::App& bench, BenchServeArgs& args) {
   cmd->add_option_function<std::string>(
       "--random-range-ratio",
       [&args](const std::string& v) {
-        args.range_ratio =
-            FloatFlag("--random-range-ratio", v, 0, true, std::nextafter(1.0, 0.0), false,
-                      "a number in [0, 1)");
+        args.range_ratio = FloatFlag("--random-range-ratio", v, 0, true, std::nextafter(1.0, 0.0),
+                                     false, "a number in [0, 1)");
       },
       "Lengths are drawn from [len * (1 - r), len * (1 + r)] (default 0)");
   cmd->add_option_function<std::string>(
       "--request-rate",
       [&args](const std::string& v) {
-        args.request_rate = FloatFlag("--request-rate", v, 0, true, 1e9, true,
-                                      "requests per second in (0, 1e9], or inf (0: inf)");
+        args.request_rate =
+            FloatFlag("--request-rate", v, 0, true, 1e9, true,
+                      "requests per second in [0, 1e9] or inf (0, inf: all at once)");
       },
       "Requests per second, Poisson (or gamma) arrivals; inf (default) or 0: all at once");
   cmd->add_option_function<std::string>(
       "--burstiness",
       [&args](const std::string& v) {
-        args.burstiness = FloatFlag("--burstiness", v, 0, false, 1e9, true,
-                                    "a number in (0, 1e9], or inf");
+        args.burstiness =
+            FloatFlag("--burstiness", v, 0, false, 1e9, true, "a number in (0, 1e9], or inf");
       },
       "Gamma shape of the arrival gaps: 1 (default) Poisson, < 1 burstier, inf evenly spaced");
   cmd->add_option_function<std::string>(
       "--temperature",
       [&args](const std::string& v) {
-        args.temperature = FloatFlag("--temperature", v, 0, true, 100, false,
-                                     "a number in [0, 100]");
+        args.temperature =
+            FloatFlag("--temperature", v, 0, true, 100, false, "a number in [0, 100]");
       },
       "Sampling temperature sent with each request (default: the server's)");
   cmd->add_option_function<std::string>(
@@ -184,9 +183,9 @@ CLI::App* AddBenchServeCommand(CLI::App& bench, BenchServeArgs& args) {
         args.percentile_metrics = CommaList("--percentile-metrics", v);
         for (const std::string& metric : args.percentile_metrics) {
           if (metric != "ttft" && metric != "tpot" && metric != "itl" && metric != "e2el") {
-            throw CLI::ValidationError("--percentile-metrics",
-                                       "expected names among ttft, tpot, itl, e2el, got " +
-                                           Shown(metric));
+            throw CLI::ValidationError(
+                "--percentile-metrics",
+                "expected names among ttft, tpot, itl, e2el, got " + Shown(metric));
           }
         }
       },
@@ -196,13 +195,12 @@ CLI::App* AddBenchServeCommand(CLI::App& bench, BenchServeArgs& args) {
       [&args](const std::string& v) {
         args.metric_percentiles.clear();
         for (const std::string& item : CommaList("--metric-percentiles", v)) {
-          args.metric_percentiles.push_back(FloatFlag("--metric-percentiles", item, 0, true,
-                                                      100, false, "percentiles in [0, 100]"));
+          args.metric_percentiles.push_back(FloatFlag("--metric-percentiles", item, 0, true, 100,
+                                                      false, "percentiles in [0, 100]"));
         }
       },
       "Percentiles to report, comma-separated (default 99)");
-  const auto seconds_option = [cmd](const std::string& flag, double& out,
-                                    const std::string& help) {
+  const auto seconds_option = [cmd](const std::string& flag, double& out, const std::string& help) {
     cmd->add_option_function<std::string>(
         flag,
         [flag, &out](const std::string& v) {

@@ -77,14 +77,13 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     if (ec) return Fail(ec, "the request could not be sent");
     request_ = {};  // the body is not needed any more
     stream_.expires_at(deadline_);
-    http::async_read_header(
-        stream_, buffer_, parser_,
-        [self = shared_from_this()](beast::error_code read_ec, size_t) {
-          if (read_ec) return self->Fail(read_ec, "no valid reply header");
-          self->status_ = self->parser_.get().result_int();
-          if (self->parser_.is_done()) return self->EndOfBody();
-          self->ReadSome();
-        });
+    http::async_read_header(stream_, buffer_, parser_,
+                            [self = shared_from_this()](beast::error_code read_ec, size_t) {
+                              if (read_ec) return self->Fail(read_ec, "no valid reply header");
+                              self->status_ = self->parser_.get().result_int();
+                              if (self->parser_.is_done()) return self->EndOfBody();
+                              self->ReadSome();
+                            });
   }
 
   void ReadSome() {
@@ -92,10 +91,9 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     body.data = piece_;
     body.size = sizeof(piece_);
     stream_.expires_at(deadline_);
-    http::async_read_some(stream_, buffer_, parser_,
-                          [self = shared_from_this()](beast::error_code ec, size_t) {
-                            self->OnRead(ec);
-                          });
+    http::async_read_some(
+        stream_, buffer_, parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
   void OnRead(beast::error_code ec) {
@@ -143,8 +141,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
                     false);
     }
     if (ec == http::error::header_limit) {
-      return Finish("a reply header larger than " + std::to_string(kHeaderLimit) + " bytes",
-                    false);
+      return Finish("a reply header larger than " + std::to_string(kHeaderLimit) + " bytes", false);
     }
     Finish(what + ": " + ec.message(), false);
   }
@@ -250,8 +247,8 @@ class LoadRunner {
 
   std::string RunDeadlineMessage(const char* when) const {
     return std::string("the run's deadline (--run-timeout ") +
-           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(plan_.run_timeout)
-                              .count()) +
+           std::to_string(
+               std::chrono::duration_cast<std::chrono::seconds>(plan_.run_timeout).count()) +
            " s) passed " + when;
   }
 
@@ -293,9 +290,8 @@ class LoadRunner {
       RequestOutcome& done_outcome = result_.outcomes[i];
       done_outcome.error = error;
       if (error.empty() && !(stream->done && stream->choices > 0)) {
-        done_outcome.error = stream->choices == 0
-                                 ? "the stream held no event with choices"
-                                 : "the stream ended without data: [DONE]";
+        done_outcome.error = stream->choices == 0 ? "the stream held no event with choices"
+                                                  : "the stream ended without data: [DONE]";
       }
       done_outcome.success = done_outcome.error.empty();
       if (done_outcome.success && stream->completion_tokens < 0) {
@@ -416,9 +412,8 @@ Result<std::string> FetchBody(const ServerAddress& server, const std::string& pa
   auto done = [&failure](const std::string& error, bool) { failure = error; };
   const std::string target = server.path_prefix + path;
   std::make_shared<Exchange>(io, endpoints, MakeRequest(http::verb::get, server, target, ""),
-                             Clock::now() + timeout,
-                             "no complete reply within --request-timeout", kFetchLimit,
-                             std::move(sink), std::move(done))
+                             Clock::now() + timeout, "no complete reply within --request-timeout",
+                             kFetchLimit, std::move(sink), std::move(done))
       ->Start();
   io.run();
   if (!failure.empty()) {

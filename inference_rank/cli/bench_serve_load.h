@@ -30,22 +30,22 @@ struct ServerAddress {
 // Bounds on one exchange.
 struct ExchangeLimits {
   Clock::duration request_timeout;  // connect to the last byte of the reply
-  uint64_t max_reply_bytes;          // the reply body, at most
-  size_t max_event_bytes;            // one SSE event, at most
+  uint64_t max_reply_bytes;         // the reply body, at most
+  size_t max_event_bytes;           // one SSE event, at most
 };
 
 // What one streamed request measured (the fields of vLLM's RequestFuncOutput).
 struct RequestOutcome {
   bool success = false;
   std::string error;
-  double start_time = 0;        // seconds after the run's start, when it was sent
-  double queue_time = 0;        // seconds it waited for --max-concurrency
-  double ttft = 0;              // seconds to the first event with choices
-  double latency = 0;           // seconds to the last event with choices
-  std::vector<double> itl;      // seconds between events with choices after the first
-  int64_t prompt_len = 0;       // the prompt's length, or usage.prompt_tokens when sent
-  int64_t output_tokens = 0;    // usage.completion_tokens, or the number of events with choices
-  std::string generated_text;   // kept only when asked (--save-detailed)
+  double start_time = 0;       // seconds after the run's start, when it was sent
+  double queue_time = 0;       // seconds it waited for --max-concurrency
+  double ttft = 0;             // seconds to the first event with choices
+  double latency = 0;          // seconds to the last event with choices
+  std::vector<double> itl;     // seconds between events with choices after the first
+  int64_t prompt_len = 0;      // the prompt's length, or usage.prompt_tokens when sent
+  int64_t output_tokens = 0;   // usage.completion_tokens, or the number of events with choices
+  std::string generated_text;  // kept only when asked (--save-detailed)
 };
 
 // The run: request i is due at arrival_s[i] seconds after the start and sent as the body

@@ -176,8 +176,8 @@ json BenchmarkJson(const LoadResult& load, const MetricSelection& selection) {
   return result;
 }
 
-std::string ReportText(const json& result, const MetricSelection& selection,
-                       int max_concurrency, double request_rate) {
+std::string ReportText(const json& result, const MetricSelection& selection, int max_concurrency,
+                       double request_rate) {
   std::string text;
   char line[256];
   const auto add_int = [&](const char* label, int64_t value) {

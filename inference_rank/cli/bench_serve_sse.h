@@ -35,11 +35,11 @@ class SseSplitter {
   void EndLine(std::vector<std::string>& events);
 
   size_t max_event_bytes_;
-  std::string line_;       // the current line, without its end
-  std::string data_;       // the data fields of the current event, joined by LF
+  std::string line_;        // the current line, without its end
+  std::string data_;        // the data fields of the current event, joined by LF
   size_t event_bytes_ = 0;  // bytes of the current event's lines so far
-  bool has_data_ = false;  // a data field was seen (data may be empty)
-  bool after_cr_ = false;  // the last byte was CR: an LF right after it ends nothing more
+  bool has_data_ = false;   // a data field was seen (data may be empty)
+  bool after_cr_ = false;   // the last byte was CR: an LF right after it ends nothing more
   std::string error_;
 };
 
@@ -55,10 +55,10 @@ struct StreamEvent {
     kError,    // an error event or an unexpected shape: the request fails with `error`
   };
   Kind kind = Kind::kIgnored;
-  std::string text;               // kChoice: choices[0].text or .delta.content ("" if null)
-  int64_t prompt_tokens = -1;     // usage.prompt_tokens when the event carries it
+  std::string text;                // kChoice: choices[0].text or .delta.content ("" if null)
+  int64_t prompt_tokens = -1;      // usage.prompt_tokens when the event carries it
   int64_t completion_tokens = -1;  // usage.completion_tokens when the event carries it
-  std::string error;              // kError: short, with at most a 64-byte excerpt of the event
+  std::string error;               // kError: short, with at most a 64-byte excerpt of the event
 };
 
 StreamEvent ReadStreamEvent(std::string_view data, StreamApi api);
