@@ -1,335 +1,298 @@
-// `rubato bench serve` (see bench_serve_command.h): request schedule, one thread per request in
-// flight over a blocking socket, Server-Sent Events timing, percentiles and the report.
+// `rubato bench serve` (see bench_serve_command.h): the server's address and model, vLLM's
+// random dataset (lengths, offsets and token ids from --seed, each body built when its request
+// is sent), the arrival schedule, then the load (bench_serve_load.h) and the report and result
+// file (bench_serve_result.h).
 #include "inference_rank/cli/bench_serve_command.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
+#include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <mutex>
+#include <ctime>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <thread>
-#include <vector>
+
+#include "inference_rank/cli/bench_serve_load.h"
+#include "inference_rank/cli/bench_serve_result.h"
 
 namespace rubato {
 namespace {
 
+using bench::Clock;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+// What the chat backend's prompts are made of: common words, about one token each.
+constexpr const char* kWords[] = {
+    "the",   "of",    "and",   "to",    "in",    "is",   "that", "for",   "it",    "as",
+    "was",   "with",  "be",    "by",    "on",    "not",  "he",   "this",  "are",   "or",
+    "his",   "from",  "at",    "which", "but",   "have", "an",   "had",   "they",  "you",
+    "were",  "their", "one",   "all",   "we",    "can",  "her",  "has",   "there", "been",
+    "if",    "more",  "when",  "will",  "would", "who",  "so",   "no",    "time",  "day",
+    "water", "house", "light", "world", "year",  "work", "hand", "place", "point", "city"};
+constexpr int64_t kWordCount = sizeof(kWords) / sizeof(kWords[0]);
 
-// What one request measured.
-struct RequestOutcome {
-  bool ok = false;
-  std::string error;
-  double ttft = 0;  // seconds
-  double e2e = 0;
-  std::vector<double> itl;  // gaps between text chunks after the first
-  int prompt_tokens = 0;
-  int output_tokens = 0;
+Clock::duration SecondsToDuration(double seconds) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// --base-url http://HOST[:PORT][/PREFIX], else --host and --port.
+Result<bench::ServerAddress> ServerAddressOf(const BenchServeArgs& args) {
+  bench::ServerAddress server{args.host, std::to_string(args.port), ""};
+  if (!args.base_url) return server;
+  const std::string& url = *args.base_url;
+  constexpr std::string_view kScheme = "http://";
+  if (url.rfind(kScheme, 0) != 0) {
+    return InvalidArgumentError(
+        "bench serve: --base-url must start with http:// (no TLS here), got '" +
+        bench::Excerpt(url) + "'");
+  }
+  const std::string rest = url.substr(kScheme.size());
+  const size_t slash = rest.find('/');
+  const std::string authority = rest.substr(0, slash);
+  server.path_prefix = slash == std::string::npos ? "" : rest.substr(slash);
+  while (!server.path_prefix.empty() && server.path_prefix.back() == '/') {
+    server.path_prefix.pop_back();
+  }
+  const size_t bracket = authority.rfind(']');
+  const size_t colon = authority.rfind(':');
+  const bool has_port =
+      colon != std::string::npos && (bracket == std::string::npos || colon > bracket);
+  server.host = authority.substr(0, has_port ? colon : std::string::npos);
+  server.port = has_port ? authority.substr(colon + 1) : "80";
+  if (server.host.size() > 2 && server.host.front() == '[' && server.host.back() == ']') {
+    server.host = server.host.substr(1, server.host.size() - 2);
+  }
+  const bool port_ok = !server.port.empty() && server.port.size() <= 5 &&
+                       std::all_of(server.port.begin(), server.port.end(), ::isdigit) &&
+                       std::stoi(server.port) >= 1 && std::stoi(server.port) <= 65535;
+  if (server.host.empty() || !port_ok) {
+    return InvalidArgumentError("bench serve: --base-url '" + bench::Excerpt(url) +
+                                "' has no valid host and port");
+  }
+  return server;
+}
+
+Result<std::string> EndpointOf(const BenchServeArgs& args) {
+  const bool chat = args.backend == "openai-chat";
+  const std::string endpoint =
+      args.endpoint.value_or(chat ? "/v1/chat/completions" : "/v1/completions");
+  const bool ends_chat =
+      endpoint.size() >= 16 && endpoint.compare(endpoint.size() - 16, 16, "chat/completions") == 0;
+  const bool ends_completions =
+      endpoint.size() >= 11 && endpoint.compare(endpoint.size() - 11, 11, "completions") == 0;
+  if (endpoint.empty() || endpoint[0] != '/' || (chat && !ends_chat) ||
+      (!chat && (!ends_completions || ends_chat))) {
+    return InvalidArgumentError("bench serve: --endpoint '" + bench::Excerpt(endpoint) +
+                                "' does not fit --backend " + args.backend + " (a path ending in " +
+                                (chat ? "chat/completions" : "/completions") + ")");
+  }
+  return endpoint;
+}
+
+// The first model id of GET /v1/models.
+Result<std::string> FirstModel(const bench::ServerAddress& server, Clock::duration timeout) {
+  RUBATO_ASSIGN_OR_RETURN(const std::string body, bench::FetchBody(server, "/v1/models", timeout));
+  const json list = json::parse(body, nullptr, false);
+  if (list.is_object()) {
+    const auto data = list.find("data");
+    if (data != list.end() && data->is_array() && !data->empty() && (*data)[0].is_object()) {
+      const auto id = (*data)[0].find("id");
+      if (id != (*data)[0].end() && id->is_string()) return id->get<std::string>();
+    }
+  }
+  return UnavailableError("bench serve: GET /v1/models on " + server.host + ":" + server.port +
+                          " gave no model id (" + bench::Excerpt(body) + "); pass --model");
+}
+
+// vLLM's random dataset, without a tokenizer: request i has input_lens[i] tokens after the
+// shared prefix, the ids (offsets[i] + i + j) mod (vocab - 1) + 1, and asks for output_lens[i].
+struct RandomDataset {
+  std::vector<int64_t> prefix;
+  std::vector<int64_t> input_lens;
+  std::vector<int64_t> output_lens;
+  std::vector<int64_t> offsets;
 };
 
-// A blocking TCP connection to host:port with 600 s timeouts, or -1 and `error`.
-int Dial(const std::string& host, int port, std::string& error) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
-    error = "cannot resolve " + host;
-    return -1;
-  }
-  int fd = -1;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-    if (fd >= 0 && ::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      ::close(fd);
-      fd = -1;
+RandomDataset MakeDataset(const BenchServeArgs& args, std::mt19937_64& rng) {
+  RandomDataset data;
+  const int64_t vocab = args.backend == "openai-chat" ? kWordCount : args.vocab_limit - 1;
+  std::uniform_int_distribution<int64_t> token(0, vocab - 1);
+  for (int64_t j = 0; j < args.prefix_len; ++j) data.prefix.push_back(token(rng));
+  const double r = args.range_ratio;
+  const auto low = [r](int64_t len) {
+    return std::max<int64_t>(1, static_cast<int64_t>(std::floor(len * (1 - r))));
+  };
+  const auto high = [r](int64_t len) { return static_cast<int64_t>(std::ceil(len * (1 + r))); };
+  std::uniform_int_distribution<int64_t> input(low(args.input_len), high(args.input_len));
+  std::uniform_int_distribution<int64_t> output(low(args.output_len), high(args.output_len));
+  for (int64_t i = 0; i < args.num_prompts; ++i) data.input_lens.push_back(input(rng));
+  for (int64_t i = 0; i < args.num_prompts; ++i) data.output_lens.push_back(output(rng));
+  for (int64_t i = 0; i < args.num_prompts; ++i) data.offsets.push_back(token(rng));
+  return data;
+}
+
+std::string RequestBody(const BenchServeArgs& args, const std::string& model,
+                        const RandomDataset& data, size_t i) {
+  const bool chat = args.backend == "openai-chat";
+  json body = {{"model", model}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  if (chat) {
+    std::string text;
+    const auto add_word = [&text](int64_t k) {
+      if (!text.empty()) text += ' ';
+      text += kWords[k % kWordCount];
+    };
+    for (int64_t k : data.prefix) add_word(k);
+    for (int64_t j = 0; j < data.input_lens[i]; ++j) {
+      add_word(data.offsets[i] + static_cast<int64_t>(i) + j);
     }
-  }
-  freeaddrinfo(found);
-  if (fd < 0) {
-    error = "cannot connect to " + host + ":" + std::to_string(port);
-    return -1;
-  }
-  timeval timeout{600, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  return fd;
-}
-
-bool SendAll(int fd, const std::string& data) {
-  for (size_t sent = 0; sent < data.size();) {
-    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    sent += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-std::string HttpRequestText(const std::string& method, const std::string& host,
-                            const std::string& path, const std::string& body) {
-  return method + " " + path + " HTTP/1.1\r\nHost: " + host +
-         "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-         "\r\nConnection: close\r\n\r\n" + body;
-}
-
-// GET /v1/models: the first model's id.
-Result<std::string> FirstModel(const BenchServeArgs& args) {
-  std::string error;
-  const int fd = Dial(args.host, args.port, error);
-  if (fd < 0) return UnavailableError("bench serve: " + error);
-  std::string raw;
-  if (SendAll(fd, HttpRequestText("GET", args.host, "/v1/models", ""))) {
-    char buffer[4096];
-    for (ssize_t n; (n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0;) raw.append(buffer, n);
-  }
-  ::close(fd);
-  const size_t body_at = raw.find("\r\n\r\n");
-  const size_t json_at = raw.find('{', body_at == std::string::npos ? 0 : body_at);
-  const json list =
-      json::parse(json_at == std::string::npos ? "" : raw.substr(json_at), nullptr, false);
-  if (list.is_discarded() || !list.contains("data") || list["data"].empty()) {
-    return UnavailableError("bench serve: GET /v1/models on " + args.host + ":" +
-                            std::to_string(args.port) + " gave no model; pass --model");
-  }
-  return list["data"][0]["id"].get<std::string>();
-}
-
-// One streamed completion; the events are read as they arrive (each chunk of the reply holds
-// whole events, so scanning the bytes for "data: ...\n\n" needs no de-chunking).
-RequestOutcome RunRequest(const BenchServeArgs& args, const std::string& body) {
-  RequestOutcome outcome;
-  const Clock::time_point start = Clock::now();
-  const int fd = Dial(args.host, args.port, outcome.error);
-  if (fd < 0) return outcome;
-  if (!SendAll(fd, HttpRequestText("POST", args.host, "/v1/completions", body))) {
-    ::close(fd);
-    outcome.error = "the request could not be sent";
-    return outcome;
-  }
-  std::string raw;
-  size_t scanned = 0;
-  bool first = true;
-  bool done = false;
-  Clock::time_point last = start;
-  char buffer[16384];
-  while (!done) {
-    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
-    if (n <= 0) break;
-    const Clock::time_point now = Clock::now();
-    raw.append(buffer, static_cast<size_t>(n));
-    if (raw.rfind("HTTP/1.1 200", 0) != 0 && raw.find("\r\n\r\n") != std::string::npos) {
-      continue;  // an error reply: read it whole
+    body["messages"] = {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", text}}}}}};
+    body["max_completion_tokens"] = data.output_lens[i];
+  } else {
+    const int64_t vocab = args.vocab_limit - 1;
+    std::vector<int64_t> ids;
+    ids.reserve(data.prefix.size() + static_cast<size_t>(data.input_lens[i]));
+    for (int64_t k : data.prefix) ids.push_back(k + 1);
+    for (int64_t j = 0; j < data.input_lens[i]; ++j) {
+      ids.push_back((data.offsets[i] + static_cast<int64_t>(i) + j) % vocab + 1);
     }
-    for (size_t at; (at = raw.find("data: ", scanned)) != std::string::npos;) {
-      const size_t end = raw.find("\n\n", at);
-      if (end == std::string::npos) break;
-      scanned = end + 2;
-      const std::string payload = raw.substr(at + 6, end - at - 6);
-      if (payload == "[DONE]") {
-        done = true;
-        break;
-      }
-      const json event = json::parse(payload, nullptr, false);
-      if (event.is_discarded()) continue;
-      if (event.contains("error")) {
-        outcome.error = event["error"].value("message", "error event");
-        continue;
-      }
-      if (event.contains("usage") && event["usage"].is_object()) {
-        outcome.prompt_tokens = event["usage"].value("prompt_tokens", 0);
-        outcome.output_tokens = event["usage"].value("completion_tokens", 0);
-      }
-      if (!event.contains("choices") || event["choices"].empty()) continue;
-      const std::string text = event["choices"][0].value("text", "");
-      if (text.empty()) continue;
-      if (first) {
-        outcome.ttft = Seconds(now - start);
-        first = false;
-      } else {
-        outcome.itl.push_back(Seconds(now - last));
-      }
-      last = now;
-    }
+    body["prompt"] = std::move(ids);
+    body["max_tokens"] = data.output_lens[i];
   }
-  ::close(fd);
-  outcome.e2e = Seconds(Clock::now() - start);
-  if (!done && outcome.error.empty()) {
-    const size_t line_end = raw.find("\r\n");
-    outcome.error = raw.empty()
-                        ? "no reply"
-                        : raw.substr(0, line_end) + " " + raw.substr(raw.find("\r\n\r\n") + 4, 300);
+  if (args.ignore_eos) body["ignore_eos"] = true;
+  if (args.temperature) body["temperature"] = *args.temperature;
+  return body.dump();
+}
+
+// vLLM's arrivals: gamma gaps of shape burstiness and mean 1/rate (exponential for 1),
+// cumulated, then scaled so the last is at num_prompts / rate; all 0 for an infinite rate.
+std::vector<double> Arrivals(const BenchServeArgs& args, std::mt19937_64& rng) {
+  const double rate = args.request_rate == 0 ? INFINITY : args.request_rate;
+  std::vector<double> at(static_cast<size_t>(args.num_prompts), 0.0);
+  if (std::isinf(rate)) return at;
+  std::gamma_distribution<double> gap(
+      std::isinf(args.burstiness) ? 1.0 : args.burstiness,
+      std::isinf(args.burstiness) ? 1.0 : 1.0 / (rate * args.burstiness));
+  double total = 0;
+  for (double& t : at) t = total += std::isinf(args.burstiness) ? 1.0 / rate : gap(rng);
+  if (total > 0) {
+    const double scale = static_cast<double>(args.num_prompts) / rate / total;
+    for (double& t : at) t *= scale;
   }
-  outcome.ok = done && outcome.error.empty();
-  return outcome;
+  return at;
 }
 
-double Percentile(std::vector<double> values, double p) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  // Linear interpolation between closest ranks (numpy's default, as vllm bench serve).
-  const double rank = p / 100.0 * static_cast<double>(values.size() - 1);
-  const size_t low = static_cast<size_t>(rank);
-  const size_t high = std::min(low + 1, values.size() - 1);
-  return values[low] + (values[high] - values[low]) * (rank - static_cast<double>(low));
-}
-
-json Summary(const std::vector<double>& seconds) {
-  double sum = 0;
-  for (double s : seconds) sum += s;
-  const auto ms = [](double s) { return s * 1e3; };
-  return {{"mean", ms(seconds.empty() ? 0 : sum / static_cast<double>(seconds.size()))},
-          {"p50", ms(Percentile(seconds, 50))},
-          {"p90", ms(Percentile(seconds, 90))},
-          {"p99", ms(Percentile(seconds, 99))}};
-}
-
-void DrawProgress(int done, int total) {
-  constexpr int kWidth = 40;
-  const int filled = total == 0 ? kWidth : done * kWidth / total;
-  std::fprintf(stderr, "\r[%s%s] %d/%d", std::string(filled, '#').c_str(),
+void DrawProgress(size_t done, size_t total) {
+  constexpr size_t kWidth = 40;
+  const size_t filled = total == 0 ? kWidth : done * kWidth / total;
+  std::fprintf(stderr, "\r[%s%s] %zu/%zu", std::string(filled, '#').c_str(),
                std::string(kWidth - filled, ' ').c_str(), done, total);
   if (done == total) std::fprintf(stderr, "\n");
   std::fflush(stderr);
 }
 
+std::string Now(const char* format) {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char text[64];
+  std::strftime(text, sizeof(text), format, &local);
+  return text;
+}
+
 }  // namespace
 
 Status RunBenchServe(const BenchServeArgs& args) {
-  if (args.num_prompts < 1 || args.input_len < 1 || args.output_len < 1 || args.vocab_limit < 2 ||
-      args.request_rate < 0 || args.max_concurrency < 0) {
-    return InvalidArgumentError(
-        "bench serve: --num-prompts, --input-len, --output-len must be "
-        ">= 1, --request-rate and --max-concurrency >= 0");
-  }
+  RUBATO_ASSIGN_OR_RETURN(const bench::ServerAddress server, ServerAddressOf(args));
+  RUBATO_ASSIGN_OR_RETURN(const std::string endpoint, EndpointOf(args));
+  const Clock::duration request_timeout = SecondsToDuration(args.request_timeout_s);
   std::string model;
   if (args.model) {
     model = *args.model;
   } else {
-    RUBATO_ASSIGN_OR_RETURN(model, FirstModel(args));
+    RUBATO_ASSIGN_OR_RETURN(model, FirstModel(server, request_timeout));
   }
-  // Prompts and arrival gaps from the seed: the same load every run.
+  const double rate = args.request_rate == 0 ? INFINITY : args.request_rate;
+
+  // The same load for the same seed: the dataset, then the arrivals, from one generator.
   std::mt19937_64 rng(args.seed);
-  std::uniform_int_distribution<int> token(1, args.vocab_limit - 1);
-  std::exponential_distribution<double> gap(args.request_rate > 0 ? args.request_rate : 1.0);
-  std::vector<std::string> bodies;
-  std::vector<double> arrivals;  // seconds after the start
-  double at = 0;
-  for (int i = 0; i < args.num_prompts; ++i) {
-    std::vector<int> prompt(static_cast<size_t>(args.input_len));
-    for (int& id : prompt) id = token(rng);
-    bodies.push_back(json({{"model", model},
-                           {"prompt", prompt},
-                           {"max_tokens", args.output_len},
-                           {"temperature", 0},
-                           {"stream", true},
-                           {"stream_options", {{"include_usage", true}}}})
-                         .dump());
-    arrivals.push_back(at);
-    if (args.request_rate > 0) at += gap(rng);
+  const RandomDataset data = MakeDataset(args, rng);
+  bench::LoadPlan plan;
+  plan.server = server;
+  plan.target = server.path_prefix + endpoint;
+  plan.api =
+      args.backend == "openai-chat" ? bench::StreamApi::kChat : bench::StreamApi::kCompletions;
+  plan.arrival_s = Arrivals(args, rng);
+  plan.make_body = [&](size_t i) { return RequestBody(args, model, data, i); };
+  plan.prompt_len = [&](size_t i) {
+    return static_cast<int64_t>(data.prefix.size()) + data.input_lens[i];
+  };
+  plan.max_concurrency = static_cast<int>(args.max_concurrency);
+  plan.limits = {request_timeout, args.max_reply_bytes, /*max_event_bytes=*/1 << 20};
+  plan.run_timeout = SecondsToDuration(args.run_timeout_s);
+  plan.keep_text = args.save_detailed;
+  if (args.progress) {
+    plan.on_progress = DrawProgress;
+    DrawProgress(0, plan.arrival_s.size());
   }
+  RUBATO_ASSIGN_OR_RETURN(const bench::LoadResult load, bench::RunLoad(plan));
 
-  std::vector<RequestOutcome> outcomes(bodies.size());
-  std::mutex mutex;
-  std::condition_variable changed;
-  int in_flight = 0;
-  int finished = 0;
-  std::vector<std::thread> threads;
-  const Clock::time_point start = Clock::now();
-  if (args.progress) DrawProgress(0, args.num_prompts);
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
-                                              std::chrono::duration<double>(arrivals[i])));
-    {
-      std::unique_lock<std::mutex> lock(mutex);
-      changed.wait(lock,
-                   [&] { return args.max_concurrency == 0 || in_flight < args.max_concurrency; });
-      ++in_flight;
-    }
-    threads.emplace_back([&, i] {
-      outcomes[i] = RunRequest(args, bodies[i]);
-      std::lock_guard<std::mutex> lock(mutex);
-      --in_flight;
-      ++finished;
-      if (args.progress) DrawProgress(finished, args.num_prompts);
-      changed.notify_all();
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  const double duration = Seconds(Clock::now() - start);
-
-  std::vector<double> ttft, tpot, itl, e2el;
-  json errors = json::array();
-  int completed = 0;
-  int64_t input_tokens = 0;
-  int64_t output_tokens = 0;
-  for (const RequestOutcome& outcome : outcomes) {
-    if (!outcome.ok) {
-      errors.push_back(outcome.error);
-      continue;
-    }
-    ++completed;
-    input_tokens += outcome.prompt_tokens;
-    output_tokens += outcome.output_tokens;
-    ttft.push_back(outcome.ttft);
-    e2el.push_back(outcome.e2e);
-    if (outcome.output_tokens > 1) {
-      tpot.push_back((outcome.e2e - outcome.ttft) / (outcome.output_tokens - 1));
-    }
-    itl.insert(itl.end(), outcome.itl.begin(), outcome.itl.end());
-  }
-  const json result = {
-      {"model", model},
+  const bench::MetricSelection selection{args.percentile_metrics, args.metric_percentiles};
+  const std::string label = args.label.empty() ? args.backend : args.label;
+  const std::string date = Now("%Y%m%d-%H%M%S");
+  json result = {
+      {"date", date},
+      {"endpoint_type", args.backend},
+      {"backend", args.backend},
+      {"label", args.label.empty() ? json(nullptr) : json(args.label)},
+      {"model_id", model},
+      {"tokenizer_id", nullptr},
       {"num_prompts", args.num_prompts},
-      {"request_rate", args.request_rate > 0 ? json(args.request_rate) : json("inf")},
-      {"max_concurrency", args.max_concurrency},
-      {"input_len", args.input_len},
-      {"output_len", args.output_len},
-      {"seed", args.seed},
-      {"duration_s", duration},
-      {"completed", completed},
-      {"failed", args.num_prompts - completed},
-      {"errors", errors},
-      {"total_input_tokens", input_tokens},
-      {"total_output_tokens", output_tokens},
-      {"request_throughput", completed / duration},
-      {"output_throughput", static_cast<double>(output_tokens) / duration},
-      {"ttft_ms", Summary(ttft)},
-      {"tpot_ms", Summary(tpot)},
-      {"itl_ms", Summary(itl)},
-      {"e2el_ms", Summary(e2el)}};
-  std::printf("============ Serving Benchmark Result ============\n");
-  std::printf("%-40s %d\n%-40s %d\n%-40s %.2f\n", "Successful requests:", completed,
-              "Failed requests:", args.num_prompts - completed,
-              "Benchmark duration (s):", duration);
-  std::printf("%-40s %lld\n%-40s %lld\n",
-              "Total input tokens:", static_cast<long long>(input_tokens),
-              "Total generated tokens:", static_cast<long long>(output_tokens));
-  std::printf("%-40s %.2f\n%-40s %.2f\n", "Request throughput (req/s):", completed / duration,
-              "Output token throughput (tok/s):", static_cast<double>(output_tokens) / duration);
-  for (const char* name : {"ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"}) {
-    const json& s = result[name];
-    std::printf("%-8s mean %.2f  p50 %.2f  p90 %.2f  p99 %.2f (ms)\n", name,
-                s["mean"].get<double>(), s["p50"].get<double>(), s["p90"].get<double>(),
-                s["p99"].get<double>());
+      {"request_rate", std::isinf(rate) ? json("inf") : json(rate)},
+      {"burstiness", std::isinf(args.burstiness) ? json("inf") : json(args.burstiness)},
+      {"max_concurrency", args.max_concurrency > 0 ? json(args.max_concurrency) : json(nullptr)}};
+  result.update(bench::BenchmarkJson(load, selection));
+
+  std::string errors;
+  int shown = 0;
+  for (const bench::RequestOutcome& outcome : load.outcomes) {
+    if (outcome.success || shown == 10) continue;
+    if (shown == 0) errors += "Failed requests during benchmark run detected (capping to 10):\n";
+    errors += "Error " + std::to_string(shown++) + ": " + outcome.error + "\n";
   }
-  for (const auto& error : errors) std::printf("error: %s\n", error.get<std::string>().c_str());
+  std::fputs(errors.c_str(), stdout);
+  std::fputs(bench::ReportText(result, selection, plan.max_concurrency, rate).c_str(), stdout);
   std::fflush(stdout);
-  if (args.result_file) {
-    std::ofstream out(*args.result_file);
-    out << result.dump(2) << "\n";
-    if (!out) return UnavailableError("bench serve: cannot write " + *args.result_file);
+
+  if (!args.save_detailed) {
+    for (const char* field : {"input_lens", "output_lens", "start_times", "ttfts", "itls",
+                              "generated_texts", "errors"}) {
+      result.erase(field);
+    }
+  }
+  if (args.save_result) {
+    std::string file = args.result_filename.value_or(
+        bench::DefaultResultFilename(label, rate, plan.max_concurrency, model, date));
+    if (args.result_dir) {
+      std::error_code ec;
+      std::filesystem::create_directories(*args.result_dir, ec);
+      if (ec) {
+        return IoError("bench serve: cannot create --result-dir " + *args.result_dir + ": " +
+                       ec.message());
+      }
+      file = (std::filesystem::path(*args.result_dir) / file).string();
+    }
+    RUBATO_RETURN_IF_ERROR(bench::WriteResultFile(file, result));
+  }
+  const int64_t completed = result["completed"].get<int64_t>();
+  if (load.run_deadline_passed) {
+    return DeadlineExceededError("bench serve: the run's deadline (--run-timeout " +
+                                 bench::PythonFloatText(args.run_timeout_s) + " s) passed with " +
+                                 std::to_string(args.num_prompts - completed) +
+                                 " requests unfinished");
+  }
+  if (completed == 0) {
+    return UnavailableError("bench serve: all " + std::to_string(args.num_prompts) +
+                            " requests failed; the first: " + load.outcomes[0].error);
   }
   return Status::Ok();
 }

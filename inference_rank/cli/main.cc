@@ -155,37 +155,7 @@ int main(int argc, char** argv) {
   rubato::BenchServeArgs bench_serve_args;
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks against a running server");
   bench->require_subcommand(1);
-  CLI::App* bench_serve = bench->add_subcommand(
-      "serve",
-      "Load an OpenAI-compatible server (as `vllm bench serve`): TTFT, TPOT, ITL and end-to-end "
-      "latency percentiles, throughput and errors");
-  bench_serve->add_option("--host", bench_serve_args.host, "Server address");
-  bench_serve->add_option("--port", bench_serve_args.port, "Server port")
-      ->check(CLI::Range(1, 65535));
-  bench_serve->add_option("--model", bench_serve_args.model,
-                          "Model name (default: the first of GET /v1/models)");
-  bench_serve->add_option("--num-prompts", bench_serve_args.num_prompts, "Requests to send")
-      ->check(CLI::Range(1, 1 << 24));
-  bench_serve
-      ->add_option("--request-rate", bench_serve_args.request_rate,
-                   "Requests per second, Poisson arrivals (0: all at once)")
-      ->check(CLI::NonNegativeNumber);
-  bench_serve
-      ->add_option("--max-concurrency", bench_serve_args.max_concurrency,
-                   "Requests in flight at most (0: no limit)")
-      ->check(CLI::NonNegativeNumber);
-  bench_serve->add_option("--input-len", bench_serve_args.input_len, "Prompt tokens (random ids)")
-      ->check(CLI::Range(1, 1 << 24));
-  bench_serve->add_option("--output-len", bench_serve_args.output_len, "max_tokens per request")
-      ->check(CLI::Range(1, 1 << 24));
-  bench_serve
-      ->add_option("--vocab-limit", bench_serve_args.vocab_limit,
-                   "Prompt ids are drawn from [1, N)")
-      ->check(CLI::Range(2, 1 << 30));
-  bench_serve->add_option("--seed", bench_serve_args.seed, "Seed of prompts and arrivals");
-  bench_serve->add_option("--result-file", bench_serve_args.result_file,
-                          "Write the results as JSON here");
-  bench_serve->add_flag("!--no-progress", bench_serve_args.progress, "No progress bar on stderr");
+  CLI::App* bench_serve = rubato::AddBenchServeCommand(*bench, bench_serve_args);
 
   rubato::TokenizeArgs tok;
   CLI::App* tokenize = app.add_subcommand(

@@ -351,36 +351,45 @@ TEST_F(ServeHttpTest, MetricsCountServedRequests) {
   EXPECT_NE(after.find("# TYPE rubato:num_requests_waiting gauge"), std::string::npos);
 }
 
-// `rubato bench serve` against the server: every request completes, the report has the
-// percentiles, and the same prompts (seeded) give the same token counts.
+// `rubato bench serve` against the server with vLLM's flags: every request completes, the
+// result file has vLLM's flat keys, and the same prompts (seeded) give the same token counts.
 TEST_F(ServeHttpTest, BenchServeReportsLatenciesAndThroughput) {
   TestTempDir dir("bench_serve");
   const std::string result_file = (dir.path() / "result.json").string();
-  const testing::ProcessResult run = testing::RunProcess(
-      RUBATO_BINARY,
-      {"bench", "serve", "--port", std::to_string(port_), "--num-prompts", "6",
-       "--max-concurrency", "2", "--input-len", "8", "--output-len", "4", "--seed", "1",
-       "--result-file", result_file},
-      120);
-  ASSERT_EQ(run.exit_code, 0) << run.err;
-  EXPECT_NE(run.out.find("Successful requests:"), std::string::npos) << run.out;
-  EXPECT_NE(run.err.find("6/6"), std::string::npos) << "no progress bar: " << run.err;
-  std::ifstream file(result_file);
-  const json result = json::parse(file, nullptr, false);
-  ASSERT_TRUE(result.is_object());
-  EXPECT_EQ(result["model"], "tiny-qwen3-longctx");
-  EXPECT_EQ(result["completed"], 6);
-  EXPECT_EQ(result["failed"], 0);
-  EXPECT_EQ(result["total_input_tokens"], 48);
-  EXPECT_GT(result["total_output_tokens"].get<int>(), 0);
-  EXPECT_LE(result["total_output_tokens"].get<int>(), 24);
-  for (const char* metric : {"ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"}) {
-    const json& summary = result[metric];
-    EXPECT_LE(summary["p50"].get<double>(), summary["p99"].get<double>()) << metric;
+  for (const char* backend : {"openai", "openai-chat"}) {
+    const testing::ProcessResult run = testing::RunProcess(
+        RUBATO_BINARY,
+        {"bench", "serve", "--backend", backend, "--port", std::to_string(port_),
+         "--num-prompts", "6", "--max-concurrency", "2", "--random-input-len", "8",
+         "--random-output-len", "4", "--request-rate", "inf", "--seed", "1",
+         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+         "--save-result", "--result-filename", result_file},
+        120);
+    ASSERT_EQ(run.exit_code, 0) << backend << ": " << run.err;
+    EXPECT_NE(run.out.find("Successful requests:"), std::string::npos) << run.out;
+    EXPECT_NE(run.err.find("6/6"), std::string::npos) << "no progress bar: " << run.err;
+    std::ifstream file(result_file);
+    const json result = json::parse(file, nullptr, false);
+    ASSERT_TRUE(result.is_object());
+    EXPECT_EQ(result["model_id"], "tiny-qwen3-longctx");
+    EXPECT_EQ(result["backend"], backend);
+    EXPECT_EQ(result["completed"], 6);
+    EXPECT_EQ(result["failed"], 0);
+    if (std::string(backend) == "openai") {
+      EXPECT_EQ(result["total_input_tokens"], 48);
+    }
+    EXPECT_GT(result["total_output_tokens"].get<int>(), 0);
+    EXPECT_LE(result["total_output_tokens"].get<int>(), 24);
+    for (const char* metric : {"ttft", "tpot", "itl", "e2el"}) {
+      const std::string m = metric;
+      EXPECT_LE(result["p50_" + m + "_ms"].get<double>(), result["p99_" + m + "_ms"].get<double>())
+          << metric;
+      EXPECT_EQ(result["median_" + m + "_ms"], result["p50_" + m + "_ms"]) << metric;
+    }
+    EXPECT_GT(result["median_ttft_ms"].get<double>(), 0);
+    EXPECT_GE(result["median_e2el_ms"].get<double>(), result["median_ttft_ms"].get<double>());
+    EXPECT_GT(result["request_throughput"].get<double>(), 0);
   }
-  EXPECT_GT(result["ttft_ms"]["p50"].get<double>(), 0);
-  EXPECT_GE(result["e2el_ms"]["p50"].get<double>(), result["ttft_ms"]["p50"].get<double>());
-  EXPECT_GT(result["request_throughput"].get<double>(), 0);
   // Nothing listening: GET /v1/models (for the model name) fails and the run is refused.
   const testing::ProcessResult nowhere = testing::RunProcess(
       RUBATO_BINARY, {"bench", "serve", "--port", "1", "--num-prompts", "1"}, 30);
