@@ -75,7 +75,8 @@ Status FillRandom(__nv_bfloat16* device, size_t count, uint64_t seed) {
   return Status::Ok();
 }
 
-// Device-to-device copy bandwidth, bytes read + written per second (METHOD.md's ceiling).
+// Device-to-device copy bandwidth, bytes read + written per second (docs/design.md §10
+// "Benchmark ceilings").
 Result<double> CopyBandwidth(size_t bytes) {
   RUBATO_ASSIGN_OR_RETURN(auto source, DeviceBuffer<unsigned char>::Allocate(bytes, "copy source"));
   RUBATO_ASSIGN_OR_RETURN(auto dest, DeviceBuffer<unsigned char>::Allocate(bytes, "copy dest"));

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a synthetic Kascade calibration for benchmarks at real model shapes with random
 weights, where a calibration by `rubato calibrate kascade` would be meaningless: the anchors are
-given (default: the paper's Qwen3-8B set, papers/kascade.txt §4), the head map is the identity
+given (default: the paper's Qwen3-8B set, the Kascade paper §4), the head map is the identity
 and S / importance are placeholders (recorded as such). Not for accuracy runs.
 
   python3 bench/configs/make_kascade_calibration.py --model configs/models/qwen3-8b \

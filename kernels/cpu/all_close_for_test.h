@@ -1,5 +1,5 @@
 // Test helper: every element of `actual` within atol + rtol * |expected|, printing the largest
-// error (STYLE.md §9: every element, never "most elements").
+// error (docs/design.md §10 "Every element": never "most elements").
 #pragma once
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// LongFlow's fused decode attention and eviction choice (papers/longflow.txt §3.2, App. E), CPU
+// LongFlow's fused decode attention and eviction choice (the LongFlow paper §3.2, App. E), CPU
 // reference: one query token attends its fixed-budget slots (the valid ones); from the same
 // exponentials every slot's score ||alpha_i v_i||_1 (Eq. 6, alpha averaged over the GQA group)
 // and, per KV head, the slot the next token writes: the lowest free slot, else the valid

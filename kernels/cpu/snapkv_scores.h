@@ -1,4 +1,4 @@
-// SnapKV-style prompt scoring (Li et al. 2024; used by papers/longflow.txt §4.1 to compress a
+// SnapKV-style prompt scoring (Li et al. 2024; used by the LongFlow paper §4.1 to compress a
 // prompt longer than the KV budget), CPU reference. Per KV head: each of the prompt's last
 // `window` queries takes its causal softmax over positions [0, its own]; the weights on the
 // prefix [0, length - window) are summed over the window and over the GQA group's query heads,

@@ -1,7 +1,7 @@
 // Device wrappers for Hopper's asynchronous copies into shared memory: mbarriers that count
 // arrivals and bytes, bulk copies of contiguous bytes, and tensor-map tile copies (the copy
-// engine; HOPPER.md). The kernels that stream KV tiles (decode attention) build their pipelines
-// from these.
+// engine; docs/design.md §10 "Hopper memory access"). The kernels that stream KV tiles (decode
+// attention) build their pipelines from these.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only; maps are encoded on the host, tensor_map.h)

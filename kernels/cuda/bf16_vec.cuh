@@ -1,5 +1,5 @@
 // Device helpers for 16-byte bf16 vectors (8 elements): the access width every memory-bound
-// kernel uses (HOPPER.md: 16-byte accesses per thread, coalesced across the warp).
+// kernel uses (docs/design.md §10 "Hopper memory access").
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,4 +1,4 @@
-// CUDA errors as rubato Status values (STYLE: errors are values at library boundaries).
+// CUDA errors as rubato Status values (docs/design.md §10 "Errors are values").
 //
 //   RUBATO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(...), "copying the block tables");
 //   RUBATO_RETURN_IF_ERROR(LaunchStatus("decode_attention"));  // after a <<<...>>> launch

@@ -1,5 +1,6 @@
-// DeviceBuffer<T>: an owning, move-only cudaMalloc'd array (STYLE: expensive copies are explicit
-// calls, never a copy constructor). Used by the CUDA model, the GPU tests and the benchmarks.
+// DeviceBuffer<T>: an owning, move-only cudaMalloc'd array (docs/design.md §10: expensive copies
+// are explicit calls, never a copy constructor). Used by the CUDA model, the GPU tests and the
+// benchmarks.
 //
 //   RUBATO_ASSIGN_OR_RETURN(auto keys, DeviceBuffer<__nv_bfloat16>::Allocate(n, "K pool"));
 //   RUBATO_RETURN_IF_ERROR(keys.CopyFromHost(host.data(), host.size(), stream));

@@ -1,6 +1,6 @@
-// Runtime shape values -> compile-time constants (STYLE point 4). Every CUDA op instantiates its
-// kernels only for the values listed here; anything else is an Unsupported status naming the
-// value, returned by the launcher.
+// Runtime shape values -> compile-time constants (docs/design.md §10 "Shapes become constants").
+// Every CUDA op instantiates its kernels only for the values listed here; anything else is an
+// Unsupported status naming the value, returned by the launcher.
 //
 //   RUBATO_DISPATCH_HEAD_DIM(params.head_dim, kHeadDim, {
 //     RUBATO_DISPATCH_GQA_GROUP(group, kGroup, { return Launch<kHeadDim, kGroup>(params, s); });

@@ -1,4 +1,4 @@
-// SnapKV-style prompt scoring on the GPU (the prompt compression of papers/longflow.txt §4.1), one
+// SnapKV-style prompt scoring on the GPU (the prompt compression of the LongFlow paper §4.1), one
 // sequence per launch: each of the prompt's last `window` queries takes its causal softmax over
 // positions [0, its own]; the weights on the prefix [0, length - window) are summed over the
 // window and the GQA group's query heads, then max-pooled along positions (odd kernel, centred,

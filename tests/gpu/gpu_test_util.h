@@ -32,7 +32,8 @@ namespace rubato::gpu_test {
   } while (0)
 
 // A generator seeded from the test's wall clock unless RUBATO_TEST_SEED is set; the seed is
-// printed so a failure can be replayed (fresh inputs every run: METHOD.md).
+// printed so a failure can be replayed (fresh inputs every run: docs/design.md §10 "Every
+// element").
 inline std::mt19937_64 FreshRng() {
   uint64_t seed = std::random_device{}();
   if (const char* fixed = std::getenv("RUBATO_TEST_SEED")) seed = std::strtoull(fixed, nullptr, 10);

@@ -1,4 +1,4 @@
-// Kascade's offline calibration (papers/kascade.txt §3.2-3.5): the cross-layer similarity of
+// Kascade's offline calibration (the Kascade paper §3.2-3.5): the cross-layer similarity of
 // top-k sets (Eq. 3) accumulated over a development set, the layer importance weights, the
 // anchor layers of Algorithm 1 and the head map; and the calibration file that records them.
 // No model here: the calibrator (kascade_calibrator.h) feeds the attention it observes.

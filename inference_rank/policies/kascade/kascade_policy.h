@@ -1,4 +1,4 @@
-// Kascade (papers/kascade.txt §3; docs/design.md §4.4): top-k selections made on a few anchor
+// Kascade (the Kascade paper §3; docs/design.md §4.4): top-k selections made on a few anchor
 // layers and reused by the layers after them. Decode: layer 0 dense, every anchor selects per KV
 // head the top k positions of its query's GQA-pooled post-softmax probabilities and attends them,
 // each reuse layer attends its anchor's selection through the calibrated head map (index gather).

@@ -1,4 +1,4 @@
-// LongFlow (papers/longflow.txt §3, §4.1, App. E; docs/design.md §4.6): a request's KV never
+// LongFlow (the LongFlow paper §3, §4.1, App. E; docs/design.md §4.6): a request's KV never
 // exceeds a budget of B slots per (layer, KV head) (evicting KV, kv/slot_kv_pool.h). Each decode
 // token overwrites the slot its previous step chose; its attention over the slots also scores
 // every slot by Eq. 6 and chooses the next one (kernels/cpu/longflow_attention.h). A prompt

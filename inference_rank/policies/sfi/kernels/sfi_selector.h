@@ -1,4 +1,4 @@
-// SFI Selector, CPU reference (papers/sfi-slow-fast-inference.txt §3.2–3.3, Eqs. 6–24, and our
+// SFI Selector, CPU reference (the SFI paper §3.2–3.3, Eqs. 6–24, and our
 // stage C "continuation"): at a slow step, turns the dense attention's logits over the allowed
 // key set J = [j_begin, j_begin + n) into K positions per KV head, ascending: the selected set
 // that fast steps attend (with sink and recent tokens) until the next slow step. Stage A: the

@@ -62,9 +62,10 @@ struct LambdaSums {  // Eq. 18's fᵀ(f − r) and ‖f − r‖² over a chunk
   double denominator;
 };
 
-// Everything the kernels read and write; one plain struct by value (STYLE point 5). R = batch *
-// num_kv_heads rows, row = sequence * num_kv_heads + kv_head; N = row_stride; C = num_chunks =
-// ceil(max_j_count / kChunk). Index i of a [N] row is position j_begin + i of the sequence.
+// Everything the kernels read and write; one plain struct by value (docs/design.md §10 "Shapes
+// become constants"). R = batch * num_kv_heads rows, row = sequence * num_kv_heads + kv_head; N =
+// row_stride; C = num_chunks = ceil(max_j_count / kChunk). Index i of a [N] row is position j_begin
+// + i of the sequence.
 struct KernelArgs {
   const float* logits;  // [batch][window][num_kv_heads * group][logits_stride]
   int64_t logits_stride;
