@@ -278,6 +278,13 @@ class ClientConnection {
       return;
     }
     auto promise = TakePending(envelope.call_id());
+    if (envelope.has_error() && envelope.error().closes_connection()) {
+      // A refused Hello: the server closes the connection next. Lost now, quietly (the caller
+      // reports the error), so that the close is not logged as a peer gone away.
+      MarkLost(UnavailableError(fmt::format("the RPC server at {} closed the connection: {}",
+                                            endpoint_, envelope.error().message())),
+               /*log_warning=*/false);
+    }
     if (promise == nullptr) {
       RUBATO_LOG_DEBUG(kLog, "RPC {} from {} for call {} after its deadline, dropped",
                        BodyName(envelope), endpoint_, envelope.call_id());
