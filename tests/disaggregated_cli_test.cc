@@ -1,11 +1,15 @@
 // The disaggregated mode end to end, as a user runs it: `rubato cache --listen` in one process,
 // `rubato generate --cache HOST:PORT` in another, KV over UCX (TCP), control over the RPC, on the
 // bundled tiny model: dense text through the cache rank, a killed, stopped or restarted cache
-// rank, mpirun roles, and bad uses refused by name. The scenarios: docs/disaggregated.md "Tests".
+// rank, one that never answers, mpirun roles, and bad uses refused by name. The scenarios:
+// docs/disaggregated.md "Tests".
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
-
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -112,7 +116,8 @@ TEST_F(DisaggregatedCliTest, AStandaloneCacheRankGivesTheColocatedDenseText) {
 }
 
 // `rubato cache --metrics HOST:PORT` serves its registry over HTTP: sessions, memory and the
-// transport bytes of what it served; /health; 404 / 405 for other routes and methods.
+// transport bytes of what it served; GET and HEAD of /health and /metrics; 404 for other
+// routes, 405 with Allow for other methods.
 TEST_F(DisaggregatedCliTest, TheCacheRanksMetricsEndpointCountsWhatItServed) {
   std::unique_ptr<BackgroundProcess> cache =
       StartCache("127.0.0.1:0", {"--metrics", "127.0.0.1:0"});
@@ -124,6 +129,11 @@ TEST_F(DisaggregatedCliTest, TheCacheRanksMetricsEndpointCountsWhatItServed) {
       << out;
   const int port = std::stoi(match[1]);
   EXPECT_EQ(testing::Request(port, "GET", "/health").status, 200);
+  // HEAD (what load balancers and curl -I send): the status and headers of GET, no body.
+  const testing::HttpResponse head = testing::Request(port, "HEAD", "/health");
+  EXPECT_EQ(head.status, 200);
+  EXPECT_TRUE(head.body.empty()) << head.body;
+  EXPECT_EQ(testing::Request(port, "HEAD", "/metrics").status, 200);
   const testing::HttpResponse before = testing::Request(port, "GET", "/metrics");
   ASSERT_EQ(before.status, 200);
   EXPECT_NE(before.body.find("\nrubato:cache_rank_sessions 0\n"), std::string::npos) << before.body;
@@ -149,7 +159,10 @@ TEST_F(DisaggregatedCliTest, TheCacheRanksMetricsEndpointCountsWhatItServed) {
   EXPECT_NE(after.body.find("\nrubato:cache_rank_sessions 0\n"), std::string::npos)
       << "the finished run closed its session\n" << after.body;
   EXPECT_EQ(testing::Request(port, "GET", "/v1/models").status, 404);
-  EXPECT_EQ(testing::Request(port, "POST", "/metrics").status, 405);
+  testing::HttpResponse post = testing::Request(port, "POST", "/metrics");
+  EXPECT_EQ(post.status, 405);
+  EXPECT_EQ(post.headers["allow"], "GET, HEAD");
+  EXPECT_EQ(testing::Request(port, "DELETE", "/health").status, 405);
 
   cache->Signal(SIGTERM);
   EXPECT_EQ(cache->Wait(milliseconds(10000)).exit_code, 0);
@@ -200,6 +213,35 @@ TEST_F(DisaggregatedCliTest, AStoppedCacheRankEndsTheRunWithinTheHeartbeatTimeou
   ASSERT_FALSE(endpoint_.empty());
   ExpectTheRunEndsWithAClearError(*cache, endpoint_, LongOffloadedRun(), SIGSTOP);
   cache->Signal(SIGCONT);
+}
+
+// A cache rank that accepts the connection and never answers (a stalled process: the kernel
+// completes the handshake into the listen queue, nothing reads it) is given up within the
+// heartbeat timeout, with an error naming the cache rank. The bound is generous (a busy 2-core
+// machine); what matters is that the run ends, and with this error.
+TEST_F(DisaggregatedCliTest, ACacheRankThatNeverAnswersIsGivenUpNamingIt) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(listener, 8), 0);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  // A long rpc_timeout_ms: the heartbeats (100 ms, 5 of them) are what must notice.
+  const std::string config = (dir_.path() / "slow_calls.yaml").string();
+  std::ofstream(config) << "limits:\n  heartbeat_ms: 100\n  rpc_timeout_ms: 600000\n";
+  std::vector<std::string> args = GenerateArgs("offload_dense", 4);
+  args.insert(args.end(), {"--cache", endpoint, "--config", config});
+  const ProcessResult result = RunProcess(RUBATO_BINARY, args, 60);
+  close(listener);
+  ASSERT_FALSE(result.signaled) << "generate hung\n" << result.err;
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("rubato: error: cache rank " + endpoint), std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("sent nothing"), std::string::npos) << result.err;
 }
 
 #ifdef RUBATO_MPIEXEC

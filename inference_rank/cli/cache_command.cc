@@ -1,6 +1,7 @@
 // `rubato cache` (cache_command.h): CacheService + its RPC server until asked to stop.
 #include "inference_rank/cli/cache_command.h"
 
+#include <boost/asio/ip/address.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
@@ -46,7 +47,36 @@ Result<rpc::RpcEndpoint> ParseListenAddress(const std::string& listen, const std
   return parsed;
 }
 
-// GET /metrics (the registry's Prometheus text) and GET /health; 404 / 405 otherwise.
+// Whether `host` (an IP literal) reaches this machine only: 127.0.0.0/8 or ::1.
+bool IsLoopback(const std::string& host) {
+  boost::system::error_code ec;
+  const boost::asio::ip::address address = boost::asio::ip::make_address(host, ec);
+  return !ec && address.is_loopback();
+}
+
+// A cache rank other hosts can reach needs a token; one on loopback may run without, with a
+// warning (any local process can then use the budget). `listen` and `listen_name` for messages.
+Status CheckRpcToken(const rpc::RpcEndpoint& endpoint, const std::string& listen,
+                     const std::string& listen_name, const std::string& token) {
+  if (!token.empty()) return Status::Ok();
+  if (!IsLoopback(endpoint.host)) {
+    return FailedPreconditionError(
+        listen_name + " " + listen +
+        " is not a loopback address and no RPC token is set: any host that reaches it could "
+        "hold the whole KV budget. Set " + rpc::kTokenEnv + " (or " + rpc::kTokenFileEnv +
+        ", the path of a file that holds it) for the cache rank and its inference ranks, or "
+        "listen on 127.0.0.1");
+  }
+  RUBATO_LOG_WARN("cache",
+                  "no RPC token ({} or {}): any local process can connect to this cache rank "
+                  "and reserve its whole KV budget; set a token to allow only its inference "
+                  "ranks",
+                  rpc::kTokenEnv, rpc::kTokenFileEnv);
+  return Status::Ok();
+}
+
+// GET or HEAD /metrics (the registry's Prometheus text) and /health (HEAD: the same status and
+// headers, no body; HttpServer drops it); 404 for other paths, 405 with Allow for other methods.
 server::HttpReply MetricsReply(const MetricsRegistry& registry,
                                const server::HttpRequest& request) {
   if (request.path != "/metrics" && request.path != "/health") {
@@ -54,9 +84,12 @@ server::HttpReply MetricsReply(const MetricsRegistry& registry,
         404, "text/plain; charset=utf-8",
         "no route for " + request.path + " (a cache rank serves /metrics and /health)\n", nullptr};
   }
-  if (request.method != "GET") {
-    return server::HttpReply{405, "text/plain; charset=utf-8",
-                             request.path + " takes GET, not " + request.method + "\n", nullptr};
+  if (request.method != "GET" && request.method != "HEAD") {
+    return server::HttpReply{405,
+                             "text/plain; charset=utf-8",
+                             request.path + " takes GET or HEAD, not " + request.method + "\n",
+                             nullptr,
+                             {{"Allow", "GET, HEAD"}}};
   }
   if (request.path == "/health") {
     return server::HttpReply{200, "text/plain; charset=utf-8", "ok", nullptr};
@@ -101,10 +134,11 @@ rpc::RpcServerOptions ServerOptions(const rpc::RpcEndpoint& endpoint, const Limi
 // over NCCL (cache_rank/device/device_cache_rpc_handler.h).
 Status ServeDeviceCacheRank(const CacheArgs& args, const RubatoConfig& config,
                             const CacheSection& cache, int device, const std::string& memory_key,
-                            const rpc::RpcEndpoint& endpoint,
+                            const rpc::RpcEndpoint& endpoint, const std::string& token,
                             const std::function<Status(const std::string&)>& on_listening) {
 #ifndef RUBATO_HAS_DEVICE_CACHE_RANK
   (void)args;
+  (void)token;
   (void)config;
   (void)cache;
   (void)device;
@@ -135,7 +169,6 @@ Status ServeDeviceCacheRank(const CacheArgs& args, const RubatoConfig& config,
         "rank (--memory device) reports through the Stats RPC and has one budget");
   }
   options.nccl_init_timeout = std::chrono::milliseconds(config.limits.rpc_timeout_ms);
-  RUBATO_ASSIGN_OR_RETURN(const std::string token, rpc::AuthTokenFromEnvironment());
   options.peers_authenticated = !token.empty();
   DeviceCacheRpcHandler handler(RequestStop, options);
   RUBATO_ASSIGN_OR_RETURN(
@@ -208,8 +241,11 @@ Status ServeCacheRank(const CacheArgs& args, const RubatoConfig& config,
   if (!args.metrics_listen.empty()) {
     RUBATO_ASSIGN_OR_RETURN(metrics_endpoint, ParseListenAddress(args.metrics_listen, "--metrics"));
   }
+  RUBATO_ASSIGN_OR_RETURN(const std::string token, rpc::AuthTokenFromEnvironment());
+  RUBATO_RETURN_IF_ERROR(CheckRpcToken(endpoint, args.listen, "--listen", token));
   if (cache.memory == CacheSection::Memory::kDevice) {
-    return ServeDeviceCacheRank(args, config, cache, device, memory_key, endpoint, on_listening);
+    return ServeDeviceCacheRank(args, config, cache, device, memory_key, endpoint, token,
+                                on_listening);
   }
   RUBATO_ASSIGN_OR_RETURN(CacheServiceOptions service_options,
                           CacheServiceOptionsFromConfig(cache, device, memory_key));
@@ -235,16 +271,19 @@ Status ServeCacheRank(const CacheArgs& args, const RubatoConfig& config,
   service_options.peer_budget_bytes = static_cast<uint64_t>(args.peer_budget_mb) << 20;
   service_options.max_sessions_per_peer = args.max_sessions_per_peer;
   CacheService service(service_options);
-  RUBATO_ASSIGN_OR_RETURN(const std::string token, rpc::AuthTokenFromEnvironment());
   CacheRpcHandlerOptions handler_options;
   handler_options.peers_authenticated = !token.empty();
   handler_options.nccl_device = device;
   handler_options.nccl_init_timeout = std::chrono::milliseconds(limits.rpc_timeout_ms);
   CacheRpcHandler handler(service, RequestStop, handler_options);
-  const rpc::RpcServerOptions server_options = ServerOptions(endpoint, limits, token);
+  rpc::RpcServerOptions server_options = ServerOptions(endpoint, limits, token);
   MetricsRegistry metrics;
   RUBATO_RETURN_IF_ERROR(service.RegisterMetrics(metrics));
   RUBATO_RETURN_IF_ERROR(RegisterProcessMetrics(metrics, "cache"));
+  RUBATO_ASSIGN_OR_RETURN(server_options.auth_failures,
+                          metrics.AddCounter("rubato:cache_rank_auth_failures_total",
+                                             "RPC Hellos refused for a missing or wrong token "
+                                             "(each closes its connection)."));
   std::unique_ptr<server::HttpServer> metrics_server;
   if (metrics_endpoint.has_value()) {
     server::HttpServerOptions http;

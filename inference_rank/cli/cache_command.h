@@ -5,6 +5,8 @@
 // SIGINT or SIGTERM. Prints "rubato cache: listening on HOST:PORT" (the bound port) once ready,
 // and with --metrics HOST:PORT "rubato cache: metrics on http://HOST:PORT/metrics" before it.
 // Its storage (budget, memory, GPU) is the config's `cache:` section; the flags override it.
+// Without an RPC token (RUBATO_CACHE_TOKEN / RUBATO_CACHE_TOKEN_FILE) it starts on a loopback
+// address only, with a warning (docs/security.md "The cache rank's RPC").
 #pragma once
 
 #include <cstdint>
@@ -27,8 +29,9 @@ struct CacheArgs {
   std::optional<std::string> memory;
   // YAML config: the cache section, limits (heartbeat, timeouts), logging
   std::optional<std::string> config_file;
-  // host:port (port 0: any free port) of an HTTP endpoint serving GET /metrics (Prometheus text:
-  // sessions, memory, transport bytes) and GET /health; none when empty.
+  // host:port (port 0: any free port) of an HTTP endpoint serving GET and HEAD of /metrics
+  // (Prometheus text: sessions, memory, transport bytes, refused authentications) and /health;
+  // none when empty.
   std::string metrics_listen;
   // This rank's GPU: its side of NCCL data planes, its pinned or device memory (cache.device;
   // 0 when both leave it to the mode).

@@ -29,6 +29,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kLog = "rpc";
 
+// How often a connect or a call looks at RpcClientOptions::abandon.
+constexpr std::chrono::milliseconds kAbandonPoll{20};
+
 }  // namespace
 
 RpcClientOptions RpcClientOptions::FromLimits(const LimitsSection& limits) {
@@ -97,7 +100,11 @@ class ClientConnection {
                               });
         });
     const auto deadline = Clock::now() + timeout;
-    while (!done && io_.run_one_until(deadline) > 0) {
+    while (!done && !Abandoned()) {
+      const auto slice_end = options_.abandon == nullptr
+                                 ? deadline
+                                 : std::min<Clock::time_point>(deadline, Clock::now() + kAbandonPoll);
+      if (io_.run_one_until(slice_end) == 0 && (io_.stopped() || Clock::now() >= deadline)) break;
     }
     if (!done) {
       resolver.cancel();
@@ -105,6 +112,7 @@ class ClientConnection {
       socket_.close(ignored);
       io_.restart();
       io_.run();  // the cancelled operations' handlers
+      if (Abandoned()) return UnavailableError(what + ": given up, the client is stopping");
       return DeadlineExceededError(
           fmt::format("{}: no connection within {} ms", what, timeout.count()));
     }
@@ -141,7 +149,20 @@ class ClientConnection {
     }
     asio::post(io_,
                [this, frame = std::move(frame).value()]() mutable { Enqueue(std::move(frame)); });
-    if (answer.wait_for(timeout) == std::future_status::timeout && TakePending(call_id)) {
+    const auto deadline = Clock::now() + timeout;
+    bool answered = false;
+    while (!answered && Clock::now() < deadline && !Abandoned()) {
+      const auto slice =
+          options_.abandon == nullptr
+              ? deadline - Clock::now()
+              : std::min<Clock::duration>(deadline - Clock::now(), kAbandonPoll);
+      answered = answer.wait_for(slice) == std::future_status::ready;
+    }
+    if (!answered && TakePending(call_id)) {
+      if (Abandoned()) {
+        return UnavailableError(fmt::format("RPC {} to {}: given up, the client is stopping",
+                                            BodyName(request), endpoint_));
+      }
       return DeadlineExceededError(
           fmt::format("RPC {} to {}: no answer within the deadline of {} ms", BodyName(request),
                       endpoint_, timeout.count()));
@@ -154,6 +175,7 @@ class ClientConnection {
     std::lock_guard<std::mutex> lock(mutex_);
     return lost_.ok();
   }
+  bool Abandoned() const { return options_.abandon != nullptr && options_.abandon->load(); }
   Status LostReason() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return lost_;
@@ -278,6 +300,13 @@ class ClientConnection {
       return;
     }
     auto promise = TakePending(envelope.call_id());
+    if (envelope.has_error() && envelope.error().closes_connection()) {
+      // A refused Hello: the server closes the connection next. Lost now, quietly (the caller
+      // reports the error), so that the close is not logged as a peer gone away.
+      MarkLost(UnavailableError(fmt::format("the RPC server at {} closed the connection: {}",
+                                            endpoint_, envelope.error().message())),
+               /*log_warning=*/false);
+    }
     if (promise == nullptr) {
       RUBATO_LOG_DEBUG(kLog, "RPC {} from {} for call {} after its deadline, dropped",
                        BodyName(envelope), endpoint_, envelope.call_id());

@@ -5,6 +5,7 @@
 // until Reconnect() (and a new Hello). Narrative: docs/transport.md "The RPC client".
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -28,6 +29,10 @@ struct RpcClientOptions {
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   // Sent in every Hello that carries none of its own (the server's token, rpc_auth.h).
   std::string auth_token;
+  // When set: once *abandon is true, a connect or call in progress gives up within ~20 ms with
+  // kUnavailable (an owner that is shutting down does not wait out a stalled peer), and later
+  // ones fail at once. Must outlive the client.
+  const std::atomic<bool>* abandon = nullptr;
 
   // rpc_timeout_ms and heartbeat_ms from the config, peer timeout = 5 heartbeats, the token
   // from the environment (RUBATO_CACHE_TOKEN / RUBATO_CACHE_TOKEN_FILE; none when unreadable:

@@ -2,7 +2,8 @@
 // connection alive on both sides, the server notices a silent or departed client
 // (OnConnectionLost), the client notices a silent server (like a SIGSTOPped process) or a
 // stopped one and fails pending and later calls fast, a restarted server on the same port is
-// reachable by a new client and after Reconnect, and connect errors say what is wrong.
+// reachable by a new client and after Reconnect, connect errors say what is wrong, and an
+// abandoned client gives up its connect and calls at once.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -212,6 +213,49 @@ TEST_F(RpcTest, ConnectToAFullListenQueueTimesOut) {
   EXPECT_EQ(timed_out.code(), StatusCode::kDeadlineExceeded) << timed_out.ToString();
   EXPECT_TRUE(Contains(timed_out.message(), endpoint)) << timed_out.message();
   EXPECT_TRUE(Contains(timed_out.message(), "200 ms")) << timed_out.message();
+}
+
+TEST_F(RpcTest, AnAbandonedClientGivesUpItsConnectAndCallsAtOnce) {
+  // A listener that never accepts, with a backlog of 0: the first connection waits in its queue
+  // (connected, never answered: a stalled peer), later connects hang.
+  asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  acceptor.listen(0);
+  const std::string endpoint =
+      "127.0.0.1:" + std::to_string(acceptor.local_endpoint().port());
+  std::atomic<bool> abandon{false};
+  RpcClientOptions options = FastOptions();
+  // Deadlines and heartbeats that never end the waits within the test: only abandon does.
+  options.call_timeout_ms = 600000;
+  options.heartbeat_ms = 60000;
+  options.peer_timeout_ms = 600000;
+  options.abandon = &abandon;
+  Result<std::unique_ptr<RpcClient>> silent = RpcClient::Connect(endpoint, kBound, options);
+  ASSERT_TRUE(silent.ok()) << silent.status().ToString();
+  auto hello = std::async(std::launch::async, [&] { return (*silent)->Hello(GoodHello()); });
+  std::vector<std::unique_ptr<RpcClient>> queued;
+  auto connects = std::async(std::launch::async, [&]() -> Status {
+    for (int attempt = 0; attempt < 8; ++attempt) {
+      Result<std::unique_ptr<RpcClient>> client =
+          RpcClient::Connect(endpoint, milliseconds(600000), options);
+      if (!client.ok()) return client.status();
+      queued.push_back(std::move(client).value());
+    }
+    return Status::Ok();
+  });
+  std::this_thread::sleep_for(milliseconds(200));  // lets both start waiting (not required)
+  abandon = true;
+  ASSERT_EQ(hello.wait_for(kBound), std::future_status::ready) << "the call waited on";
+  const Status refused = hello.get().status();
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
+  EXPECT_TRUE(Contains(refused.message(), "given up")) << refused.message();
+  ASSERT_EQ(connects.wait_for(kBound), std::future_status::ready) << "the connect waited on";
+  const Status connected = connects.get();
+  EXPECT_FALSE(connected.ok()) << "8 connections to a backlog-0 listener all succeeded";
+  EXPECT_EQ(connected.code(), StatusCode::kUnavailable) << connected.ToString();
+  EXPECT_TRUE(Contains(connected.message(), "given up")) << connected.message();
+  // Later calls fail at once too.
+  EXPECT_EQ((*silent)->Stats().status().code(), StatusCode::kUnavailable);
 }
 
 TEST_F(RpcTest, ServerRefusesBadOptions) {

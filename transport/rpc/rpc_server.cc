@@ -1,7 +1,9 @@
 // RpcServer (rpc_server.h): one Boost.Asio I/O thread owns the acceptor, every socket, every
 // timer and every write queue; handler calls run on a thread pool and post their responses
 // back to the I/O thread. All ServerConnection members are touched on the I/O thread only,
-// except hello_done_ (atomic, read and set by handler tasks).
+// except hello_done_ (atomic, read and set by handler tasks). The token of a Hello is checked
+// on the I/O thread, in the connection's order, so that a refused Hello is the last thing of its
+// connection that is read.
 #include "transport/rpc/rpc_server.h"
 
 #include <fmt/format.h>
@@ -20,6 +22,7 @@
 
 #include "common/accept_retry.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "transport/rpc/rpc_auth.h"
 
 namespace rubato::rpc {
@@ -62,6 +65,14 @@ std::string ModelShapeMismatch(const ModelShape& ours, const ModelShape& peer) {
 
 // The longest heartbeat interval a client may ask for: it is silent for at most 5 of them.
 constexpr uint32_t kMaxPeerHeartbeatMs = 60000;
+
+// The answer to a Hello whose token is missing or wrong; names the variables, never a token.
+Status AuthenticationFailed(const HelloRequest& hello) {
+  return FailedPreconditionError(fmt::format(
+      "authentication failed: this server requires a token ({} or {} on both sides) and the "
+      "peer's Hello carries {}",
+      kTokenEnv, kTokenFileEnv, hello.auth_token().empty() ? "none" : "another"));
+}
 
 }  // namespace
 
@@ -130,7 +141,8 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
         id_(id),
         socket_(std::move(socket)),
         decoder_(server->options_.max_frame_bytes),
-        idle_timer_(server->io_) {
+        idle_timer_(server->io_),
+        refusal_timer_(server->io_) {
     boost::system::error_code ec;
     const tcp::endpoint remote = socket_.remote_endpoint(ec);
     peer_ = ec ? std::string("unknown peer")
@@ -169,6 +181,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
     idle_timer_.cancel();
+    refusal_timer_.cancel();
     server_->Forget(id_);
     if (server_->stopping_) return;
     RUBATO_LOG_INFO(kLog, "RPC connection {} ({}) closed: {}", id_, peer_, reason.ToString());
@@ -205,6 +218,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
     const Status decoded =
         decoder_.Feed(std::string_view(read_buffer_.data(), bytes_read), &envelopes);
     for (Envelope& envelope : envelopes) Handle(std::move(envelope));
+    if (refused_) return;  // the refusal timer answers and closes; nothing more is read
     if (!decoded.ok()) {
       FailProtocol(decoded.WithContext(fmt::format("connection {} from {}", id_, peer_)));
       return;
@@ -213,6 +227,12 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   }
 
   void Handle(Envelope envelope) {
+    if (refused_) return;  // frames that came in the same read after a refused Hello
+    if (envelope.has_hello_request() && !server_->options_.auth_token.empty() &&
+        !TokensEqual(envelope.hello_request().auth_token(), server_->options_.auth_token)) {
+      RefuseAuthentication(envelope);
+      return;
+    }
     if (envelope.body_case() == Envelope::kHeartbeat) {
       if (!envelope.heartbeat().reply()) {
         Envelope reply;
@@ -239,6 +259,34 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
                  asio::post(self->server_->io_,
                             [self, response = std::move(response)] { self->Send(response); });
                });
+  }
+
+  // A Hello without the server's token: logged, counted, answered after the delay, then the
+  // connection closes. Until then nothing is read, the idle timer is off and the handler pool
+  // is not involved.
+  void RefuseAuthentication(const Envelope& hello) {
+    refused_ = true;
+    idle_timer_.cancel();
+    const RpcServerOptions& options = server_->options_;
+    RUBATO_LOG_WARN(kLog,
+                    "RPC connection {} from {}: authentication failed (its Hello carries {} "
+                    "token); answering and closing the connection in {} ms",
+                    id_, peer_, hello.hello_request().auth_token().empty() ? "no" : "another",
+                    options.auth_failure_delay_ms);
+    if (options.auth_failures != nullptr) options.auth_failures->Increment();
+    Envelope answer;
+    answer.set_call_id(hello.call_id());
+    *answer.mutable_error() = ErrorFromStatus(AuthenticationFailed(hello.hello_request()));
+    answer.mutable_error()->set_closes_connection(true);
+    refusal_timer_.expires_after(std::chrono::milliseconds(options.auth_failure_delay_ms));
+    refusal_timer_.async_wait([self = shared_from_this(), answer = std::move(answer)](
+                                  boost::system::error_code ec) {
+      if (ec || self->closed_) return;
+      self->close_reason_ = UnavailableError(fmt::format(
+          "connection {} from {}: authentication failed", self->id_, self->peer_));
+      self->close_after_write_ = true;
+      self->Send(answer);
+    });
   }
 
   // Tells the peer what was wrong with its bytes, then closes once that frame is written.
@@ -279,7 +327,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   }
 
   void OnIdleTimer(boost::system::error_code ec) {
-    if (ec || closed_) return;
+    if (ec || closed_ || refused_) return;
     const auto timeout = std::chrono::milliseconds(peer_timeout_ms_);
     if (Clock::now() - last_receive_ >= timeout) {
       Close(UnavailableError(fmt::format(
@@ -298,8 +346,10 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   FrameDecoder decoder_;
   std::deque<std::string> write_queue_;  // whole frames; the front one is being written
   asio::steady_timer idle_timer_;
+  asio::steady_timer refusal_timer_;  // RefuseAuthentication's delay
   Clock::time_point last_receive_;
   bool closed_ = false;
+  bool refused_ = false;  // a Hello without the token came: read nothing more
   bool close_after_write_ = false;
   Status close_reason_;
   std::atomic<bool> hello_done_{false};
@@ -370,11 +420,9 @@ Result<HelloResponse> RpcServerImpl::AnswerHello(ConnectionId id, const HelloReq
         "protocol version mismatch: protocol_version is {} here, {} in the peer's Hello",
         kProtocolVersion, hello.protocol_version()));
   }
+  // Checked again (the I/O thread refused wrong tokens before the Hello reached the pool).
   if (!options_.auth_token.empty() && !TokensEqual(hello.auth_token(), options_.auth_token)) {
-    return FailedPreconditionError(fmt::format(
-        "authentication failed: this server requires a token ({} or {} on both sides) and the "
-        "peer's Hello carries {}",
-        kTokenEnv, kTokenFileEnv, hello.auth_token().empty() ? "none" : "another"));
+    return AuthenticationFailed(hello);
   }
   if (hello.heartbeat_ms() > kMaxPeerHeartbeatMs) {
     return FailedPreconditionError(
@@ -503,6 +551,11 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Start(const RpcServerOptions& opti
   if (options.max_frame_bytes < 64) {
     return InvalidArgumentError(fmt::format(
         "RPC server: max_frame_bytes must be at least 64, got {}", options.max_frame_bytes));
+  }
+  if (options.auth_failure_delay_ms < 0 || options.auth_failure_delay_ms > 60000) {
+    return InvalidArgumentError(
+        fmt::format("RPC server: auth_failure_delay_ms must be in [0, 60000], got {}",
+                    options.auth_failure_delay_ms));
   }
   auto impl = std::make_unique<RpcServerImpl>(options, handler);
   RUBATO_ASSIGN_OR_RETURN(const uint16_t port, impl->Listen());

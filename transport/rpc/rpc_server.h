@@ -16,6 +16,10 @@
 #include "common/status.h"
 #include "transport/rpc/rpc_frame.h"
 
+namespace rubato {
+class Counter;  // common/metrics.h
+}  // namespace rubato
+
 namespace rubato::rpc {
 
 // Identifies one accepted TCP connection for the server's lifetime (1, 2, 3, ...).
@@ -60,6 +64,13 @@ struct RpcServerOptions {
   // Non-empty: every Hello must carry this token (transport/rpc/rpc_auth.h); else no
   // authentication.
   std::string auth_token;
+  // A Hello with a missing or wrong token is checked on the I/O thread in the connection's
+  // order, logged (the peer's address, never a token), counted, and answered after this delay;
+  // then the connection is closed. Nothing the peer sends after that Hello is read, so each
+  // connection gets one guess, answered no sooner than this. Other connections are served
+  // meanwhile (a timer, not a sleeping thread). [0, 60000].
+  int auth_failure_delay_ms = 1000;
+  Counter* auth_failures = nullptr;  // when set, incremented per refused Hello
 };
 
 class RpcServer {

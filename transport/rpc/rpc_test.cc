@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <chrono>
@@ -146,7 +147,7 @@ TEST_F(RpcTest, HelloMismatchesAreRefusedNamingTheField) {
 
 TEST_F(RpcTest, ATokenServerRefusesHellosWithoutItsToken) {
   server_->Stop();
-  StartServer(0, 5000, "s3cret-token");
+  StartServer(0, 5000, "s3cret-token", /*auth_failure_delay_ms=*/50);
   auto client = Connect(FastOptions(), /*hello=*/false);
   ASSERT_NE(client, nullptr);
   Result<HelloResponse> refused = client->Hello(GoodHello());
@@ -154,20 +155,94 @@ TEST_F(RpcTest, ATokenServerRefusesHellosWithoutItsToken) {
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(refused.status().message(), "authentication failed"));
   EXPECT_TRUE(Contains(refused.status().message(), "carries none"));
+  // The refusal ends the connection (the client knows at once): no second guess on it.
+  EXPECT_FALSE(client->Healthy());
+  EXPECT_EQ(client->Hello(GoodHello()).status().code(), StatusCode::kUnavailable);
+
+  auto guesser = Connect(FastOptions(), /*hello=*/false);
+  ASSERT_NE(guesser, nullptr);
   HelloRequest wrong = GoodHello();
   wrong.set_auth_token("s3cret-tokeN");
-  refused = client->Hello(wrong);
+  refused = guesser->Hello(wrong);
   ASSERT_FALSE(refused.ok());
   EXPECT_TRUE(Contains(refused.status().message(), "carries another"));
   EXPECT_FALSE(Contains(refused.status().message(), "s3cret"));  // never echoed
-  EXPECT_EQ(client->Stats().status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(guesser->Stats().status().code(), StatusCode::kUnavailable);
   EXPECT_TRUE(handler_.Read(&TestHandler::hellos_).empty());
+  EXPECT_EQ(auth_failures_->Value(), 2.0);
 
   RpcClientOptions with_token = FastOptions();
   with_token.auth_token = "s3cret-token";
   auto authenticated = Connect(with_token);
   ASSERT_NE(authenticated, nullptr);
   EXPECT_TRUE(authenticated->Stats().ok());
+  EXPECT_EQ(auth_failures_->Value(), 2.0);
+}
+
+// Frames as one write: what a guesser pipelining its attempts sends.
+std::string Frames(const std::vector<Envelope>& envelopes) {
+  std::string bytes;
+  for (const Envelope& envelope : envelopes) bytes += EncodeFrame(envelope).value();
+  return bytes;
+}
+
+Envelope HelloWithToken(uint64_t call_id, const std::string& token) {
+  Envelope envelope;
+  envelope.set_call_id(call_id);
+  *envelope.mutable_hello_request() = GoodHello();
+  envelope.mutable_hello_request()->set_protocol_version(kProtocolVersion);
+  envelope.mutable_hello_request()->set_auth_token(token);
+  return envelope;
+}
+
+TEST_F(RpcTest, ARefusedHelloIsTheLastFrameOfItsConnectionThatIsRead) {
+  server_->Stop();
+  StartServer(0, 5000, "s3cret-token", /*auth_failure_delay_ms=*/200);
+  auto raw = RawSocket();
+  Envelope stats;
+  stats.set_call_id(3);
+  stats.mutable_stats_request();
+  // A wrong guess, the right token and a request, pipelined: only the first is read.
+  const std::string bytes =
+      Frames({HelloWithToken(1, "guess-1"), HelloWithToken(2, "s3cret-token"), stats});
+  const auto sent = Clock::now();
+  asio::write(*raw, asio::buffer(bytes));
+  auto [received, closed] = ReadUntilClosed(raw.get());
+  const auto answered = Clock::now();
+  EXPECT_TRUE(closed);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].call_id(), 1u);
+  ASSERT_TRUE(received[0].has_error());
+  EXPECT_TRUE(received[0].error().closes_connection());
+  EXPECT_TRUE(Contains(received[0].error().message(), "authentication failed"));
+  EXPECT_GE(answered - sent, milliseconds(200));  // the answer waits for the delay
+  EXPECT_EQ(auth_failures_->Value(), 1.0);
+  EXPECT_TRUE(handler_.Read(&TestHandler::hellos_).empty());
+  EXPECT_TRUE(WaitFor([&] { return server_->num_connections() == 0; }));
+}
+
+TEST_F(RpcTest, AClientWithTheTokenIsServedWhileARefusalWaits) {
+  // A delay no step of this test comes near: the refusal is still pending when it ends (Stop
+  // in TearDown cancels it).
+  server_->Stop();
+  StartServer(0, 5000, "s3cret-token", /*auth_failure_delay_ms=*/60000);
+  auto raw = RawSocket();
+  asio::write(*raw, asio::buffer(Frames({HelloWithToken(1, "guess-1")})));
+  ASSERT_TRUE(WaitFor([&] { return auth_failures_->Value() == 1.0; }));
+
+  RpcClientOptions with_token = FastOptions();
+  with_token.auth_token = "s3cret-token";
+  auto authenticated = Connect(with_token);
+  ASSERT_NE(authenticated, nullptr);
+  EXPECT_TRUE(authenticated->Stats().ok());
+  EXPECT_TRUE(authenticated->Health().ok());
+  // ... while the guesser still has no answer and its connection is open.
+  boost::system::error_code ec;
+  raw->non_blocking(true);
+  std::array<char, 64> buffer;
+  raw->read_some(asio::buffer(buffer), ec);
+  EXPECT_EQ(ec, asio::error::would_block) << ec.message();
+  EXPECT_EQ(server_->num_connections(), 2u);
 }
 
 TEST_F(RpcTest, AHeartbeatIntervalPastTheBoundIsRefused) {

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/metrics.h"
 #include "transport/rpc/rpc_client.h"
 #include "transport/rpc/rpc_frame.h"
 #include "transport/rpc/rpc_server.h"
@@ -157,11 +158,17 @@ class RpcTest : public ::testing::Test {
     if (server_) server_->Stop();
   }
 
+  // `auth_failure_delay_ms`: how long a Hello without `auth_token` waits for its answer.
   void StartServer(uint16_t port = 0, int peer_timeout_ms = 5000,
-                   const std::string& auth_token = "") {
+                   const std::string& auth_token = "", int auth_failure_delay_ms = 1000) {
     RpcServerOptions options;
     options.port = port;
     options.auth_token = auth_token;
+    options.auth_failure_delay_ms = auth_failure_delay_ms;
+    if (auth_failures_ == nullptr) {
+      auth_failures_ = metrics_.AddCounter("test_auth_failures_total", "refused Hellos").value();
+    }
+    options.auth_failures = auth_failures_;
     options.model_shape = TestShape();
     options.peer_timeout_ms = peer_timeout_ms;
     server_options_ = options;
@@ -216,6 +223,9 @@ class RpcTest : public ::testing::Test {
     }
   }
 
+  // Declared before the server, which increments auth_failures_: destroyed after it.
+  MetricsRegistry metrics_;
+  Counter* auth_failures_ = nullptr;
   TestHandler handler_;
   RpcServerOptions server_options_;
   std::unique_ptr<RpcServer> server_;

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -58,11 +59,13 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSele
     const std::string endpoint = config.topology.cache_endpoints.front();
     const LimitsSection limits = config.limits;
     const RemoteDataPlane plane{config.topology.transport, config.engine.device};
-    // A lost cache rank is reconnected from the heartbeat period on, doubling up to 10 s.
+    // A lost cache rank is reconnected at once, then after the heartbeat period, doubling up
+    // to 10 s.
     const ReconnectBackoff backoff{std::chrono::milliseconds(limits.heartbeat_ms),
                                    std::chrono::milliseconds(10000)};
-    ReconnectingCacheRank::Connector connect = [endpoint, model, options, limits, plane] {
-      return RemoteCacheRank::Connect(endpoint, model, options, limits, plane);
+    ReconnectingCacheRank::Connector connect = [endpoint, model, options, limits,
+                                                plane](const std::atomic<bool>* abandon) {
+      return RemoteCacheRank::Connect(endpoint, model, options, limits, plane, abandon);
     };
     RUBATO_ASSIGN_OR_RETURN(target.remote,
                             ReconnectingCacheRank::Connect(std::move(connect), backoff));

@@ -8,13 +8,21 @@
 
 namespace rubato {
 
+std::chrono::milliseconds ReconnectDelay(const ReconnectBackoff& backoff, int failed_attempts) {
+  if (failed_attempts <= 0) return std::chrono::milliseconds(0);
+  std::chrono::milliseconds delay = std::min(backoff.first, backoff.max);
+  for (int i = 1; i < failed_attempts && delay < backoff.max; ++i) {
+    delay = std::min(delay * 2, backoff.max);
+  }
+  return delay;
+}
+
 Result<std::unique_ptr<ReconnectingCacheRank>> ReconnectingCacheRank::Connect(
     Connector connect, ReconnectBackoff backoff) {
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<RemoteCacheRank> first, connect());
   std::unique_ptr<ReconnectingCacheRank> cache(new ReconnectingCacheRank());
+  RUBATO_ASSIGN_OR_RETURN(cache->current_, connect(&cache->abandon_));
   cache->connect_ = std::move(connect);
   cache->backoff_ = backoff;
-  cache->current_ = std::move(first);
   cache->watcher_ = std::thread([raw = cache.get()] { raw->Watch(); });
   return cache;
 }
@@ -24,6 +32,7 @@ ReconnectingCacheRank::~ReconnectingCacheRank() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
+  abandon_ = true;  // an attempt in progress gives up instead of waiting out a stalled peer
   wake_.notify_all();
   if (watcher_.joinable()) watcher_.join();
 }
@@ -98,36 +107,40 @@ int ReconnectingCacheRank::reconnects() const {
 }
 
 void ReconnectingCacheRank::Watch() {
-  std::chrono::milliseconds wait = backoff_.first;
+  int failed_attempts = 0;  // since the loss
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
-    // Idle while the link works; after a loss, the engine's requests on it end first (their
-    // sessions close), then one attempt per backoff period.
-    wake_.wait_for(lock, BrokenLocked().ok() ? backoff_.first : wait);
-    if (stopping_) break;
-    if (BrokenLocked().ok()) {
-      wait = backoff_.first;
+    // While the link works, or the engine still ends the lost link's requests (each closed
+    // session wakes this thread), look again every backoff_.first.
+    const bool link_ok = BrokenLocked().ok();
+    if (link_ok || !open_sessions_.empty()) {
+      if (link_ok) failed_attempts = 0;
+      wake_.wait_for(lock, backoff_.first);
       continue;
     }
-    if (!open_sessions_.empty()) continue;
+    // The first attempt at once, later ones after the backoff (a whole wait: only stopping
+    // ends it early).
+    const std::chrono::milliseconds delay = ReconnectDelay(backoff_, failed_attempts);
+    if (delay.count() > 0 && wake_.wait_for(lock, delay, [this] { return stopping_; })) break;
     lock.unlock();
-    Result<std::unique_ptr<RemoteCacheRank>> next = connect_();
+    Result<std::unique_ptr<RemoteCacheRank>> next = connect_(&abandon_);
     std::unique_ptr<RemoteCacheRank> old;
     lock.lock();
+    if (stopping_) break;  // drops `next`, made or not
     if (!next.ok()) {
+      ++failed_attempts;
       RUBATO_LOG_WARN("offload", "reconnecting to the cache rank: {}; next try in {} ms",
-                      next.status().message(), (wait * 2).count());
-      wait = std::min(wait * 2, backoff_.max);
+                      next.status().message(), ReconnectDelay(backoff_, failed_attempts).count());
       continue;
     }
-    if (!open_sessions_.empty() || stopping_) continue;  // drops `next`: try again later
+    if (!open_sessions_.empty()) continue;  // drops `next`: try again
     if (registry_ != nullptr) {
       const Status registered = (*next)->RegisterMetrics(*registry_);
       if (!registered.ok()) RUBATO_LOG_WARN("offload", "{}", registered.message());
     }
     old = std::exchange(current_, std::move(next).value());
     ++reconnects_;
-    wait = backoff_.first;
+    failed_attempts = 0;
     RUBATO_LOG_WARN("offload", "reconnected to cache rank {}", current_->endpoint());
     lock.unlock();
     old.reset();  // joins the old connection's threads outside the lock

@@ -1,12 +1,15 @@
 // A cache rank that comes back: ReconnectingCacheRank is the engine's KvOffloadClient for a
 // remote cache rank, forwarding to the current RemoteCacheRank and replacing it when it is lost.
 // The loss shows at once in Broken() (the data plane's error, or the heartbeat's); requests in
-// flight then fail with that one error. A watcher thread reconnects with exponential backoff once
-// no session is open any more (the engine has failed every request of the lost rank), after which
-// Broken() is ok and new requests open sessions on the new connection.
+// flight then fail with that one error. A watcher thread reconnects once no session is open any
+// more (the engine has failed every request of the lost rank): at once, then with exponential
+// backoff (ReconnectDelay), after which Broken() is ok and new requests open sessions on the new
+// connection. Destroying it gives up an attempt in progress at once (a stalled cache rank does
+// not hold up the process's exit).
 // Narrative: docs/disaggregated.md "Reconnecting".
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -25,18 +28,26 @@
 namespace rubato {
 
 struct ReconnectBackoff {
-  std::chrono::milliseconds first{200};  // the wait before the first attempt after a loss
+  std::chrono::milliseconds first{200};  // the wait after the first failed attempt
   std::chrono::milliseconds max{10000};  // doubling up to this
 };
 
+// The wait before the next attempt after `failed_attempts` attempts have failed since the loss:
+// none before the first, then backoff.first, doubling, never more than backoff.max. What the
+// watcher waits and what its log line says.
+std::chrono::milliseconds ReconnectDelay(const ReconnectBackoff& backoff, int failed_attempts);
+
 class ReconnectingCacheRank final : public KvOffloadClient {
  public:
-  using Connector = std::function<Result<std::unique_ptr<RemoteCacheRank>>()>;
+  // Makes one connection; gives up at once when *abandon turns true (RemoteCacheRank::Connect).
+  using Connector =
+      std::function<Result<std::unique_ptr<RemoteCacheRank>>(const std::atomic<bool>* abandon)>;
 
   // Connects once through `connect` (its error is returned as is) and starts the watcher.
   static Result<std::unique_ptr<ReconnectingCacheRank>> Connect(Connector connect,
                                                                 ReconnectBackoff backoff);
-  ~ReconnectingCacheRank() override;  // stops the watcher, then drops the connection
+  // Gives up a reconnect attempt in progress, stops the watcher, then drops the connection.
+  ~ReconnectingCacheRank() override;
   ReconnectingCacheRank(const ReconnectingCacheRank&) = delete;
   ReconnectingCacheRank& operator=(const ReconnectingCacheRank&) = delete;
 
@@ -66,6 +77,9 @@ class ReconnectingCacheRank final : public KvOffloadClient {
 
   Connector connect_;
   ReconnectBackoff backoff_;
+  // Set by the destructor: an attempt in progress gives up. Declared before current_, whose
+  // RPC client reads it, so that it outlives it.
+  std::atomic<bool> abandon_{false};
   mutable std::mutex mutex_;  // guards the fields below
   std::condition_variable wake_;
   std::unique_ptr<RemoteCacheRank> current_;

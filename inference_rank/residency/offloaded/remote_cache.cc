@@ -183,7 +183,7 @@ Result<std::unique_ptr<transport::Transport>> HelloOverNccl(rpc::RpcClient& rpc,
 Result<std::unique_ptr<RemoteCacheRank>> RemoteCacheRank::Connect(
     const std::string& endpoint, const ModelConfig& model,
     const CacheClientOptions& client_options, const LimitsSection& limits,
-    const RemoteDataPlane& data_plane) {
+    const RemoteDataPlane& data_plane, const std::atomic<bool>* abandon) {
   if (data_plane.backend != TopologySection::Transport::kUcx &&
       data_plane.backend != TopologySection::Transport::kNccl) {
     return UnsupportedError("cache rank " + endpoint + ": topology.transport '" +
@@ -192,7 +192,8 @@ Result<std::unique_ptr<RemoteCacheRank>> RemoteCacheRank::Connect(
   }
   std::unique_ptr<RemoteCacheRank> cache(new RemoteCacheRank());
   cache->endpoint_ = endpoint;
-  const rpc::RpcClientOptions rpc_options = rpc::RpcClientOptions::FromLimits(limits);
+  rpc::RpcClientOptions rpc_options = rpc::RpcClientOptions::FromLimits(limits);
+  rpc_options.abandon = abandon;
   RUBATO_ASSIGN_OR_RETURN(
       cache->rpc_, rpc::RpcClient::Connect(endpoint, milliseconds(limits.rpc_timeout_ms),
                                            rpc_options));

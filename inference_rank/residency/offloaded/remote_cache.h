@@ -7,6 +7,7 @@
 // Usage: docs/disaggregated.md "The remote cache rank".
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -29,12 +30,13 @@ class RemoteCacheRank {
  public:
   // Connects the control plane (within limits.rpc_timeout_ms), says Hello with the model's
   // shape and what connects `data_plane` (an NCCL communicator must also form within
-  // limits.rpc_timeout_ms). kUnsupported when this build lacks the backend.
-  static Result<std::unique_ptr<RemoteCacheRank>> Connect(const std::string& endpoint,
-                                                          const ModelConfig& model,
-                                                          const CacheClientOptions& client_options,
-                                                          const LimitsSection& limits,
-                                                          const RemoteDataPlane& data_plane = {});
+  // limits.rpc_timeout_ms). kUnsupported when this build lacks the backend. Once `*abandon`
+  // (when given; it must outlive the result) turns true, the attempt and the connection's
+  // control calls give up at once (rpc::RpcClientOptions::abandon).
+  static Result<std::unique_ptr<RemoteCacheRank>> Connect(
+      const std::string& endpoint, const ModelConfig& model,
+      const CacheClientOptions& client_options, const LimitsSection& limits,
+      const RemoteDataPlane& data_plane = {}, const std::atomic<bool>* abandon = nullptr);
   ~RemoteCacheRank();
 
   // The client's metrics (CacheRankClient::RegisterMetrics) and the control plane's:
