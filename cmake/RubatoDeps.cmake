@@ -6,6 +6,9 @@ find_package(spdlog REQUIRED)
 find_package(fmt REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
+# Metrics: prometheus-cpp's core (registry, families, text serializer); the exposition is served
+# on rubato's own HTTP listeners, so its pull/push parts stay unused.
+find_package(prometheus-cpp CONFIG REQUIRED)
 
 # yaml-cpp 0.7 (Debian 12) exports `yaml-cpp`; 0.8 (Ubuntu 24.04) exports `yaml-cpp::yaml-cpp`.
 if(TARGET yaml-cpp::yaml-cpp)
