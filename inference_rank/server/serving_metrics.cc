@@ -31,7 +31,8 @@ class SeriesRegistrar {
         rubato_(names != MetricNames::kVllm),
         vllm_(names != MetricNames::kRubato) {}
 
-  // `name` without a prefix; `where` says which prefixes it gets.
+  // `name` is "rubato:..." (kShared, kRubatoOnly; its vllm: name swaps the prefix) or "vllm:..."
+  // (kVllmOnly), spelled out so that the sources show every name; `where` says which it gets.
   enum class Where { kShared, kRubatoOnly, kVllmOnly };
 
   Status Histogram(HistogramSeries& out, const char* name, const char* help,
@@ -69,9 +70,10 @@ class SeriesRegistrar {
         label_values.push_back("0");
       }
       if (!reason.empty()) label_values.push_back(reason);
+      const std::string_view base = std::string_view(name).substr(std::string_view(name).find(':'));
       RUBATO_ASSIGN_OR_RETURN(
           auto* family,
-          add_family(std::string(vllm ? "vllm:" : "rubato:") + name, std::move(label_names)));
+          add_family((vllm ? "vllm" : "rubato") + std::string(base), std::move(label_names)));
       RUBATO_ASSIGN_OR_RETURN(out.children[next++], family->WithLabels(label_values));
     }
     return Status::Ok();
@@ -102,98 +104,100 @@ Result<ServingMetrics> ServingMetrics::Register(MetricsRegistry& registry,
   ServingMetrics m;
   SeriesRegistrar r(registry, model_name, names);
   using Where = SeriesRegistrar::Where;
-  RUBATO_RETURN_IF_ERROR(r.Histogram(m.time_to_first_token, "time_to_first_token_seconds",
+  RUBATO_RETURN_IF_ERROR(r.Histogram(m.time_to_first_token, "rubato:time_to_first_token_seconds",
                                      "Time from a request's arrival to its first generated token.",
                                      kTimeToFirstTokenBuckets));
-  RUBATO_RETURN_IF_ERROR(r.Histogram(m.inter_token_latency, "inter_token_latency_seconds",
+  RUBATO_RETURN_IF_ERROR(r.Histogram(m.inter_token_latency, "rubato:inter_token_latency_seconds",
                                      "Time between two consecutive tokens of a request.",
                                      kInterTokenBuckets));
-  RUBATO_RETURN_IF_ERROR(r.Histogram(m.time_per_output_token, "time_per_output_token_seconds",
+  RUBATO_RETURN_IF_ERROR(r.Histogram(m.time_per_output_token,
+                                     "rubato:time_per_output_token_seconds",
                                      "Time between two consecutive tokens of a request, on "
                                      "vLLM's time-per-output-token buckets.",
                                      kTimePerOutputTokenBuckets));
   RUBATO_RETURN_IF_ERROR(r.Histogram(m.e2e_request_latency, "e2e_request_latency_seconds",
                                      "Time from a request's arrival to its last token.",
                                      kRequestLatencyBuckets));
-  RUBATO_RETURN_IF_ERROR(r.Histogram(m.queue_time, "request_queue_time_seconds",
+  RUBATO_RETURN_IF_ERROR(r.Histogram(m.queue_time, "rubato:request_queue_time_seconds",
                                      "Time a request waited before the engine scheduled it.",
                                      kRequestLatencyBuckets));
-  RUBATO_RETURN_IF_ERROR(r.Histogram(m.prefill_time, "request_prefill_time_seconds",
+  RUBATO_RETURN_IF_ERROR(r.Histogram(m.prefill_time, "rubato:request_prefill_time_seconds",
                                      "Time from a request's scheduling to its first token.",
                                      kRequestLatencyBuckets));
-  RUBATO_RETURN_IF_ERROR(r.Histogram(m.decode_time, "request_decode_time_seconds",
+  RUBATO_RETURN_IF_ERROR(r.Histogram(m.decode_time, "rubato:request_decode_time_seconds",
                                      "Time from a request's first token to its last.",
                                      kRequestLatencyBuckets));
   const std::vector<double> token_buckets = OneTwoFiveBuckets(max_context);
-  RUBATO_RETURN_IF_ERROR(r.Histogram(m.prompt_tokens_per_request, "request_prompt_tokens",
+  RUBATO_RETURN_IF_ERROR(r.Histogram(m.prompt_tokens_per_request, "rubato:request_prompt_tokens",
                                      "Prompt tokens of each finished request.", token_buckets));
-  RUBATO_RETURN_IF_ERROR(r.Histogram(m.generation_tokens_per_request, "request_generation_tokens",
+  RUBATO_RETURN_IF_ERROR(r.Histogram(m.generation_tokens_per_request,
+                                     "rubato:request_generation_tokens",
                                      "Generated tokens of each finished request.", token_buckets));
-  RUBATO_RETURN_IF_ERROR(r.Histogram(m.max_tokens_per_request, "request_max_num_generation_tokens",
-                                     "The max_tokens of each finished request.", token_buckets,
-                                     Where::kVllmOnly));
+  RUBATO_RETURN_IF_ERROR(
+      r.Histogram(m.max_tokens_per_request, "vllm:request_max_num_generation_tokens",
+                  "The max_tokens of each finished request.", token_buckets, Where::kVllmOnly));
   // vLLM's name ends in _total although it is a histogram, which promtool's lint flags: under
   // rubato: the name drops the suffix.
   if (names != MetricNames::kVllm) {
     HistogramSeries rubato_steps;
-    RUBATO_RETURN_IF_ERROR(r.Histogram(rubato_steps, "iteration_tokens",
+    RUBATO_RETURN_IF_ERROR(r.Histogram(rubato_steps, "rubato:iteration_tokens",
                                        "Prompt and generated tokens of each engine step.",
                                        kIterationTokenBuckets, Where::kRubatoOnly));
     m.iteration_tokens.children[0] = rubato_steps.children[0];
   }
   if (names != MetricNames::kRubato) {
     HistogramSeries vllm_steps;
-    RUBATO_RETURN_IF_ERROR(r.Histogram(vllm_steps, "iteration_tokens_total",
+    RUBATO_RETURN_IF_ERROR(r.Histogram(vllm_steps, "vllm:iteration_tokens_total",
                                        "Prompt and generated tokens of each engine step.",
                                        kIterationTokenBuckets, Where::kVllmOnly));
     m.iteration_tokens.children[1] = vllm_steps.children[0];
   }
-  RUBATO_RETURN_IF_ERROR(r.Gauge(m.requests_running, "num_requests_running",
+  RUBATO_RETURN_IF_ERROR(r.Gauge(m.requests_running, "rubato:num_requests_running",
                                  "Requests in the engine's running batch."));
-  RUBATO_RETURN_IF_ERROR(
-      r.Gauge(m.requests_waiting, "num_requests_waiting", "Requests queued and not yet running."));
-  RUBATO_RETURN_IF_ERROR(r.Gauge(m.requests_swapped, "num_requests_swapped",
+  RUBATO_RETURN_IF_ERROR(r.Gauge(m.requests_waiting, "rubato:num_requests_waiting",
+                                 "Requests queued and not yet running."));
+  RUBATO_RETURN_IF_ERROR(r.Gauge(m.requests_swapped, "vllm:num_requests_swapped",
                                  "Requests swapped out of the KV cache (rubato never swaps: 0).",
                                  Where::kVllmOnly));
-  RUBATO_RETURN_IF_ERROR(r.Gauge(m.kv_cache_usage, "kv_cache_usage_perc",
+  RUBATO_RETURN_IF_ERROR(r.Gauge(m.kv_cache_usage, "rubato:kv_cache_usage_perc",
                                  "Share of the KV cache blocks in use (1 = full)."));
-  RUBATO_RETURN_IF_ERROR(r.Gauge(m.gpu_cache_usage, "gpu_cache_usage_perc",
+  RUBATO_RETURN_IF_ERROR(r.Gauge(m.gpu_cache_usage, "vllm:gpu_cache_usage_perc",
                                  "Share of the KV cache blocks in use (1 = full); vLLM's older "
                                  "name of kv_cache_usage_perc.",
                                  Where::kVllmOnly));
-  RUBATO_RETURN_IF_ERROR(r.Gauge(m.cpu_cache_usage, "cpu_cache_usage_perc",
+  RUBATO_RETURN_IF_ERROR(r.Gauge(m.cpu_cache_usage, "vllm:cpu_cache_usage_perc",
                                  "Share of a CPU swap space in use (rubato has none: 0).",
                                  Where::kVllmOnly));
-  RUBATO_RETURN_IF_ERROR(r.Counter(m.prompt_tokens, "prompt_tokens_total",
+  RUBATO_RETURN_IF_ERROR(r.Counter(m.prompt_tokens, "rubato:prompt_tokens_total",
                                    "Prompt tokens of the requests the engine accepted."));
   RUBATO_RETURN_IF_ERROR(
-      r.Counter(m.generation_tokens, "generation_tokens_total", "Tokens generated."));
-  RUBATO_RETURN_IF_ERROR(r.Counter(m.preemptions, "num_preemptions_total",
+      r.Counter(m.generation_tokens, "rubato:generation_tokens_total", "Tokens generated."));
+  RUBATO_RETURN_IF_ERROR(r.Counter(m.preemptions, "rubato:num_preemptions_total",
                                    "Requests preempted by the engine (KV is reserved at "
                                    "admission, so none are)."));
-  RUBATO_RETURN_IF_ERROR(r.Counter(m.aborted, "requests_aborted_total",
+  RUBATO_RETURN_IF_ERROR(r.Counter(m.aborted, "rubato:requests_aborted_total",
                                    "Requests whose client went away before they finished.",
                                    Where::kRubatoOnly));
-  RUBATO_RETURN_IF_ERROR(r.Counter(m.timed_out, "requests_timed_out_total",
+  RUBATO_RETURN_IF_ERROR(r.Counter(m.timed_out, "rubato:requests_timed_out_total",
                                    "Requests ended by limits.request_timeout_s.",
                                    Where::kRubatoOnly));
-  RUBATO_RETURN_IF_ERROR(r.Counter(m.failed, "requests_failed_total",
+  RUBATO_RETURN_IF_ERROR(r.Counter(m.failed, "rubato:requests_failed_total",
                                    "Requests ended by an error of the engine, its cache rank or "
                                    "a shutdown.",
                                    Where::kRubatoOnly));
-  RUBATO_RETURN_IF_ERROR(r.Counter(m.rejected, "requests_rejected_total",
+  RUBATO_RETURN_IF_ERROR(r.Counter(m.rejected, "rubato:requests_rejected_total",
                                    "Requests refused by a full queue (429) or by the engine as "
                                    "submitted.",
                                    Where::kRubatoOnly));
   const char* success_help =
       "Requests that ended, by finish reason (abort: the client went "
       "away or the request timed out).";
-  RUBATO_RETURN_IF_ERROR(
-      r.Counter(m.success_stop, "request_success_total", success_help, Where::kShared, "stop"));
-  RUBATO_RETURN_IF_ERROR(
-      r.Counter(m.success_length, "request_success_total", success_help, Where::kShared, "length"));
-  RUBATO_RETURN_IF_ERROR(
-      r.Counter(m.success_abort, "request_success_total", success_help, Where::kShared, "abort"));
+  RUBATO_RETURN_IF_ERROR(r.Counter(m.success_stop, "rubato:request_success_total", success_help,
+                                   Where::kShared, "stop"));
+  RUBATO_RETURN_IF_ERROR(r.Counter(m.success_length, "rubato:request_success_total", success_help,
+                                   Where::kShared, "length"));
+  RUBATO_RETURN_IF_ERROR(r.Counter(m.success_abort, "rubato:request_success_total", success_help,
+                                   Where::kShared, "abort"));
   return m;
 }
 
