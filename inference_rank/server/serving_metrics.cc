@@ -70,7 +70,11 @@ class SeriesRegistrar {
         label_values.push_back("0");
       }
       if (!reason.empty()) label_values.push_back(reason);
-      const std::string_view base = std::string_view(name).substr(std::string_view(name).find(':'));
+      const size_t colon = std::string_view(name).find(':');
+      if (colon == std::string_view::npos) {
+        return InternalError(std::string("serving metric '") + name + "' has no prefix");
+      }
+      const std::string_view base = std::string_view(name).substr(colon);  // ":..."
       RUBATO_ASSIGN_OR_RETURN(
           auto* family,
           add_family((vllm ? "vllm" : "rubato") + std::string(base), std::move(label_names)));
@@ -115,7 +119,7 @@ Result<ServingMetrics> ServingMetrics::Register(MetricsRegistry& registry,
                                      "Time between two consecutive tokens of a request, on "
                                      "vLLM's time-per-output-token buckets.",
                                      kTimePerOutputTokenBuckets));
-  RUBATO_RETURN_IF_ERROR(r.Histogram(m.e2e_request_latency, "e2e_request_latency_seconds",
+  RUBATO_RETURN_IF_ERROR(r.Histogram(m.e2e_request_latency, "rubato:e2e_request_latency_seconds",
                                      "Time from a request's arrival to its last token.",
                                      kRequestLatencyBuckets));
   RUBATO_RETURN_IF_ERROR(r.Histogram(m.queue_time, "rubato:request_queue_time_seconds",
