@@ -6,9 +6,6 @@ find_package(spdlog REQUIRED)
 find_package(fmt REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
-# Metrics: prometheus-cpp's core (registry, families, text serializer); the exposition is served
-# on rubato's own HTTP listeners, so its pull/push parts stay unused.
-find_package(prometheus-cpp CONFIG REQUIRED)
 
 # yaml-cpp 0.7 (Debian 12) exports `yaml-cpp`; 0.8 (Ubuntu 24.04) exports `yaml-cpp::yaml-cpp`.
 if(TARGET yaml-cpp::yaml-cpp)
@@ -19,6 +16,11 @@ endif()
 
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+# Metrics: prometheus-cpp's core (registry, families, text serializer; Debian prometheus-cpp-dev).
+# pkg-config, not its CMake package, which also requires the pull and push parts' civetweb, zlib
+# and curl: the exposition is served on rubato's own HTTP listeners, and the GPU machine gets
+# only the core (scripts/gpu/fetch-build-deps).
+pkg_check_modules(PROMETHEUS_CPP REQUIRED IMPORTED_TARGET prometheus-cpp-core)
 
 # CBLAS: OpenBLAS (pkg-config `openblas`, Debian libopenblas-dev).
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
