@@ -16,6 +16,11 @@ endif()
 
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+# Metrics: prometheus-cpp's core (registry, families, text serializer; Debian prometheus-cpp-dev).
+# pkg-config, not its CMake package, which also requires the pull and push parts' civetweb, zlib
+# and curl: the exposition is served on rubato's own HTTP listeners, and the GPU machine gets
+# only the core (scripts/gpu/fetch-build-deps).
+pkg_check_modules(PROMETHEUS_CPP REQUIRED IMPORTED_TARGET prometheus-cpp-core)
 
 # CBLAS: OpenBLAS (pkg-config `openblas`, Debian libopenblas-dev).
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)

@@ -45,6 +45,8 @@ constexpr EnumName<CacheSection::Memory> kCacheMemories[] = {
 constexpr EnumName<std::string_view> kLogLevels[] = {{"trace", "trace"}, {"debug", "debug"},
                                                      {"info", "info"},   {"warn", "warn"},
                                                      {"error", "error"}, {"off", "off"}};
+constexpr EnumName<std::string_view> kMetricsNames[] = {
+    {"rubato", "rubato"}, {"vllm", "vllm"}, {"both", "both"}};
 
 template <typename Enum, size_t N>
 std::string_view NameOf(const EnumName<Enum> (&table)[N], Enum value) {
@@ -190,6 +192,9 @@ Status ReadServer(YamlMapReader& reader, ServerSection* server) {
       reader.ReadDouble("shutdown_grace_s", DoubleRange{0, 86400}, &server->shutdown_grace_s));
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("request_threads", 0, 256, &server->request_threads));
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("request_queue", 1, 100'000, &server->request_queue));
+  std::string_view metrics_names = server->metrics_names;
+  RUBATO_RETURN_IF_ERROR(reader.ReadEnum("metrics_names", kMetricsNames, &metrics_names));
+  server->metrics_names = std::string(metrics_names);
   if (server->metrics_port != 0 && server->metrics_port == server->port) {
     return reader.Error("metrics_port", fmt::format("must differ from {} ({})",
                                                     reader.KeyPath("port"), server->port));
@@ -521,6 +526,7 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
   key("shutdown_grace_s") << fmt::format("{}", config.server.shutdown_grace_s);
   key("request_threads") << config.server.request_threads;
   key("request_queue") << config.server.request_queue;
+  key("metrics_names") << config.server.metrics_names;
   out << YAML::EndMap;
 
   const LimitsSection& limits = config.limits;

@@ -122,6 +122,9 @@ struct ServerSection {
   int request_threads = 0;
   // [1, 100000] requests that may wait for one of those threads; past it: 429 with Retry-After.
   int request_queue = 64;
+  // Names of the serving series that vLLM also exposes: "rubato" (rubato:...), "vllm" (vLLM's
+  // own names and labels, for its dashboards) or "both".
+  std::string metrics_names = "rubato";
 
   bool operator==(const ServerSection&) const = default;
 };

@@ -58,6 +58,7 @@ server:
   shutdown_grace_s: 2.5
   request_threads: 3
   request_queue: 9
+  metrics_names: both
 limits:
   max_prompt_tokens: 100000
   max_queue: 1000
@@ -133,7 +134,7 @@ TEST(Config, DefaultYamlSpellsOutEveryKey) {
   const std::set<std::string> expected = KeyPaths(formatted);
   EXPECT_EQ(KeyPaths(file), expected);
   EXPECT_EQ(expected.size(),
-            34u);  // model 3, engine 9, policy 1, topology 5, cache 3, server 7, limits 5,
+            35u);  // model 3, engine 9, policy 1, topology 5, cache 3, server 8, limits 5,
                    // logging 1
 }
 
@@ -173,6 +174,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(config.server.shutdown_grace_s, 2.5);
   EXPECT_EQ(config.server.request_threads, 3);
   EXPECT_EQ(config.server.request_queue, 9);
+  EXPECT_EQ(config.server.metrics_names, "both");
   EXPECT_EQ(config.limits.max_prompt_tokens, 100000);
   EXPECT_EQ(config.limits.max_queue, 1000);
   EXPECT_EQ(config.limits.request_timeout_s, 12.5);
@@ -347,6 +349,8 @@ TEST(Config, OutOfRangeValuesNameKeyRangeAndValue) {
        "server.shutdown_grace_s: must be in [0, 86400], got 1e9"},
       {"server:\n  request_threads: 257\n", "server.request_threads: must be in [0, 256], got 257"},
       {"server:\n  request_queue: 0\n", "server.request_queue: must be in [1, 100000], got 0"},
+      {"server:\n  metrics_names: prometheus\n",
+       "server.metrics_names: must be one of rubato, vllm, both; got 'prometheus'"},
       {"limits:\n  max_queue: 0\n", "limits.max_queue: must be in [1, 1000000], got 0"},
       {"limits:\n  request_timeout_s: 0\n",
        "limits.request_timeout_s: must be in (0, 86400], got 0"},

@@ -1,11 +1,21 @@
-// Metrics registry: definition checks, lock-free updates and the Prometheus text format 0.0.4.
+// Metrics registry: definition checks in front of prometheus-cpp's registry, families and text
+// serializer (see metrics.h).
 #include "common/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <type_traits>
 #include <utility>
 
@@ -84,37 +94,42 @@ std::vector<std::string> SampleNames(MetricType type, const std::string& name) {
   return {name + "_bucket", name + "_sum", name + "_count"};
 }
 
-// `{a="x",b="y"}` (with `extra_name="extra_value"` last when extra_name is not empty), or
-// nothing when there are no labels at all.
-void AppendLabels(const std::vector<std::string>& names, const std::vector<std::string>& values,
-                  std::string_view extra_name, std::string_view extra_value, std::string* out) {
-  if (names.empty() && extra_name.empty()) return;
-  out->push_back('{');
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (i > 0) out->push_back(',');
-    *out += names[i];
-    *out += "=\"";
-    *out += EscapeLabelValue(values[i]);
-    out->push_back('"');
+prometheus::MetricType PrometheusType(MetricType type) {
+  switch (type) {
+    case MetricType::kCounter:
+      return prometheus::MetricType::Counter;
+    case MetricType::kGauge:
+      return prometheus::MetricType::Gauge;
+    case MetricType::kHistogram:
+      return prometheus::MetricType::Histogram;
   }
-  if (!extra_name.empty()) {
-    if (!names.empty()) out->push_back(',');
-    *out += extra_name;
-    *out += "=\"";
-    *out += extra_value;  // bucket bounds: no characters that need escaping
-    out->push_back('"');
-  }
-  out->push_back('}');
+  return prometheus::MetricType::Untyped;
 }
 
-void AppendSample(std::string_view sample_name, const std::vector<std::string>& names,
-                  const std::vector<std::string>& values, std::string_view extra_name,
-                  std::string_view extra_value, double value, std::string* out) {
-  *out += sample_name;
-  AppendLabels(names, values, extra_name, extra_value, out);
-  out->push_back(' ');
-  *out += FormatMetricValue(value);
-  out->push_back('\n');
+// prometheus-cpp keeps labels in a std::map (sorted by name) and children in a hash map: puts
+// each child's labels back in declaration order and sorts the children by their label values.
+void OrderLikeDeclared(const std::vector<std::string>& label_names,
+                       prometheus::MetricFamily* family) {
+  std::vector<std::pair<std::vector<std::string>, prometheus::ClientMetric>> keyed;
+  keyed.reserve(family->metric.size());
+  for (prometheus::ClientMetric& metric : family->metric) {
+    std::vector<prometheus::ClientMetric::Label> ordered;
+    std::vector<std::string> values;
+    for (const std::string& name : label_names) {
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        if (label.name == name) {
+          ordered.push_back(label);
+          values.push_back(label.value);
+        }
+      }
+    }
+    metric.label = std::move(ordered);
+    keyed.emplace_back(std::move(values), std::move(metric));
+  }
+  std::sort(keyed.begin(), keyed.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  family->metric.clear();
+  for (auto& [values, metric] : keyed) family->metric.push_back(std::move(metric));
 }
 
 }  // namespace
@@ -160,23 +175,6 @@ std::string EscapeMetricHelp(std::string_view help) {
   return out;
 }
 
-std::string EscapeLabelValue(std::string_view value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
-
 // ---- children ------------------------------------------------------------------------------
 
 void Counter::Increment(double amount) {
@@ -184,34 +182,34 @@ void Counter::Increment(double amount) {
     family_->WarnRejectedUpdate("increment", amount);
     return;
   }
-  value_.fetch_add(amount, std::memory_order_relaxed);
+  value_->Increment(amount);
 }
 
-Histogram::Histogram(const std::vector<double>* upper_bounds, MetricFamilyBase* family)
-    : upper_bounds_(upper_bounds), buckets_(upper_bounds->size() + 1), family_(family) {}
+double Counter::Value() const { return value_->Value(); }
+
+void Gauge::Set(double value) { value_->Set(value); }
+void Gauge::Add(double delta) { value_->Increment(delta); }
+double Gauge::Value() const { return value_->Value(); }
 
 void Histogram::Observe(double value) {
-  if (std::isnan(value)) {
+  if (std::isnan(value)) {  // prometheus-cpp would count it in +Inf and make _sum NaN
     family_->WarnRejectedUpdate("observation", value);
     return;
   }
-  // First bound >= value; past the end means the +Inf bucket.
-  const size_t bucket =
-      static_cast<size_t>(std::lower_bound(upper_bounds_->begin(), upper_bounds_->end(), value) -
-                          upper_bounds_->begin());
-  buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(value, std::memory_order_relaxed);
+  value_->Observe(value);
 }
 
 Histogram::Snapshot Histogram::Read() const {
+  const prometheus::ClientMetric::Histogram collected = value_->Collect().histogram;
   Snapshot snapshot;
-  snapshot.upper_bounds = *upper_bounds_;
-  snapshot.bucket_counts.reserve(buckets_.size());
-  for (const auto& bucket : buckets_) {
-    snapshot.bucket_counts.push_back(bucket.load(std::memory_order_relaxed));
-    snapshot.count += snapshot.bucket_counts.back();
+  uint64_t below = 0;  // cumulative count of the buckets before
+  for (const prometheus::ClientMetric::Bucket& bucket : collected.bucket) {
+    if (!std::isinf(bucket.upper_bound)) snapshot.upper_bounds.push_back(bucket.upper_bound);
+    snapshot.bucket_counts.push_back(bucket.cumulative_count - below);
+    below = bucket.cumulative_count;
   }
-  snapshot.sum = sum_.load(std::memory_order_relaxed);
+  snapshot.sum = collected.sample_sum;
+  snapshot.count = collected.sample_count;
   return snapshot;
 }
 
@@ -234,6 +232,26 @@ void MetricFamilyBase::WarnRejectedUpdate(const char* what, double value) {
 }
 
 template <typename Child>
+MetricFamily<Child>::MetricFamily(MetricType type, std::string name, std::string help,
+                                  std::vector<std::string> label_names,
+                                  std::vector<double> upper_bounds, std::mutex* registry_mutex,
+                                  prometheus::Registry& registry)
+    : MetricFamilyBase(type, std::move(name), std::move(help), std::move(label_names),
+                       std::move(upper_bounds), registry_mutex) {
+  // Names were checked by the caller, so prometheus-cpp has nothing to throw about.
+  auto builder = [] {
+    if constexpr (std::is_same_v<Child, Counter>) {
+      return prometheus::BuildCounter();
+    } else if constexpr (std::is_same_v<Child, Gauge>) {
+      return prometheus::BuildGauge();
+    } else {
+      return prometheus::BuildHistogram();
+    }
+  }();
+  impl_ = &builder.Name(name_).Help(EscapeMetricHelp(help_)).Register(registry);
+}
+
+template <typename Child>
 Result<Child*> MetricFamily<Child>::WithLabels(const std::vector<std::string>& label_values) {
   if (label_values.size() != label_names_.size()) {
     return InvalidArgumentError("metrics: '" + name_ + "' has " +
@@ -245,46 +263,27 @@ Result<Child*> MetricFamily<Child>::WithLabels(const std::vector<std::string>& l
 }
 
 template <typename Child>
-Child* MetricFamily<Child>::FindOrCreateLocked(const std::vector<std::string>& label_values) {
+Result<Child*> MetricFamily<Child>::FindOrCreateLocked(
+    const std::vector<std::string>& label_values) {
   auto it = children_.find(label_values);
   if (it != children_.end()) return it->second.get();
+  prometheus::Labels labels;
+  for (size_t i = 0; i < label_names_.size(); ++i) labels[label_names_[i]] = label_values[i];
   std::unique_ptr<Child> child;
-  if constexpr (std::is_same_v<Child, Counter>) {
-    child.reset(new Counter(this));
-  } else if constexpr (std::is_same_v<Child, Gauge>) {
-    child.reset(new Gauge());
-  } else {
-    child.reset(new Histogram(&upper_bounds_, this));
+  try {
+    if constexpr (std::is_same_v<Child, Histogram>) {
+      child.reset(new Histogram(&impl_->Add(labels, upper_bounds_), this));
+    } else if constexpr (std::is_same_v<Child, Counter>) {
+      child.reset(new Counter(&impl_->Add(labels), this));
+    } else {
+      child.reset(new Gauge(&impl_->Add(labels)));
+    }
+  } catch (const std::exception& e) {  // prometheus-cpp's checks; ours ran first
+    return InternalError("metrics: prometheus-cpp refused a child of '" + name_ + "': " + e.what());
   }
   Child* raw = child.get();
   children_.emplace(label_values, std::move(child));
   return raw;
-}
-
-template <typename Child>
-void MetricFamily<Child>::AppendExposition(std::string* out) const {
-  *out += "# HELP " + name_ + " " + EscapeMetricHelp(help_) + "\n";
-  *out += "# TYPE " + name_ + " " + std::string(MetricTypeName(type_)) + "\n";
-  for (const auto& [values, child] : children_) {
-    if constexpr (std::is_same_v<Child, Histogram>) {
-      const Histogram::Snapshot snapshot = child->Read();
-      const std::string bucket_name = name_ + "_bucket";
-      uint64_t cumulative = 0;
-      for (size_t i = 0; i < snapshot.bucket_counts.size(); ++i) {
-        cumulative += snapshot.bucket_counts[i];
-        const std::string le = i < snapshot.upper_bounds.size()
-                                   ? FormatMetricValue(snapshot.upper_bounds[i])
-                                   : std::string("+Inf");
-        AppendSample(bucket_name, label_names_, values, "le", le, static_cast<double>(cumulative),
-                     out);
-      }
-      AppendSample(name_ + "_sum", label_names_, values, "", "", snapshot.sum, out);
-      AppendSample(name_ + "_count", label_names_, values, "", "",
-                   static_cast<double>(snapshot.count), out);
-    } else {
-      AppendSample(name_, label_names_, values, "", "", child->Value(), out);
-    }
-  }
 }
 
 template class MetricFamily<Counter>;
@@ -292,6 +291,11 @@ template class MetricFamily<Gauge>;
 template class MetricFamily<Histogram>;
 
 // ---- registry ------------------------------------------------------------------------------
+
+MetricsRegistry::MetricsRegistry() : registry_(std::make_unique<prometheus::Registry>()) {}
+
+// Families hold references into registry_, which members destroy after families_.
+MetricsRegistry::~MetricsRegistry() = default;
 
 template <typename Family>
 Result<Family*> MetricsRegistry::AddFamily(MetricType type, std::string_view name,
@@ -332,12 +336,17 @@ Result<Family*> MetricsRegistry::AddFamily(MetricType type, std::string_view nam
     }
   }
   const bool unlabelled = label_names.empty();
-  auto family = std::unique_ptr<Family>(new Family(
-      type, name_str, std::string(help), std::move(label_names), std::move(upper_bounds), &mutex_));
+  std::unique_ptr<Family> family;
+  try {
+    family.reset(new Family(type, name_str, std::string(help), std::move(label_names),
+                            std::move(upper_bounds), &mutex_, *registry_));
+  } catch (const std::exception& e) {  // a name prometheus-cpp reserves, e.g. `__x`
+    return InvalidArgumentError("metrics: prometheus-cpp refused '" + name_str + "': " + e.what());
+  }
   if (unlabelled) {
     // The only child exists from the start, so the metric is scraped (as 0) before its first
     // update; WithLabels({}) then finds it. mutex_ is held, as FindOrCreateLocked needs.
-    family->FindOrCreateLocked({});
+    RUBATO_RETURN_IF_ERROR(family->FindOrCreateLocked({}).status());
   }
   Family* raw = family.get();
   families_.emplace(name_str, std::move(family));
@@ -390,10 +399,32 @@ std::string MetricsRegistry::ExpositionText() const {
     std::lock_guard<std::mutex> collect_lock(collect_mutex_);
     for (const std::function<void()>& collect : collectors_) collect();
   }
-  std::string out;
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& [name, family] : families_) family->AppendExposition(&out);
-  return out;
+  std::vector<prometheus::MetricFamily> collected;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::map<std::string, prometheus::MetricFamily> by_name;
+    for (prometheus::MetricFamily& family : registry_->Collect()) {
+      by_name.emplace(family.name, std::move(family));
+    }
+    collected.reserve(families_.size());
+    for (const auto& [name, family] : families_) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        // prometheus-cpp leaves out a family without children; rubato declares it.
+        prometheus::MetricFamily empty;
+        empty.name = name;
+        empty.help = EscapeMetricHelp(family->help());
+        empty.type = PrometheusType(family->type());
+        collected.push_back(std::move(empty));
+      } else {
+        OrderLikeDeclared(family->label_names(), &it->second);
+        collected.push_back(std::move(it->second));
+      }
+    }
+  }
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, collected);
+  return std::move(out).str();
 }
 
 }  // namespace rubato

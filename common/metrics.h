@@ -1,8 +1,13 @@
 // Metrics registry: counters, gauges and histograms, exposed in the Prometheus text format 0.0.4
-// (what `/metrics` of every rubato process serves). Updates are lock-free (relaxed atomics); the
-// registry's one mutex guards only registration, child creation and exposition, so look children
-// up once (WithLabels locks) and keep the pointer: pointers live as long as the registry. Callers
-// own the registry; there is no process-wide default. Usage: docs/common.md "Metrics".
+// (what `/metrics` of every rubato process serves). A checked front of prometheus-cpp: its
+// Registry, Family and Counter/Gauge/Histogram hold the values and its TextSerializer writes the
+// text; this layer adds errors as Status values (names, labels, buckets, conflicting
+// definitions), refuses bad updates with one warning, and writes families and children in a
+// deterministic order. Counter and gauge updates are lock-free; a histogram observation takes
+// that histogram's own mutex; the registry's mutex guards only registration, child creation and
+// exposition, so look children up once (WithLabels locks) and keep the pointer: pointers live as
+// long as the registry. Callers own the registry; there is no process-wide default. Usage:
+// docs/common.md "Metrics".
 #pragma once
 
 #include <atomic>
@@ -16,6 +21,15 @@
 #include <vector>
 
 #include "common/status.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
 
 namespace rubato {
 
@@ -36,30 +50,32 @@ std::string_view MetricTypeName(MetricType type);
 class Counter {
  public:
   void Increment(double amount = 1.0);
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  double Value() const;
 
  private:
   template <typename>
   friend class MetricFamily;
-  explicit Counter(MetricFamilyBase* family) : family_(family) {}
+  using Impl = prometheus::Counter;
+  Counter(prometheus::Counter* value, MetricFamilyBase* family) : value_(value), family_(family) {}
 
-  std::atomic<double> value_{0.0};
-  MetricFamilyBase* family_;  // the owner, which logs rejected increments
+  prometheus::Counter* value_;  // owned by the prometheus-cpp family
+  MetricFamilyBase* family_;    // the owner, which logs rejected increments
 };
 
 // A value that goes up and down. Any double is accepted, NaN and infinities included.
 class Gauge {
  public:
-  void Set(double value) { value_.store(value, std::memory_order_relaxed); }
-  void Add(double delta) { value_.fetch_add(delta, std::memory_order_relaxed); }
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  void Set(double value);
+  void Add(double delta);
+  double Value() const;
 
  private:
   template <typename>
   friend class MetricFamily;
-  Gauge() = default;
+  using Impl = prometheus::Gauge;
+  explicit Gauge(prometheus::Gauge* value) : value_(value) {}
 
-  std::atomic<double> value_{0.0};
+  prometheus::Gauge* value_;  // owned by the prometheus-cpp family
 };
 
 // Observations counted into fixed buckets. A value v falls into the first bucket whose upper
@@ -67,9 +83,8 @@ class Gauge {
 // bucket. NaN observations are ignored with a warning, like negative counter increments (one
 // NaN would turn `_sum` into NaN for the life of the process).
 //
-// Consistency under concurrency: the count is the sum of the buckets, so a scrape always shows
-// `_count` equal to the `+Inf` bucket; `_sum` may lag or lead the buckets by the observations
-// in flight during the scrape.
+// Consistency under concurrency: an observation and a read take the histogram's mutex, so a
+// scrape shows `_count`, `_sum` and the buckets of the same observations.
 class Histogram {
  public:
   void Observe(double value);
@@ -86,12 +101,12 @@ class Histogram {
  private:
   template <typename>
   friend class MetricFamily;
-  Histogram(const std::vector<double>* upper_bounds, MetricFamilyBase* family);
+  using Impl = prometheus::Histogram;
+  Histogram(prometheus::Histogram* value, MetricFamilyBase* family)
+      : value_(value), family_(family) {}
 
-  const std::vector<double>* upper_bounds_;     // owned by the family
-  std::vector<std::atomic<uint64_t>> buckets_;  // [upper_bounds.size() + 1], non-cumulative
-  std::atomic<double> sum_{0.0};
-  MetricFamilyBase* family_;  // the owner, which logs rejected observations
+  prometheus::Histogram* value_;  // owned by the prometheus-cpp family
+  MetricFamilyBase* family_;      // the owner, which logs rejected observations
 };
 
 // What every family has, whatever its child type; used by the registry for exposition.
@@ -112,9 +127,6 @@ class MetricFamilyBase {
   MetricFamilyBase(MetricType type, std::string name, std::string help,
                    std::vector<std::string> label_names, std::vector<double> upper_bounds,
                    std::mutex* registry_mutex);
-
-  // Appends the `# HELP`, `# TYPE` and sample lines. Called with *registry_mutex_ held.
-  virtual void AppendExposition(std::string* out) const = 0;
 
   // Logs the family's first rejected update; later ones are dropped silently so that a caller
   // bug on a hot path cannot flood the log.
@@ -144,13 +156,16 @@ class MetricFamily final : public MetricFamilyBase {
 
  private:
   friend class MetricsRegistry;
-  using MetricFamilyBase::MetricFamilyBase;
+  // The prometheus-cpp family behind this one (prometheus::Family<prometheus::Counter>, ...),
+  // created in `registry` with the escaped help.
+  MetricFamily(MetricType type, std::string name, std::string help,
+               std::vector<std::string> label_names, std::vector<double> upper_bounds,
+               std::mutex* registry_mutex, prometheus::Registry& registry);
   // WithLabels after the count check, with *registry_mutex_ held.
-  Child* FindOrCreateLocked(const std::vector<std::string>& label_values);
-  void AppendExposition(std::string* out) const override;
+  Result<Child*> FindOrCreateLocked(const std::vector<std::string>& label_values);
 
-  // Sorted by label values (byte-wise string order, so "10" < "9"), which makes the exposition
-  // deterministic. Guarded by *registry_mutex_; the children are updated without it.
+  prometheus::Family<typename Child::Impl>* impl_;  // owned by the registry's prometheus::Registry
+  // Guarded by *registry_mutex_; the children are updated without it.
   std::map<std::vector<std::string>, std::unique_ptr<Child>> children_;
 };
 
@@ -162,7 +177,8 @@ using HistogramFamily = MetricFamily<Histogram>;
 // Thread-safe: registration, WithLabels, updates and ExpositionText may run concurrently.
 class MetricsRegistry {
  public:
-  MetricsRegistry() = default;
+  MetricsRegistry();
+  ~MetricsRegistry();
   // Families point at the registry's mutex: the registry stays where it was created.
   MetricsRegistry(const MetricsRegistry&) = delete;
   MetricsRegistry& operator=(const MetricsRegistry&) = delete;
@@ -198,9 +214,11 @@ class MetricsRegistry {
   // ExpositionText.
   void AddCollector(std::function<void()> collect);
 
-  // The Prometheus text format 0.0.4 of every family, sorted by name, children sorted by label
-  // values (byte-wise), after running the collectors. A labelled family without children yet
-  // writes only HELP and TYPE.
+  // The Prometheus text format 0.0.4 of every family (prometheus-cpp's TextSerializer), after
+  // running the collectors: families sorted by name, children by label values (byte-wise, so
+  // "10" < "9"), labels in declaration order, a histogram's `_count` and `_sum` before its
+  // buckets. A labelled family without children yet writes only HELP and TYPE; an empty help
+  // writes no HELP line.
   std::string ExpositionText() const;
 
  private:
@@ -209,6 +227,7 @@ class MetricsRegistry {
                             std::vector<std::string> label_names, std::vector<double> upper_bounds);
 
   mutable std::mutex mutex_;
+  std::unique_ptr<prometheus::Registry> registry_;  // holds the values; its own lock inside
   std::map<std::string, std::unique_ptr<MetricFamilyBase>, std::less<>> families_;
   // Every sample name written (`x_total`, `h_bucket`, `h_sum`, ...) -> its family's name.
   std::map<std::string, std::string, std::less<>> sample_names_;
@@ -216,13 +235,10 @@ class MetricsRegistry {
   std::vector<std::function<void()>> collectors_;
 };
 
-// Exposition helpers, exposed for tests and for other writers of the format.
 // Shortest text that reads back as the same double; integral values up to 2^53 print as
-// integers ("3", not "3e+00"), special values as "+Inf", "-Inf" and "NaN".
+// integers ("3", not "3e+00"), special values as "+Inf", "-Inf" and "NaN". For messages.
 std::string FormatMetricValue(double value);
-// `\` -> `\\`, newline -> `\n` (HELP text).
+// `\` -> `\\`, newline -> `\n` (HELP text, which prometheus-cpp writes as given).
 std::string EscapeMetricHelp(std::string_view help);
-// `\` -> `\\`, `"` -> `\"`, newline -> `\n` (label values).
-std::string EscapeLabelValue(std::string_view value);
 
 }  // namespace rubato

@@ -29,20 +29,22 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// Checks `text` line by line against the text format 0.0.4 as rubato writes it: HELP and TYPE
-// lines, then samples whose names belong to the family last typed, label values escaped, and
-// values that strtod reads back. Returns "" when it parses, else the first problem.
+// Checks `text` line by line against the text format 0.0.4 as rubato writes it (prometheus-cpp's
+// TextSerializer): an optional HELP line (none for an empty help) and a TYPE line, then samples
+// whose names belong to the family last typed, label values escaped, and values that strtod reads
+// back. Returns "" when it parses, else the first problem.
 std::string TextFormatProblem(const std::string& text) {
   static const std::regex kHelp(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (?:[^\\]|\\[\\n])*)");
   static const std::regex kType(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram))");
   static const std::regex kSample(R"(([a-zA-Z_:][a-zA-Z0-9_:]*))"
                                   R"((?:\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\[\\"n])*")"
                                   R"((?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\[\\"n])*")*\})?)"
-                                  R"( ([+-]Inf|NaN|-?[0-9]+(?:\.[0-9]+)?(?:e[+-][0-9]+)?))");
+                                  R"( ([+-]Inf|Nan|-?[0-9]+(?:\.[0-9]+)?(?:e[+-][0-9]+)?))");
   if (!text.empty() && text.back() != '\n') return "text does not end with a newline";
   std::istringstream lines(text);
   std::string line;
   std::string family;
+  std::string help_of;  // the name of the HELP line just read, if any
   std::string type;
   int number = 0;
   while (std::getline(lines, line)) {
@@ -50,13 +52,17 @@ std::string TextFormatProblem(const std::string& text) {
     const std::string where = "line " + std::to_string(number) + " '" + line + "': ";
     std::smatch m;
     if (std::regex_match(line, m, kHelp)) {
-      family = m[1];
+      help_of = m[1];
       type.clear();
     } else if (std::regex_match(line, m, kType)) {
-      if (m[1] != family) return where + "TYPE without a HELP for the same name before it";
+      if (!help_of.empty() && m[1] != help_of) return where + "TYPE after a HELP of another name";
+      if (m[1] == family) return where + "a second TYPE for the same family";
+      family = m[1];
+      help_of.clear();
       type = m[2];
     } else if (std::regex_match(line, m, kSample)) {
       if (type.empty()) return where + "sample before any TYPE line";
+      help_of.clear();
       const std::string name = m[1];
       const bool belongs =
           type == "histogram"
@@ -85,6 +91,8 @@ TEST(MetricsTextFormatChecker, RejectsMalformedLines) {
   EXPECT_NE(TextFormatProblem(head + "x_total 1"), "");                // no final newline
   EXPECT_NE(TextFormatProblem("x_total 1\n"), "");                     // no TYPE
   EXPECT_NE(TextFormatProblem("# HELP x bad \\escape\n"), "");
+  EXPECT_NE(TextFormatProblem("# HELP y h\n# TYPE x_total counter\n"), "");        // other name
+  EXPECT_NE(TextFormatProblem(head + "x_total 1\n# TYPE x_total counter\n"), "");  // twice
 }
 
 // The usage example of metrics.h, kept compiling here.
@@ -170,13 +178,13 @@ TEST(Metrics, ExpositionTextIsExactAndSorted) {
       "rubato:cache_rank_sessions{rank=\"1\",state=\"open\"} 3\n"
       "# HELP rubato:pack_wait_seconds Wait for a layer pack.\n"
       "# TYPE rubato:pack_wait_seconds histogram\n"
+      "rubato:pack_wait_seconds_count 5\n"
+      "rubato:pack_wait_seconds_sum 103.25\n"
       "rubato:pack_wait_seconds_bucket{le=\"0.25\"} 1\n"
       "rubato:pack_wait_seconds_bucket{le=\"1\"} 3\n"
       "rubato:pack_wait_seconds_bucket{le=\"2.5\"} 4\n"
       "rubato:pack_wait_seconds_bucket{le=\"10\"} 4\n"
       "rubato:pack_wait_seconds_bucket{le=\"+Inf\"} 5\n"
-      "rubato:pack_wait_seconds_sum 103.25\n"
-      "rubato:pack_wait_seconds_count 5\n"
       "# HELP rubato:prompt_tokens_total Prefill tokens processed.\n"
       "# TYPE rubato:prompt_tokens_total counter\n"
       "rubato:prompt_tokens_total 42\n";
@@ -192,16 +200,13 @@ TEST(Metrics, UnlabelledMetricsAppearAtZeroAndEmptyFamiliesOnlyDeclare) {
   ASSERT_TRUE(registry.AddCounterFamily("c_total", "", {"kind"}).ok());
   const std::string text = registry.ExpositionText();
   EXPECT_EQ(text,
-            "# HELP c_total \n"
             "# TYPE c_total counter\n"
-            "# HELP g \n"
             "# TYPE g gauge\n"
             "g 0\n"
-            "# HELP h \n"
             "# TYPE h histogram\n"
-            "h_bucket{le=\"+Inf\"} 0\n"
+            "h_count 0\n"
             "h_sum 0\n"
-            "h_count 0\n");
+            "h_bucket{le=\"+Inf\"} 0\n");
   EXPECT_EQ(TextFormatProblem(text), "");
 }
 
@@ -219,11 +224,11 @@ TEST(Metrics, LabelledHistogramPutsLeLast) {
   EXPECT_EQ(text,
             "# HELP rubato:selection_latency_seconds Selector.\n"
             "# TYPE rubato:selection_latency_seconds histogram\n"
+            "rubato:selection_latency_seconds_count{policy=\"sfi\"} 3\n"
+            "rubato:selection_latency_seconds_sum{policy=\"sfi\"} -Inf\n"
             "rubato:selection_latency_seconds_bucket{policy=\"sfi\",le=\"0.001\"} 2\n"
             "rubato:selection_latency_seconds_bucket{policy=\"sfi\",le=\"0.01\"} 2\n"
-            "rubato:selection_latency_seconds_bucket{policy=\"sfi\",le=\"+Inf\"} 3\n"
-            "rubato:selection_latency_seconds_sum{policy=\"sfi\"} -Inf\n"
-            "rubato:selection_latency_seconds_count{policy=\"sfi\"} 3\n");
+            "rubato:selection_latency_seconds_bucket{policy=\"sfi\",le=\"+Inf\"} 3\n");
   EXPECT_EQ(TextFormatProblem(text), "");
   const Histogram::Snapshot snapshot = sfi->Read();
   EXPECT_EQ(snapshot.bucket_counts, (std::vector<uint64_t>{2, 0, 1}));
@@ -232,7 +237,6 @@ TEST(Metrics, LabelledHistogramPutsLeLast) {
 
 TEST(Metrics, EscapesHelpAndLabelValues) {
   EXPECT_EQ(EscapeMetricHelp("a\\b\nc\"d"), "a\\\\b\\nc\"d");  // quotes stay in HELP
-  EXPECT_EQ(EscapeLabelValue("a\\b\nc\"d"), "a\\\\b\\nc\\\"d");
 
   MetricsRegistry registry;
   auto family = registry.AddGaugeFamily("escaped", "Line one\nback\\slash \"quoted\"", {"path"});
@@ -243,7 +247,7 @@ TEST(Metrics, EscapesHelpAndLabelValues) {
   EXPECT_EQ(text,
             "# HELP escaped Line one\\nback\\\\slash \"quoted\"\n"
             "# TYPE escaped gauge\n"
-            "escaped{path=\"\"} NaN\n"
+            "escaped{path=\"\"} Nan\n"
             "escaped{path=\"C:\\\\dir\\n\\\"x\\\"\"} 1\n");
   EXPECT_EQ(TextFormatProblem(text), "");
 }
@@ -372,8 +376,7 @@ TEST(Metrics, RejectsWrongLabelValueCount) {
   ASSERT_TRUE(unlabelled.ok());
   ExpectInvalid((*unlabelled)->WithLabels({"x"}), "0 label name(s)");
   // No child was created by the failed calls.
-  EXPECT_EQ(registry.ExpositionText(),
-            "# HELP g \n# TYPE g gauge\n# HELP u \n# TYPE u gauge\nu 0\n");
+  EXPECT_EQ(registry.ExpositionText(), "# TYPE g gauge\n# TYPE u gauge\nu 0\n");
 }
 
 TEST(Metrics, ConcurrentUpdatesSumExactly) {

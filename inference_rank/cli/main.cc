@@ -107,6 +107,11 @@ int main(int argc, char** argv) {
                    "Seconds requests in flight get to finish after SIGTERM / SIGINT (overrides "
                    "server.shutdown_grace_s)")
       ->check(CLI::Range(0.0, 86400.0));
+  serve
+      ->add_option("--metrics-names", serve_args.metrics_names,
+                   "Names of the serving metrics: rubato | vllm (vLLM's, for its dashboards) | "
+                   "both (overrides server.metrics_names)")
+      ->check(CLI::IsMember({"rubato", "vllm", "both"}));
   serve->add_option("--cache", serve_args.overrides.cache_endpoint,
                     "host:port of a cache rank (rubato cache --listen) for an offload policy");
   serve

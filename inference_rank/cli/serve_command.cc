@@ -114,6 +114,7 @@ Status RunServe(const ServeArgs& args) {
     config.server.port = *args.port;
   }
   if (args.shutdown_grace_s) config.server.shutdown_grace_s = *args.shutdown_grace_s;
+  if (args.metrics_names) config.server.metrics_names = *args.metrics_names;
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
   // Under mpirun with topology.ranks: a cache rank serves KV; this rank serves HTTP against it.
   return RunWithMpiRoles(config, [](RubatoConfig& resolved) { return Serve(resolved); });
@@ -153,6 +154,9 @@ Status Serve(const RubatoConfig& config) {
   serving_options.metrics = &metrics;
   const std::string model_name = server::ModelNameFromDirectory(model_dir.string());
   serving_options.model_name = model_name;
+  for (const auto& [name, names] : server::kMetricNames) {  // the config checked the name
+    if (name == config.server.metrics_names) serving_options.metric_names = names;
+  }
   RUBATO_ASSIGN_OR_RETURN(
       std::unique_ptr<server::ServingEngine> serving,
       server::ServingEngine::Create(std::move(engine), tokenizer.get(), serving_options));

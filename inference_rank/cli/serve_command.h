@@ -18,6 +18,7 @@ struct ServeArgs {
   std::optional<std::string> host;    // overrides server.host
   std::optional<int> port;            // overrides server.port; 0: any free port
   std::optional<double> shutdown_grace_s;  // overrides server.shutdown_grace_s
+  std::optional<std::string> metrics_names;  // overrides server.metrics_names
 };
 
 Status RunServe(const ServeArgs& args);

@@ -291,6 +291,7 @@ void Engine::DiscardStep(Request& request) {
 Result<std::vector<TokenEvent>> Engine::Step() {
   std::vector<TokenEvent> events;
   admitted_.clear();
+  last_step_prompt_tokens_ = 0;
   RUBATO_RETURN_IF_ERROR(AdmitWaiting(events));
 
   batch_.clear();
@@ -335,6 +336,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
     }
     batch_requests_.push_back(&request);
   }
+  last_step_prompt_tokens_ = options_.prefill_chunk - prefill_budget;
   if (batch_.empty()) return events;
 
   Status forward = model_->Forward(batch_, *kv_cache_, forward_result_, window_);

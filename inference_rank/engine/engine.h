@@ -127,6 +127,8 @@ class Engine {
   const EngineOptions& options() const { return options_; }  // with defaults resolved
   // The requests the last Step moved from waiting to running (their queue time ends there).
   const std::vector<uint64_t>& admitted() const { return admitted_; }
+  // Prompt tokens the last Step prefilled (vLLM's iteration tokens add the tokens it generated).
+  int last_step_prompt_tokens() const { return last_step_prompt_tokens_; }
 
  private:
   struct Request {
@@ -183,6 +185,7 @@ class Engine {
   AttentionWindow window_;                     // the policy's (dense without one)
   Histogram* retained_kv_metric_ = nullptr;    // in options_.metrics, when set
   std::vector<uint64_t> admitted_;             // ids moved to running by the last Step
+  int last_step_prompt_tokens_ = 0;            // prompt tokens in the last Step's batch
   ForwardResult forward_result_;
 };
 

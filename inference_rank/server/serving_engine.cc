@@ -60,8 +60,10 @@ Result<std::unique_ptr<ServingEngine>> ServingEngine::Create(std::unique_ptr<Eng
   }
   std::optional<ServingMetrics> metrics;
   if (options.metrics != nullptr) {
-    RUBATO_ASSIGN_OR_RETURN(metrics, ServingMetrics::Register(*options.metrics, options.model_name,
-                                                              engine->options().max_context));
+    RUBATO_ASSIGN_OR_RETURN(metrics,
+                            ServingMetrics::Register(*options.metrics, options.model_name,
+                                                     engine->options().max_context,
+                                                     options.metric_names));
   }
   return std::unique_ptr<ServingEngine>(
       new ServingEngine(std::move(engine), tokenizer, options, metrics));
@@ -95,7 +97,7 @@ Result<uint64_t> ServingEngine::Submit(ServingRequest request) {
   if (draining_) return UnavailableError("the server is shutting down and takes no new requests");
   const int waiting = static_cast<int>(incoming_.size()) + engine_waiting_;
   if (waiting >= options_.max_queue) {
-    if (metrics_) metrics_->rejected->Increment();
+    if (metrics_) metrics_->rejected.Increment();
     return ResourceExhaustedError("the server's queue is full: " + std::to_string(waiting) +
                                   " requests wait (limits.max_queue " +
                                   std::to_string(options_.max_queue) + "); retry later");
@@ -206,6 +208,13 @@ void ServingEngine::Loop() {
         break;
       }
       MarkScheduled(engine_->admitted(), step_start);
+      if (metrics_) {
+        const auto generated = std::count_if(events->begin(), events->end(), [](const auto& e) {
+          return e.finish != FinishReason::kError;
+        });
+        metrics_->iteration_tokens.Observe(
+            static_cast<double>(engine_->last_step_prompt_tokens() + generated));
+      }
       for (const TokenEvent& event : *events) RouteEvent(event);
     }
     UpdateGauges();
@@ -232,11 +241,11 @@ void ServingEngine::AdmitIncoming(std::deque<Incoming>& incoming,
       update.prompt_tokens = live.prompt_tokens;
       update.error = engine_id.status();
       update.rejected = true;
-      if (metrics_) metrics_->rejected->Increment();
+      if (metrics_) metrics_->rejected.Increment();
       live.request.on_update(update);
       continue;
     }
-    if (metrics_) metrics_->prompt_tokens->Increment(live.prompt_tokens);
+    if (metrics_) metrics_->prompt_tokens.Increment(live.prompt_tokens);
     live.scheduled = live.arrival;
     live.engine_id = *engine_id;
     live.decoder = std::make_unique<StreamDecoder>(*tokenizer_, /*skip_special_tokens=*/true);
@@ -262,7 +271,7 @@ void ServingEngine::MarkScheduled(const std::vector<uint64_t>& engine_ids,
     LiveRequest& live = live_.at(by_engine->second);
     live.scheduled = step_start;
     if (metrics_) {
-      metrics_->queue_time->Observe(
+      metrics_->queue_time.Observe(
           std::chrono::duration<double>(step_start - live.arrival).count());
     }
   }
@@ -312,17 +321,18 @@ void ServingEngine::RouteEvent(const TokenEvent& event) {
   if (live.completion_tokens == 0) {
     live.first_token = now;
     if (metrics_) {
-      metrics_->time_to_first_token->Observe(
+      metrics_->time_to_first_token.Observe(
           std::chrono::duration<double>(now - live.arrival).count());
-      metrics_->prefill_time->Observe(std::chrono::duration<double>(now - live.scheduled).count());
+      metrics_->prefill_time.Observe(std::chrono::duration<double>(now - live.scheduled).count());
     }
   } else if (metrics_) {
-    metrics_->inter_token_latency->Observe(
-        std::chrono::duration<double>(now - live.last_token).count());
+    const double gap = std::chrono::duration<double>(now - live.last_token).count();
+    metrics_->inter_token_latency.Observe(gap);
+    metrics_->time_per_output_token.Observe(gap);
   }
   live.last_token = now;
   ++live.completion_tokens;
-  if (metrics_) metrics_->generation_tokens->Increment();
+  if (metrics_) metrics_->generation_tokens.Increment();
   update.completion_tokens = live.completion_tokens;
 
   // The stop token itself is not text (as `rubato generate` prints it).
@@ -379,10 +389,11 @@ void ServingEngine::Finish(uint64_t serving_id, ServingUpdate update, RequestEnd
       const auto seconds = [](Clock::duration d) {
         return std::chrono::duration<double>(d).count();
       };
-      metrics_->e2e_request_latency->Observe(seconds(Clock::now() - live.arrival));
-      metrics_->decode_time->Observe(seconds(live.last_token - live.first_token));
-      metrics_->prompt_tokens_per_request->Observe(live.prompt_tokens);
-      metrics_->generation_tokens_per_request->Observe(live.completion_tokens);
+      metrics_->e2e_request_latency.Observe(seconds(Clock::now() - live.arrival));
+      metrics_->decode_time.Observe(seconds(live.last_token - live.first_token));
+      metrics_->prompt_tokens_per_request.Observe(live.prompt_tokens);
+      metrics_->generation_tokens_per_request.Observe(live.completion_tokens);
+      metrics_->max_tokens_per_request.Observe(live.request.generation.max_new_tokens);
     }
     metrics_->CountEnd(end, update.finish_reason);
   }
@@ -408,11 +419,13 @@ void ServingEngine::UpdateGauges() {
     incoming = static_cast<int>(incoming_.size());
   }
   if (metrics_) {
-    metrics_->requests_running->Set(engine_->num_running());
-    metrics_->requests_waiting->Set(engine_->num_waiting() + incoming);
+    metrics_->requests_running.Set(engine_->num_running());
+    metrics_->requests_waiting.Set(engine_->num_waiting() + incoming);
     const PagedKvCache& kv = engine_->kv_cache();
-    metrics_->kv_cache_usage->Set(1.0 - static_cast<double>(kv.free_blocks()) /
-                                            std::max(1, kv.shape().num_blocks));
+    const double usage =
+        1.0 - static_cast<double>(kv.free_blocks()) / std::max(1, kv.shape().num_blocks);
+    metrics_->kv_cache_usage.Set(usage);
+    metrics_->gpu_cache_usage.Set(usage);
   }
 }
 

@@ -38,6 +38,7 @@ struct ServingEngineOptions {
   // the ServingEngine.
   MetricsRegistry* metrics = nullptr;
   std::string model_name = {};  // the model_name label of the metrics
+  MetricNames metric_names = MetricNames::kRubato;  // server.metrics_names
 };
 
 // One step of a request's progress, delivered to its on_update callback.
