@@ -190,6 +190,9 @@ Status ReadServer(YamlMapReader& reader, ServerSection* server) {
       reader.ReadDouble("shutdown_grace_s", DoubleRange{0, 86400}, &server->shutdown_grace_s));
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("request_threads", 0, 256, &server->request_threads));
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("request_queue", 1, 100'000, &server->request_queue));
+  RUBATO_RETURN_IF_ERROR(reader.ReadString("api_key", &server->api_key));
+  RUBATO_RETURN_IF_ERROR(
+      reader.ReadBool("api_key_protects_metrics", &server->api_key_protects_metrics));
   if (server->metrics_port != 0 && server->metrics_port == server->port) {
     return reader.Error("metrics_port", fmt::format("must differ from {} ({})",
                                                     reader.KeyPath("port"), server->port));
@@ -540,6 +543,8 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
   key("shutdown_grace_s") << fmt::format("{}", config.server.shutdown_grace_s);
   key("request_threads") << config.server.request_threads;
   key("request_queue") << config.server.request_queue;
+  key("api_key") << YAML::DoubleQuoted << config.server.api_key;
+  key("api_key_protects_metrics") << config.server.api_key_protects_metrics;
   out << YAML::EndMap;
 
   const LimitsSection& limits = config.limits;

@@ -121,6 +121,11 @@ struct ServerSection {
   int request_threads = 0;
   // [1, 100000] requests that may wait for one of those threads; past it: 429 with Retry-After.
   int request_queue = 64;
+  // Set: /v1/* needs `Authorization: Bearer <api_key>` (401 otherwise), as `vllm serve
+  // --api-key`; --api-key and RUBATO_API_KEY override it. /health stays open (probes); /metrics
+  // too unless api_key_protects_metrics.
+  std::string api_key;
+  bool api_key_protects_metrics = false;
 
   bool operator==(const ServerSection&) const = default;
 };

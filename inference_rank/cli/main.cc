@@ -107,6 +107,9 @@ int main(int argc, char** argv) {
                    "Seconds requests in flight get to finish after SIGTERM / SIGINT (overrides "
                    "server.shutdown_grace_s)")
       ->check(CLI::Range(0.0, 86400.0));
+  serve->add_option("--api-key", serve_args.api_key,
+                    "Require 'Authorization: Bearer KEY' on /v1/* (overrides server.api_key and "
+                    "RUBATO_API_KEY)");
   serve->add_option("--cache", serve_args.overrides.cache_endpoint,
                     "host:port of a cache rank (rubato cache --listen) for an offload policy");
   serve

@@ -18,6 +18,8 @@ struct ServeArgs {
   std::optional<std::string> host;    // overrides server.host
   std::optional<int> port;            // overrides server.port; 0: any free port
   std::optional<double> shutdown_grace_s;  // overrides server.shutdown_grace_s
+  // Overrides server.api_key, as the environment's RUBATO_API_KEY does (the flag wins).
+  std::optional<std::string> api_key;
 };
 
 Status RunServe(const ServeArgs& args);
