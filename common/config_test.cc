@@ -133,7 +133,7 @@ TEST(Config, DefaultYamlSpellsOutEveryKey) {
   const std::set<std::string> expected = KeyPaths(formatted);
   EXPECT_EQ(KeyPaths(file), expected);
   EXPECT_EQ(expected.size(),
-            34u);  // model 3, engine 9, policy 1, topology 5, cache 3, server 7, limits 5,
+            36u);  // model 3, engine 9, policy 1, topology 5, cache 3, server 9, limits 5,
                    // logging 1
 }
 

@@ -477,7 +477,6 @@ TEST_F(EngineTest, PenaltiesAndLogitBiasFollowOpenAiFormula) {
   EXPECT_NE(engine->Submit(bad).status().message().find("logit_bias"), std::string::npos);
 }
 
-
 // A seeded sampled request gives the same tokens alone and in a batch of 4 other requests that
 // sample differently (other temperatures, filters, penalties, logprobs): its RNG is its own.
 TEST_F(EngineTest, SeededRequestAloneEqualsSeededRequestInABatchOfFour) {

@@ -272,13 +272,9 @@ bool KnownField(const std::string& name, CompletionKind kind) {
 std::optional<ApiError> RefuseUnknownFields(const json& body, CompletionKind kind) {
   for (const auto& [name, value] : body.items()) {
     if (value.is_null() || KnownField(name, kind)) continue;
-    return FieldError(KeyText(name),
-                      "'" + KeyText(name) + "' is not supported by rubato serve (it implements " +
-                          "model, " + (kind == CompletionKind::kText ? "prompt" : "messages") +
-                          ", max_tokens, temperature, top_p, top_k, seed, stop, stream, "
-                          "stream_options, presence_penalty, frequency_penalty, "
-                          "repetition_penalty, logit_bias, logprobs, ignore_eos, "
-                          "response_format text, user; docs/serving.md)");
+    return FieldError(KeyText(name), "'" + KeyText(name) +
+                                         "' is not supported by rubato serve (docs/serving.md "
+                                         "lists the fields it accepts)");
   }
   return std::nullopt;
 }
@@ -541,7 +537,9 @@ json CompletionChunkJson(CompletionKind kind, const CompletionResult& head, std:
 namespace {
 
 // JSON has no -inf: OpenAI and vLLM report an impossible token's logprob as -9999.
-float FiniteLogprob(float logprob) { return std::isnan(logprob) ? -9999.f : std::max(logprob, -9999.f); }
+float FiniteLogprob(float logprob) {
+  return std::isnan(logprob) ? -9999.f : std::max(logprob, -9999.f);
+}
 
 }  // namespace
 

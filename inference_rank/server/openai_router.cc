@@ -300,8 +300,9 @@ HttpReply OpenAiRouter::Handle(const HttpRequest& request) {
   const std::string client_id = request.Header("x-request-id");
   const bool valid_id = ValidRequestId(client_id);
   const std::string request_id = valid_id ? client_id : NewRequestId();
+  const bool preflight = request.method == "OPTIONS" && !cors.empty();
   cors.emplace_back("x-request-id", request_id);
-  if (request.method == "OPTIONS" && !cors.empty() &&
+  if (preflight &&
       !request.Header("access-control-request-method").empty()) {  // a CORS preflight
     const std::string asked = request.Header("access-control-request-headers");
     cors.emplace_back("Access-Control-Allow-Methods", "GET, POST, HEAD, OPTIONS");
