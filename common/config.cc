@@ -195,6 +195,9 @@ Status ReadServer(YamlMapReader& reader, ServerSection* server) {
   std::string_view metrics_names = server->metrics_names;
   RUBATO_RETURN_IF_ERROR(reader.ReadEnum("metrics_names", kMetricsNames, &metrics_names));
   server->metrics_names = std::string(metrics_names);
+  RUBATO_RETURN_IF_ERROR(reader.ReadString("api_key", &server->api_key));
+  RUBATO_RETURN_IF_ERROR(
+      reader.ReadBool("api_key_protects_metrics", &server->api_key_protects_metrics));
   if (server->metrics_port != 0 && server->metrics_port == server->port) {
     return reader.Error("metrics_port", fmt::format("must differ from {} ({})",
                                                     reader.KeyPath("port"), server->port));
@@ -527,6 +530,8 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
   key("request_threads") << config.server.request_threads;
   key("request_queue") << config.server.request_queue;
   key("metrics_names") << config.server.metrics_names;
+  key("api_key") << YAML::DoubleQuoted << config.server.api_key;
+  key("api_key_protects_metrics") << config.server.api_key_protects_metrics;
   out << YAML::EndMap;
 
   const LimitsSection& limits = config.limits;

@@ -125,6 +125,11 @@ struct ServerSection {
   // Names of the serving series that vLLM also exposes: "rubato" (rubato:...), "vllm" (vLLM's
   // own names and labels, for its dashboards) or "both".
   std::string metrics_names = "rubato";
+  // Set: /v1/* needs `Authorization: Bearer <api_key>` (401 otherwise), as `vllm serve
+  // --api-key`; --api-key and RUBATO_API_KEY override it. /health stays open (probes); /metrics
+  // too unless api_key_protects_metrics.
+  std::string api_key;
+  bool api_key_protects_metrics = false;
 
   bool operator==(const ServerSection&) const = default;
 };

@@ -134,7 +134,7 @@ TEST(Config, DefaultYamlSpellsOutEveryKey) {
   const std::set<std::string> expected = KeyPaths(formatted);
   EXPECT_EQ(KeyPaths(file), expected);
   EXPECT_EQ(expected.size(),
-            35u);  // model 3, engine 9, policy 1, topology 5, cache 3, server 8, limits 5,
+            37u);  // model 3, engine 9, policy 1, topology 5, cache 3, server 10, limits 5,
                    // logging 1
 }
 

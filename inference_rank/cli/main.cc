@@ -112,6 +112,9 @@ int main(int argc, char** argv) {
                    "Names of the serving metrics: rubato | vllm (vLLM's, for its dashboards) | "
                    "both (overrides server.metrics_names)")
       ->check(CLI::IsMember({"rubato", "vllm", "both"}));
+  serve->add_option("--api-key", serve_args.api_key,
+                    "Require 'Authorization: Bearer KEY' on /v1/* (overrides server.api_key and "
+                    "RUBATO_API_KEY)");
   serve->add_option("--cache", serve_args.overrides.cache_endpoint,
                     "host:port of a cache rank (rubato cache --listen) for an offload policy");
   serve

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -115,6 +116,10 @@ Status RunServe(const ServeArgs& args) {
   }
   if (args.shutdown_grace_s) config.server.shutdown_grace_s = *args.shutdown_grace_s;
   if (args.metrics_names) config.server.metrics_names = *args.metrics_names;
+  if (const char* key = std::getenv("RUBATO_API_KEY"); key != nullptr && *key != '\0') {
+    config.server.api_key = key;  // as vLLM's VLLM_API_KEY
+  }
+  if (args.api_key) config.server.api_key = *args.api_key;
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
   // Under mpirun with topology.ranks: a cache rank serves KV; this rank serves HTTP against it.
   return RunWithMpiRoles(config, [](RubatoConfig& resolved) { return Serve(resolved); });
@@ -164,7 +169,8 @@ Status Serve(const RubatoConfig& config) {
   server::OpenAiRouter router(
       serving.get(), tokenizer.get(), &metrics,
       {model_name, config.limits.max_prompt_tokens, config.server.cors_allowed_origins,
-       server::RequestThreads(config.server.request_threads), config.server.request_queue});
+       server::RequestThreads(config.server.request_threads), config.server.request_queue,
+       config.server.api_key, config.server.api_key_protects_metrics});
   serving->Start();
 
   server::HttpServerOptions http_options;

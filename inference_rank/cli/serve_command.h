@@ -19,6 +19,8 @@ struct ServeArgs {
   std::optional<int> port;            // overrides server.port; 0: any free port
   std::optional<double> shutdown_grace_s;  // overrides server.shutdown_grace_s
   std::optional<std::string> metrics_names;  // overrides server.metrics_names
+  // Overrides server.api_key, as the environment's RUBATO_API_KEY does (the flag wins).
+  std::optional<std::string> api_key;
 };
 
 Status RunServe(const ServeArgs& args);

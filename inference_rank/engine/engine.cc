@@ -193,6 +193,27 @@ Result<uint64_t> Engine::Submit(GenerationRequest request) {
       }
     }
   }
+  if (!(sampling.repetition_penalty > 0.0f && sampling.repetition_penalty <= 2.0f)) {
+    return InvalidArgumentError(fmt::format("request: repetition_penalty must be in (0, 2], got {}",
+                                            sampling.repetition_penalty));
+  }
+  if (sampling.logprobs < -1 || sampling.logprobs > kMaxLogprobs) {
+    return InvalidArgumentError("request: logprobs must be in [0, " + std::to_string(kMaxLogprobs) +
+                                "] (or -1 for none), got " + std::to_string(sampling.logprobs));
+  }
+  // The CUDA model samples on the device: no sign-dependent logit op, no logits on the host.
+  if (model_->backend_name() != "cpu") {
+    if (sampling.repetition_penalty != 1.0f) {
+      return UnsupportedError("request: repetition_penalty other than 1 is not supported by the " +
+                              std::string(model_->backend_name()) +
+                              " backend (engine.backend cpu implements it)");
+    }
+    if (sampling.logprobs >= 0) {
+      return UnsupportedError("request: logprobs are not supported by the " +
+                              std::string(model_->backend_name()) +
+                              " backend (engine.backend cpu implements them)");
+    }
+  }
   if (request.max_new_tokens < 1) {
     return InvalidArgumentError("request: max_new_tokens must be at least 1, got " +
                                 std::to_string(request.max_new_tokens));
@@ -215,11 +236,20 @@ Result<uint64_t> Engine::Submit(GenerationRequest request) {
         " KV blocks but the cache has " + std::to_string(kv_cache_->shape().num_blocks) +
         " (engine.max_kv_blocks); lower max_new_tokens or raise engine.max_kv_blocks");
   }
-  if (request.stop_token_ids.empty()) request.stop_token_ids = model_->config().eos_token_ids;
+  if (request.stop_token_ids.empty() && !request.ignore_eos) {
+    request.stop_token_ids = model_->config().eos_token_ids;
+  }
 
   Request queued;
   queued.id = next_id_++;
+  // The request's own RNG: its draws never depend on the other requests of a batch.
   queued.rng.seed(sampling.seed);
+  if (sampling.repetition_penalty != 1.0f) {
+    queued.seen_tokens = request.prompt_ids;
+    std::sort(queued.seen_tokens.begin(), queued.seen_tokens.end());
+    queued.seen_tokens.erase(std::unique(queued.seen_tokens.begin(), queued.seen_tokens.end()),
+                             queued.seen_tokens.end());
+  }
   queued.params = std::move(request);
   waiting_.push_back(std::move(queued));
   return waiting_.back().id;
@@ -267,6 +297,9 @@ TokenSampling Engine::NextSampling(Request& request) {
   sampling.adjustments.frequency_penalty = params.frequency_penalty;
   sampling.adjustments.generated = request.output_tokens;
   sampling.adjustments.logit_bias = params.logit_bias;
+  sampling.adjustments.repetition_penalty = params.repetition_penalty;
+  sampling.adjustments.repetition_seen = request.seen_tokens;
+  sampling.logprobs = params.logprobs;
   return sampling;
 }
 
@@ -398,8 +431,16 @@ Result<std::vector<TokenEvent>> Engine::Step() {
         request.params.sampling.frequency_penalty != 0.f) {
       request.output_tokens.push_back(token);
     }
+    if (request.params.sampling.repetition_penalty != 1.f) {
+      const auto at =
+          std::lower_bound(request.seen_tokens.begin(), request.seen_tokens.end(), token);
+      if (at == request.seen_tokens.end() || *at != token) request.seen_tokens.insert(at, token);
+    }
     request.finish = FinishAfter(request, token);
     events.push_back(TokenEvent{request.id, token, request.finish, retained, Status::Ok()});
+    if (request.params.sampling.logprobs >= 0) {
+      events.back().logprobs = std::move(forward_result_.sampled_logprobs[e]);
+    }
   }
   if (retained_kv_metric_ != nullptr) {
     for (const TokenEvent& event : events) {

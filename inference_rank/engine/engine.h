@@ -25,6 +25,8 @@ namespace rubato {
 // Temperatures below this sample greedily (vLLM's sampling epsilon): dividing logits by less
 // overflows fp32.
 inline constexpr float kGreedyBelowTemperature = 1e-5f;
+// The most alternatives SamplingParams::logprobs may ask for (OpenAI's top_logprobs limit).
+inline constexpr int kMaxLogprobs = 20;
 
 struct SamplingParams {
   float temperature = 0.f;  // 0 (or below kGreedyBelowTemperature) = greedy (argmax, lowest id)
@@ -36,6 +38,11 @@ struct SamplingParams {
   float frequency_penalty = 0.f;  // [-2, 2]
   std::vector<std::pair<int, float>> logit_bias =
       {};  // (token id, bias in [-100, 100]), ids unique
+  // vLLM's / transformers' repetition penalty, in (0, 2]; 1 = off. The CPU backend only.
+  float repetition_penalty = 1.f;
+  // Log-probabilities to report with each token (TokenEvent::logprobs): -1 none; 0..20 the
+  // sampled token's and that many most likely alternatives'. The CPU backend only.
+  int logprobs = -1;
 };
 
 struct GenerationRequest {
@@ -43,6 +50,7 @@ struct GenerationRequest {
   SamplingParams sampling;
   int max_new_tokens = 128;
   std::vector<int> stop_token_ids;  // empty: the model's eos ids (config.json eos_token_id)
+  bool ignore_eos = false;          // empty stop_token_ids stay empty: only max_new_tokens ends it
 };
 
 struct EngineOptions {
@@ -86,6 +94,9 @@ struct TokenEvent {
   // what the policy kept (PolicyRequest::RetainedKvRatio).
   double retained_kv_ratio = 1.0;
   Status error;  // kError: why the request failed (e.g. its residency's peer was lost)
+  // SamplingParams::logprobs >= 0: the token's log-probability and the top alternatives
+  // (kernels/cpu/sampling.h TokenLogprobs); empty otherwise.
+  TokenLogprobs logprobs = {};
 };
 
 // VisibleKeys / context for the query at position context - 1 (context >= 1).
@@ -101,7 +112,9 @@ class Engine {
                                                 const EngineOptions& options);
 
   // Queues a request and returns its id (1, 2, ...). InvalidArgument for an empty prompt, ids
-  // outside [0, vocab), temperature < 0, top_p outside (0, 1], top_k < 0, max_new_tokens < 1;
+  // outside [0, vocab), temperature < 0, top_p outside (0, 1], top_k < 0, max_new_tokens < 1,
+  // repetition_penalty outside (0, 2], logprobs outside [-1, 20]; Unsupported for a
+  // repetition_penalty or logprobs on a backend that samples on the device (cuda);
   // OutOfRange for a prompt of max_context tokens or more; ResourceExhausted when the request's
   // sequence could never fit in the KV cache.
   Result<uint64_t> Submit(GenerationRequest request);
@@ -139,7 +152,9 @@ class Engine {
     int prompt_done = 0;  // prompt tokens already in the KV cache
     int generated = 0;
     std::vector<int> output_tokens;  // the generated tokens, when penalties need them
-    int last_token = -1;             // newest generated token: the input of the next decode step
+    // repetition_penalty != 1: the distinct ids of the prompt and the output so far, sorted.
+    std::vector<int> seen_tokens;
+    int last_token = -1;  // newest generated token: the input of the next decode step
     FinishReason finish = FinishReason::kNone;
     std::unique_ptr<PolicyRequest> policy;  // the policy's state of it, or null (dense)
     // Its storage in options.residency (opened at admission), or null.

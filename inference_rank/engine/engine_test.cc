@@ -1,11 +1,13 @@
 // Tests for the engine: request validation, batched generation equals generation alone (greedy
 // and seeded sampling, mixed prompt lengths), continuous batching under max_batch and a small
-// KV cache, finish reasons, and seeds.
+// KV cache, finish reasons, and seeds; a seeded request alone and among 4 others; the repetition
+// penalty, ignore_eos and logprobs against a CPU reference.
 #include "inference_rank/engine/engine.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <vector>
@@ -473,6 +475,123 @@ TEST_F(EngineTest, PenaltiesAndLogitBiasFollowOpenAiFormula) {
   bad = request;
   bad.sampling.logit_bias = {{vocab, 1.f}};
   EXPECT_NE(engine->Submit(bad).status().message().find("logit_bias"), std::string::npos);
+}
+
+// A seeded sampled request gives the same tokens alone and in a batch of 4 other requests that
+// sample differently (other temperatures, filters, penalties, logprobs): its RNG is its own.
+TEST_F(EngineTest, SeededRequestAloneEqualsSeededRequestInABatchOfFour) {
+  GenerationRequest seeded;
+  seeded.prompt_ids = Prompt(21, 9);
+  seeded.max_new_tokens = 24;
+  seeded.stop_token_ids = {96};
+  seeded.sampling = {1.0f, 0, 1.0f, 987654321};
+  EngineOptions options;
+  options.max_batch = 5;
+  options.prefill_chunk = 16;
+  const std::vector<Output> alone = RunAlone({seeded}, options);
+  ASSERT_GE(alone[0].tokens.size(), 4u);
+
+  auto engine = NewEngine(options);
+  std::vector<GenerationRequest> others(4);
+  for (int i = 0; i < 4; ++i) {
+    others[i].prompt_ids = Prompt(5 + 11 * i, 20 + i);
+    others[i].max_new_tokens = 10 + 7 * i;
+    others[i].sampling = {0.5f + 0.3f * i, i * 5, 1.0f - 0.1f * i, static_cast<uint64_t>(i)};
+  }
+  others[1].sampling.repetition_penalty = 1.5f;
+  others[2].sampling.frequency_penalty = 1.f;
+  others[3].sampling.logprobs = 3;
+  ASSERT_TRUE(engine->Submit(others[0]).ok());
+  ASSERT_TRUE(engine->Submit(others[1]).ok());
+  const uint64_t id = *engine->Submit(seeded);
+  ASSERT_TRUE(engine->Submit(others[2]).ok());
+  ASSERT_TRUE(engine->Submit(others[3]).ok());
+  EXPECT_EQ(RunToCompletion(*engine).at(id).tokens, alone[0].tokens);
+}
+
+// repetition_penalty (vLLM / transformers): every id of the prompt or the output so far has its
+// positive logit divided by the penalty, its negative logit multiplied; greedy picks from that.
+// ignore_eos: the model's end-of-sequence ids stop nothing. logprobs: log-softmax of the raw
+// logits, the sampled token's and the top alternatives'.
+TEST_F(EngineTest, RepetitionPenaltyIgnoreEosAndLogprobsFollowTheirReference) {
+  const std::vector<int> prompt = Prompt(12, 6);
+  constexpr int kTokens = 12;
+  GenerationRequest request;
+  request.prompt_ids = prompt;
+  request.max_new_tokens = kTokens;
+  request.sampling.repetition_penalty = 1.8f;
+  request.sampling.logprobs = 2;
+  std::unique_ptr<Engine> engine = NewEngine(EngineOptions());
+  const int vocab = engine->model().config().vocab_size;
+  request.stop_token_ids = {vocab - 1};
+  const uint64_t id = *engine->Submit(request);
+  std::vector<TokenEvent> events;
+  while (engine->HasWork()) {
+    auto step = engine->Step();
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    for (TokenEvent& event : *step) {
+      if (event.request_id == id) events.push_back(event);
+    }
+  }
+
+  auto model = LoadTinyModel(TinyModelKind::kQwen3, dir_.path(), /*seed=*/4);
+  ASSERT_TRUE(model.ok());
+  auto cache = (*model)->CreateKvCache(16, 64);
+  ASSERT_TRUE(cache.ok());
+  std::vector<int> sequence = prompt;
+  ForwardResult result;
+  KvSequence kv;
+  size_t step = 0;
+  for (; step < events.size(); ++step) {
+    const ForwardEntry entry{&kv, sequence, 0, LogitsWanted::kLast};
+    ASSERT_TRUE((*model)->Forward(std::span<const ForwardEntry>(&entry, 1), **cache, result).ok());
+    const std::vector<float> raw(result.LastLogits(0).begin(), result.LastLogits(0).end());
+    std::vector<float> logits = raw;
+    for (int t = 0; t < vocab; ++t) {
+      if (std::find(sequence.begin(), sequence.end(), t) == sequence.end()) continue;
+      logits[t] = logits[t] > 0 ? logits[t] / 1.8f : logits[t] * 1.8f;
+    }
+    const int next =
+        static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ASSERT_EQ(events[step].token, next) << "step " << step;
+    double total = 0;
+    const float max_raw = *std::max_element(raw.begin(), raw.end());
+    for (const float value : raw) total += std::exp(static_cast<double>(value) - max_raw);
+    const auto logprob = [&](int t) { return raw[t] - max_raw - std::log(total); };
+    EXPECT_NEAR(events[step].logprobs.logprob, logprob(next), 1e-4);
+    ASSERT_EQ(events[step].logprobs.top.size(), 2u);
+    const int best = static_cast<int>(std::max_element(raw.begin(), raw.end()) - raw.begin());
+    EXPECT_EQ(events[step].logprobs.top[0].first, best);
+    EXPECT_NEAR(events[step].logprobs.top[0].second, logprob(best), 1e-4);
+    EXPECT_LE(events[step].logprobs.top[1].second, events[step].logprobs.top[0].second);
+    sequence.push_back(next);
+    if (next == vocab - 1) break;
+  }
+  EXPECT_GE(step, 4u);
+
+  // ignore_eos: a request whose stop list is the model's eos runs to max_new_tokens.
+  GenerationRequest eos = request;
+  eos.stop_token_ids.clear();
+  eos.sampling = SamplingParams();
+  eos.sampling.logit_bias = {{engine->model().config().eos_token_ids.at(0), 100.f}};
+  eos.max_new_tokens = 5;
+  std::unique_ptr<Engine> stops = NewEngine(EngineOptions());
+  ASSERT_TRUE(stops->Submit(eos).ok());
+  EXPECT_EQ(RunToCompletion(*stops).begin()->second.tokens.size(), 1u);
+  eos.ignore_eos = true;
+  std::unique_ptr<Engine> ignores = NewEngine(EngineOptions());
+  ASSERT_TRUE(ignores->Submit(eos).ok());
+  const Output out = RunToCompletion(*ignores).begin()->second;
+  EXPECT_EQ(out.tokens.size(), 5u);
+  EXPECT_EQ(out.finish, FinishReason::kLength);
+
+  // Out-of-range values are refused by name.
+  GenerationRequest bad = request;
+  bad.sampling.repetition_penalty = 0.f;
+  EXPECT_NE(engine->Submit(bad).status().message().find("repetition_penalty"), std::string::npos);
+  bad = request;
+  bad.sampling.logprobs = 21;
+  EXPECT_NE(engine->Submit(bad).status().message().find("logprobs"), std::string::npos);
 }
 
 }  // namespace

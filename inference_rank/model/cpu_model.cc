@@ -500,6 +500,10 @@ void CpuModel::SampleTokens(std::span<const ForwardEntry> batch, ForwardResult& 
         batch[e].sampling->report_probability ? &result.sampled_probabilities[e] : nullptr;
     result.sampled_tokens[e] =
         SampleOnHost(logits, *batch[e].sampling, sampling_workspace_, probability);
+    if (batch[e].sampling->logprobs >= 0) {
+      ComputeTokenLogprobs(logits, result.sampled_tokens[e], batch[e].sampling->logprobs,
+                           sampling_workspace_.candidates, result.sampled_logprobs[e]);
+    }
   }
 }
 

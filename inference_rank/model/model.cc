@@ -207,7 +207,7 @@ Status ReserveForwardBlocks(std::span<const ForwardEntry> batch, PagedKvCache& c
 
 int SampleOnHost(std::span<const float> logits, const TokenSampling& sampling,
                  SamplingWorkspace& workspace, float* probability) {
-  if (sampling.adjustments.active()) {
+  if (sampling.adjustments.active() || sampling.adjustments.repetition_active()) {
     workspace.adjusted.assign(logits.begin(), logits.end());
     ApplyLogitAdjustments(workspace.adjusted, sampling.adjustments, workspace);
     logits = workspace.adjusted;

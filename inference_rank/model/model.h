@@ -59,6 +59,10 @@ struct TokenSampling {
   // backends (the CUDA model on the device, docs/cuda_model.md). Its spans must outlive the
   // Forward call.
   LogitAdjustments adjustments = {};
+  // >= 0: also report the token's TokenLogprobs with that many alternatives, of the logits
+  // before `adjustments` (ForwardResult::sampled_logprobs). The CPU model only: the CUDA model
+  // leaves sampled logits on the device (the engine refuses such requests there).
+  int logprobs = -1;
 };
 
 struct ForwardEntry {
@@ -104,6 +108,8 @@ struct ForwardResult {
   // [entries] kernels/cpu TokenProbability of the sampled token (softmax of the entry's last
   // logits at temperature 1) where the entry's sampling asked for it, else -1.
   std::vector<float> sampled_probabilities;
+  // [entries] where the entry's sampling asked for logprobs (TokenSampling::logprobs), else empty.
+  std::vector<TokenLogprobs> sampled_logprobs;
 
   // Empties the result for a batch of `entries` (no logits rows, no sampled tokens); what every
   // backend's Forward does first.
@@ -114,6 +120,7 @@ struct ForwardResult {
     entry_row_count.assign(entries, 0);
     sampled_tokens.assign(entries, -1);
     sampled_probabilities.assign(entries, -1.0f);
+    sampled_logprobs.assign(entries, TokenLogprobs());
   }
 
   // [entry_row_count[entry]][vocab] logits of one entry.

@@ -14,6 +14,9 @@ namespace {
 
 using nlohmann::json;
 
+// OpenAI's limit on alternatives per token (top_logprobs; the legacy logprobs said 5).
+constexpr int64_t kMaxTopLogprobs = 20;
+
 ApiError FieldError(std::string param, std::string message) {
   ApiError error;
   error.message = std::move(message);
@@ -168,15 +171,20 @@ std::optional<ApiError> ReadMessages(const json& body, CompletionRequest& out) {
                                              "assistant, tool, developer; got " +
                                              MessageJson(role));
     }
-    // Only role and content are implemented: a participant `name`, `tool_calls`,
+    // Role and content are implemented, and a participant `name` accepted (a string; chat
+    // templates do not render it, as vLLM's do not for these models); `tool_calls`,
     // `tool_call_id`, `function_call`, `audio`, ... are refused by name (null counts as absent,
     // as the SDKs echo an assistant message's `refusal: null`).
     for (const auto& [key, value] : message.items()) {
       if (value.is_null() || key == "role" || key == "content") continue;
       const std::string field = where + "." + KeyText(key);
+      if (key == "name") {
+        if (value.is_string()) continue;
+        return FieldError(field, "'" + field + "' must be a string, got " + Describe(value));
+      }
       return FieldError(field, "'" + field +
-                                   "' is not supported by rubato serve (a message has only role "
-                                   "and content)");
+                                   "' is not supported by rubato serve (a message has only role, "
+                                   "content and name)");
     }
     ChatMessage chat{role.get<std::string>(), ""};
     if (chat.role == "developer") chat.role = "system";  // OpenAI's newer name for it
@@ -250,23 +258,23 @@ bool KnownField(const std::string& name, CompletionKind kind) {
                                         "presence_penalty",
                                         "frequency_penalty",
                                         "logit_bias",
-                                        "user"};
+                                        "user",
+                                        "repetition_penalty",
+                                        "ignore_eos",
+                                        "response_format"};
   for (const char* known : kCommon) {
     if (name == known) return true;
   }
   if (kind == CompletionKind::kText) return name == "prompt" || name == "echo" || name == "best_of";
-  return name == "messages" || name == "max_completion_tokens";
+  return name == "messages" || name == "max_completion_tokens" || name == "top_logprobs";
 }
 
 std::optional<ApiError> RefuseUnknownFields(const json& body, CompletionKind kind) {
   for (const auto& [name, value] : body.items()) {
     if (value.is_null() || KnownField(name, kind)) continue;
-    return FieldError(KeyText(name),
-                      "'" + KeyText(name) + "' is not supported by rubato serve (it implements " +
-                          "model, " + (kind == CompletionKind::kText ? "prompt" : "messages") +
-                          ", max_tokens, temperature, top_p, top_k, seed, stop, stream, "
-                          "stream_options, presence_penalty, frequency_penalty, "
-                          "logit_bias, user)");
+    return FieldError(KeyText(name), "'" + KeyText(name) +
+                                         "' is not supported by rubato serve (docs/serving.md "
+                                         "lists the fields it accepts)");
   }
   return std::nullopt;
 }
@@ -318,11 +326,46 @@ std::optional<ApiError> RefuseUnsupported(const json& body, CompletionKind kind)
   bool flag = false;
   if (auto error = ReadBool(body, "echo", flag)) return error;
   if (flag) return FieldError("echo", "'echo' is not supported by rubato serve");
-  const json& logprobs = Field(body, "logprobs");
-  if (!logprobs.is_null() && logprobs != false &&
-      !(kind == CompletionKind::kText && logprobs == 0)) {
-    return FieldError("logprobs", "'logprobs' is not supported by rubato serve");
+  const json& format = Field(body, "response_format");
+  if (!format.is_null()) {
+    const json& type = format.is_object() ? Field(format, "type") : format;
+    if (!format.is_object() || !type.is_string()) {
+      return FieldError("response_format",
+                        "'response_format' must be an object {\"type\": \"text\"}, got " +
+                            Describe(format));
+    }
+    if (type != "text") {
+      return FieldError("response_format.type",
+                        "'response_format.type' " + MessageJson(type) +
+                            " is not supported by rubato serve (only \"text\": no structured "
+                            "output)");
+    }
+    for (const auto& [key, value] : format.items()) {
+      if (value.is_null() || key == "type") continue;
+      const std::string field = "response_format." + KeyText(key);
+      return FieldError(field, "'" + field + "' is not supported by rubato serve");
+    }
   }
+  return std::nullopt;
+}
+
+// Completions: `logprobs` an integer in [0, 20]. Chat: `logprobs` a boolean and `top_logprobs`
+// an integer in [0, 20] that needs it.
+std::optional<ApiError> ReadLogprobs(const json& body, CompletionKind kind,
+                                     CompletionRequest& out) {
+  std::optional<int64_t> count;
+  if (kind == CompletionKind::kText) {
+    if (auto error = ReadInt(body, "logprobs", 0, kMaxTopLogprobs, count)) return error;
+    if (count) out.logprobs = static_cast<int>(*count);
+    return std::nullopt;
+  }
+  bool wanted = false;
+  if (auto error = ReadBool(body, "logprobs", wanted)) return error;
+  if (auto error = ReadInt(body, "top_logprobs", 0, kMaxTopLogprobs, count)) return error;
+  if (count && !wanted) {
+    return FieldError("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
+  if (wanted) out.logprobs = static_cast<int>(count.value_or(0));
   return std::nullopt;
 }
 
@@ -388,6 +431,12 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body_text, Compl
     return error;
   }
   if (auto error = ReadLogitBias(body, out)) return error;
+  if (auto error = ReadNumber(body, "repetition_penalty", 0.0, 2.0, /*low_open=*/true,
+                              out.repetition_penalty)) {
+    return error;
+  }
+  if (auto error = ReadBool(body, "ignore_eos", out.ignore_eos)) return error;
+  if (auto error = ReadLogprobs(body, kind, out)) return error;
   const json& user = Field(body, "user");
   if (!user.is_null() && !user.is_string()) {
     return FieldError("user", "'user' must be a string, got " + Describe(user));
@@ -454,10 +503,11 @@ json CompletionResponseJson(CompletionKind kind, const CompletionResult& result)
   if (kind == CompletionKind::kText) {
     response = Head(result, "text_completion");
     choice["text"] = result.text;
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = result.logprobs;
   } else {
     response = Head(result, "chat.completion");
     choice["message"] = {{"role", "assistant"}, {"content", result.text}};
+    if (!result.logprobs.is_null()) choice["logprobs"] = result.logprobs;
   }
   response["choices"] = json::array({choice});
   response["usage"] = UsageJson(result.prompt_tokens, result.completion_tokens);
@@ -465,14 +515,15 @@ json CompletionResponseJson(CompletionKind kind, const CompletionResult& result)
 }
 
 json CompletionChunkJson(CompletionKind kind, const CompletionResult& head, std::string_view text,
-                         std::string_view finish_reason, bool first) {
+                         std::string_view finish_reason, bool first, const json& logprobs) {
   json choice = {{"index", 0}, {"finish_reason", FinishReasonJson(finish_reason)}};
   json chunk;
   if (kind == CompletionKind::kText) {
     chunk = Head(head, "text_completion");
     choice["text"] = std::string(text);
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = logprobs;
   } else {
+    if (!logprobs.is_null()) choice["logprobs"] = logprobs;
     chunk = Head(head, "chat.completion.chunk");
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -481,6 +532,54 @@ json CompletionChunkJson(CompletionKind kind, const CompletionResult& head, std:
   }
   chunk["choices"] = json::array({choice});
   return chunk;
+}
+
+namespace {
+
+// JSON has no -inf: OpenAI and vLLM report an impossible token's logprob as -9999.
+float FiniteLogprob(float logprob) {
+  return std::isnan(logprob) ? -9999.f : std::max(logprob, -9999.f);
+}
+
+}  // namespace
+
+json CompletionLogprobsJson(const std::vector<TokenLogprobText>& tokens, size_t& text_offset) {
+  json texts = json::array(), logprobs = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (const TokenLogprobText& token : tokens) {
+    texts.push_back(token.token);
+    logprobs.push_back(FiniteLogprob(token.logprob));
+    json top = json::object();
+    for (const auto& [text, logprob] : token.top) top[text] = FiniteLogprob(logprob);
+    top[token.token] = FiniteLogprob(token.logprob);
+    tops.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += token.token.size();
+  }
+  return {{"tokens", std::move(texts)},
+          {"token_logprobs", std::move(logprobs)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+json ChatLogprobsJson(const std::vector<TokenLogprobText>& tokens) {
+  const auto bytes = [](const std::string& text) {
+    json list = json::array();
+    for (const char c : text) list.push_back(static_cast<unsigned char>(c));
+    return list;
+  };
+  json content = json::array();
+  for (const TokenLogprobText& token : tokens) {
+    json top = json::array();
+    for (const auto& [text, logprob] : token.top) {
+      top.push_back({{"token", text}, {"logprob", FiniteLogprob(logprob)}, {"bytes", bytes(text)}});
+    }
+    content.push_back({{"token", token.token},
+                       {"logprob", FiniteLogprob(token.logprob)},
+                       {"bytes", bytes(token.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
 }
 
 json UsageChunkJson(CompletionKind kind, const CompletionResult& result) {

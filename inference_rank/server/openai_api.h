@@ -4,9 +4,9 @@
 //
 // Every parse error is an ApiError naming the field (`param`) with a message saying what was
 // expected and what came. A field rubato does not implement is refused by name, never silently
-// ignored: unknown fields (tools, response_format, suffix, ...) and values of known ones that ask
-// for a missing feature (n > 1, best_of > 1, echo, logprobs). A field sent as null counts as
-// absent, as OpenAI reads it.
+// ignored: unknown fields (tools, suffix, ...) and values of known ones that ask for a missing
+// feature (n > 1, best_of > 1, echo, response_format other than text). A field sent as null
+// counts as absent, as OpenAI reads it. The accepted fields: docs/serving.md.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +53,11 @@ struct CompletionRequest {
   // logit_bias: (token id, bias in [-100, 100]), in token id order; ids unchecked against the
   // vocabulary (the router does that).
   std::vector<std::pair<int, float>> logit_bias;
+  float repetition_penalty = 1.f;  // vLLM's extension, (0, 2]; 1 = off
+  bool ignore_eos = false;         // vLLM's extension: the model's end-of-sequence does not stop
+  // Log-probabilities per generated token: -1 none; else how many alternatives (0..20). From
+  // completions' `logprobs` (an integer), chat's `logprobs: true` with `top_logprobs`.
+  int logprobs = -1;
   std::vector<std::string> stop;  // non-empty strings; the text ends before the first found
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage: a final chunk with usage
@@ -61,6 +66,21 @@ struct CompletionRequest {
 // Parses and checks a request body. On error, returns it and leaves `out` partly filled.
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, CompletionKind kind,
                                                CompletionRequest& out);
+
+// One generated token's log-probabilities, with the text of each token (its bytes, maybe not
+// whole UTF-8), for the response JSON.
+struct TokenLogprobText {
+  std::string token;
+  float logprob = 0.f;
+  std::vector<std::pair<std::string, float>> top;  // most likely first
+};
+// Completions' choices[].logprobs {tokens, token_logprobs, top_logprobs, text_offset} of
+// `tokens`, offsets counted from `text_offset` (advanced past them). The sampled token joins its
+// top_logprobs object, as vLLM's do.
+nlohmann::json CompletionLogprobsJson(const std::vector<TokenLogprobText>& tokens,
+                                      size_t& text_offset);
+// Chat's choices[].logprobs {content: [{token, logprob, bytes, top_logprobs}]}.
+nlohmann::json ChatLogprobsJson(const std::vector<TokenLogprobText>& tokens);
 
 // What a finished request produced, for the response JSON.
 struct CompletionResult {
@@ -71,16 +91,18 @@ struct CompletionResult {
   std::string finish_reason;  // "stop" | "length"
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  nlohmann::json logprobs;  // choices[].logprobs: null when not asked for
 };
 
 nlohmann::json UsageJson(int prompt_tokens, int completion_tokens);
 // `text_completion` / `chat.completion` object.
 nlohmann::json CompletionResponseJson(CompletionKind kind, const CompletionResult& result);
 // One `text_completion` / `chat.completion.chunk` stream chunk. `text` is the new text (chat:
-// delta.content; `first` adds delta.role "assistant"); `finish_reason` "" is JSON null.
+// delta.content; `first` adds delta.role "assistant"); `finish_reason` "" is JSON null;
+// `logprobs` the chunk's tokens' (null: none asked for).
 nlohmann::json CompletionChunkJson(CompletionKind kind, const CompletionResult& head,
                                    std::string_view text, std::string_view finish_reason,
-                                   bool first);
+                                   bool first, const nlohmann::json& logprobs = nullptr);
 // The final usage-only chunk of stream_options.include_usage (choices: []).
 nlohmann::json UsageChunkJson(CompletionKind kind, const CompletionResult& result);
 // GET /v1/models: a list with the one served model.

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <string>
 #include <utility>
 
@@ -175,7 +177,13 @@ TEST(OpenAiApiTest, EveryCompletionErrorNamesItsField) {
       {R"({"prompt": "x", "n": 2})", "n", "one choice"},
       {R"({"prompt": "x", "best_of": 3})", "best_of", "got 3"},
       {R"({"prompt": "x", "echo": true})", "echo", "not supported"},
-      {R"({"prompt": "x", "logprobs": 5})", "logprobs", "not supported"},
+      {R"({"prompt": "x", "logprobs": 21})", "logprobs", "[0, 20]"},
+      {R"({"prompt": "x", "logprobs": true})", "logprobs", "integer"},
+      {R"({"prompt": "x", "repetition_penalty": 0})", "repetition_penalty", "(0, 2]"},
+      {R"({"prompt": "x", "repetition_penalty": 2.5})", "repetition_penalty", "2.5"},
+      {R"({"prompt": "x", "ignore_eos": 1})", "ignore_eos", "true or false"},
+      {R"({"prompt": "x", "response_format": {"type": "json_object"}})", "response_format.type",
+       "not supported"},
       {R"({"prompt": "x", "suffix": "y"})", "suffix", "not supported"},
       {R"({"prompt": "x", "tools": []})", "tools", "not supported"},
       {R"({"prompt": "x", "max_completion_tokens": 3})", "max_completion_tokens", "not supported"},
@@ -210,18 +218,25 @@ TEST(OpenAiApiTest, EveryChatErrorNamesItsField) {
        "messages[0].content", "text"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})",
        "max_completion_tokens", "got 0"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})", "logprobs",
-       "not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs",
+       "needs 'logprobs': true"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true,
+           "top_logprobs": 21})", "top_logprobs", "[0, 20]"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs",
+       "true or false"},
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {}})",
-       "response_format", "not supported"},
+       "response_format", "\"text\""},
+      {R"({"messages": [{"role": "user", "content": "x"}],
+           "response_format": {"type": "json_schema", "json_schema": {}}})",
+       "response_format.type", "json_schema"},
       {R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", "echo",
        "not supported"},
       // Inside a message: only role and content; inside a content part: only type and text.
-      {R"({"messages": [{"role": "user", "content": "x", "name": "ann"}]})", "messages[0].name",
-       "not supported"},
+      {R"({"messages": [{"role": "user", "content": "x", "name": 5}]})", "messages[0].name",
+       "must be a string"},
       {R"({"messages": [{"role": "user", "content": "x"},
                         {"role": "assistant", "content": null, "tool_calls": []}]})",
-       "messages[1].tool_calls", "only role and content"},
+       "messages[1].tool_calls", "only role, content and name"},
       {R"({"messages": [{"role": "tool", "content": "4", "tool_call_id": "c1"}]})",
        "messages[0].tool_call_id", "not supported"},
       {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "x",
@@ -234,6 +249,64 @@ TEST(OpenAiApiTest, EveryChatErrorNamesItsField) {
     EXPECT_NE(error.message.find(bad.mentions), std::string::npos)
         << bad.body << " -> " << error.message;
   }
+}
+
+// What vLLM's and OpenAI's clients send as no-ops, and the fields rubato implements beyond
+// OpenAI's (vLLM's repetition_penalty, ignore_eos), parse into the request.
+TEST(OpenAiApiTest, ClientNoOpsAndVllmExtensionsAreAccepted) {
+  CompletionRequest request;
+  ASSERT_EQ(ParseCompletionRequest(R"({"prompt": "x", "repetition_penalty": 1.0, "logprobs": null,
+      "ignore_eos": true, "response_format": {"type": "text"}})",
+                                   CompletionKind::kText, request),
+            std::nullopt);
+  EXPECT_EQ(request.repetition_penalty, 1.f);
+  EXPECT_TRUE(request.ignore_eos);
+  EXPECT_EQ(request.logprobs, -1);
+  ASSERT_EQ(ParseCompletionRequest(R"({"prompt": "x", "logprobs": 0, "repetition_penalty": 1.3})",
+                                   CompletionKind::kText, request),
+            std::nullopt);
+  EXPECT_EQ(request.logprobs, 0);
+  EXPECT_FLOAT_EQ(request.repetition_penalty, 1.3f);
+  ASSERT_EQ(ParseCompletionRequest(
+                R"({"messages": [{"role": "user", "name": "ann", "content": "x"}],
+                    "logprobs": true, "top_logprobs": 4})",
+                CompletionKind::kChat, request),
+            std::nullopt);
+  EXPECT_EQ(request.logprobs, 4);
+  EXPECT_EQ(request.messages.at(0).content, "x");
+  ASSERT_EQ(ParseCompletionRequest(R"({"messages": [{"role": "user", "content": "x"}],
+                                       "logprobs": true})",
+                                   CompletionKind::kChat, request),
+            std::nullopt);
+  EXPECT_EQ(request.logprobs, 0);
+  ASSERT_EQ(ParseCompletionRequest(R"({"messages": [{"role": "user", "content": "x"}],
+                                       "logprobs": false})",
+                                   CompletionKind::kChat, request),
+            std::nullopt);
+  EXPECT_EQ(request.logprobs, -1);
+}
+
+TEST(OpenAiApiTest, LogprobsJsonShapes) {
+  const std::vector<TokenLogprobText> tokens = {
+      {"He", -0.5f, {{"He", -0.5f}, {"She", -1.5f}}},
+      {"llo", -2.f, {{"y", -1.f}, {"llo", -2.f}}},
+      {"!", -INFINITY, {}}};
+  size_t offset = 10;
+  const json text = CompletionLogprobsJson(tokens, offset);
+  EXPECT_EQ(text["tokens"], json({"He", "llo", "!"}));
+  EXPECT_EQ(text["token_logprobs"][1], -2.f);
+  EXPECT_EQ(text["token_logprobs"][2], -9999.f);  // JSON has no -inf
+  EXPECT_EQ(text["top_logprobs"][0], json({{"He", -0.5f}, {"She", -1.5f}}));
+  EXPECT_EQ(text["top_logprobs"][2], json({{"!", -9999.f}}));  // the sampled token joins
+  EXPECT_EQ(text["text_offset"], json({10, 12, 15}));
+  EXPECT_EQ(offset, 16u);
+  const json chat = ChatLogprobsJson(tokens);
+  ASSERT_EQ(chat["content"].size(), 3u);
+  EXPECT_EQ(chat["content"][0]["token"], "He");
+  EXPECT_EQ(chat["content"][0]["bytes"], json({72, 101}));
+  EXPECT_EQ(chat["content"][1]["top_logprobs"][0], json({{"token", "y"}, {"logprob", -1.f},
+                                                         {"bytes", {121}}}));
+  EXPECT_TRUE(chat["content"][2]["top_logprobs"].empty());
 }
 
 TEST(OpenAiApiTest, ErrorBodyShape) {

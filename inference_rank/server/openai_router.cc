@@ -2,6 +2,7 @@
 // SSE chunks (see openai_router.h).
 #include "inference_rank/server/openai_router.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -23,13 +24,57 @@ int64_t UnixSeconds() {
       .count();
 }
 
-// "cmpl-" / "chatcmpl-" and 24 random hex digits, like OpenAI's ids.
-std::string NewId(CompletionKind kind) {
+// 24 random hex digits: a request id when the client sent none (OpenAI's ids look alike).
+std::string NewRequestId() {
   thread_local std::mt19937_64 rng(std::random_device{}());
   char hex[32];
   std::snprintf(hex, sizeof(hex), "%016llx%08x", static_cast<unsigned long long>(rng()),
                 static_cast<unsigned>(rng() & 0xffffffffu));
-  return (kind == CompletionKind::kText ? "cmpl-" : "chatcmpl-") + std::string(hex);
+  return hex;
+}
+
+// "cmpl-<request id>" / "chatcmpl-<request id>", as vLLM names a completion after x-request-id.
+std::string CompletionId(CompletionKind kind, const std::string& request_id) {
+  return (kind == CompletionKind::kText ? "cmpl-" : "chatcmpl-") + request_id;
+}
+
+// The longest x-request-id echoed; longer ones are refused (a header of kilobytes would be
+// copied into every reply and log line).
+constexpr size_t kMaxRequestIdLength = 128;
+
+// Whether the client's x-request-id can be echoed: 1..128 visible ASCII characters.
+bool ValidRequestId(std::string_view id) {
+  if (id.empty() || id.size() > kMaxRequestIdLength) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
+// Compares a presented secret with the expected one in time that depends only on the expected
+// one's length (no early exit at the first differing byte).
+bool ConstantTimeEquals(std::string_view presented, std::string_view expected) {
+  unsigned char difference = presented.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const char got = i < presented.size() ? presented[i] : '\0';
+    difference |= static_cast<unsigned char>(got ^ expected[i]);
+  }
+  return difference == 0;
+}
+
+// ServingUpdate::logprobs with each token's text (its bytes; special tokens by name).
+std::vector<TokenLogprobText> LogprobTexts(
+    const Tokenizer& tokenizer, const std::vector<std::pair<int, TokenLogprobs>>& tokens) {
+  const auto text = [&tokenizer](int id) {
+    return tokenizer.Decode(std::span<const int>(&id, 1), /*skip_special_tokens=*/false);
+  };
+  std::vector<TokenLogprobText> out;
+  out.reserve(tokens.size());
+  for (const auto& [id, logprobs] : tokens) {
+    TokenLogprobText token{text(id), logprobs.logprob, {}};
+    for (const auto& [alternative, logprob] : logprobs.top) {
+      token.top.emplace_back(text(alternative), logprob);
+    }
+    out.push_back(std::move(token));
+  }
+  return out;
 }
 
 ApiError Error(int status, std::string message, std::string type, std::string param = "",
@@ -74,7 +119,17 @@ struct ReplyState {
   bool include_usage = false;
   bool stream_started = false;
   CompletionResult result;  // id, created, model; text and counts as they come
+  const Tokenizer* tokenizer = nullptr;  // logprobs' token texts
+  bool logprobs = false;                 // the request asked for logprobs
+  std::vector<TokenLogprobText> logprob_tokens;  // not streamed: all of them so far
+  size_t text_offset = 0;                // completions' text_offset of the next token
 };
+
+// The logprobs JSON of the tokens of one update (or of the whole reply).
+nlohmann::json LogprobsJson(ReplyState& state, const std::vector<TokenLogprobText>& tokens) {
+  if (state.kind == CompletionKind::kText) return CompletionLogprobsJson(tokens, state.text_offset);
+  return ChatLogprobsJson(tokens);
+}
 
 void OnUpdate(ReplyState& state, const ServingUpdate& update) {
   CompletionResult& result = state.result;
@@ -93,10 +148,16 @@ void OnUpdate(ReplyState& state, const ServingUpdate& update) {
     }
     return;
   }
+  std::vector<TokenLogprobText> tokens;
+  if (state.logprobs) tokens = LogprobTexts(*state.tokenizer, update.logprobs);
   if (!state.stream) {
     result.text += update.text;
+    if (state.logprobs) {
+      for (TokenLogprobText& token : tokens) state.logprob_tokens.push_back(std::move(token));
+    }
     if (update.finished) {
       result.finish_reason = update.finish_reason;
+      if (state.logprobs) result.logprobs = LogprobsJson(state, state.logprob_tokens);
       state.reply->Complete(200, "application/json",
                             DumpJson(CompletionResponseJson(state.kind, result)));
     }
@@ -108,11 +169,15 @@ void OnUpdate(ReplyState& state, const ServingUpdate& update) {
     state.reply->StartStream("text/event-stream");
     state.stream_started = true;
   }
-  if (!update.text.empty() || (first && state.kind == CompletionKind::kChat)) {
-    events += SseEvent(CompletionChunkJson(state.kind, result, update.text, "", first));
+  if (!update.text.empty() || !tokens.empty() || (first && state.kind == CompletionKind::kChat)) {
+    const nlohmann::json logprobs = state.logprobs ? LogprobsJson(state, tokens) : nullptr;
+    events += SseEvent(CompletionChunkJson(state.kind, result, update.text, "", first, logprobs));
   }
   if (update.finished) {
-    events += SseEvent(CompletionChunkJson(state.kind, result, "", update.finish_reason, false));
+    // A requested logprobs is never null, even in a chunk without tokens.
+    const nlohmann::json logprobs = state.logprobs ? LogprobsJson(state, {}) : nullptr;
+    events += SseEvent(
+        CompletionChunkJson(state.kind, result, "", update.finish_reason, false, logprobs));
     if (state.include_usage) events += SseEvent(UsageChunkJson(state.kind, result));
     events += kSseDone;
   }
@@ -157,6 +222,7 @@ class Admission {
 }  // namespace
 
 struct OpenAiRouter::CompletionJob {
+  std::string request_id;  // x-request-id: the completion's id suffix
   std::shared_ptr<PendingReply> reply;
   std::shared_ptr<Admission> admission;
   bool answered = false;  // the reply is complete, or the engine completes it
@@ -206,9 +272,37 @@ HttpHeaders OpenAiRouter::CorsHeaders(const HttpRequest& request) const {
   return {};
 }
 
+std::optional<HttpReply> OpenAiRouter::RefuseUnauthorized(const HttpRequest& request) const {
+  if (options_.api_key.empty()) return std::nullopt;
+  const bool guarded = request.path.starts_with("/v1/") || request.path == "/v1" ||
+                       (request.path == "/metrics" && options_.api_key_protects_metrics);
+  if (!guarded) return std::nullopt;
+  const std::string authorization = request.Header("authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  if (authorization.starts_with(kBearer) &&
+      ConstantTimeEquals(std::string_view(authorization).substr(kBearer.size()),
+                         options_.api_key)) {
+    return std::nullopt;
+  }
+  HttpReply reply = ErrorReply(Error(401,
+                                     authorization.empty()
+                                         ? "no API key: send 'Authorization: Bearer <key>' "
+                                           "(rubato serve --api-key / server.api_key)"
+                                         : "incorrect API key in the Authorization header",
+                                     "invalid_request_error", "", "invalid_api_key"));
+  reply.headers.emplace_back("WWW-Authenticate", "Bearer");
+  return reply;
+}
+
 HttpReply OpenAiRouter::Handle(const HttpRequest& request) {
   HttpHeaders cors = CorsHeaders(request);
-  if (request.method == "OPTIONS" && !cors.empty() &&
+  // The client's x-request-id, echoed on every reply; a new one when it sent none.
+  const std::string client_id = request.Header("x-request-id");
+  const bool valid_id = ValidRequestId(client_id);
+  const std::string request_id = valid_id ? client_id : NewRequestId();
+  const bool preflight = request.method == "OPTIONS" && !cors.empty();
+  cors.emplace_back("x-request-id", request_id);
+  if (preflight &&
       !request.Header("access-control-request-method").empty()) {  // a CORS preflight
     const std::string asked = request.Header("access-control-request-headers");
     cors.emplace_back("Access-Control-Allow-Methods", "GET, POST, HEAD, OPTIONS");
@@ -217,7 +311,16 @@ HttpReply OpenAiRouter::Handle(const HttpRequest& request) {
     cors.emplace_back("Access-Control-Max-Age", "600");
     return HttpReply{204, "text/plain; charset=utf-8", "", nullptr, std::move(cors)};
   }
-  HttpReply reply = Route(request);
+  std::optional<HttpReply> refused = RefuseUnauthorized(request);
+  if (!refused && !client_id.empty() && !valid_id) {
+    refused = ErrorReply(Error(400,
+                               "the x-request-id header must be 1 to " +
+                                   std::to_string(kMaxRequestIdLength) +
+                                   " visible ASCII characters, got " +
+                                   std::to_string(client_id.size()) + " bytes",
+                               "invalid_request_error", "x-request-id"));
+  }
+  HttpReply reply = refused ? std::move(*refused) : Route(request, request_id);
   if (reply.pending != nullptr) {
     reply.pending->SetHeaders(std::move(cors));
   } else {
@@ -226,7 +329,7 @@ HttpReply OpenAiRouter::Handle(const HttpRequest& request) {
   return reply;
 }
 
-HttpReply OpenAiRouter::Route(const HttpRequest& request) {
+HttpReply OpenAiRouter::Route(const HttpRequest& request, const std::string& request_id) {
   const std::string& path = request.path;
   // HEAD is GET without the body (the HTTP server drops it).
   const bool get = request.method == "GET" || request.method == "HEAD";
@@ -239,7 +342,8 @@ HttpReply OpenAiRouter::Route(const HttpRequest& request) {
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (!post) return wrong_method("POST");
     return Completion(request,
-                      path == "/v1/completions" ? CompletionKind::kText : CompletionKind::kChat);
+                      path == "/v1/completions" ? CompletionKind::kText : CompletionKind::kChat,
+                      request_id);
   }
   if (path == "/v1/models") {
     if (!get) return wrong_method("GET");
@@ -352,6 +456,9 @@ std::optional<ApiError> OpenAiRouter::Prepare(std::string_view body, CompletionK
     seed = seeds();
   }
   generation.sampling = {request.temperature, request.top_k, request.top_p, seed};
+  generation.sampling.repetition_penalty = request.repetition_penalty;
+  generation.sampling.logprobs = request.logprobs;
+  generation.ignore_eos = request.ignore_eos;
   if (request.presence_penalty != 0.f || request.frequency_penalty != 0.f ||
       !request.logit_bias.empty()) {
     for (const auto& [id, bias] : request.logit_bias) {
@@ -373,8 +480,10 @@ std::optional<ApiError> OpenAiRouter::Prepare(std::string_view body, CompletionK
   return std::nullopt;
 }
 
-HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKind kind) {
+HttpReply OpenAiRouter::Completion(const HttpRequest& http_request, CompletionKind kind,
+                                   const std::string& request_id) {
   auto job = std::make_shared<CompletionJob>();
+  job->request_id = request_id;
   job->reply = std::make_shared<PendingReply>();
   job->admission = std::make_shared<Admission>();
   ServingEngine* serving = serving_;
@@ -414,7 +523,9 @@ void OpenAiRouter::Admit(Prepared prepared, CompletionKind kind, CompletionJob& 
   state->kind = kind;
   state->stream = prepared.stream;
   state->include_usage = prepared.include_usage;
-  state->result.id = NewId(kind);
+  state->result.id = CompletionId(kind, job.request_id);
+  state->tokenizer = tokenizer_;
+  state->logprobs = prepared.request.generation.sampling.logprobs >= 0;
   state->result.created = UnixSeconds();
   state->result.model = options_.model_name;
   ServingRequest& request = prepared.request;

@@ -1,6 +1,8 @@
 // The routes of `rubato serve`: the OpenAI endpoints (/v1/completions, /v1/chat/completions,
 // /v1/models, /v1/models/{id}) on a ServingEngine, /health and /metrics (GET or HEAD), CORS when
-// configured, and JSON 404 / 405 for anything else.
+// configured, and JSON 404 / 405 for anything else. With an API key, /v1/* (and /metrics when
+// configured) need `Authorization: Bearer <key>`: 401 otherwise. Every reply carries
+// `x-request-id`: the client's (checked) or a new one, also the completion's id suffix.
 // Turns a parsed request into prompt tokens and a GenerationRequest, and the ServingEngine's
 // updates into a response or a Server-Sent Events stream. Completion bodies are parsed, templated
 // and tokenized on request worker threads, never on the HTTP server's I/O thread: a 15 MB prompt
@@ -32,6 +34,8 @@ struct OpenAiRouterOptions {
   // past it: 429).
   int request_threads = 1;
   int request_queue = 64;
+  std::string api_key = {};               // server.api_key; empty: no authentication
+  bool api_key_protects_metrics = false;  // server.api_key_protects_metrics
 };
 
 class OpenAiRouter {
@@ -49,11 +53,14 @@ class OpenAiRouter {
  private:
   struct Prepared;       // a completion request checked and tokenized, ready for the engine
   struct CompletionJob;  // one completion between the I/O thread, a worker and the engine
-  HttpReply Route(const HttpRequest& request);
+  HttpReply Route(const HttpRequest& request, const std::string& request_id);
+  // The 401 for a request that needs the API key and lacks it, or nothing.
+  std::optional<HttpReply> RefuseUnauthorized(const HttpRequest& request) const;
   // The CORS headers for the request's Origin: none unless it is allowed.
   HttpHeaders CorsHeaders(const HttpRequest& request) const;
   // Queues the request for a worker; 429 when too many wait already.
-  HttpReply Completion(const HttpRequest& request, CompletionKind kind);
+  HttpReply Completion(const HttpRequest& request, CompletionKind kind,
+                       const std::string& request_id);
   // On a worker: parses, checks and tokenizes a body into `out`, or returns the error.
   std::optional<ApiError> Prepare(std::string_view body, CompletionKind kind, Prepared& out) const;
   // On a worker: submits a prepared request to the engine, whose updates complete the reply.

@@ -336,7 +336,12 @@ void ServingEngine::RouteEvent(const TokenEvent& event) {
   update.completion_tokens = live.completion_tokens;
 
   // The stop token itself is not text (as `rubato generate` prints it).
-  if (event.finish != FinishReason::kStop) live.held_text += live.decoder->Push(event.token);
+  if (event.finish != FinishReason::kStop) {
+    live.held_text += live.decoder->Push(event.token);
+    if (live.request.generation.sampling.logprobs >= 0) {
+      live.held_logprobs.emplace_back(event.token, event.logprobs);
+    }
+  }
   const bool engine_finished = event.finish != FinishReason::kNone;
   if (engine_finished) live.held_text += live.decoder->Flush();
   const std::vector<std::string>& stops = live.request.stop_strings;
@@ -364,8 +369,11 @@ void ServingEngine::RouteEvent(const TokenEvent& event) {
     live.held_text.erase(0, cut);
   }
   if (update.finished) {
+    update.logprobs = std::move(live.held_logprobs);
     Finish(serving_id, std::move(update), RequestEnd::kSuccess);
   } else if (!update.text.empty() || live.completion_tokens == 1) {
+    update.logprobs = std::move(live.held_logprobs);
+    live.held_logprobs.clear();
     live.request.on_update(update);
   }
 }

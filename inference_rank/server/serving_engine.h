@@ -53,6 +53,10 @@ struct ServingUpdate {
   // failed while queued or running (cache rank lost, timeout, cancelled, server shutting down).
   Status error;
   bool rejected = false;
+  // The request asked for logprobs (SamplingParams::logprobs): the tokens delivered since the
+  // previous update (the text may lag them: text held for a stop string), each with its
+  // TokenLogprobs. A stop token that ended the request is not among them (nor in the text).
+  std::vector<std::pair<int, TokenLogprobs>> logprobs;
 };
 
 struct ServingRequest {
@@ -107,6 +111,7 @@ class ServingEngine {
     uint64_t engine_id = 0;  // 0 until Engine::Submit accepted it
     std::unique_ptr<StreamDecoder> decoder;
     std::string held_text;  // decoded, not yet delivered: may be the start of a stop string
+    std::vector<std::pair<int, TokenLogprobs>> held_logprobs;  // not yet delivered (logprobs)
     int prompt_tokens = 0;
     int completion_tokens = 0;
     Clock::time_point arrival;

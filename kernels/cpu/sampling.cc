@@ -117,6 +117,13 @@ void ApplyLogitDeltas(std::span<float> logits, std::span<const LogitDelta> delta
 
 void ApplyLogitAdjustments(std::span<float> logits, const LogitAdjustments& adjustments,
                            SamplingWorkspace& workspace) {
+  if (adjustments.repetition_active()) {
+    const float penalty = adjustments.repetition_penalty;
+    for (const int id : adjustments.repetition_seen) {
+      float& logit = logits[static_cast<size_t>(id)];
+      logit = logit > 0.f ? logit / penalty : logit * penalty;
+    }
+  }
   workspace.deltas.clear();
   BuildLogitDeltas(adjustments, workspace.sorted_generated, workspace.deltas);
   ApplyLogitDeltas(logits, workspace.deltas);
@@ -153,6 +160,32 @@ float TokenProbability(std::span<const float> logits, int token) {
     if (!std::isnan(value)) total += std::exp(static_cast<double>(value) - max_logit);
   }
   return static_cast<float>(std::exp(static_cast<double>(token_logit) - max_logit) / total);
+}
+
+void ComputeTokenLogprobs(std::span<const float> logits, int token, int count,
+                          std::vector<int>& order, TokenLogprobs& out) {
+  float max_logit = -INFINITY;
+  for (const float value : logits) max_logit = std::max(max_logit, value);
+  double total = 0.0;
+  for (const float value : logits) total += std::exp(static_cast<double>(value) - max_logit);
+  const double log_total = std::log(total) + static_cast<double>(max_logit);
+  const auto logprob = [&](int id) {
+    return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(id)]) - log_total);
+  };
+  out.logprob = logprob(token);
+  out.top.clear();
+  const int vocab = static_cast<int>(logits.size());
+  count = std::clamp(count, 0, vocab);
+  if (count == 0) return;
+  order.resize(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + count, order.end(), [&logits](int a, int b) {
+    const float la = logits[static_cast<size_t>(a)];
+    const float lb = logits[static_cast<size_t>(b)];
+    return la > lb || (la == lb && a < b);
+  });
+  for (int i = 0; i < count; ++i)
+    out.top.emplace_back(order[static_cast<size_t>(i)], logprob(order[static_cast<size_t>(i)]));
 }
 
 int SampleToken(std::span<const float> logits, const SamplingFilter& filter, std::mt19937_64& rng,

@@ -31,6 +31,8 @@ struct SamplingFilter {
 };
 
 // OpenAI's logit processors, applied to the raw logits before any filter or temperature:
+//   logits[t] = logits[t] > 0 ? logits[t] / rp : logits[t] * rp  for t in repetition_seen
+//                                                  (rp = repetition_penalty; the CPU model only)
 //   logits[t] += logit_bias[t]
 //   logits[t] -= frequency_penalty * count[t] + presence_penalty * (count[t] > 0)
 // where count[t] is how often t occurs among the tokens the request generated so far (the
@@ -40,8 +42,14 @@ struct LogitAdjustments {
   float frequency_penalty = 0.f;   // [-2, 2]
   std::span<const int> generated;  // [generated tokens] ids in [0, vocab), repeats included
   std::span<const std::pair<int, float>> logit_bias;  // (token id in [0, vocab), bias), ids unique
+  // vLLM's / transformers' repetition penalty (1 = off) over the distinct ids of the prompt and
+  // the output so far. Not a LogitDelta (it depends on the logit's sign): ApplyLogitAdjustments
+  // applies it first; the CUDA model has no such op (the engine refuses it there).
+  float repetition_penalty = 1.f;
+  std::span<const int> repetition_seen;  // ids in [0, vocab), distinct
 
-  // Whether applying them can change a logit.
+  bool repetition_active() const { return repetition_penalty != 1.f && !repetition_seen.empty(); }
+  // Whether the deltas (bias, presence and frequency penalties) can change a logit.
   bool active() const {
     return !logit_bias.empty() ||
            (!generated.empty() && (presence_penalty != 0.f || frequency_penalty != 0.f));
@@ -76,8 +84,8 @@ void BuildLogitDeltas(const LogitAdjustments& adjustments, std::vector<int>& sor
 // distinct). logits: [vocab].
 void ApplyLogitDeltas(std::span<float> logits, std::span<const LogitDelta> deltas);
 
-// Adds the bias and subtracts the penalties in place (see LogitAdjustments): BuildLogitDeltas,
-// then ApplyLogitDeltas. logits: [vocab].
+// The repetition penalty, then the bias and the presence and frequency penalties, in place (see
+// LogitAdjustments): BuildLogitDeltas, then ApplyLogitDeltas. logits: [vocab].
 void ApplyLogitAdjustments(std::span<float> logits, const LogitAdjustments& adjustments,
                            SamplingWorkspace& workspace);
 
@@ -98,6 +106,20 @@ int SampleTokenWithUniform(std::span<const float> logits, const SamplingFilter& 
 // entries, the sum in double. 0 when logits[token] is NaN or -inf, or when the largest logit is
 // not finite (no finite entry, or +inf: outside the sampling contract). token in [0, size).
 float TokenProbability(std::span<const float> logits, int token);
+
+// What a request that asked for logprobs gets with each token (OpenAI's logprobs): log-softmax
+// of the model's logits at temperature 1, before any logit processor, temperature, top-k or
+// top-p (vLLM's default "raw_logprobs"). `top`: the `count` most likely ids, most likely first
+// (lower id first on equal logprobs).
+struct TokenLogprobs {
+  float logprob = 0.f;                     // of the sampled token
+  std::vector<std::pair<int, float>> top;  // (token id, logprob)
+};
+
+// Fills `out` for `token` from one row of logits (no NaN; -inf entries get -inf). count in
+// [0, vocab]; `order`: scratch.
+void ComputeTokenLogprobs(std::span<const float> logits, int token, int count,
+                          std::vector<int>& order, TokenLogprobs& out);
 
 // SampleTokenWithUniform with DrawUniform(rng): consumes exactly one draw of `rng`.
 int SampleToken(std::span<const float> logits, const SamplingFilter& filter, std::mt19937_64& rng,
