@@ -18,6 +18,9 @@ struct ServeArgs {
   std::optional<std::string> host;    // overrides server.host
   std::optional<int> port;            // overrides server.port; 0: any free port
   std::optional<double> shutdown_grace_s;  // overrides server.shutdown_grace_s
+  // --check: check the config, the flags and the model's config.json as serving would, print
+  // one line and return, loading no weights and contacting no cache rank.
+  bool check = false;
 };
 
 Status RunServe(const ServeArgs& args);
