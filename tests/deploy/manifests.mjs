@@ -35,6 +35,8 @@ const EXPECTED = {
   'long-release': DISAGGREGATED,
   monitoring: { ConfigMap: 2, Service: 1, Deployment: 1, ServiceMonitor: 1, PodDisruptionBudget: 1 },
   'disaggregated+monitoring': { ...DISAGGREGATED, ConfigMap: 2, ServiceMonitor: 2 },
+  // tests/deploy/pod-keys.yaml: the cache ranks' PDB off, the token from the user's Secret.
+  'pod-keys': (({ Secret, ...rest }) => ({ ...rest, PodDisruptionBudget: 1 }))(DISAGGREGATED),
 };
 
 // Object names: DNS labels of at most 63 characters; a StatefulSet's at most 52, since its pods'
@@ -76,8 +78,12 @@ function checkSet(set, objects) {
       const mount = (c.volumeMounts ?? []).find((m) => file.startsWith(`${m.mountPath}/`));
       const secret = (pod.volumes ?? []).find((v) => v.name === mount?.name)?.secret;
       const key = file.slice((mount?.mountPath.length ?? 0) + 1);
-      if (!secret || !secrets.get(secret.secretName)?.data?.[key]) {
-        fail(`${set} ${w.kind}/${w.metadata.name}`, `RUBATO_CACHE_TOKEN_FILE ${file} is not a key of a rendered Secret mounted there`);
+      // The chart's Secret holds the key; a user's (cache.token.existingSecret) is not rendered.
+      const holds = secrets.has(secret?.secretName)
+        ? Boolean(secrets.get(secret.secretName).data?.[key])
+        : (secret?.items ?? []).some((i) => i.key === key && i.path === key);
+      if (!secret || !holds) {
+        fail(`${set} ${w.kind}/${w.metadata.name}`, `RUBATO_CACHE_TOKEN_FILE ${file} is not a key of the Secret mounted there`);
       }
     }
   }
@@ -89,7 +95,8 @@ function checkSet(set, objects) {
       fail(where, 'spec.selector does not match the pod template labels');
     }
     const volumes = new Map((pod.spec.volumes ?? []).map((v) => [v.name, v]));
-    for (const c of pod.spec.containers) {
+    // rubato's container (the others: the user's sidecars, extraContainers).
+    for (const c of pod.spec.containers.filter((x) => ['inference', 'cache'].includes(x.name))) {
       const ports = new Set((c.ports ?? []).map((p) => p.name));
       for (const probe of ['readinessProbe', 'livenessProbe']) {
         const get = c[probe]?.httpGet;
