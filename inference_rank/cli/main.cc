@@ -125,6 +125,9 @@ int main(int argc, char** argv) {
       ->add_option("--backend", serve_args.overrides.backend,
                    "Compute backend (overrides engine.backend)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  serve->add_flag("--check", serve_args.check,
+                  "Check the config, the flags and the model's config.json as serving would, "
+                  "print one line and exit (no weights loaded, no cache rank contacted)");
 
   rubato::CacheArgs cache_args;
   CLI::App* cache =

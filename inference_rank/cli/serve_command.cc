@@ -79,6 +79,9 @@ void Drain(server::HttpServer& http, server::ServingEngine& serving, double grac
 // Loads the model and serves HTTP until SIGINT / SIGTERM.
 Status Serve(const RubatoConfig& config);
 
+// `rubato serve --check`: what Serve refuses before its first token, without the weights.
+Status CheckServe(const RubatoConfig& config);
+
 // The server.metrics_port listener: GET (or HEAD) /metrics, 404 / 405 otherwise.
 server::HttpReply MetricsOnly(const MetricsRegistry& metrics, const server::HttpRequest& request) {
   if (request.path != "/metrics") {
@@ -121,11 +124,38 @@ Status RunServe(const ServeArgs& args) {
   }
   if (args.api_key) config.server.api_key = *args.api_key;
   RUBATO_RETURN_IF_ERROR(SetGlobalLogLevel(config.logging.level));
+  if (args.check) return CheckServe(config);
   // Under mpirun with topology.ranks: a cache rank serves KV; this rank serves HTTP against it.
   return RunWithMpiRoles(config, [](RubatoConfig& resolved) { return Serve(resolved); });
 }
 
 namespace {
+
+// The config and flags (already parsed), the policy and its KV residency, what this build runs,
+// the model's shapes (config.json) and the engine's sizes against them, the residency's own check
+// of the policy: each refused with the message serving would give. Not done: reading the
+// weights and tokenizer.json, and reaching an offloaded residency's cache rank.
+Status CheckServe(const RubatoConfig& config) {
+  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolveAndCheck(config));
+  const std::filesystem::path model_dir = config.model.path;
+  RUBATO_ASSIGN_OR_RETURN(ModelConfig model, LoadModelConfig(model_dir));
+  RUBATO_ASSIGN_OR_RETURN(EngineOptions sizes,
+                          Engine::ResolveSizes(model, EngineOptionsFromConfig(config)));
+  if (policy.residency != KvResidency::kOffloaded) {
+    RUBATO_RETURN_IF_ERROR(MakeResidency(config, policy, model).status());
+  }
+  std::printf(
+      "rubato serve --check: ok: %s (%s, %d layers, %d/%d heads x %d, %d positions), "
+      "backend %s, policy %s, %s KV, max_batch %d, max_context %d (%d KV blocks of %d tokens), "
+      "http://%s:%d; weights and tokenizer.json not read%s\n",
+      model_dir.string().c_str(), model.architecture.c_str(), model.num_layers, model.num_heads,
+      model.num_kv_heads, model.head_dim, model.max_position_embeddings,
+      std::string(ConfigEnumName(config.engine.backend)).c_str(), policy.name.c_str(),
+      std::string(KvResidencyName(policy.residency)).c_str(), sizes.max_batch, sizes.max_context,
+      sizes.max_kv_blocks, sizes.block_size, config.server.host.c_str(), config.server.port,
+      policy.residency == KvResidency::kOffloaded ? ", cache rank not contacted" : "");
+  return Status::Ok();
+}
 
 Status Serve(const RubatoConfig& config) {
   RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolveAndCheck(config));

@@ -21,6 +21,9 @@ struct ServeArgs {
   std::optional<std::string> metrics_names;  // overrides server.metrics_names
   // Overrides server.api_key, as the environment's RUBATO_API_KEY does (the flag wins).
   std::optional<std::string> api_key;
+  // --check: check the config, the flags and the model's config.json as serving would, print
+  // one line and return, loading no weights and contacting no cache rank.
+  bool check = false;
 };
 
 Status RunServe(const ServeArgs& args);

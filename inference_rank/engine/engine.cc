@@ -29,10 +29,8 @@ double RetainedKvRatio(const AttentionWindow& window, int context) {
   return static_cast<double>(window.VisibleKeys(context - 1)) / context;
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
-                                               const EngineOptions& options) {
-  if (model == nullptr) return InvalidArgumentError("engine: no model");
-  const ModelConfig& config = model->config();
+Result<EngineOptions> Engine::ResolveSizes(const ModelConfig& config,
+                                           const EngineOptions& options) {
   EngineOptions resolved = options;
   RUBATO_RETURN_IF_ERROR(CheckPositive(options.max_batch, "engine.max_batch"));
   RUBATO_RETURN_IF_ERROR(CheckPositive(options.prefill_chunk, "engine.prefill_chunk"));
@@ -51,21 +49,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
         std::to_string(options.max_context));
   }
   if (resolved.max_context == 0) resolved.max_context = config.max_position_embeddings;
-  const AttentionWindow window =
-      options.policy != nullptr ? options.policy->window() : AttentionWindow();
-  if (window.sink_tokens < 0 || window.recent_tokens < 1) {
-    return InvalidArgumentError(
-        "engine: attention window sink_tokens must be >= 0 and recent_tokens >= 1, got " +
-        std::to_string(window.sink_tokens) + " and " + std::to_string(window.recent_tokens));
-  }
-  const KvResidency residency =
-      options.residency != nullptr ? options.residency->kind() : KvResidency::kLocal;
-  if (options.policy != nullptr) {
-    RUBATO_RETURN_IF_ERROR(CheckResidency(*options.policy, residency).WithContext("engine"));
-  }
-  if (options.residency != nullptr) {
-    RUBATO_RETURN_IF_ERROR(options.residency->Check(options.policy.get()).WithContext("engine"));
-  }
   if (options.max_kv_blocks < 0) {
     return InvalidArgumentError("engine.max_kv_blocks must be >= 0 (0 = automatic), got " +
                                 std::to_string(options.max_kv_blocks));
@@ -80,6 +63,28 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
                                   " KV blocks; lower them or set engine.max_kv_blocks");
     }
     resolved.max_kv_blocks = static_cast<int>(blocks);
+  }
+  return resolved;
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
+                                               const EngineOptions& options) {
+  if (model == nullptr) return InvalidArgumentError("engine: no model");
+  RUBATO_ASSIGN_OR_RETURN(EngineOptions resolved, ResolveSizes(model->config(), options));
+  const AttentionWindow window =
+      options.policy != nullptr ? options.policy->window() : AttentionWindow();
+  if (window.sink_tokens < 0 || window.recent_tokens < 1) {
+    return InvalidArgumentError(
+        "engine: attention window sink_tokens must be >= 0 and recent_tokens >= 1, got " +
+        std::to_string(window.sink_tokens) + " and " + std::to_string(window.recent_tokens));
+  }
+  const KvResidency residency =
+      options.residency != nullptr ? options.residency->kind() : KvResidency::kLocal;
+  if (options.policy != nullptr) {
+    RUBATO_RETURN_IF_ERROR(CheckResidency(*options.policy, residency).WithContext("engine"));
+  }
+  if (options.residency != nullptr) {
+    RUBATO_RETURN_IF_ERROR(options.residency->Check(options.policy.get()).WithContext("engine"));
   }
   model->SetNumThreads(resolved.num_threads);
   // The policy's backend half first (the CUDA model's pools: at most max_batch requests hold a

@@ -111,6 +111,11 @@ class Engine {
   static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<Model> model,
                                                 const EngineOptions& options);
 
+  // The sizes of `options` checked against `model`'s shapes and resolved (max_context 0: the
+  // model's max_position_embeddings; max_kv_blocks 0: max_batch x max_context), without a model
+  // or any allocation: what Create checks first, and what `rubato serve --check` runs.
+  static Result<EngineOptions> ResolveSizes(const ModelConfig& model, const EngineOptions& options);
+
   // Queues a request and returns its id (1, 2, ...). InvalidArgument for an empty prompt, ids
   // outside [0, vocab), temperature < 0, top_p outside (0, 1], top_k < 0, max_new_tokens < 1,
   // repetition_penalty outside (0, 2], logprobs outside [-1, 20]; Unsupported for a

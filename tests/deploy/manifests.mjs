@@ -20,19 +20,28 @@ const fail = (where, message) => failures.push(`${where}: ${message}`);
 const MODULES = {
   v1: 'kubernetes-models/v1',
   'apps/v1': 'kubernetes-models/apps/v1',
+  'policy/v1': 'kubernetes-models/policy/v1',
   'monitoring.coreos.com/v1': '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1',
 };
 
 // What each value set renders (kinds, with counts), beyond the generic checks.
-const EXPECTED = {
-  default: { ConfigMap: 1, Service: 1, Deployment: 1 },
-  colocated: { ConfigMap: 1, Service: 1, Deployment: 1 },
-  disaggregated: { ConfigMap: 1, Service: 2, Deployment: 1, StatefulSet: 1 },
-  monitoring: { ConfigMap: 2, Service: 1, Deployment: 1, ServiceMonitor: 1 },
-  'disaggregated+monitoring': {
-    ConfigMap: 2, Service: 2, Deployment: 1, StatefulSet: 1, ServiceMonitor: 2,
-  },
+const DISAGGREGATED = {
+  ConfigMap: 1, Service: 2, Deployment: 1, StatefulSet: 1, PodDisruptionBudget: 2, Secret: 1,
 };
+const EXPECTED = {
+  default: { ConfigMap: 1, Service: 1, Deployment: 1, PodDisruptionBudget: 1 },
+  colocated: { ConfigMap: 1, Service: 1, Deployment: 1, PodDisruptionBudget: 1 },
+  disaggregated: DISAGGREGATED,
+  'long-release': DISAGGREGATED,
+  monitoring: { ConfigMap: 2, Service: 1, Deployment: 1, ServiceMonitor: 1, PodDisruptionBudget: 1 },
+  'disaggregated+monitoring': { ...DISAGGREGATED, ConfigMap: 2, ServiceMonitor: 2 },
+  // tests/deploy/pod-keys.yaml: the cache ranks' PDB off, the token from the user's Secret.
+  'pod-keys': (({ Secret, ...rest }) => ({ ...rest, PodDisruptionBudget: 1 }))(DISAGGREGATED),
+};
+
+// Object names: DNS labels of at most 63 characters; a StatefulSet's at most 52, since its pods'
+// controller-revision-hash label is the name, '-' and 10 characters.
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 
 const matches = (selector, labels) =>
   Object.entries(selector ?? {}).every(([k, v]) => labels?.[k] === v);
@@ -47,6 +56,37 @@ function checkSet(set, objects) {
   }
   const configMaps = new Map(byKind('ConfigMap').map((c) => [c.metadata.name, c]));
   const workloads = [...byKind('Deployment'), ...byKind('StatefulSet')];
+  for (const o of objects) {
+    const name = o.metadata?.name ?? '';
+    const limit = o.kind === 'StatefulSet' ? 52 : 63;
+    if (!DNS_LABEL.test(name) || name.length > limit) {
+      fail(`${set} ${o.kind}/${name}`, `name must be a DNS label of at most ${limit} characters (${name.length})`);
+    }
+  }
+  // Each PodDisruptionBudget covers exactly one workload's pods.
+  for (const b of byKind('PodDisruptionBudget')) {
+    const covered = workloads.filter((w) => matches(b.spec.selector.matchLabels, w.spec.template.metadata.labels));
+    if (covered.length !== 1) fail(`${set} PodDisruptionBudget/${b.metadata.name}`, `covers ${covered.length} workloads, expected 1`);
+  }
+  // Disaggregated: every rank reads the cache RPC token from the Secret (RUBATO_CACHE_TOKEN_FILE).
+  const secrets = new Map(byKind('Secret').map((x) => [x.metadata.name, x]));
+  if (byKind('StatefulSet').length > 0) {
+    for (const w of workloads) {
+      const pod = w.spec.template.spec;
+      const c = pod.containers[0];
+      const file = (c.env ?? []).find((e) => e.name === 'RUBATO_CACHE_TOKEN_FILE')?.value ?? '';
+      const mount = (c.volumeMounts ?? []).find((m) => file.startsWith(`${m.mountPath}/`));
+      const secret = (pod.volumes ?? []).find((v) => v.name === mount?.name)?.secret;
+      const key = file.slice((mount?.mountPath.length ?? 0) + 1);
+      // The chart's Secret holds the key; a user's (cache.token.existingSecret) is not rendered.
+      const holds = secrets.has(secret?.secretName)
+        ? Boolean(secrets.get(secret.secretName).data?.[key])
+        : (secret?.items ?? []).some((i) => i.key === key && i.path === key);
+      if (!secret || !holds) {
+        fail(`${set} ${w.kind}/${w.metadata.name}`, `RUBATO_CACHE_TOKEN_FILE ${file} is not a key of the Secret mounted there`);
+      }
+    }
+  }
 
   for (const w of workloads) {
     const where = `${set} ${w.kind}/${w.metadata.name}`;
@@ -55,7 +95,8 @@ function checkSet(set, objects) {
       fail(where, 'spec.selector does not match the pod template labels');
     }
     const volumes = new Map((pod.spec.volumes ?? []).map((v) => [v.name, v]));
-    for (const c of pod.spec.containers) {
+    // rubato's container (the others: the user's sidecars, extraContainers).
+    for (const c of pod.spec.containers.filter((x) => ['inference', 'cache'].includes(x.name))) {
       const ports = new Set((c.ports ?? []).map((p) => p.name));
       for (const probe of ['readinessProbe', 'livenessProbe']) {
         const get = c[probe]?.httpGet;
@@ -120,10 +161,14 @@ function checkSet(set, objects) {
     if (rubato.server?.host !== '0.0.0.0' || rubato.server?.port !== http?.containerPort) {
       fail(set, `rubato.yaml server ${JSON.stringify(rubato.server)} must listen on 0.0.0.0:${http?.containerPort}`);
     }
-    // The pod outlives rubato's drain: SIGKILL must not cut the errors it writes at its end.
+    // The pod outlives its preStop sleep and rubato's drain: SIGKILL must not cut the errors
+    // rubato writes at its end.
     const grace = inference.spec.template.spec.terminationGracePeriodSeconds;
-    if (!(rubato.server?.shutdown_grace_s >= 0) || !(grace >= rubato.server.shutdown_grace_s + 5)) {
-      fail(set, `terminationGracePeriodSeconds ${grace} must exceed server.shutdown_grace_s ${rubato.server?.shutdown_grace_s} by 5 s`);
+    const preStop = inference.spec.template.spec.containers[0].lifecycle?.preStop?.exec?.command;
+    const sleep = preStop?.[0] === 'sleep' ? Number(preStop[1]) : 0;
+    if (!(sleep > 0)) fail(set, `the inference container has no preStop sleep: ${JSON.stringify(preStop)}`);
+    if (!(rubato.server?.shutdown_grace_s >= 0) || !(grace >= sleep + rubato.server.shutdown_grace_s + 5)) {
+      fail(set, `terminationGracePeriodSeconds ${grace} must exceed the preStop sleep ${sleep} + server.shutdown_grace_s ${rubato.server?.shutdown_grace_s} by 5 s`);
     }
     const cache = byKind('StatefulSet')[0];
     if (cache) {

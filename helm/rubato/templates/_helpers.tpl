@@ -4,17 +4,28 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The release's base name; objects add "-inference", "-cache", ... (63-character limit). */}}
+{{/*
+The release's base name; objects add "-inference", "-cache", "-cache-token", ... A StatefulSet's
+name must leave room for its pods' controller-revision-hash label (name + "-" + 10 characters
+<= 63): "<base>-cache" <= 52, so the base is at most 46 characters, a longer one cut to 37 and
+given 8 hex digits of its hash (two long release names sharing a prefix still differ).
+*/}}
 {{- define "rubato.fullname" -}}
+{{- $full := "" -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- $full = .Values.fullnameOverride -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
 {{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- $full = .Release.Name -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- $full = printf "%s-%s" .Release.Name $name -}}
 {{- end -}}
+{{- end -}}
+{{- if gt (len $full) 46 -}}
+{{- printf "%s-%s" ($full | trunc 37 | trimSuffix "-") ($full | sha256sum | trunc 8) -}}
+{{- else -}}
+{{- $full | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
@@ -72,8 +83,23 @@ cache ranks' headless Service name and connects to one of the cache ranks ready 
 {{- if and (eq (toString $engine.backend) "cuda") (lt (int .Values.inference.gpus) 1) -}}
 {{- fail "config.engine.backend cuda needs inference.gpus >= 1" -}}
 {{- end -}}
-{{- if lt (int .Values.inference.terminationGracePeriodSeconds) (add (int .Values.inference.shutdownGraceSeconds) 5) -}}
-{{- fail "inference.terminationGracePeriodSeconds must be at least inference.shutdownGraceSeconds + 5: the pod is killed before rubato serve has ended the requests still running" -}}
+{{- $grace := int .Values.inference.terminationGracePeriodSeconds -}}
+{{- if and (gt $grace 0) (lt $grace (int (include "rubato.inferenceGracePeriod" .))) -}}
+{{- fail "inference.terminationGracePeriodSeconds must be at least inference.preStopSleepSeconds + inference.shutdownGraceSeconds + 5 (0: that sum): the pod is killed before rubato serve has ended the requests still running" -}}
+{{- end -}}
+{{- /* The residencies each policy supports (its PolicyTraits, inference_rank/policies/), with
+       rubato's own refusal; tests/deploy/check compares both with `rubato serve --check`. */ -}}
+{{- $residencies := dict "dense" (list "local" "offloaded") "streaming_llm" (list "local")
+      "sfi" (list "local") "oracle_topk" (list "local" "offloaded") "kascade" (list "local")
+      "longflow" (list "evicting") -}}
+{{- $policy := toString ((.Values.config.policy | default dict).name | default "dense") -}}
+{{- $residency := toString ($engine.kv_residency | default "") -}}
+{{- if eq .Values.mode "disaggregated" -}}{{- $residency = "offloaded" -}}{{- end -}}
+{{- if and $residency (hasKey $residencies $policy) -}}
+{{- $supported := get $residencies $policy -}}
+{{- if not (has $residency $supported) -}}
+{{- fail (printf "policy '%s' does not support %s KV (supported: %s)" $policy $residency (join ", " $supported)) -}}
+{{- end -}}
 {{- end -}}
 {{- if eq .Values.mode "disaggregated" -}}
 {{- if and (eq .Values.cache.transport "nccl") (or (lt (int .Values.inference.gpus) 1) (lt (int .Values.cache.gpus) 1)) -}}
@@ -81,6 +107,52 @@ cache ranks' headless Service name and connects to one of the cache ranks ready 
 {{- end -}}
 {{- if eq (toString $engine.kv_residency) "evicting" -}}
 {{- fail "mode disaggregated keeps the KV on cache ranks (engine.kv_residency offloaded); config.engine.kv_residency evicting is a colocated setting" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The inference pods' grace period: preStop sleep + rubato's drain + 5 s to write its last errors. */}}
+{{- define "rubato.inferenceGracePeriod" -}}
+{{- add (int .Values.inference.preStopSleepSeconds) (int .Values.inference.shutdownGraceSeconds) 5 -}}
+{{- end -}}
+
+{{- define "rubato.cacheTokenSecret" -}}
+{{- .Values.cache.token.existingSecret | default (printf "%s-cache-token" (include "rubato.fullname" .)) -}}
+{{- end -}}
+
+{{/*
+The cache RPC token (disaggregated mode): the Secret mounted read-only in every rank's pod and
+RUBATO_CACHE_TOKEN_FILE naming it (transport/rpc/rpc_auth.h), for the container's env and volumes.
+*/}}
+{{- define "rubato.cacheTokenEnv" -}}
+- name: RUBATO_CACHE_TOKEN_FILE
+  value: {{ printf "/etc/rubato-token/%s" .Values.cache.token.key | quote }}
+{{- end -}}
+{{- define "rubato.cacheTokenMount" -}}
+- name: cache-token
+  mountPath: /etc/rubato-token
+  readOnly: true
+{{- end -}}
+{{- define "rubato.cacheTokenVolume" -}}
+- name: cache-token
+  secret:
+    secretName: {{ include "rubato.cacheTokenSecret" . }}
+    items:
+      - key: {{ .Values.cache.token.key }}
+        path: {{ .Values.cache.token.key }}
+{{- end -}}
+
+{{/* A pod's scheduling keys, each only when set: include "rubato.podScheduling" $pod */}}
+{{- define "rubato.podScheduling" -}}
+{{- range $key := list "priorityClassName" "runtimeClassName" "schedulerName" -}}
+{{- with get $ $key }}
+{{ $key }}: {{ . }}
+{{- end -}}
+{{- end -}}
+{{- range $key := list "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" -}}
+{{- with get $ $key }}
+{{ $key }}:
+  {{- toYaml . | nindent 2 }}
 {{- end -}}
 {{- end -}}
 {{- end -}}
