@@ -94,6 +94,8 @@ cache ranks' headless Service name and connects to one of the cache ranks ready 
       "longflow" (list "evicting") -}}
 {{- $policy := toString ((.Values.config.policy | default dict).name | default "dense") -}}
 {{- $residency := toString ($engine.kv_residency | default "") -}}
+{{- /* auto (rubato's default): the policy's own residency, which it always supports. */ -}}
+{{- if eq $residency "auto" -}}{{- $residency = "" -}}{{- end -}}
 {{- if eq .Values.mode "disaggregated" -}}{{- $residency = "offloaded" -}}{{- end -}}
 {{- if and $residency (hasKey $residencies $policy) -}}
 {{- $supported := get $residencies $policy -}}
