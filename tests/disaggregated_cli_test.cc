@@ -303,10 +303,11 @@ TEST_F(DisaggregatedCliTest, AnNcclDataPlaneThatCannotFormIsRefusedByName) {
 }
 
 TEST_F(DisaggregatedCliTest, BadUsesAreRefusedByName) {
-  // A cache endpoint holds the KV of an offload policy only.
+  // A cache endpoint holds offloaded KV: local KV asked for by name is refused. (Without
+  // --kv-residency, a cache endpoint makes the default residency, auto, offloaded.)
   ProcessResult result = RunProcess(RUBATO_BINARY, [&] {
     std::vector<std::string> args = GenerateArgs("dense", 4);
-    args.insert(args.end(), {"--cache", "127.0.0.1:9"});
+    args.insert(args.end(), {"--cache", "127.0.0.1:9", "--kv-residency", "local"});
     return args;
   }());
   EXPECT_EQ(result.exit_code, 1);

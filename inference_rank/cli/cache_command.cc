@@ -55,7 +55,8 @@ bool IsLoopback(const std::string& host) {
 }
 
 // A cache rank other hosts can reach needs a token; one on loopback may run without, with a
-// warning (any local process can then use the budget). `listen` and `listen_name` for messages.
+// warning (WarnIfNoRpcToken: any local process can then use the budget). `listen` and
+// `listen_name` for messages.
 Status CheckRpcToken(const rpc::RpcEndpoint& endpoint, const std::string& listen,
                      const std::string& listen_name, const std::string& token) {
   if (!token.empty()) return Status::Ok();
@@ -67,12 +68,18 @@ Status CheckRpcToken(const rpc::RpcEndpoint& endpoint, const std::string& listen
         ", the path of a file that holds it) for the cache rank and its inference ranks, or "
         "listen on 127.0.0.1");
   }
+  return Status::Ok();
+}
+
+// On loopback without a token (CheckRpcToken allowed it): said once the rank is about to
+// listen, after every other check, so that a refused start prints its one error line only.
+void WarnIfNoRpcToken(const std::string& token) {
+  if (!token.empty()) return;
   RUBATO_LOG_WARN("cache",
                   "no RPC token ({} or {}): any local process can connect to this cache rank "
                   "and reserve its whole KV budget; set a token to allow only its inference "
                   "ranks",
                   rpc::kTokenEnv, rpc::kTokenFileEnv);
-  return Status::Ok();
 }
 
 // GET or HEAD /metrics (the registry's Prometheus text) and /health (HEAD: the same status and
@@ -171,6 +178,7 @@ Status ServeDeviceCacheRank(const CacheArgs& args, const RubatoConfig& config,
   options.nccl_init_timeout = std::chrono::milliseconds(config.limits.rpc_timeout_ms);
   options.peers_authenticated = !token.empty();
   DeviceCacheRpcHandler handler(RequestStop, options);
+  WarnIfNoRpcToken(token);
   RUBATO_ASSIGN_OR_RETURN(
       std::unique_ptr<rpc::RpcServer> server,
       rpc::RpcServer::Start(ServerOptions(endpoint, config.limits, token), &handler));
@@ -299,6 +307,7 @@ Status ServeCacheRank(const CacheArgs& args, const RubatoConfig& config,
     std::fflush(stdout);
   }
   service.Start();
+  WarnIfNoRpcToken(token);
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<rpc::RpcServer> server,
                           rpc::RpcServer::Start(server_options, &handler));
   RUBATO_RETURN_IF_ERROR(on_listening(server->endpoint()));

@@ -129,7 +129,7 @@ class Driver:
                     b'{"prompt": "x", "unknown_field": 1}',
                     b'{"prompt": "x", "max_tokens": -3}',
                     b'{"prompt": ',
-                    b'{"messages": [{"role": "user", "content": "x", "name": "n"}]}',
+                    b'{"messages": [{"role": "wizard", "content": "x"}]}',
                     b'{"prompt": "x", "logit_bias": {"99999999": 1}}',
                 ])
                 path = "/v1/chat/completions" if b"messages" in bad else "/v1/completions"
