@@ -51,6 +51,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
         std::to_string(options.max_context));
   }
   if (resolved.max_context == 0) resolved.max_context = config.max_position_embeddings;
+  if (options.policy != nullptr) {
+    RUBATO_RETURN_IF_ERROR(options.policy->CheckLimits(resolved.max_context));
+  }
   const AttentionWindow window =
       options.policy != nullptr ? options.policy->window() : AttentionWindow();
   if (window.sink_tokens < 0 || window.recent_tokens < 1) {

@@ -38,6 +38,13 @@ constexpr PolicyAlias kOffloadedAliases[] = {
 
 }  // namespace
 
+std::optional<std::string_view> OffloadedAliasOf(std::string_view name) {
+  for (const PolicyAlias& alias : kOffloadedAliases) {
+    if (name == alias.name) return alias.policy;
+  }
+  return std::nullopt;
+}
+
 std::vector<std::string> KnownPolicyNames() {
   std::vector<std::string> names;
   for (const PolicyRegistration& entry : kPolicies) names.emplace_back(entry.name);
@@ -48,6 +55,13 @@ Result<PolicyChoice> ResolvePolicy(const PolicySection& section, KvResidency res
   std::string_view name = section.name;
   for (const PolicyAlias& alias : kOffloadedAliases) {
     if (name != alias.name) continue;
+    if (residency != KvResidency::kLocal && residency != KvResidency::kOffloaded) {
+      return InvalidArgumentError(
+          section.source + ": " + section.key_path + ".name '" + section.name + "' is policy '" +
+          std::string(alias.policy) + "' on offloaded KV, which conflicts with " +
+          "engine.kv_residency " + std::string(KvResidencyName(residency)) + "; name the policy '" +
+          std::string(alias.policy) + "' with the residency you want");
+    }
     RUBATO_LOG_INFO("policy", "policy '{}' is policy '{}' with engine.kv_residency: offloaded",
                     alias.name, alias.policy);
     name = alias.policy;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cache_rank/cache_selector.h"
@@ -30,12 +31,18 @@ struct PolicyChoice {
   std::optional<CacheSelectorSpec> offload;
 };
 
+// The policy an old spelling names ("dense" for "offload_dense"); nullopt for any other name.
+// Such a name means offloaded KV: any other residency given with it is a conflict.
+std::optional<std::string_view> OffloadedAliasOf(std::string_view name);
+
 // Names accepted by `policy.name` / `--policy`, in table order (old spellings not included).
 std::vector<std::string> KnownPolicyNames();
 
 // Checks the name and every parameter key of `section` and that the policy supports
 // `residency`; errors name the section's source file and key path ("rubato.yaml:
 // policy.budget: unknown key", "rubato.yaml: policy.recent_window: must be in [1, ...], got 0").
+// An old spelling (offload_dense) with evicting KV is refused as a conflict; local, the default
+// residency, becomes offloaded.
 Result<PolicyChoice> ResolvePolicy(const PolicySection& section,
                                    KvResidency residency = KvResidency::kLocal);
 

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -286,6 +288,52 @@ TEST(PolicyRegistry, SfiRejectsBadValuesAndUnknownKeys) {
     EXPECT_EQ(rejected.status().code(), StatusCode::kInvalidArgument) << c.yaml;
     EXPECT_EQ(rejected.status().message().rfind(c.message_start, 0), 0u)
         << c.yaml << " -> " << rejected.status().message();
+  }
+}
+
+// An old spelling fixes offloaded KV: evicting KV with it is a conflict refused by name, not a
+// residency silently replaced.
+TEST(PolicyRegistry, OldSpellingWithAnotherResidencyIsAConflict) {
+  auto config = ParseConfig("policy:\n  name: offload_dense\n", "p.yaml");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  auto refused = ResolvePolicy(config->policy, KvResidency::kEvicting);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(
+                "p.yaml: policy.name 'offload_dense' is policy 'dense' on offloaded KV, which "
+                "conflicts with engine.kv_residency evicting"),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_EQ(OffloadedAliasOf("offload_topk"), std::optional<std::string_view>("oracle_topk"));
+  EXPECT_EQ(OffloadedAliasOf("dense"), std::nullopt);
+}
+
+// Parameters that size per-request state are checked against the context before the engine
+// allocates: LongFlow's budget of 10^8 took 3.3 GB before its refusal, SFI's budget of 2^31 - 1
+// overflowed its compact capacity into an "internal error".
+TEST(PolicyRegistry, TokenCountsAboveTheContextAreRefusedByName) {
+  const struct {
+    const char* yaml;
+    const char* needle;
+  } cases[] = {
+      {"policy:\n  name: longflow\n  budget: 100000000\n",
+       "policy.budget: 100000000 tokens exceeds engine.max_context (4096"},
+      {"policy:\n  name: sfi\n  budget: 2147483647\n",
+       "policy.budget: 2147483647 tokens exceeds engine.max_context (4096"},
+      {"policy:\n  name: sfi\n  recent_window: 5000\n", "policy.recent_window: 5000 tokens"},
+      {"policy:\n  name: oracle_topk\n  top_k: 4097\n", "policy.top_k: 4097 tokens"},
+  };
+  for (const auto& c : cases) {
+    auto config = ParseConfig(c.yaml, "p.yaml");
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    auto choice =
+        ResolvePolicy(config->policy, std::string(c.yaml).find("longflow") != std::string::npos
+                                          ? KvResidency::kEvicting
+                                          : KvResidency::kLocal);
+    ASSERT_TRUE(choice.ok()) << choice.status().message();
+    const Status limits = choice->policy->CheckLimits(4096);
+    ASSERT_FALSE(limits.ok()) << c.yaml;
+    EXPECT_NE(limits.message().find(c.needle), std::string::npos) << limits.message();
+    EXPECT_TRUE(choice->policy->CheckLimits(std::numeric_limits<int>::max()).ok()) << c.yaml;
   }
 }
 

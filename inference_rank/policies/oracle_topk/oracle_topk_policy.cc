@@ -72,6 +72,13 @@ const PolicyTraits& OracleTopKPolicy::traits() const {
   return traits;
 }
 
+Status OracleTopKPolicy::CheckLimits(int max_context) const {
+  return CheckTokenCounts({{"top_k", config_.top_k},
+                           {"sink_tokens", config_.sink_tokens},
+                           {"recent_window", config_.recent_window}},
+                          max_context);
+}
+
 Result<std::unique_ptr<AttentionBackend>> OracleTopKPolicy::MakeBackend(Model& model,
                                                                         int max_batch) const {
   if (model.backend_name() == "cpu") return MakeOracleTopKCpuBackend(model.config(), config_);
