@@ -143,7 +143,7 @@ TEST_F(CliHostileInputTest, CalibrateRefusesHostileDevSetsAndOptions) {
     std::vector<std::string> args = {"calibrate",     "kascade",   "--model",
                                      model_.string(), "--dev-set", dev_set};
     args.insert(args.end(), extra.begin(), extra.end());
-    return RunProcess(RUBATO_BINARY, args);
+    return testing::RunProcess(RUBATO_BINARY, args);
   };
   const std::string out = (dir_.path() / "out.json").string();
   ExpectCleanFailure(calibrate("/dev/zero", {"--out", out}), {"--dev-set", "character device"});
@@ -169,7 +169,7 @@ TEST_F(CliHostileInputTest, CalibrationNumberPastADoubleIsARefusal) {
   Write(file, calibration);
   const fs::path yaml = dir_.path() / "kascade.yaml";
   Write(yaml, "policy:\n  name: kascade\n  calibration: " + file.string() + "\n");
-  const ProcessResult r = Generate({"--config", yaml.string()});
+  const testing::ProcessResult r = Generate({"--config", yaml.string()});
   ExpectCleanFailure(r, {"cal.json", "a value JSON numbers cannot hold"});
   EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
 }
@@ -183,7 +183,7 @@ TEST_F(CliHostileInputTest, PolicyBudgetsPastTheContextAreRefusedByKey) {
                      {"policy.budget: 100000000 tokens exceeds engine.max_context"});
   const fs::path sfi = dir_.path() / "sfi.yaml";
   Write(sfi, "policy:\n  name: sfi\n  budget: 2147483647\n");
-  const ProcessResult r = Generate({"--config", sfi.string()});
+  const testing::ProcessResult r = Generate({"--config", sfi.string()});
   ExpectCleanFailure(r, {"policy.budget: 2147483647 tokens exceeds engine.max_context"});
 }
 
@@ -207,8 +207,8 @@ TEST_F(CliHostileInputTest, OversizedTokenizerJsonIsRefusedFromItsSize) {
 TEST_F(CliHostileInputTest, HugeModelPathIsNotEchoedWhole) {
   const fs::path yaml = dir_.path() / "path.yaml";
   Write(yaml, "model:\n  path: /" + std::string(500000, 'm') + "\n");
-  ExpectCleanFailure(RunProcess(RUBATO_BINARY, {"generate", "--config", yaml.string(), "--prompt",
-                                                "hi", "--max-tokens", "1"}),
+  ExpectCleanFailure(testing::RunProcess(RUBATO_BINARY, {"generate", "--config", yaml.string(),
+                                                         "--prompt", "hi", "--max-tokens", "1"}),
                      {"model directory", "characters"});
 }
 

@@ -160,7 +160,8 @@ Result<PolicyChoice> ResolveAndCheck(const RubatoConfig& config) {
   RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config));
   RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
   RUBATO_RETURN_IF_ERROR(CheckOffloadChoice(config, policy));
-  if (!std::filesystem::is_directory(config.model.path)) {
+  std::error_code error;  // the throwing overload reported a long path as "internal error"
+  if (!std::filesystem::is_directory(config.model.path, error)) {
     return NotFoundError("model directory '" + DisplayPath(config.model.path) + "' does not exist");
   }
   return policy;

@@ -140,7 +140,8 @@ Result<KascadeCalibration> CalibrateKascade(const KascadeCalibrateOptions& optio
     return InvalidArgumentError("--out: empty; name the calibration file to write");
   }
   const std::filesystem::path out_dir = std::filesystem::path(options.out).parent_path();
-  if (!out_dir.empty() && !std::filesystem::is_directory(out_dir)) {
+  std::error_code error;  // a path too long for the OS is an answer, not an exception
+  if (!out_dir.empty() && !std::filesystem::is_directory(out_dir, error)) {
     return NotFoundError("--out " + DisplayPath(options.out) + ": the directory " +
                          DisplayPath(out_dir) + " does not exist");
   }
@@ -152,7 +153,7 @@ Result<KascadeCalibration> CalibrateKascade(const KascadeCalibrateOptions& optio
                                 std::to_string(options.max_prompt_tokens) +
                                 ": a top-k set holds at most a prompt's positions");
   }
-  if (!std::filesystem::is_directory(options.model_dir)) {
+  if (!std::filesystem::is_directory(options.model_dir, error)) {
     return NotFoundError("model directory '" + DisplayPath(options.model_dir) + "' does not exist");
   }
   std::string bytes;
