@@ -4,6 +4,7 @@
 // one folder each under inference_rank/policies/ and one line of their registry.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -94,21 +95,25 @@ class AttentionPolicy {
   virtual std::string StatsLine() const { return ""; }
 };
 
-// A parameter that counts tokens, for CheckLimits: (key, value).
+// A parameter that counts tokens, for CheckLimits: its key, value and default.
 struct TokenCountParam {
   std::string_view key;
   int64_t value;
+  int64_t default_value;
 };
 
-// "policy.budget: 100000000 tokens exceeds engine.max_context (40960)" for the first of
-// `params` above `max_context`, else Ok.
+// "policy.budget: 100000000 tokens exceeds engine.max_context (40960) and the default 3200" for
+// the first of `params` above both `max_context` and its default, else Ok. The default always
+// passes (the paper's budget on a model of a shorter context is dense attention, not an error);
+// above both, state sized from the value could exceed what the engine sizes for its context.
 inline Status CheckTokenCounts(std::initializer_list<TokenCountParam> params, int max_context) {
   for (const TokenCountParam& param : params) {
-    if (param.value <= max_context) continue;
+    if (param.value <= std::max<int64_t>(max_context, param.default_value)) continue;
     return InvalidArgumentError(
         "policy." + std::string(param.key) + ": " + std::to_string(param.value) +
         " tokens exceeds engine.max_context (" + std::to_string(max_context) +
-        ", the longest request); lower it or raise engine.max_context");
+        ", the longest request) and the " + "default " + std::to_string(param.default_value) +
+        "; lower it or raise engine.max_context");
   }
   return Status::Ok();
 }

@@ -319,7 +319,9 @@ TEST(PolicyRegistry, TokenCountsAboveTheContextAreRefusedByName) {
        "policy.budget: 100000000 tokens exceeds engine.max_context (4096"},
       {"policy:\n  name: sfi\n  budget: 2147483647\n",
        "policy.budget: 2147483647 tokens exceeds engine.max_context (4096"},
-      {"policy:\n  name: sfi\n  recent_window: 5000\n", "policy.recent_window: 5000 tokens"},
+      {"policy:\n  name: sfi\n  recent_window: 5000\n",
+       "policy.recent_window: 5000 tokens exceeds engine.max_context (4096, the longest request) "
+       "and the default 256"},
       {"policy:\n  name: oracle_topk\n  top_k: 4097\n", "policy.top_k: 4097 tokens"},
   };
   for (const auto& c : cases) {
@@ -334,6 +336,16 @@ TEST(PolicyRegistry, TokenCountsAboveTheContextAreRefusedByName) {
     ASSERT_FALSE(limits.ok()) << c.yaml;
     EXPECT_NE(limits.message().find(c.needle), std::string::npos) << limits.message();
     EXPECT_TRUE(choice->policy->CheckLimits(std::numeric_limits<int>::max()).ok()) << c.yaml;
+  }
+  // The defaults pass on a context shorter than them (the paper's budgets on a small model).
+  for (const char* name : {"sfi", "oracle_topk", "longflow"}) {
+    auto config = ParseConfig(std::string("policy:\n  name: ") + name + "\n", "p.yaml");
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    auto choice =
+        ResolvePolicy(config->policy, std::string(name) == "longflow" ? KvResidency::kEvicting
+                                                                      : KvResidency::kLocal);
+    ASSERT_TRUE(choice.ok()) << choice.status().message();
+    EXPECT_TRUE(choice->policy->CheckLimits(64).ok()) << name;
   }
 }
 

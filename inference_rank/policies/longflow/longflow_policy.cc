@@ -71,9 +71,10 @@ LongFlowPolicy::LongFlowPolicy(const LongFlowConfig& config) : config_(config) {
 
 Status LongFlowPolicy::CheckLimits(int max_context) const {
   // The budget's slots are allocated per request that may run (evicting_residency.cc).
-  return CheckTokenCounts({{"budget", config_.budget},
-                           {"sink_tokens", config_.sink_tokens},
-                           {"snapkv_window", config_.snapkv_window}},
+  const LongFlowConfig defaults;
+  return CheckTokenCounts({{"budget", config_.budget, defaults.budget},
+                           {"sink_tokens", config_.sink_tokens, defaults.sink_tokens},
+                           {"snapkv_window", config_.snapkv_window, defaults.snapkv_window}},
                           max_context);
 }
 

@@ -73,9 +73,10 @@ const PolicyTraits& OracleTopKPolicy::traits() const {
 }
 
 Status OracleTopKPolicy::CheckLimits(int max_context) const {
-  return CheckTokenCounts({{"top_k", config_.top_k},
-                           {"sink_tokens", config_.sink_tokens},
-                           {"recent_window", config_.recent_window}},
+  const OracleTopKConfig d;
+  return CheckTokenCounts({{"top_k", config_.top_k, d.top_k},
+                           {"sink_tokens", config_.sink_tokens, d.sink_tokens},
+                           {"recent_window", config_.recent_window, d.recent_window}},
                           max_context);
 }
 

@@ -95,12 +95,14 @@ Status SfiPolicy::SetTriggerIds(std::vector<int> trigger_ids) {
 
 Status SfiPolicy::CheckLimits(int max_context) const {
   // Their sum sizes each layer's compact buffer (SfiCompactCapacity); bounded, it fits an int.
-  return CheckTokenCounts({{"sink_tokens", config_.sink_tokens},
-                           {"recent_window", config_.recent_window},
-                           {"budget", config_.selector.budget},
-                           {"nms_window", config_.selector.nms_window},
-                           {"continuation", config_.selector.continuation}},
-                          max_context);
+  const SfiPolicyConfig d;
+  return CheckTokenCounts(
+      {{"sink_tokens", config_.sink_tokens, d.sink_tokens},
+       {"recent_window", config_.recent_window, d.recent_window},
+       {"budget", config_.selector.budget, d.selector.budget},
+       {"nms_window", config_.selector.nms_window, d.selector.nms_window},
+       {"continuation", config_.selector.continuation, d.selector.continuation}},
+      max_context);
 }
 
 Result<std::unique_ptr<AttentionBackend>> SfiPolicy::MakeBackend(Model& model,
