@@ -135,7 +135,7 @@ TEST_F(SafetensorsTest, HeaderLengthPastEndOfFileIsTruncation) {
 TEST_F(SafetensorsTest, AbsurdHeaderLengthIsRejectedBeforeReading) {
   Status status = OpenRaw(RawFileWithLength(uint64_t{1} << 40, "{}", ""));
   EXPECT_EQ(status.code(), StatusCode::kDataLoss);
-  EXPECT_THAT(status.message(), HasSubstr("above the 100000000-byte limit"));
+  EXPECT_THAT(status.message(), HasSubstr("above the 33554432-byte limit"));
 }
 
 TEST_F(SafetensorsTest, TensorPastTheDataSectionNamesTensorAndSizes) {

@@ -48,6 +48,13 @@ Result<std::string> ReadTextFile(const std::filesystem::path& path, size_t max_b
     return InvalidArgumentError(DisplayPath(path) + ": is " + std::string(KindOf(status.type())) +
                                 ", expected a file");
   }
+  auto too_large = [&] {
+    return InvalidArgumentError(DisplayPath(path) + ": more than " + std::to_string(max_bytes) +
+                                " bytes, the limit for this file");
+  };
+  // Refused from its size before anything is read or allocated.
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > max_bytes) return too_large();
   std::ifstream in(path, std::ios::binary);
   if (!in) return IoError(DisplayPath(path) + ": cannot open: " + std::strerror(errno));
   // Read at most max_bytes + 1 whatever the size says (/proc files report 0, files grow).
@@ -56,10 +63,7 @@ Result<std::string> ReadTextFile(const std::filesystem::path& path, size_t max_b
   while (in) {
     in.read(buffer, sizeof(buffer));
     text.append(buffer, static_cast<size_t>(in.gcount()));
-    if (text.size() > max_bytes) {
-      return InvalidArgumentError(DisplayPath(path) + ": more than " + std::to_string(max_bytes) +
-                                  " bytes, the limit for this file");
-    }
+    if (text.size() > max_bytes) return too_large();
   }
   if (in.bad()) return IoError(DisplayPath(path) + ": read failed: " + std::strerror(errno));
   return text;

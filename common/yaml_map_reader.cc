@@ -10,6 +10,8 @@
 #include <charconv>
 #include <cmath>
 
+#include "common/json_limits.h"
+
 namespace rubato {
 namespace {
 
@@ -49,7 +51,7 @@ std::string Join(const std::vector<std::string_view>& names) {
 std::string DescribeYamlValue(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Scalar:
-      return "'" + node.Scalar() + "'";
+      return "'" + Excerpt(node.Scalar(), 200) + "'";
     case YAML::NodeType::Sequence:
       return "a list";
     case YAML::NodeType::Map:
@@ -142,7 +144,7 @@ Status YamlMapReader::ReadPlainScalar(std::string_view key, const char* expected
   }
   if (node.Tag() == kQuotedTag) {
     return Error(key, std::string("expected ") + expected + ", got the quoted string '" +
-                          node.Scalar() + "'");
+                          Excerpt(node.Scalar(), 200) + "'");
   }
   *text = node.Scalar();
   return Status::Ok();
@@ -161,11 +163,12 @@ Status YamlMapReader::ReadInt64(std::string_view key, int64_t min, int64_t max, 
   const char* end = text.data() + text.size();
   int64_t parsed = 0;
   const auto [stop, error] = std::from_chars(begin, end, parsed);
-  if (error == std::errc::result_out_of_range) return Error(key, range + ", got " + text);
+  if (error == std::errc::result_out_of_range)
+    return Error(key, range + ", got " + Excerpt(text, 200));
   if (error != std::errc() || stop != end || begin == end) {
-    return Error(key, "expected an integer, got '" + text + "'");
+    return Error(key, "expected an integer, got '" + Excerpt(text, 200) + "'");
   }
-  if (parsed < min || parsed > max) return Error(key, range + ", got " + text);
+  if (parsed < min || parsed > max) return Error(key, range + ", got " + Excerpt(text, 200));
   *value = parsed;
   return Status::Ok();
 }
@@ -181,10 +184,10 @@ Status YamlMapReader::ReadDouble(std::string_view key, const DoubleRange& range,
   const auto [stop, error] = std::from_chars(begin, end, parsed);
   // from_chars also reads "inf" and "nan"; a config value must be a finite number.
   if (error != std::errc() || stop != end || begin == end || !std::isfinite(parsed)) {
-    return Error(key, "expected a number, got '" + text + "'");
+    return Error(key, "expected a number, got '" + Excerpt(text, 200) + "'");
   }
   if (!range.Contains(parsed)) {
-    return Error(key, "must be in " + range.ToString() + ", got " + text);
+    return Error(key, "must be in " + range.ToString() + ", got " + Excerpt(text, 200));
   }
   *value = parsed;
   return Status::Ok();
@@ -200,7 +203,7 @@ Status YamlMapReader::ReadBool(std::string_view key, bool* value) {
   } else if (text == "false" || text == "False" || text == "FALSE") {
     *value = false;
   } else {
-    return Error(key, "expected true or false, got '" + text + "'");
+    return Error(key, "expected true or false, got '" + Excerpt(text, 200) + "'");
   }
   return Status::Ok();
 }
@@ -255,7 +258,7 @@ Status YamlMapReader::ReadEnumName(std::string_view key, std::string* name, bool
 
 Status YamlMapReader::ChoiceError(std::string_view key, const std::vector<std::string_view>& names,
                                   const std::string& got) const {
-  return Error(key, "must be one of " + Join(names) + "; got '" + got + "'");
+  return Error(key, "must be one of " + Join(names) + "; got '" + Excerpt(got, 200) + "'");
 }
 
 Result<YamlMapReader> YamlMapReader::ReadMap(std::string_view key) {

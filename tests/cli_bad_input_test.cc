@@ -261,8 +261,8 @@ TEST_F(CliBadInputTest, UnsupportedPolicyResidencyPairIsRefusedByName) {
                      {"policy 'longflow' does not support local KV (supported: evicting)"});
   // The old spelling of dense on offloaded KV with local KV asked for: refused, not run offloaded.
   ExpectCleanFailure(Generate({"--policy", "offload_dense", "--kv-residency", "local"}),
-                     {"policy 'offload_dense' is policy 'dense' on offloaded KV, which conflicts "
-                      "with engine.kv_residency (--kv-residency) local"});
+                     {"--policy offload_dense is --policy dense on offloaded KV; it conflicts "
+                      "with --kv-residency local"});
   ExpectCleanFailure(Generate({"--kv-residency", "split"}),
                      {"--kv-residency: 'split' is not one of auto, local, offloaded, evicting"});
 }

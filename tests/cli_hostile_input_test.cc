@@ -133,5 +133,84 @@ TEST_F(CliHostileInputTest, EosTokenOutsideTheVocabulary) {
   ExpectCleanFailure(Generate({}), {"eos_token_id", "outside the vocabulary"});
 }
 
+// `rubato calibrate kascade` with an endless or special dev set (never read: a FIFO blocked
+// forever, /dev/zero took 3 GB in 7 s), an empty --out (exited 0 writing nothing) and a top-k
+// past any prompt (3 GB for a 70-token prompt).
+TEST_F(CliHostileInputTest, CalibrateRefusesHostileDevSetsAndOptions) {
+  const fs::path dev = dir_.path() / "dev.jsonl";
+  Write(dev, "{\"prompt\": \"hello\"}\n");
+  auto calibrate = [&](const std::string& dev_set, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"calibrate",     "kascade",   "--model",
+                                     model_.string(), "--dev-set", dev_set};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return testing::RunProcess(RUBATO_BINARY, args);
+  };
+  const std::string out = (dir_.path() / "out.json").string();
+  ExpectCleanFailure(calibrate("/dev/zero", {"--out", out}), {"--dev-set", "character device"});
+  const fs::path fifo = dir_.path() / "dev.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  ExpectCleanFailure(calibrate(fifo.string(), {"--out", out}), {"--dev-set", "FIFO"});
+  ExpectCleanFailure(calibrate(dev.string(), {"--out", ""}), {"--out: empty"});
+  ExpectCleanFailure(calibrate(dev.string(), {"--out", out, "--top-k", "1048576"}),
+                     {"--top-k 1048576 exceeds --max-tokens"});
+  EXPECT_FALSE(fs::exists(out));
+}
+
+// A calibration file whose number is past a double was an escaped exception ("internal
+// error"); now a refusal naming the file.
+TEST_F(CliHostileInputTest, CalibrationNumberPastADoubleIsARefusal) {
+  std::string calibration = Read("configs/kascade/tiny-qwen3-longctx.json");
+  const size_t at = calibration.find("\"top_k\"");
+  ASSERT_NE(at, std::string::npos);
+  const size_t start = calibration.find(':', at) + 1;
+  calibration = calibration.substr(0, start) + " 1e999" +
+                calibration.substr(calibration.find_first_of(",}", start));
+  const fs::path file = dir_.path() / "cal.json";
+  Write(file, calibration);
+  const fs::path yaml = dir_.path() / "kascade.yaml";
+  Write(yaml, "policy:\n  name: kascade\n  calibration: " + file.string() + "\n");
+  const testing::ProcessResult r = Generate({"--config", yaml.string()});
+  ExpectCleanFailure(r, {"cal.json", "a value JSON numbers cannot hold"});
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+}
+
+// Policy parameters past the context: LongFlow's budget of 10^8 touched 4.75 GB before its
+// refusal, SFI's budget of 2^31 - 1 overflowed into "internal error". Refused by key at once.
+TEST_F(CliHostileInputTest, PolicyBudgetsPastTheContextAreRefusedByKey) {
+  const fs::path longflow = dir_.path() / "longflow.yaml";
+  Write(longflow, "policy:\n  name: longflow\n  budget: 100000000\n");
+  ExpectCleanFailure(Generate({"--config", longflow.string(), "--kv-residency", "evicting"}),
+                     {"policy.budget: 100000000 tokens exceeds engine.max_context"});
+  const fs::path sfi = dir_.path() / "sfi.yaml";
+  Write(sfi, "policy:\n  name: sfi\n  budget: 2147483647\n");
+  const testing::ProcessResult r = Generate({"--config", sfi.string()});
+  ExpectCleanFailure(r, {"policy.budget: 2147483647 tokens exceeds engine.max_context"});
+}
+
+// An old policy spelling fixes offloaded KV: `--policy offload_dense --kv-residency local` ran
+// offloaded without a word. Now a conflict named by both flags.
+TEST_F(CliHostileInputTest, ConflictingPolicyAndResidencyFlagsAreRefused) {
+  ExpectCleanFailure(Generate({"--policy", "offload_dense", "--kv-residency", "local"}),
+                     {"--policy offload_dense", "conflicts with --kv-residency local"});
+  ExpectCleanFailure(Generate({"--policy", "offload_topk", "--kv-residency", "evicting"}),
+                     {"--policy offload_topk", "conflicts with --kv-residency evicting"});
+}
+
+// JSON files cost ~20x their size once parsed (a 200 MB tokenizer.json took 4.5 GB): each kind
+// has its own limit, checked from the file's size before a byte is read (a sparse 1 GiB file).
+TEST_F(CliHostileInputTest, OversizedTokenizerJsonIsRefusedFromItsSize) {
+  fs::resize_file(model_ / "tokenizer.json", uintmax_t{1} << 30);
+  ExpectCleanFailure(Generate({}), {"tokenizer.json", "more than 67108864 bytes"});
+}
+
+// A model path of 500 KB in the config is named briefly.
+TEST_F(CliHostileInputTest, HugeModelPathIsNotEchoedWhole) {
+  const fs::path yaml = dir_.path() / "path.yaml";
+  Write(yaml, "model:\n  path: /" + std::string(500000, 'm') + "\n");
+  ExpectCleanFailure(testing::RunProcess(RUBATO_BINARY, {"generate", "--config", yaml.string(),
+                                                         "--prompt", "hi", "--max-tokens", "1"}),
+                     {"model directory", "characters"});
+}
+
 }  // namespace
 }  // namespace rubato

@@ -20,7 +20,7 @@ std::string FileLabel(const std::string& source, std::string_view file) {
 }  // namespace
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromDirectory(const std::filesystem::path& dir) {
-  Result<std::string> tokenizer_json = ReadTextFile(dir / "tokenizer.json");
+  Result<std::string> tokenizer_json = ReadTextFile(dir / "tokenizer.json", kMaxTokenizerJsonBytes);
   if (!tokenizer_json.ok()) {
     if (tokenizer_json.status().code() == StatusCode::kNotFound) {
       return NotFoundError(
@@ -31,7 +31,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromDirectory(const std::files
   }
   std::string config_json;
   const std::filesystem::path config_path = dir / "tokenizer_config.json";
-  Result<std::string> config = ReadTextFile(config_path, kMaxConfigFileBytes * 16);
+  Result<std::string> config = ReadTextFile(config_path, kMaxTokenizerConfigBytes);
   if (config.ok()) {
     if (config->empty()) {
       return DataLossError(

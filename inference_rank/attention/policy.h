@@ -4,6 +4,9 @@
 // one folder each under inference_rank/policies/ and one line of their registry.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -80,11 +83,40 @@ class AttentionPolicy {
   // A request's state for KV of `residency` (supported by traits()).
   virtual std::unique_ptr<PolicyRequest> Admit(KvResidency residency) = 0;
 
+  // Checks the parameters that size per-request state (a budget, a top-k, windows) against the
+  // engine's context `max_context` (engine.max_context or the model's), before anything is sized
+  // from them: a budget of 10^8 is a refusal naming the key, never an allocation of gigabytes or
+  // an overflow. Default: nothing to check.
+  virtual Status CheckLimits(int /*max_context*/) const { return Status::Ok(); }
+
   // Registers the policy's counters (docs/design.md §3 names); `registry` outlives the policy.
   virtual Status RegisterMetrics(MetricsRegistry& /*registry*/) { return Status::Ok(); }
   // " key=value ..." for the CLI's stats line; "" when there is nothing to say.
   virtual std::string StatsLine() const { return ""; }
 };
+
+// A parameter that counts tokens, for CheckLimits: its key, value and default.
+struct TokenCountParam {
+  std::string_view key;
+  int64_t value;
+  int64_t default_value;
+};
+
+// "policy.budget: 100000000 tokens exceeds engine.max_context (40960) and the default 3200" for
+// the first of `params` above both `max_context` and its default, else Ok. The default always
+// passes (the paper's budget on a model of a shorter context is dense attention, not an error);
+// above both, state sized from the value could exceed what the engine sizes for its context.
+inline Status CheckTokenCounts(std::initializer_list<TokenCountParam> params, int max_context) {
+  for (const TokenCountParam& param : params) {
+    if (param.value <= std::max<int64_t>(max_context, param.default_value)) continue;
+    return InvalidArgumentError(
+        "policy." + std::string(param.key) + ": " + std::to_string(param.value) +
+        " tokens exceeds engine.max_context (" + std::to_string(max_context) +
+        ", the longest request) and the " + "default " + std::to_string(param.default_value) +
+        "; lower it or raise engine.max_context");
+  }
+  return Status::Ok();
+}
 
 // "policy 'sfi' does not support offloaded KV (supported: local)" unless its traits allow it.
 inline Status CheckResidency(const AttentionPolicy& policy, KvResidency residency) {

@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "common/json_limits.h"
+#include "common/text_file.h"
 #include "inference_rank/model/cpu_model.h"
 #include "inference_rank/residency/residency_registry.h"
 
@@ -26,7 +28,7 @@ Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides) {
     } else if (*overrides.backend == "cuda") {
       config.engine.backend = EngineSection::Backend::kCuda;
     } else {
-      return InvalidArgumentError("--backend: '" + *overrides.backend +
+      return InvalidArgumentError("--backend: '" + Excerpt(*overrides.backend) +
                                   "' is not one of cpu, cuda");
     }
   }
@@ -37,10 +39,23 @@ Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides) {
   if (overrides.kv_residency) {
     if (*overrides.kv_residency != "auto" && *overrides.kv_residency != "local" &&
         *overrides.kv_residency != "offloaded" && *overrides.kv_residency != "evicting") {
-      return InvalidArgumentError("--kv-residency: '" + *overrides.kv_residency +
+      return InvalidArgumentError("--kv-residency: '" + Excerpt(*overrides.kv_residency) +
                                   "' is not one of auto, local, offloaded, evicting");
     }
     config.engine.kv_residency = *overrides.kv_residency;
+  }
+  // An old policy spelling fixes the residency: a different --kv-residency is a conflict, never
+  // silently overridden.
+  const std::optional<std::string_view> alias = OffloadedAliasOf(config.policy.name);
+  if (overrides.kv_residency && alias && *overrides.kv_residency != "offloaded" &&
+      *overrides.kv_residency != "auto") {
+    const std::string given = overrides.policy
+                                  ? "--policy " + config.policy.name
+                                  : config.policy.source + ": policy.name " + config.policy.name;
+    return InvalidArgumentError(given + " is --policy " + std::string(*alias) +
+                                " on offloaded KV; it conflicts with --kv-residency " +
+                                *overrides.kv_residency + " (use --policy " + std::string(*alias) +
+                                " --kv-residency " + *overrides.kv_residency + ")");
   }
   if (overrides.threads) config.engine.threads = *overrides.threads;
   if (overrides.cache_endpoint) {
@@ -146,8 +161,9 @@ Result<PolicyChoice> ResolveAndCheck(const RubatoConfig& config) {
   RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolvePolicy(config));
   RUBATO_RETURN_IF_ERROR(CheckSupportedByThisBuild(config));
   RUBATO_RETURN_IF_ERROR(CheckOffloadChoice(config, policy));
-  if (!std::filesystem::is_directory(config.model.path)) {
-    return NotFoundError("model directory '" + config.model.path + "' does not exist");
+  std::error_code error;  // the throwing overload reported a long path as "internal error"
+  if (!std::filesystem::is_directory(config.model.path, error)) {
+    return NotFoundError("model directory '" + DisplayPath(config.model.path) + "' does not exist");
   }
   return policy;
 }

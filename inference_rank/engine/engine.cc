@@ -49,6 +49,9 @@ Result<EngineOptions> Engine::ResolveSizes(const ModelConfig& config,
         std::to_string(options.max_context));
   }
   if (resolved.max_context == 0) resolved.max_context = config.max_position_embeddings;
+  if (options.policy != nullptr) {
+    RUBATO_RETURN_IF_ERROR(options.policy->CheckLimits(resolved.max_context));
+  }
   if (options.max_kv_blocks < 0) {
     return InvalidArgumentError("engine.max_kv_blocks must be >= 0 (0 = automatic), got " +
                                 std::to_string(options.max_kv_blocks));

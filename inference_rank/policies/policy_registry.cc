@@ -49,6 +49,13 @@ KvResidency DefaultResidency(const AttentionPolicy& policy) {
 
 }  // namespace
 
+std::optional<std::string_view> OffloadedAliasOf(std::string_view name) {
+  for (const PolicyAlias& alias : kOffloadedAliases) {
+    if (name == alias.name) return alias.policy;
+  }
+  return std::nullopt;
+}
+
 std::vector<std::string> KnownPolicyNames() {
   std::vector<std::string> names;
   for (const PolicyRegistration& entry : kPolicies) names.emplace_back(entry.name);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cache_rank/cache_selector.h"
@@ -29,6 +30,10 @@ struct PolicyChoice {
   // Offloaded KV: what the cache rank selects for the policy (its cache-rank half).
   std::optional<CacheSelectorSpec> offload;
 };
+
+// The policy an old spelling names ("dense" for "offload_dense"); nullopt for any other name.
+// Such a name means offloaded KV: any other residency given with it is a conflict.
+std::optional<std::string_view> OffloadedAliasOf(std::string_view name);
 
 // Names accepted by `policy.name` / `--policy`, in table order (old spellings not included).
 std::vector<std::string> KnownPolicyNames();

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -327,6 +329,50 @@ TEST(PolicyRegistry, AutoResidencyAndConflictingOldSpellings) {
                           "offloaded KV, which conflicts with engine.kv_residency "
                           "(--kv-residency) ") +
                   residency + "; use --policy dense with the residency you want");
+  }
+  EXPECT_EQ(OffloadedAliasOf("offload_topk"), std::optional<std::string_view>("oracle_topk"));
+  EXPECT_EQ(OffloadedAliasOf("dense"), std::nullopt);
+}
+
+// Parameters that size per-request state are checked against the context before the engine
+// allocates: LongFlow's budget of 10^8 took 3.3 GB before its refusal, SFI's budget of 2^31 - 1
+// overflowed its compact capacity into an "internal error".
+TEST(PolicyRegistry, TokenCountsAboveTheContextAreRefusedByName) {
+  const struct {
+    const char* yaml;
+    const char* needle;
+  } cases[] = {
+      {"policy:\n  name: longflow\n  budget: 100000000\n",
+       "policy.budget: 100000000 tokens exceeds engine.max_context (4096"},
+      {"policy:\n  name: sfi\n  budget: 2147483647\n",
+       "policy.budget: 2147483647 tokens exceeds engine.max_context (4096"},
+      {"policy:\n  name: sfi\n  recent_window: 5000\n",
+       "policy.recent_window: 5000 tokens exceeds engine.max_context (4096, the longest request) "
+       "and the default 256"},
+      {"policy:\n  name: oracle_topk\n  top_k: 4097\n", "policy.top_k: 4097 tokens"},
+  };
+  for (const auto& c : cases) {
+    auto config = ParseConfig(c.yaml, "p.yaml");
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    auto choice =
+        ResolvePolicy(config->policy, std::string(c.yaml).find("longflow") != std::string::npos
+                                          ? KvResidency::kEvicting
+                                          : KvResidency::kLocal);
+    ASSERT_TRUE(choice.ok()) << choice.status().message();
+    const Status limits = choice->policy->CheckLimits(4096);
+    ASSERT_FALSE(limits.ok()) << c.yaml;
+    EXPECT_NE(limits.message().find(c.needle), std::string::npos) << limits.message();
+    EXPECT_TRUE(choice->policy->CheckLimits(std::numeric_limits<int>::max()).ok()) << c.yaml;
+  }
+  // The defaults pass on a context shorter than them (the paper's budgets on a small model).
+  for (const char* name : {"sfi", "oracle_topk", "longflow"}) {
+    auto config = ParseConfig(std::string("policy:\n  name: ") + name + "\n", "p.yaml");
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    auto choice =
+        ResolvePolicy(config->policy, std::string(name) == "longflow" ? KvResidency::kEvicting
+                                                                      : KvResidency::kLocal);
+    ASSERT_TRUE(choice.ok()) << choice.status().message();
+    EXPECT_TRUE(choice->policy->CheckLimits(64).ok()) << name;
   }
 }
 

@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "common/accept_retry.h"
+#include "common/heap_trim.h"
 #include "common/logging.h"
 #include "inference_rank/server/openai_api.h"
 
@@ -211,6 +212,9 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string_view target(request.target().data(), request.target().size());
     view.path = std::string(target.substr(0, target.find('?')));
     view.body = std::move(request.body());
+    // Its buffers (and what the handler parses from it) are freed after the reply: counted, so
+    // that the serving loop gives large ones back to the OS when idle.
+    HeapTrimmer::Process().NoteReleased(view.body.size());
     for (const auto& field : request) {
       std::string name(field.name_string());
       for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

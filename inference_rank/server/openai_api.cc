@@ -223,6 +223,13 @@ std::optional<ApiError> ReadMessages(const json& body, CompletionRequest& out) {
 std::optional<ApiError> ReadStop(const json& body, CompletionRequest& out) {
   const json& stop = Field(body, "stop");
   if (stop.is_null()) return std::nullopt;
+  // Bounded before anything is copied: each is matched against the text of every token.
+  constexpr size_t kMaxStopStrings = 64;
+  constexpr size_t kMaxStopBytes = 16384;
+  if (stop.is_array() && stop.size() > kMaxStopStrings) {
+    return FieldError("stop", "'stop' holds " + std::to_string(stop.size()) + " strings; at most " +
+                                  std::to_string(kMaxStopStrings));
+  }
   std::vector<json> items;
   if (stop.is_string()) {
     items.push_back(stop);
@@ -232,12 +239,18 @@ std::optional<ApiError> ReadStop(const json& body, CompletionRequest& out) {
     return FieldError("stop",
                       "'stop' must be a string or an array of strings, got " + Describe(stop));
   }
+  size_t stop_bytes = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].is_string() || items[i].get_ref<const std::string&>().empty()) {
       return FieldError("stop", "'stop' item " + std::to_string(i) +
                                     " must be a non-empty string, got " + Describe(items[i]));
     }
     out.stop.push_back(items[i].get<std::string>());
+    stop_bytes += out.stop.back().size();
+    if (stop_bytes > kMaxStopBytes) {
+      return FieldError("stop", "'stop' strings hold more than " + std::to_string(kMaxStopBytes) +
+                                    " bytes together");
+    }
   }
   return std::nullopt;
 }

@@ -99,6 +99,28 @@ TEST(OpenAiApiTest, CompletionEveryField) {
   EXPECT_TRUE(request.include_usage);
 }
 
+// Stop lists are bounded (a request with 1.2 M stop strings made every other client 9x slower:
+// each token's text is matched against every one): at most 64 strings of 16 KiB together,
+// refused by name before they are copied.
+TEST(OpenAiApiTest, StopListsAreBounded) {
+  std::string many = R"({"prompt": "hi", "stop": [)";
+  for (int i = 0; i < 1200000; ++i) many += i == 0 ? "\"s\"" : ",\"s\"";
+  many += "]}";
+  const ApiError count = ParseError(many);
+  EXPECT_EQ(count.param, "stop");
+  EXPECT_NE(count.message.find("'stop' holds 1200000 strings; at most 64"), std::string::npos)
+      << count.message;
+  const ApiError bytes =
+      ParseError(R"({"prompt": "hi", "stop": [")" + std::string(10000, 'a') + R"(", ")" +
+                 std::string(10000, 'b') + R"("]})");
+  EXPECT_EQ(bytes.param, "stop");
+  EXPECT_NE(bytes.message.find("more than 16384 bytes together"), std::string::npos)
+      << bytes.message;
+  const CompletionRequest fine = ParseOk(R"({"prompt": "hi", "stop": [")" +
+                                         std::string(8000, 'a') + R"(", "b", "c"]})");
+  EXPECT_EQ(fine.stop.size(), 3u);
+}
+
 TEST(OpenAiApiTest, PromptAsTokenIdsAndStopAsString) {
   const CompletionRequest request = ParseOk(R"({"prompt": [1, 2, 300], "stop": "x", "top_k": -1})");
   EXPECT_FALSE(request.prompt_text.has_value());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/heap_trim.h"
 #include "common/logging.h"
 
 namespace rubato::server {
@@ -173,6 +174,8 @@ void ServingEngine::Loop() {
       cancels.swap(cancels_);
       stopping = stop_requested_;
     }
+    // Idle: give back what large requests freed (heap_trim.h), off any request's latency.
+    if (!stopping && incoming.empty() && !engine_->HasWork()) HeapTrimmer::Process().TrimIfDue();
     if (stopping) {
       for (Incoming& request : incoming) {
         EndNotAdmitted(request, stop_reason_, RequestEnd::kFailed);

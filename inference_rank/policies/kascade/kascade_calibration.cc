@@ -37,10 +37,12 @@ KascadeSimilarity::KascadeSimilarity(int num_layers, int num_kv_heads, int top_k
 
 void KascadeSimilarity::BeginPrompt(int tokens) {
   tokens_ = tokens;
+  // A set never holds more positions than the prompt has: k beyond it is all -1 padding.
+  set_k_ = std::min(top_k_, tokens);
   next_layer_ = 0;
   std::fill(prompt_min_.begin(), prompt_min_.end(), 1.0);
   std::fill(prompt_importance_.begin(), prompt_importance_.end(), 0.0);
-  top_sets_.assign(static_cast<size_t>(layers_) * tokens_ * heads_ * top_k_, -1);
+  top_sets_.assign(static_cast<size_t>(layers_) * tokens_ * heads_ * set_k_, -1);
 }
 
 Status KascadeSimilarity::AddLayer(int layer, const float* probs) {
@@ -50,22 +52,22 @@ Status KascadeSimilarity::AddLayer(int layer, const float* probs) {
   }
   ++next_layer_;
   std::vector<int> order;
-  const size_t set_stride = static_cast<size_t>(heads_) * top_k_;
+  const size_t set_stride = static_cast<size_t>(heads_) * set_k_;
   for (int q = 0; q < tokens_; ++q) {
     const int n = q + 1;
     for (int h = 0; h < heads_; ++h) {
       const float* row = probs + (static_cast<size_t>(q) * heads_ + h) * tokens_;
       int* own = top_sets_.data() + (static_cast<size_t>(layer) * tokens_ + q) * set_stride +
-                 static_cast<size_t>(h) * top_k_;
-      TopK(row, n, top_k_, order, own);
+                 static_cast<size_t>(h) * set_k_;
+      TopK(row, n, set_k_, order, own);
       double own_mass = 0.0;
-      for (int i = 0; i < top_k_ && own[i] >= 0; ++i) own_mass += row[own[i]];
+      for (int i = 0; i < set_k_ && own[i] >= 0; ++i) own_mass += row[own[i]];
       for (int a = 0; a < layer; ++a) {
         const int* sets = top_sets_.data() + (static_cast<size_t>(a) * tokens_ + q) * set_stride;
         for (int ha = 0; ha < heads_; ++ha) {
-          const int* set = sets + static_cast<size_t>(ha) * top_k_;
+          const int* set = sets + static_cast<size_t>(ha) * set_k_;
           double mass = 0.0;
-          for (int i = 0; i < top_k_ && set[i] >= 0; ++i) mass += row[set[i]];
+          for (int i = 0; i < set_k_ && set[i] >= 0; ++i) mass += row[set[i]];
           const double ratio = own_mass > 0.0 ? mass / own_mass : 1.0;
           double& low = prompt_min_[HeadIndex(a, ha, layer, h)];
           low = std::min(low, ratio);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -42,9 +43,10 @@ class KascadeSimilarity {
 
   int layers_, heads_, top_k_;
   int tokens_ = 0;
+  int set_k_ = 0;  // this prompt's set size: min(top_k, tokens)
   int next_layer_ = 0;
   int prompts_ = 0;
-  std::vector<int> top_sets_;       // [layer][token][kv_head][top_k], -1 padded
+  std::vector<int> top_sets_;       // [layer][token][kv_head][set_k_], -1 padded
   std::vector<double> prompt_min_;  // per head pair, this prompt's minimum over tokens
   std::vector<double> sum_over_prompts_;
   std::vector<double> importance_sum_;  // [layer], over prompts of the per-prompt mean
@@ -100,7 +102,10 @@ struct KascadeCalibration {
 // anchors, matrices of L x L and (L H)^2); every error names the field.
 Status ValidateCalibration(const KascadeCalibration& calibration);
 Status SaveCalibration(const KascadeCalibration& calibration, const std::string& path);
-// Loads and validates; `what` names the file in errors.
+// Parses and validates the text of a calibration file; `what` names it in errors. Every field is
+// read strictly by type and range (2.7 or 4294967298 for an integer is refused naming the field).
+Result<KascadeCalibration> ParseCalibration(std::string_view text, const std::string& what);
+// Reads (at most kMaxCalibrationFileBytes, text_file.h) and parses the file at `path`.
 Result<KascadeCalibration> LoadCalibration(const std::string& path);
 // The file's model shape against the model's: "made for 6 layers x 2 KV heads, the model has ...".
 Status CheckCalibrationFits(const KascadeCalibration& calibration, int num_layers, int num_heads,

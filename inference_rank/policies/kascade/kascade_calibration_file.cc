@@ -1,8 +1,10 @@
 // The Kascade calibration file (JSON; see kascade_calibration.h and docs/kascade.md): writing,
 // reading and the checks that refuse a file by name before any weight is used.
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <string_view>
+#include <utility>
 
 #include "common/json_limits.h"
 #include "common/text_file.h"
@@ -111,58 +113,208 @@ Status SaveCalibration(const KascadeCalibration& c, const std::string& path) {
   return Status::Ok();
 }
 
-Result<KascadeCalibration> LoadCalibration(const std::string& path) {
-  Result<std::string> text = ReadTextFile(path);
-  if (!text.ok()) return text.status().WithContext("kascade calibration");
-  const std::string where = "kascade calibration '" + DisplayPath(path) + "': ";
-  RUBATO_RETURN_IF_ERROR(
-      CheckJsonNesting(*text, "kascade calibration '" + DisplayPath(path) + "'"));
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(*text);
-  } catch (const nlohmann::json::parse_error& e) {
-    return InvalidArgumentError(where + "not valid JSON (truncated?): " + e.what());
+namespace {
+
+using Json = nlohmann::json;
+
+// Strict typed reads of the calibration's fields: a number of the wrong kind (2.7 for an integer)
+// or out of range (4294967298) is refused naming the field, never converted.
+class CalibrationReader {
+ public:
+  explicit CalibrationReader(std::string where) : where_(std::move(where)) {}
+
+  Status Error(const std::string& field, const std::string& problem) const {
+    return InvalidArgumentError(where_ + field + ": " + problem);
   }
+  Result<const Json*> Field(const Json& object, const std::string& key,
+                            const std::string& field) const {
+    if (!object.is_object()) return Error(field, "expected an object, got " + Kind(object));
+    const auto it = object.find(key);
+    if (it == object.end()) return Error(JoinKey(field, key), "missing");
+    return &*it;
+  }
+  Result<int> Int(const Json& value, const std::string& field, int64_t min, int64_t max) const {
+    if (!value.is_number_integer()) {
+      return Error(field, "expected an integer, got " + Kind(value));
+    }
+    bool in_range = false;
+    if (value.is_number_unsigned()) {
+      const uint64_t u = value.get<uint64_t>();
+      in_range = u <= static_cast<uint64_t>(max) && (min <= 0 || u >= static_cast<uint64_t>(min));
+    } else {
+      const int64_t i = value.get<int64_t>();
+      in_range = i >= min && i <= max;
+    }
+    if (!in_range) {
+      return Error(field, "must be in [" + std::to_string(min) + ", " + std::to_string(max) +
+                              "], got " + Excerpt(value.dump()));
+    }
+    return static_cast<int>(value.get<int64_t>());
+  }
+  Result<double> Double(const Json& value, const std::string& field) const {
+    if (!value.is_number()) return Error(field, "expected a number, got " + Kind(value));
+    return value.get<double>();
+  }
+  Result<std::string> String(const Json& value, const std::string& field) const {
+    if (!value.is_string()) return Error(field, "expected a string, got " + Kind(value));
+    return value.get<std::string>();
+  }
+  // An array of at most `max_size` elements.
+  Status Array(const Json& value, const std::string& field, size_t max_size) const {
+    if (!value.is_array()) return Error(field, "expected an array, got " + Kind(value));
+    if (value.size() > max_size) {
+      return Error(field, "holds " + std::to_string(value.size()) + " entries, more than " +
+                              std::to_string(max_size));
+    }
+    return Status::Ok();
+  }
+  Result<std::vector<int>> Ints(const Json& value, const std::string& field, size_t max_size,
+                                int64_t min, int64_t max) const {
+    RUBATO_RETURN_IF_ERROR(Array(value, field, max_size));
+    std::vector<int> out;
+    for (size_t i = 0; i < value.size(); ++i) {
+      RUBATO_ASSIGN_OR_RETURN(const int v, Int(value[i], Index(field, i), min, max));
+      out.push_back(v);
+    }
+    return out;
+  }
+  Status AppendDoubles(const Json& value, const std::string& field, size_t max_size,
+                       std::vector<double>* out) const {
+    RUBATO_RETURN_IF_ERROR(Array(value, field, max_size));
+    for (size_t i = 0; i < value.size(); ++i) {
+      RUBATO_ASSIGN_OR_RETURN(const double v, Double(value[i], Index(field, i)));
+      out->push_back(v);
+    }
+    return Status::Ok();
+  }
+
+  static std::string JoinKey(const std::string& field, const std::string& key) {
+    return field.empty() ? key : field + "." + key;
+  }
+  static std::string Index(const std::string& field, size_t i) {
+    return field + "[" + std::to_string(i) + "]";
+  }
+
+ private:
+  static std::string Kind(const Json& value) {
+    if (value.is_number_float()) return "the number " + Excerpt(value.dump());
+    if (value.is_number()) return "the integer " + Excerpt(value.dump());
+    if (value.is_string()) return "a string";
+    if (value.is_boolean()) return "a boolean";
+    if (value.is_null()) return "null";
+    return value.is_array() ? "an array" : "an object";
+  }
+
+  std::string where_;
+};
+
+// Bounds far above any released model (common/hf_config.cc bounds a model's config.json alike).
+constexpr int64_t kMaxLayers = 1 << 10;
+constexpr int64_t kMaxHeads = 1 << 10;
+constexpr int64_t kMaxIntField = std::numeric_limits<int>::max();
+
+Result<KascadeCalibration> ReadCalibrationJson(const Json& json, const CalibrationReader& r) {
   KascadeCalibration c;
-  try {
-    if (json.value("format", "") != kFormat) {
-      return InvalidArgumentError(where + "not a kascade calibration (format is not '" +
-                                  std::string(kFormat) + "')");
-    }
-    if (json.at("version").get<int>() != kVersion) {
-      return InvalidArgumentError(where + "version " + json.at("version").dump() +
-                                  ", this rubato reads version " + std::to_string(kVersion));
-    }
-    const nlohmann::json& model = json.at("model");
-    c.model = model.at("path").get<std::string>();
-    c.num_layers = model.at("num_layers").get<int>();
-    c.num_heads = model.at("num_heads").get<int>();
-    c.num_kv_heads = model.at("num_kv_heads").get<int>();
-    c.head_dim = model.at("head_dim").get<int>();
-    const nlohmann::json& dev = json.at("dev_set");
-    c.dev_set = dev.at("path").get<std::string>();
-    c.dev_set_fnv1a = dev.at("fnv1a64").get<std::string>();
-    c.prompts = dev.at("prompts").get<int>();
-    c.top_k = json.at("top_k").get<int>();
-    c.anchors = json.at("anchors").get<std::vector<int>>();
-    c.head_map = json.at("head_map").get<std::vector<std::vector<int>>>();
-    c.importance = json.at("importance").get<std::vector<double>>();
-    for (const auto& row : json.at("similarity")) {
-      const std::vector<double> values = row.get<std::vector<double>>();
-      if (values.size() != static_cast<size_t>(c.num_layers)) {
-        return InvalidArgumentError(where + "similarity: a row of " +
-                                    std::to_string(values.size()) + " values, not " +
-                                    std::to_string(c.num_layers));
-      }
-      c.similarity.insert(c.similarity.end(), values.begin(), values.end());
-    }
-    c.head_similarity = json.value("head_similarity", std::vector<double>());
-    if (json.contains("known_loss")) c.known_loss = json.at("known_loss").get<std::string>();
-  } catch (const nlohmann::json::exception& e) {
-    return InvalidArgumentError(where + "missing or mistyped field: " + e.what());
+  RUBATO_ASSIGN_OR_RETURN(const Json* format, r.Field(json, "format", ""));
+  if (!format->is_string() || format->get<std::string>() != kFormat) {
+    return r.Error("format",
+                   "not a kascade calibration (format is not '" + std::string(kFormat) + "')");
   }
-  RUBATO_RETURN_IF_ERROR(ValidateCalibration(c).WithContext(where.substr(0, where.size() - 2)));
+  RUBATO_ASSIGN_OR_RETURN(const Json* version, r.Field(json, "version", ""));
+  RUBATO_ASSIGN_OR_RETURN(const int v, r.Int(*version, "version", 0, kMaxIntField));
+  if (v != kVersion) {
+    return r.Error("version",
+                   std::to_string(v) + ", this rubato reads version " + std::to_string(kVersion));
+  }
+  RUBATO_ASSIGN_OR_RETURN(const Json* model, r.Field(json, "model", ""));
+  RUBATO_ASSIGN_OR_RETURN(const Json* path, r.Field(*model, "path", "model"));
+  RUBATO_ASSIGN_OR_RETURN(c.model, r.String(*path, "model.path"));
+  const std::pair<const char*, std::pair<int*, int64_t>> shape[] = {
+      {"num_layers", {&c.num_layers, kMaxLayers}},
+      {"num_heads", {&c.num_heads, kMaxHeads}},
+      {"num_kv_heads", {&c.num_kv_heads, kMaxHeads}},
+      {"head_dim", {&c.head_dim, kMaxHeads}}};
+  for (const auto& [key, target] : shape) {
+    RUBATO_ASSIGN_OR_RETURN(const Json* value, r.Field(*model, key, "model"));
+    RUBATO_ASSIGN_OR_RETURN(*target.first,
+                            r.Int(*value, std::string("model.") + key, 1, target.second));
+  }
+  RUBATO_ASSIGN_OR_RETURN(const Json* dev, r.Field(json, "dev_set", ""));
+  RUBATO_ASSIGN_OR_RETURN(const Json* dev_path, r.Field(*dev, "path", "dev_set"));
+  RUBATO_ASSIGN_OR_RETURN(c.dev_set, r.String(*dev_path, "dev_set.path"));
+  RUBATO_ASSIGN_OR_RETURN(const Json* hash, r.Field(*dev, "fnv1a64", "dev_set"));
+  RUBATO_ASSIGN_OR_RETURN(c.dev_set_fnv1a, r.String(*hash, "dev_set.fnv1a64"));
+  RUBATO_ASSIGN_OR_RETURN(const Json* prompts, r.Field(*dev, "prompts", "dev_set"));
+  RUBATO_ASSIGN_OR_RETURN(c.prompts, r.Int(*prompts, "dev_set.prompts", 0, kMaxIntField));
+  RUBATO_ASSIGN_OR_RETURN(const Json* top_k, r.Field(json, "top_k", ""));
+  RUBATO_ASSIGN_OR_RETURN(c.top_k, r.Int(*top_k, "top_k", 1, kMaxIntField));
+
+  const int L = c.num_layers, H = c.num_kv_heads;
+  RUBATO_ASSIGN_OR_RETURN(const Json* anchors, r.Field(json, "anchors", ""));
+  RUBATO_ASSIGN_OR_RETURN(c.anchors, r.Ints(*anchors, "anchors", static_cast<size_t>(L), 0, L - 1));
+  RUBATO_ASSIGN_OR_RETURN(const Json* head_map, r.Field(json, "head_map", ""));
+  RUBATO_RETURN_IF_ERROR(r.Array(*head_map, "head_map", static_cast<size_t>(L)));
+  for (size_t l = 0; l < head_map->size(); ++l) {
+    RUBATO_ASSIGN_OR_RETURN(std::vector<int> row,
+                            r.Ints((*head_map)[l], CalibrationReader::Index("head_map", l),
+                                   static_cast<size_t>(H), 0, H - 1));
+    c.head_map.push_back(std::move(row));
+  }
+  RUBATO_ASSIGN_OR_RETURN(const Json* importance, r.Field(json, "importance", ""));
+  RUBATO_RETURN_IF_ERROR(
+      r.AppendDoubles(*importance, "importance", static_cast<size_t>(L), &c.importance));
+  RUBATO_ASSIGN_OR_RETURN(const Json* similarity, r.Field(json, "similarity", ""));
+  RUBATO_RETURN_IF_ERROR(r.Array(*similarity, "similarity", static_cast<size_t>(L)));
+  for (size_t a = 0; a < similarity->size(); ++a) {
+    const std::string row = CalibrationReader::Index("similarity", a);
+    const size_t before = c.similarity.size();
+    RUBATO_RETURN_IF_ERROR(
+        r.AppendDoubles((*similarity)[a], row, static_cast<size_t>(L), &c.similarity));
+    if (c.similarity.size() - before != static_cast<size_t>(L)) {
+      return r.Error(row, "holds " + std::to_string(c.similarity.size() - before) +
+                              " values, not " + std::to_string(L) + " (layers)");
+    }
+  }
+  const auto heads = json.find("head_similarity");
+  if (heads != json.end()) {
+    const size_t pairs = static_cast<size_t>(L) * H * L * H;
+    RUBATO_RETURN_IF_ERROR(r.AppendDoubles(*heads, "head_similarity", pairs, &c.head_similarity));
+  }
+  const auto known_loss = json.find("known_loss");
+  if (known_loss != json.end()) {
+    RUBATO_ASSIGN_OR_RETURN(c.known_loss, r.String(*known_loss, "known_loss"));
+  }
   return c;
+}
+
+}  // namespace
+
+Result<KascadeCalibration> ParseCalibration(std::string_view text, const std::string& what) {
+  if (text.size() > kMaxCalibrationFileBytes) {
+    return InvalidArgumentError(what + ": more than " + std::to_string(kMaxCalibrationFileBytes) +
+                                " bytes, the limit for a calibration file");
+  }
+  RUBATO_RETURN_IF_ERROR(CheckJsonNesting(text, what));
+  Json json;
+  try {
+    json = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    return InvalidArgumentError(what + ": not valid JSON (truncated?): " + Excerpt(e.what(), 200));
+  } catch (const Json::exception& e) {  // a number past a double (1e999)
+    return InvalidArgumentError(what +
+                                ": a value JSON numbers cannot hold: " + Excerpt(e.what(), 200));
+  }
+  if (!json.is_object()) return InvalidArgumentError(what + ": expected a JSON object");
+  const CalibrationReader reader(what + ": ");
+  RUBATO_ASSIGN_OR_RETURN(KascadeCalibration c, ReadCalibrationJson(json, reader));
+  RUBATO_RETURN_IF_ERROR(ValidateCalibration(c).WithContext(what));
+  return c;
+}
+
+Result<KascadeCalibration> LoadCalibration(const std::string& path) {
+  Result<std::string> text = ReadTextFile(path, kMaxCalibrationFileBytes);
+  if (!text.ok()) return text.status().WithContext("kascade calibration");
+  return ParseCalibration(*text, "kascade calibration '" + DisplayPath(path) + "'");
 }
 
 Status CheckCalibrationFits(const KascadeCalibration& c, int num_layers, int num_heads,
@@ -175,7 +327,7 @@ Status CheckCalibrationFits(const KascadeCalibration& c, int num_layers, int num
     return std::to_string(layers) + " layers, " + std::to_string(heads) + " query / " +
            std::to_string(kv_heads) + " KV heads of dimension " + std::to_string(dim);
   };
-  return InvalidArgumentError("kascade calibration made for '" + c.model + "' (" +
+  return InvalidArgumentError("kascade calibration made for '" + Excerpt(c.model, 200) + "' (" +
                               shape(c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) +
                               "), but the model has " +
                               shape(num_layers, num_heads, num_kv_heads, head_dim));

@@ -275,5 +275,52 @@ TEST_F(KascadeCalibrationFile, RoundTripsAndRefusesBadFilesByName) {
   }
 }
 
+// Numbers are read by type and range: a float or an integer past int where an integer belongs is
+// refused naming the field (nlohmann's get<int> turned 2.7 and 4294967298 into 2), and a number
+// past a double (1e999) is a refusal, never an exception.
+TEST_F(KascadeCalibrationFile, MistypedNumbersAreRefusedByName) {
+  const std::string path = Path("typed.json");
+  ASSERT_TRUE(SaveCalibration(SmallCalibration(), path).ok());
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto with = [&](const std::string& key, const std::string& value) {
+    const size_t at = text.find("\"" + key + "\"");
+    EXPECT_NE(at, std::string::npos) << key;
+    const size_t start = text.find(':', at) + 1;
+    const size_t end = text.find_first_of(",}\n", start);
+    return text.substr(0, start) + " " + value + text.substr(end);
+  };
+  const struct {
+    const char* key;
+    const char* value;
+    const char* needle;
+  } cases[] = {
+      {"num_layers", "2.7", "model.num_layers: expected an integer, got the number 2.7"},
+      {"num_layers", "4294967298", "model.num_layers: must be in [1, 1024], got 4294967298"},
+      {"top_k", "-1", "top_k: must be in [1, 2147483647], got -1"},
+      {"top_k", "1e999", "a value JSON numbers cannot hold"},
+      {"version", "\"1\"", "version: expected an integer, got a string"},
+      {"prompts", "true", "dev_set.prompts: expected an integer, got a boolean"},
+  };
+  for (const auto& c : cases) {
+    const Result<KascadeCalibration> bad = ParseCalibration(with(c.key, c.value), "cal.json");
+    ASSERT_FALSE(bad.ok()) << c.key << " " << c.value;
+    EXPECT_NE(bad.status().message().find(c.needle), std::string::npos) << bad.status().message();
+  }
+  // A float inside an array of integers.
+  const Result<KascadeCalibration> big = ParseCalibration(
+      std::string(text).replace(text.find("\"anchors\"") + 12, 0, "0.5, "), "cal.json");
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("anchors[0]: expected an integer, got the number 0.5"),
+            std::string::npos)
+      << big.status().message();
+  // A 20 MB model path is not echoed whole.
+  Result<KascadeCalibration> loaded = ParseCalibration(text, "cal.json");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  loaded->model = std::string(20 << 20, 'm');
+  EXPECT_LT(CheckCalibrationFits(*loaded, 12, 8, 4, 64).message().size(), 600u);
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace rubato

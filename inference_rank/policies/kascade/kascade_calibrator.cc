@@ -2,6 +2,8 @@
 // KascadeSimilarity while the model prefills each development prompt in one chunk.
 #include "inference_rank/policies/kascade/kascade_calibrator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,6 +14,8 @@
 #include <sstream>
 #include <vector>
 
+#include "common/hf_config.h"
+#include "common/text_file.h"
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/attention/cpu_backend.h"
 #include "inference_rank/model/cpu_model.h"
@@ -85,11 +89,10 @@ class CalibrationObserver final : public CpuAttentionBackend {
 };
 
 Result<std::vector<std::string>> ReadDevSet(const std::string& path, std::string& bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("--dev-set: cannot open '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  bytes = text.str();
+  // Bounded, and only a regular file: /dev/zero or a FIFO is refused by kind, never read.
+  Result<std::string> text = ReadTextFile(path, kMaxPromptSetBytes);
+  if (!text.ok()) return text.status().WithContext("--dev-set");
+  bytes = std::move(text).value();
   std::vector<std::string> prompts;
   std::istringstream lines(bytes);
   std::string line;
@@ -97,12 +100,13 @@ Result<std::vector<std::string>> ReadDevSet(const std::string& path, std::string
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const nlohmann::json json = nlohmann::json::parse(line, nullptr, false);
     if (!json.is_object() || !json.contains("prompt") || !json["prompt"].is_string()) {
-      return InvalidArgumentError("--dev-set " + path + ":" + std::to_string(number) +
+      return InvalidArgumentError("--dev-set " + DisplayPath(path) + ":" + std::to_string(number) +
                                   ": not a JSON object with a string \"prompt\"");
     }
     prompts.push_back(json["prompt"].get<std::string>());
   }
-  if (prompts.empty()) return InvalidArgumentError("--dev-set " + path + ": no prompts");
+  if (prompts.empty())
+    return InvalidArgumentError("--dev-set " + DisplayPath(path) + ": no prompts");
   return prompts;
 }
 
@@ -119,15 +123,61 @@ void Progress(std::FILE* out, int done, int total, double seconds) {
 
 }  // namespace
 
+uint64_t KascadeCalibrationBytes(const ModelConfig& model, int tokens, int top_k) {
+  const uint64_t t = static_cast<uint64_t>(tokens);
+  const uint64_t h = static_cast<uint64_t>(model.num_kv_heads);
+  const uint64_t k = static_cast<uint64_t>(std::min(top_k, tokens));
+  const uint64_t probs = t * h * t * sizeof(float);  // [tokens][kv_heads][tokens]
+  const uint64_t sets = static_cast<uint64_t>(model.num_layers) * t * h * k * sizeof(int);
+  const uint64_t residual = t * static_cast<uint64_t>(model.hidden_size) * sizeof(float);
+  const uint64_t kv = 2 * static_cast<uint64_t>(model.num_layers) * t * h *
+                      static_cast<uint64_t>(model.head_dim) * sizeof(float);
+  return probs + sets + residual + kv;
+}
+
 Result<KascadeCalibration> CalibrateKascade(const KascadeCalibrateOptions& options) {
+  if (options.out.empty()) {
+    return InvalidArgumentError("--out: empty; name the calibration file to write");
+  }
+  const std::filesystem::path out_dir = std::filesystem::path(options.out).parent_path();
+  std::error_code error;  // a path too long for the OS is an answer, not an exception
+  if (!out_dir.empty() && !std::filesystem::is_directory(out_dir, error)) {
+    return NotFoundError("--out " + DisplayPath(options.out) + ": the directory " +
+                         DisplayPath(out_dir) + " does not exist");
+  }
   if (options.top_k < 1) return InvalidArgumentError("--top-k must be >= 1");
   if (options.max_prompt_tokens < 2) return InvalidArgumentError("--max-tokens must be >= 2");
-  if (!std::filesystem::is_directory(options.model_dir)) {
-    return NotFoundError("model directory '" + options.model_dir + "' does not exist");
+  if (options.top_k > options.max_prompt_tokens) {
+    return InvalidArgumentError("--top-k " + std::to_string(options.top_k) +
+                                " exceeds --max-tokens " +
+                                std::to_string(options.max_prompt_tokens) +
+                                ": a top-k set holds at most a prompt's positions");
+  }
+  if (!std::filesystem::is_directory(options.model_dir, error)) {
+    return NotFoundError("model directory '" + DisplayPath(options.model_dir) + "' does not exist");
   }
   std::string bytes;
   RUBATO_ASSIGN_OR_RETURN(const std::vector<std::string> prompts,
                           ReadDevSet(options.dev_set, bytes));
+  // The model's shape alone first: what one prompt costs is known before any weight is read.
+  RUBATO_ASSIGN_OR_RETURN(const ModelConfig shape, LoadModelConfig(options.model_dir));
+  const int max_tokens = std::min(options.max_prompt_tokens, shape.max_position_embeddings);
+  if (options.top_k > max_tokens) {
+    return InvalidArgumentError("--top-k " + std::to_string(options.top_k) +
+                                " exceeds the model's max_position_embeddings (" +
+                                std::to_string(max_tokens) +
+                                "): a top-k set holds at most a prompt's positions");
+  }
+  const uint64_t needed = KascadeCalibrationBytes(shape, max_tokens, options.top_k);
+  const uint64_t memory = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+  if (needed > memory / 2) {
+    return ResourceExhaustedError(
+        "--max-tokens " + std::to_string(max_tokens) + " with --top-k " +
+        std::to_string(options.top_k) + ": a prompt of that length needs " +
+        std::to_string(needed >> 20) + " MiB of observations, more than half of this machine's " +
+        std::to_string(memory >> 20) + " MiB; lower --max-tokens");
+  }
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
                           Tokenizer::LoadFromDirectory(options.model_dir));
   ModelLoadOptions load;
@@ -142,7 +192,6 @@ Result<KascadeCalibration> CalibrateKascade(const KascadeCalibrateOptions& optio
   KascadeSimilarity similarity(config.num_layers, config.num_kv_heads, options.top_k);
   RUBATO_RETURN_IF_ERROR(
       model->SetAttentionBackend(std::make_unique<CalibrationObserver>(config, similarity)));
-  const int max_tokens = std::min(options.max_prompt_tokens, config.max_position_embeddings);
   const int block = 16;
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> cache,
                           model->CreateKvCache(block, (max_tokens + block - 1) / block));
@@ -191,7 +240,7 @@ Result<KascadeCalibration> CalibrateKascade(const KascadeCalibrateOptions& optio
       SelectAnchorLayers(calibration.similarity, config.num_layers, options.anchors));
   calibration.head_map = HeadMap(calibration.head_similarity, calibration.anchors,
                                  config.num_layers, config.num_kv_heads);
-  if (!options.out.empty()) RUBATO_RETURN_IF_ERROR(SaveCalibration(calibration, options.out));
+  RUBATO_RETURN_IF_ERROR(SaveCalibration(calibration, options.out));
   return calibration;
 }
 

@@ -69,6 +69,15 @@ LongFlowPolicy::LongFlowPolicy(const LongFlowConfig& config) : config_(config) {
   traits_.evicting_slots = config.budget;
 }
 
+Status LongFlowPolicy::CheckLimits(int max_context) const {
+  // The budget's slots are allocated per request that may run (evicting_residency.cc).
+  const LongFlowConfig defaults;
+  return CheckTokenCounts({{"budget", config_.budget, defaults.budget},
+                           {"sink_tokens", config_.sink_tokens, defaults.sink_tokens},
+                           {"snapkv_window", config_.snapkv_window, defaults.snapkv_window}},
+                          max_context);
+}
+
 Result<std::unique_ptr<AttentionBackend>> LongFlowPolicy::MakeBackend(Model& model,
                                                                       int /*max_batch*/) const {
   if (model.backend_name() == "cpu") return MakeLongFlowCpuBackend(model.config(), config_);

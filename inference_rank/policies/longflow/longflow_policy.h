@@ -57,6 +57,7 @@ class LongFlowPolicy final : public AttentionPolicy {
   std::string_view name() const override { return "longflow"; }
   const PolicyTraits& traits() const override { return traits_; }
   Result<std::unique_ptr<AttentionBackend>> MakeBackend(Model& model, int max_batch) const override;
+  Status CheckLimits(int max_context) const override;
   std::unique_ptr<PolicyRequest> Admit(KvResidency residency) override;
   Status RegisterMetrics(MetricsRegistry& registry) override;
   std::string StatsLine() const override;

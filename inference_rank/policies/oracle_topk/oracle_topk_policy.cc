@@ -72,6 +72,14 @@ const PolicyTraits& OracleTopKPolicy::traits() const {
   return traits;
 }
 
+Status OracleTopKPolicy::CheckLimits(int max_context) const {
+  const OracleTopKConfig d;
+  return CheckTokenCounts({{"top_k", config_.top_k, d.top_k},
+                           {"sink_tokens", config_.sink_tokens, d.sink_tokens},
+                           {"recent_window", config_.recent_window, d.recent_window}},
+                          max_context);
+}
+
 Result<std::unique_ptr<AttentionBackend>> OracleTopKPolicy::MakeBackend(Model& model,
                                                                         int max_batch) const {
   if (model.backend_name() == "cpu") return MakeOracleTopKCpuBackend(model.config(), config_);

@@ -40,6 +40,7 @@ class OracleTopKPolicy final : public AttentionPolicy {
   std::string_view name() const override { return "oracle_topk"; }
   const PolicyTraits& traits() const override;
   Result<std::unique_ptr<AttentionBackend>> MakeBackend(Model& model, int max_batch) const override;
+  Status CheckLimits(int max_context) const override;
   // Offloaded KV: no local plan (the cache rank's oracle_topk selector chooses the rows).
   // The cache rank's oracle_topk selector with this config.
   Result<CacheSelectorSpec> MakeCacheSelector() const override {

@@ -93,6 +93,18 @@ Status SfiPolicy::SetTriggerIds(std::vector<int> trigger_ids) {
   return Status::Ok();
 }
 
+Status SfiPolicy::CheckLimits(int max_context) const {
+  // Their sum sizes each layer's compact buffer (SfiCompactCapacity); bounded, it fits an int.
+  const SfiPolicyConfig d;
+  return CheckTokenCounts(
+      {{"sink_tokens", config_.sink_tokens, d.sink_tokens},
+       {"recent_window", config_.recent_window, d.recent_window},
+       {"budget", config_.selector.budget, d.selector.budget},
+       {"nms_window", config_.selector.nms_window, d.selector.nms_window},
+       {"continuation", config_.selector.continuation, d.selector.continuation}},
+      max_context);
+}
+
 Result<std::unique_ptr<AttentionBackend>> SfiPolicy::MakeBackend(Model& model,
                                                                  int max_batch) const {
   if (max_batch < 1) {

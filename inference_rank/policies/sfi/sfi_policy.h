@@ -39,6 +39,7 @@ class SfiPolicy final : public AttentionPolicy {
   Status SetTriggerIds(std::vector<int> trigger_ids);
   // Checks the trigger ids against the model's vocabulary, then the backend of model's type.
   Result<std::unique_ptr<AttentionBackend>> MakeBackend(Model& model, int max_batch) const override;
+  Status CheckLimits(int max_context) const override;
   std::unique_ptr<PolicyRequest> Admit(KvResidency residency) override;
   // rubato:slow_steps_total, rubato:fast_steps_total, rubato:discarded_fast_steps_total.
   Status RegisterMetrics(MetricsRegistry& registry) override;
