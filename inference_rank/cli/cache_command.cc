@@ -64,7 +64,8 @@ Status CheckRpcToken(const rpc::RpcEndpoint& endpoint, const std::string& listen
     return FailedPreconditionError(
         listen_name + " " + listen +
         " is not a loopback address and no RPC token is set: any host that reaches it could "
-        "hold the whole KV budget. Set " + rpc::kTokenEnv + " (or " + rpc::kTokenFileEnv +
+        "hold the whole KV budget. Set " +
+        rpc::kTokenEnv + " (or " + rpc::kTokenFileEnv +
         ", the path of a file that holds it) for the cache rank and its inference ranks, or "
         "listen on 127.0.0.1");
   }

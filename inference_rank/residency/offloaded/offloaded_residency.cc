@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
