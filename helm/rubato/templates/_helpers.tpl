@@ -61,14 +61,16 @@ app.kubernetes.io/managed-by: {{ $root.Release.Service }}
 {{/*
 The rubato YAML (configs/default.yaml has every key): .Values.config with what the chart owns
 laid over it: model.path, server (all interfaces, inference.port, /metrics served on that port
-so the separate metrics_port is off, the drain time inference.shutdownGraceSeconds) and, in
+so the separate metrics_port is off, the drain time inference.shutdownGraceSeconds, the metric
+names metrics.names) and, in
 disaggregated mode, the topology and the offloaded KV residency. Each inference rank resolves the
 cache ranks' headless Service name and connects to one of the cache ranks ready at that moment.
 */}}
 {{- define "rubato.config" -}}
 {{- $owned := dict "model" (dict "path" .Values.model.path)
       "server" (dict "host" "0.0.0.0" "port" (int .Values.inference.port) "metrics_port" 0
-        "shutdown_grace_s" (int .Values.inference.shutdownGraceSeconds)) -}}
+        "shutdown_grace_s" (int .Values.inference.shutdownGraceSeconds)
+        "metrics_names" (.Values.metrics.names | default "rubato")) -}}
 {{- if eq .Values.mode "disaggregated" -}}
 {{- $endpoint := printf "%s.%s.svc:%d" (include "rubato.cacheServiceName" .) .Release.Namespace (int .Values.cache.rpcPort) -}}
 {{- $_ := set $owned "engine" (dict "kv_residency" "offloaded") -}}
