@@ -266,8 +266,16 @@ HttpHeaders OpenAiRouter::CorsHeaders(const HttpRequest& request) const {
   const std::string origin = request.Header("origin");
   if (origin.empty()) return {};
   for (const std::string& allowed : options_.cors_allowed_origins) {
-    if (allowed == "*") return {{"Access-Control-Allow-Origin", "*"}};
-    if (allowed == origin) return {{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}};
+    // A browser client reads the echoed request id only when it is exposed.
+    if (allowed == "*") {
+      return {{"Access-Control-Allow-Origin", "*"},
+              {"Access-Control-Expose-Headers", "x-request-id"}};
+    }
+    if (allowed == origin) {
+      return {{"Access-Control-Allow-Origin", origin},
+              {"Access-Control-Expose-Headers", "x-request-id"},
+              {"Vary", "Origin"}};
+    }
   }
   return {};
 }

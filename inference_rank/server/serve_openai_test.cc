@@ -256,6 +256,8 @@ TEST_F(ServeOpenAiTest, CorsHeadersForAllowedOriginsOnly) {
               json({{"prompt", "Hi"}, {"max_tokens", 1}, {"temperature", 0}}).dump(), origin);
   EXPECT_EQ(completion.status, 200);
   EXPECT_EQ(completion.headers.at("access-control-allow-origin"), kOrigin);
+  EXPECT_EQ(completion.headers.at("access-control-expose-headers"), "x-request-id");
+  EXPECT_FALSE(completion.headers.at("x-request-id").empty());
 }
 
 // A request that has not answered within `wait` (the socket stays open), or its response.
