@@ -143,7 +143,7 @@ TEST(CacheServiceDataPlane, APeerOfAnotherPackVersionIsRefusedByName) {
   const LayerPackRequest request{*session, 0, 1, 0, 1};
   std::vector<std::byte> pack(*KvPackBytes(shape, {&request, 1}));
   ASSERT_TRUE(LayerPackWriter::Create(shape, {&request, 1}, pack).ok());
-  const uint16_t version = 1;  // a build from before attention on the cache rank
+  const uint16_t version = 2;  // a build from before delta replies
   std::memcpy(pack.data() + offsetof(LayerPackHeader, version), &version, sizeof(version));
   const TransferOp header =
       TransferOp::Send(0, kPackHeaderTag, pack.data(), sizeof(LayerPackHeader));
@@ -151,8 +151,8 @@ TEST(CacheServiceDataPlane, APeerOfAnotherPackVersionIsRefusedByName) {
   ASSERT_TRUE(WaitFor([&] { return !service.PeerHealth(1).ok(); }));
   const Status health = service.PeerHealth(1);
   EXPECT_EQ(health.code(), StatusCode::kUnsupported) << health.ToString();
-  EXPECT_NE(health.message().find("a KV pack of layer-pack version 1, this cache rank reads "
-                                  "version 2"),
+  EXPECT_NE(health.message().find("a KV pack of layer-pack version 2, this cache rank reads "
+                                  "version 3"),
             std::string::npos)
       << health.ToString();
   EXPECT_EQ(service.Stats().packs_received, 0u);

@@ -33,7 +33,8 @@ static_assert(offsetof(LayerPackRequestEntry, first_position) == 8 &&
               offsetof(LayerPackRequestEntry, new_tokens) == 12 &&
               offsetof(LayerPackRequestEntry, reply_slots) == 16 &&
               offsetof(LayerPackRequestEntry, attention_queries) == 20 &&
-              offsetof(LayerPackRequestEntry, reserved1) == 24);
+              offsetof(LayerPackRequestEntry, delta_rows) == 24 &&
+              offsetof(LayerPackRequestEntry, delta_reset) == 28);
 
 namespace {
 
@@ -152,6 +153,18 @@ Status CheckRequest(const LayerPackShape& shape, const LayerPackRequest& request
         "layer pack: request {} (session {}): 'attention_queries' is {} but the kv pack carries "
         "no query", index, request.session_id, request.attention_queries));
   }
+  const bool delta_reply = shape.delta && shape.kind == LayerPackKind::kReplyPack;
+  if ((request.delta_rows > 0 && !delta_reply) || request.delta_rows > request.reply_slots) {
+    return InvalidArgumentError(fmt::format(
+        "layer pack: request {} (session {}): 'delta_rows' is {}; it must be 0 outside a delta "
+        "reply and at most reply_slots {}", index, request.session_id, request.delta_rows,
+        request.reply_slots));
+  }
+  if (request.delta_reset > 1 || (request.delta_reset > 0 && !shape.delta)) {
+    return InvalidArgumentError(fmt::format(
+        "layer pack: request {} (session {}): 'delta_reset' is {}; it must be 0 or 1, and 0 "
+        "outside a delta pack", index, request.session_id, request.delta_reset));
+  }
   return Status::Ok();
 }
 
@@ -186,8 +199,12 @@ Result<LayerPackLayout> LayerPackLayout::Compute(const LayerPackShape& shape,
       if (shape.has_query) place(math.Mul(shape.num_query_heads, row), s.query_offset,
                                  s.query_bytes);
     } else {
-      const uint64_t slots = math.Mul(shape.num_kv_heads, requests[r].reply_slots);
+      // A delta reply carries delta_rows rows per KV head (and their slots), a full one
+      // reply_slots.
+      const uint64_t rows = shape.delta ? requests[r].delta_rows : requests[r].reply_slots;
+      const uint64_t slots = math.Mul(shape.num_kv_heads, rows);
       place(math.Mul(shape.num_kv_heads, 4), s.counts_offset, s.counts_bytes);
+      if (shape.delta) place(math.Mul(slots, 4), s.slots_offset, s.slots_bytes);
       place(math.Mul(slots, 4), s.positions_offset, s.positions_bytes);
       place(math.Mul(slots, row), s.key_offset, s.key_bytes);
       place(math.Mul(slots, row), s.value_offset, s.value_bytes);
@@ -220,6 +237,7 @@ LayerPackSections LayerPackLayout::Sections(uint32_t layer_index, uint32_t reque
   s.positions_offset += base;
   s.output_offset += base;
   s.lse_offset += base;
+  s.slots_offset += base;
   return s;
 }
 
@@ -266,7 +284,8 @@ Result<LayerPackWriter> LayerPackWriter::Create(const LayerPackShape& shape,
   header.num_kv_heads = normalized.num_kv_heads;
   header.num_query_heads = normalized.num_query_heads;
   header.head_dim = normalized.head_dim;
-  header.flags = normalized.has_query ? kLayerPackFlagHasQuery : 0u;
+  header.flags = (normalized.has_query ? kLayerPackFlagHasQuery : 0u) |
+                 (normalized.delta ? kLayerPackFlagDelta : 0u);
   header.total_bytes = layout.total_bytes();
   std::byte* base = out.data();
   std::memcpy(base, &header, sizeof(header));
@@ -277,6 +296,8 @@ Result<LayerPackWriter> LayerPackWriter::Create(const LayerPackShape& shape,
     entry.new_tokens = requests[r].new_tokens;
     entry.reply_slots = requests[r].reply_slots;
     entry.attention_queries = requests[r].attention_queries;
+    entry.delta_rows = requests[r].delta_rows;
+    entry.delta_reset = requests[r].delta_reset;
     std::memcpy(base + kHeaderBytes + r * kEntryBytes, &entry, sizeof(entry));
   }
   // Zero the padding after the table and after every section, so that a message's bytes are a
@@ -298,6 +319,7 @@ Result<LayerPackWriter> LayerPackWriter::Create(const LayerPackShape& shape,
         if (normalized.has_query) pad(s.query_offset, s.query_bytes);
       } else {
         pad(s.counts_offset, s.counts_bytes);
+        if (normalized.delta) pad(s.slots_offset, s.slots_bytes);
         pad(s.positions_offset, s.positions_bytes);
         pad(s.key_offset, s.key_bytes);
         pad(s.value_offset, s.value_bytes);
@@ -339,6 +361,9 @@ std::span<std::byte> LayerPackWriter::AttentionOutput(uint32_t l, uint32_t r) co
 std::span<std::byte> LayerPackWriter::AttentionLse(uint32_t l, uint32_t r) const {
   return Section(l, r, kLseSection);
 }
+std::span<std::byte> LayerPackWriter::Slots(uint32_t l, uint32_t r) const {
+  return Section(l, r, kSlotsSection);
+}
 
 // ---- view ------------------------------------------------------------------------------
 
@@ -371,7 +396,7 @@ Result<LayerPackView> LayerPackView::Parse(std::span<const std::byte> bytes) {
   shape.kind = static_cast<LayerPackKind>(header.kind);
   RUBATO_ASSIGN_OR_RETURN(shape.dtype, DTypeFromWire(header.dtype));
   const uint32_t allowed_flags =
-      shape.kind == LayerPackKind::kKvPack ? kLayerPackFlagHasQuery : 0u;
+      (shape.kind == LayerPackKind::kKvPack ? kLayerPackFlagHasQuery : 0u) | kLayerPackFlagDelta;
   if ((header.flags & ~allowed_flags) != 0) {
     return DataLossError(fmt::format(
         "layer pack: header field 'flags' is 0x{:x}, a {} allows only 0x{:x}", header.flags,
@@ -402,6 +427,7 @@ Result<LayerPackView> LayerPackView::Parse(std::span<const std::byte> bytes) {
   shape.num_query_heads = header.num_query_heads;
   shape.head_dim = header.head_dim;
   shape.has_query = (header.flags & kLayerPackFlagHasQuery) != 0;
+  shape.delta = (header.flags & kLayerPackFlagDelta) != 0;
 
   LayerPackView view;
   view.requests_.resize(header.batch);
@@ -410,10 +436,6 @@ Result<LayerPackView> LayerPackView::Parse(std::span<const std::byte> bytes) {
   for (uint32_t r = 0; r < header.batch; ++r) {
     LayerPackRequestEntry entry;
     std::memcpy(&entry, bytes.data() + kHeaderBytes + r * kEntryBytes, sizeof(entry));
-    if (entry.reserved1 != 0) {
-      return DataLossError(fmt::format(
-          "layer pack: request {}: field 'reserved1' is {}, expected 0", r, entry.reserved1));
-    }
     if (!sessions.insert(entry.session_id).second) {
       return DataLossError(fmt::format(
           "layer pack: request {} repeats session id {} (a session appears once per pack)", r,
@@ -421,7 +443,8 @@ Result<LayerPackView> LayerPackView::Parse(std::span<const std::byte> bytes) {
     }
     view.requests_[r] = LayerPackRequest{entry.session_id, entry.first_position,
                                          entry.new_tokens, entry.reply_slots,
-                                         entry.attention_queries};
+                                         entry.attention_queries, entry.delta_rows,
+                                         entry.delta_reset};
   }
   auto layout = LayerPackLayout::Compute(shape, view.requests_);
   if (!layout.ok()) {  // a header or table the sender could not have written: corrupt
@@ -467,6 +490,9 @@ std::span<const std::byte> LayerPackView::AttentionOutput(uint32_t l, uint32_t r
 }
 std::span<const std::byte> LayerPackView::AttentionLse(uint32_t l, uint32_t r) const {
   return Section(l, r, kLseSection);
+}
+std::span<const std::byte> LayerPackView::Slots(uint32_t l, uint32_t r) const {
+  return Section(l, r, kSlotsSection);
 }
 
 int32_t LoadInt32(std::span<const std::byte> section, size_t index) {

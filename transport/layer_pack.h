@@ -20,9 +20,15 @@ namespace rubato {
 
 inline constexpr char kLayerPackMagic[4] = {'R', 'B', 'L', 'P'};
 // 2: the request table's attention_queries and the reply's attention sections (1 had neither).
-inline constexpr uint16_t kLayerPackVersion = 2;
+// 3: delta replies (kLayerPackFlagDelta, the entries' delta_rows / delta_reset, the slots
+// section).
+inline constexpr uint16_t kLayerPackVersion = 3;
 // Flag bits of LayerPackHeader::flags. Unknown bits are refused by Parse.
 inline constexpr uint32_t kLayerPackFlagHasQuery = 1u << 0;
+// Delta replies (transport/compact_delta.h): on a KV pack, the sender keeps a persistent compact
+// pool per (request, layer, KV head) and asks for deltas; on a reply pack, each (layer, request)
+// carries only the rows entering its pool, with their slots.
+inline constexpr uint32_t kLayerPackFlagDelta = 1u << 1;
 // Every payload section starts at a multiple of this many bytes from the message start.
 inline constexpr uint64_t kLayerPackSectionAlignment = 16;
 
@@ -41,7 +47,7 @@ struct LayerPackHeader {
   uint32_t num_kv_heads;     // >= 1
   uint32_t num_query_heads;  // >= 1, a multiple of num_kv_heads (GQA)
   uint32_t head_dim;         // >= 1
-  uint32_t flags;            // kLayerPackFlagHasQuery (KV packs only); other bits 0
+  uint32_t flags;            // kLayerPackFlagHasQuery (KV packs only), kLayerPackFlagDelta
   uint32_t reserved0;        // 0
   uint64_t total_bytes;      // size of the whole message: header + table + payload
   uint64_t reserved1;        // 0
@@ -57,7 +63,10 @@ struct LayerPackRequestEntry {
   uint32_t attention_queries;  // 0 or 1: the reply carries the attention of the last new
                                // token's query (the KV pack's query section) over positions
                                // [0, first_position + new_tokens); needs the query
-  uint64_t reserved1;          // 0
+  uint32_t delta_rows;   // delta replies: entering rows per KV head the reply has room for
+                         // (<= reply_slots); 0 in a KV pack and without kLayerPackFlagDelta
+  uint32_t delta_reset;  // 0 or 1, delta packs only: in a KV pack, the sender's pool is empty
+                         // (send every row); in a reply, the pool is emptied first
 };
 static_assert(sizeof(LayerPackRequestEntry) == 32, "LayerPackRequestEntry is 32 bytes");
 
@@ -73,6 +82,7 @@ struct LayerPackShape {
   uint32_t num_query_heads = 1;
   uint32_t head_dim = 1;
   bool has_query = false;
+  bool delta = false;  // kLayerPackFlagDelta
 };
 
 // One request of a pack (the request-table entry without its reserved fields).
@@ -82,6 +92,8 @@ struct LayerPackRequest {
   uint32_t new_tokens = 1;
   uint32_t reply_slots = 0;
   uint32_t attention_queries = 0;  // 0 or 1 (LayerPackRequestEntry)
+  uint32_t delta_rows = 0;         // (LayerPackRequestEntry)
+  uint32_t delta_reset = 0;        // 0 or 1 (LayerPackRequestEntry)
 
   friend bool operator==(const LayerPackRequest&, const LayerPackRequest&) = default;
 };
@@ -96,6 +108,7 @@ struct LayerPackSections {
   uint64_t positions_offset = 0, positions_bytes = 0;
   uint64_t output_offset = 0, output_bytes = 0;  // reply: attention output
   uint64_t lse_offset = 0, lse_bytes = 0;        // reply: attention log-sum-exp
+  uint64_t slots_offset = 0, slots_bytes = 0;    // delta reply: the entering rows' pool slots
 };
 
 // Names one section of LayerPackSections (its offset and size members).
@@ -117,6 +130,8 @@ inline constexpr SectionField kOutputSection{&LayerPackSections::output_offset,
                                              &LayerPackSections::output_bytes};
 inline constexpr SectionField kLseSection{&LayerPackSections::lse_offset,
                                           &LayerPackSections::lse_bytes};
+inline constexpr SectionField kSlotsSection{&LayerPackSections::slots_offset,
+                                            &LayerPackSections::slots_bytes};
 
 // The byte layout of one message, computed from shape + request table with overflow checks.
 // Shared by the writer and the view; callers rarely need it directly.
@@ -170,6 +185,7 @@ class LayerPackWriter {
   std::span<std::byte> Positions(uint32_t layer_index, uint32_t request) const;
   std::span<std::byte> AttentionOutput(uint32_t layer_index, uint32_t request) const;
   std::span<std::byte> AttentionLse(uint32_t layer_index, uint32_t request) const;
+  std::span<std::byte> Slots(uint32_t layer_index, uint32_t request) const;
 
  private:
   LayerPackWriter(LayerPackLayout layout, std::byte* base, uint32_t num_layers, uint32_t batch)
@@ -213,6 +229,8 @@ class LayerPackView {
   std::span<const std::byte> Positions(uint32_t layer_index, uint32_t request) const;
   std::span<const std::byte> AttentionOutput(uint32_t layer_index, uint32_t request) const;
   std::span<const std::byte> AttentionLse(uint32_t layer_index, uint32_t request) const;
+  std::span<const std::byte> Slots(uint32_t layer_index, uint32_t request) const;
+  bool delta() const { return shape_.delta; }
 
  private:
   std::span<const std::byte> Section(uint32_t layer_index, uint32_t request,
@@ -230,7 +248,9 @@ void StoreInt32(std::span<std::byte> section, size_t index, int32_t value);
 
 // Checks a reply pack's counts and positions: 0 <= count <= reply_slots, positions strictly
 // ascending within [0, first_position + new_tokens), entries past count -1; every attention
-// log-sum-exp finite. Not part of Parse
+// log-sum-exp finite. In a delta reply count is the pool's rows after applying, the entering
+// rows are the positions before the first -1 (at most delta_rows, ascending), each with a
+// distinct slot below count, and slots past them -1. Not part of Parse
 // because it reads the whole index payload; a receiver that trusts its peer may skip it.
 Status ValidateReplyContents(const LayerPackView& reply);
 

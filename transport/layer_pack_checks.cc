@@ -11,6 +11,51 @@
 
 namespace rubato {
 
+namespace {
+
+// A delta reply's rows of KV head `h`: the entering rows are the positions before the first -1,
+// ascending and below `limit`, each with a distinct slot below `count`; -1 past them.
+Status CheckDeltaRows(const LayerPackView& reply, uint32_t l, uint32_t r, uint32_t h, int32_t count,
+                      int64_t limit, const std::string& where) {
+  const uint32_t rows = reply.requests()[r].delta_rows;
+  const auto positions = reply.Positions(l, r);
+  const auto slots = reply.Slots(l, r);
+  std::vector<bool> taken(static_cast<size_t>(count), false);
+  int64_t previous = -1;
+  bool ended = false;
+  for (uint32_t i = 0; i < rows; ++i) {
+    const int32_t p = LoadInt32(positions, size_t{h} * rows + i);
+    const int32_t slot = LoadInt32(slots, size_t{h} * rows + i);
+    ended = ended || p == -1;
+    if (ended) {
+      if (p != -1 || slot != -1) {
+        return DataLossError(
+            fmt::format("{}: delta row {} after the entering rows has position "
+                        "{} and slot {}, both must be -1",
+                        where, i, p, slot));
+      }
+      continue;
+    }
+    if (p <= previous || p >= limit) {
+      return DataLossError(
+          fmt::format("{}: delta position[{}] = {} is not ascending after {} "
+                      "or not below {}",
+                      where, i, p, previous, limit));
+    }
+    if (slot < 0 || slot >= count || taken[static_cast<size_t>(slot)]) {
+      return DataLossError(
+          fmt::format("{}: delta slot[{}] = {} is outside [0, count {}) or "
+                      "taken twice",
+                      where, i, slot, count));
+    }
+    taken[static_cast<size_t>(slot)] = true;
+    previous = p;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ValidateReplyContents(const LayerPackView& reply) {
   if (reply.kind() != LayerPackKind::kReplyPack) {
     return InvalidArgumentError(
@@ -32,6 +77,10 @@ Status ValidateReplyContents(const LayerPackView& reply) {
         if (count < 0 || static_cast<uint32_t>(count) > request.reply_slots) {
           return DataLossError(fmt::format("{}: count {} is outside [0, reply_slots {}]", where,
                                            count, request.reply_slots));
+        }
+        if (reply.delta()) {
+          RUBATO_RETURN_IF_ERROR(CheckDeltaRows(reply, l, r, h, count, limit, where));
+          continue;
         }
         int64_t previous = -1;
         for (uint32_t i = 0; i < request.reply_slots; ++i) {

@@ -325,9 +325,13 @@ TEST(LayerPackParse, RefusesEveryHeaderCorruption) {
   b[0] = std::byte{'X'};
   ExpectParseError(b, "'magic'");
   b = pack.bytes;
-  // A peer of format version 1 (no attention sections) is refused by name.
+  // A peer of format version 1 (no attention sections) or 2 (no delta replies) is refused by
+  // name.
   Poke<uint16_t>(b, offsetof(LayerPackHeader, version), 1);
-  ExpectParseError(b, "'version' is 1, this build reads version 2 (the peer runs another rubato",
+  ExpectParseError(b, "'version' is 1, this build reads version 3 (the peer runs another rubato",
+                   StatusCode::kUnsupported);
+  Poke<uint16_t>(b, offsetof(LayerPackHeader, version), 2);
+  ExpectParseError(b, "'version' is 2, this build reads version 3 (the peer runs another rubato",
                    StatusCode::kUnsupported);
   b = pack.bytes;
   Poke<uint8_t>(b, offsetof(LayerPackHeader, kind), 3);
@@ -336,8 +340,8 @@ TEST(LayerPackParse, RefusesEveryHeaderCorruption) {
   Poke<uint8_t>(b, offsetof(LayerPackHeader, dtype), 9);
   ExpectParseError(b, "'dtype' is 9");
   b = pack.bytes;
-  Poke<uint32_t>(b, offsetof(LayerPackHeader, flags), 0x3);
-  ExpectParseError(b, "'flags' is 0x3");
+  Poke<uint32_t>(b, offsetof(LayerPackHeader, flags), 0x5);
+  ExpectParseError(b, "'flags' is 0x5");
   b = pack.bytes;
   Poke<uint32_t>(b, offsetof(LayerPackHeader, reserved0), 1);
   ExpectParseError(b, "'reserved0'");
@@ -363,7 +367,7 @@ TEST(LayerPackParse, RefusesEveryHeaderCorruption) {
   SamplePack reply = MakeSamplePack(LayerPackKind::kReplyPack);
   ASSERT_TRUE(LayerPackView::Parse(reply.bytes).ok());
   Poke<uint32_t>(reply.bytes, offsetof(LayerPackHeader, flags), kLayerPackFlagHasQuery);
-  ExpectParseError(reply.bytes, "a reply pack allows only 0x0");
+  ExpectParseError(reply.bytes, "a reply pack allows only 0x2");
 }
 
 TEST(LayerPackParse, RefusesCountsThatOverflowSizeMath) {
@@ -397,8 +401,11 @@ TEST(LayerPackParse, RefusesBadRequestTable) {
   Poke<uint32_t>(b, entry1 + offsetof(LayerPackRequestEntry, new_tokens), 0);
   ExpectParseError(b, "'new_tokens' is 0");
   b = pack.bytes;
-  Poke<uint64_t>(b, entry1 + offsetof(LayerPackRequestEntry, reserved1), 5);
-  ExpectParseError(b, "request 1: field 'reserved1' is 5");
+  Poke<uint32_t>(b, entry1 + offsetof(LayerPackRequestEntry, delta_rows), 5);
+  ExpectParseError(b, "'delta_rows' is 5; it must be 0 outside a delta reply");
+  b = pack.bytes;
+  Poke<uint32_t>(b, entry1 + offsetof(LayerPackRequestEntry, delta_reset), 1);
+  ExpectParseError(b, "'delta_reset' is 1; it must be 0 or 1, and 0 outside a delta pack");
   b = pack.bytes;
   Poke<uint32_t>(b, entry1 + offsetof(LayerPackRequestEntry, attention_queries), 5);
   ExpectParseError(b, "'attention_queries' is 5, must be 0 or 1");
