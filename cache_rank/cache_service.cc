@@ -2,6 +2,7 @@
 // append / select / gather / reply cycle.
 #include "cache_rank/cache_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -48,6 +49,7 @@ struct CacheService::Peer {
   uint64_t body_bytes = 0;
   std::vector<uint64_t> reply;  // the reply pack
   uint64_t reply_bytes = 0;
+  bool reply_delta = false;  // a delta reply: its header leaves first (kReplyHeaderTag)
   TransferId receive = 0;
   std::optional<TransferId> reply_send;
   std::chrono::steady_clock::time_point reply_wait_since;  // kReplyPending: since when
@@ -71,7 +73,11 @@ Result<uint64_t> CacheService::OpenSession(uint64_t peer, uint64_t request_id,
   const ControlLock lock(*this);
   RUBATO_RETURN_IF_ERROR(CheckPeerLimits(peer, request_id, bytes));
   RUBATO_ASSIGN_OR_RETURN(const uint64_t session, store_.OpenSession(request_id, shape));
-  sessions_[session] = SessionInfo{peer, found, selector, bytes};
+  // The most rows a reply of this session can carry per KV head: its last position's range.
+  const int capacity = std::max(
+      0, found->ReplyRangeFor(selector, static_cast<int>(shape.capacity_tokens) - 1, 1).slots);
+  sessions_[session] =
+      SessionInfo{peer, found, selector, bytes, {}, static_cast<uint32_t>(capacity)};
   UpdateStoreGauges();
   RUBATO_LOG_DEBUG(kLogSubsystem, "peer {} opened session {} for request {} ({} selector)", peer,
                    session, request_id, found->name());
@@ -264,10 +270,9 @@ Counter* CacheService::TransportBytes(Peer& peer, bool sent) {
 
 void CacheService::CountReplySent(Peer& peer) {
   ++replies_sent_;
-  bytes_sent_ += peer.reply_bytes;
-  if (Counter* tx = TransportBytes(peer, /*sent=*/true)) {
-    tx->Increment(static_cast<double>(peer.reply_bytes));
-  }
+  const uint64_t bytes = peer.reply_bytes + (peer.reply_delta ? sizeof(LayerPackHeader) : 0);
+  bytes_sent_ += bytes;
+  if (Counter* tx = TransportBytes(peer, /*sent=*/true)) tx->Increment(static_cast<double>(bytes));
 }
 
 void CacheService::CountReceived(Peer& peer, uint64_t bytes) {
@@ -373,9 +378,15 @@ bool CacheService::Progress(Peer& peer) {
 
 Status CacheService::ProcessAndReply(Peer& peer) {
   RUBATO_RETURN_IF_ERROR(ProcessPack(peer));
-  const TransferOp send = TransferOp::Send(
-      peer.rank, kReplyTag, AsBytes(peer.reply, peer.reply_bytes).data(), peer.reply_bytes);
-  RUBATO_ASSIGN_OR_RETURN(const TransferId posted, peer.transport->Post({&send, 1}));
+  std::byte* reply = AsBytes(peer.reply, peer.reply_bytes).data();
+  // A delta reply's size is news to the peer: its header leaves first.
+  const TransferOp sends[] = {
+      TransferOp::Send(peer.rank, kReplyHeaderTag, reply, sizeof(LayerPackHeader)),
+      TransferOp::Send(peer.rank, kReplyTag, reply, peer.reply_bytes)};
+  const std::span<const TransferOp> posts = peer.reply_delta
+                                                ? std::span<const TransferOp>(sends)
+                                                : std::span<const TransferOp>(&sends[1], 1);
+  RUBATO_ASSIGN_OR_RETURN(const TransferId posted, peer.transport->Post(posts));
   peer.reply_send = posted;
   peer.phase = Peer::Phase::kIdle;
   return Status::Ok();
@@ -387,14 +398,20 @@ Status CacheService::ProcessPack(Peer& peer) {
   const std::string where = "KV pack of step " + std::to_string(pack.step()) + ", layers " +
                             std::to_string(pack.first_layer()) + "-" +
                             std::to_string(pack.first_layer() + pack.num_layers() - 1);
-  std::vector<const SessionInfo*> sessions;
+  std::vector<SessionInfo*> sessions;
   for (const LayerPackRequest& request : pack.requests()) {
     const auto found = sessions_.find(request.session_id);
     if (found == sessions_.end() || found->second.peer != peer.id) {
       return NotFoundError(where + ": session " + std::to_string(request.session_id) +
                            " is not open for this peer");
     }
-    const SessionInfo& session = found->second;
+    SessionInfo& session = found->second;
+    if (pack.delta() && (session.selector->traits().partial_attention)) {
+      return InvalidArgumentError(where + ": session " + std::to_string(request.session_id) +
+                                  " asks for delta replies, its " +
+                                  std::string(session.selector->name()) +
+                                  " selector replies no rows");
+    }
     const ReplyRange range =
         session.selector->ReplyRangeFor(session.spec, static_cast<int>(request.first_position),
                                         static_cast<int>(request.new_tokens));
@@ -432,13 +449,24 @@ Status CacheService::ProcessPack(Peer& peer) {
       selections.push_back(std::move(selection));
     }
   }
-  LayerPackShape reply_shape = pack.shape();
-  reply_shape.kind = LayerPackKind::kReplyPack;
-  reply_shape.has_query = false;
-  RUBATO_ASSIGN_OR_RETURN(peer.reply_bytes, ReplyPackBytes(reply_shape, pack.requests()));
-  RUBATO_ASSIGN_OR_RETURN(
-      const uint64_t written,
-      BuildReplyPack(store_, pack, selections, AsBytes(peer.reply, peer.reply_bytes)));
+  uint64_t written = 0;
+  peer.reply_delta = pack.delta();
+  if (pack.delta()) {
+    RUBATO_ASSIGN_OR_RETURN(const auto deltas, SelectionDeltas(pack, sessions, selections));
+    std::vector<LayerPackRequest> reply_requests;
+    RUBATO_ASSIGN_OR_RETURN(peer.reply_bytes,
+                            BuildDeltaReplyPack(store_, pack, deltas, reply_requests, {}));
+    RUBATO_ASSIGN_OR_RETURN(written,
+                            BuildDeltaReplyPack(store_, pack, deltas, reply_requests,
+                                                AsBytes(peer.reply, peer.reply_bytes)));
+  } else {
+    LayerPackShape reply_shape = pack.shape();
+    reply_shape.kind = LayerPackKind::kReplyPack;
+    reply_shape.has_query = false;
+    RUBATO_ASSIGN_OR_RETURN(peer.reply_bytes, ReplyPackBytes(reply_shape, pack.requests()));
+    RUBATO_ASSIGN_OR_RETURN(
+        written, BuildReplyPack(store_, pack, selections, AsBytes(peer.reply, peer.reply_bytes)));
+  }
   if (written != peer.reply_bytes) {
     return InternalError(where + ": reply of " + std::to_string(written) + " bytes, expected " +
                          std::to_string(peer.reply_bytes));
@@ -453,6 +481,37 @@ Status CacheService::ProcessPack(Peer& peer) {
     if (histogram.ok()) (*histogram)->Observe(std::chrono::duration<double>(took).count());
   }
   return Status::Ok();
+}
+
+Result<std::vector<std::vector<CompactDelta>>> CacheService::SelectionDeltas(
+    const LayerPackView& pack, const std::vector<SessionInfo*>& sessions,
+    const std::vector<KvHeadSelection>& selections) {
+  const uint32_t kv_heads = pack.num_kv_heads();
+  std::vector<std::vector<CompactDelta>> deltas;
+  deltas.reserve(selections.size());
+  for (uint32_t layer_index = 0; layer_index < pack.num_layers(); ++layer_index) {
+    for (uint32_t request = 0; request < pack.batch(); ++request) {
+      SessionInfo& session = *sessions[request];
+      const uint32_t layer = pack.first_layer() + layer_index;
+      if (session.slot_maps.empty()) {
+        RUBATO_ASSIGN_OR_RETURN(const SessionShape shape,
+                                store_.GetSessionShape(pack.requests()[request].session_id));
+        session.slot_maps.assign(size_t{shape.num_layers} * kv_heads,
+                                 CompactSlotMap(static_cast<int>(session.pool_capacity)));
+      }
+      // The inference rank asks for a full reply when its pools are empty (a new or reset one).
+      const bool reset = pack.requests()[request].delta_reset != 0;
+      const KvHeadSelection& selection = selections[deltas.size()];
+      std::vector<CompactDelta>& heads = deltas.emplace_back();
+      for (uint32_t h = 0; h < kv_heads; ++h) {
+        CompactSlotMap& map = session.slot_maps.at(size_t{layer} * kv_heads + h);
+        RUBATO_ASSIGN_OR_RETURN(CompactDelta delta,
+                                reset ? map.Reset(selection[h]) : map.Update(selection[h]));
+        heads.push_back(std::move(delta));
+      }
+    }
+  }
+  return deltas;
 }
 
 }  // namespace rubato

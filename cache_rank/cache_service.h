@@ -20,6 +20,7 @@
 #include "cache_rank/kv_store.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "transport/compact_delta.h"
 #include "transport/layer_pack.h"
 #include "transport/transport.h"
 
@@ -98,6 +99,10 @@ class CacheService {
     const CacheSelector* selector = nullptr;  // from the table, never null
     CacheSelectorSpec spec;
     uint64_t bytes = 0;  // what the session reserves (KvSessionBytes)
+    // Delta replies: which position sits in which slot of the peer's compact pools,
+    // [layer * num_kv_heads + kv_head]; made at the session's first delta pack.
+    std::vector<CompactSlotMap> slot_maps;
+    uint32_t pool_capacity = 0;  // slots per pool: the most reply rows the session can ask for
   };
 
   // The per-peer limits of a new session of `bytes` for `peer` (mutex_ held).
@@ -112,6 +117,11 @@ class CacheService {
   void CountReceived(Peer& peer, uint64_t bytes);
   // Appends a received KV pack and builds its reply into peer.reply.
   Status ProcessPack(Peer& peer);
+  // The deltas of a delta KV pack's selections (one list of KV heads per (layer, request)),
+  // from and into its sessions' slot maps.
+  Result<std::vector<std::vector<CompactDelta>>> SelectionDeltas(
+      const LayerPackView& pack, const std::vector<SessionInfo*>& sessions,
+      const std::vector<KvHeadSelection>& selections);
 
   // The control plane's lock of mutex_ (RPC handler threads): announces itself so that the
   // data-plane thread, which sweeps its peers under mutex_ back to back, hands the mutex over

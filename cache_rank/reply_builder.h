@@ -8,8 +8,11 @@
 #include <cstdint>
 #include <span>
 
+#include <vector>
+
 #include "cache_rank/kv_store.h"
 #include "common/status.h"
+#include "transport/compact_delta.h"
 #include "transport/layer_pack.h"
 
 namespace rubato {
@@ -25,5 +28,18 @@ namespace rubato {
 Result<uint64_t> BuildReplyPack(KvStore& store, const LayerPackView& kv_pack,
                                 std::span<const KvHeadSelection> selections,
                                 std::span<std::byte> out);
+
+// The delta reply to a KV pack that asked for deltas (kLayerPackFlagDelta): `deltas` holds, per
+// (layer_index, request) at index layer_index * batch + request, one CompactDelta per KV head
+// (CompactSlotMap's). The reply's request table is the pack's with delta_rows set to the most
+// rows entering any head of the request in any layer and delta_reset to whether its deltas are
+// full replies (all of a request's deltas agree); `reply_requests` receives it (the caller sizes
+// `out` with ReplyPackBytes of a delta shape over it: call with an empty `out` to learn it).
+// Per head: the count after applying, then the entering rows' slots, positions and K / V rows
+// (-1 / zero past them). Attention sections as in BuildReplyPack.
+Result<uint64_t> BuildDeltaReplyPack(KvStore& store, const LayerPackView& kv_pack,
+                                     std::span<const std::vector<CompactDelta>> deltas,
+                                     std::vector<LayerPackRequest>& reply_requests,
+                                     std::span<std::byte> out);
 
 }  // namespace rubato

@@ -11,5 +11,9 @@ namespace rubato {
 inline constexpr uint64_t kPackHeaderTag = 1;
 inline constexpr uint64_t kPackTag = 2;
 inline constexpr uint64_t kReplyTag = 3;
+// A delta reply's size depends on the rows entering the pools, which only the cache rank knows:
+// its 64-byte header goes first on this tag (as a KV pack's does on kPackHeaderTag), then the
+// reply on kReplyTag. Full replies have no header message.
+inline constexpr uint64_t kReplyHeaderTag = 4;
 
 }  // namespace rubato

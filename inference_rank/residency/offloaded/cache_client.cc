@@ -26,6 +26,14 @@ std::string LayerRange(int first, int count) {
                     : "layers " + std::to_string(first) + "-" + std::to_string(first + count - 1);
 }
 
+// A reply's request entry against the pack's: equal but for the delta fields, which the cache
+// rank fills in.
+bool SameRequest(LayerPackRequest reply, const LayerPackRequest& pack) {
+  reply.delta_rows = pack.delta_rows;
+  reply.delta_reset = pack.delta_reset;
+  return reply == pack;
+}
+
 }  // namespace
 
 std::span<std::byte> CacheRankClient::MessageBuffer::Bytes(uint64_t size) {
@@ -59,6 +67,8 @@ CacheRankClient::CacheRankClient(const CacheClientOptions& options, const ModelC
   session_shape_.num_query_heads = static_cast<uint32_t>(model.num_heads);
   session_shape_.head_dim = static_cast<uint32_t>(model.head_dim);
   session_shape_.dtype = options.kv_dtype;  // the model's
+  deltas_ = options.delta_replies && !selector_->traits().partial_attention;
+  zero_counts_.assign(static_cast<size_t>(std::max(model.num_kv_heads, 0)), 0);
 }
 
 CacheRankClient::~CacheRankClient() {
@@ -87,6 +97,7 @@ LayerPackShape CacheRankClient::PackShape(LayerPackKind kind, int pack) const {
   shape.head_dim = session_shape_.head_dim;
   // Only a KV pack carries the query, and only for a selector that scores it.
   shape.has_query = kind == LayerPackKind::kKvPack && selector_->traits().needs_query;
+  shape.delta = deltas_;
   return shape;
 }
 
@@ -119,6 +130,14 @@ Status CacheRankClient::RegisterMetrics(MetricsRegistry& registry) {
                           registry.AddCounter("rubato:offload_steps_total",
                                               "Forward steps of the inference rank that sent "
                                               "offloaded K/V to the cache rank."));
+  RUBATO_ASSIGN_OR_RETURN(CounterFamily * rows,
+                          registry.AddCounterFamily("rubato:compact_rows_total",
+                                                    "Compact K/V rows (a position of a KV head) "
+                                                    "the cache rank's replies carried, and those "
+                                                    "full replies would have carried.",
+                                                    {"reply"}));
+  RUBATO_ASSIGN_OR_RETURN(rows_received_metric_, rows->WithLabels({"received"}));
+  RUBATO_ASSIGN_OR_RETURN(rows_full_metric_, rows->WithLabels({"full"}));
   return Status::Ok();
 }
 
@@ -134,7 +153,10 @@ Result<uint64_t> CacheRankClient::OpenSession(uint64_t request_id, int capacity_
   shape.capacity_tokens = static_cast<uint32_t>(capacity_tokens);
   RUBATO_ASSIGN_OR_RETURN(const uint64_t session,
                           control_.OpenSession(request_id, shape, options_.selection));
-  sessions_[session] = SessionState();
+  SessionState& state = sessions_[session];
+  state.pools.resize(static_cast<size_t>(model_.num_layers));
+  state.pool_capacity =
+      std::max(0, selector_->ReplyRangeFor(options_.selection, capacity_tokens - 1, 1).slots);
   return session;
 }
 
@@ -197,6 +219,15 @@ Status CacheRankClient::LayerComputed(int layer, std::span<const OffloadLayerKv>
 }
 
 Status CacheRankClient::StartStep(std::span<const OffloadLayerKv> entries) {
+  // Every delta reply of the last step is applied before the next: the pools and the cache
+  // rank's slot maps move together, and replies' receives are posted in order.
+  if (deltas_ && step_replies_ != nullptr) {
+    for (size_t pack = 0; pack < step_replies_->packs.size(); ++pack) {
+      if (step_replies_->packs[pack] == nullptr) continue;
+      RUBATO_RETURN_IF_ERROR(AwaitReply(*step_replies_->packs[pack], step_replies_->step,
+                                        static_cast<int>(pack)));
+    }
+  }
   ++step_;
   if (steps_metric_ != nullptr) steps_metric_->Increment();
   // Replies nobody will read again (their sessions moved on or closed) are dropped once their
@@ -230,7 +261,8 @@ Status CacheRankClient::StartStep(std::span<const OffloadLayerKv> entries) {
   step_sent_ = false;
   step_requests_.clear();
   for (const OffloadLayerKv& entry : entries) {
-    if (!sessions_.contains(entry.session_id)) {
+    const auto session = sessions_.find(entry.session_id);
+    if (session == sessions_.end()) {
       return InvalidArgumentError("offload: session " + std::to_string(entry.session_id) +
                                   " is not open on " + options_.cache_name);
     }
@@ -248,6 +280,10 @@ Status CacheRankClient::StartStep(std::span<const OffloadLayerKv> entries) {
         selector_->ReplyRangeFor(options_.selection, entry.start_position, entry.tokens);
     request.reply_slots = static_cast<uint32_t>(range.slots);
     request.attention_queries = static_cast<uint32_t>(range.attention_queries);
+    if (deltas_) {  // a session's first pack asks for full replies: its pools are empty
+      request.delta_reset = session->second.pools_empty ? 1 : 0;
+      session->second.pools_empty = false;
+    }
     step_requests_.push_back(request);
   }
   step_replies_ = std::make_shared<StepReplies>();
@@ -326,12 +362,40 @@ Status CacheRankClient::SendPack(int pack) {
     tx_bytes_metric_->Increment(static_cast<double>(message.size() + sizeof(LayerPackHeader)));
   }
 
+  // What a full reply carries: rows per KV head and its bytes (the delta savings' yardstick).
+  LayerPackShape full_shape = PackShape(LayerPackKind::kReplyPack, pack);
+  full_shape.delta = false;
+  std::vector<LayerPackRequest> full_requests = step_requests_;
+  for (LayerPackRequest& request : full_requests) request.delta_reset = 0;
+  RUBATO_ASSIGN_OR_RETURN(const uint64_t full_bytes, ReplyPackBytes(full_shape, full_requests));
+  uint64_t full_rows = 0;
+  for (const LayerPackRequest& request : step_requests_) full_rows += request.reply_slots;
+  full_rows *= uint64_t{session_shape_.num_kv_heads} * static_cast<uint64_t>(PackLayers(pack));
+  full_reply_bytes_ += full_bytes;
+  compact_rows_full_ += full_rows;
+  if (rows_full_metric_ != nullptr) rows_full_metric_->Increment(static_cast<double>(full_rows));
+  if (!deltas_) {
+    compact_rows_received_ += full_rows;
+    if (rows_received_metric_ != nullptr) {
+      rows_received_metric_->Increment(static_cast<double>(full_rows));
+    }
+  }
+
   auto reply = std::make_shared<Reply>();
-  RUBATO_ASSIGN_OR_RETURN(reply->bytes,
-                          ReplyPackBytes(PackShape(LayerPackKind::kReplyPack, pack),
-                                         step_requests_));
-  const std::span<std::byte> into = reply->buffer.Bytes(reply->bytes);
-  const TransferOp receive = TransferOp::Recv(cache_peer_, kReplyTag, into.data(), into.size());
+  reply->bytes = full_bytes;
+  std::span<std::byte> into = reply->buffer.Bytes(reply->bytes);
+  uint64_t tag = kReplyTag;
+  if (deltas_) {  // the reply's size comes in its header: at most every row entering
+    std::vector<LayerPackRequest> largest = step_requests_;
+    for (LayerPackRequest& request : largest) request.delta_rows = request.reply_slots;
+    RUBATO_ASSIGN_OR_RETURN(reply->max_bytes,
+                            ReplyPackBytes(PackShape(LayerPackKind::kReplyPack, pack), largest));
+    reply->delta = true;
+    reply->bytes = 0;
+    into = reply->header.Bytes(sizeof(LayerPackHeader));
+    tag = kReplyHeaderTag;
+  }
+  const TransferOp receive = TransferOp::Recv(cache_peer_, tag, into.data(), into.size());
   const Result<TransferId> posted = transport_.Post({&receive, 1});
   if (!posted.ok()) return Broken(posted.status().WithContext(options_.cache_name));
   reply->receive = *posted;
@@ -383,6 +447,7 @@ Status CacheRankClient::AwaitReply(Reply& reply, uint64_t step, int pack) {
   const std::string what = "waiting for the reply to " +
                            LayerRange(PackFirstLayer(pack), PackLayers(pack)) + " of step " +
                            std::to_string(step);
+  if (reply.delta && !reply.header_arrived) RUBATO_RETURN_IF_ERROR(AwaitDeltaHeader(reply, what));
   if (!reply.arrived) RUBATO_RETURN_IF_ERROR(Wait(reply.receive, what));
   reply.arrived = true;
   bytes_received_ += reply.bytes;
@@ -400,7 +465,13 @@ Status CacheRankClient::AwaitReply(Reply& reply, uint64_t step, int pack) {
                                 LayerRange(static_cast<int>(view->first_layer()),
                                            static_cast<int>(view->num_layers()))));
   }
+  if (view->delta() != reply.delta) {
+    return Broken(DataLossError(options_.cache_name + ": " + what + ": a " +
+                                (view->delta() ? "delta" : "full") + " reply to a pack that "
+                                "asked for " + (reply.delta ? "deltas" : "full replies")));
+  }
   reply.view = std::make_unique<LayerPackView>(std::move(view).value());
+  if (reply.delta) RUBATO_RETURN_IF_ERROR(ApplyDeltaReply(*reply.view));
   return Status::Ok();
 }
 
@@ -422,7 +493,7 @@ Result<std::pair<const LayerPackView*, uint32_t>> CacheRankClient::SameStepReply
                                    " was not sent before its reply was asked for");
   }
   RUBATO_RETURN_IF_ERROR(AwaitReply(*reply, step_replies_->step, pack));
-  if (reply->view->requests()[index] != *in_step) {
+  if (!SameRequest(reply->view->requests()[index], *in_step)) {
     return Broken(DataLossError(options_.cache_name + ": the reply's request table differs "
                                 "from the pack's"));
   }
@@ -471,7 +542,7 @@ Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session
                                      " was not sent before its compact KV was asked for");
     }
     RUBATO_RETURN_IF_ERROR(AwaitReply(*reply, session.replies->step, pack));
-    if (reply->view->requests()[index] != request) {
+    if (!SameRequest(reply->view->requests()[index], request)) {
       return Broken(DataLossError(options_.cache_name + ": the reply's request table differs "
                                   "from the pack's"));
     }
@@ -482,6 +553,10 @@ Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session
     index = reply.second;
     request = view->requests()[index];
     recent_begin = selector_->ReplyRangeFor(options_.selection, position, 1).recent_begin;
+  }
+  if (deltas_) {
+    return PoolCompactKv(session_id, found->second, layer, static_cast<int>(request.reply_slots),
+                         recent_begin);
   }
   const uint32_t layer_index = static_cast<uint32_t>(layer - PackFirstLayer(pack));
   const std::span<const std::byte> counts = view->Counts(layer_index, index);

@@ -20,6 +20,7 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "inference_rank/residency/offloaded/kv_offload.h"
+#include "transport/compact_delta.h"
 #include "transport/layer_pack.h"
 #include "transport/pack_protocol.h"
 #include "transport/transport.h"
@@ -47,6 +48,10 @@ struct CacheClientOptions {
   DType kv_dtype = DType::kF32;
   std::chrono::milliseconds timeout{5000};  // longest wait for a reply or a send
   std::string cache_name = "cache rank";    // names the peer in errors ("cache rank 10.0.0.2:7000")
+  // For a selector that replies rows (oracle_topk): keep a persistent compact pool per
+  // (session, layer, KV head) and take delta replies (only the rows entering each pool);
+  // false: every reply carries every selected row. docs/disaggregated.md "Delta replies".
+  bool delta_replies = true;
 };
 
 class CacheRankClient final : public KvOffloadClient {
@@ -84,12 +89,20 @@ class CacheRankClient final : public KvOffloadClient {
   double pack_wait_seconds() const { return pack_wait_seconds_; }
   // Forward steps that offloaded K/V (each sends one KV pack per pack of layers).
   uint64_t steps() const { return step_; }
+  bool delta_replies() const { return deltas_; }
+  // Compact K / V rows (one row: one position of one KV head) the replies carried, and what
+  // full replies would have carried for the same steps (equal without delta replies); the
+  // bytes of those full replies (bytes_received() is what came).
+  uint64_t compact_rows_received() const { return compact_rows_received_; }
+  uint64_t compact_rows_full() const { return compact_rows_full_; }
+  uint64_t full_reply_bytes() const { return full_reply_bytes_; }
 
   // Registers and from then on updates (docs/design.md §3): rubato:transport_bytes_total{role=
   // "inference", direction="tx"|"rx", backend} (KV packs out, replies in),
   // rubato:pack_wait_seconds (a histogram of each wait for a reply or a send) and
-  // rubato:offload_steps_total (steps: bytes and wait per step are the ratios). `registry` must
-  // outlive the client.
+  // rubato:offload_steps_total (steps: bytes and wait per step are the ratios) and
+  // rubato:compact_rows_total{reply="received"|"full"} (compact_rows_received / _full).
+  // `registry` must outlive the client.
   Status RegisterMetrics(MetricsRegistry& registry);
 
  private:
@@ -105,6 +118,12 @@ class CacheRankClient final : public KvOffloadClient {
     transport::TransferId receive = 0;
     bool arrived = false;
     std::unique_ptr<LayerPackView> view;
+    // A delta reply: `receive` is first its header's (kReplyHeaderTag), which says `bytes`;
+    // no reply may be larger than `max_bytes` (every row entering).
+    bool delta = false;
+    bool header_arrived = false;
+    uint64_t max_bytes = 0;
+    MessageBuffer header;
   };
   struct StepReplies {
     uint64_t step = 0;
@@ -116,6 +135,10 @@ class CacheRankClient final : public KvOffloadClient {
     std::shared_ptr<StepReplies> replies;
     uint32_t request_index = 0;  // its entry in those replies' request table
     LayerPackRequest request;
+    // Delta replies: the persistent compact pool of each layer, made at its first rows.
+    std::vector<std::unique_ptr<CompactPool>> pools;  // [num_layers]
+    int pool_capacity = 0;     // slots per pool: the most reply rows the session can ask for
+    bool pools_empty = true;   // the next pack asks for a full reply (delta_reset)
   };
   // The KV pack being filled / in flight, per pack index.
   struct OutgoingPack {
@@ -138,6 +161,16 @@ class CacheRankClient final : public KvOffloadClient {
                                                                   int position);
   Status SendPack(int pack);
   Status AwaitReply(Reply& reply, uint64_t step, int pack);
+  // ---- delta replies (cache_client_delta.cc) ----
+  // Waits for a delta reply's header, then posts the receive of the reply it announces.
+  Status AwaitDeltaHeader(Reply& reply, const std::string& what);
+  // Applies every (layer, request) of an arrived, validated delta reply to its session's pools.
+  Status ApplyDeltaReply(const LayerPackView& reply);
+  // The compact KV of a session's pool of `layer`, rows in ascending position order (the order a
+  // full reply carries them, so attention over it is the full reply's bit for bit); checks
+  // `slots` rows per head, all before `recent_begin`.
+  Result<OffloadCompactKv> PoolCompactKv(uint64_t session_id, SessionState& session, int layer,
+                                         int slots, int recent_begin);
   Status Wait(transport::TransferId id, const std::string& what);
   Status Broken(Status why);
 
@@ -155,6 +188,7 @@ class CacheRankClient final : public KvOffloadClient {
   std::vector<LayerPackRequest> step_requests_;  // [entries] of the current step
   std::shared_ptr<StepReplies> step_replies_;    // the current step's replies
   bool step_sent_ = false;                       // every pack of the current step went out
+  bool deltas_ = false;  // delta replies (options_.delta_replies, a selector that replies rows)
   std::vector<OutgoingPack> outgoing_;           // [num_packs_]
   std::unique_ptr<LayerPackWriter> writer_;      // the pack being filled
   std::map<uint64_t, SessionState> sessions_;
@@ -166,6 +200,9 @@ class CacheRankClient final : public KvOffloadClient {
   std::vector<float> convert_;  // f32 staging of WriteElements
 
   Counter* steps_metric_ = nullptr;
+  Counter* rows_received_metric_ = nullptr;  // rubato:compact_rows_total{reply}
+  Counter* rows_full_metric_ = nullptr;
+  std::vector<int> zero_counts_;  // [kv_heads] of 0: a pool-less session's counts
 
   Counter* tx_bytes_metric_ = nullptr;  // set by RegisterMetrics
   Counter* rx_bytes_metric_ = nullptr;
@@ -175,6 +212,9 @@ class CacheRankClient final : public KvOffloadClient {
   uint64_t bytes_sent_ = 0;
   uint64_t bytes_received_ = 0;
   double pack_wait_seconds_ = 0;
+  uint64_t compact_rows_received_ = 0;
+  uint64_t compact_rows_full_ = 0;
+  uint64_t full_reply_bytes_ = 0;
 };
 
 }  // namespace rubato

@@ -134,7 +134,9 @@ Status OffloadedResidency::RegisterMetrics(MetricsRegistry& registry) {
 // " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=..." (the run's totals), then
 // per step (a forward that offloaded K/V) the bytes each way and the exposed wait (time blocked on
 // replies), and the cache rank's selection time (its replies, attention on the cache rank
-// included) and peak KV memory (of its storage: host, pinned or device).
+// included) and peak KV memory (of its storage: host, pinned or device). A selector that replies
+// rows adds whether replies are deltas, the compact rows received and those full replies would
+// have carried, and the bytes per step of full replies (step_bytes_received is what came).
 std::string OffloadedResidency::StatsLine() const {
   const CacheRankClient* client = data_client();
   if (client == nullptr) return "";
@@ -146,6 +148,13 @@ std::string OffloadedResidency::StatsLine() const {
       client->steps(), static_cast<double>(client->bytes_sent()) / steps,
       static_cast<double>(client->bytes_received()) / steps,
       client->pack_wait_seconds() * 1e3 / steps);
+  if (client->compact_rows_full() > 0) {  // a selector that replies rows
+    text += fmt::format(
+        " delta_replies={} compact_rows_received={} compact_rows_full={} "
+        "step_full_reply_bytes={:.0f}",
+        client->delta_replies() ? 1 : 0, client->compact_rows_received(),
+        client->compact_rows_full(), static_cast<double>(client->full_reply_bytes()) / steps);
+  }
   if (target_.colocated != nullptr) {
     const CacheServiceStats stats = target_.colocated->service().Stats();
     text +=
