@@ -456,9 +456,8 @@ Status CacheService::ProcessPack(Peer& peer) {
     std::vector<LayerPackRequest> reply_requests;
     RUBATO_ASSIGN_OR_RETURN(peer.reply_bytes,
                             BuildDeltaReplyPack(store_, pack, deltas, reply_requests, {}));
-    RUBATO_ASSIGN_OR_RETURN(written,
-                            BuildDeltaReplyPack(store_, pack, deltas, reply_requests,
-                                                AsBytes(peer.reply, peer.reply_bytes)));
+    RUBATO_ASSIGN_OR_RETURN(written, BuildDeltaReplyPack(store_, pack, deltas, reply_requests,
+                                                         AsBytes(peer.reply, peer.reply_bytes)));
   } else {
     LayerPackShape reply_shape = pack.shape();
     reply_shape.kind = LayerPackKind::kReplyPack;

@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-
 #include <vector>
 
 #include "cache_rank/kv_store.h"

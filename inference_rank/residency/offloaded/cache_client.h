@@ -137,8 +137,8 @@ class CacheRankClient final : public KvOffloadClient {
     LayerPackRequest request;
     // Delta replies: the persistent compact pool of each layer, made at its first rows.
     std::vector<std::unique_ptr<CompactPool>> pools;  // [num_layers]
-    int pool_capacity = 0;     // slots per pool: the most reply rows the session can ask for
-    bool pools_empty = true;   // the next pack asks for a full reply (delta_reset)
+    int pool_capacity = 0;    // slots per pool: the most reply rows the session can ask for
+    bool pools_empty = true;  // the next pack asks for a full reply (delta_reset)
   };
   // The KV pack being filled / in flight, per pack index.
   struct OutgoingPack {
@@ -189,8 +189,8 @@ class CacheRankClient final : public KvOffloadClient {
   std::shared_ptr<StepReplies> step_replies_;    // the current step's replies
   bool step_sent_ = false;                       // every pack of the current step went out
   bool deltas_ = false;  // delta replies (options_.delta_replies, a selector that replies rows)
-  std::vector<OutgoingPack> outgoing_;           // [num_packs_]
-  std::unique_ptr<LayerPackWriter> writer_;      // the pack being filled
+  std::vector<OutgoingPack> outgoing_;       // [num_packs_]
+  std::unique_ptr<LayerPackWriter> writer_;  // the pack being filled
   std::map<uint64_t, SessionState> sessions_;
   // Every reply whose receive may still be in flight, so that no buffer is freed under it.
   std::vector<std::shared_ptr<Reply>> inflight_;
