@@ -362,43 +362,7 @@ Status CacheRankClient::SendPack(int pack) {
     tx_bytes_metric_->Increment(static_cast<double>(message.size() + sizeof(LayerPackHeader)));
   }
 
-  // What a full reply carries: rows per KV head and its bytes (the delta savings' yardstick).
-  LayerPackShape full_shape = PackShape(LayerPackKind::kReplyPack, pack);
-  full_shape.delta = false;
-  std::vector<LayerPackRequest> full_requests = step_requests_;
-  for (LayerPackRequest& request : full_requests) request.delta_reset = 0;
-  RUBATO_ASSIGN_OR_RETURN(const uint64_t full_bytes, ReplyPackBytes(full_shape, full_requests));
-  uint64_t full_rows = 0;
-  for (const LayerPackRequest& request : step_requests_) full_rows += request.reply_slots;
-  full_rows *= uint64_t{session_shape_.num_kv_heads} * static_cast<uint64_t>(PackLayers(pack));
-  full_reply_bytes_ += full_bytes;
-  compact_rows_full_ += full_rows;
-  if (rows_full_metric_ != nullptr) rows_full_metric_->Increment(static_cast<double>(full_rows));
-  if (!deltas_) {
-    compact_rows_received_ += full_rows;
-    if (rows_received_metric_ != nullptr) {
-      rows_received_metric_->Increment(static_cast<double>(full_rows));
-    }
-  }
-
-  auto reply = std::make_shared<Reply>();
-  reply->bytes = full_bytes;
-  std::span<std::byte> into = reply->buffer.Bytes(reply->bytes);
-  uint64_t tag = kReplyTag;
-  if (deltas_) {  // the reply's size comes in its header: at most every row entering
-    std::vector<LayerPackRequest> largest = step_requests_;
-    for (LayerPackRequest& request : largest) request.delta_rows = request.reply_slots;
-    RUBATO_ASSIGN_OR_RETURN(reply->max_bytes,
-                            ReplyPackBytes(PackShape(LayerPackKind::kReplyPack, pack), largest));
-    reply->delta = true;
-    reply->bytes = 0;
-    into = reply->header.Bytes(sizeof(LayerPackHeader));
-    tag = kReplyHeaderTag;
-  }
-  const TransferOp receive = TransferOp::Recv(cache_peer_, tag, into.data(), into.size());
-  const Result<TransferId> posted = transport_.Post({&receive, 1});
-  if (!posted.ok()) return Broken(posted.status().WithContext(options_.cache_name));
-  reply->receive = *posted;
+  RUBATO_ASSIGN_OR_RETURN(std::shared_ptr<Reply> reply, PostReplyReceive(pack));
   inflight_.push_back(reply);
   step_replies_->packs[static_cast<size_t>(pack)] = reply;
 

@@ -161,7 +161,10 @@ class CacheRankClient final : public KvOffloadClient {
                                                                   int position);
   Status SendPack(int pack);
   Status AwaitReply(Reply& reply, uint64_t step, int pack);
-  // ---- delta replies (cache_client_delta.cc) ----
+  // ---- replies as posted, delta replies (cache_client_delta.cc) ----
+  // Counts what pack `pack`'s full reply carries and posts the receive of its reply (of a delta
+  // reply: of its header).
+  Result<std::shared_ptr<Reply>> PostReplyReceive(int pack);
   // Waits for a delta reply's header, then posts the receive of the reply it announces.
   Status AwaitDeltaHeader(Reply& reply, const std::string& what);
   // Applies every (layer, request) of an arrived, validated delta reply to its session's pools.
