@@ -159,5 +159,39 @@ TEST(CacheServiceDataPlane, APeerOfAnotherPackVersionIsRefusedByName) {
   service.Stop();
 }
 
+// Delta replies need a selector that replies rows: a delta KV pack of an attention session stops
+// the peer's data plane naming the selector.
+TEST(CacheServiceDataPlane, ADeltaPackOfAnAttentionSessionIsRefusedByName) {
+  auto hub = transport::LoopbackHub::Create(2);
+  ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+  auto service_end = (*hub)->Endpoint(0);
+  auto client = (*hub)->Endpoint(1);
+  ASSERT_TRUE(service_end.ok() && client.ok());
+  CacheService service(CacheServiceOptions{});
+  ASSERT_TRUE(service.AddPeer(/*peer=*/1, std::move(*service_end), /*peer_rank=*/1).ok());
+  service.Start();
+  const Result<uint64_t> session = service.OpenSession(1, 7, Shape(), {});
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  LayerPackShape shape;
+  shape.num_kv_heads = shape.num_query_heads = kHeads;
+  shape.head_dim = kHeadDim;
+  shape.has_query = true;
+  shape.delta = true;
+  const LayerPackRequest request{*session, 0, 1, 0, 1};
+  std::vector<std::byte> pack(*KvPackBytes(shape, {&request, 1}));
+  ASSERT_TRUE(LayerPackWriter::Create(shape, {&request, 1}, pack).ok());
+  const TransferOp sends[] = {
+      TransferOp::Send(0, kPackHeaderTag, pack.data(), sizeof(LayerPackHeader)),
+      TransferOp::Send(0, kPackTag, pack.data(), pack.size())};
+  ASSERT_TRUE((*client)->Post(sends).ok());
+  ASSERT_TRUE(WaitFor([&] { return !service.PeerHealth(1).ok(); }));
+  const Status health = service.PeerHealth(1);
+  EXPECT_NE(health.message().find("asks for delta replies, its attention selector replies no "
+                                  "rows"),
+            std::string::npos)
+      << health.ToString();
+  service.Stop();
+}
+
 }  // namespace
 }  // namespace rubato
