@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cache_rank/cache_selector.h"
 #include "common/logging.h"
@@ -56,19 +57,23 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSele
       std::max(config.limits.rpc_timeout_ms, 5 * config.limits.heartbeat_ms));
   OffloadTarget target;
   if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
-    const std::string endpoint = config.topology.cache_endpoints.front();
     const LimitsSection limits = config.limits;
     const RemoteDataPlane plane{config.topology.transport, config.engine.device};
     // A lost cache rank is reconnected at once, then after the heartbeat period, doubling up
     // to 10 s.
     const ReconnectBackoff backoff{std::chrono::milliseconds(limits.heartbeat_ms),
                                    std::chrono::milliseconds(10000)};
-    ReconnectingCacheRank::Connector connect = [endpoint, model, options, limits,
-                                                plane](const std::atomic<bool>* abandon) {
-      return RemoteCacheRank::Connect(endpoint, model, options, limits, plane, abandon);
-    };
-    RUBATO_ASSIGN_OR_RETURN(target.remote,
-                            ReconnectingCacheRank::Connect(std::move(connect), backoff));
+    std::vector<MultiCacheRank::Rank> ranks;
+    for (const std::string& endpoint : config.topology.cache_endpoints) {
+      ReconnectingCacheRank::Connector connect = [endpoint, model, options, limits,
+                                                  plane](const std::atomic<bool>* abandon) {
+        return RemoteCacheRank::Connect(endpoint, model, options, limits, plane, abandon);
+      };
+      RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<ReconnectingCacheRank> link,
+                              ReconnectingCacheRank::Connect(std::move(connect), backoff));
+      ranks.push_back(MultiCacheRank::Rank{endpoint, std::move(link)});
+    }
+    target.remote = std::make_unique<MultiCacheRank>(std::move(ranks), model);
     target.client = target.remote.get();
   } else {
     // The colocated cache rank's storage from the config's cache section (on the engine's GPU
@@ -125,6 +130,10 @@ Status OffloadedResidency::Close(ResidencyRequest& request) {
   return Status::Ok();
 }
 
+Status OffloadedResidency::RequestBroken(const ResidencyRequest& request) const {
+  return client_->SessionBroken(static_cast<const OffloadedRequest&>(request).session_id());
+}
+
 Status OffloadedResidency::RegisterMetrics(MetricsRegistry& registry) {
   if (target_.remote != nullptr) return target_.remote->RegisterMetrics(registry);
   CacheRankClient* client = data_client();
@@ -154,7 +163,7 @@ std::string OffloadedResidency::StatsLine() const {
   } else if (target_.remote != nullptr) {
     // The cache rank's own counters (Stats RPC); a cache rank that does not answer leaves them
     // out of the line rather than failing a finished run.
-    const Result<rpc::StatsResponse> stats = target_.remote->current().rpc().Stats();
+    const Result<rpc::StatsResponse> stats = target_.remote->rank(0).Stats();
     if (stats.ok()) {
       const auto counter = [&](const std::string& name) {
         const auto found = stats->counters().find(name);
