@@ -140,37 +140,59 @@ Status OffloadedResidency::RegisterMetrics(MetricsRegistry& registry) {
   return client != nullptr ? client->RegisterMetrics(registry) : Status::Ok();
 }
 
-// " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=..." (the run's totals), then
-// per step (a forward that offloaded K/V) the bytes each way and the exposed wait (time blocked on
-// replies), and the cache rank's selection time (its replies, attention on the cache rank
-// included) and peak KV memory (of its storage: host, pinned or device).
+// " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=..." (the run's totals, over
+// every cache rank), then per step (a forward that offloaded K/V) the bytes each way and the
+// exposed wait (time blocked on replies), and the cache ranks' selection time (their replies,
+// attention on the cache rank included) and peak KV memory (of their storage: host, pinned or
+// device; summed over the ranks).
 std::string OffloadedResidency::StatsLine() const {
-  const CacheRankClient* client = data_client();
-  if (client == nullptr) return "";
-  const double steps = static_cast<double>(std::max<uint64_t>(client->steps(), 1));
+  std::vector<const CacheRankClient*> clients;
+  if (target_.remote != nullptr) {
+    for (int r = 0; r < target_.remote->num_ranks(); ++r) {
+      clients.push_back(&target_.remote->rank(r).current().client());
+    }
+  } else if (data_client() != nullptr) {
+    clients.push_back(data_client());
+  }
+  if (clients.empty()) return "";
+  uint64_t sent = 0, received = 0, steps = 0;
+  double wait_seconds = 0.0;
+  for (const CacheRankClient* client : clients) {
+    sent += client->bytes_sent();
+    received += client->bytes_received();
+    wait_seconds += client->pack_wait_seconds();
+    steps = std::max(steps, client->steps());  // the ranks serve the same steps
+  }
+  const double per_step = static_cast<double>(std::max<uint64_t>(steps, 1));
   std::string text = fmt::format(
       " offload_bytes_sent={} offload_bytes_received={} pack_wait_ms={:.1f} offload_steps={} "
       "step_bytes_sent={:.0f} step_bytes_received={:.0f} step_wait_ms={:.3f}",
-      client->bytes_sent(), client->bytes_received(), client->pack_wait_seconds() * 1e3,
-      client->steps(), static_cast<double>(client->bytes_sent()) / steps,
-      static_cast<double>(client->bytes_received()) / steps,
-      client->pack_wait_seconds() * 1e3 / steps);
+      sent, received, wait_seconds * 1e3, steps, static_cast<double>(sent) / per_step,
+      static_cast<double>(received) / per_step, wait_seconds * 1e3 / per_step);
   if (target_.colocated != nullptr) {
     const CacheServiceStats stats = target_.colocated->service().Stats();
     text +=
         fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={} cache_memory={}",
                     stats.selection_seconds * 1e3, stats.store.bytes_reserved_peak, stats.memory);
   } else if (target_.remote != nullptr) {
-    // The cache rank's own counters (Stats RPC); a cache rank that does not answer leaves them
+    // The cache ranks' own counters (Stats RPC); a cache rank that does not answer leaves them
     // out of the line rather than failing a finished run.
-    const Result<rpc::StatsResponse> stats = target_.remote->rank(0).Stats();
-    if (stats.ok()) {
+    double selection_seconds = 0.0, peak_bytes = 0.0;
+    bool answered = true;
+    for (int r = 0; r < target_.remote->num_ranks() && answered; ++r) {
+      const Result<rpc::StatsResponse> stats = target_.remote->rank(r).Stats();
+      answered = stats.ok();
+      if (!answered) break;
       const auto counter = [&](const std::string& name) {
         const auto found = stats->counters().find(name);
         return found == stats->counters().end() ? 0.0 : found->second;
       };
+      selection_seconds += counter("selection_seconds");
+      peak_bytes += counter("bytes_reserved_peak");
+    }
+    if (answered) {
       text += fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={:.0f}",
-                          counter("selection_seconds") * 1e3, counter("bytes_reserved_peak"));
+                          selection_seconds * 1e3, peak_bytes);
     }
   }
   return text;
