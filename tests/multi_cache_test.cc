@@ -60,8 +60,10 @@ OpenStream StartStream(int port, int max_tokens) {
   stream.fd = testing::Connect(port);
   if (stream.fd < 0) return stream;
   const std::string body = CompletionBody(max_tokens, true);
-  testing::SendAll(stream.fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                                  std::to_string(body.size()) + "\r\n\r\n" + body);
+  testing::SendAll(
+      stream.fd,
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body);
   char first[256];
   const ssize_t received = ::recv(stream.fd, first, sizeof(first), 0);
   if (received > 0) stream.first.assign(first, static_cast<size_t>(received));
@@ -167,8 +169,8 @@ TEST_F(MultiCacheTest, RequestsArePlacedOnTheCacheRankWithTheMostFreeBudget) {
 
   // Closing the streams cancels the requests and closes their sessions.
   for (OpenStream& stream : streams) ::close(stream.fd);
-  EXPECT_TRUE(testing::WaitUntil(
-      [&] { return Sessions(ranks[1]) == 0 && Sessions(ranks[2]) == 0; }, milliseconds(20000)));
+  EXPECT_TRUE(testing::WaitUntil([&] { return Sessions(ranks[1]) == 0 && Sessions(ranks[2]) == 0; },
+                                 milliseconds(20000)));
   Stop(*server);
   for (CacheRank& rank : ranks) Stop(*rank.process);
 }
@@ -207,28 +209,28 @@ TEST_F(MultiCacheTest, ALostCacheRankFailsOnlyItsRequestsAndARestartedOneTakesNe
   ranks[1].process->Signal(SIGKILL);
   const StreamResult lost = FinishStream(on_rank1);
   ASSERT_EQ(lost.errors.size(), 1u) << lost.text;
-  EXPECT_NE(lost.errors[0].find("cache rank 1 of 3 (" + ranks[1].endpoint + ")"),
-            std::string::npos)
+  EXPECT_NE(lost.errors[0].find("cache rank 1 of 3 (" + ranks[1].endpoint + ")"), std::string::npos)
       << lost.errors[0];
   EXPECT_TRUE(lost.done);
+  EXPECT_TRUE(ranks[1].process->Wait(milliseconds(5000)).signaled);
+  // Two ranks still serve: the server stays healthy.
+  EXPECT_EQ(Request(port, "GET", "/health").status, 200);
+
+  // Restarted on the same endpoint, with a larger budget, while the others still run: once
+  // reconnected it takes the next request (the most free budget).
+  const std::string endpoint = ranks[1].endpoint;
+  ranks[1] = StartCache(endpoint, 128);
+  ASSERT_EQ(ranks[1].endpoint, endpoint);
   for (OpenStream* stream : {&on_rank0, &on_rank2}) {
     const StreamResult served = FinishStream(*stream);
     EXPECT_TRUE(served.errors.empty()) << served.errors[0];
     EXPECT_TRUE(served.done);
     EXPECT_EQ(served.text, dense);
   }
-  // Two ranks still serve: the server stays healthy.
-  EXPECT_EQ(Request(port, "GET", "/health").status, 200);
-  EXPECT_TRUE(ranks[1].process->Wait(milliseconds(5000)).signaled);
-
-  // Restarted on the same endpoint with a larger budget: once reconnected it takes the next
-  // request (the most free budget).
-  const std::string endpoint = ranks[1].endpoint;
-  ranks[1] = StartCache(endpoint, 128);
-  ASSERT_EQ(ranks[1].endpoint, endpoint);
   EXPECT_TRUE(testing::WaitUntil(
-      [&] { return server->Err().find("reconnected to cache rank " + endpoint) !=
-                   std::string::npos; },
+      [&] {
+        return server->Err().find("reconnected to cache rank " + endpoint) != std::string::npos;
+      },
       milliseconds(30000)))
       << server->Err();
   OpenStream next = StartStream(port, 2000);

@@ -58,8 +58,8 @@ Status RunWithMpiRoles(RubatoConfig& config,
 // Not launched by mpirun (or no topology.ranks in the config): nullopt and nothing changes.
 // Else joins MPI, checks the ranks table against the world (every rank listed once, at least one
 // of each role), and for an inference rank rewrites `config` to reach every cache rank, in rank
-// order (mode disaggregated, transport nccl when the config says so else ucx, cache_endpoints); every
-// rank's GPU is engine.device = its node-local rank. Collective: every rank calls it.
+// order (mode disaggregated, transport nccl when the config says so else ucx, cache_endpoints);
+// every rank's GPU is engine.device = its node-local rank. Collective: every rank calls it.
 Result<std::optional<MpiLaunch>> JoinMpiLaunch(RubatoConfig& config);
 
 }  // namespace rubato

@@ -520,9 +520,8 @@ void Engine::FailResidencyRequests(const Status& why, std::vector<TokenEvent>& e
 void Engine::FailLostResidencyRequests(std::vector<TokenEvent>& events) {
   if (options_.residency == nullptr) return;
   for (auto it = running_.begin(); it != running_.end();) {
-    const Status lost = it->residency != nullptr
-                            ? options_.residency->RequestBroken(*it->residency)
-                            : Status::Ok();
+    const Status lost =
+        it->residency != nullptr ? options_.residency->RequestBroken(*it->residency) : Status::Ok();
     if (lost.ok()) {
       ++it;
       continue;

@@ -18,16 +18,21 @@ MultiCacheRank::MultiCacheRank(std::vector<Rank> ranks, const ModelConfig& model
 }
 
 Status MultiCacheRank::Named(int rank, const Status& why) const {
-  const std::string& endpoint = ranks_[static_cast<size_t>(rank)].endpoint;
-  const std::string name = fmt::format("cache rank {} of {} ({})", rank, ranks_.size(), endpoint);
   if (ranks_.size() == 1) return why;  // the rank's own messages name its endpoint
-  return Status(why.code(), name + ": " + why.message());
+  const std::string& endpoint = ranks_[static_cast<size_t>(rank)].endpoint;
+  std::string message = why.message();
+  // "cache rank HOST:PORT: ..." (the rank's own naming) says the endpoint a second time.
+  const std::string own = "cache rank " + endpoint + ": ";
+  if (message.rfind(own, 0) == 0) message.erase(0, own.size());
+  return Status(why.code(), fmt::format("cache rank {} of {} ({}): {}", rank, ranks_.size(),
+                                        endpoint, message));
 }
 
 Status MultiCacheRank::RankLostLocked(int rank) const {
   const RankState& state = state_[static_cast<size_t>(rank)];
-  if (!state.failed.ok()) return state.failed;
-  return ranks_[static_cast<size_t>(rank)].link->Broken();
+  if (!state.failed.ok()) return state.failed;  // named when recorded
+  const Status broken = ranks_[static_cast<size_t>(rank)].link->Broken();
+  return broken.ok() ? broken : Named(rank, broken);
 }
 
 void MultiCacheRank::FailRankLocked(int rank, const Status& why) {
@@ -52,18 +57,18 @@ Result<uint64_t> MultiCacheRank::OpenSession(uint64_t request_id, int capacity_t
         budgets[static_cast<size_t>(r)] = {
             true, stats->bytes_capacity() > used ? stats->bytes_capacity() - used : 0};
       } else {
-        lost = stats.status();
+        lost = Named(r, stats.status());
       }
     } else if (lost.ok()) {
       budgets[static_cast<size_t>(r)].available = true;
     }
-    if (!lost.ok()) why_none += (why_none.empty() ? "" : "; ") + Named(r, lost).message();
+    if (!lost.ok()) why_none += (why_none.empty() ? "" : "; ") + lost.message();
   }
   const int rank = PickCacheRank(budgets);
   if (rank < 0) {
     if (ranks_.size() == 1) return RankLostLocked(0);
-    return UnavailableError("no cache rank can take request " + std::to_string(request_id) +
-                            ": " + why_none);
+    return UnavailableError("no cache rank can take request " + std::to_string(request_id) + ": " +
+                            why_none);
   }
   Result<uint64_t> opened =
       ranks_[static_cast<size_t>(rank)].link->OpenSession(request_id, capacity_tokens);
@@ -100,7 +105,7 @@ Status MultiCacheRank::Broken() const {
   for (int r = 0; r < num_ranks(); ++r) {
     const Status lost = RankLostLocked(r);
     if (lost.ok()) return Status::Ok();
-    why += (why.empty() ? "" : "; ") + Named(r, lost).message();
+    why += (why.empty() ? "" : "; ") + lost.message();
   }
   return UnavailableError("every cache rank is lost: " + why);
 }
@@ -109,8 +114,7 @@ Status MultiCacheRank::SessionBroken(uint64_t session_id) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto found = sessions_.find(session_id);
   if (found == sessions_.end()) return Status::Ok();
-  const Status lost = RankLostLocked(found->second.rank);
-  return lost.ok() ? lost : Named(found->second.rank, lost);
+  return RankLostLocked(found->second.rank);
 }
 
 int MultiCacheRank::RankOf(uint64_t session_id) const {
@@ -153,8 +157,7 @@ Status MultiCacheRank::LayerComputed(int layer, std::span<const OffloadLayerKv> 
   return Status::Ok();
 }
 
-Result<OffloadCompactKv> MultiCacheRank::CompactFor(int layer, uint64_t session_id,
-                                                    int position) {
+Result<OffloadCompactKv> MultiCacheRank::CompactFor(int layer, uint64_t session_id, int position) {
   int rank = -1;
   uint64_t rank_session = 0;
   {
