@@ -320,6 +320,15 @@ TEST_F(DisaggregatedCliTest, BadUsesAreRefusedByName) {
   EXPECT_EQ(result.exit_code, 1) << result.err;
   EXPECT_NE(result.err.find("127.0.0.1:9"), std::string::npos) << result.err;
 
+  // A list of cache ranks with an empty entry.
+  args = GenerateArgs("offload_dense", 4);
+  args.insert(args.end(), {"--cache", "127.0.0.1:9,,127.0.0.1:10"});
+  result = RunProcess(RUBATO_BINARY, args, 30);
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("--cache '127.0.0.1:9,,127.0.0.1:10': cache rank 1 is empty"),
+            std::string::npos)
+      << result.err;
+
   // --listen that is no endpoint.
   result = RunProcess(RUBATO_BINARY, {"cache", "--listen", "nowhere"}, 30);
   EXPECT_EQ(result.exit_code, 1);

@@ -3,7 +3,8 @@
 // Requests are placed by free budget (each cache rank's sessions, read from its /metrics); one
 // of three cache ranks killed mid-run fails only the request whose KV lives there, with an
 // error naming that rank, while the others finish with the tokens of a colocated dense run; the
-// restarted rank is reconnected and takes new requests. Every wait is bounded.
+// restarted rank is reconnected and takes new requests; `rubato generate --cache A,B,C` gives
+// the colocated dense text. Every wait is bounded.
 // Narrative: docs/disaggregated.md "Several cache ranks".
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -172,6 +173,25 @@ TEST_F(MultiCacheTest, RequestsArePlacedOnTheCacheRankWithTheMostFreeBudget) {
   EXPECT_TRUE(testing::WaitUntil([&] { return Sessions(ranks[1]) == 0 && Sessions(ranks[2]) == 0; },
                                  milliseconds(20000)));
   Stop(*server);
+
+  // `rubato generate --cache A,B,C` gives the colocated dense text.
+  const std::vector<std::string> generate = {"generate", "--model",          kModel,
+                                             "--prompt", "Once upon a time", "--max-tokens",
+                                             "24",       "--threads",        "1"};
+  std::vector<std::string> dense_args = generate;
+  dense_args.insert(dense_args.end(), {"--policy", "dense"});
+  const testing::ProcessResult dense = testing::RunProcess(RUBATO_BINARY, dense_args);
+  ASSERT_EQ(dense.exit_code, 0) << dense.err;
+  std::vector<std::string> offloaded_args = generate;
+  offloaded_args.insert(offloaded_args.end(),
+                        {"--policy", "offload_dense", "--config", config_, "--cache",
+                         ranks[0].endpoint + "," + ranks[1].endpoint + "," + ranks[2].endpoint});
+  const testing::ProcessResult offloaded = testing::RunProcess(RUBATO_BINARY, offloaded_args);
+  ASSERT_EQ(offloaded.exit_code, 0) << offloaded.err;
+  const auto text = [](const std::string& out) { return out.substr(0, out.rfind("\n[rubato]")); };
+  EXPECT_EQ(text(offloaded.out), text(dense.out));
+  EXPECT_NE(offloaded.out.find("offload_bytes_sent="), std::string::npos) << offloaded.out;
+  EXPECT_EQ(offloaded.out.find("offload_bytes_sent=0 "), std::string::npos) << offloaded.out;
   for (CacheRank& rank : ranks) Stop(*rank.process);
 }
 
