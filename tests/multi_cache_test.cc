@@ -235,6 +235,8 @@ TEST_F(MultiCacheTest, ALostCacheRankFailsOnlyItsRequestsAndARestartedOneTakesNe
   EXPECT_TRUE(ranks[1].process->Wait(milliseconds(5000)).signaled);
   // Two ranks still serve: the server stays healthy.
   EXPECT_EQ(Request(port, "GET", "/health").status, 200);
+  const std::string metrics = Request(port, "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("\nrubato:cache_link_up 1\n"), std::string::npos) << metrics;
 
   // Restarted on the same endpoint, with a larger budget, while the others still run: once
   // reconnected it takes the next request (the most free budget).

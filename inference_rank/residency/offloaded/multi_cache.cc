@@ -226,8 +226,18 @@ Result<OffloadPartial> MultiCacheRank::PartialFor(int layer, uint64_t session_id
 }
 
 Status MultiCacheRank::RegisterMetrics(MetricsRegistry& registry) {
-  // One rank's series: rubato:cache_link_up is one gauge per process today.
-  return ranks_.front().link->RegisterMetrics(registry);
+  // The same series for every rank (registering a definition again returns its family), so
+  // the transport bytes, waits and RPC latencies are the sum over the ranks.
+  for (Rank& rank : ranks_) RUBATO_RETURN_IF_ERROR(rank.link->RegisterMetrics(registry));
+  if (ranks_.size() == 1) return Status::Ok();
+  // rubato:cache_link_up: 1 while one rank takes requests (what /health says), set after the
+  // ranks' own collectors, which each report one link.
+  RUBATO_ASSIGN_OR_RETURN(Gauge * link_up,
+                          registry.AddGauge("rubato:cache_link_up",
+                                            "1 while the cache rank answers heartbeats and the "
+                                            "data plane works, else 0."));
+  registry.AddCollector([this, link_up] { link_up->Set(Broken().ok() ? 1.0 : 0.0); });
+  return Status::Ok();
 }
 
 }  // namespace rubato

@@ -50,7 +50,8 @@ class MultiCacheRank final : public KvOffloadClient {
   bool ServesPartialAttention(uint64_t session_id) const override;
   Result<OffloadPartial> PartialFor(int layer, uint64_t session_id, int position) override;
 
-  // Every rank's metrics (the same series: a rank registering again carries on its children).
+  // Every rank's metrics on the same series (their sum), and rubato:cache_link_up 1 while one
+  // rank works. `registry` must not be scraped after this is destroyed.
   Status RegisterMetrics(MetricsRegistry& registry);
 
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
