@@ -44,35 +44,41 @@ void MultiCacheRank::FailRankLocked(int rank, const Status& why) {
 }
 
 Result<uint64_t> MultiCacheRank::OpenSession(uint64_t request_id, int capacity_tokens) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Status> lost(ranks_.size());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int r = 0; r < num_ranks(); ++r) lost[static_cast<size_t>(r)] = RankLostLocked(r);
+  }
+  // The free budgets without the lock (Broken() from a health thread does not wait on RPCs):
+  // one Stats call per working rank and admission; a single rank needs none.
   std::vector<CacheRankBudget> budgets(ranks_.size());
   std::string why_none;
   for (int r = 0; r < num_ranks(); ++r) {
-    Status lost = RankLostLocked(r);
-    if (lost.ok() && ranks_.size() > 1) {
-      // The free budget (one Stats call per rank and admission); a single rank needs none.
+    Status& rank_lost = lost[static_cast<size_t>(r)];
+    if (rank_lost.ok() && ranks_.size() > 1) {
       const Result<rpc::StatsResponse> stats = ranks_[static_cast<size_t>(r)].link->Stats();
       if (stats.ok()) {
         const uint64_t used = stats->bytes_in_use();
         budgets[static_cast<size_t>(r)] = {
             true, stats->bytes_capacity() > used ? stats->bytes_capacity() - used : 0};
       } else {
-        lost = Named(r, stats.status());
+        rank_lost = Named(r, stats.status());
       }
-    } else if (lost.ok()) {
+    } else if (rank_lost.ok()) {
       budgets[static_cast<size_t>(r)].available = true;
     }
-    if (!lost.ok()) why_none += (why_none.empty() ? "" : "; ") + lost.message();
+    if (!rank_lost.ok()) why_none += (why_none.empty() ? "" : "; ") + rank_lost.message();
   }
   const int rank = PickCacheRank(budgets);
   if (rank < 0) {
-    if (ranks_.size() == 1) return RankLostLocked(0);
+    if (ranks_.size() == 1) return lost.front();
     return UnavailableError("no cache rank can take request " + std::to_string(request_id) + ": " +
                             why_none);
   }
   Result<uint64_t> opened =
       ranks_[static_cast<size_t>(rank)].link->OpenSession(request_id, capacity_tokens);
-  if (!opened.ok()) return ranks_.size() == 1 ? opened.status() : Named(rank, opened.status());
+  if (!opened.ok()) return Named(rank, opened.status());
+  std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t session = next_session_++;
   sessions_[session] = Placed{rank, *opened};
   ++state_[static_cast<size_t>(rank)].sessions;
@@ -115,12 +121,6 @@ Status MultiCacheRank::SessionBroken(uint64_t session_id) const {
   const auto found = sessions_.find(session_id);
   if (found == sessions_.end()) return Status::Ok();
   return RankLostLocked(found->second.rank);
-}
-
-int MultiCacheRank::RankOf(uint64_t session_id) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto found = sessions_.find(session_id);
-  return found == sessions_.end() ? -1 : found->second.rank;
 }
 
 Status MultiCacheRank::LayerComputed(int layer, std::span<const OffloadLayerKv> entries) {

@@ -56,8 +56,6 @@ class MultiCacheRank final : public KvOffloadClient {
 
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
   ReconnectingCacheRank& rank(int index) { return *ranks_[static_cast<size_t>(index)].link; }
-  // The rank holding `session_id`, or -1.
-  int RankOf(uint64_t session_id) const;
 
  private:
   struct Placed {
