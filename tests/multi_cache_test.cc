@@ -174,7 +174,8 @@ TEST_F(MultiCacheTest, RequestsArePlacedOnTheCacheRankWithTheMostFreeBudget) {
                                  milliseconds(20000)));
   Stop(*server);
 
-  // `rubato generate --cache A,B,C` gives the colocated dense text.
+  // `rubato generate --cache A,B,C` (or topology.cache_endpoints) gives the colocated dense
+  // text.
   const std::vector<std::string> generate = {"generate", "--model",          kModel,
                                              "--prompt", "Once upon a time", "--max-tokens",
                                              "24",       "--threads",        "1"};
@@ -188,8 +189,20 @@ TEST_F(MultiCacheTest, RequestsArePlacedOnTheCacheRankWithTheMostFreeBudget) {
                          ranks[0].endpoint + "," + ranks[1].endpoint + "," + ranks[2].endpoint});
   const testing::ProcessResult offloaded = testing::RunProcess(RUBATO_BINARY, offloaded_args);
   ASSERT_EQ(offloaded.exit_code, 0) << offloaded.err;
+  // The same list as topology.cache_endpoints of a config file.
+  const std::string listed = (dir_.path() / "three_cache_ranks.yaml").string();
+  std::ofstream(listed) << "limits:\n  heartbeat_ms: 100\n  rpc_timeout_ms: 2000\n"
+                        << "engine:\n  kv_residency: offloaded\n"
+                        << "topology:\n  mode: disaggregated\n  transport: ucx\n"
+                        << "  cache_endpoints: [" << ranks[0].endpoint << ", " << ranks[1].endpoint
+                        << ", " << ranks[2].endpoint << "]\n";
+  std::vector<std::string> config_args = generate;
+  config_args.insert(config_args.end(), {"--config", listed});
+  const testing::ProcessResult configured = testing::RunProcess(RUBATO_BINARY, config_args);
+  ASSERT_EQ(configured.exit_code, 0) << configured.err;
   const auto text = [](const std::string& out) { return out.substr(0, out.rfind("\n[rubato]")); };
   EXPECT_EQ(text(offloaded.out), text(dense.out));
+  EXPECT_EQ(text(configured.out), text(dense.out));
   EXPECT_NE(offloaded.out.find("offload_bytes_sent="), std::string::npos) << offloaded.out;
   EXPECT_EQ(offloaded.out.find("offload_bytes_sent=0 "), std::string::npos) << offloaded.out;
   for (CacheRank& rank : ranks) Stop(*rank.process);
