@@ -225,15 +225,16 @@ TEST_F(MultiCacheTest, ALostCacheRankFailsOnlyItsRequestsAndARestartedOneTakesNe
     Stop(*colocated);
   }
 
-  // Equal budgets: the first request goes to rank 0, the second to rank 1 (the lower of two
-  // equal), the third to rank 2.
+  // Budgets of 64, 70 and 64 MiB. The long request (~11.7 MiB) opens first, on rank 1 (then
+  // ~58 free), and cannot end before the kill; the two short ones (~1.8 MiB) go to rank 0, then
+  // rank 2 (or rank 0 again if the first has already ended: either way not rank 1).
   std::vector<CacheRank> ranks;
-  for (int i = 0; i < 3; ++i) ranks.push_back(StartCache("127.0.0.1:0", 64));
+  for (const int budget : {64, 70, 64}) ranks.push_back(StartCache("127.0.0.1:0", budget));
   int port = 0;
   const std::unique_ptr<BackgroundProcess> server = StartServer(ranks, &port);
   ASSERT_GT(port, 0) << server->Out() << server->Err();
-  OpenStream on_rank0 = StartStream(port, kTokens);
   OpenStream on_rank1 = StartStream(port, 4000);  // far longer than the test waits
+  OpenStream on_rank0 = StartStream(port, kTokens);
   OpenStream on_rank2 = StartStream(port, kTokens);
   ASSERT_FALSE(on_rank0.first.empty() || on_rank1.first.empty() || on_rank2.first.empty())
       << server->Err();
