@@ -105,11 +105,13 @@ TEST(Config, DefaultYamlFileEqualsDefaultConfig) {
 
 // The launch configs next to default.yaml load, and the NCCL one asks for NCCL.
 TEST(Config, TheShippedLaunchConfigsLoad) {
-  for (const char* path : {"configs/disagg-mpi.yaml", "configs/disagg-mpi-nccl.yaml"}) {
+  for (const auto& [path, ranks] :
+       {std::pair{"configs/disagg-mpi.yaml", 2u}, std::pair{"configs/disagg-mpi-nccl.yaml", 2u},
+        std::pair{"configs/disagg-mpi-3cache.yaml", 4u}}) {
     auto config = LoadConfigFile(path);
     ASSERT_TRUE(config.ok()) << path << ": " << config.status().message();
     EXPECT_EQ(config->topology.mode, TopologySection::Mode::kDisaggregated) << path;
-    EXPECT_EQ(config->topology.ranks.size(), 2u) << path;
+    EXPECT_EQ(config->topology.ranks.size(), ranks) << path;
   }
   auto nccl = LoadConfigFile("configs/disagg-mpi-nccl.yaml");
   ASSERT_TRUE(nccl.ok());

@@ -274,6 +274,39 @@ TEST_F(DisaggregatedCliTest, MpirunWithTwoRanksGivesTheColocatedDenseText) {
       << "mpirun:\n" << mpi.out << "\ndense:\n" << dense.out;
   EXPECT_NE(mpi.out.find("rubato cache: stopped (a peer asked"), std::string::npos) << mpi.out;
 }
+
+// `mpirun -np 4` with configs/disagg-mpi-3cache.yaml: one inference rank and three cache ranks
+// (docs/disaggregated.md "Several cache ranks"); the request is placed on one of them, the text
+// is dense, and the inference rank stops all three.
+TEST_F(DisaggregatedCliTest, MpirunWithThreeCacheRanksGivesTheColocatedDenseText) {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  setenv("LSAN_OPTIONS",
+         "suppressions=" RUBATO_LSAN_OPENMPI_SUPPRESSIONS
+         ":fast_unwind_on_malloc=0:print_suppressions=0",
+         1);
+  const ProcessResult dense = RunProcess(RUBATO_BINARY, GenerateArgs("dense", 24));
+  ASSERT_EQ(dense.exit_code, 0) << dense.err;
+  const ProcessResult mpi = RunProcess(
+      RUBATO_MPIEXEC, {"-np", "4", "--oversubscribe", RUBATO_BINARY, "generate", "--config",
+                       "configs/disagg-mpi-3cache.yaml", "--prompt", kPrompt, "--max-tokens",
+                       "24", "--threads", "1"},
+      120);
+  ASSERT_FALSE(mpi.signaled) << "mpirun hung\n" << mpi.out << mpi.err;
+  ASSERT_EQ(mpi.exit_code, 0) << mpi.out << mpi.err;
+  for (const char* rank : {"1", "2", "3"}) {
+    EXPECT_NE(mpi.out.find("rubato cache (mpi rank " + std::string(rank) + "): listening on"),
+              std::string::npos)
+        << mpi.out;
+  }
+  EXPECT_NE(mpi.out.find(GeneratedText(dense.out)), std::string::npos) << mpi.out;
+  size_t stopped = 0;
+  for (size_t at = mpi.out.find("rubato cache: stopped (a peer asked"); at != std::string::npos;
+       at = mpi.out.find("rubato cache: stopped (a peer asked", at + 1)) {
+    ++stopped;
+  }
+  EXPECT_EQ(stopped, 3u) << mpi.out;
+}
 #endif
 
 // topology.transport nccl where it cannot work is refused by name, and the cache rank serves
@@ -319,6 +352,15 @@ TEST_F(DisaggregatedCliTest, BadUsesAreRefusedByName) {
   result = RunProcess(RUBATO_BINARY, args, 30);
   EXPECT_EQ(result.exit_code, 1) << result.err;
   EXPECT_NE(result.err.find("127.0.0.1:9"), std::string::npos) << result.err;
+
+  // A list of cache ranks with an empty entry.
+  args = GenerateArgs("offload_dense", 4);
+  args.insert(args.end(), {"--cache", "127.0.0.1:9,,127.0.0.1:10"});
+  result = RunProcess(RUBATO_BINARY, args, 30);
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("--cache '127.0.0.1:9,,127.0.0.1:10': cache rank 1 is empty"),
+            std::string::npos)
+      << result.err;
 
   // --listen that is no endpoint.
   result = RunProcess(RUBATO_BINARY, {"cache", "--listen", "nowhere"}, 30);

@@ -60,7 +60,22 @@ Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides) {
   if (overrides.threads) config.engine.threads = *overrides.threads;
   if (overrides.cache_endpoint) {
     config.topology.mode = TopologySection::Mode::kDisaggregated;
-    config.topology.cache_endpoints = {*overrides.cache_endpoint};
+    // "a,b,c": one cache rank each, requests placed by free budget.
+    config.topology.cache_endpoints.clear();
+    const std::string& list = *overrides.cache_endpoint;
+    for (size_t begin = 0;;) {
+      const size_t comma = list.find(',', begin);
+      const std::string endpoint =
+          list.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+      if (endpoint.empty()) {
+        return InvalidArgumentError("--cache '" + list + "': cache rank " +
+                                    std::to_string(config.topology.cache_endpoints.size()) +
+                                    " is empty (a comma-separated list of host:port)");
+      }
+      config.topology.cache_endpoints.push_back(endpoint);
+      if (comma == std::string::npos) break;
+      begin = comma + 1;
+    }
     // Over UCX unless the config file chose NCCL.
     if (config.topology.transport != TopologySection::Transport::kNccl) {
       config.topology.transport = TopologySection::Transport::kUcx;

@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1024));
 
   generate->add_option("--cache", gen.cache_endpoint,
-                       "host:port of a cache rank (rubato cache --listen) for an offload policy");
+                       "host:port of a cache rank (rubato cache --listen) for offloaded KV; "
+                       "several, comma-separated: requests placed by free budget");
 
   rubato::ServeArgs serve_args;
   CLI::App* serve = app.add_subcommand(
@@ -116,7 +117,8 @@ int main(int argc, char** argv) {
                     "Require 'Authorization: Bearer KEY' on /v1/* (overrides server.api_key and "
                     "RUBATO_API_KEY)");
   serve->add_option("--cache", serve_args.overrides.cache_endpoint,
-                    "host:port of a cache rank (rubato cache --listen) for an offload policy");
+                    "host:port of a cache rank (rubato cache --listen) for offloaded KV; "
+                    "several, comma-separated: requests placed by free budget");
   serve
       ->add_option("--threads", serve_args.overrides.threads,
                    "CPU threads (overrides engine.threads)")

@@ -73,18 +73,17 @@ Result<std::optional<MpiLaunch>> JoinMpiLaunch(RubatoConfig& config) {
     }
     roles[static_cast<size_t>(spec.rank)] = static_cast<int>(spec.role);
   }
-  int first_cache = -1;
+  std::vector<int> cache_ranks;  // every cache rank, in rank order: the endpoints' order
   for (int r = 0; r < world; ++r) {
     if (roles[static_cast<size_t>(r)] < 0) {
       return InvalidArgumentError("topology.ranks gives no role to rank " + std::to_string(r) +
                                   " of the " + std::to_string(world) + " mpirun started");
     }
-    if (roles[static_cast<size_t>(r)] == static_cast<int>(RankSpec::Role::kCache) &&
-        first_cache < 0) {
-      first_cache = r;
+    if (roles[static_cast<size_t>(r)] == static_cast<int>(RankSpec::Role::kCache)) {
+      cache_ranks.push_back(r);
     }
   }
-  if (first_cache < 0) {
+  if (cache_ranks.empty()) {
     return InvalidArgumentError("topology.ranks has no cache rank");
   }
   launch.role_ = static_cast<RankSpec::Role>(roles[static_cast<size_t>(launch.rank_)]);
@@ -95,17 +94,20 @@ Result<std::optional<MpiLaunch>> JoinMpiLaunch(RubatoConfig& config) {
 
   // The cache rank publishes its endpoint once its server runs (ServeAsCacheRank).
   RUBATO_ASSIGN_OR_RETURN(const std::vector<std::string> endpoints, mpi.AllGather(""));
-  const std::string& endpoint = endpoints[static_cast<size_t>(first_cache)];
-  if (endpoint.empty()) {
-    return UnavailableError("cache rank " + std::to_string(first_cache) +
-                            " did not start its RPC server");
+  std::vector<std::string> cache_endpoints;
+  for (const int r : cache_ranks) {
+    const std::string& endpoint = endpoints[static_cast<size_t>(r)];
+    if (endpoint.empty()) {
+      return UnavailableError("cache rank " + std::to_string(r) + " did not start its RPC server");
+    }
+    cache_endpoints.push_back(endpoint);
   }
   config.topology.mode = TopologySection::Mode::kDisaggregated;
   // NCCL when the config asks for it (its communicator forms over the RPC Hello), else UCX.
   if (config.topology.transport != TopologySection::Transport::kNccl) {
     config.topology.transport = TopologySection::Transport::kUcx;
   }
-  config.topology.cache_endpoints = {endpoint};
+  config.topology.cache_endpoints = std::move(cache_endpoints);
   return std::optional<MpiLaunch>(std::move(launch));
 #endif
 }
@@ -126,11 +128,10 @@ Status RunWithMpiRoles(RubatoConfig& config,
 }
 
 Status MpiLaunch::StopCacheRank(const RubatoConfig& config) {
-  const auto ask = [&]() -> Status {
+  const auto ask = [&](const std::string& endpoint) -> Status {
     RUBATO_ASSIGN_OR_RETURN(
         std::unique_ptr<rpc::RpcClient> rpc,
-        rpc::RpcClient::Connect(config.topology.cache_endpoints.front(),
-                                std::chrono::milliseconds(config.limits.rpc_timeout_ms),
+        rpc::RpcClient::Connect(endpoint, std::chrono::milliseconds(config.limits.rpc_timeout_ms),
                                 rpc::RpcClientOptions::FromLimits(config.limits)));
     rpc::HelloRequest hello;  // control only: no data plane
     hello.set_role(rpc::ROLE_INFERENCE);
@@ -139,12 +140,17 @@ Status MpiLaunch::StopCacheRank(const RubatoConfig& config) {
     request.set_reason("the inference rank of this mpirun finished");
     return rpc->Shutdown(request).status();
   };
-  const Status stopped = ask();
-  // Unreachable or hanging up: the cache rank is going or gone (it may close the connection
-  // before its answer is written, or mpirun passed a SIGINT / SIGTERM to every rank), which is
-  // what was asked for.
-  if (stopped.code() == StatusCode::kUnavailable) return Status::Ok();
-  return stopped;
+  Status first_error;
+  for (const std::string& endpoint : config.topology.cache_endpoints) {
+    const Status stopped = ask(endpoint);
+    // Unreachable or hanging up: the cache rank is going or gone (it may close the connection
+    // before its answer is written, or mpirun passed a SIGINT / SIGTERM to every rank), which
+    // is what was asked for.
+    if (stopped.code() != StatusCode::kUnavailable && !stopped.ok() && first_error.ok()) {
+      first_error = stopped;
+    }
+  }
+  return first_error;
 }
 
 void MpiLaunch::Abort(int exit_code) {

@@ -1,7 +1,7 @@
 // Launch under `mpirun -np N` (docs/design.md §1 "Disaggregated mode"): each process takes its role
 // from the config's topology.ranks by its MPI rank. A cache rank serves (ServeCacheRank) until an
-// inference rank asks it to stop; an inference rank learns the cache rank's RPC endpoint through
-// MPI and then connects exactly as `--cache HOST:PORT` does (RPC + UCX, or NCCL with
+// inference rank asks it to stop; an inference rank learns every cache rank's RPC endpoint
+// through MPI and then connects exactly as `--cache A,B,...` does (RPC + UCX, or NCCL with
 // topology.transport nccl). MPI carries only the endpoint (an NCCL communicator's unique id goes
 // in the RPC Hello, as without mpirun); the local GPU is the process's node-local rank, for the
 // cache rank too.
@@ -31,7 +31,7 @@ class MpiLaunch {
   int rank() const { return rank_; }
   // Serves this cache rank until an inference rank's Shutdown (or SIGTERM).
   Status ServeAsCacheRank(const RubatoConfig& config);
-  // Asks the cache rank (at config.topology.cache_endpoints[0]) to stop: an inference rank's
+  // Asks every cache rank (config.topology.cache_endpoints) to stop: an inference rank's
   // last act, since the job ends only when every rank does.
   Status StopCacheRank(const RubatoConfig& config);
   // Ends every rank of the job (MPI_Abort): what an inference rank does on an error, since the
@@ -57,9 +57,9 @@ Status RunWithMpiRoles(RubatoConfig& config,
 
 // Not launched by mpirun (or no topology.ranks in the config): nullopt and nothing changes.
 // Else joins MPI, checks the ranks table against the world (every rank listed once, at least one
-// of each role), and for an inference rank rewrites `config` to reach the first cache rank
-// (mode disaggregated, transport nccl when the config says so else ucx, cache_endpoints); every
-// rank's GPU is engine.device = its node-local rank. Collective: every rank calls it.
+// of each role), and for an inference rank rewrites `config` to reach every cache rank, in rank
+// order (mode disaggregated, transport nccl when the config says so else ucx, cache_endpoints);
+// every rank's GPU is engine.device = its node-local rank. Collective: every rank calls it.
 Result<std::optional<MpiLaunch>> JoinMpiLaunch(RubatoConfig& config);
 
 }  // namespace rubato

@@ -334,6 +334,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   admitted_.clear();
   last_step_prompt_tokens_ = 0;
   RUBATO_RETURN_IF_ERROR(AdmitWaiting(events));
+  FailLostResidencyRequests(events);
 
   batch_.clear();
   batch_requests_.clear();
@@ -399,6 +400,15 @@ Result<std::vector<TokenEvent>> Engine::Step() {
 
   for (size_t e = 0; e < batch_.size(); ++e) {
     Request& request = *batch_requests_[e];
+    if (request.residency != nullptr) {
+      // Its storage was lost during this forward (one of several cache ranks): what the model
+      // computed for it is void; the retirement below ends it.
+      const Status lost = options_.residency->RequestBroken(*request.residency);
+      if (!lost.ok()) {
+        EndWithError(request, lost, events);
+        continue;
+      }
+    }
     const bool decode_entry =
         request.prompt_done >= static_cast<int>(request.params.prompt_ids.size());
     if (!decode_entry) {
@@ -500,15 +510,35 @@ void Engine::FailResidencyRequests(const Status& why, std::vector<TokenEvent>& e
       ++it;
       continue;
     }
-    const Status error =
-        Status(why.code(), "request " + std::to_string(it->id) + ": " + why.message());
-    RUBATO_LOG_WARN(kLogSubsystem, "{}", error.message());
-    events.push_back(TokenEvent{it->id, -1, FinishReason::kError, 1.0, error});
-    it->finish = FinishReason::kError;
+    EndWithError(*it, why, events);
     const Status released = Retire(*it);
     if (!released.ok()) RUBATO_LOG_ERROR(kLogSubsystem, "{}", released.message());
     it = running_.erase(it);
   }
+}
+
+void Engine::FailLostResidencyRequests(std::vector<TokenEvent>& events) {
+  if (options_.residency == nullptr) return;
+  for (auto it = running_.begin(); it != running_.end();) {
+    const Status lost =
+        it->residency != nullptr ? options_.residency->RequestBroken(*it->residency) : Status::Ok();
+    if (lost.ok()) {
+      ++it;
+      continue;
+    }
+    EndWithError(*it, lost, events);
+    const Status released = Retire(*it);
+    if (!released.ok()) RUBATO_LOG_ERROR(kLogSubsystem, "{}", released.message());
+    it = running_.erase(it);
+  }
+}
+
+void Engine::EndWithError(Request& request, const Status& why, std::vector<TokenEvent>& events) {
+  const Status error =
+      Status(why.code(), "request " + std::to_string(request.id) + ": " + why.message());
+  RUBATO_LOG_WARN(kLogSubsystem, "{}", error.message());
+  events.push_back(TokenEvent{request.id, -1, FinishReason::kError, 1.0, error});
+  request.finish = FinishReason::kError;
 }
 
 }  // namespace rubato

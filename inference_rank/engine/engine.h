@@ -178,6 +178,11 @@ class Engine {
   // The residency's peer broke: every running request it holds ends with an error event naming
   // why.
   void FailResidencyRequests(const Status& why, std::vector<TokenEvent>& events);
+  // Ends every running request whose own residency storage is lost (Residency::RequestBroken:
+  // one of several cache ranks), with an error event naming why; the others run on.
+  void FailLostResidencyRequests(std::vector<TokenEvent>& events);
+  // The error event of a request that ends with `why`; the caller retires it.
+  void EndWithError(Request& request, const Status& why, std::vector<TokenEvent>& events);
   // Frees a finished request's KV blocks and closes its residency storage.
   Status Retire(Request& request);
   // The TokenSampling of a request's next token: its filter, and one draw of its RNG unless

@@ -77,6 +77,10 @@ class Residency {
   virtual Status CheckRedo() const { return Status::Ok(); }
   // The error that stopped the residency's peer (its open requests are then lost), or ok.
   virtual Status Broken() const { return Status::Ok(); }
+  // The error that lost `request`'s storage while the residency goes on serving others (one of
+  // several cache ranks is gone), or ok. The engine ends such a request, before a step and
+  // after one (what the model computed for it then is void).
+  virtual Status RequestBroken(const ResidencyRequest& /*request*/) const { return Status::Ok(); }
 
   // Registers its metrics (docs/design.md §3 names); `registry` outlives the residency.
   virtual Status RegisterMetrics(MetricsRegistry& /*registry*/) { return Status::Ok(); }

@@ -88,6 +88,10 @@ class KvOffloadClient : public KvOffloadExchange {
   virtual Status CloseSession(uint64_t session_id) = 0;
   // The error that stopped the data plane (every offloaded request is then lost), or ok.
   virtual Status Broken() const = 0;
+  // The error that lost `session_id`'s KV while the client serves other sessions (one of
+  // several cache ranks is gone: multi_cache.h), or ok. Its exchange calls then return
+  // placeholders the engine never uses (it ends the request).
+  virtual Status SessionBroken(uint64_t /*session_id*/) const { return Status::Ok(); }
 };
 
 // The handle on a ForwardEntry (ForwardEntry::residency): the entry's KV is offloaded through

@@ -36,15 +36,18 @@ class OffloadEngineTest : public ::testing::Test {
   }
 
   // Runs three sampled requests (prompts of 37, 20 and 5 tokens) to completion with a prefill
-  // chunk of 16 tokens per step; offloaded through `cache` when set.
-  std::map<uint64_t, Output> Run(ColocatedCacheRank* cache, int max_new_tokens = 12) {
+  // chunk of 16 tokens per step; offloaded through `cache` when set (through `through`, a client
+  // over it, when that is set too).
+  std::map<uint64_t, Output> Run(ColocatedCacheRank* cache, int max_new_tokens = 12,
+                                 KvOffloadClient* through = nullptr) {
     EngineOptions options;
     options.max_batch = 4;
     options.max_context = 128;
     options.prefill_chunk = 16;
     options.num_threads = 2;
     if (cache != nullptr) {
-      options.residency = std::make_shared<OffloadedResidency>(cache->client(), &cache->client());
+      KvOffloadClient& client = through != nullptr ? *through : cache->client();
+      options.residency = std::make_shared<OffloadedResidency>(client, &cache->client());
     }
     auto engine = Engine::Create(LoadModel(), options);
     EXPECT_TRUE(engine.ok()) << engine.status().ToString();
@@ -112,6 +115,74 @@ TEST_F(OffloadEngineTest, OffloadDenseGivesTheDenseTokensForEveryPackSize) {
     EXPECT_EQ(stats.packs_received % 2, 0u);
     EXPECT_EQ(stats.store.sessions_open, 0u) << "every finished request closed its session";
   }
+}
+
+// A client that loses one session's KV (as one of several cache ranks does, multi_cache.h) after
+// `lose_after` steps: SessionBroken names it, everything else is forwarded.
+class OneSessionLost final : public KvOffloadClient {
+ public:
+  OneSessionLost(KvOffloadClient& inner, int lost_open, int lose_after)
+      : inner_(inner), lost_open_(lost_open), lose_after_(lose_after) {}
+  Result<uint64_t> OpenSession(uint64_t request_id, int capacity) override {
+    Result<uint64_t> session = inner_.OpenSession(request_id, capacity);
+    if (session.ok() && opened_++ == lost_open_) lost_session_ = *session;
+    return session;
+  }
+  Status CloseSession(uint64_t session) override { return inner_.CloseSession(session); }
+  Status Broken() const override { return inner_.Broken(); }
+  Status SessionBroken(uint64_t session) const override {
+    if (session == lost_session_ && steps_ > lose_after_) {
+      return UnavailableError("cache rank 1 of 3 (127.0.0.1:7001) is lost");
+    }
+    return Status::Ok();
+  }
+  Status LayerComputed(int layer, std::span<const OffloadLayerKv> entries) override {
+    if (layer == 0) ++steps_;
+    return inner_.LayerComputed(layer, entries);
+  }
+  Result<OffloadCompactKv> CompactFor(int layer, uint64_t session, int position) override {
+    return inner_.CompactFor(layer, session, position);
+  }
+  bool ServesPartialAttention(uint64_t session) const override {
+    return inner_.ServesPartialAttention(session);
+  }
+  Result<OffloadPartial> PartialFor(int layer, uint64_t session, int position) override {
+    return inner_.PartialFor(layer, session, position);
+  }
+
+ private:
+  KvOffloadClient& inner_;
+  const int lost_open_;
+  const int lose_after_;
+  int opened_ = 0;
+  int steps_ = 0;
+  uint64_t lost_session_ = ~uint64_t{0};
+};
+
+// The engine ends only the request whose storage is lost (Residency::RequestBroken), with the
+// error naming the cache rank; the others finish with the dense tokens; every session closes.
+TEST_F(OffloadEngineTest, ALostSessionEndsOnlyItsRequest) {
+  const std::map<uint64_t, Output> dense = Run(nullptr);
+  ASSERT_EQ(dense.size(), 3u);
+  std::unique_ptr<ColocatedCacheRank> cache = MakeCache(CacheClientOptions{});
+  OneSessionLost lossy(cache->client(), /*lost_open=*/1, /*lose_after=*/6);
+  const std::map<uint64_t, Output> offloaded = Run(cache.get(), 12, &lossy);
+  ASSERT_EQ(offloaded.size(), 3u);
+  int failed = 0;
+  for (const auto& [id, output] : dense) {
+    const Output& got = offloaded.at(id);
+    if (got.finish == FinishReason::kError) {
+      ++failed;
+      EXPECT_NE(got.error.message().find("cache rank 1 of 3 (127.0.0.1:7001) is lost"),
+                std::string::npos)
+          << got.error.message();
+      EXPECT_LT(got.tokens.size(), output.tokens.size());
+      continue;
+    }
+    EXPECT_EQ(got.tokens, output.tokens) << "request " << id;
+  }
+  EXPECT_EQ(failed, 1);
+  EXPECT_EQ(cache->service().Stats().store.sessions_open, 0u);
 }
 
 TEST_F(OffloadEngineTest, OffloadTopKCoveringTheContextGivesTheDenseTokens) {

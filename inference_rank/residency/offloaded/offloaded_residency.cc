@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cache_rank/cache_selector.h"
 #include "common/logging.h"
@@ -56,19 +57,23 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSele
       std::max(config.limits.rpc_timeout_ms, 5 * config.limits.heartbeat_ms));
   OffloadTarget target;
   if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
-    const std::string endpoint = config.topology.cache_endpoints.front();
     const LimitsSection limits = config.limits;
     const RemoteDataPlane plane{config.topology.transport, config.engine.device};
     // A lost cache rank is reconnected at once, then after the heartbeat period, doubling up
     // to 10 s.
     const ReconnectBackoff backoff{std::chrono::milliseconds(limits.heartbeat_ms),
                                    std::chrono::milliseconds(10000)};
-    ReconnectingCacheRank::Connector connect = [endpoint, model, options, limits,
-                                                plane](const std::atomic<bool>* abandon) {
-      return RemoteCacheRank::Connect(endpoint, model, options, limits, plane, abandon);
-    };
-    RUBATO_ASSIGN_OR_RETURN(target.remote,
-                            ReconnectingCacheRank::Connect(std::move(connect), backoff));
+    std::vector<MultiCacheRank::Rank> ranks;
+    for (const std::string& endpoint : config.topology.cache_endpoints) {
+      ReconnectingCacheRank::Connector connect = [endpoint, model, options, limits,
+                                                  plane](const std::atomic<bool>* abandon) {
+        return RemoteCacheRank::Connect(endpoint, model, options, limits, plane, abandon);
+      };
+      RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<ReconnectingCacheRank> link,
+                              ReconnectingCacheRank::Connect(std::move(connect), backoff));
+      ranks.push_back(MultiCacheRank::Rank{endpoint, std::move(link)});
+    }
+    target.remote = std::make_unique<MultiCacheRank>(std::move(ranks), model);
     target.client = target.remote.get();
   } else {
     // The colocated cache rank's storage from the config's cache section (on the engine's GPU
@@ -125,35 +130,61 @@ Status OffloadedResidency::Close(ResidencyRequest& request) {
   return Status::Ok();
 }
 
+Status OffloadedResidency::RequestBroken(const ResidencyRequest& request) const {
+  return client_->SessionBroken(static_cast<const OffloadedRequest&>(request).session_id());
+}
+
 Status OffloadedResidency::RegisterMetrics(MetricsRegistry& registry) {
   if (target_.remote != nullptr) return target_.remote->RegisterMetrics(registry);
   CacheRankClient* client = data_client();
   return client != nullptr ? client->RegisterMetrics(registry) : Status::Ok();
 }
 
-// " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=..." (the run's totals), then
-// per step (a forward that offloaded K/V) the bytes each way and the exposed wait (time blocked on
-// replies), and the cache rank's selection time (its replies, attention on the cache rank
-// included) and peak KV memory (of its storage: host, pinned or device). A selector that replies
-// rows adds whether replies are deltas, the compact rows received and those full replies would
-// have carried, and the bytes per step of full replies (step_bytes_received is what came).
+// " offload_bytes_sent=... offload_bytes_received=... pack_wait_ms=..." (the run's totals, over
+// every cache rank), then per step (a forward that offloaded K/V) the bytes each way and the
+// exposed wait (time blocked on replies), and the cache ranks' selection time (their replies,
+// attention on the cache rank included) and peak KV memory (of their storage: host, pinned or
+// device; summed over the ranks). A selector that replies rows adds whether replies are deltas,
+// the compact rows received and those full replies would have carried, and the bytes per step
+// of full replies (step_bytes_received is what came), summed over the ranks.
 std::string OffloadedResidency::StatsLine() const {
-  const CacheRankClient* client = data_client();
-  if (client == nullptr) return "";
-  const double steps = static_cast<double>(std::max<uint64_t>(client->steps(), 1));
+  std::vector<const CacheRankClient*> clients;
+  if (target_.remote != nullptr) {
+    for (int r = 0; r < target_.remote->num_ranks(); ++r) {
+      clients.push_back(&target_.remote->rank(r).current().client());
+    }
+  } else if (data_client() != nullptr) {
+    clients.push_back(data_client());
+  }
+  if (clients.empty()) return "";
+  uint64_t sent = 0, received = 0, steps = 0;
+  double wait_seconds = 0.0;
+  for (const CacheRankClient* client : clients) {
+    sent += client->bytes_sent();
+    received += client->bytes_received();
+    wait_seconds += client->pack_wait_seconds();
+    steps = std::max(steps, client->steps());  // the ranks serve the same steps
+  }
+  const double per_step = static_cast<double>(std::max<uint64_t>(steps, 1));
   std::string text = fmt::format(
       " offload_bytes_sent={} offload_bytes_received={} pack_wait_ms={:.1f} offload_steps={} "
       "step_bytes_sent={:.0f} step_bytes_received={:.0f} step_wait_ms={:.3f}",
-      client->bytes_sent(), client->bytes_received(), client->pack_wait_seconds() * 1e3,
-      client->steps(), static_cast<double>(client->bytes_sent()) / steps,
-      static_cast<double>(client->bytes_received()) / steps,
-      client->pack_wait_seconds() * 1e3 / steps);
-  if (client->compact_rows_full() > 0) {  // a selector that replies rows
+      sent, received, wait_seconds * 1e3, steps, static_cast<double>(sent) / per_step,
+      static_cast<double>(received) / per_step, wait_seconds * 1e3 / per_step);
+  uint64_t rows_received = 0, rows_full = 0, full_reply_bytes = 0;
+  bool delta_replies = false;
+  for (const CacheRankClient* client : clients) {
+    rows_received += client->compact_rows_received();
+    rows_full += client->compact_rows_full();
+    full_reply_bytes += client->full_reply_bytes();
+    delta_replies = delta_replies || client->delta_replies();
+  }
+  if (rows_full > 0) {  // a selector that replies rows
     text += fmt::format(
         " delta_replies={} compact_rows_received={} compact_rows_full={} "
         "step_full_reply_bytes={:.0f}",
-        client->delta_replies() ? 1 : 0, client->compact_rows_received(),
-        client->compact_rows_full(), static_cast<double>(client->full_reply_bytes()) / steps);
+        delta_replies ? 1 : 0, rows_received, rows_full,
+        static_cast<double>(full_reply_bytes) / per_step);
   }
   if (target_.colocated != nullptr) {
     const CacheServiceStats stats = target_.colocated->service().Stats();
@@ -161,16 +192,24 @@ std::string OffloadedResidency::StatsLine() const {
         fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={} cache_memory={}",
                     stats.selection_seconds * 1e3, stats.store.bytes_reserved_peak, stats.memory);
   } else if (target_.remote != nullptr) {
-    // The cache rank's own counters (Stats RPC); a cache rank that does not answer leaves them
+    // The cache ranks' own counters (Stats RPC); a cache rank that does not answer leaves them
     // out of the line rather than failing a finished run.
-    const Result<rpc::StatsResponse> stats = target_.remote->current().rpc().Stats();
-    if (stats.ok()) {
+    double selection_seconds = 0.0, peak_bytes = 0.0;
+    bool answered = true;
+    for (int r = 0; r < target_.remote->num_ranks() && answered; ++r) {
+      const Result<rpc::StatsResponse> stats = target_.remote->rank(r).Stats();
+      answered = stats.ok();
+      if (!answered) break;
       const auto counter = [&](const std::string& name) {
         const auto found = stats->counters().find(name);
         return found == stats->counters().end() ? 0.0 : found->second;
       };
+      selection_seconds += counter("selection_seconds");
+      peak_bytes += counter("bytes_reserved_peak");
+    }
+    if (answered) {
       text += fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={:.0f}",
-                          counter("selection_seconds") * 1e3, counter("bytes_reserved_peak"));
+                          selection_seconds * 1e3, peak_bytes);
     }
   }
   return text;
@@ -218,7 +257,15 @@ Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup
       config.topology.transport == TopologySection::Transport::kNccl &&
       config.engine.backend == EngineSection::Backend::kCuda && selection.name == "attention") {
     // A cache rank that keeps the KV on its GPU says so in its Hello: the device data plane,
-    // attention there; one in host memory is connected again for layer packs.
+    // attention there; one in host memory is connected again for layer packs. That plane
+    // reaches one cache rank: several (placed by free budget) are served by layer packs only.
+    if (config.topology.cache_endpoints.size() > 1) {
+      return UnsupportedError(
+          "topology.cache_endpoints names " +
+          std::to_string(config.topology.cache_endpoints.size()) +
+          " cache ranks: with topology.transport nccl, the CUDA model and dense attention the "
+          "device data plane reaches one cache rank; use topology.transport ucx for several");
+    }
     RUBATO_ASSIGN_OR_RETURN(std::shared_ptr<Residency> device,
                             ConnectDeviceCacheRank(config, *setup.model));
     if (device != nullptr) return device;

@@ -18,28 +18,28 @@
 #include "inference_rank/residency/offloaded/cache_client.h"
 #include "inference_rank/residency/offloaded/colocated_cache.h"
 #include "inference_rank/residency/offloaded/kv_offload.h"
-#include "inference_rank/residency/offloaded/reconnecting_cache.h"
+#include "inference_rank/residency/offloaded/multi_cache.h"
 #include "inference_rank/residency/residency.h"
 #include "inference_rank/residency/residency_setup.h"
 
 namespace rubato {
 
-// Where offloaded KV goes: the remote cache rank (reconnected when lost), or one in this
-// process.
+// Where offloaded KV goes: the remote cache ranks (each reconnected when lost; requests placed
+// by free budget), or one in this process.
 struct OffloadTarget {
-  std::unique_ptr<ReconnectingCacheRank> remote;
+  std::unique_ptr<MultiCacheRank> remote;
   std::unique_ptr<ColocatedCacheRank> colocated;
   KvOffloadClient* client = nullptr;
   // The current connection's client (byte counts, metrics); null without one.
   CacheRankClient* data_client() const {
-    if (remote != nullptr) return &remote->current().client();
+    if (remote != nullptr) return &remote->rank(0).current().client();
     return colocated != nullptr ? &colocated->client() : nullptr;
   }
 };
 
-// The cache rank of `config` for sessions selecting with `selection`: topology.mode
-// disaggregated connects to topology.cache_endpoints (reconnected when lost), colocated makes
-// one in this process.
+// The cache ranks of `config` for sessions selecting with `selection`: topology.mode
+// disaggregated connects to every topology.cache_endpoints entry (each reconnected when lost),
+// colocated makes one in this process.
 Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSelectorSpec& selection,
                                      const ModelConfig& model);
 
@@ -61,6 +61,7 @@ class OffloadedResidency final : public Residency {
   // while the client works.
   Status Close(ResidencyRequest& request) override;
   Status Broken() const override { return client_->Broken(); }
+  Status RequestBroken(const ResidencyRequest& request) const override;
 
   // rubato:transport_bytes_total and rubato:pack_wait_seconds (CacheRankClient::RegisterMetrics).
   Status RegisterMetrics(MetricsRegistry& registry) override;

@@ -101,6 +101,11 @@ Status ReconnectingCacheRank::RegisterMetrics(MetricsRegistry& registry) {
   return Status::Ok();
 }
 
+Result<rpc::StatsResponse> ReconnectingCacheRank::Stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_->rpc().Stats();
+}
+
 int ReconnectingCacheRank::reconnects() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return reconnects_;

@@ -65,6 +65,8 @@ class ReconnectingCacheRank final : public KvOffloadClient {
   // rubato:cache_link_up (1 while Broken() is ok), read at each scrape. `registry` must not be
   // scraped after this is destroyed.
   Status RegisterMetrics(MetricsRegistry& registry);
+  // The current connection's Stats RPC (free budget for placement: multi_cache.h).
+  Result<rpc::StatsResponse> Stats();
   int reconnects() const;  // connections made after the first
   // The current connection: for its byte counts once the engine is done (not while a reconnect
   // may replace it).
