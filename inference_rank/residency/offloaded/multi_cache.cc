@@ -157,20 +157,21 @@ Status MultiCacheRank::LayerComputed(int layer, std::span<const OffloadLayerKv> 
   return Status::Ok();
 }
 
-Result<OffloadCompactKv> MultiCacheRank::CompactFor(int layer, uint64_t session_id, int position) {
-  int rank = -1;
-  uint64_t rank_session = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto found = sessions_.find(session_id);
-    if (found == sessions_.end()) {
-      return NotFoundError("offload: no session " + std::to_string(session_id));
-    }
-    if (RankLostLocked(found->second.rank).ok()) {
-      rank = found->second.rank;
-      rank_session = found->second.rank_session;
-    }
+Result<std::optional<MultiCacheRank::Placed>> MultiCacheRank::LivePlacement(
+    uint64_t session_id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto found = sessions_.find(session_id);
+  if (found == sessions_.end()) {
+    return NotFoundError("offload: no session " + std::to_string(session_id));
   }
+  if (!RankLostLocked(found->second.rank).ok()) return std::optional<Placed>();
+  return std::optional<Placed>(found->second);
+}
+
+Result<OffloadCompactKv> MultiCacheRank::CompactFor(int layer, uint64_t session_id, int position) {
+  RUBATO_ASSIGN_OR_RETURN(const std::optional<Placed> placed, LivePlacement(session_id));
+  const int rank = placed ? placed->rank : -1;
+  const uint64_t rank_session = placed ? placed->rank_session : 0;
   if (rank >= 0) {
     Result<OffloadCompactKv> compact =
         ranks_[static_cast<size_t>(rank)].link->CompactFor(layer, rank_session, position);
@@ -201,19 +202,9 @@ bool MultiCacheRank::ServesPartialAttention(uint64_t session_id) const {
 }
 
 Result<OffloadPartial> MultiCacheRank::PartialFor(int layer, uint64_t session_id, int position) {
-  int rank = -1;
-  uint64_t rank_session = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto found = sessions_.find(session_id);
-    if (found == sessions_.end()) {
-      return NotFoundError("offload: no session " + std::to_string(session_id));
-    }
-    if (RankLostLocked(found->second.rank).ok()) {
-      rank = found->second.rank;
-      rank_session = found->second.rank_session;
-    }
-  }
+  RUBATO_ASSIGN_OR_RETURN(const std::optional<Placed> placed, LivePlacement(session_id));
+  const int rank = placed ? placed->rank : -1;
+  const uint64_t rank_session = placed ? placed->rank_session : 0;
   if (rank >= 0) {
     Result<OffloadPartial> partial =
         ranks_[static_cast<size_t>(rank)].link->PartialFor(layer, rank_session, position);

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -69,6 +70,9 @@ class MultiCacheRank final : public KvOffloadClient {
   // "cache rank i of M (HOST:PORT): why" unless `why` already names the endpoint.
   Status Named(int rank, const Status& why) const;
   Status RankLostLocked(int rank) const;
+  // Where `session_id` lives: its placement, or nullopt when its rank is lost (the caller
+  // returns a placeholder); NotFound for an unknown session.
+  Result<std::optional<Placed>> LivePlacement(uint64_t session_id) const;
   // Records a failed data-plane call of `rank`: its sessions are lost.
   void FailRankLocked(int rank, const Status& why);
 
