@@ -92,12 +92,62 @@ Status ReadEngine(YamlMapReader& reader, EngineSection* engine) {
   return reader.Finish();
 }
 
+// Policy parameter keys, at any depth, are names: scalars of at most kMaxParamKeyBytes without
+// control characters. Anything else is refused here, which also keeps every key short enough
+// to be written back as an implicit YAML key (at most 1024 characters once escaped).
+constexpr size_t kMaxParamKeyBytes = 128;
+
+bool IsParamKeyName(const YAML::Node& key) {
+  if (!key.IsScalar()) return false;
+  const std::string& text = key.Scalar();
+  if (text.empty() || text.size() > kMaxParamKeyBytes) return false;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) return false;
+  }
+  return true;
+}
+
+// Checks the keys of every map under `node`, `path` its place under the section; `visited`
+// holds the collections already checked (aliases share them).
+Status CheckParamKeys(const YAML::Node& node, const std::string& path, const YamlMapReader& reader,
+                      std::vector<YAML::Node>* visited) {
+  if (!node.IsMap() && !node.IsSequence()) return Status::Ok();
+  for (const YAML::Node& seen : *visited) {
+    if (seen.is(node)) return Status::Ok();
+  }
+  visited->push_back(node);
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      RUBATO_RETURN_IF_ERROR(
+          CheckParamKeys(node[i], path + "[" + std::to_string(i) + "]", reader, visited));
+    }
+    return Status::Ok();
+  }
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const YAML::Node key = it->first;
+    if (!IsParamKeyName(key)) {
+      // Keys of the section's remaining map carry no position; their values do.
+      const YAML::Mark mark = key.Mark().is_null() ? it->second.Mark() : key.Mark();
+      return InvalidArgumentError(fmt::format(
+          "{}: {}{}: keys must be names of 1 to {} characters without control characters, got "
+          "{}{}",
+          reader.source(), reader.key_path(), path, kMaxParamKeyBytes, DescribeYamlValue(key),
+          mark.is_null() ? "" : fmt::format(" (line {})", mark.line + 1)));
+    }
+    RUBATO_RETURN_IF_ERROR(CheckParamKeys(it->second, path + "." + key.Scalar(), reader, visited));
+  }
+  return Status::Ok();
+}
+
 Status ReadPolicy(YamlMapReader& reader, PolicySection* policy) {
   policy->source = reader.source();
   policy->key_path = reader.key_path();
   const bool has_name = reader.Has("name");
   RUBATO_RETURN_IF_ERROR(reader.ReadNonEmptyString("name", &policy->name));
   policy->params = reader.TakeRemaining();
+  std::vector<YAML::Node> visited;
+  RUBATO_RETURN_IF_ERROR(CheckParamKeys(policy->params, "", reader, &visited));
   if (!has_name && policy->params.size() > 0) {
     std::string keys;
     for (auto it = policy->params.begin(); it != policy->params.end(); ++it) {

@@ -235,6 +235,32 @@ TEST(Config, FormattedPolicyParametersKeepTextQuotesAndAliases) {
   EXPECT_EQ(*again, *at_end) << text;
 }
 
+// Policy parameter keys are names at any depth: a key of control characters (which YAML could
+// not even read back once escaped past 1024 characters) is refused by name with its place.
+TEST(Config, PolicyParameterKeysMustBeNames) {
+  const std::string controls(400, '\x0b');
+  auto top = ParseConfig("policy:\n  name: kascade\n  cali" + controls + "brate: 1\n", "k.yaml");
+  ASSERT_FALSE(top.ok());
+  EXPECT_THAT(top.status().message(),
+              HasSubstr("k.yaml: policy: keys must be names of 1 to 128 characters"));
+  EXPECT_THAT(top.status().message(), HasSubstr("(line 3)"));
+  auto nested = ParseConfig(
+      "policy:\n  name: sfi\n  a:\n    - {\"" + std::string(200, 'k') + "\": 2}\n", "k.yaml");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_THAT(nested.status().message(), HasSubstr("k.yaml: policy.a[0]: keys must be names"));
+  auto complex_key = ParseConfig("policy:\n  name: sfi\n  a:\n    ? [x, y]\n    : 4\n", "k.yaml");
+  ASSERT_FALSE(complex_key.ok());
+  EXPECT_THAT(complex_key.status().message(), HasSubstr("policy.a: keys must be names"));
+  // Names of 128 characters, nested and aliased, still load and write back.
+  const std::string name(128, 'n');
+  auto fine =
+      ParseConfig("policy:\n  name: sfi\n  a: &x {" + name + ": 1}\n  b: [*x, *x]\n", "k.yaml");
+  ASSERT_TRUE(fine.ok()) << fine.status().message();
+  auto again = ParseConfig(FormatConfigYaml(*fine), "formatted.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(*again, *fine);
+}
+
 TEST(Config, PolicyParametersAreKeptForTheFactory) {
   auto config = ParseConfig(kFullConfig, "full.yaml");
   ASSERT_TRUE(config.ok()) << config.status().message();
