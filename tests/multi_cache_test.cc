@@ -6,7 +6,9 @@
 // restarted rank is reconnected and takes new requests; `rubato generate --cache A,B,C` gives
 // the colocated dense text. Every wait is bounded.
 // Narrative: docs/disaggregated.md "Several cache ranks".
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -276,6 +278,69 @@ TEST_F(MultiCacheTest, ALostCacheRankFailsOnlyItsRequestsAndARestartedOneTakesNe
 
   Stop(*server);
   for (CacheRank& rank : ranks) Stop(*rank.process);
+}
+
+// A TCP port on 127.0.0.1 that nothing listens on (bound, read and released).
+int UnusedPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// Pods that start together (the Helm chart lists every cache replica): a cache rank that is not
+// up when the inference rank starts is connected in the background and then takes requests;
+// with none up, the inference rank refuses to start, naming each.
+TEST_F(MultiCacheTest, ACacheRankNotUpAtStartIsConnectedWhenItComesUp) {
+  const int late_port = UnusedPort();
+  ASSERT_GT(late_port, 0);
+  const std::string late = "127.0.0.1:" + std::to_string(late_port);
+  std::vector<CacheRank> ranks(2);
+  ranks[0] = StartCache("127.0.0.1:0", 16);
+  ranks[1].endpoint = late;  // no process yet
+  int port = 0;
+  const std::unique_ptr<BackgroundProcess> server = StartServer(ranks, &port);
+  ASSERT_GT(port, 0) << server->Out() << server->Err();
+  EXPECT_NE(server->Err().find("cache rank " + late + " not up at start"), std::string::npos)
+      << server->Err();
+  EXPECT_EQ(Request(port, "GET", "/health").status, 200);
+  OpenStream first = StartStream(port, 2000);
+  ASSERT_FALSE(first.first.empty()) << server->Err();
+  EXPECT_EQ(Sessions(ranks[0]), 1);
+  ::close(first.fd);
+
+  // It comes up with the larger budget: once connected it takes the next request.
+  ranks[1] = StartCache(late, 64);
+  ASSERT_EQ(ranks[1].endpoint, late);
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] { return server->Err().find("connected to cache rank " + late) != std::string::npos; },
+      milliseconds(30000)))
+      << server->Err();
+  EXPECT_TRUE(testing::WaitUntil([&] { return Sessions(ranks[0]) == 0; }, milliseconds(20000)));
+  OpenStream next = StartStream(port, 2000);
+  ASSERT_FALSE(next.first.empty()) << server->Err();
+  EXPECT_EQ(Sessions(ranks[1]), 1);
+  ::close(next.fd);
+  Stop(*server);
+  for (CacheRank& rank : ranks) Stop(*rank.process);
+
+  // None up: `rubato generate` fails at start, naming both.
+  const std::string other = "127.0.0.1:" + std::to_string(UnusedPort());
+  const testing::ProcessResult none =
+      testing::RunProcess(RUBATO_BINARY, {"generate", "--model", kModel, "--prompt", "Once",
+                                          "--max-tokens", "4", "--policy", "offload_dense",
+                                          "--config", config_, "--cache", late + "," + other});
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("none of the 2 cache ranks answered"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find(other), std::string::npos) << none.err;
 }
 
 }  // namespace

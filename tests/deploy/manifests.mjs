@@ -173,10 +173,16 @@ function checkSet(set, objects) {
     const cache = byKind('StatefulSet')[0];
     if (cache) {
       const rpc = cache.spec.template.spec.containers[0].ports.find((p) => p.name === 'rpc');
-      const endpoint = `${cache.spec.serviceName}.${process.env.RELEASE_NAMESPACE}.svc:${rpc?.containerPort}`;
-      if (rubato.topology?.mode !== 'disaggregated' || rubato.topology?.cache_endpoints?.[0] !== endpoint
-          || rubato.engine?.kv_residency !== 'offloaded') {
-        fail(set, `rubato.yaml must offload to ${endpoint}: ${JSON.stringify(rubato.topology)}`);
+      // UCX: every replica by its stable pod name; NCCL (one device peer): the headless Service.
+      const ns = process.env.RELEASE_NAMESPACE;
+      const service = cache.spec.serviceName;
+      const expected = rubato.topology?.transport === 'ucx'
+        ? Array.from({ length: cache.spec.replicas }, (_, i) =>
+          `${cache.metadata.name}-${i}.${service}.${ns}.svc:${rpc?.containerPort}`)
+        : [`${service}.${ns}.svc:${rpc?.containerPort}`];
+      if (rubato.topology?.mode !== 'disaggregated' || rubato.engine?.kv_residency !== 'offloaded'
+          || !isDeepStrictEqual(rubato.topology?.cache_endpoints, expected)) {
+        fail(set, `rubato.yaml must offload to ${expected.join(', ')}: ${JSON.stringify(rubato.topology)}`);
       }
     } else if ((rubato.topology?.mode ?? 'colocated') !== 'colocated') {
       fail(set, 'no cache ranks rendered, yet rubato.yaml is not colocated');

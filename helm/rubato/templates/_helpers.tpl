@@ -63,8 +63,10 @@ The rubato YAML (configs/default.yaml has every key): .Values.config with what t
 laid over it: model.path, server (all interfaces, inference.port, /metrics served on that port
 so the separate metrics_port is off, the drain time inference.shutdownGraceSeconds, the metric
 names metrics.names) and, in
-disaggregated mode, the topology and the offloaded KV residency. Each inference rank resolves the
-cache ranks' headless Service name and connects to one of the cache ranks ready at that moment.
+disaggregated mode, the topology and the offloaded KV residency. Over UCX every inference rank
+lists every cache replica by its stable name (<pod>.<service>) and places its requests on them by
+free budget; those not up yet are connected in the background. Over NCCL (one device peer per
+inference rank) it lists the headless Service name, which resolves to one cache rank ready then.
 */}}
 {{- define "rubato.config" -}}
 {{- $owned := dict "model" (dict "path" .Values.model.path)
@@ -72,15 +74,25 @@ cache ranks' headless Service name and connects to one of the cache ranks ready 
         "shutdown_grace_s" (int .Values.inference.shutdownGraceSeconds)
         "metrics_names" (.Values.metrics.names | default "rubato")) -}}
 {{- if eq .Values.mode "disaggregated" -}}
-{{- $endpoint := printf "%s.%s.svc:%d" (include "rubato.cacheServiceName" .) .Release.Namespace (int .Values.cache.rpcPort) -}}
+{{- $service := include "rubato.cacheServiceName" . -}}
+{{- $endpoints := list (printf "%s.%s.svc:%d" $service .Release.Namespace (int .Values.cache.rpcPort)) -}}
+{{- if eq (toString .Values.cache.transport) "ucx" -}}
+{{- $endpoints = list -}}
+{{- range $i := until (int .Values.cache.replicas) -}}
+{{- $endpoints = append $endpoints (printf "%s-%d.%s.%s.svc:%d" $service $i $service $.Release.Namespace (int $.Values.cache.rpcPort)) -}}
+{{- end -}}
+{{- end -}}
 {{- $_ := set $owned "engine" (dict "kv_residency" "offloaded") -}}
-{{- $_ := set $owned "topology" (dict "mode" "disaggregated" "transport" .Values.cache.transport "cache_endpoints" (list $endpoint)) -}}
+{{- $_ := set $owned "topology" (dict "mode" "disaggregated" "transport" .Values.cache.transport "cache_endpoints" $endpoints) -}}
 {{- end -}}
 {{- toYaml (mustMergeOverwrite (deepCopy .Values.config) $owned) -}}
 {{- end -}}
 
 {{/* Refuses value combinations that would render pods that cannot start. */}}
 {{- define "rubato.validate" -}}
+{{- if and (eq .Values.mode "disaggregated") (lt (int .Values.cache.replicas) 1) -}}
+{{- fail "mode disaggregated needs cache.replicas >= 1: the inference ranks' KV lives on the cache ranks" -}}
+{{- end -}}
 {{- $engine := .Values.config.engine | default dict -}}
 {{- if and (eq (toString $engine.backend) "cuda") (lt (int .Values.inference.gpus) 1) -}}
 {{- fail "config.engine.backend cuda needs inference.gpus >= 1" -}}

@@ -63,15 +63,34 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSele
     // to 10 s.
     const ReconnectBackoff backoff{std::chrono::milliseconds(limits.heartbeat_ms),
                                    std::chrono::milliseconds(10000)};
+    // One cache rank must answer at start; with several, those not up yet (pods that start
+    // together) are connected in the background and take requests once they answer.
+    const std::vector<std::string>& endpoints = config.topology.cache_endpoints;
     std::vector<MultiCacheRank::Rank> ranks;
-    for (const std::string& endpoint : config.topology.cache_endpoints) {
+    std::string failures;
+    for (const std::string& endpoint : endpoints) {
       ReconnectingCacheRank::Connector connect = [endpoint, model, options, limits,
                                                   plane](const std::atomic<bool>* abandon) {
         return RemoteCacheRank::Connect(endpoint, model, options, limits, plane, abandon);
       };
-      RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<ReconnectingCacheRank> link,
-                              ReconnectingCacheRank::Connect(std::move(connect), backoff));
-      ranks.push_back(MultiCacheRank::Rank{endpoint, std::move(link)});
+      Result<std::unique_ptr<ReconnectingCacheRank>> link =
+          ReconnectingCacheRank::Connect(connect, backoff);
+      if (!link.ok() && endpoints.size() == 1) return link.status();
+      if (!link.ok()) {
+        failures += (failures.empty() ? "" : "; ") + link.status().message();
+        RUBATO_LOG_WARN("offload",
+                        "cache rank {} not up at start ({}); connecting in the "
+                        "background",
+                        endpoint, link.status().message());
+        link = ReconnectingCacheRank::StartDisconnected(std::move(connect), backoff, link.status());
+      }
+      ranks.push_back(MultiCacheRank::Rank{endpoint, std::move(link).value()});
+    }
+    if (ranks.size() > 1 && std::all_of(ranks.begin(), ranks.end(), [](const auto& rank) {
+          return rank.link->current() == nullptr;
+        })) {
+      return UnavailableError("none of the " + std::to_string(ranks.size()) +
+                              " cache ranks answered: " + failures);
     }
     target.remote = std::make_unique<MultiCacheRank>(std::move(ranks), model);
     target.client = target.remote.get();
@@ -151,7 +170,9 @@ std::string OffloadedResidency::StatsLine() const {
   std::vector<const CacheRankClient*> clients;
   if (target_.remote != nullptr) {
     for (int r = 0; r < target_.remote->num_ranks(); ++r) {
-      clients.push_back(&target_.remote->rank(r).current().client());
+      if (RemoteCacheRank* rank = target_.remote->rank(r).current()) {
+        clients.push_back(&rank->client());
+      }
     }
   } else if (data_client() != nullptr) {
     clients.push_back(data_client());

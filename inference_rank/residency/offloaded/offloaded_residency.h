@@ -30,9 +30,15 @@ struct OffloadTarget {
   std::unique_ptr<MultiCacheRank> remote;
   std::unique_ptr<ColocatedCacheRank> colocated;
   KvOffloadClient* client = nullptr;
-  // The current connection's client (byte counts, metrics); null without one.
+  // A current connection's client (the colocated one, or the first remote rank connected);
+  // null without one.
   CacheRankClient* data_client() const {
-    if (remote != nullptr) return &remote->rank(0).current().client();
+    if (remote != nullptr) {
+      for (int r = 0; r < remote->num_ranks(); ++r) {
+        if (RemoteCacheRank* rank = remote->rank(r).current()) return &rank->client();
+      }
+      return nullptr;
+    }
     return colocated != nullptr ? &colocated->client() : nullptr;
   }
 };

@@ -27,6 +27,16 @@ Result<std::unique_ptr<ReconnectingCacheRank>> ReconnectingCacheRank::Connect(
   return cache;
 }
 
+std::unique_ptr<ReconnectingCacheRank> ReconnectingCacheRank::StartDisconnected(
+    Connector connect, ReconnectBackoff backoff, Status why) {
+  std::unique_ptr<ReconnectingCacheRank> cache(new ReconnectingCacheRank());
+  cache->not_connected_ = UnavailableError("not connected yet: " + why.message());
+  cache->connect_ = std::move(connect);
+  cache->backoff_ = backoff;
+  cache->watcher_ = std::thread([raw = cache.get()] { raw->Watch(); });
+  return cache;
+}
+
 ReconnectingCacheRank::~ReconnectingCacheRank() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -38,6 +48,7 @@ ReconnectingCacheRank::~ReconnectingCacheRank() {
 }
 
 Status ReconnectingCacheRank::BrokenLocked() const {
+  if (current_ == nullptr) return not_connected_;
   RUBATO_RETURN_IF_ERROR(current_->client().Broken());
   if (!current_->rpc().Healthy()) {
     return UnavailableError("cache rank " + current_->endpoint() + " is lost (" +
@@ -65,7 +76,8 @@ Status ReconnectingCacheRank::CloseSession(uint64_t session_id) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     open_sessions_.erase(session_id);
-    closed = current_->client().CloseSession(session_id);
+    closed = current_ != nullptr ? current_->client().CloseSession(session_id)
+                                 : not_connected_;  // no session opens before a connection
   }
   wake_.notify_all();  // the last one closed: the watcher may reconnect
   return closed;
@@ -91,7 +103,8 @@ Result<OffloadPartial> ReconnectingCacheRank::PartialFor(int layer, uint64_t ses
 
 Status ReconnectingCacheRank::RegisterMetrics(MetricsRegistry& registry) {
   std::lock_guard<std::mutex> lock(mutex_);
-  RUBATO_RETURN_IF_ERROR(current_->RegisterMetrics(registry));
+  // Without a connection yet, the watcher registers the first one when it makes it.
+  if (current_ != nullptr) RUBATO_RETURN_IF_ERROR(current_->RegisterMetrics(registry));
   RUBATO_ASSIGN_OR_RETURN(Gauge * link_up,
                           registry.AddGauge("rubato:cache_link_up",
                                             "1 while the cache rank answers heartbeats and the "
@@ -103,6 +116,7 @@ Status ReconnectingCacheRank::RegisterMetrics(MetricsRegistry& registry) {
 
 Result<rpc::StatsResponse> ReconnectingCacheRank::Stats() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (current_ == nullptr) return not_connected_;
   return current_->rpc().Stats();
 }
 
@@ -144,9 +158,10 @@ void ReconnectingCacheRank::Watch() {
       if (!registered.ok()) RUBATO_LOG_WARN("offload", "{}", registered.message());
     }
     old = std::exchange(current_, std::move(next).value());
-    ++reconnects_;
+    if (old != nullptr) ++reconnects_;  // else the first connection, made late
     failed_attempts = 0;
-    RUBATO_LOG_WARN("offload", "reconnected to cache rank {}", current_->endpoint());
+    RUBATO_LOG_WARN("offload", "{} cache rank {}",
+                    old != nullptr ? "reconnected to" : "connected to", current_->endpoint());
     lock.unlock();
     old.reset();  // joins the old connection's threads outside the lock
     lock.lock();

@@ -46,6 +46,12 @@ class ReconnectingCacheRank final : public KvOffloadClient {
   // Connects once through `connect` (its error is returned as is) and starts the watcher.
   static Result<std::unique_ptr<ReconnectingCacheRank>> Connect(Connector connect,
                                                                 ReconnectBackoff backoff);
+  // Starts without a connection, `why` the first attempt's error: Broken() says so until the
+  // watcher connects (at once, then with the backoff). For one of several cache ranks that is
+  // not up yet when the inference rank starts (MultiCacheRank places requests on the others).
+  static std::unique_ptr<ReconnectingCacheRank> StartDisconnected(Connector connect,
+                                                                  ReconnectBackoff backoff,
+                                                                  Status why);
   // Gives up a reconnect attempt in progress, stops the watcher, then drops the connection.
   ~ReconnectingCacheRank() override;
   ReconnectingCacheRank(const ReconnectingCacheRank&) = delete;
@@ -68,9 +74,9 @@ class ReconnectingCacheRank final : public KvOffloadClient {
   // The current connection's Stats RPC (free budget for placement: multi_cache.h).
   Result<rpc::StatsResponse> Stats();
   int reconnects() const;  // connections made after the first
-  // The current connection: for its byte counts once the engine is done (not while a reconnect
-  // may replace it).
-  RemoteCacheRank& current() { return *current_; }
+  // The current connection, null while none was ever made: for its byte counts once the engine
+  // is done (not while a reconnect may replace it).
+  RemoteCacheRank* current() { return current_.get(); }
 
  private:
   ReconnectingCacheRank() = default;
@@ -84,7 +90,8 @@ class ReconnectingCacheRank final : public KvOffloadClient {
   std::atomic<bool> abandon_{false};
   mutable std::mutex mutex_;  // guards the fields below
   std::condition_variable wake_;
-  std::unique_ptr<RemoteCacheRank> current_;
+  std::unique_ptr<RemoteCacheRank> current_;  // null until the first connection is made
+  Status not_connected_;                      // why, while current_ is null
   std::set<uint64_t> open_sessions_;
   MetricsRegistry* registry_ = nullptr;
   int reconnects_ = 0;
