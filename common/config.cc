@@ -177,6 +177,7 @@ Status ReadTopology(YamlMapReader& reader, TopologySection* topology) {
   RUBATO_RETURN_IF_ERROR(reader.ReadEnum("mode", kModes, &topology->mode));
   RUBATO_RETURN_IF_ERROR(reader.ReadEnum("transport", kTransports, &topology->transport));
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("pack_layers", 1, 1024, &topology->pack_layers));
+  RUBATO_RETURN_IF_ERROR(reader.ReadBool("delta_replies", &topology->delta_replies));
   RUBATO_RETURN_IF_ERROR(reader.ReadStringList("cache_endpoints", &topology->cache_endpoints));
   for (size_t i = 0; i < topology->cache_endpoints.size(); ++i) {
     if (!IsHostPort(topology->cache_endpoints[i])) {
@@ -547,6 +548,7 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
   key("mode") << text(ConfigEnumName(topology.mode));
   key("transport") << text(ConfigEnumName(topology.transport));
   key("pack_layers") << topology.pack_layers;
+  key("delta_replies") << topology.delta_replies;
   key("cache_endpoints") << YAML::Flow << YAML::BeginSeq;
   for (const std::string& endpoint : topology.cache_endpoints)
     out << YAML::DoubleQuoted << endpoint;

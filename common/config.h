@@ -83,6 +83,9 @@ struct TopologySection {
   Mode mode = Mode::kColocated;
   Transport transport = Transport::kLoopback;
   int pack_layers = 4;                       // [1, 1024] layers per layer pack
+  // Replies of a selector that replies rows (oracle_topk) carry only the rows entering each
+  // selection (false: every selected row every step, for comparing bytes).
+  bool delta_replies = true;
   std::vector<std::string> cache_endpoints;  // "host:port" of cache ranks' RPC servers
   std::vector<RankSpec> ranks;               // role per rank when launched by mpirun
 

@@ -136,7 +136,7 @@ TEST(Config, DefaultYamlSpellsOutEveryKey) {
   const std::set<std::string> expected = KeyPaths(formatted);
   EXPECT_EQ(KeyPaths(file), expected);
   EXPECT_EQ(expected.size(),
-            37u);  // model 3, engine 9, policy 1, topology 5, cache 3, server 10, limits 5,
+            38u);  // model 3, engine 9, policy 1, topology 6, cache 3, server 10, limits 5,
                    // logging 1
 }
 
@@ -160,6 +160,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(config.topology.mode, TopologySection::Mode::kDisaggregated);
   EXPECT_EQ(config.topology.transport, TopologySection::Transport::kNccl);
   EXPECT_EQ(config.topology.pack_layers, 8);
+  EXPECT_TRUE(config.topology.delta_replies);
   EXPECT_EQ(config.topology.cache_endpoints,
             (std::vector<std::string>{"cache-0.rubato:7000", "10.0.0.2:7001"}));
   EXPECT_EQ(config.topology.ranks,
@@ -367,6 +368,7 @@ TEST(Config, OutOfRangeValuesNameKeyRangeAndValue) {
       {"model:\n  seed: -1\n", "model.seed: must be >= 0, got -1"},
       {"model:\n  seed: 99999999999999999999\n", "model.seed: must be >= 0, got 9999"},
       {"topology:\n  pack_layers: 0\n", "topology.pack_layers: must be in [1, 1024], got 0"},
+      {"topology:\n  delta_replies: sometimes\n", "topology.delta_replies: expected"},
       {"server:\n  port: 0\n", "server.port: must be in [1, 65535], got 0"},
       {"server:\n  port: 65536\n", "server.port: must be in [1, 65535], got 65536"},
       {"server:\n  metrics_port: -1\n", "server.metrics_port: must be in [0, 65535], got -1"},

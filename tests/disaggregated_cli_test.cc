@@ -103,11 +103,22 @@ TEST_F(DisaggregatedCliTest, AStandaloneCacheRankGivesTheColocatedDenseText) {
   const ProcessResult selected = RunProcess(RUBATO_BINARY, topk);
   ASSERT_EQ(selected.exit_code, 0) << selected.err;
   EXPECT_EQ(GeneratedText(selected.out), GeneratedText(dense.out));
+  EXPECT_NE(selected.out.find(" delta_replies=1 "), std::string::npos) << selected.out;
+  // topology.delta_replies: false: every selected row every step, the same tokens.
+  const std::string full_config = (dir_.path() / "topk_full_replies.yaml").string();
+  std::ofstream(full_config) << "policy:\n  name: offload_topk\n  top_k: 4096\n"
+                                "  sink_tokens: 4\n  recent_window: 8\n"
+                                "topology:\n  delta_replies: false\n";
+  topk.back() = full_config;
+  const ProcessResult full = RunProcess(RUBATO_BINARY, topk);
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  EXPECT_EQ(GeneratedText(full.out), GeneratedText(dense.out));
+  EXPECT_NE(full.out.find(" delta_replies=0 "), std::string::npos) << full.out;
 
   cache->Signal(SIGTERM);
   const ProcessResult stopped = cache->Wait(milliseconds(10000));
   EXPECT_EQ(stopped.exit_code, 0) << stopped.err;
-  // Two runs of 24 tokens over 28 layers in packs of 4: 7 packs a step, one reply each.
+  // Three runs of 24 tokens over 28 layers in packs of 4: 7 packs a step, one reply each.
   std::smatch packs;
   ASSERT_TRUE(std::regex_search(stopped.out, packs, std::regex("packs=(\\d+) replies=(\\d+)")))
       << stopped.out;

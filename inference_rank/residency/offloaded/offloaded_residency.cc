@@ -46,6 +46,7 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSele
                                      const ModelConfig& model) {
   CacheClientOptions options;
   options.pack_layers = config.topology.pack_layers;
+  options.delta_replies = config.topology.delta_replies;
   options.selection = selection;
   // The wire and the cache rank's store in the model's K/V dtype: the CUDA model's engine.dtype,
   // the CPU model's f32.
