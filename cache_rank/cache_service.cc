@@ -76,8 +76,8 @@ Result<uint64_t> CacheService::OpenSession(uint64_t peer, uint64_t request_id,
   // The most rows a reply of this session can carry per KV head: its last position's range.
   const int capacity = std::max(
       0, found->ReplyRangeFor(selector, static_cast<int>(shape.capacity_tokens) - 1, 1).slots);
-  sessions_[session] =
-      SessionInfo{peer, found, selector, bytes, {}, static_cast<uint32_t>(capacity)};
+  sessions_[session] = SessionInfo{peer,  found, selector, bytes, {}, static_cast<uint32_t>(capacity),
+                                   found->NewState(selector, shape)};
   UpdateStoreGauges();
   RUBATO_LOG_DEBUG(kLogSubsystem, "peer {} opened session {} for request {} ({} selector)", peer,
                    session, request_id, found->name());
@@ -115,6 +115,7 @@ Status CacheService::CloseSession(uint64_t peer, uint64_t session_id) {
     return NotFoundError("close session: session " + std::to_string(session_id) +
                          " is not open for this peer");
   }
+  if (found->second.state != nullptr) closed_predictions_.Add(found->second.state->counters);
   sessions_.erase(found);
   const Status closed = store_.CloseSession(session_id);
   UpdateStoreGauges();
@@ -129,6 +130,7 @@ void CacheService::ForgetPeer(uint64_t peer) {
       continue;
     }
     (void)store_.CloseSession(it->first);
+    if (it->second.state != nullptr) closed_predictions_.Add(it->second.state->counters);
     it = sessions_.erase(it);
   }
   UpdateStoreGauges();
@@ -152,11 +154,16 @@ CacheServiceStats CacheService::Stats() const {
   stats.packs_received = packs_received_.load();
   stats.bytes_received = bytes_received_.load();
   stats.replies_sent = replies_sent_.load();
+  stats.replies_posted = replies_posted_.load();
   stats.bytes_sent = bytes_sent_.load();
   stats.selection_seconds = static_cast<double>(selection_nanoseconds_.load()) * 1e-9;
   if (options_.allocator != nullptr) stats.memory = std::string(options_.allocator->name());
   const ControlLock lock(*this);
   stats.peers = peers_.size();
+  stats.predictions = closed_predictions_;
+  for (const auto& [id, info] : sessions_) {
+    if (info.state != nullptr) stats.predictions.Add(info.state->counters);
+  }
   return stats;
 }
 
@@ -388,6 +395,7 @@ Status CacheService::ProcessAndReply(Peer& peer) {
                                                 : std::span<const TransferOp>(&sends[1], 1);
   RUBATO_ASSIGN_OR_RETURN(const TransferId posted, peer.transport->Post(posts));
   peer.reply_send = posted;
+  ++replies_posted_;
   peer.phase = Peer::Phase::kIdle;
   return Status::Ok();
 }
@@ -442,10 +450,10 @@ Status CacheService::ProcessPack(Peer& peer) {
   selections.reserve(static_cast<size_t>(pack.num_layers()) * pack.batch());
   for (uint32_t layer_index = 0; layer_index < pack.num_layers(); ++layer_index) {
     for (uint32_t request = 0; request < pack.batch(); ++request) {
-      const SessionInfo& session = *sessions[request];
-      RUBATO_ASSIGN_OR_RETURN(
-          KvHeadSelection selection,
-          session.selector->Select(session.spec, store_, pack, layer_index, request));
+      SessionInfo& session = *sessions[request];
+      RUBATO_ASSIGN_OR_RETURN(KvHeadSelection selection,
+                              session.selector->Select(session.spec, store_, pack, layer_index,
+                                                       request, session.state.get()));
       selections.push_back(std::move(selection));
     }
   }

@@ -24,7 +24,8 @@ Result<KvHeadSelection> AttentionCacheSelector::Select(const CacheSelectorSpec& 
                                                        const KvStore& /*store*/,
                                                        const LayerPackView& pack,
                                                        uint32_t /*layer_index*/,
-                                                       uint32_t /*request_index*/) const {
+                                                       uint32_t /*request_index*/,
+                                                      CacheSelectorState* /*state*/) const {
   return KvHeadSelection(pack.num_kv_heads());
 }
 
