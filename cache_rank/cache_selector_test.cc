@@ -41,7 +41,8 @@ const CacheSelector& Selector(const std::string& name) {
 }
 
 TEST(CacheSelectorTable, ListsAttentionAndOracleTopKWithTheirTraits) {
-  EXPECT_EQ(CacheSelectorNames(), (std::vector<std::string>{"attention", "oracle_topk", "asyncspade"}));
+  EXPECT_EQ(CacheSelectorNames(),
+            (std::vector<std::string>{"attention", "oracle_topk", "asyncspade"}));
   EXPECT_EQ(Selector("attention").name(), "attention");
   EXPECT_TRUE(Selector("attention").traits().needs_query);
   EXPECT_TRUE(Selector("attention").traits().serves_same_step);
@@ -225,7 +226,8 @@ TEST_F(CacheSelectorSelectTest, OracleTopKSelectsTheSinkThenTheExactTopKOfThePac
 }
 
 TEST_F(CacheSelectorSelectTest, OracleTopKSelectsNothingForAPrefillChunk) {
-  auto selection = Selector("oracle_topk").Select(OracleTopK(4, 2, 3), store_, prefill_, 0, 0, nullptr);
+  auto selection =
+      Selector("oracle_topk").Select(OracleTopK(4, 2, 3), store_, prefill_, 0, 0, nullptr);
   ASSERT_TRUE(selection.ok()) << selection.status().ToString();
   EXPECT_EQ(*selection, KvHeadSelection(shape_.num_kv_heads));
 }

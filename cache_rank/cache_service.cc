@@ -76,7 +76,12 @@ Result<uint64_t> CacheService::OpenSession(uint64_t peer, uint64_t request_id,
   // The most rows a reply of this session can carry per KV head: its last position's range.
   const int capacity = std::max(
       0, found->ReplyRangeFor(selector, static_cast<int>(shape.capacity_tokens) - 1, 1).slots);
-  sessions_[session] = SessionInfo{peer,  found, selector, bytes, {}, static_cast<uint32_t>(capacity),
+  sessions_[session] = SessionInfo{peer,
+                                   found,
+                                   selector,
+                                   bytes,
+                                   {},
+                                   static_cast<uint32_t>(capacity),
                                    found->NewState(selector, shape)};
   UpdateStoreGauges();
   RUBATO_LOG_DEBUG(kLogSubsystem, "peer {} opened session {} for request {} ({} selector)", peer,

@@ -47,9 +47,9 @@ class QueryWindow {
 
  private:
   int heads_, window_, dim_;
-  int capacity_;   // W + 1
-  int next_ = 0;   // ring slot the next Push writes
-  int count_ = 0;  // queries held
+  int capacity_;             // W + 1
+  int next_ = 0;             // ring slot the next Push writes
+  int count_ = 0;            // queries held
   std::vector<float> ring_;  // [heads][capacity_][dim]
 };
 

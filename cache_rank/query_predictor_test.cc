@@ -118,8 +118,8 @@ TEST(QueryPredictor, AssembledPredictionMatchesTheReferenceOnRandomQueries) {
         PredictNextQuery(window, n, dim, max_window, 1e-2, got);
         SCOPED_TRACE("dim " + std::to_string(dim) + " W " + std::to_string(max_window) + " n " +
                      std::to_string(n));
-        worst = std::max(worst, ExpectClose(got, PredictReference(window, n, dim, max_window,
-                                                                  1e-2)));
+        worst =
+            std::max(worst, ExpectClose(got, PredictReference(window, n, dim, max_window, 1e-2)));
       }
     }
   }

@@ -78,8 +78,8 @@ Status AsyncSpadeCacheSelector::Validate(const CacheSelectorSpec& spec) const {
   return Status::Ok();
 }
 
-ReplyRange AsyncSpadeCacheSelector::ReplyRangeFor(const CacheSelectorSpec& spec,
-                                                  int first_position, int new_tokens) const {
+ReplyRange AsyncSpadeCacheSelector::ReplyRangeFor(const CacheSelectorSpec& spec, int first_position,
+                                                  int new_tokens) const {
   const int next_length = first_position + new_tokens + 1;  // the next token's attention
   const int recent_begin = std::max(0, next_length - spec.recent_tokens);
   const int sink_end = std::min(spec.sink_tokens, recent_begin);
@@ -91,12 +91,9 @@ std::unique_ptr<CacheSelectorState> AsyncSpadeCacheSelector::NewState(
   return std::make_unique<AsyncSpadeState>(shape, spec.query_window);
 }
 
-Result<KvHeadSelection> AsyncSpadeCacheSelector::Select(const CacheSelectorSpec& spec,
-                                                        const KvStore& store,
-                                                        const LayerPackView& pack,
-                                                        uint32_t layer_index,
-                                                        uint32_t request_index,
-                                                        CacheSelectorState* state) const {
+Result<KvHeadSelection> AsyncSpadeCacheSelector::Select(
+    const CacheSelectorSpec& spec, const KvStore& store, const LayerPackView& pack,
+    uint32_t layer_index, uint32_t request_index, CacheSelectorState* state) const {
   auto* sessions = dynamic_cast<AsyncSpadeState*>(state);
   const uint32_t layer = pack.first_layer() + layer_index;
   if (sessions == nullptr || layer >= sessions->layers.size()) {
@@ -114,10 +111,9 @@ Result<KvHeadSelection> AsyncSpadeCacheSelector::Select(const CacheSelectorSpec&
                query.size());
   for (size_t i = 0; i < query.size(); ++i) {
     if (!std::isfinite(query[i])) {
-      return InvalidArgumentError("cache rank: selector asyncspade: session " +
-                                  std::to_string(request.session_id) + " layer " +
-                                  std::to_string(layer) + ": query[" + std::to_string(i) +
-                                  "] is not finite");
+      return InvalidArgumentError(
+          "cache rank: selector asyncspade: session " + std::to_string(request.session_id) +
+          " layer " + std::to_string(layer) + ": query[" + std::to_string(i) + "] is not finite");
     }
   }
 
@@ -125,8 +121,8 @@ Result<KvHeadSelection> AsyncSpadeCacheSelector::Select(const CacheSelectorSpec&
   if (tokens == 1 && prediction.predicted_length == first + 1) {
     ++prediction.steps;
     for (uint32_t h = 0; h < heads; ++h) {
-      sessions->counters.cosine_sum += Cosine(&prediction.predicted[size_t{h} * dim],
-                                              &query[size_t{h} * dim], dim);
+      sessions->counters.cosine_sum +=
+          Cosine(&prediction.predicted[size_t{h} * dim], &query[size_t{h} * dim], dim);
       ++sessions->counters.cosine_count;
     }
     const int candidates = prediction.recent_begin - prediction.sink_end;
@@ -150,8 +146,9 @@ Result<KvHeadSelection> AsyncSpadeCacheSelector::Select(const CacheSelectorSpec&
   }
 
   // A prompt chunk's queries are not consecutive steps: the windows start again from its last.
-  if (tokens > 1) prediction.window = QueryWindow(static_cast<int>(heads), spec.query_window,
-                                                  static_cast<int>(dim));
+  if (tokens > 1)
+    prediction.window =
+        QueryWindow(static_cast<int>(heads), spec.query_window, static_cast<int>(dim));
   prediction.window.Push(query);
   prediction.window.Predict(spec.ridge_lambda, prediction.predicted);
 

@@ -45,22 +45,25 @@ TEST(AsyncSpadeSelector, IsRegisteredAndServesTheNextStep) {
 }
 
 TEST(AsyncSpadeSelector, RefusesBadParametersByName) {
-  const std::pair<const char*, CacheSelectorSpec> cases[] = {
-      {"top_k", [] { auto s = Spec(0, 2, 4, 16); return s; }()},
-      {"sink_tokens", [] { auto s = Spec(8, -1, 4, 16); return s; }()},
-      {"recent_tokens", [] { auto s = Spec(8, 2, 0, 16); return s; }()},
-      {"query_window", [] { auto s = Spec(8, 2, 4, 0); return s; }()},
-      {"query_window", [] { auto s = Spec(8, 2, 4, 65); return s; }()},
-      {"ridge_lambda", [] { auto s = Spec(8, 2, 4, 16); s.ridge_lambda = 0; return s; }()},
-      {"ridge_lambda", [] { auto s = Spec(8, 2, 4, 16); s.ridge_lambda = NAN; return s; }()},
-      {"dense_steps", [] { auto s = Spec(8, 2, 4, 16); s.dense_steps = -1; return s; }()},
-      {"overlap_every", [] { auto s = Spec(8, 2, 4, 16); s.overlap_every = -2; return s; }()},
+  std::vector<std::pair<std::string, CacheSelectorSpec>> cases;
+  const auto add = [&](const char* field, auto change) {
+    CacheSelectorSpec spec = Spec(8, 2, 4, 16);
+    change(spec);
+    cases.emplace_back(field, spec);
   };
+  add("top_k", [](CacheSelectorSpec& s) { s.top_k = 0; });
+  add("sink_tokens", [](CacheSelectorSpec& s) { s.sink_tokens = -1; });
+  add("recent_tokens", [](CacheSelectorSpec& s) { s.recent_tokens = 0; });
+  add("query_window", [](CacheSelectorSpec& s) { s.query_window = 0; });
+  add("query_window", [](CacheSelectorSpec& s) { s.query_window = 65; });
+  add("ridge_lambda", [](CacheSelectorSpec& s) { s.ridge_lambda = 0; });
+  add("ridge_lambda", [](CacheSelectorSpec& s) { s.ridge_lambda = NAN; });
+  add("dense_steps", [](CacheSelectorSpec& s) { s.dense_steps = -1; });
+  add("overlap_every", [](CacheSelectorSpec& s) { s.overlap_every = -2; });
   for (const auto& [field, spec] : cases) {
     const Result<const CacheSelector*> resolved = ResolveCacheSelector(spec);
     ASSERT_FALSE(resolved.ok()) << field;
-    EXPECT_NE(resolved.status().message().find(std::string("selector asyncspade: ") + field),
-              std::string::npos)
+    EXPECT_NE(resolved.status().message().find("selector asyncspade: " + field), std::string::npos)
         << resolved.status().message();
   }
   EXPECT_TRUE(ResolveCacheSelector(Spec(8, 2, 4, 16)).ok());
@@ -93,9 +96,15 @@ class AsyncSpadeSessionTest : public ::testing::Test {
   // `buffer` keeps the pack's bytes.
   LayerPackView Append(uint32_t first, uint32_t tokens, const std::vector<float>& query,
                        std::vector<std::byte>& buffer) {
-    LayerPackShape shape{.kind = LayerPackKind::kKvPack, .step = ++step_, .first_layer = 0,
-                         .num_layers = kLayers, .dtype = DType::kF32, .num_kv_heads = kKvHeads,
-                         .num_query_heads = kHeads, .head_dim = kDim, .has_query = true};
+    LayerPackShape shape{.kind = LayerPackKind::kKvPack,
+                         .step = ++step_,
+                         .first_layer = 0,
+                         .num_layers = kLayers,
+                         .dtype = DType::kF32,
+                         .num_kv_heads = kKvHeads,
+                         .num_query_heads = kHeads,
+                         .head_dim = kDim,
+                         .has_query = true};
     LayerPackRequest request;
     request.session_id = session_;
     request.first_position = first;

@@ -22,9 +22,12 @@ struct PolicyRegistration {
 
 // Every policy, one line each.
 constexpr PolicyRegistration kPolicies[] = {
-    {"dense", &CreateDensePolicy},     {"streaming_llm", &CreateStreamingLlmPolicy},
-    {"sfi", &CreateSfiPolicy},         {"oracle_topk", &CreateOracleTopKPolicy},
-    {"kascade", &CreateKascadePolicy}, {"longflow", &CreateLongFlowPolicy},
+    {"dense", &CreateDensePolicy},
+    {"streaming_llm", &CreateStreamingLlmPolicy},
+    {"sfi", &CreateSfiPolicy},
+    {"oracle_topk", &CreateOracleTopKPolicy},
+    {"kascade", &CreateKascadePolicy},
+    {"longflow", &CreateLongFlowPolicy},
     {"asyncspade", &CreateAsyncSpadePolicy},
 };
 

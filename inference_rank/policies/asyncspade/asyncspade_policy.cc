@@ -54,8 +54,8 @@ Result<AsyncSpadeConfig> ParseAsyncSpadeConfig(const PolicySection& section) {
   RUBATO_RETURN_IF_ERROR(params.ReadInt("sink_tokens", 0, kMax, &config.sink_tokens));
   RUBATO_RETURN_IF_ERROR(params.ReadInt("recent_window", 1, kMax, &config.recent_window));
   RUBATO_RETURN_IF_ERROR(params.ReadInt("query_window", 1, 64, &config.query_window));
-  RUBATO_RETURN_IF_ERROR(params.ReadDouble("ridge_lambda", DoubleRange{0.0, 1e6, false, true},
-                                           &config.ridge_lambda));
+  RUBATO_RETURN_IF_ERROR(
+      params.ReadDouble("ridge_lambda", DoubleRange{0.0, 1e6, false, true}, &config.ridge_lambda));
   RUBATO_RETURN_IF_ERROR(params.ReadInt("dense_steps", 0, kMax, &config.dense_steps));
   RUBATO_RETURN_IF_ERROR(params.ReadInt("pack_layers", 0, 1024, &config.pack_layers));
   RUBATO_RETURN_IF_ERROR(params.ReadInt("overlap_every", 0, kMax, &config.overlap_every));

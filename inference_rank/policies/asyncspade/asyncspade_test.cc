@@ -4,8 +4,6 @@
 // counters; other residencies and bad config values are refused by name; and an inference rank
 // slower than the cache rank never waits (the replies for step t + 1 were made from step t's
 // queries while it computed). Narrative: docs/asyncspade.md.
-#include "inference_rank/policies/asyncspade/asyncspade_policy.h"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,6 +17,7 @@
 #include "common/config.h"
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/cpu_model.h"
+#include "inference_rank/policies/asyncspade/asyncspade_policy.h"
 #include "inference_rank/policies/policy_registry.h"
 #include "inference_rank/residency/offloaded/colocated_cache.h"
 #include "inference_rank/residency/offloaded/offloaded_residency.h"
@@ -99,8 +98,12 @@ TEST(AsyncSpade, ASelectionCoveringTheContextGivesTheDenseTokens) {
   const GreedyRun dense = Greedy(nullptr, nullptr);
   ASSERT_FALSE(dense.tokens.empty());
   // Two dense warm-up steps, then every step attends the predicted selection (all of it).
-  const AsyncSpadeConfig config{.top_k = 4096, .sink_tokens = 4, .recent_window = 8,
-                                .query_window = 4, .dense_steps = 2, .pack_layers = 2};
+  const AsyncSpadeConfig config{.top_k = 4096,
+                                .sink_tokens = 4,
+                                .recent_window = 8,
+                                .query_window = 4,
+                                .dense_steps = 2,
+                                .pack_layers = 2};
   auto policy = std::make_shared<AsyncSpadePolicy>(config);
   auto spec = policy->MakeCacheSelector();
   ASSERT_TRUE(spec.ok());
@@ -114,8 +117,12 @@ TEST(AsyncSpade, ASelectionCoveringTheContextGivesTheDenseTokens) {
 }
 
 TEST(AsyncSpade, ASmallSelectionRunsWithDeltasAndCountsItsPredictions) {
-  const AsyncSpadeConfig config{.top_k = 8, .sink_tokens = 4, .recent_window = 8,
-                                .query_window = 16, .dense_steps = 4, .pack_layers = 3,
+  const AsyncSpadeConfig config{.top_k = 8,
+                                .sink_tokens = 4,
+                                .recent_window = 8,
+                                .query_window = 16,
+                                .dense_steps = 4,
+                                .pack_layers = 3,
                                 .overlap_every = 1};
   auto policy = std::make_shared<AsyncSpadePolicy>(config);
   auto spec = policy->MakeCacheSelector();
@@ -154,9 +161,9 @@ TEST(AsyncSpade, NeedsOffloadedKvAndRefusesBadValuesByName) {
   for (const KvResidency residency : {KvResidency::kLocal, KvResidency::kEvicting}) {
     auto refused = Resolve("policy:\n  name: asyncspade\n", residency);
     ASSERT_FALSE(refused.ok());
-    EXPECT_EQ(refused.status().message(),
-              "policy 'asyncspade' does not support " +
-                  std::string(KvResidencyName(residency)) + " KV (supported: offloaded)");
+    EXPECT_EQ(refused.status().message(), "policy 'asyncspade' does not support " +
+                                              std::string(KvResidencyName(residency)) +
+                                              " KV (supported: offloaded)");
   }
   const std::pair<const char*, const char*> bad[] = {
       {"top_k: 0", "p.yaml: policy.top_k"},
