@@ -117,7 +117,7 @@ class CacheService {
   // Processes the pack that arrived and posts its reply; the peer goes back to kIdle.
   Status ProcessAndReply(Peer& peer);
   Counter* TransportBytes(Peer& peer, bool sent);
-  void CountReplySent(Peer& peer);
+  void CountReplySent(Peer& peer, uint64_t reply_bytes, bool delta);
   void CountReceived(Peer& peer, uint64_t bytes);
   // Appends a received KV pack and builds its reply into peer.reply.
   Status ProcessPack(Peer& peer);

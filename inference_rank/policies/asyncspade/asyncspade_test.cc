@@ -34,8 +34,10 @@ struct GreedyRun {
 };
 
 std::unique_ptr<ColocatedCacheRank> MakeCache(const ModelConfig& model,
-                                              const CacheSelectorSpec& selection) {
+                                              const CacheSelectorSpec& selection,
+                                              bool deltas = true) {
   CacheClientOptions client;
+  client.delta_replies = deltas;
   client.selection = selection;
   client.pack_layers = 1;  // the policy's pack_layers wins when set
   CacheServiceOptions service;
@@ -45,8 +47,10 @@ std::unique_ptr<ColocatedCacheRank> MakeCache(const ModelConfig& model,
   return cache.ok() ? std::move(cache).value() : nullptr;
 }
 
-// Greedy tokens of a fixed 29-token prompt under `policy`, offloaded through `cache` when set.
-GreedyRun Greedy(std::shared_ptr<AttentionPolicy> policy, ColocatedCacheRank* cache) {
+// Greedy tokens of a fixed 29-token prompt under `policy`, offloaded through `cache` or
+// `residency` when set.
+GreedyRun Greedy(std::shared_ptr<AttentionPolicy> policy, ColocatedCacheRank* cache,
+                 std::shared_ptr<OffloadedResidency> residency = nullptr) {
   ModelLoadOptions load;
   load.num_threads = 2;
   auto model = CpuModel::Load(kModel, load);
@@ -59,11 +63,10 @@ GreedyRun Greedy(std::shared_ptr<AttentionPolicy> policy, ColocatedCacheRank* ca
   options.prefill_chunk = 64;
   options.num_threads = 2;
   options.policy = std::move(policy);
-  std::shared_ptr<OffloadedResidency> residency;
   if (cache != nullptr) {
     residency = std::make_shared<OffloadedResidency>(cache->client(), &cache->client());
-    options.residency = residency;
   }
+  options.residency = residency;
   auto engine = Engine::Create(std::unique_ptr<Model>(std::move(model).value()), options);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   if (!engine.ok()) return {};
@@ -98,7 +101,7 @@ TEST(AsyncSpade, ASelectionCoveringTheContextGivesTheDenseTokens) {
   const GreedyRun dense = Greedy(nullptr, nullptr);
   ASSERT_FALSE(dense.tokens.empty());
   // Two dense warm-up steps, then every step attends the predicted selection (all of it).
-  const AsyncSpadeConfig config{.top_k = 4096,
+  const AsyncSpadeConfig config{.top_k = 128,
                                 .sink_tokens = 4,
                                 .recent_window = 8,
                                 .query_window = 4,
@@ -127,17 +130,16 @@ TEST(AsyncSpade, ASmallSelectionRunsWithDeltasAndCountsItsPredictions) {
   auto policy = std::make_shared<AsyncSpadePolicy>(config);
   auto spec = policy->MakeCacheSelector();
   ASSERT_TRUE(spec.ok());
-  std::unique_ptr<ColocatedCacheRank> cache = MakeCache(TinyConfig(), *spec);
-  ASSERT_NE(cache, nullptr);
-  const GreedyRun run = Greedy(policy, cache.get());
+  // The colocated cache rank as `rubato generate` makes it, so the stats line has its counters.
+  auto target = ConnectOffload(DefaultConfig(), *spec, TinyConfig());
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+  auto residency = std::make_shared<OffloadedResidency>(std::move(target).value());
+  const GreedyRun run = Greedy(policy, nullptr, residency);
   EXPECT_FALSE(run.tokens.empty());
-  const CacheRankClient& client = cache->client();
+  const CacheRankClient& client = *residency->data_client();
   EXPECT_TRUE(client.delta_replies());
+  EXPECT_EQ(client.pack_layers(), 3);
   EXPECT_LT(client.bytes_received(), client.full_reply_bytes());
-  const PredictionCounters counters = cache->service().Stats().predictions;
-  EXPECT_GT(counters.cosine_count, 0u);
-  EXPECT_GT(counters.overlap_total, 0u);
-  EXPECT_LE(counters.overlap_hits, counters.overlap_total);
   EXPECT_NE(run.stats.find(" prediction_cosine=0."), std::string::npos) << run.stats;
   EXPECT_NE(run.stats.find(" prediction_overlap="), std::string::npos) << run.stats;
   EXPECT_NE(run.stats.find(" step_wait_ms="), std::string::npos) << run.stats;
