@@ -162,8 +162,9 @@ TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
 }
 
 TEST(PolicyRegistry, KnownNamesAreTheTable) {
-  EXPECT_EQ(KnownPolicyNames(), (std::vector<std::string>{"dense", "streaming_llm", "sfi",
-                                                          "oracle_topk", "kascade", "longflow"}));
+  EXPECT_EQ(KnownPolicyNames(),
+            (std::vector<std::string>{"dense", "streaming_llm", "sfi", "oracle_topk", "kascade",
+                                      "longflow", "asyncspade"}));
 }
 
 TEST(PolicyRegistry, OracleTopKDefaultsAndParameters) {
