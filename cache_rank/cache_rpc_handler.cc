@@ -32,6 +32,10 @@ CacheSelectorSpec SelectorSpecFromRequest(const rpc::OpenSessionRequest& request
   spec.top_k = static_cast<int>(std::min<uint32_t>(request.top_k(), INT32_MAX));
   spec.sink_tokens = static_cast<int>(std::min<uint32_t>(request.sink_tokens(), INT32_MAX));
   spec.recent_tokens = static_cast<int>(std::min<uint32_t>(request.recent_tokens(), INT32_MAX));
+  spec.query_window = static_cast<int>(std::min<uint32_t>(request.query_window(), INT32_MAX));
+  spec.ridge_lambda = request.ridge_lambda();
+  spec.dense_steps = static_cast<int>(std::min<uint32_t>(request.dense_steps(), INT32_MAX));
+  spec.overlap_every = static_cast<int>(std::min<uint32_t>(request.overlap_every(), INT32_MAX));
   return spec;
 }
 
@@ -155,6 +159,10 @@ Result<rpc::StatsResponse> CacheRpcHandler::OnStats(rpc::ConnectionId /*connecti
   counters["peers"] = static_cast<double>(stats.peers);
   counters["selection_seconds"] = stats.selection_seconds;
   counters["bytes_reserved_peak"] = static_cast<double>(stats.store.bytes_reserved_peak);
+  counters["prediction_cosine_sum"] = stats.predictions.cosine_sum;
+  counters["prediction_cosine_count"] = static_cast<double>(stats.predictions.cosine_count);
+  counters["prediction_overlap_hits"] = static_cast<double>(stats.predictions.overlap_hits);
+  counters["prediction_overlap_total"] = static_cast<double>(stats.predictions.overlap_total);
   return response;
 }
 

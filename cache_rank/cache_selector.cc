@@ -1,6 +1,7 @@
 // The table of cache selectors (cache_selector.h) and the look-ups over it.
 #include "cache_rank/cache_selector.h"
 
+#include "cache_rank/selectors/asyncspade_selector.h"
 #include "cache_rank/selectors/attention_selector.h"
 #include "cache_rank/selectors/oracle_topk_selector.h"
 
@@ -11,6 +12,7 @@ namespace {
 constexpr const CacheSelector* kCacheSelectors[] = {
     &kAttentionCacheSelector,
     &kOracleTopKCacheSelector,
+    &kAsyncSpadeCacheSelector,
 };
 
 }  // namespace

@@ -6,11 +6,14 @@
 // inference rank names a selector at OpenSession (CacheSelectorSpec); both ranks look it up in
 // one static table (FindCacheSelector), so they size and read every reply alike.
 //
-// Selectors are stateless: one instance each, in selectors/ (one file pair per selector), listed
-// once in cache_selector.cc's table. Every call gets the session's spec.
+// One instance per selector, in selectors/ (one file pair per selector), listed once in
+// cache_selector.cc's table. Every call gets the session's spec; a selector that keeps state per
+// session (asyncspade's query windows) makes it with NewState, and the service hands it back to
+// every Select of that session.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,12 +25,48 @@
 namespace rubato {
 
 // What an inference rank asks for at OpenSession: a selector by name ("attention" for the dense
-// policy, "oracle_topk") and oracle_topk's parameters (attention ignores them).
+// policy, "oracle_topk", "asyncspade") and its parameters (attention ignores them; the last four
+// are asyncspade's, the client reads dense_steps).
 struct CacheSelectorSpec {
   std::string name = "attention";
   int top_k = 2048;         // selected positions per KV head, >= 1
   int sink_tokens = 4;      // leading positions always kept, >= 0
   int recent_tokens = 256;  // trailing positions the inference rank reads in place, >= 1
+  int query_window = 16;       // W: queries of the past the next one is regressed from, >= 1
+  double ridge_lambda = 1e-2;  // the ridge term, relative to the window's mean squared norm, > 0
+  // Decode steps after a prompt that attend densely on the inference rank (its paged cache holds
+  // every position) while the query windows fill (the paper's theta); the cache rank selects
+  // for them all the same, so the compact pools are warm when they are first read.
+  int dense_steps = 0;
+  // Layers per layer pack for a selector that serves the next step (0: the client's option,
+  // topology.pack_layers); read by the client only.
+  int pack_layers = 0;
+  // Every how many steps of a session the predicted selection is compared with the exact top-k
+  // of the query that came (a second scoring pass); 0: never.
+  int overlap_every = 0;
+};
+
+// How well a predicting selector guessed, summed over steps: the cosine of each query head's
+// predicted query against the real one, and how many of the real query's exact top-k positions
+// the predicted selection held.
+struct PredictionCounters {
+  double cosine_sum = 0;
+  uint64_t cosine_count = 0;   // (step, layer, query head) triples
+  uint64_t overlap_hits = 0;   // positions of the exact top-k also selected
+  uint64_t overlap_total = 0;  // positions of the exact top-k compared
+  void Add(const PredictionCounters& other) {
+    cosine_sum += other.cosine_sum;
+    cosine_count += other.cosine_count;
+    overlap_hits += other.overlap_hits;
+    overlap_total += other.overlap_total;
+  }
+};
+
+// A selector's state for one session (NewState), owned by the cache service's session.
+class CacheSelectorState {
+ public:
+  virtual ~CacheSelectorState() = default;
+  PredictionCounters counters;
 };
 
 // What the reply to one request entry carries: rows [0, sink_end) are the sink positions, then
@@ -75,12 +114,18 @@ class CacheSelector {
   // ranks compute it from the session's spec.
   virtual ReplyRange ReplyRangeFor(const CacheSelectorSpec& spec, int first_position,
                                    int new_tokens) const = 0;
+  // The state of a new session of `shape` (null: the selector keeps none).
+  virtual std::unique_ptr<CacheSelectorState> NewState(const CacheSelectorSpec& /*spec*/,
+                                                       const SessionShape& /*shape*/) const {
+    return nullptr;
+  }
   // Per KV head, the ReplyRangeFor(...).slots positions the reply carries for request entry
   // `request_index` of the pack's layer `layer_index`, ascending. `store` already holds the
-  // pack's KV; `spec` passed Validate.
+  // pack's KV; `spec` passed Validate; `state` is the session's NewState (may be null).
   virtual Result<KvHeadSelection> Select(const CacheSelectorSpec& spec, const KvStore& store,
                                          const LayerPackView& pack, uint32_t layer_index,
-                                         uint32_t request_index) const = 0;
+                                         uint32_t request_index,
+                                         CacheSelectorState* state) const = 0;
 
  private:
   std::string_view name_;

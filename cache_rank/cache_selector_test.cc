@@ -41,7 +41,8 @@ const CacheSelector& Selector(const std::string& name) {
 }
 
 TEST(CacheSelectorTable, ListsAttentionAndOracleTopKWithTheirTraits) {
-  EXPECT_EQ(CacheSelectorNames(), (std::vector<std::string>{"attention", "oracle_topk"}));
+  EXPECT_EQ(CacheSelectorNames(),
+            (std::vector<std::string>{"attention", "oracle_topk", "asyncspade"}));
   EXPECT_EQ(Selector("attention").name(), "attention");
   EXPECT_TRUE(Selector("attention").traits().needs_query);
   EXPECT_TRUE(Selector("attention").traits().serves_same_step);
@@ -62,7 +63,7 @@ TEST(CacheSelectorTable, RefusesAnUnknownNameByName) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(unknown.status().message(),
-            "cache rank: unknown selector 'quest' (known: attention, oracle_topk)");
+            "cache rank: unknown selector 'quest' (known: attention, oracle_topk, asyncspade)");
 }
 
 TEST(CacheSelectorTable, ValidationNamesTheField) {
@@ -200,7 +201,7 @@ class CacheSelectorSelectTest : public ::testing::Test {
 
 TEST_F(CacheSelectorSelectTest, AttentionSelectsNoRows) {
   for (uint32_t layer = 0; layer < shape_.num_layers; ++layer) {
-    auto selection = Selector("attention").Select({}, store_, decode_, layer, 0);
+    auto selection = Selector("attention").Select({}, store_, decode_, layer, 0, nullptr);
     ASSERT_TRUE(selection.ok()) << selection.status().ToString();
     EXPECT_EQ(*selection, KvHeadSelection(shape_.num_kv_heads)) << "layer " << layer;
   }
@@ -210,7 +211,7 @@ TEST_F(CacheSelectorSelectTest, OracleTopKSelectsTheSinkThenTheExactTopKOfThePac
   // L = 16, recent [13, 16), sink [0, 2), then 4 of [2, 13).
   const CacheSelectorSpec spec = OracleTopK(4, 2, 3);
   for (uint32_t layer = 0; layer < shape_.num_layers; ++layer) {
-    auto selection = Selector("oracle_topk").Select(spec, store_, decode_, layer, 0);
+    auto selection = Selector("oracle_topk").Select(spec, store_, decode_, layer, 0, nullptr);
     ASSERT_TRUE(selection.ok()) << selection.status().ToString();
     auto top = ExactTopK(store_, session_, layer, Query(layer), 4, 2, 13);
     ASSERT_TRUE(top.ok()) << top.status().ToString();
@@ -225,7 +226,8 @@ TEST_F(CacheSelectorSelectTest, OracleTopKSelectsTheSinkThenTheExactTopKOfThePac
 }
 
 TEST_F(CacheSelectorSelectTest, OracleTopKSelectsNothingForAPrefillChunk) {
-  auto selection = Selector("oracle_topk").Select(OracleTopK(4, 2, 3), store_, prefill_, 0, 0);
+  auto selection =
+      Selector("oracle_topk").Select(OracleTopK(4, 2, 3), store_, prefill_, 0, 0, nullptr);
   ASSERT_TRUE(selection.ok()) << selection.status().ToString();
   EXPECT_EQ(*selection, KvHeadSelection(shape_.num_kv_heads));
 }
@@ -241,7 +243,7 @@ TEST(CacheServiceSessions, OpenSessionRefusesAnUnknownSelectorOrABadParameter) {
   const Result<uint64_t> unknown = service.OpenSession(1, 1, shape, {.name = "topk2"});
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().message(),
-            "cache rank: unknown selector 'topk2' (known: attention, oracle_topk)");
+            "cache rank: unknown selector 'topk2' (known: attention, oracle_topk, asyncspade)");
   const Result<uint64_t> bad = service.OpenSession(1, 1, shape, OracleTopK(0, 4, 256));
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("top_k"), std::string::npos) << bad.status().message();
@@ -310,7 +312,7 @@ TEST(CacheServiceSessions, TheRpcOpenSessionTakesTheOldNameAndRefusesAnUnknownOn
   const Result<rpc::OpenSessionResponse> refused = handler.OnOpenSession(1, request);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().message(),
-            "cache rank: unknown selector 'x' (known: attention, oracle_topk)");
+            "cache rank: unknown selector 'x' (known: attention, oracle_topk, asyncspade)");
   request.set_selector("oracle_topk");
   request.set_top_k(0);
   EXPECT_FALSE(handler.OnOpenSession(1, request).ok());

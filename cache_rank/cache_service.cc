@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <string>
 #include <utility>
@@ -23,8 +24,14 @@ constexpr const char* kLogSubsystem = "cache";
 // How long the loop sleeps when no peer made progress (a busy loop would take a core from the
 // model on a shared machine).
 constexpr std::chrono::microseconds kIdleSleep{50};
-// How long a reply may take to leave before the next one needs its buffer.
+// How long the oldest reply may take to leave while the next pack waits for room.
 constexpr std::chrono::milliseconds kReplySendTimeout{60000};
+// Replies of one peer in flight at once. A delta reply leaves only when the inference rank,
+// having read its header, posts the receive of its body, which it does when it needs the reply:
+// with one reply in flight the next pack would wait for that (the cache rank would work in step
+// with the model instead of ahead of it, the schedule asyncspade needs). A client has at most the
+// packs of two steps unanswered.
+constexpr size_t kMaxRepliesInFlight = 256;
 
 std::span<std::byte> AsBytes(std::vector<uint64_t>& words, uint64_t bytes) {
   const size_t needed = static_cast<size_t>((bytes + 7) / 8);
@@ -35,10 +42,17 @@ std::span<std::byte> AsBytes(std::vector<uint64_t>& words, uint64_t bytes) {
 }  // namespace
 
 struct CacheService::Peer {
-  // kReplyPending: a pack has arrived while the previous reply is still leaving; its buffer is
-  // reused once that send completes (waited for across sweeps, never with the mutex held, so
-  // control-plane calls are served meanwhile).
+  // kReplyPending: a pack has arrived while kMaxRepliesInFlight replies are still leaving; it is
+  // processed once the oldest send completes (waited for across sweeps, never with the mutex
+  // held, so control-plane calls are served meanwhile).
   enum class Phase { kIdle, kHeader, kBody, kReplyPending };
+  // A reply posted and not yet delivered: its buffer stays until the send completes.
+  struct SentReply {
+    std::vector<uint64_t> buffer;
+    uint64_t bytes = 0;
+    bool delta = false;
+    TransferId send = 0;
+  };
 
   uint64_t id = 0;
   std::unique_ptr<transport::Transport> transport;
@@ -47,11 +61,12 @@ struct CacheService::Peer {
   std::vector<uint64_t> header;  // LayerPackHeader, 8-byte aligned
   std::vector<uint64_t> body;    // the KV pack
   uint64_t body_bytes = 0;
-  std::vector<uint64_t> reply;  // the reply pack
+  std::vector<uint64_t> reply;  // the reply pack being built
   uint64_t reply_bytes = 0;
   bool reply_delta = false;  // a delta reply: its header leaves first (kReplyHeaderTag)
   TransferId receive = 0;
-  std::optional<TransferId> reply_send;
+  std::deque<SentReply> sending;             // oldest first
+  std::vector<std::vector<uint64_t>> spare;  // buffers of delivered replies, for reuse
   std::chrono::steady_clock::time_point reply_wait_since;  // kReplyPending: since when
   Status health;                       // the error that stopped this peer, or ok
   Counter* tx_bytes_metric = nullptr;  // rubato:transport_bytes_total children, once looked up
@@ -76,8 +91,13 @@ Result<uint64_t> CacheService::OpenSession(uint64_t peer, uint64_t request_id,
   // The most rows a reply of this session can carry per KV head: its last position's range.
   const int capacity = std::max(
       0, found->ReplyRangeFor(selector, static_cast<int>(shape.capacity_tokens) - 1, 1).slots);
-  sessions_[session] =
-      SessionInfo{peer, found, selector, bytes, {}, static_cast<uint32_t>(capacity)};
+  sessions_[session] = SessionInfo{peer,
+                                   found,
+                                   selector,
+                                   bytes,
+                                   {},
+                                   static_cast<uint32_t>(capacity),
+                                   found->NewState(selector, shape)};
   UpdateStoreGauges();
   RUBATO_LOG_DEBUG(kLogSubsystem, "peer {} opened session {} for request {} ({} selector)", peer,
                    session, request_id, found->name());
@@ -115,6 +135,7 @@ Status CacheService::CloseSession(uint64_t peer, uint64_t session_id) {
     return NotFoundError("close session: session " + std::to_string(session_id) +
                          " is not open for this peer");
   }
+  if (found->second.state != nullptr) closed_predictions_.Add(found->second.state->counters);
   sessions_.erase(found);
   const Status closed = store_.CloseSession(session_id);
   UpdateStoreGauges();
@@ -129,6 +150,7 @@ void CacheService::ForgetPeer(uint64_t peer) {
       continue;
     }
     (void)store_.CloseSession(it->first);
+    if (it->second.state != nullptr) closed_predictions_.Add(it->second.state->counters);
     it = sessions_.erase(it);
   }
   UpdateStoreGauges();
@@ -152,11 +174,16 @@ CacheServiceStats CacheService::Stats() const {
   stats.packs_received = packs_received_.load();
   stats.bytes_received = bytes_received_.load();
   stats.replies_sent = replies_sent_.load();
+  stats.replies_posted = replies_posted_.load();
   stats.bytes_sent = bytes_sent_.load();
   stats.selection_seconds = static_cast<double>(selection_nanoseconds_.load()) * 1e-9;
   if (options_.allocator != nullptr) stats.memory = std::string(options_.allocator->name());
   const ControlLock lock(*this);
   stats.peers = peers_.size();
+  stats.predictions = closed_predictions_;
+  for (const auto& [id, info] : sessions_) {
+    if (info.state != nullptr) stats.predictions.Add(info.state->counters);
+  }
   return stats;
 }
 
@@ -268,9 +295,9 @@ Counter* CacheService::TransportBytes(Peer& peer, bool sent) {
   return counter;
 }
 
-void CacheService::CountReplySent(Peer& peer) {
+void CacheService::CountReplySent(Peer& peer, uint64_t reply_bytes, bool delta) {
   ++replies_sent_;
-  const uint64_t bytes = peer.reply_bytes + (peer.reply_delta ? sizeof(LayerPackHeader) : 0);
+  const uint64_t bytes = reply_bytes + (delta ? sizeof(LayerPackHeader) : 0);
   bytes_sent_ += bytes;
   if (Counter* tx = TransportBytes(peer, /*sent=*/true)) tx->Increment(static_cast<double>(bytes));
 }
@@ -293,14 +320,15 @@ bool CacheService::Progress(Peer& peer) {
     return true;
   };
   bool progressed = false;
-  if (peer.reply_send.has_value()) {
-    const Result<bool> sent = transport.Test(*peer.reply_send);
+  while (!peer.sending.empty()) {  // delivered in order
+    Peer::SentReply& oldest = peer.sending.front();
+    const Result<bool> sent = transport.Test(oldest.send);
     if (!sent.ok()) return fail(sent.status().WithContext("sending a reply"));
-    if (*sent) {
-      peer.reply_send.reset();
-      CountReplySent(peer);
-      progressed = true;
-    }
+    if (!*sent) break;
+    CountReplySent(peer, oldest.bytes, oldest.delta);
+    peer.spare.push_back(std::move(oldest.buffer));
+    peer.sending.pop_front();
+    progressed = true;
   }
   switch (peer.phase) {
     case Peer::Phase::kIdle: {
@@ -350,7 +378,7 @@ bool CacheService::Progress(Peer& peer) {
       if (!*done) return progressed;
       ++packs_received_;
       CountReceived(peer, peer.body_bytes);
-      if (peer.reply_send.has_value()) {  // its buffer is about to be rewritten: wait for it
+      if (peer.sending.size() >= kMaxRepliesInFlight) {  // no room: wait for the oldest
         peer.phase = Peer::Phase::kReplyPending;
         peer.reply_wait_since = std::chrono::steady_clock::now();
         return true;
@@ -359,7 +387,7 @@ bool CacheService::Progress(Peer& peer) {
       return replied.ok() ? true : fail(replied);
     }
     case Peer::Phase::kReplyPending: {
-      if (!peer.reply_send.has_value()) {
+      if (peer.sending.size() < kMaxRepliesInFlight) {
         const Status replied = ProcessAndReply(peer);
         return replied.ok() ? true : fail(replied);
       }
@@ -377,8 +405,17 @@ bool CacheService::Progress(Peer& peer) {
 }
 
 Status CacheService::ProcessAndReply(Peer& peer) {
+  if (!peer.spare.empty()) {  // build into a delivered reply's buffer
+    peer.reply = std::move(peer.spare.back());
+    peer.spare.pop_back();
+  }
   RUBATO_RETURN_IF_ERROR(ProcessPack(peer));
-  std::byte* reply = AsBytes(peer.reply, peer.reply_bytes).data();
+  Peer::SentReply& sent = peer.sending.emplace_back();
+  sent.buffer = std::move(peer.reply);
+  sent.bytes = peer.reply_bytes;
+  sent.delta = peer.reply_delta;
+  peer.reply.clear();
+  std::byte* reply = AsBytes(sent.buffer, sent.bytes).data();
   // A delta reply's size is news to the peer: its header leaves first.
   const TransferOp sends[] = {
       TransferOp::Send(peer.rank, kReplyHeaderTag, reply, sizeof(LayerPackHeader)),
@@ -386,8 +423,13 @@ Status CacheService::ProcessAndReply(Peer& peer) {
   const std::span<const TransferOp> posts = peer.reply_delta
                                                 ? std::span<const TransferOp>(sends)
                                                 : std::span<const TransferOp>(&sends[1], 1);
-  RUBATO_ASSIGN_OR_RETURN(const TransferId posted, peer.transport->Post(posts));
-  peer.reply_send = posted;
+  const Result<TransferId> posted = peer.transport->Post(posts);
+  if (!posted.ok()) {
+    peer.sending.pop_back();
+    return posted.status();
+  }
+  sent.send = *posted;
+  ++replies_posted_;
   peer.phase = Peer::Phase::kIdle;
   return Status::Ok();
 }
@@ -442,10 +484,10 @@ Status CacheService::ProcessPack(Peer& peer) {
   selections.reserve(static_cast<size_t>(pack.num_layers()) * pack.batch());
   for (uint32_t layer_index = 0; layer_index < pack.num_layers(); ++layer_index) {
     for (uint32_t request = 0; request < pack.batch(); ++request) {
-      const SessionInfo& session = *sessions[request];
-      RUBATO_ASSIGN_OR_RETURN(
-          KvHeadSelection selection,
-          session.selector->Select(session.spec, store_, pack, layer_index, request));
+      SessionInfo& session = *sessions[request];
+      RUBATO_ASSIGN_OR_RETURN(KvHeadSelection selection,
+                              session.selector->Select(session.spec, store_, pack, layer_index,
+                                                       request, session.state.get()));
       selections.push_back(std::move(selection));
     }
   }

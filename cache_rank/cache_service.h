@@ -45,11 +45,14 @@ struct CacheServiceStats {
   uint64_t packs_received = 0;
   uint64_t bytes_received = 0;  // KV packs and their headers
   uint64_t replies_sent = 0;
+  uint64_t replies_posted = 0;  // built and handed to the transport (sent once delivered)
   uint64_t bytes_sent = 0;
   uint64_t peers = 0;
   // Seconds the data plane spent selecting and building replies (attention on the cache rank
   // included), summed over the packs: the cache rank's share of an offloaded step.
   double selection_seconds = 0;
+  // A predicting selector's counters (asyncspade), over every session it served.
+  PredictionCounters predictions;
   // Where the KV lives: the storage allocator's name ("host", "pinned", ...); the store's bytes
   // are of that memory (a device store's are device bytes).
   std::string memory = "host";
@@ -103,6 +106,7 @@ class CacheService {
     // [layer * num_kv_heads + kv_head]; made at the session's first delta pack.
     std::vector<CompactSlotMap> slot_maps;
     uint32_t pool_capacity = 0;  // slots per pool: the most reply rows the session can ask for
+    std::unique_ptr<CacheSelectorState> state;  // the selector's (NewState), may be null
   };
 
   // The per-peer limits of a new session of `bytes` for `peer` (mutex_ held).
@@ -113,7 +117,7 @@ class CacheService {
   // Processes the pack that arrived and posts its reply; the peer goes back to kIdle.
   Status ProcessAndReply(Peer& peer);
   Counter* TransportBytes(Peer& peer, bool sent);
-  void CountReplySent(Peer& peer);
+  void CountReplySent(Peer& peer, uint64_t reply_bytes, bool delta);
   void CountReceived(Peer& peer, uint64_t bytes);
   // Appends a received KV pack and builds its reply into peer.reply.
   Status ProcessPack(Peer& peer);
@@ -143,6 +147,7 @@ class CacheService {
   std::map<uint64_t, SessionInfo> sessions_;         // by session id
   std::map<uint64_t, std::unique_ptr<Peer>> peers_;  // by peer id
   std::vector<uint64_t> forgotten_;                  // peers to drop on the service thread
+  PredictionCounters closed_predictions_;            // of the sessions closed so far
 
   // Set by RegisterMetrics (under mutex_); updated where the numbers change.
   Gauge* sessions_metric_ = nullptr;
@@ -157,6 +162,7 @@ class CacheService {
   std::atomic<uint64_t> packs_received_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> replies_sent_{0};
+  std::atomic<uint64_t> replies_posted_{0};
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> selection_nanoseconds_{0};
 };

@@ -20,11 +20,9 @@ ReplyRange AttentionCacheSelector::ReplyRangeFor(const CacheSelectorSpec& /*spec
           .attention_queries = new_tokens == 1 ? 1 : 0};
 }
 
-Result<KvHeadSelection> AttentionCacheSelector::Select(const CacheSelectorSpec& /*spec*/,
-                                                       const KvStore& /*store*/,
-                                                       const LayerPackView& pack,
-                                                       uint32_t /*layer_index*/,
-                                                       uint32_t /*request_index*/) const {
+Result<KvHeadSelection> AttentionCacheSelector::Select(
+    const CacheSelectorSpec& /*spec*/, const KvStore& /*store*/, const LayerPackView& pack,
+    uint32_t /*layer_index*/, uint32_t /*request_index*/, CacheSelectorState* /*state*/) const {
   return KvHeadSelection(pack.num_kv_heads());
 }
 

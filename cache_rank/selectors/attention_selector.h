@@ -22,7 +22,8 @@ class AttentionCacheSelector final : public CacheSelector {
   // No rows: an empty list per KV head.
   Result<KvHeadSelection> Select(const CacheSelectorSpec& spec, const KvStore& store,
                                  const LayerPackView& pack, uint32_t layer_index,
-                                 uint32_t request_index) const override;
+                                 uint32_t request_index,
+                                 CacheSelectorState* /*state*/) const override;
 };
 
 extern const AttentionCacheSelector kAttentionCacheSelector;

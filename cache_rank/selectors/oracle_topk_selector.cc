@@ -38,7 +38,8 @@ Result<KvHeadSelection> OracleTopKCacheSelector::Select(const CacheSelectorSpec&
                                                         const KvStore& store,
                                                         const LayerPackView& pack,
                                                         uint32_t layer_index,
-                                                        uint32_t request_index) const {
+                                                        uint32_t request_index,
+                                 CacheSelectorState* /*state*/) const {
   const LayerPackRequest& request = pack.requests()[request_index];
   const ReplyRange range = ReplyRangeFor(spec, static_cast<int>(request.first_position),
                                          static_cast<int>(request.new_tokens));

@@ -21,7 +21,8 @@ class OracleTopKCacheSelector final : public CacheSelector {
                            int new_tokens) const override;
   Result<KvHeadSelection> Select(const CacheSelectorSpec& spec, const KvStore& store,
                                  const LayerPackView& pack, uint32_t layer_index,
-                                 uint32_t request_index) const override;
+                                 uint32_t request_index,
+                                 CacheSelectorState* /*state*/) const override;
 };
 
 extern const OracleTopKCacheSelector kOracleTopKCacheSelector;

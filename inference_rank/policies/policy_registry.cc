@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "common/logging.h"
+#include "inference_rank/policies/asyncspade/asyncspade_policy.h"
 #include "inference_rank/policies/dense/dense_policy.h"
 #include "inference_rank/policies/kascade/kascade_policy.h"
 #include "inference_rank/policies/longflow/longflow_policy.h"
@@ -21,9 +22,13 @@ struct PolicyRegistration {
 
 // Every policy, one line each.
 constexpr PolicyRegistration kPolicies[] = {
-    {"dense", &CreateDensePolicy},     {"streaming_llm", &CreateStreamingLlmPolicy},
-    {"sfi", &CreateSfiPolicy},         {"oracle_topk", &CreateOracleTopKPolicy},
-    {"kascade", &CreateKascadePolicy}, {"longflow", &CreateLongFlowPolicy},
+    {"dense", &CreateDensePolicy},
+    {"streaming_llm", &CreateStreamingLlmPolicy},
+    {"sfi", &CreateSfiPolicy},
+    {"oracle_topk", &CreateOracleTopKPolicy},
+    {"kascade", &CreateKascadePolicy},
+    {"longflow", &CreateLongFlowPolicy},
+    {"asyncspade", &CreateAsyncSpadePolicy},
 };
 
 // Old names: a policy on offloaded KV.

@@ -59,7 +59,9 @@ CacheRankClient::CacheRankClient(const CacheClientOptions& options, const ModelC
   }
   pack_layers_ = selector_->traits().serves_same_step
                      ? 1
-                     : std::clamp(options.pack_layers, 1, std::max(model.num_layers, 1));
+                     : std::clamp(options.selection.pack_layers > 0 ? options.selection.pack_layers
+                                                                    : options.pack_layers,
+                                  1, std::max(model.num_layers, 1));
   num_packs_ = (model.num_layers + pack_layers_ - 1) / pack_layers_;
   outgoing_.resize(static_cast<size_t>(num_packs_));
   session_shape_.num_layers = static_cast<uint32_t>(model.num_layers);
@@ -280,6 +282,7 @@ Status CacheRankClient::StartStep(std::span<const OffloadLayerKv> entries) {
         selector_->ReplyRangeFor(options_.selection, entry.start_position, entry.tokens);
     request.reply_slots = static_cast<uint32_t>(range.slots);
     request.attention_queries = static_cast<uint32_t>(range.attention_queries);
+    session->second.decode_steps = entry.tokens == 1 ? session->second.decode_steps + 1 : 0;
     if (deltas_) {  // a session's first pack asks for full replies: its pools are empty
       request.delta_reset = session->second.pools_empty ? 1 : 0;
       session->second.pools_empty = false;
@@ -373,6 +376,14 @@ Status CacheRankClient::SendPack(int pack) {
 // ---- replies ----------------------------------------------------------------------------------
 
 Status CacheRankClient::Wait(TransferId id, const std::string& what) {
+  // Done already (the reply came while the model computed): nothing was waited for.
+  const Result<bool> done = transport_.Test(id);
+  if (done.ok() && *done) return Status::Ok();
+  if (!done.ok()) {
+    return Broken(Status(done.status().code(),
+                         options_.cache_name + ": " + what + ": " + done.status().message()));
+  }
+  ++waits_blocked_;
   const auto start = Clock::now();
   const auto deadline = start + options_.timeout;
   Status result;
@@ -487,6 +498,15 @@ Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session
   const int pack = PackOf(layer);
   if (!selector_->traits().serves_same_step) {
     const SessionState& session = found->second;
+    if (session.decode_steps <= options_.selection.dense_steps) {
+      // Dense warm-up: the whole context from the local paged cache, no compact rows (the
+      // replies still fill the pools; StartStep applies them).
+      OffloadCompactKv dense;
+      dense.compact = CompactKvView{nullptr, nullptr, model_.num_kv_heads, 0, model_.head_dim};
+      dense.counts = zero_counts_.data();
+      dense.recent_begin = 0;
+      return dense;
+    }
     if (session.replies == nullptr) {
       return FailedPreconditionError("offload: session " + std::to_string(session_id) +
                                      " has no reply yet: its first tokens must be a prefill");
@@ -499,7 +519,11 @@ Result<OffloadCompactKv> CacheRankClient::CompactFor(int layer, uint64_t session
                                      " but its last step ended at " + std::to_string(next));
     }
     index = session.request_index;
-    recent_begin = next;
+    // The reply was made for this token: its range is the last entry's next token's.
+    recent_begin = selector_
+                       ->ReplyRangeFor(options_.selection, static_cast<int>(request.first_position),
+                                       static_cast<int>(request.new_tokens))
+                       .recent_begin;
     const std::shared_ptr<Reply>& reply = session.replies->packs[static_cast<size_t>(pack)];
     if (reply == nullptr) {
       return FailedPreconditionError("offload: the pack of layer " + std::to_string(layer) +

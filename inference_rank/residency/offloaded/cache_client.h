@@ -85,8 +85,11 @@ class CacheRankClient final : public KvOffloadClient {
   DType kv_dtype() const { return session_shape_.dtype; }
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
-  // Seconds spent waiting for replies (the `rubato:pack_wait_seconds` metric): the exposed wait.
+  // Seconds spent waiting for replies or sends that had not completed when the model needed
+  // them (the `rubato:pack_wait_seconds` metric): the exposed wait. A transfer already done
+  // when asked costs nothing; waits_blocked() counts the ones that were not.
   double pack_wait_seconds() const { return pack_wait_seconds_; }
+  uint64_t waits_blocked() const { return waits_blocked_; }
   // Forward steps that offloaded K/V (each sends one KV pack per pack of layers).
   uint64_t steps() const { return step_; }
   bool delta_replies() const { return deltas_; }
@@ -139,6 +142,9 @@ class CacheRankClient final : public KvOffloadClient {
     std::vector<std::unique_ptr<CompactPool>> pools;  // [num_layers]
     int pool_capacity = 0;    // slots per pool: the most reply rows the session can ask for
     bool pools_empty = true;  // the next pack asks for a full reply (delta_reset)
+    // One-token steps since the session's last prompt chunk (this step's included): the first
+    // selection.dense_steps of them attend the local paged cache in full.
+    int decode_steps = 0;
   };
   // The KV pack being filled / in flight, per pack index.
   struct OutgoingPack {
@@ -215,6 +221,7 @@ class CacheRankClient final : public KvOffloadClient {
   uint64_t bytes_sent_ = 0;
   uint64_t bytes_received_ = 0;
   double pack_wait_seconds_ = 0;
+  uint64_t waits_blocked_ = 0;
   uint64_t compact_rows_received_ = 0;
   uint64_t compact_rows_full_ = 0;
   uint64_t full_reply_bytes_ = 0;

@@ -325,7 +325,7 @@ TEST_F(OffloadEngineTest, AnUnknownSelectorIsRefusedByNameWhenTheCacheIsMade) {
   ASSERT_FALSE(cache.ok());
   EXPECT_EQ(cache.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.status().message(),
-            "cache rank: unknown selector 'quest' (known: attention, oracle_topk)");
+            "cache rank: unknown selector 'quest' (known: attention, oracle_topk, asyncspade)");
 }
 
 }  // namespace

@@ -208,8 +208,10 @@ std::string OffloadedResidency::StatsLine() const {
         delta_replies ? 1 : 0, rows_received, rows_full,
         static_cast<double>(full_reply_bytes) / per_step);
   }
+  PredictionCounters predictions;  // a predicting selector's (asyncspade), from the cache ranks
   if (target_.colocated != nullptr) {
     const CacheServiceStats stats = target_.colocated->service().Stats();
+    predictions = stats.predictions;
     text +=
         fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={} cache_memory={}",
                     stats.selection_seconds * 1e3, stats.store.bytes_reserved_peak, stats.memory);
@@ -228,11 +230,26 @@ std::string OffloadedResidency::StatsLine() const {
       };
       selection_seconds += counter("selection_seconds");
       peak_bytes += counter("bytes_reserved_peak");
+      predictions.cosine_sum += counter("prediction_cosine_sum");
+      predictions.cosine_count += static_cast<uint64_t>(counter("prediction_cosine_count"));
+      predictions.overlap_hits += static_cast<uint64_t>(counter("prediction_overlap_hits"));
+      predictions.overlap_total += static_cast<uint64_t>(counter("prediction_overlap_total"));
     }
     if (answered) {
       text += fmt::format(" cache_selection_ms={:.1f} cache_memory_peak_bytes={:.0f}",
                           selection_seconds * 1e3, peak_bytes);
     }
+  }
+  // How well the next query was predicted: the mean cosine of predicted and real queries, and
+  // the share of the real query's exact top-k the predicted selection held.
+  if (predictions.cosine_count > 0) {
+    text += fmt::format(" prediction_cosine={:.4f}",
+                        predictions.cosine_sum / static_cast<double>(predictions.cosine_count));
+  }
+  if (predictions.overlap_total > 0) {
+    text += fmt::format(" prediction_overlap={:.4f}",
+                        static_cast<double>(predictions.overlap_hits) /
+                            static_cast<double>(predictions.overlap_total));
   }
   return text;
 }

@@ -64,6 +64,10 @@ class RemoteCacheRank::RpcSessionControl final : public CacheSessionControl {
     request.set_top_k(static_cast<uint32_t>(selection.top_k));
     request.set_sink_tokens(static_cast<uint32_t>(selection.sink_tokens));
     request.set_recent_tokens(static_cast<uint32_t>(selection.recent_tokens));
+    request.set_query_window(static_cast<uint32_t>(selection.query_window));
+    request.set_ridge_lambda(selection.ridge_lambda);
+    request.set_dense_steps(static_cast<uint32_t>(selection.dense_steps));
+    request.set_overlap_every(static_cast<uint32_t>(selection.overlap_every));
     RUBATO_ASSIGN_OR_RETURN(const rpc::OpenSessionResponse response,
                             Timed([&] { return rpc_.OpenSession(request); }));
     return response.session_id();

@@ -1,0 +1,71 @@
+// AsyncSpade's host half: its config, its traits and the cache-rank selector it names (see
+// asyncspade_policy.h).
+#include "inference_rank/policies/asyncspade/asyncspade_policy.h"
+
+#include <limits>
+
+#include "common/yaml_map_reader.h"
+
+namespace rubato {
+
+const PolicyTraits& AsyncSpadePolicy::traits() const {
+  // Offloaded KV only; the CPU half syncs per layer and the CUDA half goes through host memory,
+  // so its steps are not replayed as graphs (docs/residency.md).
+  static const PolicyTraits traits{ResidencySet{KvResidency::kOffloaded}, false};
+  return traits;
+}
+
+Result<std::unique_ptr<AttentionBackend>> AsyncSpadePolicy::MakeBackend(Model& /*model*/,
+                                                                        int /*max_batch*/) const {
+  return std::unique_ptr<AttentionBackend>();
+}
+
+Status AsyncSpadePolicy::CheckLimits(int max_context) const {
+  const AsyncSpadeConfig d;
+  return CheckTokenCounts({{"top_k", config_.top_k, d.top_k},
+                           {"sink_tokens", config_.sink_tokens, d.sink_tokens},
+                           {"recent_window", config_.recent_window, d.recent_window}},
+                          max_context);
+}
+
+Result<CacheSelectorSpec> AsyncSpadePolicy::MakeCacheSelector() const {
+  CacheSelectorSpec spec;
+  spec.name = "asyncspade";
+  spec.top_k = config_.top_k;
+  spec.sink_tokens = config_.sink_tokens;
+  spec.recent_tokens = config_.recent_window;
+  spec.query_window = config_.query_window;
+  spec.ridge_lambda = config_.ridge_lambda;
+  spec.dense_steps = config_.dense_steps;
+  spec.pack_layers = config_.pack_layers;
+  spec.overlap_every = config_.overlap_every;
+  return spec;
+}
+
+std::unique_ptr<PolicyRequest> AsyncSpadePolicy::Admit(KvResidency /*residency*/) {
+  return nullptr;
+}
+
+Result<AsyncSpadeConfig> ParseAsyncSpadeConfig(const PolicySection& section) {
+  RUBATO_ASSIGN_OR_RETURN(YamlMapReader params, section.ParamsReader());
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  AsyncSpadeConfig config;
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("top_k", 1, kMax, &config.top_k));
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("sink_tokens", 0, kMax, &config.sink_tokens));
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("recent_window", 1, kMax, &config.recent_window));
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("query_window", 1, 64, &config.query_window));
+  RUBATO_RETURN_IF_ERROR(
+      params.ReadDouble("ridge_lambda", DoubleRange{0.0, 1e6, false, true}, &config.ridge_lambda));
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("dense_steps", 0, kMax, &config.dense_steps));
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("pack_layers", 0, 1024, &config.pack_layers));
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("overlap_every", 0, kMax, &config.overlap_every));
+  RUBATO_RETURN_IF_ERROR(params.Finish());
+  return config;
+}
+
+Result<std::unique_ptr<AttentionPolicy>> CreateAsyncSpadePolicy(const PolicySection& section) {
+  RUBATO_ASSIGN_OR_RETURN(const AsyncSpadeConfig config, ParseAsyncSpadeConfig(section));
+  return std::unique_ptr<AttentionPolicy>(new AsyncSpadePolicy(config));
+}
+
+}  // namespace rubato
