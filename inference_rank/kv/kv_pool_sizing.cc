@@ -18,24 +18,26 @@ std::string GiB(double bytes) {
   return fmt::format("{:.2f} GiB", bytes / double(uint64_t{1} << 30));
 }
 
-// The value in kB of `field` ("MemTotal") in /proc/meminfo's text, in bytes.
-std::optional<uint64_t> MeminfoBytes(std::string_view meminfo, std::string_view field) {
+// The number after `field` and `separator` on a line of `text` ("MemTotal:  123 kB",
+// "inactive_file 4096"), times `unit`.
+std::optional<uint64_t> FieldValue(std::string_view text, std::string_view field, char separator,
+                                   uint64_t unit) {
   size_t at = 0;
-  while (at < meminfo.size()) {
-    size_t end = meminfo.find('\n', at);
-    if (end == std::string_view::npos) end = meminfo.size();
-    const std::string_view line = meminfo.substr(at, end - at);
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(at, end - at);
     at = end + 1;
     if (line.size() <= field.size() || line.substr(0, field.size()) != field ||
-        line[field.size()] != ':') {
+        line[field.size()] != separator) {
       continue;
     }
     std::string_view rest = line.substr(field.size() + 1);
     while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
-    uint64_t kib = 0;
-    const auto [ptr, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), kib);
-    if (ec != std::errc() || kib > UINT64_MAX / 1024) return std::nullopt;
-    return kib * 1024;
+    uint64_t value = 0;
+    const auto [ptr, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), value);
+    if (ec != std::errc() || value > UINT64_MAX / unit) return std::nullopt;
+    return value * unit;
   }
   return std::nullopt;
 }
@@ -102,10 +104,11 @@ Result<KvPoolSize> SizeKvPool(const KvPoolMemory& memory, double utilization,
 }
 
 Result<KvPoolMemory> ParseHostMemory(std::string_view meminfo, std::string_view cgroup_max,
-                                     std::string_view cgroup_current) {
-  const std::optional<uint64_t> total = MeminfoBytes(meminfo, "MemTotal");
-  std::optional<uint64_t> available = MeminfoBytes(meminfo, "MemAvailable");
-  if (!available) available = MeminfoBytes(meminfo, "MemFree");  // kernels before 3.14
+                                     std::string_view cgroup_current,
+                                     std::string_view cgroup_stat) {
+  const std::optional<uint64_t> total = FieldValue(meminfo, "MemTotal", ':', 1024);
+  std::optional<uint64_t> available = FieldValue(meminfo, "MemAvailable", ':', 1024);
+  if (!available) available = FieldValue(meminfo, "MemFree", ':', 1024);  // kernels before 3.14
   if (!total || !available) {
     return InvalidArgumentError(std::string("host memory: /proc/meminfo has no ") +
                                 (total ? "MemAvailable or MemFree" : "MemTotal") + " field");
@@ -117,7 +120,9 @@ Result<KvPoolMemory> ParseHostMemory(std::string_view meminfo, std::string_view 
   // A container's limit: what the process may still use under it.
   const std::optional<uint64_t> limit = CgroupBytes(cgroup_max);
   if (limit && *limit < memory.total_bytes) {
-    const uint64_t used = CgroupBytes(cgroup_current).value_or(0);
+    const uint64_t current = CgroupBytes(cgroup_current).value_or(0);
+    const uint64_t cache = FieldValue(cgroup_stat, "inactive_file", ' ', 1).value_or(0);
+    const uint64_t used = current - std::min(current, cache);
     memory.where = "host memory (cgroup limit)";
     memory.total_bytes = *limit;
     memory.free_bytes = std::min(memory.free_bytes, *limit - std::min(used, *limit));
@@ -129,7 +134,8 @@ Result<KvPoolMemory> ReadHostMemory() {
   const std::string meminfo = ReadSmallFile("/proc/meminfo");
   if (!meminfo.empty()) {
     return ParseHostMemory(meminfo, ReadSmallFile("/sys/fs/cgroup/memory.max"),
-                           ReadSmallFile("/sys/fs/cgroup/memory.current"));
+                           ReadSmallFile("/sys/fs/cgroup/memory.current"),
+                           ReadSmallFile("/sys/fs/cgroup/memory.stat"));
   }
   const long page = sysconf(_SC_PAGESIZE);
   const long pages = sysconf(_SC_PHYS_PAGES);

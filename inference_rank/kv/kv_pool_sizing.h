@@ -46,12 +46,14 @@ Status CheckMemoryUtilization(double utilization);
 
 // Host memory from the text of /proc/meminfo (MemTotal, MemAvailable; MemFree when the kernel
 // has no MemAvailable), bounded by a cgroup v2 limit when `cgroup_max` (memory.max: a number
-// or "max") and `cgroup_current` (memory.current) are given (empty: no cgroup). InvalidArgument
-// naming the missing field.
+// or "max") is one: then what the cgroup uses is `cgroup_current` (memory.current) less the
+// page cache it could drop (inactive_file of `cgroup_stat`, memory.stat), as Kubernetes counts
+// a container's working set. Empty texts: no cgroup. InvalidArgument naming the missing field.
 Result<KvPoolMemory> ParseHostMemory(std::string_view meminfo, std::string_view cgroup_max = "",
-                                     std::string_view cgroup_current = "");
+                                     std::string_view cgroup_current = "",
+                                     std::string_view cgroup_stat = "");
 
-// ParseHostMemory of this machine's /proc/meminfo and /sys/fs/cgroup/memory.{max,current};
+// ParseHostMemory of this machine's /proc/meminfo and /sys/fs/cgroup/memory.{max,current,stat};
 // falls back to sysconf (physical and available pages) where /proc/meminfo cannot be read.
 Result<KvPoolMemory> ReadHostMemory();
 

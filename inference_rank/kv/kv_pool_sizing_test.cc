@@ -109,6 +109,11 @@ TEST(KvPoolSizing, ParsesMeminfoAndTheCgroupLimit) {
   ASSERT_TRUE(host.ok());
   EXPECT_EQ(host->total_bytes, 4 * kGiB);
   EXPECT_EQ(host->free_bytes, 3 * kGiB);
+  // Of 3 GiB in use, 2 GiB is page cache the cgroup can drop: 3 GiB free.
+  host = ParseHostMemory(meminfo, std::to_string(4 * kGiB), std::to_string(3 * kGiB),
+                         "anon 1073741824\ninactive_file " + std::to_string(2 * kGiB) + "\n");
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host->free_bytes, 3 * kGiB);
   // An old kernel without MemAvailable: MemFree.
   host = ParseHostMemory("MemTotal: 1000 kB\nMemFree: 600 kB\n");
   ASSERT_TRUE(host.ok());
