@@ -257,7 +257,7 @@ TEST(Config, PolicyParametersAreKeptForTheFactory) {
   EXPECT_EQ(triggers, (std::vector<std::string>{".", "?", "\n"}));
   // The factory's own checks read like the rest of the config, with the line of the key.
   EXPECT_EQ(reader->Error("recent_window", "must be at most 128").message(),
-            "full.yaml: policy.recent_window: must be at most 128 (line 17)");
+            "full.yaml: policy.recent_window: must be at most 128 (line 19)");
   // A parameter the policy does not know is reported by Finish.
   EXPECT_THAT(reader->Finish().message(), HasSubstr("full.yaml: policy.selector: unknown key"));
   auto selector = reader->ReadMap("selector");
