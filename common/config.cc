@@ -57,6 +57,7 @@ std::string_view NameOf(const EnumName<Enum> (&table)[N], Enum value) {
 }
 
 constexpr int kMaxContextTokens = 16'777'216;
+constexpr int64_t kMaxKvPoolTokens = int64_t{1} << 34;  // 2^30 blocks of 16
 
 Status ReadModel(YamlMapReader& reader, ModelSection* model) {
   RUBATO_RETURN_IF_ERROR(reader.ReadNonEmptyString("path", &model->path));
@@ -83,6 +84,11 @@ Status ReadEngine(YamlMapReader& reader, EngineSection* engine) {
   }
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("prefill_chunk", 1, 1 << 20, &engine->prefill_chunk));
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("threads", 0, 1024, &engine->threads));
+  RUBATO_RETURN_IF_ERROR(reader.ReadDouble("gpu_memory_utilization",
+                                           DoubleRange{0, 1, /*min_inclusive=*/false, true},
+                                           &engine->gpu_memory_utilization));
+  RUBATO_RETURN_IF_ERROR(
+      reader.ReadInt64("kv_pool_tokens", 0, kMaxKvPoolTokens, &engine->kv_pool_tokens));
   RUBATO_RETURN_IF_ERROR(reader.ReadString("kv_residency", &engine->kv_residency));
   if (engine->kv_residency != "auto" && engine->kv_residency != "local" &&
       engine->kv_residency != "offloaded" && engine->kv_residency != "evicting") {
@@ -529,6 +535,8 @@ std::string FormatConfigYaml(const RubatoConfig& config) {
   key("block_size") << engine.block_size;
   key("prefill_chunk") << engine.prefill_chunk;
   key("threads") << engine.threads;
+  key("gpu_memory_utilization") << fmt::format("{}", engine.gpu_memory_utilization);
+  key("kv_pool_tokens") << engine.kv_pool_tokens;
   key("kv_residency") << engine.kv_residency;
   out << YAML::EndMap;
 

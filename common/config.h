@@ -41,6 +41,12 @@ struct EngineSection {
   int block_size = 16;         // 16 or 64 tokens per KV block
   int prefill_chunk = 512;     // [1, 1048576] tokens per prefill chunk
   int threads = 0;             // CPU threads, 0: all cores; [0, 1024]
+  // (0, 1]: the share of the memory the KV pool lives in (the GPU's; host memory for the CPU
+  // backend) this process may fill, weights included; the pool takes what is left (vLLM's).
+  double gpu_memory_utilization = 0.9;
+  // 0: the pool is sized by gpu_memory_utilization; else [1, 2^34] tokens, rounded up to whole
+  // blocks (a fixed pool, e.g. a small one in tests).
+  int64_t kv_pool_tokens = 0;
   // Where requests' full KV lives: "local" (this rank's cache), "offloaded" (a cache rank,
   // topology.cache_endpoints or one in this process) or "evicting" (a fixed budget of slots
   // per request, one overwritten per step). Apart from the policy, which must

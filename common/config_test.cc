@@ -33,6 +33,8 @@ engine:
   block_size: 64
   prefill_chunk: 2048
   threads: 12
+  gpu_memory_utilization: 0.85
+  kv_pool_tokens: 65536
 policy:
   name: sfi
   recent_window: 256
@@ -136,7 +138,7 @@ TEST(Config, DefaultYamlSpellsOutEveryKey) {
   const std::set<std::string> expected = KeyPaths(formatted);
   EXPECT_EQ(KeyPaths(file), expected);
   EXPECT_EQ(expected.size(),
-            38u);  // model 3, engine 9, policy 1, topology 6, cache 3, server 10, limits 5,
+            40u);  // model 3, engine 11, policy 1, topology 6, cache 3, server 10, limits 5,
                    // logging 1
 }
 
@@ -155,6 +157,8 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(config.engine.block_size, 64);
   EXPECT_EQ(config.engine.prefill_chunk, 2048);
   EXPECT_EQ(config.engine.threads, 12);
+  EXPECT_EQ(config.engine.gpu_memory_utilization, 0.85);
+  EXPECT_EQ(config.engine.kv_pool_tokens, 65536);
   EXPECT_EQ(config.policy.name, "sfi");
   EXPECT_EQ(config.policy.params.size(), 3u);
   EXPECT_EQ(config.topology.mode, TopologySection::Mode::kDisaggregated);
@@ -280,7 +284,7 @@ TEST(Config, PolicyParametersAreKeptForTheFactory) {
   EXPECT_EQ(triggers, (std::vector<std::string>{".", "?", "\n"}));
   // The factory's own checks read like the rest of the config, with the line of the key.
   EXPECT_EQ(reader->Error("recent_window", "must be at most 128").message(),
-            "full.yaml: policy.recent_window: must be at most 128 (line 17)");
+            "full.yaml: policy.recent_window: must be at most 128 (line 19)");
   // A parameter the policy does not know is reported by Finish.
   EXPECT_THAT(reader->Finish().message(), HasSubstr("full.yaml: policy.selector: unknown key"));
   auto selector = reader->ReadMap("selector");
@@ -365,6 +369,14 @@ TEST(Config, OutOfRangeValuesNameKeyRangeAndValue) {
       {"engine:\n  block_size: 32\n", "engine.block_size: must be 16 or 64, got 32"},
       {"engine:\n  prefill_chunk: 0\n", "engine.prefill_chunk: must be in [1, 1048576], got 0"},
       {"engine:\n  threads: 1025\n", "engine.threads: must be in [0, 1024], got 1025"},
+      {"engine:\n  gpu_memory_utilization: 0\n",
+       "engine.gpu_memory_utilization: must be in (0, 1], got 0"},
+      {"engine:\n  gpu_memory_utilization: 1.01\n",
+       "engine.gpu_memory_utilization: must be in (0, 1], got 1.01"},
+      {"engine:\n  gpu_memory_utilization: -0.5\n",
+       "engine.gpu_memory_utilization: must be in (0, 1], got -0.5"},
+      {"engine:\n  kv_pool_tokens: -1\n",
+       "engine.kv_pool_tokens: must be in [0, 17179869184], got -1"},
       {"model:\n  seed: -1\n", "model.seed: must be >= 0, got -1"},
       {"model:\n  seed: 99999999999999999999\n", "model.seed: must be >= 0, got 9999"},
       {"topology:\n  pack_layers: 0\n", "topology.pack_layers: must be in [1, 1024], got 0"},

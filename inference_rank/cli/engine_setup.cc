@@ -163,6 +163,10 @@ EngineOptions EngineOptionsFromConfig(const RubatoConfig& config) {
   options.block_size = config.engine.block_size;
   options.prefill_chunk = config.engine.prefill_chunk;
   options.num_threads = config.engine.threads;
+  options.gpu_memory_utilization = config.engine.gpu_memory_utilization;
+  // Whole blocks: the config's range keeps the count within an int.
+  options.max_kv_blocks = static_cast<int>(
+      (config.engine.kv_pool_tokens + config.engine.block_size - 1) / config.engine.block_size);
   return options;
 }
 

@@ -3,6 +3,8 @@
 // reverse order.
 #include "inference_rank/cli/serve_command.h"
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -144,15 +146,22 @@ Status CheckServe(const RubatoConfig& config) {
   if (policy.residency != KvResidency::kOffloaded) {
     RUBATO_RETURN_IF_ERROR(MakeResidency(config, policy, model).status());
   }
+  // The pool's size needs the weights in memory: --check says how it will be sized.
+  const std::string pool =
+      sizes.max_kv_blocks > 0
+          ? fmt::format("KV pool of {} blocks of {} tokens (engine.kv_pool_tokens)",
+                        sizes.max_kv_blocks, sizes.block_size)
+          : fmt::format("KV pool sized at start: gpu_memory_utilization {}",
+                        sizes.gpu_memory_utilization);
   std::printf(
       "rubato serve --check: ok: %s (%s, %d layers, %d/%d heads x %d, %d positions), "
-      "backend %s, policy %s, %s KV, max_batch %d, max_context %d (%d KV blocks of %d tokens), "
+      "backend %s, policy %s, %s KV, max_batch %d, max_context %d, %s, "
       "http://%s:%d; weights and tokenizer.json not read%s\n",
       model_dir.string().c_str(), model.architecture.c_str(), model.num_layers, model.num_heads,
       model.num_kv_heads, model.head_dim, model.max_position_embeddings,
       std::string(ConfigEnumName(config.engine.backend)).c_str(), policy.name.c_str(),
       std::string(KvResidencyName(policy.residency)).c_str(), sizes.max_batch, sizes.max_context,
-      sizes.max_kv_blocks, sizes.block_size, config.server.host.c_str(), config.server.port,
+      pool.c_str(), config.server.host.c_str(), config.server.port,
       policy.residency == KvResidency::kOffloaded ? ", cache rank not contacted" : "");
   return Status::Ok();
 }
@@ -183,6 +192,7 @@ Status Serve(const RubatoConfig& config) {
   RUBATO_RETURN_IF_ERROR(engine_options.residency->RegisterMetrics(metrics));
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           Engine::Create(std::move(model), engine_options));
+  const std::string kv_pool = engine->kv_pool_summary();
   server::ServingEngineOptions serving_options;
   serving_options.max_queue = config.limits.max_queue;
   serving_options.request_timeout_s = config.limits.request_timeout_s;
@@ -230,6 +240,7 @@ Status Serve(const RubatoConfig& config) {
     std::printf("rubato serve: metrics on http://%s:%u/metrics\n", config.server.host.c_str(),
                 static_cast<unsigned>(metrics_http->port()));
   }
+  std::printf("rubato serve: %s\n", kv_pool.c_str());
   std::printf("rubato serve: listening on http://%s:%u\n", config.server.host.c_str(),
               static_cast<unsigned>(http->port()));
   std::fflush(stdout);

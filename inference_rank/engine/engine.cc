@@ -1,5 +1,5 @@
 // The generation engine: validation, FCFS admission, mixed prefill/decode steps, sampling draws
-// and retirement (see engine.h).
+// and retirement (see engine.h). The KV pool's sizing and preemption: engine_kv_pool.cc.
 #include "inference_rank/engine/engine.h"
 
 #include <fmt/format.h>
@@ -53,20 +53,11 @@ Result<EngineOptions> Engine::ResolveSizes(const ModelConfig& config,
     RUBATO_RETURN_IF_ERROR(options.policy->CheckLimits(resolved.max_context));
   }
   if (options.max_kv_blocks < 0) {
-    return InvalidArgumentError("engine.max_kv_blocks must be >= 0 (0 = automatic), got " +
-                                std::to_string(options.max_kv_blocks));
+    return InvalidArgumentError(
+        "engine.kv_pool_tokens must be >= 0 (0 = sized from free memory), got " +
+        std::to_string(options.max_kv_blocks) + " blocks");
   }
-  if (resolved.max_kv_blocks == 0) {
-    const int64_t blocks_per_sequence =
-        (resolved.max_context + resolved.block_size - 1) / resolved.block_size;
-    const int64_t blocks = blocks_per_sequence * resolved.max_batch;
-    if (blocks > INT32_MAX) {
-      return InvalidArgumentError("engine: max_batch x max_context needs " +
-                                  std::to_string(blocks) +
-                                  " KV blocks; lower them or set engine.max_kv_blocks");
-    }
-    resolved.max_kv_blocks = static_cast<int>(blocks);
-  }
+  RUBATO_RETURN_IF_ERROR(CheckMemoryUtilization(options.gpu_memory_utilization));
   return resolved;
 }
 
@@ -103,20 +94,36 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
         resolved.residency->Attach(*model, resolved.policy.get(), resolved.max_batch)
             .WithContext("engine"));
   }
+  // Everything else is in place: the pool takes what the memory has left.
+  std::string sized_by = "engine.kv_pool_tokens";
+  if (resolved.max_kv_blocks == 0) {
+    RUBATO_ASSIGN_OR_RETURN(sized_by, SizeKvPoolFromMemory(*model, resolved));
+  }
   Result<std::unique_ptr<PagedKvCache>> cache =
       model->CreateKvCache(resolved.block_size, resolved.max_kv_blocks);
   if (!cache.ok()) return cache.status().WithContext("engine");
-  RUBATO_LOG_INFO(kLogSubsystem,
-                  "backend {}, max_batch {}, max_context {}, {} KV blocks of {} tokens ({} MiB), "
-                  "prefill chunk {}, policy {}, {} KV",
-                  model->backend_name(), resolved.max_batch, resolved.max_context,
-                  resolved.max_kv_blocks, resolved.block_size, (*cache)->pool_bytes() >> 20,
-                  resolved.prefill_chunk,
-                  resolved.policy != nullptr ? std::string(resolved.policy->name()) : "dense",
-                  KvResidencyName(residency));
+  const int64_t pool_tokens = int64_t{resolved.max_kv_blocks} * resolved.block_size;
+  std::string summary = fmt::format("KV pool of {} tokens ({} blocks of {}, {} MiB; {})",
+                                    pool_tokens, resolved.max_kv_blocks, resolved.block_size,
+                                    (*cache)->pool_bytes() >> 20, sized_by);
+  RUBATO_LOG_INFO(
+      kLogSubsystem,
+      "backend {}, max_batch {}, max_context {}, {}, prefill chunk {}, policy {}, {} KV",
+      model->backend_name(), resolved.max_batch, resolved.max_context, summary,
+      resolved.prefill_chunk,
+      resolved.policy != nullptr ? std::string(resolved.policy->name()) : "dense",
+      KvResidencyName(residency));
+  if (pool_tokens < resolved.max_context) {
+    RUBATO_LOG_WARN(kLogSubsystem,
+                    "the KV pool holds {} tokens, fewer than max_context ({}): requests longer "
+                    "than the pool are refused",
+                    pool_tokens, resolved.max_context);
+  }
   auto engine =
       std::unique_ptr<Engine>(new Engine(std::move(model), std::move(cache).value(), resolved));
   engine->window_ = window;
+  engine->kv_pool_summary_ = std::move(summary);
+  engine->preemptible_ = resolved.residency == nullptr || resolved.residency->Preemptible();
   if (options.metrics != nullptr) {
     RUBATO_ASSIGN_OR_RETURN(
         engine->retained_kv_metric_,
@@ -232,17 +239,19 @@ Result<uint64_t> Engine::Submit(GenerationRequest request) {
                            " tokens but the context limit is " +
                            std::to_string(options_.max_context) + " (engine.max_context)");
   }
+  // A request alone always fits (a running one then never waits for blocks it cannot get).
   const int blocks = kv_cache_->BlocksFor(ReservedTokens(request));
-  if (options_.residency != nullptr && blocks > kv_cache_->shape().num_blocks) {
-    RUBATO_RETURN_IF_ERROR(
-        options_.residency->ExplainTooLarge(prompt_tokens, blocks, kv_cache_->shape().num_blocks));
+  const int pool_blocks = kv_cache_->shape().num_blocks;
+  if (options_.residency != nullptr && blocks > pool_blocks) {
+    RUBATO_RETURN_IF_ERROR(options_.residency->ExplainTooLarge(prompt_tokens, blocks, pool_blocks));
   }
-  if (blocks > kv_cache_->shape().num_blocks) {
-    return ResourceExhaustedError(
-        "request: prompt (" + std::to_string(prompt_tokens) + " tokens) + max_new_tokens (" +
-        std::to_string(request.max_new_tokens) + ") needs " + std::to_string(blocks) +
-        " KV blocks but the cache has " + std::to_string(kv_cache_->shape().num_blocks) +
-        " (engine.max_kv_blocks); lower max_new_tokens or raise engine.max_kv_blocks");
+  if (blocks > pool_blocks) {
+    return ResourceExhaustedError(fmt::format(
+        "request: prompt ({} tokens) + max_new_tokens ({}) needs {} KV blocks but the cache has "
+        "{} ({} tokens: engine.kv_pool_tokens, or engine.gpu_memory_utilization's share of "
+        "free memory); lower max_new_tokens or enlarge the pool",
+        prompt_tokens, request.max_new_tokens, blocks, pool_blocks,
+        int64_t{pool_blocks} * kv_cache_->shape().block_tokens));
   }
   if (request.stop_token_ids.empty() && !request.ignore_eos) {
     request.stop_token_ids = model_->config().eos_token_ids;
@@ -266,7 +275,10 @@ Result<uint64_t> Engine::Submit(GenerationRequest request) {
 Status Engine::AdmitWaiting(std::vector<TokenEvent>& events) {
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_batch) {
     Request& next = waiting_.front();
-    const int tokens = ReservedTokens(next.params);
+    // A preemptible request takes the blocks of what it prefills now and grows from there;
+    // otherwise its whole sequence is reserved.
+    const int tokens =
+        preemptible_ ? static_cast<int>(PrefillIds(next).size()) : ReservedTokens(next.params);
     if (kv_cache_->BlocksFor(tokens) > kv_cache_->free_blocks()) break;  // FCFS: wait
     if (options_.residency != nullptr) {
       Result<std::unique_ptr<ResidencyRequest>> opened = options_.residency->Open(next.id, tokens);
@@ -284,9 +296,10 @@ Status Engine::AdmitWaiting(std::vector<TokenEvent>& events) {
       next.policy = options_.policy->Admit(
           options_.residency != nullptr ? options_.residency->kind() : KvResidency::kLocal);
     }
-    RUBATO_LOG_DEBUG(kLogSubsystem, "admit request {} ({} prompt tokens, {} KV blocks)", next.id,
-                     next.params.prompt_ids.size(), next.kv.block_table.size());
-    admitted_.push_back(next.id);
+    RUBATO_LOG_DEBUG(kLogSubsystem, "admit request {} ({} tokens to prefill, {} KV blocks)",
+                     next.id, PrefillIds(next).size(), next.kv.block_table.size());
+    if (!next.admitted_before) admitted_.push_back(next.id);
+    next.admitted_before = true;
     running_.push_back(std::move(next));
     waiting_.pop_front();
   }
@@ -303,7 +316,9 @@ TokenSampling Engine::NextSampling(Request& request) {
   if (temperature > 0.0f) sampling.uniform = DrawUniform(request.rng);
   sampling.adjustments.presence_penalty = params.presence_penalty;
   sampling.adjustments.frequency_penalty = params.frequency_penalty;
-  sampling.adjustments.generated = request.output_tokens;
+  if (params.presence_penalty != 0.f || params.frequency_penalty != 0.f) {
+    sampling.adjustments.generated = request.output_tokens;
+  }
   sampling.adjustments.logit_bias = params.logit_bias;
   sampling.adjustments.repetition_penalty = params.repetition_penalty;
   sampling.adjustments.repetition_seen = request.seen_tokens;
@@ -333,7 +348,11 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   std::vector<TokenEvent> events;
   admitted_.clear();
   last_step_prompt_tokens_ = 0;
-  RUBATO_RETURN_IF_ERROR(AdmitWaiting(events));
+  last_step_preemptions_ = 0;
+  // The running requests' next positions first; nothing new is admitted in a step that had to
+  // preempt (vLLM's rule: it would only be preempted in turn).
+  if (preemptible_) RUBATO_RETURN_IF_ERROR(GrowDecodingRequests());
+  if (last_step_preemptions_ == 0) RUBATO_RETURN_IF_ERROR(AdmitWaiting(events));
   FailLostResidencyRequests(events);
 
   batch_.clear();
@@ -343,7 +362,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   batch_sampling_.resize(running_.size());
   int prefill_budget = options_.prefill_chunk;
   for (Request& request : running_) {
-    const std::vector<int>& prompt = request.params.prompt_ids;
+    const std::vector<int>& prompt = PrefillIds(request);
     const int prompt_left = static_cast<int>(prompt.size()) - request.prompt_done;
     if (prompt_left > 0) {
       const int chunk = std::min(prompt_left, prefill_budget);
@@ -409,12 +428,11 @@ Result<std::vector<TokenEvent>> Engine::Step() {
         continue;
       }
     }
-    const bool decode_entry =
-        request.prompt_done >= static_cast<int>(request.params.prompt_ids.size());
+    const int prefill_tokens = static_cast<int>(PrefillIds(request).size());
+    const bool decode_entry = request.prompt_done >= prefill_tokens;
     if (!decode_entry) {
       request.prompt_done += static_cast<int>(batch_[e].tokens.size());
-      if (request.residency != nullptr &&
-          request.prompt_done == static_cast<int>(request.params.prompt_ids.size())) {
+      if (request.residency != nullptr && request.prompt_done == prefill_tokens) {
         RUBATO_RETURN_IF_ERROR(
             options_.residency->PromptDone(*request.residency, request.kv, *kv_cache_)
                 .WithContext("engine step: request " + std::to_string(request.id)));
@@ -445,10 +463,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
     }
     request.last_token = token;
     ++request.generated;
-    if (request.params.sampling.presence_penalty != 0.f ||
-        request.params.sampling.frequency_penalty != 0.f) {
-      request.output_tokens.push_back(token);
-    }
+    request.output_tokens.push_back(token);
     if (request.params.sampling.repetition_penalty != 1.f) {
       const auto at =
           std::lower_bound(request.seen_tokens.begin(), request.seen_tokens.end(), token);

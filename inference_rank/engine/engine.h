@@ -1,8 +1,10 @@
 // The generation engine of an inference rank: requests in, tokens out, one scheduler step at a
-// time (FCFS continuous batching, worst-case KV reserved at admission, mixed prefill chunks and
-// decode tokens per forward). The attention policy's host half plans every entry and judges
-// every token (accept, or redo: the engine rewinds and gives the sampling draw back). Used by the
-// CLI and the HTTP server; backend-neutral; one thread drives it. docs/engine_and_models.md.
+// time (FCFS continuous batching over a paged KV pool sized from free memory, KV blocks taken as
+// requests grow, the newest running request preempted and later recomputed when the pool runs
+// out, mixed prefill chunks and decode tokens per forward). The attention policy's host half
+// plans every entry and judges every token (accept, or redo: the engine rewinds and gives the
+// sampling draw back). Used by the CLI and the HTTP server; backend-neutral; one thread drives
+// it. docs/engine_and_models.md.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -59,7 +62,14 @@ struct EngineOptions {
   int block_size = 16;      // KV block tokens: 16 or 64
   int prefill_chunk = 512;  // prompt tokens per step, over all requests
   int num_threads = 0;      // 0 = all cores; sets OpenBLAS threads (process-wide)
-  int max_kv_blocks = 0;    // 0 = enough for max_batch x max_context
+  // The KV pool's blocks (engine.kv_pool_tokens / block_size); 0 = sized at Create from the free
+  // memory of the model's backend by gpu_memory_utilization (kv/kv_pool_sizing.h), at most
+  // what max_batch x max_context can use.
+  int max_kv_blocks = 0;
+  // (0, 1]: the share of the memory the KV pool lives in (the GPU's; host memory for the CPU
+  // backend) that this process may fill, weights and workspaces included (vLLM's
+  // gpu_memory_utilization). Unused when max_kv_blocks is set.
+  double gpu_memory_utilization = 0.9;
   // The attention policy every request follows (its host half; the engine installs its backend
   // half in the model). Null: dense. Shared with the caller, who may read its counters.
   std::shared_ptr<AttentionPolicy> policy;
@@ -105,15 +115,17 @@ double RetainedKvRatio(const AttentionWindow& window, int context);
 class Engine {
  public:
   // Validates `options` (positive sizes, block_size 16 or 64, max_context within the model's
-  // max_position_embeddings, the policy's window and its support of the KV residency), installs
-  // the policy's backend half for max_batch requests (Model::SetAttentionBackend: e.g. the CUDA
-  // model's compact pool), and creates the KV cache.
+  // max_position_embeddings, gpu_memory_utilization in (0, 1], the policy's window and its
+  // support of the KV residency), installs the policy's backend half for max_batch requests
+  // (Model::SetAttentionBackend: e.g. the CUDA model's compact pool) and the residency's, then
+  // sizes the KV pool from the memory left (unless max_kv_blocks is set) and creates it.
   static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<Model> model,
                                                 const EngineOptions& options);
 
   // The sizes of `options` checked against `model`'s shapes and resolved (max_context 0: the
-  // model's max_position_embeddings; max_kv_blocks 0: max_batch x max_context), without a model
-  // or any allocation: what Create checks first, and what `rubato serve --check` runs.
+  // model's max_position_embeddings; max_kv_blocks stays 0 when the pool is to be sized from
+  // memory), without a model or any allocation: what Create checks first, and what
+  // `rubato serve --check` runs.
   static Result<EngineOptions> ResolveSizes(const ModelConfig& model, const EngineOptions& options);
 
   // Queues a request and returns its id (1, 2, ...). InvalidArgument for an empty prompt, ids
@@ -121,7 +133,8 @@ class Engine {
   // repetition_penalty outside (0, 2], logprobs outside [-1, 20]; Unsupported for a
   // repetition_penalty or logprobs on a backend that samples on the device (cuda);
   // OutOfRange for a prompt of max_context tokens or more; ResourceExhausted when the request's
-  // sequence could never fit in the KV cache.
+  // sequence (prompt + max_new_tokens within max_context) could never fit in the KV pool, even
+  // alone.
   Result<uint64_t> Submit(GenerationRequest request);
 
   // One scheduler step (see the file comment). Returns the tokens generated in this step, at
@@ -142,8 +155,15 @@ class Engine {
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   const PagedKvCache& kv_cache() const { return *kv_cache_; }
+  // One line on the KV pool: its tokens, blocks and bytes, and what sized it.
+  const std::string& kv_pool_summary() const { return kv_pool_summary_; }
+  // Running requests preempted so far (their KV freed, recomputed when they run again), and in
+  // the last Step.
+  int64_t num_preemptions() const { return num_preemptions_; }
+  int last_step_preemptions() const { return last_step_preemptions_; }
   const EngineOptions& options() const { return options_; }  // with defaults resolved
-  // The requests the last Step moved from waiting to running (their queue time ends there).
+  // The requests the last Step moved from waiting to running for the first time (their queue
+  // time ends there; a preempted request that runs again is not listed).
   const std::vector<uint64_t>& admitted() const { return admitted_; }
   // Prompt tokens the last Step prefilled (vLLM's iteration tokens add the tokens it generated).
   int last_step_prompt_tokens() const { return last_step_prompt_tokens_; }
@@ -154,9 +174,13 @@ class Engine {
     GenerationRequest params;  // stop_token_ids resolved to the model's eos ids when empty
     std::mt19937_64 rng;
     KvSequence kv;
-    int prompt_done = 0;  // prompt tokens already in the KV cache
+    // After a preemption: the prompt and the tokens generated before it, prefilled again in
+    // place of the prompt (vLLM's recompute); empty otherwise. PrefillIds says which.
+    std::vector<int> recompute_ids;
+    int prompt_done = 0;  // tokens of PrefillIds already in the KV cache
     int generated = 0;
-    std::vector<int> output_tokens;  // the generated tokens, when penalties need them
+    bool admitted_before = false;    // ran once already (then preempted)
+    std::vector<int> output_tokens;  // every generated token (penalties, recompute)
     // repetition_penalty != 1: the distinct ids of the prompt and the output so far, sorted.
     std::vector<int> seen_tokens;
     int last_token = -1;  // newest generated token: the input of the next decode step
@@ -172,6 +196,21 @@ class Engine {
   // Positions of a request's KV that the paged cache may ever hold (prompt + generated - 1, the
   // last sampled token is never fed back; what the residency says otherwise).
   int ReservedTokens(const GenerationRequest& request) const;
+  // What a request prefills before it decodes: its prompt, or after a preemption the prompt and
+  // the tokens it generated.
+  static const std::vector<int>& PrefillIds(const Request& request) {
+    return request.recompute_ids.empty() ? request.params.prompt_ids : request.recompute_ids;
+  }
+  // Sets options.max_kv_blocks from the memory the model's pool lives in (engine_kv_pool.cc,
+  // kv/kv_pool_sizing.h) and returns how it was sized, for the log.
+  static Result<std::string> SizeKvPoolFromMemory(const Model& model, EngineOptions& options);
+  // Preemptible pools (engine_kv_pool.cc): gives every running request that decodes this step
+  // the block its next position needs, oldest first; when none is free, preempts the newest
+  // running request (possibly the one asking), until the block is there.
+  Status GrowDecodingRequests();
+  // Frees the newest running request's KV and residency storage and puts it first in the queue,
+  // to prefill its prompt and generated tokens again when it is admitted.
+  Status PreemptNewest();
   // Moves waiting requests to running while the batch and the KV cache have room; a request
   // whose residency storage cannot be opened ends with an error event in `events`.
   Status AdmitWaiting(std::vector<TokenEvent>& events);
@@ -196,6 +235,12 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<PagedKvCache> kv_cache_;
   EngineOptions options_;
+  // Running requests take KV blocks as they grow and may be preempted: the local residency (or
+  // none). Otherwise admission reserves each request's ReservedTokens whole.
+  bool preemptible_ = true;
+  std::string kv_pool_summary_;
+  int64_t num_preemptions_ = 0;
+  int last_step_preemptions_ = 0;
   uint64_t next_id_ = 1;
   std::deque<Request> waiting_;
   std::deque<Request> running_;  // admission order

@@ -271,6 +271,9 @@ class FlakyModel : public Model {
   Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override {
     return inner_->CreateKvCache(block_tokens, num_blocks);
   }
+  Result<KvPoolMemory> KvPoolMemoryFor(int block_tokens, const StepBounds& bounds) const override {
+    return inner_->KvPoolMemoryFor(block_tokens, bounds);
+  }
   Status Forward(std::span<const ForwardEntry> batch, PagedKvCache& cache, ForwardResult& result,
                  const AttentionWindow& window) override {
     if (++calls_ % period_ == 0) return UnavailableError("flaky model: injected failure");

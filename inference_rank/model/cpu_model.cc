@@ -82,6 +82,14 @@ Result<std::unique_ptr<PagedKvCache>> CpuModel::CreateKvCache(int block_tokens, 
                                            config_.head_dim, block_tokens, num_blocks});
 }
 
+Result<KvPoolMemory> CpuModel::KvPoolMemoryFor(int block_tokens,
+                                               const StepBounds& /*bounds*/) const {
+  RUBATO_ASSIGN_OR_RETURN(KvPoolMemory memory, ReadHostMemory());
+  memory.bytes_per_block = PagedKvCache::PoolBytes(KvCacheShape{
+      config_.num_layers, config_.num_kv_heads, config_.head_dim, block_tokens, /*num_blocks=*/1});
+  return memory;
+}
+
 Result<std::unique_ptr<SlotKvPool>> CpuModel::CreateSlotKvPool(int budget, int num_arrays) {
   return SlotKvPool::Create(
       SlotKvShape{config_.num_layers, config_.num_kv_heads, config_.head_dim, budget, num_arrays});

@@ -47,6 +47,9 @@ class CpuModel : public Model {
 
   // A KV cache shaped for this model, with f32 host pools.
   Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override;
+  // Model::KvPoolMemoryFor: host memory (ReadHostMemory), f32 blocks. Its activations, grown on
+  // first need, are not counted: the share 1 - gpu_memory_utilization leaves covers them.
+  Result<KvPoolMemory> KvPoolMemoryFor(int block_tokens, const StepBounds& bounds) const override;
   // Model::CreateSlotKvPool: f32 host slot arrays.
   Result<std::unique_ptr<SlotKvPool>> CreateSlotKvPool(int budget, int num_arrays) override;
 

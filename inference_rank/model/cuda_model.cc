@@ -162,6 +162,51 @@ Result<std::unique_ptr<PagedKvCache>> CudaModel::CreateKvCache(int block_tokens,
   return PagedKvCache::CreateWithStorage(shape, std::move(storage));
 }
 
+Result<KvPoolMemory> CudaModel::KvPoolMemoryFor(int block_tokens, const StepBounds& bounds) const {
+  RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  RUBATO_RETURN_IF_ERROR(cuda::CudaStatus(
+      cudaMemGetInfo(&free_bytes, &total_bytes),
+      "reading the free memory of CUDA device " + std::to_string(options_.device)));
+  KvPoolMemory memory;
+  memory.where = "CUDA device " + std::to_string(options_.device);
+  memory.total_bytes = total_bytes;
+  memory.free_bytes = free_bytes;
+  memory.bytes_per_block = DeviceKvStorage::PoolBytes(KvCacheShape{
+      config_.num_layers, config_.num_kv_heads, config_.head_dim, block_tokens, /*num_blocks=*/1});
+  memory.pending_bytes = PendingWorkspaceBytes(bounds);
+  return memory;
+}
+
+size_t CudaModel::PendingWorkspaceBytes(const StepBounds& bounds) const {
+  const auto more = [](size_t want, size_t have) { return want > have ? want - have : 0; };
+  const size_t hidden = static_cast<size_t>(config_.hidden_size);
+  const size_t q_dim = static_cast<size_t>(config_.q_dim());
+  const size_t qkv_dim = q_dim + 2 * static_cast<size_t>(config_.kv_dim());
+  const size_t intermediate = static_cast<size_t>(config_.intermediate_size);
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  const size_t bf16 = sizeof(__nv_bfloat16);
+  const size_t rows = static_cast<size_t>(RoundUpPow2(std::max(1, bounds.max_tokens)));
+  size_t pending =
+      more(rows * hidden * sizeof(float), residual_.bytes()) +
+      more(rows * hidden * bf16, normed_.bytes()) + more(rows * qkv_dim * bf16, qkv_.bytes()) +
+      more(rows * q_dim * bf16, attention_.bytes()) + more(rows * hidden * bf16, delta_.bytes()) +
+      more(rows * 2 * intermediate * bf16, gate_up_.bytes()) +
+      more(rows * intermediate * bf16, mlp_act_.bytes());
+  const int entries = std::max(1, bounds.max_entries);
+  const size_t logit_rows = static_cast<size_t>(RoundUpPow2(entries));
+  pending += more(logit_rows * hidden * bf16, logit_inputs_.bytes()) +
+             more(logit_rows * vocab * sizeof(float), logits_.bytes());
+  pending += more(std::bit_ceil(cuda::DecodeAttentionWorkspaceBytes(
+                      entries, config_.num_heads, config_.head_dim, std::max(1, bounds.max_context),
+                      /*want_probs=*/false)),
+                  decode_workspace_.bytes());
+  pending +=
+      more(cuda::SampleWorkspaceBytes(entries, config_.vocab_size), sample_workspace_.bytes());
+  return pending;
+}
+
 Result<std::unique_ptr<SlotKvPool>> CudaModel::CreateSlotKvPool(int budget, int num_arrays) {
   RUBATO_RETURN_IF_ERROR(SelectDevice(options_.device));
   const SlotKvShape shape{config_.num_layers, config_.num_kv_heads, config_.head_dim, budget,

@@ -74,6 +74,10 @@ class CudaModel : public Model {
 
   // A cache with bf16 device pools (DeviceKvStorage), zeroed; ResourceExhausted with the bytes.
   Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) override;
+  // Model::KvPoolMemoryFor: the device's cudaMemGetInfo (the weights, the policy's and the
+  // residency's buffers in place), bf16 blocks, and the activations and workspaces
+  // EnsureCapacity will grow to for the largest step of `bounds` (PendingWorkspaceBytes).
+  Result<KvPoolMemory> KvPoolMemoryFor(int block_tokens, const StepBounds& bounds) const override;
   // Model::CreateSlotKvPool: bf16 slot arrays, masks and next slots on the device
   // (DeviceSlotKvStorage), reset on the model's stream; ResourceExhausted with the bytes.
   // Slot entries' fixed-budget rows are the attention backend's (it writes their K/V).
@@ -114,6 +118,10 @@ class CudaModel : public Model {
   // activations and workspaces to what `plan` needs (outside any capture); any reallocation
   // drops the captured graphs first.
   Status EnsureCapacity(std::span<const ForwardEntry> batch, const ForwardPlan& plan);
+  // Bytes EnsureCapacity would still allocate (same rounding) for a step of `bounds`: the
+  // activations of max_tokens rows, the logits and sampling rows of max_entries, the decode
+  // attention workspace over max_context; less what is allocated already.
+  size_t PendingWorkspaceBytes(const StepBounds& bounds) const;
   // Launches the device work of `plan_` on `stream` (cuda_model_forward.cc).
   Status EnqueueForward(DeviceKvStorage& kv, const AttentionWindow& window, cudaStream_t stream);
   Status DecoderLayer(int layer, DeviceKvStorage& kv, const AttentionWindow& window,

@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "inference_rank/attention/attention_backend.h"
 #include "inference_rank/attention/layer_action.h"
+#include "inference_rank/kv/kv_pool_sizing.h"
 #include "inference_rank/kv/paged_kv_cache.h"
 #include "inference_rank/kv/slot_kv_pool.h"
 #include "inference_rank/model/model_weights.h"
@@ -35,6 +36,15 @@ struct ModelLoadOptions {
   bool random_weights = false;  // build the weights from config.json alone (no checkpoint read)
   uint64_t seed = 0;            // seed of random_weights
   int num_threads = 0;          // CPU threads for GEMMs and attention; 0 = all cores
+};
+
+// The largest step the engine will run (what a backend's workspaces must hold): its tokens (a
+// prefill chunk plus one decode token per other running request), its entries, and the
+// longest context any entry attends.
+struct StepBounds {
+  int max_tokens = 0;
+  int max_entries = 0;
+  int max_context = 0;
 };
 
 // Which logits a batch entry needs.
@@ -149,6 +159,12 @@ class Model {
 
   // A KV cache shaped for this model, its pools where this backend computes (host or device).
   virtual Result<std::unique_ptr<PagedKvCache>> CreateKvCache(int block_tokens, int num_blocks) = 0;
+  // What the KV pool's sizing reads (kv/kv_pool_sizing.h), now: the memory CreateKvCache
+  // allocates from (host memory, the CUDA device) with its total and free bytes, the bytes of
+  // one block of `block_tokens` tokens, and the workspaces the backend will still allocate on
+  // first need for steps within `bounds`.
+  virtual Result<KvPoolMemory> KvPoolMemoryFor(int block_tokens,
+                                               const StepBounds& bounds) const = 0;
   // A pool of `num_arrays` slot arrays of `budget` slots per (layer, KV head) for this model
   // (kv/slot_kv_pool.h; its arrays where this backend computes); Unsupported where the backend
   // has none.

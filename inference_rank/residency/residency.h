@@ -50,6 +50,11 @@ class Residency {
   // Positions of a request's KV the paged cache must hold at most: by default every position
   // but the last sampled token's, of `longest` (prompt + max_new_tokens within max_context).
   virtual int ReservedTokens(int /*prompt_tokens*/, int longest) const { return longest - 1; }
+  // Whether the engine may take a running request's paged blocks back when the pool runs out
+  // and recompute its KV later, by prefilling its prompt and generated tokens again (vLLM's
+  // recompute preemption): only where the paged cache holds all of the request's KV. Otherwise
+  // admission reserves ReservedTokens whole and nothing is preempted.
+  virtual bool Preemptible() const { return false; }
   // Submit, when the request's `blocks` exceed the cache's `cache_blocks`: the residency's own
   // refusal (ResourceExhausted), or ok for the engine's.
   virtual Status ExplainTooLarge(int /*prompt_tokens*/, int /*blocks*/,

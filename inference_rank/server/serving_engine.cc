@@ -65,6 +65,8 @@ Result<std::unique_ptr<ServingEngine>> ServingEngine::Create(std::unique_ptr<Eng
                             ServingMetrics::Register(*options.metrics, options.model_name,
                                                      engine->options().max_context,
                                                      options.metric_names));
+    const KvCacheShape& pool = engine->kv_cache().shape();
+    metrics->kv_pool_tokens.Set(static_cast<double>(int64_t{pool.num_blocks} * pool.block_tokens));
   }
   return std::unique_ptr<ServingEngine>(
       new ServingEngine(std::move(engine), tokenizer, options, metrics));
@@ -217,6 +219,9 @@ void ServingEngine::Loop() {
         });
         metrics_->iteration_tokens.Observe(
             static_cast<double>(engine_->last_step_prompt_tokens() + generated));
+        if (engine_->last_step_preemptions() > 0) {
+          metrics_->preemptions.Increment(engine_->last_step_preemptions());
+        }
       }
       for (const TokenEvent& event : *events) RouteEvent(event);
     }

@@ -165,6 +165,10 @@ Result<ServingMetrics> ServingMetrics::Register(MetricsRegistry& registry,
                                  Where::kVllmOnly));
   RUBATO_RETURN_IF_ERROR(r.Gauge(m.kv_cache_usage, "rubato:kv_cache_usage_perc",
                                  "Share of the KV cache blocks in use (1 = full)."));
+  RUBATO_RETURN_IF_ERROR(r.Gauge(m.kv_pool_tokens, "rubato:kv_cache_pool_tokens",
+                                 "Tokens the KV pool holds (its blocks x block size), sized at "
+                                 "start from engine.gpu_memory_utilization or kv_pool_tokens.",
+                                 Where::kRubatoOnly));
   RUBATO_RETURN_IF_ERROR(r.Gauge(m.gpu_cache_usage, "vllm:gpu_cache_usage_perc",
                                  "Share of the KV cache blocks in use (1 = full); vLLM's older "
                                  "name of kv_cache_usage_perc.",
@@ -177,8 +181,8 @@ Result<ServingMetrics> ServingMetrics::Register(MetricsRegistry& registry,
   RUBATO_RETURN_IF_ERROR(
       r.Counter(m.generation_tokens, "rubato:generation_tokens_total", "Tokens generated."));
   RUBATO_RETURN_IF_ERROR(r.Counter(m.preemptions, "rubato:num_preemptions_total",
-                                   "Requests preempted by the engine (KV is reserved at "
-                                   "admission, so none are)."));
+                                   "Running requests preempted when the KV pool ran out of "
+                                   "blocks (their KV freed and recomputed later)."));
   RUBATO_RETURN_IF_ERROR(r.Counter(m.aborted, "rubato:requests_aborted_total",
                                    "Requests whose client went away before they finished.",
                                    Where::kRubatoOnly));

@@ -2,7 +2,7 @@
 // server.metrics_names picks (rubato:, vllm: or both), every one labelled with model_name:
 // latencies (first token, inter-token, per output token, end to end, queue, prefill, decode),
 // request and step lengths, token and preemption counters, requests by how they ended, and the
-// engine's load gauges. Narrative: docs/engine_and_models.md "Serving metrics".
+// engine's load gauges and KV pool size. Narrative: docs/engine_and_models.md "Serving metrics".
 #pragma once
 
 #include <array>
@@ -65,12 +65,13 @@ struct ServingMetrics {
   GaugeSeries requests_running;
   GaugeSeries requests_waiting;
   GaugeSeries requests_swapped;  // vllm: only; rubato never swaps a request out: always 0
-  GaugeSeries kv_cache_usage;    // share of the KV blocks held by requests, in [0, 1]
+  GaugeSeries kv_cache_usage;    // share of the KV pool's blocks held by requests, in [0, 1]
+  GaugeSeries kv_pool_tokens;    // rubato: only; tokens the KV pool holds (blocks x block size)
   GaugeSeries gpu_cache_usage;   // vllm: only; vLLM's older name of kv_cache_usage_perc
   GaugeSeries cpu_cache_usage;   // vllm: only; no CPU block pool: always 0
   CounterSeries prompt_tokens;   // counted when the engine accepts the request
   CounterSeries generation_tokens;
-  CounterSeries preemptions;     // KV is reserved at admission, so nothing is preempted: stays 0
+  CounterSeries preemptions;     // running requests whose KV was freed for lack of blocks
   CounterSeries success_stop;    // request_success_total{finished_reason="stop"}
   CounterSeries success_length;  // {finished_reason="length"}
   CounterSeries success_abort;   // {finished_reason="abort"}: aborted or timed out

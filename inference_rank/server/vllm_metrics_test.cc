@@ -2,7 +2,8 @@
 // Grafana dashboard queries (tests/data/vllm/grafana_series.txt, taken from vLLM's
 // grafana.json) is exposed with a model_name label after one finished and one aborted request on
 // the bundled tiny model, and aborts count as finished_reason="abort"; with `rubato` no vllm:
-// series appears; with `both` each shared series is counted under both names.
+// series appears; with `both` each shared series is counted under both names. Requests that
+// outgrow a small KV pool count their preemptions, and the pool's size is exported.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -160,6 +161,46 @@ TEST(VllmMetricsTest, RubatoNamesHaveNoVllmSeries) {
   EXPECT_GE(SampleValue(text, "rubato:iteration_tokens_count" + model), 4);
   EXPECT_GE(SampleValue(text, "rubato:time_per_output_token_seconds_count" + model), 3);
   EXPECT_EQ(SampleValue(text, "rubato:num_preemptions_total" + model), 0);
+}
+
+// Four requests of 40 tokens over a pool of 4 blocks (64 tokens): the engine preempts, every
+// request still ends, and the counter, the pool's size and its usage say so.
+TEST(VllmMetricsTest, PreemptionsAndThePoolSizeAreExported) {
+  MetricsRegistry metrics;
+  Result<std::unique_ptr<CpuModel>> model = CpuModel::Load(kModelDir, ModelLoadOptions{});
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  EngineOptions engine_options;
+  engine_options.max_batch = 4;
+  engine_options.max_context = 1024;
+  engine_options.max_kv_blocks = 4;
+  engine_options.num_threads = 1;
+  Result<std::unique_ptr<Engine>> engine = Engine::Create(std::move(*model), engine_options);
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::LoadFromDirectory(kModelDir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().message();
+  ServingEngineOptions options;
+  options.metrics = &metrics;
+  options.model_name = "tiny";
+  auto serving = ServingEngine::Create(std::move(*engine), tokenizer->get(), options);
+  ASSERT_TRUE(serving.ok()) << serving.status().message();
+  Updates finished;
+  for (int i = 0; i < 4; ++i) {
+    ServingRequest r;
+    r.generation.prompt_ids = (*tokenizer)->Encode("Once upon a time", true);
+    r.generation.max_new_tokens = 40;
+    r.generation.ignore_eos = true;
+    r.on_update = finished.Callback();
+    ASSERT_TRUE((*serving)->Submit(std::move(r)).ok());
+  }
+  (*serving)->Start();
+  ASSERT_TRUE(finished.Wait(4, 4));
+  (*serving)->Stop();
+  const std::string text = metrics.ExpositionText();
+  const std::string model_label = "{model_name=\"tiny\"}";
+  EXPECT_GT(SampleValue(text, "rubato:num_preemptions_total" + model_label), 0) << text;
+  EXPECT_EQ(SampleValue(text, "rubato:kv_cache_pool_tokens" + model_label), 64) << text;
+  EXPECT_EQ(SampleValue(text, "rubato:kv_cache_usage_perc" + model_label), 0) << text;
+  EXPECT_EQ(SampleValue(text, "rubato:generation_tokens_total" + model_label), 4 * 40) << text;
 }
 
 TEST(VllmMetricsTest, BothNamesCountTheSameRequests) {

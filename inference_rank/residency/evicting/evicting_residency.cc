@@ -51,9 +51,10 @@ Status EvictingResidency::ExplainTooLarge(int prompt_tokens, int blocks, int cac
   return ResourceExhaustedError(
       "request: its prompt (" + std::to_string(prompt_tokens) + " tokens) prefills through " +
       std::to_string(blocks) + " KV blocks but the cache has " + std::to_string(cache_blocks) +
-      " (engine.max_kv_blocks); its slot budget of " + std::to_string(pool_->shape().budget) +
-      " tokens is reserved only for a prompt that fits; shorten the prompt or raise "
-      "engine.max_kv_blocks");
+      " (engine.kv_pool_tokens, or engine.gpu_memory_utilization's share of free memory); its "
+      "slot budget of " +
+      std::to_string(pool_->shape().budget) +
+      " tokens is reserved only for a prompt that fits; shorten the prompt or enlarge the pool");
 }
 
 Result<std::unique_ptr<ResidencyRequest>> EvictingResidency::Open(uint64_t /*request_id*/,

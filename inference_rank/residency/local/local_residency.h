@@ -1,5 +1,6 @@
 // The local residency: the paged cache of this rank holds every position of a request (what
-// the engine does without a residency). No storage of its own, no model half, no peer.
+// the engine does without a residency). No storage of its own, no model half, no peer; its
+// requests may be preempted and recomputed.
 #pragma once
 
 #include <memory>
@@ -14,6 +15,7 @@ class LocalResidency final : public Residency {
  public:
   std::string_view name() const override { return "local"; }
   KvResidency kind() const override { return KvResidency::kLocal; }
+  bool Preemptible() const override { return true; }  // the paged cache holds every position
 };
 
 // The residency table's factory (residency_registry.cc).
