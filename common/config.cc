@@ -85,9 +85,11 @@ Status ReadEngine(YamlMapReader& reader, EngineSection* engine) {
   RUBATO_RETURN_IF_ERROR(reader.ReadInt("threads", 0, 1024, &engine->threads));
   RUBATO_RETURN_IF_ERROR(reader.ReadString("kv_residency", &engine->kv_residency));
   if (engine->kv_residency != "auto" && engine->kv_residency != "local" &&
-      engine->kv_residency != "offloaded" && engine->kv_residency != "evicting") {
-    return reader.Error("kv_residency", "must be auto, local, offloaded or evicting, got '" +
-                                            engine->kv_residency + "'");
+      engine->kv_residency != "offloaded" && engine->kv_residency != "evicting" &&
+      engine->kv_residency != "split_by_head") {
+    return reader.Error("kv_residency",
+                        "must be auto, local, offloaded, evicting or split_by_head, got '" +
+                            engine->kv_residency + "'");
   }
   return reader.Finish();
 }

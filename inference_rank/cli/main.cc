@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
   generate->add_option("--policy", gen.policy, "Attention policy (overrides policy.name)");
   generate->add_option("--kv-residency", gen.kv_residency,
                        "Where the KV lives: local | offloaded (a cache rank) | evicting (a "
-                       "fixed budget, --policy longflow; overrides engine.kv_residency)");
+                       "fixed budget, --policy longflow) | split_by_head (--policy synckv); "
+                       "overrides engine.kv_residency");
   generate->add_option("--config", gen.config_file, "YAML config file");
   generate->add_option("--threads", gen.threads, "CPU threads (overrides engine.threads)")
       ->check(CLI::Range(0, 1024));

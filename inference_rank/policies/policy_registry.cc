@@ -113,11 +113,7 @@ Result<PolicyChoice> ResolvePolicy(const RubatoConfig& config) {
   const std::optional<KvResidency> residency = ParseKvResidency(config.engine.kv_residency);
   if (!residency.has_value()) {
     return InvalidArgumentError("engine.kv_residency: '" + config.engine.kv_residency +
-                                "' is not one of auto, local, offloaded, evicting");
-  }
-  if (*residency == KvResidency::kSplitByHead) {
-    return UnsupportedError("engine.kv_residency: " + config.engine.kv_residency +
-                            " KV is not built yet (local, offloaded, evicting)");
+                                "' is not one of auto, local, offloaded, evicting, split_by_head");
   }
   return ResolvePolicy(config.policy, *residency);
 }

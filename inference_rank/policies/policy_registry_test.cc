@@ -162,8 +162,9 @@ TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
 }
 
 TEST(PolicyRegistry, KnownNamesAreTheTable) {
-  EXPECT_EQ(KnownPolicyNames(), (std::vector<std::string>{"dense", "streaming_llm", "sfi",
-                                                          "oracle_topk", "kascade", "longflow"}));
+  EXPECT_EQ(KnownPolicyNames(),
+            (std::vector<std::string>{"dense", "streaming_llm", "sfi", "oracle_topk", "kascade",
+                                      "longflow"}));
 }
 
 TEST(PolicyRegistry, OracleTopKDefaultsAndParameters) {
@@ -210,10 +211,14 @@ TEST(PolicyRegistry, ResidencyIsCheckedAgainstThePolicysTraits) {
                                                "' does not support offloaded KV (supported: "
                                                "local)");
   }
-  auto bad = ParseConfig("engine: {kv_residency: split_by_head}\n", "r.yaml");
+  auto split = ParseConfig("engine: {kv_residency: split_by_head}\n", "r.yaml");
+  ASSERT_TRUE(split.ok()) << split.status().message();
+  EXPECT_EQ(ResolvePolicy(*split).status().message(),
+            "policy 'dense' does not support split_by_head KV (supported: local, offloaded)");
+  auto bad = ParseConfig("engine: {kv_residency: remote}\n", "r.yaml");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find(
-                "engine.kv_residency: must be auto, local, offloaded or evicting"),
+  EXPECT_NE(bad.status().message().find("engine.kv_residency: must be auto, local, offloaded, "
+                                        "evicting or split_by_head"),
             std::string::npos)
       << bad.status().message();
 }
