@@ -10,6 +10,7 @@
 #include "inference_rank/policies/oracle_topk/oracle_topk_policy.h"
 #include "inference_rank/policies/sfi/sfi_policy.h"
 #include "inference_rank/policies/streaming_llm/streaming_llm_policy.h"
+#include "inference_rank/policies/synckv/synckv_policy.h"
 
 namespace rubato {
 namespace {
@@ -24,6 +25,7 @@ constexpr PolicyRegistration kPolicies[] = {
     {"dense", &CreateDensePolicy},     {"streaming_llm", &CreateStreamingLlmPolicy},
     {"sfi", &CreateSfiPolicy},         {"oracle_topk", &CreateOracleTopKPolicy},
     {"kascade", &CreateKascadePolicy}, {"longflow", &CreateLongFlowPolicy},
+    {"synckv", &CreateSyncKvPolicy},
 };
 
 // Old names: a policy on offloaded KV.

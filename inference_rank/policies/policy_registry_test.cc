@@ -68,7 +68,7 @@ TEST(PolicyRegistry, UnknownNameListsKnownOnes) {
   ASSERT_FALSE(rejected.ok());
   EXPECT_EQ(rejected.status().message(),
             "p.yaml: policy.name: unknown policy 'quest9' (known: dense, streaming_llm, sfi, "
-            "oracle_topk, kascade, longflow)");
+            "oracle_topk, kascade, longflow, synckv)");
 }
 
 TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
@@ -164,7 +164,7 @@ TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
 TEST(PolicyRegistry, KnownNamesAreTheTable) {
   EXPECT_EQ(KnownPolicyNames(),
             (std::vector<std::string>{"dense", "streaming_llm", "sfi", "oracle_topk", "kascade",
-                                      "longflow"}));
+                                      "longflow", "synckv"}));
 }
 
 TEST(PolicyRegistry, OracleTopKDefaultsAndParameters) {

@@ -2,6 +2,8 @@
 // SyncKvHeadOverlap while the model prefills each development prompt in one chunk.
 #include "inference_rank/policies/synckv/synckv_calibrator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -130,6 +132,22 @@ Result<SyncKvCalibration> CalibrateSyncKv(const SyncKvCalibrateOptions& options)
                                 "] (the model's KV heads per layer)");
   }
   const int max_tokens = std::min(options.max_prompt_tokens, shape.max_position_embeddings);
+  // One prompt's observations: the pooled rows of its observed steps and its KV.
+  const uint64_t t = static_cast<uint64_t>(max_tokens),
+                 h = static_cast<uint64_t>(shape.num_kv_heads);
+  const uint64_t needed =
+      static_cast<uint64_t>(std::min(options.decode_steps, max_tokens)) * h * t * sizeof(float) +
+      2 * static_cast<uint64_t>(shape.num_layers) * t * h * static_cast<uint64_t>(shape.head_dim) *
+          sizeof(float);
+  const uint64_t memory = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+  if (needed > memory / 2) {
+    return ResourceExhaustedError(
+        "--max-tokens " + std::to_string(max_tokens) + " with --decode-steps " +
+        std::to_string(options.decode_steps) + ": a prompt of that length needs " +
+        std::to_string(needed >> 20) + " MiB of observations, more than half of this machine's " +
+        std::to_string(memory >> 20) + " MiB; lower --max-tokens or --decode-steps");
+  }
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
                           Tokenizer::LoadFromDirectory(options.model_dir));
   ModelLoadOptions load;

@@ -27,7 +27,8 @@ struct SyncKvCalibrateOptions {
 
 // Refuses by name before loading weights: an empty --out or one in a missing directory, a
 // --top-k or --decode-steps above --max-tokens, a dev set that is not a regular file within
-// kMaxPromptSetBytes; after reading the model's shape, --clusters outside [1, KV heads].
+// kMaxPromptSetBytes; after reading the model's shape, --clusters outside [1, KV heads] and
+// a prompt whose observations would exceed half of the machine's memory.
 Result<SyncKvCalibration> CalibrateSyncKv(const SyncKvCalibrateOptions& options);
 
 }  // namespace rubato
