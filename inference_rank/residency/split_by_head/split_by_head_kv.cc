@@ -46,7 +46,6 @@ SplitByHeadKv::SplitByHeadKv(const HeadSplit& split, int head_dim, int capacity,
     layer.static_keys.resize(static_cast<size_t>(kv_heads_));
     layer.static_values.resize(static_cast<size_t>(kv_heads_));
     layer.static_sets.resize(static_cast<size_t>(split.clusters(l)));
-    layer.dynamic_sets.resize(static_cast<size_t>(split.clusters(l)));
   }
 }
 
@@ -131,7 +130,6 @@ Status SplitByHeadKv::BeginStep(int layer, int position) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count();
   RebuildFront(l, layer, l.incoming.sets, l.incoming.keys, l.incoming.values);
-  l.dynamic_sets = std::move(l.incoming.sets);
   l.recent_begin = l.incoming.selected_at + 1;
   l.incoming = Incoming();
   return Status::Ok();
@@ -194,7 +192,7 @@ Status SplitByHeadKv::ApplySelection(int layer, const PagedKvView& kv, int posit
       RUBATO_RETURN_IF_ERROR(copy(h, l.pending_dynamic[g], keys[h], values[h]));
     }
     RebuildFront(l, layer, l.pending_dynamic, keys, values);
-    l.dynamic_sets = std::move(l.pending_dynamic);
+    l.pending_dynamic.clear();
     l.recent_begin = position + 1;
     l.installed = true;
   }

@@ -91,7 +91,7 @@ class SplitByHeadKv {
     std::vector<std::vector<int>> front_positions;  // [kv_heads], ascending
     int recent_begin = 0;
     bool installed = false;
-    std::vector<std::vector<int>> static_sets, dynamic_sets;     // [cluster], ascending
+    std::vector<std::vector<int>> static_sets;                   // [cluster], ascending
     std::vector<std::vector<float>> static_keys, static_values;  // [kv_head][rows][head_dim]
     bool initial_pending = false, anticipation_pending = false;
     std::vector<std::vector<int>> pending_static, pending_dynamic;
