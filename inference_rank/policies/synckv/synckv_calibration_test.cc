@@ -269,5 +269,44 @@ TEST(SyncKvCalibrator, WritesAFileThatLoadsAndFitsTheModel) {
   std::filesystem::remove(options.out);
 }
 
+TEST(SyncKvCalibrator, RefusesHostileOptionsBeforeLoading) {
+  const std::string dev = TempPath("hostile_dev.jsonl");
+  std::ofstream(dev) << "{\"prompt\": \"a\"}\n";
+  // A model directory with a config.json only: every refusal comes before any weight is read.
+  const std::filesystem::path model = TempPath("config_only");
+  std::filesystem::create_directories(model);
+  std::ifstream in("models/tiny-qwen3-random/config.json");
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = "\"max_position_embeddings\": ";
+  const size_t at = config.find(key);
+  ASSERT_NE(at, std::string::npos);
+  config.replace(at + key.size(), config.find_first_of(",\n}", at) - at - key.size(), "16777216");
+  std::ofstream(model / "config.json") << config;
+  SyncKvCalibrateOptions options;
+  options.model_dir = model.string();
+  options.dev_set = dev;
+  options.progress = nullptr;
+  options.out = TempPath("never.json");
+  auto refused = [&](const std::string& needle) {
+    const Result<SyncKvCalibration> made = CalibrateSyncKv(options);
+    ASSERT_FALSE(made.ok()) << needle;
+    EXPECT_NE(made.status().message().find(needle), std::string::npos) << made.status().message();
+  };
+  options.max_prompt_tokens = 1 << 24;
+  options.decode_steps = 1 << 24;
+  refused("MiB of observations");
+  options.max_prompt_tokens = 64;
+  options.decode_steps = 65;
+  refused("--decode-steps 65 exceeds --max-tokens 64");
+  options.decode_steps = 8;
+  options.out = "";
+  refused("--out: empty");
+  options.out = TempPath("no_such_dir") + "/out.json";
+  refused("does not exist");
+  EXPECT_FALSE(std::filesystem::exists(TempPath("never.json")));
+  std::filesystem::remove_all(model);
+  std::filesystem::remove(dev);
+}
+
 }  // namespace
 }  // namespace rubato
