@@ -91,9 +91,11 @@ Status ReadEngine(YamlMapReader& reader, EngineSection* engine) {
       reader.ReadInt64("kv_pool_tokens", 0, kMaxKvPoolTokens, &engine->kv_pool_tokens));
   RUBATO_RETURN_IF_ERROR(reader.ReadString("kv_residency", &engine->kv_residency));
   if (engine->kv_residency != "auto" && engine->kv_residency != "local" &&
-      engine->kv_residency != "offloaded" && engine->kv_residency != "evicting") {
-    return reader.Error("kv_residency", "must be auto, local, offloaded or evicting, got '" +
-                                            engine->kv_residency + "'");
+      engine->kv_residency != "offloaded" && engine->kv_residency != "evicting" &&
+      engine->kv_residency != "split_by_head") {
+    return reader.Error("kv_residency",
+                        "must be auto, local, offloaded, evicting or split_by_head, got '" +
+                            engine->kv_residency + "'");
   }
   return reader.Finish();
 }

@@ -264,7 +264,11 @@ TEST_F(CliBadInputTest, UnsupportedPolicyResidencyPairIsRefusedByName) {
                      {"--policy offload_dense is --policy dense on offloaded KV; it conflicts "
                       "with --kv-residency local"});
   ExpectCleanFailure(Generate({"--kv-residency", "split"}),
-                     {"--kv-residency: 'split' is not one of auto, local, offloaded, evicting"});
+                     {"--kv-residency: 'split' is not one of auto, local, offloaded, evicting, "
+                      "split_by_head"});
+  ExpectCleanFailure(Generate({"--kv-residency", "split_by_head"}),
+                     {"policy 'dense' does not support split_by_head KV (supported: local, "
+                      "offloaded)"});
 }
 
 // `rubato serve` names its model: the default model.path has random weights.

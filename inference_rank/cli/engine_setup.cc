@@ -38,9 +38,11 @@ Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides) {
   }
   if (overrides.kv_residency) {
     if (*overrides.kv_residency != "auto" && *overrides.kv_residency != "local" &&
-        *overrides.kv_residency != "offloaded" && *overrides.kv_residency != "evicting") {
+        *overrides.kv_residency != "offloaded" && *overrides.kv_residency != "evicting" &&
+        *overrides.kv_residency != "split_by_head") {
       return InvalidArgumentError("--kv-residency: '" + Excerpt(*overrides.kv_residency) +
-                                  "' is not one of auto, local, offloaded, evicting");
+                                  "' is not one of auto, local, offloaded, evicting, "
+                                  "split_by_head");
     }
     config.engine.kv_residency = *overrides.kv_residency;
   }

@@ -15,6 +15,7 @@
 #include "inference_rank/cli/serve_command.h"
 #include "inference_rank/cli/tokenize_command.h"
 #include "inference_rank/policies/kascade/kascade_calibrator.h"
+#include "inference_rank/policies/synckv/synckv_calibrator.h"
 
 namespace {
 
@@ -76,7 +77,8 @@ int main(int argc, char** argv) {
   generate->add_option("--policy", gen.policy, "Attention policy (overrides policy.name)");
   generate->add_option("--kv-residency", gen.kv_residency,
                        "Where the KV lives: local | offloaded (a cache rank) | evicting (a "
-                       "fixed budget, --policy longflow; overrides engine.kv_residency)");
+                       "fixed budget, --policy longflow) | split_by_head (--policy synckv); "
+                       "overrides engine.kv_residency");
   generate->add_option("--config", gen.config_file, "YAML config file");
   generate->add_option("--threads", gen.threads, "CPU threads (overrides engine.threads)")
       ->check(CLI::Range(0, 1024));
@@ -180,7 +182,7 @@ int main(int argc, char** argv) {
 
   rubato::KascadeCalibrateOptions kascade;
   CLI::App* calibrate = app.add_subcommand(
-      "calibrate", "Offline calibration of a policy from a development set (kascade)");
+      "calibrate", "Offline calibration of a policy from a development set (kascade, synckv)");
   calibrate->require_subcommand(1);
   CLI::App* calibrate_kascade = calibrate->add_subcommand(
       "kascade", "Kascade's anchor layers and head map (docs/kascade.md), dense CPU prefill");
@@ -201,6 +203,30 @@ int main(int argc, char** argv) {
   calibrate_kascade->add_option("--threads", kascade.threads, "CPU threads, 0 = all cores")
       ->check(CLI::Range(0, 1024));
   calibrate_kascade->add_option("--out", kascade.out, "The calibration file (JSON)")->required();
+
+  rubato::SyncKvCalibrateOptions synckv;
+  CLI::App* calibrate_synckv = calibrate->add_subcommand(
+      "synckv", "SyncKV's head clusters and R-heads (docs/synckv.md), dense CPU prefill");
+  calibrate_synckv->add_option("--model", synckv.model_dir, "Hugging Face model directory")
+      ->required();
+  calibrate_synckv
+      ->add_option("--dev-set", synckv.dev_set, "Development prompts: JSON lines {\"prompt\": ...}")
+      ->required();
+  calibrate_synckv->add_option("--clusters", synckv.clusters, "N_r, clusters per layer")
+      ->check(CLI::Range(1, 4096));
+  calibrate_synckv->add_option("--top-k", synckv.top_k, "k of the overlap (Eq. 2)")
+      ->check(CLI::Range(1, 1 << 20));
+  calibrate_synckv
+      ->add_option("--decode-steps", synckv.decode_steps,
+                   "Query positions per prompt observed as decode steps (its last ones)")
+      ->check(CLI::Range(1, 1 << 24));
+  calibrate_synckv
+      ->add_option("--max-tokens", synckv.max_prompt_tokens,
+                   "Longer prompts keep their last tokens")
+      ->check(CLI::Range(2, 1 << 24));
+  calibrate_synckv->add_option("--threads", synckv.threads, "CPU threads, 0 = all cores")
+      ->check(CLI::Range(0, 1024));
+  calibrate_synckv->add_option("--out", synckv.out, "The calibration file (JSON)")->required();
 
   try {
     app.parse(argc, argv);
@@ -236,6 +262,19 @@ int main(int argc, char** argv) {
       std::printf("kascade calibration: anchors");
       for (int layer : calibration->anchors) std::printf(" %d", layer);
       std::printf(" of %d layers; wrote %s\n", calibration->num_layers, kascade.out.c_str());
+    }
+    if (*calibrate_synckv) {
+      const auto calibration = rubato::CalibrateSyncKv(synckv);
+      if (!calibration.ok()) return PrintError(calibration.status().message(), 1);
+      std::printf("synckv calibration: R-heads per layer");
+      for (const rubato::HeadClusters& layer : calibration->layers) {
+        std::printf(" [");
+        for (size_t g = 0; g < layer.representative.size(); ++g) {
+          std::printf("%s%d", g == 0 ? "" : " ", layer.representative[g]);
+        }
+        std::printf("]");
+      }
+      std::printf(" of %d KV heads; wrote %s\n", calibration->num_kv_heads, synckv.out.c_str());
     }
     if (*bench_serve) {
       const rubato::Status status = rubato::RunBenchServe(bench_serve_args);

@@ -11,6 +11,7 @@
 #include "inference_rank/policies/oracle_topk/oracle_topk_policy.h"
 #include "inference_rank/policies/sfi/sfi_policy.h"
 #include "inference_rank/policies/streaming_llm/streaming_llm_policy.h"
+#include "inference_rank/policies/synckv/synckv_policy.h"
 
 namespace rubato {
 namespace {
@@ -29,6 +30,7 @@ constexpr PolicyRegistration kPolicies[] = {
     {"kascade", &CreateKascadePolicy},
     {"longflow", &CreateLongFlowPolicy},
     {"asyncspade", &CreateAsyncSpadePolicy},
+    {"synckv", &CreateSyncKvPolicy},
 };
 
 // Old names: a policy on offloaded KV.
@@ -118,11 +120,7 @@ Result<PolicyChoice> ResolvePolicy(const RubatoConfig& config) {
   const std::optional<KvResidency> residency = ParseKvResidency(config.engine.kv_residency);
   if (!residency.has_value()) {
     return InvalidArgumentError("engine.kv_residency: '" + config.engine.kv_residency +
-                                "' is not one of auto, local, offloaded, evicting");
-  }
-  if (*residency == KvResidency::kSplitByHead) {
-    return UnsupportedError("engine.kv_residency: " + config.engine.kv_residency +
-                            " KV is not built yet (local, offloaded, evicting)");
+                                "' is not one of auto, local, offloaded, evicting, split_by_head");
   }
   return ResolvePolicy(config.policy, *residency);
 }

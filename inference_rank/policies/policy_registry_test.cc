@@ -68,7 +68,7 @@ TEST(PolicyRegistry, UnknownNameListsKnownOnes) {
   ASSERT_FALSE(rejected.ok());
   EXPECT_EQ(rejected.status().message(),
             "p.yaml: policy.name: unknown policy 'quest9' (known: dense, streaming_llm, sfi, "
-            "oracle_topk, kascade, longflow, asyncspade)");
+            "oracle_topk, kascade, longflow, asyncspade, synckv)");
 }
 
 TEST(PolicyRegistry, OffloadPoliciesTakeTheirSelectionParameters) {
@@ -164,7 +164,7 @@ TEST(PolicyRegistry, StreamingLlmRejectsOutOfRangeWrongTypeAndUnknownKeys) {
 TEST(PolicyRegistry, KnownNamesAreTheTable) {
   EXPECT_EQ(KnownPolicyNames(),
             (std::vector<std::string>{"dense", "streaming_llm", "sfi", "oracle_topk", "kascade",
-                                      "longflow", "asyncspade"}));
+                                      "longflow", "asyncspade", "synckv"}));
 }
 
 TEST(PolicyRegistry, OracleTopKDefaultsAndParameters) {
@@ -211,10 +211,14 @@ TEST(PolicyRegistry, ResidencyIsCheckedAgainstThePolicysTraits) {
                                                "' does not support offloaded KV (supported: "
                                                "local)");
   }
-  auto bad = ParseConfig("engine: {kv_residency: split_by_head}\n", "r.yaml");
+  auto split = ParseConfig("engine: {kv_residency: split_by_head}\n", "r.yaml");
+  ASSERT_TRUE(split.ok()) << split.status().message();
+  EXPECT_EQ(ResolvePolicy(*split).status().message(),
+            "policy 'dense' does not support split_by_head KV (supported: local, offloaded)");
+  auto bad = ParseConfig("engine: {kv_residency: remote}\n", "r.yaml");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find(
-                "engine.kv_residency: must be auto, local, offloaded or evicting"),
+  EXPECT_NE(bad.status().message().find("engine.kv_residency: must be auto, local, offloaded, "
+                                        "evicting or split_by_head"),
             std::string::npos)
       << bad.status().message();
 }

@@ -4,6 +4,7 @@
 #include "inference_rank/residency/evicting/evicting_residency.h"
 #include "inference_rank/residency/local/local_residency.h"
 #include "inference_rank/residency/offloaded/offloaded_residency.h"
+#include "inference_rank/residency/split_by_head/split_by_head_residency.h"
 
 namespace rubato {
 namespace {
@@ -20,7 +21,7 @@ constexpr ResidencyRegistration kResidencies[] = {
     {"local", KvResidency::kLocal, &CreateLocalResidency},
     {"evicting", KvResidency::kEvicting, &CreateEvictingResidency},
     {"offloaded", KvResidency::kOffloaded, &CreateOffloadedResidency},
-    {"split_by_head", KvResidency::kSplitByHead, nullptr},
+    {"split_by_head", KvResidency::kSplitByHead, &CreateSplitByHeadResidency},
 };
 
 std::string Joined(const std::vector<std::string>& names) {

@@ -1,6 +1,6 @@
 // The residency table: its names, the residencies it makes (each names itself and its kind), and
-// its refusals, each by name: an unknown residency, one registered but not built yet
-// (split_by_head), and a policy that does not support the residency asked for.
+// its refusals, each by name: an unknown residency, split_by_head without a policy naming its
+// representative heads, and a policy that does not support the residency asked for.
 #include "inference_rank/residency/residency_registry.h"
 
 #include <gtest/gtest.h>
@@ -50,8 +50,9 @@ class ResidencyRegistryTest : public ::testing::Test {
 TEST_F(ResidencyRegistryTest, TheTableNamesEveryResidencyAndWhichAreBuilt) {
   EXPECT_EQ(KnownResidencyNames(),
             (std::vector<std::string>{"local", "evicting", "offloaded", "split_by_head"}));
-  EXPECT_EQ(BuiltResidencyNames(), (std::vector<std::string>{"local", "evicting", "offloaded"}));
-  for (const char* name : {"local", "evicting", "offloaded"}) {
+  EXPECT_EQ(BuiltResidencyNames(),
+            (std::vector<std::string>{"local", "evicting", "offloaded", "split_by_head"}));
+  for (const char* name : {"local", "evicting", "offloaded", "split_by_head"}) {
     auto kind = LookUpResidency(name);
     ASSERT_TRUE(kind.ok()) << name << ": " << kind.status().message();
     EXPECT_EQ(KvResidencyName(*kind), name);
@@ -91,14 +92,16 @@ TEST_F(ResidencyRegistryTest, AnUnknownResidencyIsRefusedByName) {
   EXPECT_EQ(LookUpResidency("").status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST_F(ResidencyRegistryTest, SplitByHeadIsRegisteredButRefusedUntilBuilt) {
-  for (const Status& status : {CreateResidency("split_by_head", Setup(nullptr)).status(),
-                               LookUpResidency("split_by_head").status()}) {
-    EXPECT_EQ(status.code(), StatusCode::kUnsupported);
-    EXPECT_EQ(status.message(),
-              "engine.kv_residency: split_by_head is registered but not built yet (built: "
-              "local, evicting, offloaded)");
-  }
+TEST_F(ResidencyRegistryTest, SplitByHeadNeedsAPolicyThatNamesRepresentativeHeads) {
+  const Status none = CreateResidency("split_by_head", Setup(nullptr)).status();
+  EXPECT_EQ(none.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(none.message(),
+            "engine.kv_residency: split_by_head needs a policy that names representative heads "
+            "(synckv); policy 'dense' names none");
+  const auto dense = PolicyOf("policy: {name: dense}\n");
+  ASSERT_NE(dense, nullptr);
+  EXPECT_EQ(CreateResidency("split_by_head", Setup(dense.get())).status().message(),
+            "policy 'dense' does not support split_by_head KV (supported: local, offloaded)");
 }
 
 TEST_F(ResidencyRegistryTest, APolicyThatDoesNotSupportTheResidencyIsRefusedByName) {

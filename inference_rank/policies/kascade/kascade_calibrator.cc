@@ -19,6 +19,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/attention/cpu_backend.h"
 #include "inference_rank/model/cpu_model.h"
+#include "inference_rank/policies/calibration_dev_set.h"
 #include "kernels/cpu/dot.h"
 
 namespace rubato {
@@ -88,39 +89,6 @@ class CalibrationObserver final : public CpuAttentionBackend {
   std::vector<std::vector<double>> scratch_;  // [worker] one row's logits
 };
 
-Result<std::vector<std::string>> ReadDevSet(const std::string& path, std::string& bytes) {
-  // Bounded, and only a regular file: /dev/zero or a FIFO is refused by kind, never read.
-  Result<std::string> text = ReadTextFile(path, kMaxPromptSetBytes);
-  if (!text.ok()) return text.status().WithContext("--dev-set");
-  bytes = std::move(text).value();
-  std::vector<std::string> prompts;
-  std::istringstream lines(bytes);
-  std::string line;
-  for (int number = 1; std::getline(lines, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const nlohmann::json json = nlohmann::json::parse(line, nullptr, false);
-    if (!json.is_object() || !json.contains("prompt") || !json["prompt"].is_string()) {
-      return InvalidArgumentError("--dev-set " + DisplayPath(path) + ":" + std::to_string(number) +
-                                  ": not a JSON object with a string \"prompt\"");
-    }
-    prompts.push_back(json["prompt"].get<std::string>());
-  }
-  if (prompts.empty())
-    return InvalidArgumentError("--dev-set " + DisplayPath(path) + ": no prompts");
-  return prompts;
-}
-
-void Progress(std::FILE* out, int done, int total, double seconds) {
-  if (out == nullptr) return;
-  const int width = 30;
-  const int filled = total > 0 ? done * width / total : width;
-  std::fprintf(out, "\rkascade calibration [%s%s] %d/%d prompts, %.0f s",
-               std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done,
-               total, seconds);
-  if (done == total) std::fprintf(out, "\n");
-  std::fflush(out);
-}
-
 }  // namespace
 
 uint64_t KascadeCalibrationBytes(const ModelConfig& model, int tokens, int top_k) {
@@ -158,7 +126,7 @@ Result<KascadeCalibration> CalibrateKascade(const KascadeCalibrateOptions& optio
   }
   std::string bytes;
   RUBATO_ASSIGN_OR_RETURN(const std::vector<std::string> prompts,
-                          ReadDevSet(options.dev_set, bytes));
+                          ReadCalibrationDevSet(options.dev_set, bytes));
   // The model's shape alone first: what one prompt costs is known before any weight is read.
   RUBATO_ASSIGN_OR_RETURN(const ModelConfig shape, LoadModelConfig(options.model_dir));
   const int max_tokens = std::min(options.max_prompt_tokens, shape.max_position_embeddings);
@@ -199,7 +167,8 @@ Result<KascadeCalibration> CalibrateKascade(const KascadeCalibrateOptions& optio
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  Progress(options.progress, 0, static_cast<int>(prompts.size()), 0.0);
+  CalibrationProgress(options.progress, "kascade calibration", 0, static_cast<int>(prompts.size()),
+                      0.0);
   for (size_t p = 0; p < prompts.size(); ++p) {
     std::vector<int> ids = tokenizer->Encode(prompts[p], /*add_special_tokens=*/true);
     if (static_cast<int>(ids.size()) > max_tokens) {
@@ -216,8 +185,8 @@ Result<KascadeCalibration> CalibrateKascade(const KascadeCalibrateOptions& optio
                                .WithContext("dev prompt " + std::to_string(p + 1)));
     RUBATO_RETURN_IF_ERROR(similarity.EndPrompt());
     RUBATO_RETURN_IF_ERROR(cache->Release(sequence));
-    Progress(options.progress, static_cast<int>(p + 1), static_cast<int>(prompts.size()),
-             elapsed());
+    CalibrationProgress(options.progress, "kascade calibration", static_cast<int>(p + 1),
+                        static_cast<int>(prompts.size()), elapsed());
   }
   RUBATO_RETURN_IF_ERROR(model->SetAttentionBackend(nullptr));
 

@@ -1,0 +1,35 @@
+// Which KV heads of each layer are representative (R-heads: their KV stays whole on the
+// inference rank) and which cluster each head follows (the NR-heads attend their cluster's
+// selection): what a policy declares for the split_by_head residency by implementing
+// HeadSplitPolicy beside AttentionPolicy (SyncKV, docs/synckv.md). The residency reads it to
+// know which heads' KV it offloads, and refuses a policy that names none.
+#pragma once
+
+#include <vector>
+
+namespace rubato {
+
+struct HeadSplit {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  std::vector<std::vector<int>> cluster;         // [layer][kv_head] in [0, clusters(layer))
+  std::vector<std::vector<int>> representative;  // [layer][cluster]: its R-head
+
+  int clusters(int layer) const { return static_cast<int>(representative[layer].size()); }
+  bool IsRepresentative(int layer, int kv_head) const {
+    return representative[layer][cluster[layer][kv_head]] == kv_head;
+  }
+  // The R-head whose selection `kv_head` of `layer` attends (itself for an R-head).
+  int RepresentativeOf(int layer, int kv_head) const {
+    return representative[layer][cluster[layer][kv_head]];
+  }
+};
+
+// The capability a policy adds to declare its split (the residency asks by dynamic_cast).
+class HeadSplitPolicy {
+ public:
+  virtual ~HeadSplitPolicy() = default;
+  virtual const HeadSplit& head_split() const = 0;
+};
+
+}  // namespace rubato

@@ -1,0 +1,44 @@
+// The development set and progress bar of the offline calibrations (see calibration_dev_set.h).
+#include "inference_rank/policies/calibration_dev_set.h"
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/text_file.h"
+
+namespace rubato {
+
+Result<std::vector<std::string>> ReadCalibrationDevSet(const std::string& path,
+                                                       std::string& bytes) {
+  // Bounded, and only a regular file: /dev/zero or a FIFO is refused by kind, never read.
+  Result<std::string> text = ReadTextFile(path, kMaxPromptSetBytes);
+  if (!text.ok()) return text.status().WithContext("--dev-set");
+  bytes = std::move(text).value();
+  std::vector<std::string> prompts;
+  std::istringstream lines(bytes);
+  std::string line;
+  for (int number = 1; std::getline(lines, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const nlohmann::json json = nlohmann::json::parse(line, nullptr, false);
+    if (!json.is_object() || !json.contains("prompt") || !json["prompt"].is_string()) {
+      return InvalidArgumentError("--dev-set " + DisplayPath(path) + ":" + std::to_string(number) +
+                                  ": not a JSON object with a string \"prompt\"");
+    }
+    prompts.push_back(json["prompt"].get<std::string>());
+  }
+  if (prompts.empty())
+    return InvalidArgumentError("--dev-set " + DisplayPath(path) + ": no prompts");
+  return prompts;
+}
+
+void CalibrationProgress(std::FILE* out, const char* what, int done, int total, double seconds) {
+  if (out == nullptr) return;
+  const int width = 30;
+  const int filled = total > 0 ? done * width / total : width;
+  std::fprintf(out, "\r%s [%s%s] %d/%d prompts, %.0f s", what, std::string(filled, '#').c_str(),
+               std::string(width - filled, '.').c_str(), done, total, seconds);
+  if (done == total) std::fprintf(out, "\n");
+  std::fflush(out);
+}
+
+}  // namespace rubato
