@@ -18,7 +18,10 @@ using Lists = std::vector<std::vector<int>>;  // [tile * kv_heads + kv_head] asc
 class KascadeCpuBackend final : public CpuAttentionBackend {
  public:
   KascadeCpuBackend(const ModelConfig& model, const KascadePolicy& policy)
-      : model_(model), config_(policy.config()), head_map_(policy.calibration().head_map) {}
+      : model_(model),
+        config_(policy.config()),
+        head_map_(policy.calibration().head_map),
+        policy_(policy) {}
 
   Status BeforeAttention(const CpuLayerContext& context) override {
     if (entries_.size() < context.entries.size()) entries_.resize(context.entries.size());
@@ -50,6 +53,10 @@ class KascadeCpuBackend final : public CpuAttentionBackend {
     const int tiles = rows.tokens == 1
                           ? 1
                           : TileGatherTiles(rows.start_position, rows.tokens, config_.prefill_tile);
+    if (rows.tokens == 1 && anchor != layer && config_.fidelity_guard > 0.0) {
+      RUBATO_ASSIGN_OR_RETURN(bool own, GuardFires(context, rows));
+      if (own) return OwnSelection(context, rows, state);
+    }
     const Lists* selected = static_cast<size_t>(anchor) < state.selections.size()
                                 ? &state.selections[static_cast<size_t>(anchor)]
                                 : nullptr;
@@ -79,9 +86,40 @@ class KascadeCpuBackend final : public CpuAttentionBackend {
  private:
   struct EntryState {
     std::vector<Lists> selections;  // [layer]; anchors only
+    Lists own;                      // [kv_head]: a reuse layer's own top-k (the guard's)
     std::vector<const int*> lists;  // Positions' answer
     std::vector<int> counts;
   };
+
+  // The guard on a reuse layer's decode token: whether its query drifted from its query at its
+  // own last top-k (none yet: fires).
+  Result<bool> GuardFires(const CpuLayerContext& context, const CpuEntryRows& rows) {
+    if (rows.attention->state == nullptr) {
+      return InternalError("kascade: a plan with the fidelity guard on has no guard state");
+    }
+    QueryDriftGuard& guard = static_cast<KascadeGuardState*>(rows.attention->state)->guard;
+    const float* query = context.q + static_cast<size_t>(rows.first_token) * model_.q_dim();
+    const bool fired = QueryDriftGuard::Fires(
+        config_.fidelity_guard,
+        guard.MinCosine(context.layer, query, model_.num_heads, model_.head_dim));
+    policy_.CountGuard(fired);
+    if (fired) guard.Remember(context.layer, query, model_.num_heads, model_.head_dim);
+    return fired;
+  }
+  // The reuse layer's own top-k (the anchors' rule on its own query, no head map).
+  Result<GatherPositions> OwnSelection(const CpuLayerContext& context, const CpuEntryRows& rows,
+                                       EntryState& state) {
+    RUBATO_RETURN_IF_ERROR(SelectDecode(context, rows, state.own));
+    const int kv_heads = model_.num_kv_heads;
+    state.lists.resize(static_cast<size_t>(kv_heads));
+    state.counts.resize(static_cast<size_t>(kv_heads));
+    for (int h = 0; h < kv_heads; ++h) {
+      state.lists[static_cast<size_t>(h)] = state.own[static_cast<size_t>(h)].data();
+      state.counts[static_cast<size_t>(h)] =
+          static_cast<int>(state.own[static_cast<size_t>(h)].size());
+    }
+    return GatherPositions{state.lists.data(), state.counts.data(), 1, 0};
+  }
 
   Status SelectDecode(const CpuLayerContext& context, const CpuEntryRows& entry, Lists& lists);
   Status SelectPrefill(const CpuLayerContext& context, const CpuEntryRows& entry, Lists& lists);
@@ -89,6 +127,7 @@ class KascadeCpuBackend final : public CpuAttentionBackend {
   ModelConfig model_;
   KascadeConfig config_;
   std::vector<std::vector<int>> head_map_;  // [layer][kv_head] -> the anchor's KV head
+  const KascadePolicy& policy_;             // outlives its backend (the engine holds both)
   std::vector<EntryState> entries_;         // [batch entries], buffers reused across steps
   std::vector<float> logits_;               // [group][L]: one KV head's
   std::vector<double> pooled_;              // [tile start]: one tile's pooled probabilities

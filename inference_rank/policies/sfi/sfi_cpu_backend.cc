@@ -77,6 +77,29 @@ class SfiCpuBackend final : public CpuAttentionBackend {
     return Status::Ok();
   }
 
+  // The fidelity guard (policy.fidelity_guard > 0): a fast entry whose query in this layer has
+  // drifted from the last slow step's marks its step for a redo as a slow step (sfi_policy.cc).
+  Status BeforeAttention(const CpuLayerContext& context) override {
+    if (config_.fidelity_guard <= 0.0) return Status::Ok();
+    for (const CpuEntryRows& entry : context.entries) {
+      if (entry.attention == nullptr || SfiStepOf(*entry.attention) != SfiStepKind::kFast) continue;
+      SfiSequenceState& state = SfiStateOf(*entry.attention);
+      if (state.guard_fired) continue;
+      const float* query = context.q + static_cast<size_t>(entry.first_token) * model_.q_dim();
+      const double cosine =
+          state.guard.MinCosine(context.layer, query, model_.num_heads, model_.head_dim);
+      state.guard_fired = QueryDriftGuard::Fires(config_.fidelity_guard, cosine);
+    }
+    return Status::Ok();
+  }
+
+  // The positions of the compact rows (sink then selected, per KV head), for probes.
+  Result<const std::vector<std::vector<int>>*> CompactPositions(const CpuLayerContext& context,
+                                                                int entry) override {
+    const EntryAttention& attention = *context.entries[static_cast<size_t>(entry)].attention;
+    return &SfiStateOf(attention).layers[static_cast<size_t>(context.layer)].kept;
+  }
+
   Status AfterAttention(const CpuLayerContext& context) override {
     for (const CpuEntryRows& entry : context.entries) {
       if (entry.attention != nullptr && SfiStepOf(*entry.attention) == SfiStepKind::kSlow) {
@@ -169,6 +192,10 @@ Status SfiCpuBackend::RefreshLayer(const CpuLayerContext& context, const CpuEntr
   layer_state.counts.resize(static_cast<size_t>(kv_heads));
   const CompactKvView compact{layer_state.compact_keys.data(), layer_state.compact_values.data(),
                               kv_heads, capacity, head_dim};
+  if (config_.fidelity_guard > 0.0) {  // the query this selection answers (the window's last)
+    state.guard.Remember(layer, first_query + static_cast<size_t>(window - 1) * q_dim, heads,
+                         head_dim);
+  }
   return GatherCompactKv(kv, length, layer_state.kept, compact, layer_state.counts);
 }
 

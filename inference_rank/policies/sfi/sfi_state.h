@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "inference_rank/attention/fidelity_guard.h"
 #include "inference_rank/attention/layer_action.h"
 #include "inference_rank/policies/sfi/sfi_config.h"
 
@@ -49,6 +50,10 @@ struct SfiSequenceState {
   int anchor = 0;                             // recent segment start: J's end at the last slow step
   bool has_selection = false;                 // a slow step has completed
   std::unique_ptr<SfiBackendHandle> backend;  // the backend's resources (see above), or null
+  // policy.fidelity_guard > 0 (CPU): each layer's query at the last slow step, and whether the
+  // current fast step's queries drifted from it (the step is then recomputed as a slow one).
+  QueryDriftGuard guard;
+  bool guard_fired = false;
 };
 
 // How an SFI step reads as a forward entry's attention (ForwardEntry::attention), which both
