@@ -1,9 +1,11 @@
 // The fidelity guard (docs/fidelity.md): a cheap per-step signal that the rows a policy attends
 // were chosen for a query that no longer asks for them, shared by every policy that supports it.
-// The signal is the drift of each query head since the query that made the current selection:
-// the guard fires when the cosine of any head's query against its reference falls below
-// `policy.fidelity_guard` (0 = off; 1 = every step). What a firing does is the policy's (SFI: the
-// step is recomputed as a slow step; Kascade: a reuse layer selects its own top-k).
+// The signal is the drift of the query since the query that made the current selection: the
+// cosine between the two, RoPE taken out, averaged over the query heads of a layer. Where the
+// policy judges it (SFI: the mean over all layers, once per step; Kascade: per reuse layer) and
+// what a firing does (SFI: the step is recomputed as a slow step; Kascade: the reuse layer
+// selects its own top-k) is the policy's. `policy.fidelity_guard` is the threshold (0 = off;
+// 1 = fire on every check).
 #pragma once
 
 #include <cstdint>
@@ -15,8 +17,8 @@
 
 namespace rubato {
 
-// `policy.fidelity_guard`: the smallest cosine a query head may keep against its reference
-// before the guard fires, in [0, 1]; 0 turns the guard off, 1 makes it fire on every check.
+// `policy.fidelity_guard`: the cosine below which the guard fires, in [0, 1]; 0 turns the guard
+// off, 1 makes it fire on every check.
 inline constexpr const char* kFidelityGuardKey = "fidelity_guard";
 
 // Reads `policy.fidelity_guard` (absent: 0, off) from a policy section's reader; errors name the
@@ -25,25 +27,36 @@ Status ReadFidelityGuard(YamlMapReader& params, double* min_cosine);
 // The same range check for a value set in code.
 Status ValidateFidelityGuard(double min_cosine);
 
-// One request's reference queries, per layer ([num_heads][head_dim], f32), and the decision.
+// One request's reference queries, per layer: the query that made the layer's selection, with
+// RoPE's rotation taken out (content space), so that a query does not "drift" only because its
+// position moved on.
 class QueryDriftGuard {
  public:
-  // The smallest cosine over the heads of `query` ([num_heads][head_dim]) against the reference
-  // of `layer`; 1 when every pair is parallel, -1 when `layer` has no reference yet.
-  double MinCosine(int layer, const float* query, int num_heads, int head_dim) const;
-  // Makes `query` the reference of `layer` (the query that made the layer's selection).
-  void Remember(int layer, const float* query, int num_heads, int head_dim);
+  // RoPE's inverse frequencies ([head_dim / 2], kernels/cpu/rope.h) and the query shape.
+  struct Shape {
+    int num_heads = 0;
+    int head_dim = 0;
+    const float* inv_freq = nullptr;  // [head_dim / 2]
+  };
+
+  // The mean over the query heads of the cosine between `query` ([num_heads][head_dim], after
+  // RoPE, at `position`) and the reference of `layer`, both with RoPE taken out: 1 for the
+  // same query content, -1 when `layer` has no reference yet.
+  double LayerCosine(int layer, const float* query, int position, const Shape& shape) const;
+  // Makes `query` at `position` the reference of `layer`.
+  void Remember(int layer, const float* query, int position, const Shape& shape);
   bool HasReference(int layer) const;
   void Clear() { reference_.clear(); }
 
-  // Whether a check with `min_cosine` fires under threshold `threshold` (> 0: the guard is on):
+  // Whether a check with `cosine` fires under threshold `threshold` (> 0: the guard is on):
   // below the threshold, or always for a threshold of 1 (so "1" does not hang on rounding).
-  static bool Fires(double threshold, double min_cosine) {
-    return threshold >= 1.0 || min_cosine < threshold;
+  static bool Fires(double threshold, double cosine) {
+    return threshold >= 1.0 || cosine < threshold;
   }
 
  private:
-  std::vector<std::vector<float>> reference_;  // [layer][num_heads * head_dim]; empty: none
+  std::vector<std::vector<double>> reference_;  // [layer][num_heads * head_dim]; empty: none
+  mutable std::vector<double> scratch_;         // one query, RoPE taken out
 };
 
 // What a policy counts of its guard (its stats line and metrics).

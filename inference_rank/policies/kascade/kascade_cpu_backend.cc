@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/pooled_top_k.h"
+#include "kernels/cpu/rope.h"
 #include "kernels/cpu/tile_gather_attention.h"
 
 namespace rubato {
@@ -21,7 +22,8 @@ class KascadeCpuBackend final : public CpuAttentionBackend {
       : model_(model),
         config_(policy.config()),
         head_map_(policy.calibration().head_map),
-        policy_(policy) {}
+        policy_(policy),
+        inv_freq_(RopeInverseFrequencies(model.head_dim, model.rope_theta, model.rope_scaling)) {}
 
   Status BeforeAttention(const CpuLayerContext& context) override {
     if (entries_.size() < context.entries.size()) entries_.resize(context.entries.size());
@@ -101,9 +103,9 @@ class KascadeCpuBackend final : public CpuAttentionBackend {
     const float* query = context.q + static_cast<size_t>(rows.first_token) * model_.q_dim();
     const bool fired = QueryDriftGuard::Fires(
         config_.fidelity_guard,
-        guard.MinCosine(context.layer, query, model_.num_heads, model_.head_dim));
+        guard.LayerCosine(context.layer, query, rows.start_position, GuardShape()));
     policy_.CountGuard(fired);
-    if (fired) guard.Remember(context.layer, query, model_.num_heads, model_.head_dim);
+    if (fired) guard.Remember(context.layer, query, rows.start_position, GuardShape());
     return fired;
   }
   // The reuse layer's own top-k (the anchors' rule on its own query, no head map).
@@ -128,9 +130,13 @@ class KascadeCpuBackend final : public CpuAttentionBackend {
   KascadeConfig config_;
   std::vector<std::vector<int>> head_map_;  // [layer][kv_head] -> the anchor's KV head
   const KascadePolicy& policy_;             // outlives its backend (the engine holds both)
-  std::vector<EntryState> entries_;         // [batch entries], buffers reused across steps
-  std::vector<float> logits_;               // [group][L]: one KV head's
-  std::vector<double> pooled_;              // [tile start]: one tile's pooled probabilities
+  std::vector<float> inv_freq_;             // [head_dim / 2] RoPE's, for the guard
+  QueryDriftGuard::Shape GuardShape() const {
+    return {model_.num_heads, model_.head_dim, inv_freq_.data()};
+  }
+  std::vector<EntryState> entries_;  // [batch entries], buffers reused across steps
+  std::vector<float> logits_;        // [group][L]: one KV head's
+  std::vector<double> pooled_;       // [tile start]: one tile's pooled probabilities
 };
 
 // One decode token: per KV head the top k of its GQA group's mean softmax over [0, L).
