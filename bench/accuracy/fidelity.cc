@@ -6,6 +6,7 @@
 // A.") and how much of it the policy kept. Writes JSON and prints markdown tables. A benchmark
 // tool, not a test. Flags and output: bench/accuracy/README.md "Fidelity".
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -114,7 +115,7 @@ struct Totals {
   }
 };
 
-std::string Markdown(const Args& args, const Totals& t, int instances, int correct) {
+std::string Markdown(const Args& args, const Totals& t, int instances, int correct, bool hops) {
   std::string md;
   char line[256];
   std::snprintf(line, sizeof(line),
@@ -123,17 +124,22 @@ std::string Markdown(const Args& args, const Totals& t, int instances, int corre
                 args.label.c_str(), instances, correct, t.steps, t.dense_steps, t.unmeasured_steps);
   md += line;
   if (t.steps == 0) return md;
-  md +=
-      "| layer | mass kept (mean of heads) | worst head | first hop: dense mass, kept | "
-      "later hops: dense mass, kept |\n|---|---|---|---|---|\n";
+  md += hops ? "| layer | mass kept (mean of heads) | worst head | first hop: dense mass, kept | "
+               "later hops: dense mass, kept |\n|---|---|---|---|---|\n"
+             : "| layer | mass kept (mean of heads) | worst head |\n|---|---|---|\n";
   for (int l = 0; l < t.layers; ++l) {
     auto ratio = [](double kept, double dense) { return dense > 0 ? kept / dense : 1.0; };
-    std::snprintf(
-        line, sizeof(line), "| %d | %.3f | %.3f | %.3f, %.2f | %.3f, %.2f |\n", l,
-        t.share_sum[l] / t.steps, t.share_min_sum[l] / t.steps,
-        t.hop_dense[0][l] / t.steps / t.kv_heads, ratio(t.hop_kept[0][l], t.hop_dense[0][l]),
-        t.hop_dense[1][l] / t.steps / t.kv_heads, ratio(t.hop_kept[1][l], t.hop_dense[1][l]));
+    std::snprintf(line, sizeof(line), "| %d | %.3f | %.3f |", l, t.share_sum[l] / t.steps,
+                  t.share_min_sum[l] / t.steps);
     md += line;
+    if (hops) {
+      std::snprintf(
+          line, sizeof(line), " %.3f, %.2f | %.3f, %.2f |",
+          t.hop_dense[0][l] / t.steps / t.kv_heads, ratio(t.hop_kept[0][l], t.hop_dense[0][l]),
+          t.hop_dense[1][l] / t.steps / t.kv_heads, ratio(t.hop_kept[1][l], t.hop_dense[1][l]));
+      md += line;
+    }
+    md += "\n";
   }
   std::snprintf(line, sizeof(line),
                 "\nMean mass kept per step: %.3f on correct instances (%d steps), %.3f on "
@@ -150,7 +156,8 @@ nlohmann::json StepJson(const ProbeStep& step, int layers, int kv_heads, size_t 
     for (int l = 0; l < layers; ++l) {
       nlohmann::json row = nlohmann::json::array();
       for (int h = 0; h < kv_heads; ++h) {
-        row.push_back(v[offset + static_cast<size_t>(l) * kv_heads + h]);
+        // Four decimals: the file stays small and the tables read two.
+        row.push_back(std::round(v[offset + static_cast<size_t>(l) * kv_heads + h] * 1e4) / 1e4);
       }
       rows.push_back(row);
     }
@@ -207,8 +214,10 @@ Status Run(const Args& args) {
   totals.Init(layers, kv_heads);
   nlohmann::json out_instances = nlohmann::json::array();
   int correct_count = 0;
+  bool any_hops = false;
   for (const AccuracyInstance& instance : instances) {
     std::vector<std::pair<int, int>> spans = ChainSpans(*tokenizer, instance);
+    any_hops = any_hops || !spans.empty();
     recorder.Reset(spans);
     GenerationRequest request;
     request.prompt_ids = tokenizer->Encode(instance.prompt, /*add_special_tokens=*/true);
@@ -243,7 +252,8 @@ Status Run(const Args& args) {
     std::fprintf(stderr, "%s %s: %s (%s)\n", args.label.c_str(), instance.id.c_str(),
                  correct ? "right" : "wrong", ExtractPrediction(continuation).c_str());
   }
-  const std::string md = Markdown(args, totals, static_cast<int>(instances.size()), correct_count);
+  const std::string md =
+      Markdown(args, totals, static_cast<int>(instances.size()), correct_count, any_hops);
   std::printf("%s", md.c_str());
   const nlohmann::json output = {{"label", args.label},
                                  {"policy", policy.name},
