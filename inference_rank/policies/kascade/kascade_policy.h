@@ -80,7 +80,7 @@ class KascadePolicy final : public AttentionPolicy {
   KascadeCalibration calibration_;
   std::vector<LayerAction> actions_;
   mutable KascadeCounters counters_;
-  Counter* guard_metric_ = nullptr;  // Increment() from CountGuard (const)
+  Counter* guard_metric_ = nullptr;   // Increment() from CountGuard (const)
   Counter* anchor_metric_ = nullptr;  // in the registry, once registered
   Counter* reuse_metric_ = nullptr;
   Counter* dense_metric_ = nullptr;
