@@ -4,9 +4,10 @@ accuracy with its 95 % Wilson interval, the guard's stats line, and per layer th
 dense attention mass each policy's rows kept at its sparse steps, and the part of the dense mass
 on the asked chain's first fact and on its later facts that they kept.
 
-  fidelity_report.py [--png OUT.png] [--title TITLE] RUN.json...
+  fidelity_report.py [--png OUT.png] [--title TITLE] RUN.json[.gz]...
 """
 import argparse
+import gzip
 import os
 import shutil
 import subprocess
@@ -135,7 +136,8 @@ def main():
     args = parser.parse_args()
     runs = []
     for path in args.runs:
-        with open(path, encoding="utf-8") as f:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
             runs.append(json.load(f))
     print(table(runs))
     if args.png:
