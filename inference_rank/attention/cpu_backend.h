@@ -5,6 +5,7 @@
 #pragma once
 
 #include <span>
+#include <vector>
 
 #include "common/hf_config.h"
 #include "common/status.h"
@@ -70,6 +71,12 @@ class CpuAttentionBackend : public AttentionBackend {
   // The compact segment kTwoSegment entry `entry` (an index into the context's entries)
   // attends in `layer`; valid until the layer ends.
   virtual Result<CompactSegment> Compact(const CpuLayerContext& layer, int entry) = 0;
+  // The positions of those compact rows, [num_kv_heads] lists (row r of head h holds position
+  // list[h][r]), for tools that measure what a policy attends (bench/accuracy/fidelity.cc).
+  virtual Result<const std::vector<std::vector<int>>*> CompactPositions(
+      const CpuLayerContext& /*layer*/, int /*entry*/) {
+    return UnsupportedError("this policy's CPU backend does not report its compact positions");
+  }
   // The positions kIndexGather entry `entry` attends in `layer`; valid until the layer ends.
   virtual Result<GatherPositions> Positions(const CpuLayerContext& /*layer*/, int /*entry*/) {
     return UnsupportedError("this policy's CPU backend has no index-gather positions");

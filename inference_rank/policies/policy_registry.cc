@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "common/logging.h"
+#include "inference_rank/attention/fidelity_guard.h"
 #include "inference_rank/policies/asyncspade/asyncspade_policy.h"
 #include "inference_rank/policies/dense/dense_policy.h"
 #include "inference_rank/policies/kascade/kascade_policy.h"
@@ -19,19 +20,37 @@ namespace {
 struct PolicyRegistration {
   std::string_view name;
   Result<std::unique_ptr<AttentionPolicy>> (*create)(const PolicySection& section);
+  bool fidelity_guard;  // reads `policy.fidelity_guard` (inference_rank/attention/fidelity_guard.h)
 };
 
 // Every policy, one line each.
 constexpr PolicyRegistration kPolicies[] = {
-    {"dense", &CreateDensePolicy},
-    {"streaming_llm", &CreateStreamingLlmPolicy},
-    {"sfi", &CreateSfiPolicy},
-    {"oracle_topk", &CreateOracleTopKPolicy},
-    {"kascade", &CreateKascadePolicy},
-    {"longflow", &CreateLongFlowPolicy},
-    {"asyncspade", &CreateAsyncSpadePolicy},
-    {"synckv", &CreateSyncKvPolicy},
+    {"dense", &CreateDensePolicy, false},
+    {"streaming_llm", &CreateStreamingLlmPolicy, false},
+    {"sfi", &CreateSfiPolicy, true},
+    {"oracle_topk", &CreateOracleTopKPolicy, false},
+    {"kascade", &CreateKascadePolicy, true},
+    {"longflow", &CreateLongFlowPolicy, false},
+    {"asyncspade", &CreateAsyncSpadePolicy, false},
+    {"synckv", &CreateSyncKvPolicy, false},
 };
+
+// "policy.fidelity_guard: policy 'longflow' has no fidelity guard (supported by: sfi, kascade)"
+// when the section sets it for a policy that does not read it.
+Status CheckFidelityGuard(const PolicySection& section, const PolicyRegistration& entry) {
+  if (entry.fidelity_guard || !section.params.IsMap() ||
+      !section.params[kFidelityGuardKey].IsDefined()) {
+    return Status::Ok();
+  }
+  std::string supported;
+  for (const PolicyRegistration& other : kPolicies) {
+    if (other.fidelity_guard)
+      supported += (supported.empty() ? "" : ", ") + std::string(other.name);
+  }
+  return InvalidArgumentError(section.source + ": " + section.key_path + "." + kFidelityGuardKey +
+                              ": policy '" + std::string(entry.name) +
+                              "' has no fidelity guard (supported by: " + supported + ")");
+}
 
 // Old names: a policy on offloaded KV.
 struct PolicyAlias {
@@ -89,6 +108,7 @@ Result<PolicyChoice> ResolvePolicy(const PolicySection& section,
   }
   for (const PolicyRegistration& entry : kPolicies) {
     if (entry.name != name) continue;
+    RUBATO_RETURN_IF_ERROR(CheckFidelityGuard(section, entry));
     RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<AttentionPolicy> policy, entry.create(section));
     if (!residency.has_value()) residency = DefaultResidency(*policy);
     RUBATO_RETURN_IF_ERROR(CheckResidency(*policy, *residency));

@@ -381,5 +381,32 @@ TEST(PolicyRegistry, TokenCountsAboveTheContextAreRefusedByName) {
   }
 }
 
+TEST(PolicyRegistry, FidelityGuardIsReadBySfiAndKascadeAndRefusedByName) {
+  auto sfi = ParseConfig("policy:\n  name: sfi\n  fidelity_guard: 0.5\n", "p.yaml");
+  ASSERT_TRUE(sfi.ok()) << sfi.status().message();
+  auto choice = ResolvePolicy(sfi->policy);
+  ASSERT_TRUE(choice.ok()) << choice.status().message();
+  EXPECT_EQ(SfiConfigOf(*choice).fidelity_guard, 0.5);
+
+  auto range = ParseConfig("policy:\n  name: sfi\n  fidelity_guard: 1.5\n", "p.yaml");
+  ASSERT_TRUE(range.ok());
+  auto out_of_range = ResolvePolicy(range->policy);
+  ASSERT_FALSE(out_of_range.ok());
+  EXPECT_NE(out_of_range.status().message().find("policy.fidelity_guard"), std::string::npos)
+      << out_of_range.status().message();
+
+  for (const char* name : {"longflow", "oracle_topk", "dense", "streaming_llm"}) {
+    auto config = ParseConfig(std::string("policy:\n  name: ") + name + "\n  fidelity_guard: 0.5\n",
+                              "p.yaml");
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    auto refused = ResolvePolicy(config->policy);
+    ASSERT_FALSE(refused.ok()) << name;
+    EXPECT_NE(refused.status().message().find("p.yaml: policy.fidelity_guard: policy '" +
+                                              std::string(name) + "' has no fidelity guard"),
+              std::string::npos)
+        << refused.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace rubato

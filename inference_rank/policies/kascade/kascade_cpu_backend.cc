@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/pooled_top_k.h"
+#include "kernels/cpu/rope.h"
 #include "kernels/cpu/tile_gather_attention.h"
 
 namespace rubato {
@@ -18,7 +19,11 @@ using Lists = std::vector<std::vector<int>>;  // [tile * kv_heads + kv_head] asc
 class KascadeCpuBackend final : public CpuAttentionBackend {
  public:
   KascadeCpuBackend(const ModelConfig& model, const KascadePolicy& policy)
-      : model_(model), config_(policy.config()), head_map_(policy.calibration().head_map) {}
+      : model_(model),
+        config_(policy.config()),
+        head_map_(policy.calibration().head_map),
+        policy_(policy),
+        inv_freq_(RopeInverseFrequencies(model.head_dim, model.rope_theta, model.rope_scaling)) {}
 
   Status BeforeAttention(const CpuLayerContext& context) override {
     if (entries_.size() < context.entries.size()) entries_.resize(context.entries.size());
@@ -50,6 +55,10 @@ class KascadeCpuBackend final : public CpuAttentionBackend {
     const int tiles = rows.tokens == 1
                           ? 1
                           : TileGatherTiles(rows.start_position, rows.tokens, config_.prefill_tile);
+    if (rows.tokens == 1 && anchor != layer && config_.fidelity_guard > 0.0) {
+      RUBATO_ASSIGN_OR_RETURN(bool own, GuardFires(context, rows));
+      if (own) return OwnSelection(context, rows, state);
+    }
     const Lists* selected = static_cast<size_t>(anchor) < state.selections.size()
                                 ? &state.selections[static_cast<size_t>(anchor)]
                                 : nullptr;
@@ -79,9 +88,40 @@ class KascadeCpuBackend final : public CpuAttentionBackend {
  private:
   struct EntryState {
     std::vector<Lists> selections;  // [layer]; anchors only
+    Lists own;                      // [kv_head]: a reuse layer's own top-k (the guard's)
     std::vector<const int*> lists;  // Positions' answer
     std::vector<int> counts;
   };
+
+  // The guard on a reuse layer's decode token: whether its query drifted from its query at its
+  // own last top-k (none yet: fires).
+  Result<bool> GuardFires(const CpuLayerContext& context, const CpuEntryRows& rows) {
+    if (rows.attention->state == nullptr) {
+      return InternalError("kascade: a plan with the fidelity guard on has no guard state");
+    }
+    QueryDriftGuard& guard = static_cast<KascadeGuardState*>(rows.attention->state)->guard;
+    const float* query = context.q + static_cast<size_t>(rows.first_token) * model_.q_dim();
+    const bool fired = QueryDriftGuard::Fires(
+        config_.fidelity_guard,
+        guard.LayerCosine(context.layer, query, rows.start_position, GuardShape()));
+    policy_.CountGuard(fired);
+    if (fired) guard.Remember(context.layer, query, rows.start_position, GuardShape());
+    return fired;
+  }
+  // The reuse layer's own top-k (the anchors' rule on its own query, no head map).
+  Result<GatherPositions> OwnSelection(const CpuLayerContext& context, const CpuEntryRows& rows,
+                                       EntryState& state) {
+    RUBATO_RETURN_IF_ERROR(SelectDecode(context, rows, state.own));
+    const int kv_heads = model_.num_kv_heads;
+    state.lists.resize(static_cast<size_t>(kv_heads));
+    state.counts.resize(static_cast<size_t>(kv_heads));
+    for (int h = 0; h < kv_heads; ++h) {
+      state.lists[static_cast<size_t>(h)] = state.own[static_cast<size_t>(h)].data();
+      state.counts[static_cast<size_t>(h)] =
+          static_cast<int>(state.own[static_cast<size_t>(h)].size());
+    }
+    return GatherPositions{state.lists.data(), state.counts.data(), 1, 0};
+  }
 
   Status SelectDecode(const CpuLayerContext& context, const CpuEntryRows& entry, Lists& lists);
   Status SelectPrefill(const CpuLayerContext& context, const CpuEntryRows& entry, Lists& lists);
@@ -89,9 +129,14 @@ class KascadeCpuBackend final : public CpuAttentionBackend {
   ModelConfig model_;
   KascadeConfig config_;
   std::vector<std::vector<int>> head_map_;  // [layer][kv_head] -> the anchor's KV head
-  std::vector<EntryState> entries_;         // [batch entries], buffers reused across steps
-  std::vector<float> logits_;               // [group][L]: one KV head's
-  std::vector<double> pooled_;              // [tile start]: one tile's pooled probabilities
+  const KascadePolicy& policy_;             // outlives its backend (the engine holds both)
+  std::vector<float> inv_freq_;             // [head_dim / 2] RoPE's, for the guard
+  QueryDriftGuard::Shape GuardShape() const {
+    return {model_.num_heads, model_.head_dim, inv_freq_.data()};
+  }
+  std::vector<EntryState> entries_;  // [batch entries], buffers reused across steps
+  std::vector<float> logits_;        // [group][L]: one KV head's
+  std::vector<double> pooled_;       // [tile start]: one tile's pooled probabilities
 };
 
 // One decode token: per KV head the top k of its GQA group's mean softmax over [0, L).

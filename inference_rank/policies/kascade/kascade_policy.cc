@@ -24,6 +24,7 @@ class KascadeRequest final : public PolicyRequest {
     entry_.layer_actions = policy.layer_actions().data();
     entry_.action = policy.layer_actions().front();
     entry_.row_group = 1;
+    if (policy.config().fidelity_guard > 0.0) entry_.state = &guard_;
   }
 
   const EntryAttention* PlanPrefill(int start_position, int chunk_tokens,
@@ -59,6 +60,7 @@ class KascadeRequest final : public PolicyRequest {
   EntryAttention entry_;
   double planned_ = -1.0;  // retained share of the planned entry; -1: dense
   double last_ = -1.0;     // of the last accepted token
+  KascadeGuardState guard_;
 };
 
 }  // namespace
@@ -105,6 +107,11 @@ Result<std::unique_ptr<AttentionBackend>> KascadePolicy::MakeBackend(Model& mode
   if (model.backend_name() == "cpu") return MakeKascadeCpuBackend(shape, *this);
 #ifdef RUBATO_HAS_CUDA
   if (model.backend_name() == "cuda") {
+    if (config_.fidelity_guard > 0.0) {
+      return UnsupportedError(
+          "policy kascade: policy.fidelity_guard is built on the CPU model only (engine.backend: "
+          "cpu runs it)");
+    }
     return MakeKascadeCudaBackend(static_cast<CudaModel&>(model), *this);
   }
 #endif
@@ -147,14 +154,38 @@ Status KascadePolicy::RegisterMetrics(MetricsRegistry& registry) {
       dense_metric_,
       registry.AddCounter("rubato:kascade_dense_steps_total",
                           "Kascade decode tokens attended densely (top-k covered the context)."));
+  if (config_.fidelity_guard > 0.0) {
+    RUBATO_ASSIGN_OR_RETURN(
+        guard_metric_,
+        registry.AddCounter("rubato:fidelity_guard_firings_total",
+                            "Steps on which the fidelity guard found the attended rows chosen "
+                            "for a query that drifted (Kascade: (token, reuse layer) pairs that "
+                            "selected their own top-k)."));
+  }
   return Status::Ok();
 }
 
+void KascadePolicy::CountGuard(bool fired) const {
+  ++counters_.guard_checks;
+  if (!fired) return;
+  ++counters_.guard_firings;
+  if (guard_metric_ != nullptr) guard_metric_->Increment();
+}
+
 std::string KascadePolicy::StatsLine() const {
-  return " kascade_sparse_steps=" + std::to_string(counters_.sparse_steps.load()) +
-         " kascade_dense_steps=" + std::to_string(counters_.dense_steps.load()) +
-         " kascade_anchor_layer_steps=" + std::to_string(counters_.anchor_layer_steps.load()) +
-         " kascade_reuse_layer_steps=" + std::to_string(counters_.reuse_layer_steps.load());
+  std::string line =
+      " kascade_sparse_steps=" + std::to_string(counters_.sparse_steps.load()) +
+      " kascade_dense_steps=" + std::to_string(counters_.dense_steps.load()) +
+      " kascade_anchor_layer_steps=" + std::to_string(counters_.anchor_layer_steps.load()) +
+      " kascade_reuse_layer_steps=" + std::to_string(counters_.reuse_layer_steps.load());
+  if (config_.fidelity_guard > 0.0) {
+    FidelityGuardCounters guard;
+    guard.checks = counters_.guard_checks.load();
+    guard.firings = counters_.guard_firings.load();
+    guard.steps = counters_.sparse_steps.load();  // firings are per (token, reuse layer)
+    line += FidelityGuardStats("kascade", guard);
+  }
+  return line;
 }
 
 Result<KascadeConfig> ParseKascadeConfig(const PolicySection& section) {
@@ -170,6 +201,7 @@ Result<KascadeConfig> ParseKascadeConfig(const PolicySection& section) {
       params.ReadInt("top_k_min", 1, std::numeric_limits<int>::max(), &config.top_k_min));
   RUBATO_RETURN_IF_ERROR(params.ReadString("prefill", &config.prefill));
   RUBATO_RETURN_IF_ERROR(params.ReadInt("prefill_tile", 1, 1 << 20, &config.prefill_tile));
+  RUBATO_RETURN_IF_ERROR(ReadFidelityGuard(params, &config.fidelity_guard));
   RUBATO_RETURN_IF_ERROR(params.Finish());
   if (config.calibration.empty()) {
     return InvalidArgumentError(

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "inference_rank/attention/fidelity_guard.h"
 #include "inference_rank/attention/policy.h"
 #include "inference_rank/policies/kascade/kascade_calibration.h"
 
@@ -25,6 +26,16 @@ struct KascadeConfig {
   int top_k_min = 128;            // >= 1
   std::string prefill = "tiled";  // tiled (tile-sparse, §3.4) | dense
   int prefill_tile = 128;         // queries per prefill tile, >= 1
+  // [0, 1]; 0 = off. The seam's fidelity guard (inference_rank/attention/fidelity_guard.h,
+  // docs/fidelity.md): a reuse layer whose query heads drifted below this cosine from its query
+  // at its own last selection selects its own top-k this step instead of its anchor's (CPU).
+  double fidelity_guard = 0.0;
+};
+
+// One request's guard state (EntryAttention::state of Kascade's plans): each reuse layer's
+// query at its own last top-k.
+struct KascadeGuardState {
+  QueryDriftGuard guard;
 };
 
 // Positions every anchor keeps per KV head for a context of `length` positions.
@@ -38,6 +49,10 @@ struct KascadeCounters {
   std::atomic<int64_t> dense_steps{0};         // decode tokens with k >= L (dense)
   std::atomic<int64_t> anchor_layer_steps{0};  // (token, anchor layer) pairs, layer 0 included
   std::atomic<int64_t> reuse_layer_steps{0};   // (token, reuse layer) pairs
+  // policy.fidelity_guard > 0: (token, reuse layer) pairs the guard judged and fired on (the
+  // layer then attended its own top-k).
+  std::atomic<int64_t> guard_checks{0};
+  std::atomic<int64_t> guard_firings{0};
 };
 
 class KascadePolicy final : public AttentionPolicy {
@@ -57,12 +72,15 @@ class KascadePolicy final : public AttentionPolicy {
   // [num_layers]: layer 0 dense, anchors gather their own selection, the rest their anchor's.
   const std::vector<LayerAction>& layer_actions() const { return actions_; }
   void CountToken(bool sparse);
+  // A reuse layer's guard check of one decode token (the backend's; counters are atomic).
+  void CountGuard(bool fired) const;
 
  private:
   KascadeConfig config_;
   KascadeCalibration calibration_;
   std::vector<LayerAction> actions_;
-  KascadeCounters counters_;
+  mutable KascadeCounters counters_;
+  Counter* guard_metric_ = nullptr;   // Increment() from CountGuard (const)
   Counter* anchor_metric_ = nullptr;  // in the registry, once registered
   Counter* reuse_metric_ = nullptr;
   Counter* dense_metric_ = nullptr;

@@ -383,5 +383,31 @@ TEST(Kascade, EngineWithKCoveringTheContextGivesTheDenseTokens) {
       << sparse_policy->StatsLine();
 }
 
+TEST(Kascade, FidelityGuardForcedToFireMakesEveryReuseLayerSelectItsOwnTopK) {
+  // fidelity_guard 1 fires on every reuse layer of every sparse decode token: each attends its
+  // own top-k, exactly what a calibration with every layer an anchor attends (dense prefill in
+  // both, so only decode differs). The tiny model has 2 layers: layer 1 reuses layer 0's.
+  TestTempDir dir("kascade_guard");
+  const ModelConfig m = LoadTinyModel(TinyModelKind::kQwen3, dir.path(), 5).value()->config();
+  std::vector<int> every_layer(static_cast<size_t>(m.num_layers));
+  std::iota(every_layer.begin(), every_layer.end(), 0);
+  KascadeConfig small;
+  small.top_k_ratio = 0.02;
+  small.top_k_min = 3;
+  small.prefill = "dense";
+  KascadeConfig forced = small;
+  forced.fidelity_guard = 1.0;
+  auto all_anchors = std::make_shared<KascadePolicy>(small, MakeCalibration(m, every_layer));
+  auto reuse = std::make_shared<KascadePolicy>(small, MakeCalibration(m, {0}));
+  auto guarded = std::make_shared<KascadePolicy>(forced, MakeCalibration(m, {0}));
+  const auto expected = EngineTokens(dir.path(), all_anchors);
+  ASSERT_NE(EngineTokens(dir.path(), reuse), expected) << "reuse changes nothing: no test";
+  EXPECT_EQ(EngineTokens(dir.path(), guarded), expected);
+  const std::string stats = guarded->StatsLine();
+  EXPECT_NE(stats.find(" kascade_guard_firings_per_100_steps="), std::string::npos) << stats;
+  EXPECT_EQ(stats.find(" kascade_guard_firings=0 "), std::string::npos) << stats;
+  EXPECT_EQ(reuse->StatsLine().find("guard"), std::string::npos) << reuse->StatsLine();
+}
+
 }  // namespace
 }  // namespace rubato

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "common/yaml_map_reader.h"
+#include "inference_rank/attention/fidelity_guard.h"
 
 namespace rubato {
 namespace {
@@ -108,6 +109,7 @@ Result<SfiPolicyConfig> ParseSfiPolicyConfig(const PolicySection& section) {
   RUBATO_RETURN_IF_ERROR(params.ReadStringList("triggers", &config.triggers));
   RUBATO_RETURN_IF_ERROR(
       params.ReadDouble("confidence_threshold", {0, 1, true, false}, &config.confidence_threshold));
+  RUBATO_RETURN_IF_ERROR(ReadFidelityGuard(params, &config.fidelity_guard));
   for (size_t i = 0; i < config.triggers.size(); ++i) {
     const std::string_view problem = TriggerProblem(config.triggers[i]);
     if (!problem.empty()) {
@@ -138,6 +140,9 @@ Status ValidateSfiPolicyConfig(const SfiPolicyConfig& config) {
   }
   if (!(config.confidence_threshold >= 0.0 && config.confidence_threshold < 1.0)) {
     return FieldRangeError("confidence_threshold", config.confidence_threshold, "[0, 1)");
+  }
+  if (!(config.fidelity_guard >= 0.0 && config.fidelity_guard <= 1.0)) {
+    return FieldRangeError("fidelity_guard", config.fidelity_guard, "[0, 1]");
   }
   for (size_t i = 0; i < config.triggers.size(); ++i) {
     const std::string_view problem = TriggerProblem(config.triggers[i]);

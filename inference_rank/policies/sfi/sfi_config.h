@@ -36,6 +36,11 @@ struct SfiPolicyConfig {
   // whose token has a probability (softmax of the logits at temperature 1) below this is
   // discarded and recomputed as a slow step at the same position.
   double confidence_threshold = 0.0;
+  // [0, 1]; 0 = off. The seam's fidelity guard (inference_rank/attention/fidelity_guard.h,
+  // docs/fidelity.md): a fast step whose query drifted from the last slow step's (the mean over
+  // layers and query heads of their cosine, RoPE taken out, below this) is discarded and
+  // recomputed as a slow step.
+  double fidelity_guard = 0.0;
   SfiSelectorConfig selector;  // selector.budget is K, selected positions per KV head (2048)
 };
 

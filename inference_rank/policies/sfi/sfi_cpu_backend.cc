@@ -11,6 +11,7 @@
 #include "kernels/cpu/compact_gather.h"
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/key_norms.h"
+#include "kernels/cpu/rope.h"
 
 namespace rubato {
 namespace {
@@ -18,7 +19,9 @@ namespace {
 class SfiCpuBackend final : public CpuAttentionBackend {
  public:
   SfiCpuBackend(const ModelConfig& model, const SfiPolicyConfig& config)
-      : model_(model), config_(config) {}
+      : model_(model),
+        config_(config),
+        inv_freq_(RopeInverseFrequencies(model.head_dim, model.rope_theta, model.rope_scaling)) {}
 
   // A fast step needs a selection of every layer, made for this model's KV heads.
   Status CheckBatch(std::span<const ForwardEntry> batch) override {
@@ -63,10 +66,17 @@ class SfiCpuBackend final : public CpuAttentionBackend {
     return segment;
   }
 
-  // Every layer of the slow entries now holds the selection from J = [sink_end, anchor).
+  // Every layer of the slow entries now holds the selection from J = [sink_end, anchor); a
+  // fast entry whose mean cosine over the layers fell below the guard's threshold is marked
+  // for a redo as a slow step (sfi_policy.cc).
   Status FinishForward(std::span<const ForwardEntry> batch) override {
     for (const ForwardEntry& entry : batch) {
-      if (entry.attention == nullptr || SfiStepOf(*entry.attention) != SfiStepKind::kSlow) {
+      if (entry.attention == nullptr) continue;
+      if (SfiStepOf(*entry.attention) == SfiStepKind::kFast) {
+        if (config_.fidelity_guard <= 0.0) continue;
+        SfiSequenceState& state = SfiStateOf(*entry.attention);
+        state.guard_fired = QueryDriftGuard::Fires(config_.fidelity_guard,
+                                                   state.guard_cosine_sum / model_.num_layers);
         continue;
       }
       SfiSequenceState& state = SfiStateOf(*entry.attention);
@@ -75,6 +85,28 @@ class SfiCpuBackend final : public CpuAttentionBackend {
       state.has_selection = true;
     }
     return Status::Ok();
+  }
+
+  // The fidelity guard (policy.fidelity_guard > 0): each layer adds the cosine of a fast
+  // entry's query against the last slow step's; FinishForward judges their mean.
+  Status BeforeAttention(const CpuLayerContext& context) override {
+    if (config_.fidelity_guard <= 0.0) return Status::Ok();
+    for (const CpuEntryRows& entry : context.entries) {
+      if (entry.attention == nullptr || SfiStepOf(*entry.attention) != SfiStepKind::kFast) continue;
+      SfiSequenceState& state = SfiStateOf(*entry.attention);
+      if (context.layer == 0) state.guard_cosine_sum = 0.0;
+      const float* query = context.q + static_cast<size_t>(entry.first_token) * model_.q_dim();
+      state.guard_cosine_sum +=
+          state.guard.LayerCosine(context.layer, query, entry.start_position, GuardShape());
+    }
+    return Status::Ok();
+  }
+
+  // The positions of the compact rows (sink then selected, per KV head), for probes.
+  Result<const std::vector<std::vector<int>>*> CompactPositions(const CpuLayerContext& context,
+                                                                int entry) override {
+    const EntryAttention& attention = *context.entries[static_cast<size_t>(entry)].attention;
+    return &SfiStateOf(attention).layers[static_cast<size_t>(context.layer)].kept;
   }
 
   Status AfterAttention(const CpuLayerContext& context) override {
@@ -91,8 +123,13 @@ class SfiCpuBackend final : public CpuAttentionBackend {
   // entry's last W queries, the selection, and the gather into the layer's compact buffer.
   Status RefreshLayer(const CpuLayerContext& context, const CpuEntryRows& entry);
 
+  QueryDriftGuard::Shape GuardShape() const {
+    return {model_.num_heads, model_.head_dim, inv_freq_.data()};
+  }
+
   ModelConfig model_;
   SfiPolicyConfig config_;
+  std::vector<float> inv_freq_;  // [head_dim / 2] RoPE's, for the guard
   // Slow steps: [window][num_heads][|J|] logits and [num_kv_heads][|J|] key norms, f32.
   std::vector<float> logits_;
   std::vector<float> key_norms_;
@@ -169,6 +206,10 @@ Status SfiCpuBackend::RefreshLayer(const CpuLayerContext& context, const CpuEntr
   layer_state.counts.resize(static_cast<size_t>(kv_heads));
   const CompactKvView compact{layer_state.compact_keys.data(), layer_state.compact_values.data(),
                               kv_heads, capacity, head_dim};
+  if (config_.fidelity_guard > 0.0) {  // the query this selection answers (the window's last)
+    state.guard.Remember(layer, first_query + static_cast<size_t>(window - 1) * q_dim, length - 1,
+                         GuardShape());
+  }
   return GatherCompactKv(kv, length, layer_state.kept, compact, layer_state.counts);
 }
 

@@ -211,6 +211,74 @@ TEST_F(EngineSfiTest, ConfidenceTriggerKeepsConfidentFastSteps) {
   EXPECT_GT(on_run.counters.fast_steps, 0);
 }
 
+TEST_F(EngineSfiTest, FidelityGuardForcedToFireGivesTheSlowStepTokens) {
+  // fidelity_guard 1 fires on every fast step: each is recomputed as a slow (dense) step at the
+  // same position with the same draw, so the tokens are the dense ones, in a batch.
+  const std::vector<GenerationRequest> requests = {Sampled(37, 1, 16), Sampled(50, 2, 12),
+                                                   Sampled(29, 3, 20)};
+  SfiPolicyConfig sparse = SmallSfi(/*budget=*/2, /*t_max=*/64);
+  SfiPolicyConfig forced = sparse;
+  forced.fidelity_guard = 1.0;
+  auto dense = NewEngine(std::nullopt);
+  auto sparse_engine = NewEngine(sparse);
+  auto forced_engine = NewEngine(forced);
+  ASSERT_NE(dense, nullptr);
+  ASSERT_NE(sparse_engine, nullptr);
+  ASSERT_NE(forced_engine, nullptr);
+  const RunResult dense_run = Run(*dense, requests);
+  const RunResult sparse_run = Run(*sparse_engine, requests);
+  const RunResult forced_run = Run(*forced_engine, requests);
+  ASSERT_NE(Tokens(sparse_run), Tokens(dense_run)) << "the budget is too large to test anything";
+  EXPECT_EQ(Tokens(forced_run), Tokens(dense_run));
+  for (const auto& events : forced_run.events) {
+    for (const TokenEvent& event : events) EXPECT_EQ(event.retained_kv_ratio, 1.0);
+  }
+  const auto& policy = dynamic_cast<const SfiPolicy&>(*forced_engine->options().policy);
+  EXPECT_GT(policy.guard_counters().firings, 0);
+  EXPECT_EQ(policy.guard_counters().firings, forced_run.counters.fast_steps);
+  EXPECT_EQ(forced_run.counters.discarded_steps, forced_run.counters.fast_steps);
+  EXPECT_NE(policy.StatsLine().find(" sfi_guard_firings_per_100_steps="), std::string::npos)
+      << policy.StatsLine();
+}
+
+TEST_F(EngineSfiTest, FidelityGuardLeavesTheStepsItDoesNotFireOnUnchanged) {
+  // Until the guard first fires, every token and step kind is the unguarded run's; a step on
+  // which it fires is recomputed as a slow step (retained ratio 1 where the unguarded run had a
+  // fast one). The random tiny model's queries drift fast, so the thresholds are low; at least
+  // one of them must fire after some fast steps it let through.
+  GenerationRequest request = Sampled(40, 5, 24);
+  request.stop_token_ids = {};
+  SfiPolicyConfig sparse = SmallSfi(/*budget=*/4, /*t_max=*/64);
+  auto off = NewEngine(sparse);
+  ASSERT_NE(off, nullptr);
+  const RunResult off_run = Run(*off, {request});
+  const std::vector<TokenEvent>& a = off_run.events[0];
+  bool tested = false;
+  for (double threshold : {0.5, 0.3, 0.2, 0.1, 0.05, 0.02}) {
+    SCOPED_TRACE("fidelity_guard " + std::to_string(threshold));
+    SfiPolicyConfig guarded = sparse;
+    guarded.fidelity_guard = threshold;
+    auto on = NewEngine(guarded);
+    ASSERT_NE(on, nullptr);
+    const RunResult on_run = Run(*on, {request});
+    const std::vector<TokenEvent>& b = on_run.events[0];
+    ASSERT_EQ(a.size(), b.size());
+    size_t first_firing = a.size();
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (b[i].retained_kv_ratio != a[i].retained_kv_ratio) {
+        EXPECT_EQ(b[i].retained_kv_ratio, 1.0) << "token " << i;  // a slow step now
+        first_firing = i;
+        break;
+      }
+      EXPECT_EQ(b[i].token, a[i].token) << "token " << i;
+    }
+    const auto& policy = dynamic_cast<const SfiPolicy&>(*on->options().policy);
+    EXPECT_EQ(first_firing<a.size(), policy.guard_counters().firings> 0);
+    tested = tested || (first_firing > 1 && first_firing < a.size());
+  }
+  EXPECT_TRUE(tested) << "no threshold fired after letting fast steps through: nothing tested";
+}
+
 // Also with the key-norm prior (gamma > 0: the model computes its keys' norms at each slow step).
 TEST_F(EngineSfiTest, SmallBudgetKeepsEachRequestIndependentOfItsBatch) {
   const std::vector<GenerationRequest> requests = {Sampled(41, 7, 16), Sampled(23, 8, 16),

@@ -30,6 +30,7 @@ class SfiPolicy::Request final : public PolicyRequest {
   }
   const EntryAttention* PlanDecode(int /*position*/) override {
     planned_ = state_.has_selection ? schedule_.NextStep() : SfiStepKind::kSlow;
+    state_.guard_fired = false;
     entry_ = SfiStep(planned_, &state_);
     return &entry_;
   }
@@ -37,6 +38,14 @@ class SfiPolicy::Request final : public PolicyRequest {
     return planned_ == SfiStepKind::kFast && policy_.config_.confidence_threshold > 0.0;
   }
   Verdict Observe(bool decode, int token, float probability) override {
+    if (decode && policy_.config_.fidelity_guard > 0.0) {
+      policy_.CountGuard(planned_ == SfiStepKind::kFast, state_.guard_fired);
+    }
+    if (planned_ == SfiStepKind::kFast && state_.guard_fired) {  // the guard: a slow step now
+      schedule_.OnFastStepDiscarded();
+      policy_.Count(SfiStepKind::kFast, /*discarded=*/true);
+      return Verdict::kRedo;
+    }
     if (WantsTokenProbability() && probability < policy_.config_.confidence_threshold) {
       schedule_.OnFastStepDiscarded();
       policy_.Count(SfiStepKind::kFast, /*discarded=*/true);
@@ -120,6 +129,11 @@ Result<std::unique_ptr<AttentionBackend>> SfiPolicy::MakeBackend(Model& model,
   if (model.backend_name() == "cpu") return MakeSfiCpuBackend(model.config(), config_);
 #ifdef RUBATO_HAS_CUDA
   if (model.backend_name() == "cuda") {
+    if (config_.fidelity_guard > 0.0) {
+      return UnsupportedError(
+          "policy sfi: policy.fidelity_guard is built on the CPU model only (engine.backend: "
+          "cpu runs it)");
+    }
     return MakeSfiCudaBackend(static_cast<CudaModel&>(model), config_, max_batch);
   }
 #endif
@@ -162,13 +176,30 @@ Status SfiPolicy::RegisterMetrics(MetricsRegistry& registry) {
       registry.AddCounter("rubato:discarded_fast_steps_total",
                           "SFI fast steps whose token fell below the confidence threshold; "
                           "each was recomputed as a slow step."));
+  if (config_.fidelity_guard > 0.0) {
+    RUBATO_ASSIGN_OR_RETURN(
+        guard_metric_,
+        registry.AddCounter("rubato:fidelity_guard_firings_total",
+                            "Steps on which the fidelity guard found the attended rows chosen "
+                            "for a query that drifted (SFI: recomputed as slow steps)."));
+  }
   return Status::Ok();
 }
 
+void SfiPolicy::CountGuard(bool checked, bool fired) {
+  ++guard_counters_.steps;
+  if (checked) ++guard_counters_.checks;
+  if (!fired) return;
+  ++guard_counters_.firings;
+  if (guard_metric_ != nullptr) guard_metric_->Increment();
+}
+
 std::string SfiPolicy::StatsLine() const {
-  return " sfi_slow_steps=" + std::to_string(counters_.slow_steps) +
-         " sfi_fast_steps=" + std::to_string(counters_.fast_steps) +
-         " sfi_discarded_steps=" + std::to_string(counters_.discarded_steps);
+  std::string line = " sfi_slow_steps=" + std::to_string(counters_.slow_steps) +
+                     " sfi_fast_steps=" + std::to_string(counters_.fast_steps) +
+                     " sfi_discarded_steps=" + std::to_string(counters_.discarded_steps);
+  if (config_.fidelity_guard > 0.0) line += FidelityGuardStats("sfi", guard_counters_);
+  return line;
 }
 
 Result<std::unique_ptr<AttentionPolicy>> CreateSfiPolicy(const PolicySection& section) {

@@ -43,21 +43,27 @@ class SfiPolicy final : public AttentionPolicy {
   std::unique_ptr<PolicyRequest> Admit(KvResidency residency) override;
   // rubato:slow_steps_total, rubato:fast_steps_total, rubato:discarded_fast_steps_total.
   Status RegisterMetrics(MetricsRegistry& registry) override;
-  // " sfi_slow_steps=N sfi_fast_steps=M sfi_discarded_steps=D".
+  // " sfi_slow_steps=N sfi_fast_steps=M sfi_discarded_steps=D" and, with the fidelity guard on,
+  // " sfi_guard_firings=F sfi_guard_firings_per_100_steps=R" (docs/fidelity.md).
   std::string StatsLine() const override;
 
   const SfiPolicyConfig& config() const { return config_; }
   const std::vector<int>& trigger_ids() const { return trigger_ids_; }
   const SfiCounters& counters() const { return counters_; }
+  const FidelityGuardCounters& guard_counters() const { return guard_counters_; }
 
  private:
   class Request;
   explicit SfiPolicy(const SfiPolicyConfig& config) : config_(config) {}
   void Count(SfiStepKind step, bool discarded);
+  // A decode step under policy.fidelity_guard: `checked` a fast step the guard judged.
+  void CountGuard(bool checked, bool fired);
 
   SfiPolicyConfig config_;
   std::vector<int> trigger_ids_;  // sorted
   SfiCounters counters_;
+  FidelityGuardCounters guard_counters_;
+  Counter* guard_metric_ = nullptr;
   Counter* slow_steps_metric_ = nullptr;  // in the registry, once registered
   Counter* fast_steps_metric_ = nullptr;
   Counter* discarded_steps_metric_ = nullptr;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "inference_rank/attention/fidelity_guard.h"
 #include "inference_rank/attention/layer_action.h"
 #include "inference_rank/policies/sfi/sfi_config.h"
 
@@ -49,6 +50,12 @@ struct SfiSequenceState {
   int anchor = 0;                             // recent segment start: J's end at the last slow step
   bool has_selection = false;                 // a slow step has completed
   std::unique_ptr<SfiBackendHandle> backend;  // the backend's resources (see above), or null
+  // policy.fidelity_guard > 0 (CPU): each layer's query at the last slow step, the current fast
+  // step's cosines against them summed over its layers, and whether their mean fell below the
+  // threshold (the step is then recomputed as a slow one).
+  QueryDriftGuard guard;
+  double guard_cosine_sum = 0.0;
+  bool guard_fired = false;
 };
 
 // How an SFI step reads as a forward entry's attention (ForwardEntry::attention), which both
