@@ -105,7 +105,7 @@ inference rank) it lists the headless Service name, which resolves to one cache 
        rubato's own refusal; tests/deploy/check compares both with `rubato serve --check`. */ -}}
 {{- $residencies := dict "dense" (list "local" "offloaded") "streaming_llm" (list "local")
       "sfi" (list "local") "oracle_topk" (list "local" "offloaded") "kascade" (list "local")
-      "longflow" (list "evicting") -}}
+      "longflow" (list "evicting") "asyncspade" (list "offloaded") "synckv" (list "split_by_head") -}}
 {{- $policy := toString ((.Values.config.policy | default dict).name | default "dense") -}}
 {{- $residency := toString ($engine.kv_residency | default "") -}}
 {{- /* auto (rubato's default): the policy's own residency, which it always supports. */ -}}
