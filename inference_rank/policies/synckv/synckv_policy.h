@@ -27,7 +27,7 @@ struct SyncKvConfig {
   double mem_percent = 30.0;  // Mem%, (0, 100]: the budget (see mem_basis)
   // nr_heads: each NR-head keeps ceil(Mem% x context) positions; total: the local KV (R-heads
   // whole and NR-heads' sets) is Mem% of the full KV.
-  std::string mem_basis = "nr_heads";
+  std::string mem_basis = "total";
 };
 
 struct SyncKvCounters {
@@ -77,7 +77,7 @@ struct SyncKvStep {
 };
 
 // `policy: {name: synckv, calibration: FILE, representatives: 1, stride: 5, static_ratio: 0.5,
-// mem_percent: 30, mem_basis: nr_heads}`; loads and validates the calibration file.
+// mem_percent: 30, mem_basis: total}`; loads and validates the calibration file.
 Result<SyncKvConfig> ParseSyncKvConfig(const PolicySection& section);
 Result<std::unique_ptr<AttentionPolicy>> CreateSyncKvPolicy(const PolicySection& section);
 

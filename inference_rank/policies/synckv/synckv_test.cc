@@ -37,6 +37,8 @@ std::shared_ptr<SyncKvPolicy> Policy(double mem_percent, int stride) {
   SyncKvConfig config;
   config.calibration = "(in memory)";
   config.mem_percent = mem_percent;
+  // The tiny model's R-head is half of its KV: Mem% per NR-head makes 30 % meaningful.
+  config.mem_basis = "nr_heads";
   config.stride = stride;
   auto policy = SyncKvPolicy::Create(config, TinyCalibration());
   EXPECT_TRUE(policy.ok()) << policy.status().ToString();
