@@ -88,7 +88,7 @@ struct TopologySection {
 
   Mode mode = Mode::kColocated;
   Transport transport = Transport::kLoopback;
-  int pack_layers = 4;                       // [1, 1024] layers per layer pack
+  int pack_layers = 4;  // [1, 1024] layers per layer pack
   // Replies of a selector that replies rows (oracle_topk) carry only the rows entering each
   // selection (false: every selected row every step, for comparing bytes).
   bool delta_replies = true;
