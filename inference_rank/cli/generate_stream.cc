@@ -36,9 +36,14 @@ Status StreamGeneratedTokens(Engine& engine, StreamDecoder* decoder, std::FILE* 
       stats.last_token = std::chrono::steady_clock::now();
       if (stats.generated++ == 0) stats.first_token = stats.last_token;
       if (event.finish == FinishReason::kStop) continue;
-      text = decoder ? decoder->Push(event.token) : std::to_string(event.token) + " ";
-      Emit(text, out);
+      if (decoder) {
+        decoder->PushTo(event.token, &text);
+      } else {
+        text += std::to_string(event.token);
+        text += ' ';
+      }
     }
+    Emit(text, out);
   }
   if (decoder) text += decoder->Flush();
   Emit(text, out);
