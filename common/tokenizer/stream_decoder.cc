@@ -4,11 +4,15 @@
 namespace rubato {
 
 std::string StreamDecoder::Push(int id) {
-  std::string bytes;
-  tokenizer_->AppendTokenBytes(id, skip_special_tokens_, &bytes);
   std::string text;
-  utf8_.Push(bytes, &text);
+  PushTo(id, &text);
   return text;
+}
+
+void StreamDecoder::PushTo(int id, std::string* out) {
+  bytes_.clear();
+  tokenizer_->AppendTokenBytes(id, skip_special_tokens_, &bytes_);
+  utf8_.Push(bytes_, out);
 }
 
 std::string StreamDecoder::Flush() {

@@ -23,6 +23,8 @@ class StreamDecoder {
   // The text completed by `id` (often empty while a character is unfinished). Unknown ids add
   // nothing, as in Decode.
   std::string Push(int id);
+  // Push that appends the text to `out` instead (no string of its own per token).
+  void PushTo(int id, std::string* out);
   // The rest of the text; the decoder is then empty and can be reused.
   std::string Flush();
 
@@ -30,6 +32,7 @@ class StreamDecoder {
   const Tokenizer* tokenizer_;
   bool skip_special_tokens_;
   Utf8LossyStream utf8_;
+  std::string bytes_;  // the pushed token's bytes; reused
 };
 
 }  // namespace rubato

@@ -21,6 +21,7 @@
 #include "common/tokenizer/stream_decoder.h"
 #include "common/tokenizer/tokenizer.h"
 #include "inference_rank/cli/engine_setup.h"
+#include "inference_rank/cli/generate_stream.h"
 #include "inference_rank/cli/mpi_launch.h"
 #include "inference_rank/engine/engine.h"
 #include "inference_rank/model/model.h"
@@ -83,12 +84,6 @@ Result<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer, const Generate
   RUBATO_ASSIGN_OR_RETURN(std::string text, tokenizer.ApplyChatTemplate(messages));
   // The template already holds every special token (Llama-3's BOS included).
   return tokenizer.Encode(text, /*add_special_tokens=*/false);
-}
-
-void Print(const std::string& text) {
-  if (text.empty()) return;
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
 }
 
 Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config);
@@ -156,28 +151,12 @@ Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config) {
     decoder = std::make_unique<StreamDecoder>(*tokenizer, /*skip_special_tokens=*/true);
   }
   const Clock::time_point start = Clock::now();
-  Clock::time_point first_token_time = start;
-  Clock::time_point last_token_time = start;
-  int generated = 0;
-  // Averaged over the generated tokens (an SFI slow step counts as 1: it attends densely); the
-  // last token's alone would usually be a slow step after a trigger.
-  double retained_kv_sum = 0.0;
-  while (engine->HasWork()) {
-    RUBATO_ASSIGN_OR_RETURN(std::vector<TokenEvent> events, engine->Step());
-    for (const TokenEvent& event : events) {
-      if (event.finish == FinishReason::kError) {
-        if (decoder) Print(decoder->Flush());
-        Print("\n");
-        return event.error;
-      }
-      retained_kv_sum += event.retained_kv_ratio;
-      last_token_time = Clock::now();
-      if (generated++ == 0) first_token_time = last_token_time;
-      if (event.finish == FinishReason::kStop) continue;
-      Print(decoder ? decoder->Push(event.token) : std::to_string(event.token) + " ");
-    }
-  }
-  if (decoder) Print(decoder->Flush());
+  GenerateStreamStats stats;
+  RUBATO_RETURN_IF_ERROR(StreamGeneratedTokens(*engine, decoder.get(), stdout, start, stats));
+  const Clock::time_point first_token_time = stats.first_token;
+  const Clock::time_point last_token_time = stats.last_token;
+  const int generated = stats.generated;
+  const double retained_kv_sum = stats.retained_kv_sum;
 
   const double prefill_ms = MillisecondsBetween(start, first_token_time);
   const double decode_s = MillisecondsBetween(first_token_time, last_token_time) / 1000.0;

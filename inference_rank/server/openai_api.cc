@@ -615,4 +615,83 @@ json ModelListJson(const std::string& model, int64_t created, int max_context) {
 
 std::string SseEvent(const json& payload) { return "data: " + DumpJson(payload) + "\n\n"; }
 
+namespace {
+
+// A text no model name or id holds (control characters): where the text goes in the event.
+constexpr std::string_view kTextMark = "\x01\x02rubato-text\x02\x01";
+
+// Appends `text` as a quoted JSON string, as DumpJson writes it (ensure_ascii off). Text with a
+// byte >= 0x80 goes through DumpJson itself (invalid UTF-8 becomes U+FFFD there).
+void AppendJsonString(std::string_view text, std::string& out) {
+  for (const char c : text) {
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      out += DumpJson(json(std::string(text)));
+      return;
+    }
+  }
+  out += '"';
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          constexpr char kHex[] = "0123456789abcdef";
+          out += "\\u00";
+          out += kHex[(c >> 4) & 0xF];
+          out += kHex[c & 0xF];
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+
+}  // namespace
+
+TextChunkEvents::TextChunkEvents(CompletionKind kind, const CompletionResult& head)
+    : kind_(kind) {
+  head_.id = head.id;
+  head_.created = head.created;
+  head_.model = head.model;
+  const std::string event = SseEvent(CompletionChunkJson(kind, head_, kTextMark, "", false));
+  std::string mark;
+  AppendJsonString(kTextMark, mark);
+  const size_t at = event.find(mark);
+  if (at == std::string::npos || event.find(mark, at + 1) != std::string::npos) return;
+  before_ = event.substr(0, at);
+  after_ = event.substr(at + mark.size());
+}
+
+void TextChunkEvents::Append(std::string_view text, std::string& out) const {
+  // A chat chunk without text has no delta.content: not the cut event's shape.
+  if (before_.empty() || (text.empty() && kind_ == CompletionKind::kChat)) {
+    out += SseEvent(CompletionChunkJson(kind_, head_, text, "", false));
+    return;
+  }
+  out += before_;
+  AppendJsonString(text, out);
+  out += after_;
+}
+
 }  // namespace rubato::server

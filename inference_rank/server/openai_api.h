@@ -117,4 +117,20 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 // Compact JSON text that never throws: invalid UTF-8 in strings becomes U+FFFD.
 std::string DumpJson(const nlohmann::json& value);
 
+// The SSE events of one stream's text chunks, byte for byte SseEvent(CompletionChunkJson(kind,
+// head, text, "", false)), without a JSON tree per token: the event is cut around its text once,
+// and each token's text is escaped between the two parts. What the engine thread writes for
+// every token of a streamed reply.
+class TextChunkEvents {
+ public:
+  TextChunkEvents(CompletionKind kind, const CompletionResult& head);
+  // Appends the event of `text` to `out`.
+  void Append(std::string_view text, std::string& out) const;
+
+ private:
+  CompletionKind kind_;
+  CompletionResult head_;  // id, created, model: for the events the cut does not cover
+  std::string before_, after_;  // the event around its quoted text; empty: no cut was found
+};
+
 }  // namespace rubato::server

@@ -8,6 +8,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace rubato::server {
 namespace {
@@ -410,6 +411,27 @@ TEST(OpenAiApiTest, ModelList) {
   EXPECT_EQ(list["data"][0]["id"], "tiny");
   EXPECT_EQ(list["data"][0]["object"], "model");
   EXPECT_EQ(list["data"][0]["max_model_len"], 4096);
+}
+
+// The cut events equal the JSON tree's for every kind of text: quotes, escapes, control
+// characters, DEL, UTF-8, invalid UTF-8 (U+FFFD), and an empty chat delta (no content).
+TEST(OpenAiApiTest, TextChunkEventsEqualTheChunkJson) {
+  CompletionResult head;
+  head.id = "cmpl-7f3a\"x";
+  head.created = 1700000000;
+  head.model = "tiny-qwen3";
+  const std::vector<std::string> texts = {
+      "", "he", " world", "a\"b\\c", "\n\r\t\b\f", std::string("\x01\x1f\x7f", 3),
+      std::string(1, '\0'), "caf\xc3\xa9 \xe4\xb8\xad", "bad \xff\xc3", "</script>"};
+  for (CompletionKind kind : {CompletionKind::kText, CompletionKind::kChat}) {
+    const TextChunkEvents events(kind, head);
+    for (const std::string& text : texts) {
+      std::string out = "prefix";
+      events.Append(text, out);
+      EXPECT_EQ(out, "prefix" + SseEvent(CompletionChunkJson(kind, head, text, "", false)))
+          << "text of " << text.size() << " bytes, kind " << static_cast<int>(kind);
+    }
+  }
 }
 
 }  // namespace

@@ -123,6 +123,7 @@ struct ReplyState {
   bool logprobs = false;                 // the request asked for logprobs
   std::vector<TokenLogprobText> logprob_tokens;  // not streamed: all of them so far
   size_t text_offset = 0;                // completions' text_offset of the next token
+  std::optional<TextChunkEvents> text_events;  // streams: the events of plain text chunks
 };
 
 // The logprobs JSON of the tokens of one update (or of the whole reply).
@@ -170,8 +171,12 @@ void OnUpdate(ReplyState& state, const ServingUpdate& update) {
     state.stream_started = true;
   }
   if (!update.text.empty() || !tokens.empty() || (first && state.kind == CompletionKind::kChat)) {
-    const nlohmann::json logprobs = state.logprobs ? LogprobsJson(state, tokens) : nullptr;
-    events += SseEvent(CompletionChunkJson(state.kind, result, update.text, "", first, logprobs));
+    if (!first && !state.logprobs) {
+      state.text_events->Append(update.text, events);  // most tokens: no JSON tree
+    } else {
+      const nlohmann::json logprobs = state.logprobs ? LogprobsJson(state, tokens) : nullptr;
+      events += SseEvent(CompletionChunkJson(state.kind, result, update.text, "", first, logprobs));
+    }
   }
   if (update.finished) {
     // A requested logprobs is never null, even in a chunk without tokens.
@@ -536,6 +541,7 @@ void OpenAiRouter::Admit(Prepared prepared, CompletionKind kind, CompletionJob& 
   state->logprobs = prepared.request.generation.sampling.logprobs >= 0;
   state->result.created = UnixSeconds();
   state->result.model = options_.model_name;
+  if (state->stream) state->text_events.emplace(kind, state->result);
   ServingRequest& request = prepared.request;
   request.on_update = [state](const ServingUpdate& update) { OnUpdate(*state, update); };
   const Result<uint64_t> id = job.admission->Submit(*serving_, std::move(request));

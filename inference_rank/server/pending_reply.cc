@@ -54,18 +54,26 @@ void PendingReply::SetOnCancel(std::function<void()> on_cancel) {
 void PendingReply::SetNotify(std::function<void()> notify) {
   std::unique_lock<std::mutex> lock(mutex_);
   notify_ = std::move(notify);
+  notified_ = false;
   Notify(lock);  // something may be ready already
 }
 
 void PendingReply::Notify(std::unique_lock<std::mutex>& lock) {
+  // A notification the connection has not answered with Take yet covers this change too: one
+  // wakeup per Take, not per piece.
+  if (!notify_ || notified_) return;
+  notified_ = true;
   std::function<void()> notify = notify_;
   lock.unlock();
-  if (notify) notify();
+  notify();
 }
 
 PendingReply::Progress PendingReply::Take() {
   std::lock_guard<std::mutex> lock(mutex_);
+  notified_ = false;
+  std::string body = std::move(progress_.body);
   Progress taken = progress_;
+  taken.body = std::move(body);
   // What stays: the stream's state flags; the body pieces and the whole reply are handed over.
   progress_.body.clear();
   if (progress_.complete || progress_.stream_started) progress_.headers.clear();  // sent now

@@ -43,8 +43,10 @@ class PendingReply {
     bool close_connection = false;
   };
   Progress Take();
-  void SetNotify(std::function<void()> notify);  // called after every producer call
-  void Cancel();                                 // runs on_cancel once
+  // Called after a producer call, unless an earlier call's notification has not been followed by
+  // a Take yet (that Take gets this change as well).
+  void SetNotify(std::function<void()> notify);
+  void Cancel();  // runs on_cancel once
 
  private:
   void Notify(std::unique_lock<std::mutex>& lock);
@@ -54,6 +56,7 @@ class PendingReply {
   bool content_type_taken_ = false;
   bool finished_ = false;  // Complete or EndStream happened
   bool cancelled_ = false;
+  bool notified_ = false;  // notify_ ran and no Take followed yet
   std::function<void()> notify_;
   std::function<void()> on_cancel_;
 };

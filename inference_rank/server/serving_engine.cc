@@ -345,7 +345,7 @@ void ServingEngine::RouteEvent(const TokenEvent& event) {
 
   // The stop token itself is not text (as `rubato generate` prints it).
   if (event.finish != FinishReason::kStop) {
-    live.held_text += live.decoder->Push(event.token);
+    live.decoder->PushTo(event.token, &live.held_text);
     if (live.request.generation.sampling.logprobs >= 0) {
       live.held_logprobs.emplace_back(event.token, event.logprobs);
     }
@@ -373,8 +373,12 @@ void ServingEngine::RouteEvent(const TokenEvent& event) {
            (static_cast<unsigned char>(live.held_text[cut]) & 0xC0) == 0x80) {
       --cut;
     }
-    update.text = live.held_text.substr(0, cut);
-    live.held_text.erase(0, cut);
+    if (cut == live.held_text.size()) {
+      update.text.swap(live.held_text);  // all of it (no stop string can start here)
+    } else {
+      update.text = live.held_text.substr(0, cut);
+      live.held_text.erase(0, cut);
+    }
   }
   if (update.finished) {
     update.logprobs = std::move(live.held_logprobs);
