@@ -155,6 +155,8 @@ class CacheRankClient final : public KvOffloadClient {
   int PackOf(int layer) const { return layer / pack_layers_; }
   int PackFirstLayer(int pack) const { return pack * pack_layers_; }
   int PackLayers(int pack) const;
+  // "layer 3" or "layers 4-7", for messages.
+  static std::string LayerRange(int first, int count);
   // The header fields of pack `pack` of the current step (KV pack or its reply).
   LayerPackShape PackShape(LayerPackKind kind, int pack) const;
   Status StartStep(std::span<const OffloadLayerKv> entries);
