@@ -258,6 +258,15 @@ Result<uint64_t> Engine::Submit(GenerationRequest request) {
   if (options_.residency != nullptr && blocks > pool_blocks) {
     RUBATO_RETURN_IF_ERROR(options_.residency->ExplainTooLarge(prompt_tokens, blocks, pool_blocks));
   }
+  if (blocks > pool_blocks && local_window_ >= 0) {
+    return ResourceExhaustedError(fmt::format(
+        "request: its prompt ({} tokens) prefills through {} KV blocks but the cache has {} ({} "
+        "tokens: engine.kv_pool_tokens, or engine.gpu_memory_utilization's share of free "
+        "memory); its KV lives elsewhere and this rank keeps its prompt, then a window of {} "
+        "positions; shorten the prompt or enlarge the pool",
+        prompt_tokens, blocks, pool_blocks, int64_t{pool_blocks} * kv_cache_->shape().block_tokens,
+        local_window_ + 1));
+  }
   if (blocks > pool_blocks) {
     return ResourceExhaustedError(fmt::format(
         "request: prompt ({} tokens) + max_new_tokens ({}) needs {} KV blocks but the cache has "

@@ -2,8 +2,8 @@
 // holds its prompt while it prefills, then only the blocks its attention still reads locally.
 // The window from the selection; offloaded dense and oracle_topk give the tokens of local dense
 // and local oracle_topk in a pool too small for the batch's full contexts, where local KV
-// preempts; blocks go back exactly (finished, cancelled); the CPU model refuses to read or write
-// a released position, naming it.
+// preempts; a context longer than the whole pool runs; blocks go back exactly (finished,
+// cancelled); the CPU model refuses to read or write a released position, naming it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -164,6 +164,49 @@ TEST_F(OffloadWindowTest, OffloadedOracleTopKGivesTheLocalTokensWithTheWindow) {
   EXPECT_LE(offloaded.decode_blocks_per_request, 2.0);
   EXPECT_EQ(offloaded.free_blocks_after, offloaded.pool_blocks);
   EXPECT_EQ(offloaded.sessions_open_after, 0u);
+}
+
+// A context longer than the whole local pool: 20 + 100 positions (8 blocks) in a pool of 4 runs
+// to its end offloaded, and local KV refuses it at Submit; a prompt longer than the pool is
+// refused offloaded too, naming the prompt and the window.
+TEST_F(OffloadWindowTest, AContextLongerThanThePoolRunsOffloaded) {
+  std::unique_ptr<ColocatedCacheRank> cache = MakeCache(CacheSelectorSpec{.name = "attention"});
+  EngineOptions options;
+  options.max_batch = 1;
+  options.max_context = 128;
+  options.num_threads = 2;
+  options.max_kv_blocks = 4;
+  const EngineOptions local_options = options;
+  options.residency = std::make_shared<OffloadedResidency>(cache->client(), &cache->client());
+  GenerationRequest long_context = Sampled(20, 1, 100);
+  long_context.ignore_eos = true;
+  long_context.stop_token_ids.clear();
+
+  auto local = Engine::Create(LoadModel(), local_options);
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  EXPECT_EQ((*local)->Submit(long_context).status().code(), StatusCode::kResourceExhausted);
+
+  auto engine = Engine::Create(LoadModel(), options);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const Result<uint64_t> too_long = (*engine)->Submit(Sampled(70, 2, 5));
+  EXPECT_EQ(too_long.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(too_long.status().message().find("its prompt (70 tokens) prefills through 5 KV blocks "
+                                             "but the cache has 4"),
+            std::string::npos)
+      << too_long.status().message();
+  ASSERT_TRUE((*engine)->Submit(long_context).ok());
+  int tokens = 0;
+  while ((*engine)->HasWork()) {
+    auto events = (*engine)->Step();
+    ASSERT_TRUE(events.ok()) << events.status().ToString();
+    for (const TokenEvent& event : *events) {
+      EXPECT_NE(event.finish, FinishReason::kError) << event.error.message();
+      ++tokens;
+    }
+    EXPECT_LE((*engine)->kv_cache().used_blocks(), 2);
+  }
+  EXPECT_EQ(tokens, 100);
+  EXPECT_EQ((*engine)->kv_cache().free_blocks(), 4);
 }
 
 // A request cancelled mid-decode gives back every block it held; the others finish.
