@@ -134,8 +134,8 @@ class Engine {
   // repetition_penalty outside (0, 2], logprobs outside [-1, 20]; Unsupported for a
   // repetition_penalty or logprobs on a backend that samples on the device (cuda);
   // OutOfRange for a prompt of max_context tokens or more; ResourceExhausted when the request's
-  // sequence (prompt + max_new_tokens within max_context) could never fit in the KV pool, even
-  // alone.
+  // sequence (prompt + max_new_tokens within max_context; with a local window, its prompt and
+  // then its window) could never fit in the KV pool, even alone.
   Result<uint64_t> Submit(GenerationRequest request);
 
   // One scheduler step (see the file comment). Returns the tokens generated in this step, at
