@@ -294,6 +294,8 @@ TEST_F(OffloadEngineTest, ALostCacheRankEndsEveryOffloadedRequestWithAnError) {
     EXPECT_NE(event.error.message().find("colocated cache"), std::string::npos)
         << event.error.message();
   }
+  // Their local windows went back to the pool.
+  EXPECT_EQ((*engine)->kv_cache().free_blocks(), (*engine)->kv_cache().shape().num_blocks);
   // New requests on the broken client end at admission, with the same reason.
   ASSERT_TRUE((*engine)->Submit(Sampled(5, 9, 4)).ok());
   auto events = (*engine)->Step();
