@@ -162,12 +162,20 @@ Status GenerateWithConfig(const GenerateArgs& args, RubatoConfig& config) {
   const double decode_s = MillisecondsBetween(first_token_time, last_token_time) / 1000.0;
   const double decode_tok_s = generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0;
   const double retained_kv = generated > 0 ? retained_kv_sum / generated : 1.0;
+  // The local KV pool: the most blocks held at once, of how many; with a local window (offloaded
+  // KV on the CPU model, docs/residency.md) the positions kept before the one written.
+  std::string kv_blocks =
+      " kv_blocks_peak=" + std::to_string(engine->peak_used_blocks()) +
+      " kv_pool_blocks=" + std::to_string(engine->kv_cache().shape().num_blocks);
+  if (engine->local_window() >= 0) {
+    kv_blocks += " local_kv_window=" + std::to_string(engine->local_window());
+  }
   std::printf(
       "\n[rubato] prompt_tokens=%zu generated_tokens=%d prefill_ms=%.1f "
-      "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s%s%s\n",
+      "decode_tok_s=%.1f policy=%s retained_kv=%.3f backend=%s%s%s%s\n",
       prompt_ids.size(), generated, prefill_ms, decode_tok_s, config.policy.name.c_str(),
       retained_kv, backend.c_str(), policy.policy->StatsLine().c_str(),
-      engine_options.residency->StatsLine().c_str());
+      engine_options.residency->StatsLine().c_str(), kv_blocks.c_str());
   std::fflush(stdout);
   return Status::Ok();
 }

@@ -124,6 +124,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
   engine->window_ = window;
   engine->kv_pool_summary_ = std::move(summary);
   engine->preemptible_ = resolved.residency == nullptr || resolved.residency->Preemptible();
+  if (!engine->preemptible_)
+    engine->local_window_ = std::max(-1, resolved.residency->LocalWindow());
+  if (engine->local_window_ >= 0) {
+    RUBATO_LOG_INFO(kLogSubsystem,
+                    "{} KV: a request holds its prompt, then a local window of {} positions "
+                    "before the one it writes ({} blocks)",
+                    KvResidencyName(residency), engine->local_window_, engine->WindowBlocks());
+  }
   if (options.metrics != nullptr) {
     RUBATO_ASSIGN_OR_RETURN(
         engine->retained_kv_metric_,
@@ -239,11 +247,25 @@ Result<uint64_t> Engine::Submit(GenerationRequest request) {
                            " tokens but the context limit is " +
                            std::to_string(options_.max_context) + " (engine.max_context)");
   }
-  // A request alone always fits (a running one then never waits for blocks it cannot get).
-  const int blocks = kv_cache_->BlocksFor(ReservedTokens(request));
+  // A request alone always fits (a running one then never waits for blocks it cannot get); with
+  // a local window, what it holds at most: its prompt, then its window.
+  const int full_blocks = kv_cache_->BlocksFor(ReservedTokens(request));
+  const int blocks =
+      local_window_ < 0
+          ? full_blocks
+          : std::min(full_blocks, std::max(kv_cache_->BlocksFor(prompt_tokens), WindowBlocks()));
   const int pool_blocks = kv_cache_->shape().num_blocks;
   if (options_.residency != nullptr && blocks > pool_blocks) {
     RUBATO_RETURN_IF_ERROR(options_.residency->ExplainTooLarge(prompt_tokens, blocks, pool_blocks));
+  }
+  if (blocks > pool_blocks && local_window_ >= 0) {
+    return ResourceExhaustedError(fmt::format(
+        "request: its prompt ({} tokens) prefills through {} KV blocks but the cache has {} ({} "
+        "tokens: engine.kv_pool_tokens, or engine.gpu_memory_utilization's share of free "
+        "memory); its KV lives elsewhere and this rank keeps its prompt, then a window of {} "
+        "positions; shorten the prompt or enlarge the pool",
+        prompt_tokens, blocks, pool_blocks, int64_t{pool_blocks} * kv_cache_->shape().block_tokens,
+        local_window_ + 1));
   }
   if (blocks > pool_blocks) {
     return ResourceExhaustedError(fmt::format(
@@ -277,11 +299,20 @@ Status Engine::AdmitWaiting(std::vector<TokenEvent>& events) {
     Request& next = waiting_.front();
     // A preemptible request takes the blocks of what it prefills now and grows from there;
     // otherwise its whole sequence is reserved.
+    // With a local window it takes the blocks of its prompt, and admission keeps free what it
+    // and the running requests may still take within their bounds (LocalBlocksBound).
+    const int reserved = ReservedTokens(next.params);
     const int tokens =
-        preemptible_ ? static_cast<int>(PrefillIds(next).size()) : ReservedTokens(next.params);
+        preemptible_ || local_window_ >= 0 ? static_cast<int>(PrefillIds(next).size()) : reserved;
     if (kv_cache_->BlocksFor(tokens) > kv_cache_->free_blocks()) break;  // FCFS: wait
+    if (local_window_ >= 0 &&
+        LocalBlocksBound(next) > kv_cache_->free_blocks() - PromisedBlocks()) {
+      break;
+    }
     if (options_.residency != nullptr) {
-      Result<std::unique_ptr<ResidencyRequest>> opened = options_.residency->Open(next.id, tokens);
+      // Its storage holds the whole sequence, whatever the paged cache keeps.
+      Result<std::unique_ptr<ResidencyRequest>> opened =
+          options_.residency->Open(next.id, preemptible_ ? tokens : reserved);
       if (!opened.ok()) {
         const Status error = opened.status().WithContext("request " + std::to_string(next.id));
         RUBATO_LOG_WARN(kLogSubsystem, "{}", error.message());
@@ -352,6 +383,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
   // The running requests' next positions first; nothing new is admitted in a step that had to
   // preempt (vLLM's rule: it would only be preempted in turn).
   if (preemptible_) RUBATO_RETURN_IF_ERROR(GrowDecodingRequests());
+  if (local_window_ >= 0) RUBATO_RETURN_IF_ERROR(SlideLocalWindows());
   if (last_step_preemptions_ == 0) RUBATO_RETURN_IF_ERROR(AdmitWaiting(events));
   FailLostResidencyRequests(events);
 
@@ -475,6 +507,7 @@ Result<std::vector<TokenEvent>> Engine::Step() {
       events.back().logprobs = std::move(forward_result_.sampled_logprobs[e]);
     }
   }
+  peak_used_blocks_ = std::max(peak_used_blocks_, kv_cache_->used_blocks());
   if (retained_kv_metric_ != nullptr) {
     for (const TokenEvent& event : events) {
       if (event.finish != FinishReason::kError)

@@ -1,9 +1,10 @@
 // The generation engine of an inference rank: requests in, tokens out, one scheduler step at a
 // time (FCFS continuous batching over a paged KV pool sized from free memory, KV blocks taken as
 // requests grow, the newest running request preempted and later recomputed when the pool runs
-// out, mixed prefill chunks and decode tokens per forward). The attention policy's host half
-// plans every entry and judges every token (accept, or redo: the engine rewinds and gives the
-// sampling draw back). Used by the CLI and the HTTP server; backend-neutral; one thread drives
+// out, or, where a request's full KV lives elsewhere, only its prompt and then its residency's
+// local window held; mixed prefill chunks and decode tokens per forward). The attention policy's
+// host half plans every entry and judges every token (accept, or redo: the engine rewinds and gives
+// the sampling draw back). Used by the CLI and the HTTP server; backend-neutral; one thread drives
 // it. docs/engine_and_models.md.
 #pragma once
 
@@ -133,8 +134,8 @@ class Engine {
   // repetition_penalty outside (0, 2], logprobs outside [-1, 20]; Unsupported for a
   // repetition_penalty or logprobs on a backend that samples on the device (cuda);
   // OutOfRange for a prompt of max_context tokens or more; ResourceExhausted when the request's
-  // sequence (prompt + max_new_tokens within max_context) could never fit in the KV pool, even
-  // alone.
+  // sequence (prompt + max_new_tokens within max_context; with a local window, its prompt and
+  // then its window) could never fit in the KV pool, even alone.
   Result<uint64_t> Submit(GenerationRequest request);
 
   // One scheduler step (see the file comment). Returns the tokens generated in this step, at
@@ -161,6 +162,11 @@ class Engine {
   // the last Step.
   int64_t num_preemptions() const { return num_preemptions_; }
   int last_step_preemptions() const { return last_step_preemptions_; }
+  // The residency's local window (Residency::LocalWindow) when the engine keeps only it, else
+  // -1 (every position of a running request is held).
+  int local_window() const { return local_window_; }
+  // The most KV blocks held at once so far (after a step's forward).
+  int peak_used_blocks() const { return peak_used_blocks_; }
   const EngineOptions& options() const { return options_; }  // with defaults resolved
   // The requests the last Step moved from waiting to running for the first time (their queue
   // time ends there; a preempted request that runs again is not listed).
@@ -208,6 +214,19 @@ class Engine {
   // the block its next position needs, oldest first; when none is free, preempts the newest
   // running request (possibly the one asking), until the block is there.
   Status GrowDecodingRequests();
+  // A local window (local_window_ >= 0, engine_kv_pool.cc): the blocks positions [p - W, p]
+  // span at most.
+  int WindowBlocks() const;
+  // A local window: the most blocks `request` may hold from now on: its prompt's (or the
+  // window's, the larger) while it prefills, then the window's; never more than its whole
+  // sequence's.
+  int LocalBlocksBound(const Request& request) const;
+  // A local window: the blocks running requests may still take within their bounds (what
+  // admission keeps free for them).
+  int PromisedBlocks() const;
+  // A local window: for every request that decodes this step, releases the blocks before its
+  // window and takes the block of its next position (within its bound: never short).
+  Status SlideLocalWindows();
   // Frees the newest running request's KV and residency storage and puts it first in the queue,
   // to prefill its prompt and generated tokens again when it is admitted.
   Status PreemptNewest();
@@ -238,6 +257,10 @@ class Engine {
   // Running requests take KV blocks as they grow and may be preempted: the local residency (or
   // none). Otherwise admission reserves each request's ReservedTokens whole.
   bool preemptible_ = true;
+  // Residency::LocalWindow of a residency that is not preemptible, else -1: running requests
+  // hold only their prompt, then their window, and take blocks as they grow.
+  int local_window_ = -1;
+  int peak_used_blocks_ = 0;
   std::string kv_pool_summary_;
   int64_t num_preemptions_ = 0;
   int last_step_preemptions_ = 0;

@@ -4,6 +4,7 @@
 // engine.h; docs/engine_and_models.md "The KV pool").
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -60,6 +61,42 @@ Status Engine::GrowDecodingRequests() {
     }
     if (preempted_itself) break;  // it was the newest: nothing after it is left
     RUBATO_RETURN_IF_ERROR(kv_cache_->Reserve(request->kv, tokens).WithContext("engine step"));
+  }
+  return Status::Ok();
+}
+
+int Engine::WindowBlocks() const {
+  // Positions [a, a + W] span blocks a / bt .. (a + W) / bt: at most ceil(W / bt) + 1.
+  return kv_cache_->BlocksFor(local_window_) + 1;
+}
+
+int Engine::LocalBlocksBound(const Request& request) const {
+  const int full = kv_cache_->BlocksFor(ReservedTokens(request.params));
+  const int prefill = static_cast<int>(PrefillIds(request).size());
+  const int bound = request.prompt_done < prefill
+                        ? std::max(kv_cache_->BlocksFor(prefill), WindowBlocks())
+                        : WindowBlocks();
+  return std::min(full, bound);
+}
+
+int Engine::PromisedBlocks() const {
+  int promised = 0;
+  for (const Request& request : running_) {
+    promised += std::max(0, LocalBlocksBound(request) - PagedKvCache::HeldBlocks(request.kv));
+  }
+  return promised;
+}
+
+Status Engine::SlideLocalWindows() {
+  for (Request& request : running_) {
+    if (request.prompt_done < static_cast<int>(PrefillIds(request).size())) continue;
+    const int position = request.kv.num_tokens;  // its next decode token's
+    RUBATO_RETURN_IF_ERROR(kv_cache_->ReleaseBefore(request.kv, position - local_window_)
+                               .WithContext("engine step: request " + std::to_string(request.id)));
+    // Within its bound, which admission kept free: never short.
+    RUBATO_RETURN_IF_ERROR(
+        kv_cache_->Reserve(request.kv, position + 1)
+            .WithContext("engine step: request " + std::to_string(request.id) + "'s local window"));
   }
   return Status::Ok();
 }

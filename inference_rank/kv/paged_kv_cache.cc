@@ -1,6 +1,7 @@
 // Paged KV cache: host pools, free list and block tables (see paged_kv_cache.h).
 #include "inference_rank/kv/paged_kv_cache.h"
 
+#include <algorithm>
 #include <new>
 #include <string>
 #include <utility>
@@ -86,18 +87,49 @@ Status PagedKvCache::Reserve(KvSequence& sequence, int total_tokens) {
 
 Status PagedKvCache::Release(KvSequence& sequence) {
   for (int32_t block : sequence.block_table) {
+    if (block == kReleasedBlock) continue;
     if (block < 0 || block >= shape_.num_blocks || !block_in_use_[static_cast<size_t>(block)]) {
       return InternalError("KV cache: releasing block " + std::to_string(block) +
                            ", which is not held by any sequence");
     }
   }
   for (int32_t block : sequence.block_table) {
+    if (block == kReleasedBlock) continue;
     block_in_use_[static_cast<size_t>(block)] = 0;
     free_blocks_.push_back(block);
   }
   sequence.block_table.clear();
   sequence.num_tokens = 0;
+  sequence.released_blocks = 0;
   return Status::Ok();
+}
+
+Status PagedKvCache::ReleaseBefore(KvSequence& sequence, int position) {
+  // Entry b holds positions [b * bt, (b + 1) * bt): released when (b + 1) * bt <= position.
+  const int end = std::min(std::max(position, 0) / shape_.block_tokens,
+                           static_cast<int>(sequence.block_table.size()));
+  for (int b = sequence.released_blocks; b < end; ++b) {
+    const int32_t block = sequence.block_table[static_cast<size_t>(b)];
+    if (block < 0 || block >= shape_.num_blocks || !block_in_use_[static_cast<size_t>(block)]) {
+      return InternalError("KV cache: releasing block " + std::to_string(block) +
+                           " (positions from " + std::to_string(b * shape_.block_tokens) +
+                           "), which is not held by any sequence");
+    }
+  }
+  for (int b = sequence.released_blocks; b < end; ++b) {
+    int32_t& block = sequence.block_table[static_cast<size_t>(b)];
+    block_in_use_[static_cast<size_t>(block)] = 0;
+    free_blocks_.push_back(block);
+    block = kReleasedBlock;
+  }
+  sequence.released_blocks = std::max(sequence.released_blocks, end);
+  return Status::Ok();
+}
+
+int PagedKvCache::FirstReleasedPosition(const KvSequence& sequence, int begin, int end) const {
+  if (sequence.released_blocks == 0 || begin >= end) return -1;
+  const int first_held = sequence.released_blocks * shape_.block_tokens;
+  return begin < first_held ? std::max(begin, 0) : -1;
 }
 
 PagedKvView PagedKvCache::LayerView(int layer, const KvSequence& sequence) const {

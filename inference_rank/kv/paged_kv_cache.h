@@ -24,13 +24,21 @@ struct KvCacheShape {
   int num_blocks = 0;
 };
 
+// A block table entry whose block went back to the free list (PagedKvCache::ReleaseBefore): its
+// positions are no longer held locally and must not be read or written.
+inline constexpr int32_t kReleasedBlock = -1;
+
 // One sequence's KV blocks. Owned by the caller (a request, a test); blocks are taken from and
-// returned to one PagedKvCache through Reserve / Release, never copied between caches.
+// returned to one PagedKvCache through Reserve / Release / ReleaseBefore, never copied between
+// caches.
 struct KvSequence {
-  std::vector<int32_t> block_table;  // [blocks] physical block ids, in position order
+  std::vector<int32_t> block_table;  // [blocks] physical block ids (or kReleasedBlock), in
+                                     // position order
   int num_tokens = 0;                // positions [0, num_tokens) hold K/V in every layer
                                      // (on evicting KV, once the prompt moved into the
                                      // request's slots: the positions written, no blocks)
+  int released_blocks = 0;           // entries of block_table that are kReleasedBlock (a
+                                     // prefix: ReleaseBefore releases from the front)
 };
 
 // Pools that a backend keeps outside this class (the CUDA model's device pools). The cache owns
@@ -64,6 +72,22 @@ class PagedKvCache {
   // InternalError when a block is not one this cache handed out (a double release).
   Status Release(KvSequence& sequence);
 
+  // Returns the blocks of `sequence` that hold only positions before `position` to the free
+  // list; their block table entries become kReleasedBlock (the table keeps its length, so
+  // position p still maps to entry p / block_tokens) and num_tokens is unchanged. Used where a
+  // request's full KV lives elsewhere and this rank reads only a window of recent positions
+  // (docs/residency.md "The local window"). InternalError on a block this cache did not hand out.
+  Status ReleaseBefore(KvSequence& sequence, int position);
+
+  // The first position of [begin, end) whose block `sequence` released, or -1 when every one is
+  // held (or was never reserved: Capacity says that).
+  int FirstReleasedPosition(const KvSequence& sequence, int begin, int end) const;
+
+  // Blocks `sequence` holds (its table less the released entries).
+  static int HeldBlocks(const KvSequence& sequence) {
+    return static_cast<int>(sequence.block_table.size()) - sequence.released_blocks;
+  }
+
   // Blocks needed to hold `tokens` positions.
   int BlocksFor(int tokens) const {
     return (tokens + shape_.block_tokens - 1) / shape_.block_tokens;
@@ -75,8 +99,9 @@ class PagedKvCache {
   }
 
   // What the CPU ops read and write for `layer` of `sequence`. Valid until the sequence's
-  // block table changes. Host pools only: a cache made by CreateWithStorage has none and
-  // returns an empty view (null keys and values).
+  // block table changes. A released position (FirstReleasedPosition) must not be read through it:
+  // the model checks the positions an entry reads and writes before it does. Host pools only: a
+  // cache made by CreateWithStorage has none and returns an empty view (null keys and values).
   PagedKvView LayerView(int layer, const KvSequence& sequence) const;
 
   // The backend's pools of a CreateWithStorage cache; nullptr for a cache with host pools.

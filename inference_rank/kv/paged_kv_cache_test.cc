@@ -1,6 +1,7 @@
 // Tests for the paged KV cache: block accounting, all-or-nothing reservation, exhaustion as an
-// error, release and reuse, that layer views of different layers and sequences never alias, and
-// that a cache with a backend's storage does the same accounting without host pools.
+// error, release and reuse, releasing the blocks before a position, that layer views of different
+// layers and sequences never alias, and that a cache with a backend's storage does the same
+// accounting without host pools.
 #include "inference_rank/kv/paged_kv_cache.h"
 
 #include <gtest/gtest.h>
@@ -80,6 +81,37 @@ TEST(PagedKvCache, DoubleReleaseIsReported) {
   ASSERT_TRUE((*cache)->Release(a).ok());
   EXPECT_EQ((*cache)->Release(copy).code(), StatusCode::kInternal);
   EXPECT_EQ((*cache)->free_blocks(), 2);
+}
+
+// ReleaseBefore gives back only whole blocks before the position, keeps the table's length
+// (later positions map as before), is idempotent, and Release then frees what is left.
+TEST(PagedKvCache, ReleaseBeforeKeepsTheTableAndFreesWholeBlocks) {
+  auto cache = PagedKvCache::Create(SmallShape(8));
+  ASSERT_TRUE(cache.ok());
+  KvSequence sequence;
+  ASSERT_TRUE((*cache)->Reserve(sequence, 60).ok());  // 4 blocks
+  sequence.num_tokens = 60;
+  const int32_t third = sequence.block_table[2];
+  ASSERT_TRUE((*cache)->ReleaseBefore(sequence, 47).ok());  // blocks 0, 1; 2 holds 32..47
+  EXPECT_EQ(sequence.block_table.size(), 4u);
+  EXPECT_EQ(sequence.block_table[0], kReleasedBlock);
+  EXPECT_EQ(sequence.block_table[1], kReleasedBlock);
+  EXPECT_EQ(sequence.block_table[2], third);
+  EXPECT_EQ(sequence.released_blocks, 2);
+  EXPECT_EQ(sequence.num_tokens, 60);
+  EXPECT_EQ(PagedKvCache::HeldBlocks(sequence), 2);
+  EXPECT_EQ((*cache)->free_blocks(), 6);
+  EXPECT_EQ((*cache)->FirstReleasedPosition(sequence, 10, 40), 10);
+  EXPECT_EQ((*cache)->FirstReleasedPosition(sequence, 31, 33), 31);
+  EXPECT_EQ((*cache)->FirstReleasedPosition(sequence, 32, 60), -1);
+  ASSERT_TRUE((*cache)->ReleaseBefore(sequence, 20).ok());  // nothing more
+  EXPECT_EQ((*cache)->free_blocks(), 6);
+  ASSERT_TRUE((*cache)->Reserve(sequence, 70).ok());  // grows at the end
+  EXPECT_EQ(sequence.block_table.size(), 5u);
+  EXPECT_EQ((*cache)->free_blocks(), 5);
+  ASSERT_TRUE((*cache)->Release(sequence).ok());
+  EXPECT_EQ((*cache)->free_blocks(), 8);
+  EXPECT_EQ(sequence.released_blocks, 0);
 }
 
 TEST(PagedKvCache, LayersAndSequencesDoNotAlias) {

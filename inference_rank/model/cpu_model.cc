@@ -294,6 +294,7 @@ Status CpuModel::SelfAttention(int layer, PagedKvCache& cache, const AttentionWi
     RUBATO_RETURN_IF_ERROR(PlannedOpArgs(context));
   }
   RUBATO_RETURN_IF_ERROR(ResidencyLayer(context));
+  RUBATO_RETURN_IF_ERROR(CheckLocalReads(context));
   for (size_t e = 0; e < plan_.size(); ++e) {
     if (!IsFixedBudget(plan_[e], layer)) continue;
     RUBATO_RETURN_IF_ERROR(backend_->AttendFixedBudget(context, static_cast<int>(e)));
@@ -448,6 +449,32 @@ Status CpuModel::ResidencyLayer(const CpuLayerContext& context) {
     const size_t scratch = static_cast<size_t>(TwoSegmentAttentionScratchSize(args));
     for (std::vector<float>& worker_scratch : attention_scratch_)
       GrowVector(worker_scratch, scratch);
+  }
+  return Status::Ok();
+}
+
+Status CpuModel::CheckLocalReads(const CpuLayerContext& context) const {
+  for (size_t e = 0; e < plan_.size(); ++e) {
+    const CpuEntryRows& p = plan_[e];
+    if (p.sequence->released_blocks == 0 || IsFixedBudget(p, context.layer)) continue;
+    const ResidencyAttention::Kind kind = residency_attention_[e];
+    if (kind == ResidencyAttention::Kind::kWritten) continue;  // reads nothing here
+    // The recent segment of the two-segment op, else (dense, or a plan's op: conservatively)
+    // every position up to the entry's last.
+    const bool two_segment = kind == ResidencyAttention::Kind::kTwoSegment ||
+                             (p.attention != nullptr &&
+                              p.attention->ActionFor(context.layer).op == AttentionOp::kTwoSegment);
+    const int begin = two_segment ? two_segment_args_[e].recent_begin : 0;
+    const int end = p.start_position + p.tokens;
+    const int released = context.cache->FirstReleasedPosition(*p.sequence, begin, end);
+    if (released >= 0) {
+      return FailedPreconditionError(
+          "layer " + std::to_string(context.layer) + ", batch entry " + std::to_string(e) +
+          ": its attention would read position " + std::to_string(released) +
+          ", whose KV block this rank released (it holds positions from " +
+          std::to_string(p.sequence->released_blocks * context.cache->shape().block_tokens) +
+          " on)");
+    }
   }
   return Status::Ok();
 }

@@ -92,6 +92,10 @@ class CpuModel : public Model {
   // Entries with a residency handle: this layer's new K/V to the residency backend, then what
   // each attends (residency_attention_; kTwoSegment as its two_segment_args_).
   Status ResidencyLayer(const CpuLayerContext& context);
+  // Refuses, naming the position, any entry whose attention in this layer would read a position
+  // whose KV block its sequence released (PagedKvCache::ReleaseBefore): after ResidencyLayer and
+  // PlannedOpArgs, before any read.
+  Status CheckLocalReads(const CpuLayerContext& context) const;
   // normed -> projected: down(silu(gate(x)) * up(x)).
   void Mlp(int layer);
   // final norm -> lm_head (or tied embedding) for the rows the entries want.

@@ -152,6 +152,14 @@ Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardEn
                                     std::to_string(config.vocab_size) + ")");
       }
     }
+    const int first_released =
+        cache.FirstReleasedPosition(*entry.sequence, entry.start_position,
+                                    entry.start_position + static_cast<int>(entry.tokens.size()));
+    if (first_released >= 0) {
+      return FailedPreconditionError(where + " writes position " + std::to_string(first_released) +
+                                     ", whose KV block this rank released (it keeps only the "
+                                     "positions its attention still reads)");
+    }
     for (size_t other = 0; other < e; ++other) {
       if (batch[other].sequence == entry.sequence) {
         return InvalidArgumentError(where + " uses the same sequence as entry " +

@@ -55,6 +55,14 @@ class Residency {
   // recompute preemption): only where the paged cache holds all of the request's KV. Otherwise
   // admission reserves ReservedTokens whole and nothing is preempted.
   virtual bool Preemptible() const { return false; }
+  // The local window (docs/residency.md "The local window"): where the request's full KV lives
+  // elsewhere, how many positions before the one being written this rank still reads once the
+  // prompt is prefilled. -1 (the default): every position, the paged cache keeps them all. W >= 0:
+  // a decode token at position p reads only [p - W, p] locally, so the engine releases the
+  // blocks that hold only positions before p - W, takes blocks one at a time as the request
+  // grows, and admission counts only the blocks of the prompt (prefill chunks attend locally)
+  // and of the window. Read once, after Attach.
+  virtual int LocalWindow() const { return -1; }
   // Submit, when the request's `blocks` exceed the cache's `cache_blocks`: the residency's own
   // refusal (ResourceExhausted), or ok for the engine's.
   virtual Status ExplainTooLarge(int /*prompt_tokens*/, int /*blocks*/,
@@ -63,8 +71,8 @@ class Residency {
   }
 
   // Admission, before the request's blocks are reserved: its storage for `reserved_tokens`
-  // positions (ReservedTokens), or null when it needs none. An error ends the request with an
-  // error event; the engine continues.
+  // positions (ReservedTokens, whatever LocalWindow keeps locally), or null when it needs none. An
+  // error ends the request with an error event; the engine continues.
   virtual Result<std::unique_ptr<ResidencyRequest>> Open(uint64_t /*request_id*/,
                                                          int /*reserved_tokens*/) {
     return std::unique_ptr<ResidencyRequest>();

@@ -93,6 +93,8 @@ class CacheRankClient final : public KvOffloadClient {
   // Forward steps that offloaded K/V (each sends one KV pack per pack of layers).
   uint64_t steps() const { return step_; }
   bool delta_replies() const { return deltas_; }
+  // What its sessions ask the cache rank for (CacheClientOptions::selection).
+  const CacheSelectorSpec& selection() const { return options_.selection; }
   // Compact K / V rows (one row: one position of one KV head) the replies carried, and what
   // full replies would have carried for the same steps (equal without delta replies); the
   // bytes of those full replies (bytes_received() is what came).

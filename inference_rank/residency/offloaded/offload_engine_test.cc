@@ -67,6 +67,8 @@ class OffloadEngineTest : public ::testing::Test {
         output.error = event.error;
       }
     }
+    free_blocks_after_ = (*engine)->kv_cache().free_blocks();
+    pool_blocks_ = (*engine)->kv_cache().shape().num_blocks;
     return outputs;
   }
 
@@ -91,6 +93,8 @@ class OffloadEngineTest : public ::testing::Test {
   }
 
   TestTempDir dir_{"offload_engine"};
+  int free_blocks_after_ = -1;  // the KV pool after the last Run
+  int pool_blocks_ = 0;
 };
 
 TEST_F(OffloadEngineTest, OffloadDenseGivesTheDenseTokensForEveryPackSize) {
@@ -183,6 +187,7 @@ TEST_F(OffloadEngineTest, ALostSessionEndsOnlyItsRequest) {
   }
   EXPECT_EQ(failed, 1);
   EXPECT_EQ(cache->service().Stats().store.sessions_open, 0u);
+  EXPECT_EQ(free_blocks_after_, pool_blocks_) << "the failed request's local window went back";
 }
 
 TEST_F(OffloadEngineTest, OffloadTopKCoveringTheContextGivesTheDenseTokens) {
@@ -289,6 +294,8 @@ TEST_F(OffloadEngineTest, ALostCacheRankEndsEveryOffloadedRequestWithAnError) {
     EXPECT_NE(event.error.message().find("colocated cache"), std::string::npos)
         << event.error.message();
   }
+  // Their local windows went back to the pool.
+  EXPECT_EQ((*engine)->kv_cache().free_blocks(), (*engine)->kv_cache().shape().num_blocks);
   // New requests on the broken client end at admission, with the same reason.
   ASSERT_TRUE((*engine)->Submit(Sampled(5, 9, 4)).ok());
   auto events = (*engine)->Step();

@@ -57,6 +57,7 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSele
   options.timeout = std::chrono::milliseconds(
       std::max(config.limits.rpc_timeout_ms, 5 * config.limits.heartbeat_ms));
   OffloadTarget target;
+  target.selection = selection;
   if (config.topology.mode == TopologySection::Mode::kDisaggregated) {
     const LimitsSection limits = config.limits;
     const RemoteDataPlane plane{config.topology.transport, config.engine.device};
@@ -117,10 +118,38 @@ CacheRankClient* OffloadedResidency::data_client() const {
   return data_client_ != nullptr ? data_client_ : target_.data_client();
 }
 
-Status OffloadedResidency::Attach(Model& model, const AttentionPolicy* /*policy*/,
-                                  int /*max_batch*/) {
+Result<int> LocalWindowFor(const CacheSelectorSpec& spec) {
+  const CacheSelector* selector = FindCacheSelector(spec.name);
+  if (selector == nullptr) {
+    return InvalidArgumentError("offloaded KV: unknown cache selector '" + spec.name + "'");
+  }
+  if (selector->traits().partial_attention) return 0;
+  if (spec.dense_steps > 0) return -1;
+  // The recent segment of a decode token at a position past every sink and window: the range
+  // of its own entry, or of the entry before it for a selector that serves the next step.
+  constexpr int kPosition = 1 << 24;
+  const int entry = selector->traits().serves_same_step ? kPosition : kPosition - 1;
+  const int recent_begin = selector->ReplyRangeFor(spec, entry, 1).recent_begin;
+  return std::max(0, kPosition - recent_begin);
+}
+
+Status OffloadedResidency::Attach(Model& model, const AttentionPolicy* policy, int /*max_batch*/) {
   std::unique_ptr<ResidencyBackend> half;
-  if (model.backend_name() == "cpu") half = MakeOffloadedCpuBackend(model.config());
+  if (model.backend_name() == "cpu") {
+    half = MakeOffloadedCpuBackend(model.config());
+    // The CPU model checks every local read against the released blocks (CheckLocalReads); the
+    // CUDA model's halves keep every position, as before. The sessions' selection decides what
+    // is read locally: the target's, the data client's, else the policy's (null: dense).
+    CacheSelectorSpec selection;
+    if (target_.client != nullptr) {
+      selection = target_.selection;
+    } else if (data_client_ != nullptr) {
+      selection = data_client_->selection();
+    } else if (policy != nullptr) {
+      RUBATO_ASSIGN_OR_RETURN(selection, policy->MakeCacheSelector());
+    }
+    RUBATO_ASSIGN_OR_RETURN(local_window_, LocalWindowFor(selection));
+  }
 #ifdef RUBATO_HAS_CUDA
   if (model.backend_name() == "cuda") half = MakeOffloadedCudaBackend(model.config());
 #endif

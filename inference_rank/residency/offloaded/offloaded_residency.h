@@ -30,6 +30,7 @@ struct OffloadTarget {
   std::unique_ptr<MultiCacheRank> remote;
   std::unique_ptr<ColocatedCacheRank> colocated;
   KvOffloadClient* client = nullptr;
+  CacheSelectorSpec selection;  // what every session asks the cache ranks for
   // A current connection's client (the colocated one, or the first remote rank connected);
   // null without one.
   CacheRankClient* data_client() const {
@@ -60,8 +61,12 @@ class OffloadedResidency final : public Residency {
   std::string_view name() const override { return "offloaded"; }
   KvResidency kind() const override { return KvResidency::kOffloaded; }
 
-  // Installs the model half of the model's backend (CPU, or CUDA in a CUDA build).
+  // Installs the model half of the model's backend (CPU, or CUDA in a CUDA build) and, on the
+  // CPU model, derives the local window from the sessions' selection (LocalWindowFor): the
+  // target's, else the data client's, else the policy's cache-rank selector.
   Status Attach(Model& model, const AttentionPolicy* policy, int max_batch) override;
+  // The CPU model's window; the CUDA model's: -1 (every position, as before).
+  int LocalWindow() const override { return local_window_; }
   Result<std::unique_ptr<ResidencyRequest>> Open(uint64_t request_id, int reserved_tokens) override;
   // Closed even on a broken client, which then only forgets it; the error is logged, and only
   // while the client works.
@@ -81,7 +86,17 @@ class OffloadedResidency final : public Residency {
   OffloadTarget target_;  // empty over a caller's client
   KvOffloadClient* client_ = nullptr;
   CacheRankClient* data_client_ = nullptr;  // over a caller's client
+  int local_window_ = -1;                   // set by Attach
 };
+
+// The positions before the one being written that an offloaded request reads in this rank's
+// paged cache once its prompt is prefilled (docs/residency.md "The local window"), from the
+// cache-rank selection its sessions ask for: 0 when the cache rank attends (nothing is
+// read; the block being written is kept), p - recent_begin for a selector that replies rows
+// (its recent segment [recent_begin, p] is read in place: recent_tokens - 1 for oracle_topk and
+// asyncspade), -1 (every position) with a dense warm-up (dense_steps > 0 reads the whole
+// context locally).
+Result<int> LocalWindowFor(const CacheSelectorSpec& selection);
 
 // Ok when `policy` (null: dense) runs on a GPU cache rank of this process, which computes the
 // attention itself (its cache selector's partial_attention trait); else Unsupported naming the
