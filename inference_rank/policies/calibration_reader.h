@@ -108,4 +108,63 @@ class CalibrationReader {
   std::string where_;
 };
 
+// What every calibration file opens with, for a calibration struct with the fields model,
+// num_layers, num_heads, num_kv_heads, head_dim, dev_set, dev_set_fnv1a, prompts and top_k:
+// format, version, the model's path and shape, the dev set (path, FNV-1a hash, prompts), top_k.
+template <typename Calibration>
+nlohmann::json CalibrationHeaderJson(const Calibration& c, const char* format, int version) {
+  return {{"format", format},
+          {"version", version},
+          {"model",
+           {{"path", c.model},
+            {"num_layers", c.num_layers},
+            {"num_heads", c.num_heads},
+            {"num_kv_heads", c.num_kv_heads},
+            {"head_dim", c.head_dim}}},
+          {"dev_set", {{"path", c.dev_set}, {"fnv1a64", c.dev_set_fnv1a}, {"prompts", c.prompts}}},
+          {"top_k", c.top_k}};
+}
+
+// Reads CalibrationHeaderJson's fields into `c`, refusing another format ("not a `kind`
+// calibration") or version by name.
+template <typename Calibration>
+Status ReadCalibrationHeader(const nlohmann::json& json, const CalibrationReader& r,
+                             const std::string& kind, const std::string& format, int version,
+                             Calibration* c) {
+  // Bounds far above any released model (common/hf_config.cc bounds a model's config.json alike).
+  constexpr int64_t kMaxShape = 1 << 10;  // layers, heads, head_dim
+  constexpr int64_t kMaxIntField = (int64_t{1} << 31) - 1;
+  RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* format_field, r.Field(json, "format", ""));
+  if (!format_field->is_string() || format_field->get<std::string>() != format) {
+    return r.Error("format", "not a " + kind + " calibration (format is not '" + format + "')");
+  }
+  RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* version_field, r.Field(json, "version", ""));
+  RUBATO_ASSIGN_OR_RETURN(const int v, r.Int(*version_field, "version", 0, kMaxIntField));
+  if (v != version) {
+    return r.Error("version",
+                   std::to_string(v) + ", this rubato reads version " + std::to_string(version));
+  }
+  RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* model, r.Field(json, "model", ""));
+  RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* path, r.Field(*model, "path", "model"));
+  RUBATO_ASSIGN_OR_RETURN(c->model, r.String(*path, "model.path"));
+  const std::pair<const char*, int*> shape[] = {{"num_layers", &c->num_layers},
+                                                {"num_heads", &c->num_heads},
+                                                {"num_kv_heads", &c->num_kv_heads},
+                                                {"head_dim", &c->head_dim}};
+  for (const auto& [key, target] : shape) {
+    RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* value, r.Field(*model, key, "model"));
+    RUBATO_ASSIGN_OR_RETURN(*target, r.Int(*value, std::string("model.") + key, 1, kMaxShape));
+  }
+  RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* dev, r.Field(json, "dev_set", ""));
+  RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* dev_path, r.Field(*dev, "path", "dev_set"));
+  RUBATO_ASSIGN_OR_RETURN(c->dev_set, r.String(*dev_path, "dev_set.path"));
+  RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* hash, r.Field(*dev, "fnv1a64", "dev_set"));
+  RUBATO_ASSIGN_OR_RETURN(c->dev_set_fnv1a, r.String(*hash, "dev_set.fnv1a64"));
+  RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* prompts, r.Field(*dev, "prompts", "dev_set"));
+  RUBATO_ASSIGN_OR_RETURN(c->prompts, r.Int(*prompts, "dev_set.prompts", 0, kMaxIntField));
+  RUBATO_ASSIGN_OR_RETURN(const nlohmann::json* top_k, r.Field(json, "top_k", ""));
+  RUBATO_ASSIGN_OR_RETURN(c->top_k, r.Int(*top_k, "top_k", 1, kMaxIntField));
+  return Status::Ok();
+}
+
 }  // namespace rubato

@@ -89,23 +89,14 @@ Status SaveCalibration(const KascadeCalibration& c, const std::string& path) {
     similarity.push_back(
         std::vector<double>(c.similarity.begin() + a * L, c.similarity.begin() + (a + 1) * L));
   }
-  nlohmann::json json = {
-      {"format", kFormat},
-      {"version", kVersion},
-      {"model",
-       {{"path", c.model},
-        {"num_layers", c.num_layers},
-        {"num_heads", c.num_heads},
-        {"num_kv_heads", c.num_kv_heads},
-        {"head_dim", c.head_dim}}},
-      {"dev_set", {{"path", c.dev_set}, {"fnv1a64", c.dev_set_fnv1a}, {"prompts", c.prompts}}},
-      {"top_k", c.top_k},
+  nlohmann::json json = CalibrationHeaderJson(c, kFormat, kVersion);
+  json.update(nlohmann::json{
       {"anchors", c.anchors},
       {"head_map", c.head_map},
       {"importance", c.importance},
       {"similarity", similarity},
       {"head_similarity_layout", "((anchor_layer * H + anchor_head) * L + layer) * H + head"},
-      {"head_similarity", c.head_similarity}};
+      {"head_similarity", c.head_similarity}});
   if (!c.known_loss.empty()) json["known_loss"] = c.known_loss;
   std::ofstream out(path);
   out << json.dump(1) << "\n";
@@ -118,46 +109,9 @@ namespace {
 
 using Json = nlohmann::json;
 
-// Bounds far above any released model (common/hf_config.cc bounds a model's config.json alike).
-constexpr int64_t kMaxLayers = 1 << 10;
-constexpr int64_t kMaxHeads = 1 << 10;
-constexpr int64_t kMaxIntField = std::numeric_limits<int>::max();
-
 Result<KascadeCalibration> ReadCalibrationJson(const Json& json, const CalibrationReader& r) {
   KascadeCalibration c;
-  RUBATO_ASSIGN_OR_RETURN(const Json* format, r.Field(json, "format", ""));
-  if (!format->is_string() || format->get<std::string>() != kFormat) {
-    return r.Error("format",
-                   "not a kascade calibration (format is not '" + std::string(kFormat) + "')");
-  }
-  RUBATO_ASSIGN_OR_RETURN(const Json* version, r.Field(json, "version", ""));
-  RUBATO_ASSIGN_OR_RETURN(const int v, r.Int(*version, "version", 0, kMaxIntField));
-  if (v != kVersion) {
-    return r.Error("version",
-                   std::to_string(v) + ", this rubato reads version " + std::to_string(kVersion));
-  }
-  RUBATO_ASSIGN_OR_RETURN(const Json* model, r.Field(json, "model", ""));
-  RUBATO_ASSIGN_OR_RETURN(const Json* path, r.Field(*model, "path", "model"));
-  RUBATO_ASSIGN_OR_RETURN(c.model, r.String(*path, "model.path"));
-  const std::pair<const char*, std::pair<int*, int64_t>> shape[] = {
-      {"num_layers", {&c.num_layers, kMaxLayers}},
-      {"num_heads", {&c.num_heads, kMaxHeads}},
-      {"num_kv_heads", {&c.num_kv_heads, kMaxHeads}},
-      {"head_dim", {&c.head_dim, kMaxHeads}}};
-  for (const auto& [key, target] : shape) {
-    RUBATO_ASSIGN_OR_RETURN(const Json* value, r.Field(*model, key, "model"));
-    RUBATO_ASSIGN_OR_RETURN(*target.first,
-                            r.Int(*value, std::string("model.") + key, 1, target.second));
-  }
-  RUBATO_ASSIGN_OR_RETURN(const Json* dev, r.Field(json, "dev_set", ""));
-  RUBATO_ASSIGN_OR_RETURN(const Json* dev_path, r.Field(*dev, "path", "dev_set"));
-  RUBATO_ASSIGN_OR_RETURN(c.dev_set, r.String(*dev_path, "dev_set.path"));
-  RUBATO_ASSIGN_OR_RETURN(const Json* hash, r.Field(*dev, "fnv1a64", "dev_set"));
-  RUBATO_ASSIGN_OR_RETURN(c.dev_set_fnv1a, r.String(*hash, "dev_set.fnv1a64"));
-  RUBATO_ASSIGN_OR_RETURN(const Json* prompts, r.Field(*dev, "prompts", "dev_set"));
-  RUBATO_ASSIGN_OR_RETURN(c.prompts, r.Int(*prompts, "dev_set.prompts", 0, kMaxIntField));
-  RUBATO_ASSIGN_OR_RETURN(const Json* top_k, r.Field(json, "top_k", ""));
-  RUBATO_ASSIGN_OR_RETURN(c.top_k, r.Int(*top_k, "top_k", 1, kMaxIntField));
+  RUBATO_RETURN_IF_ERROR(ReadCalibrationHeader(json, r, "kascade", kFormat, kVersion, &c));
 
   const int L = c.num_layers, H = c.num_kv_heads;
   RUBATO_ASSIGN_OR_RETURN(const Json* anchors, r.Field(json, "anchors", ""));

@@ -16,9 +16,6 @@ using Json = nlohmann::json;
 
 constexpr const char* kFormat = "rubato-synckv-calibration";
 constexpr int kVersion = 1;
-// Bounds far above any released model (as kascade_calibration_file.cc).
-constexpr int64_t kMaxLayers = 1 << 10;
-constexpr int64_t kMaxHeads = 1 << 10;
 constexpr int64_t kMaxIntField = std::numeric_limits<int>::max();
 
 Status FieldError(const std::string& field, const std::string& problem) {
@@ -124,22 +121,13 @@ Status SaveSyncKvCalibration(const SyncKvCalibration& c, const std::string& path
     assignment.push_back(c.layers[static_cast<size_t>(l)].cluster);
     representatives.push_back(c.layers[static_cast<size_t>(l)].representative);
   }
-  const Json json = {
-      {"format", kFormat},
-      {"version", kVersion},
-      {"model",
-       {{"path", c.model},
-        {"num_layers", c.num_layers},
-        {"num_heads", c.num_heads},
-        {"num_kv_heads", c.num_kv_heads},
-        {"head_dim", c.head_dim}}},
-      {"dev_set", {{"path", c.dev_set}, {"fnv1a64", c.dev_set_fnv1a}, {"prompts", c.prompts}}},
-      {"top_k", c.top_k},
+  Json json = CalibrationHeaderJson(c, kFormat, kVersion);
+  json.update(Json{
       {"decode_steps", c.decode_steps},
       {"steps", c.steps},
       {"similarity", similarity},
       {"clusters",
-       {{"count", c.clusters}, {"assignment", assignment}, {"representatives", representatives}}}};
+       {{"count", c.clusters}, {"assignment", assignment}, {"representatives", representatives}}}});
   std::ofstream out(path);
   out << json.dump(1) << "\n";
   out.close();
@@ -151,39 +139,7 @@ namespace {
 
 Result<SyncKvCalibration> ReadJson(const Json& json, const CalibrationReader& r) {
   SyncKvCalibration c;
-  RUBATO_ASSIGN_OR_RETURN(const Json* format, r.Field(json, "format", ""));
-  if (!format->is_string() || format->get<std::string>() != kFormat) {
-    return r.Error("format",
-                   "not a synckv calibration (format is not '" + std::string(kFormat) + "')");
-  }
-  RUBATO_ASSIGN_OR_RETURN(const Json* version, r.Field(json, "version", ""));
-  RUBATO_ASSIGN_OR_RETURN(const int v, r.Int(*version, "version", 0, kMaxIntField));
-  if (v != kVersion) {
-    return r.Error("version",
-                   std::to_string(v) + ", this rubato reads version " + std::to_string(kVersion));
-  }
-  RUBATO_ASSIGN_OR_RETURN(const Json* model, r.Field(json, "model", ""));
-  RUBATO_ASSIGN_OR_RETURN(const Json* path, r.Field(*model, "path", "model"));
-  RUBATO_ASSIGN_OR_RETURN(c.model, r.String(*path, "model.path"));
-  const std::pair<const char*, std::pair<int*, int64_t>> shape[] = {
-      {"num_layers", {&c.num_layers, kMaxLayers}},
-      {"num_heads", {&c.num_heads, kMaxHeads}},
-      {"num_kv_heads", {&c.num_kv_heads, kMaxHeads}},
-      {"head_dim", {&c.head_dim, kMaxHeads}}};
-  for (const auto& [key, target] : shape) {
-    RUBATO_ASSIGN_OR_RETURN(const Json* value, r.Field(*model, key, "model"));
-    RUBATO_ASSIGN_OR_RETURN(*target.first,
-                            r.Int(*value, std::string("model.") + key, 1, target.second));
-  }
-  RUBATO_ASSIGN_OR_RETURN(const Json* dev, r.Field(json, "dev_set", ""));
-  RUBATO_ASSIGN_OR_RETURN(const Json* dev_path, r.Field(*dev, "path", "dev_set"));
-  RUBATO_ASSIGN_OR_RETURN(c.dev_set, r.String(*dev_path, "dev_set.path"));
-  RUBATO_ASSIGN_OR_RETURN(const Json* hash, r.Field(*dev, "fnv1a64", "dev_set"));
-  RUBATO_ASSIGN_OR_RETURN(c.dev_set_fnv1a, r.String(*hash, "dev_set.fnv1a64"));
-  RUBATO_ASSIGN_OR_RETURN(const Json* prompts, r.Field(*dev, "prompts", "dev_set"));
-  RUBATO_ASSIGN_OR_RETURN(c.prompts, r.Int(*prompts, "dev_set.prompts", 0, kMaxIntField));
-  RUBATO_ASSIGN_OR_RETURN(const Json* top_k, r.Field(json, "top_k", ""));
-  RUBATO_ASSIGN_OR_RETURN(c.top_k, r.Int(*top_k, "top_k", 1, kMaxIntField));
+  RUBATO_RETURN_IF_ERROR(ReadCalibrationHeader(json, r, "synckv", kFormat, kVersion, &c));
   RUBATO_ASSIGN_OR_RETURN(const Json* decode_steps, r.Field(json, "decode_steps", ""));
   RUBATO_ASSIGN_OR_RETURN(c.decode_steps, r.Int(*decode_steps, "decode_steps", 1, kMaxIntField));
   RUBATO_ASSIGN_OR_RETURN(const Json* steps, r.Field(json, "steps", ""));
