@@ -1,6 +1,7 @@
 // The development set and progress bar of the offline calibrations (see calibration_dev_set.h).
 #include "inference_rank/policies/calibration_dev_set.h"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -39,6 +40,24 @@ void CalibrationProgress(std::FILE* out, const char* what, int done, int total, 
                std::string(width - filled, '.').c_str(), done, total, seconds);
   if (done == total) std::fprintf(out, "\n");
   std::fflush(out);
+}
+
+Status CheckCalibrateArgs(const std::string& out, int top_k, int max_prompt_tokens) {
+  if (out.empty()) return InvalidArgumentError("--out: empty; name the calibration file to write");
+  const std::filesystem::path out_dir = std::filesystem::path(out).parent_path();
+  std::error_code error;  // a path too long for the OS is an answer, not an exception
+  if (!out_dir.empty() && !std::filesystem::is_directory(out_dir, error)) {
+    return NotFoundError("--out " + DisplayPath(out) + ": the directory " + DisplayPath(out_dir) +
+                         " does not exist");
+  }
+  if (top_k < 1) return InvalidArgumentError("--top-k must be >= 1");
+  if (max_prompt_tokens < 2) return InvalidArgumentError("--max-tokens must be >= 2");
+  if (top_k > max_prompt_tokens) {
+    return InvalidArgumentError("--top-k " + std::to_string(top_k) + " exceeds --max-tokens " +
+                                std::to_string(max_prompt_tokens) +
+                                ": a top-k set holds at most a prompt's positions");
+  }
+  return Status::Ok();
 }
 
 }  // namespace rubato

@@ -14,6 +14,10 @@ namespace rubato {
 // regular file within kMaxPromptSetBytes is read (a FIFO or /dev/zero is refused by kind).
 Result<std::vector<std::string>> ReadCalibrationDevSet(const std::string& path, std::string& bytes);
 
+// The checks every `rubato calibrate` makes before reading anything: --out names a file in an
+// existing directory, 1 <= --top-k <= --max-tokens and --max-tokens >= 2.
+Status CheckCalibrateArgs(const std::string& out, int top_k, int max_prompt_tokens);
+
 // "\r<what> [####....] done/total prompts, N s" on `out` (null: nothing), a newline at the end.
 void CalibrationProgress(std::FILE* out, const char* what, int done, int total, double seconds);
 

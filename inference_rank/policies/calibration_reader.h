@@ -167,4 +167,23 @@ Status ReadCalibrationHeader(const nlohmann::json& json, const CalibrationReader
   return Status::Ok();
 }
 
+// Ok when the header's model shape is the model's, else "`kind` calibration made for 'MODEL'
+// (its shape), but the model has (this shape)".
+template <typename Calibration>
+Status CheckCalibrationHeaderFits(const Calibration& c, const std::string& kind, int num_layers,
+                                  int num_heads, int num_kv_heads, int head_dim) {
+  if (c.num_layers == num_layers && c.num_heads == num_heads && c.num_kv_heads == num_kv_heads &&
+      c.head_dim == head_dim) {
+    return Status::Ok();
+  }
+  auto shape = [](int layers, int heads, int kv_heads, int dim) {
+    return std::to_string(layers) + " layers, " + std::to_string(heads) + " query / " +
+           std::to_string(kv_heads) + " KV heads of dimension " + std::to_string(dim);
+  };
+  return InvalidArgumentError(kind + " calibration made for '" + Excerpt(c.model, 200) + "' (" +
+                              shape(c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) +
+                              "), but the model has " +
+                              shape(num_layers, num_heads, num_kv_heads, head_dim));
+}
+
 }  // namespace rubato

@@ -104,23 +104,8 @@ uint64_t KascadeCalibrationBytes(const ModelConfig& model, int tokens, int top_k
 }
 
 Result<KascadeCalibration> CalibrateKascade(const KascadeCalibrateOptions& options) {
-  if (options.out.empty()) {
-    return InvalidArgumentError("--out: empty; name the calibration file to write");
-  }
-  const std::filesystem::path out_dir = std::filesystem::path(options.out).parent_path();
+  RUBATO_RETURN_IF_ERROR(CheckCalibrateArgs(options.out, options.top_k, options.max_prompt_tokens));
   std::error_code error;  // a path too long for the OS is an answer, not an exception
-  if (!out_dir.empty() && !std::filesystem::is_directory(out_dir, error)) {
-    return NotFoundError("--out " + DisplayPath(options.out) + ": the directory " +
-                         DisplayPath(out_dir) + " does not exist");
-  }
-  if (options.top_k < 1) return InvalidArgumentError("--top-k must be >= 1");
-  if (options.max_prompt_tokens < 2) return InvalidArgumentError("--max-tokens must be >= 2");
-  if (options.top_k > options.max_prompt_tokens) {
-    return InvalidArgumentError("--top-k " + std::to_string(options.top_k) +
-                                " exceeds --max-tokens " +
-                                std::to_string(options.max_prompt_tokens) +
-                                ": a top-k set holds at most a prompt's positions");
-  }
   if (!std::filesystem::is_directory(options.model_dir, error)) {
     return NotFoundError("model directory '" + DisplayPath(options.model_dir) + "' does not exist");
   }
