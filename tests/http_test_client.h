@@ -16,6 +16,10 @@ struct HttpResponse {
 
 // A connected socket to 127.0.0.1:port, or -1.
 int Connect(int port);
+
+// A TCP port on 127.0.0.1 that nothing listened on a moment ago (bound to 0, read, closed);
+// 0 if none could be bound.
+int FreePort();
 // Sends all of `data` (stops early on an error).
 void SendAll(int fd, const std::string& data);
 // Everything until EOF, an error or the receive timeout.

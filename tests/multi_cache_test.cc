@@ -280,27 +280,11 @@ TEST_F(MultiCacheTest, ALostCacheRankFailsOnlyItsRequestsAndARestartedOneTakesNe
   for (CacheRank& rank : ranks) Stop(*rank.process);
 }
 
-// A TCP port on 127.0.0.1 that nothing listens on (bound, read and released).
-int UnusedPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
 // Pods that start together (the Helm chart lists every cache replica): a cache rank that is not
 // up when the inference rank starts is connected in the background and then takes requests;
 // with none up, the inference rank refuses to start, naming each.
 TEST_F(MultiCacheTest, ACacheRankNotUpAtStartIsConnectedWhenItComesUp) {
-  const int late_port = UnusedPort();
+  const int late_port = testing::FreePort();
   ASSERT_GT(late_port, 0);
   const std::string late = "127.0.0.1:" + std::to_string(late_port);
   std::vector<CacheRank> ranks(2);
@@ -333,7 +317,7 @@ TEST_F(MultiCacheTest, ACacheRankNotUpAtStartIsConnectedWhenItComesUp) {
   for (CacheRank& rank : ranks) Stop(*rank.process);
 
   // None up: `rubato generate` fails at start, naming both.
-  const std::string other = "127.0.0.1:" + std::to_string(UnusedPort());
+  const std::string other = "127.0.0.1:" + std::to_string(testing::FreePort());
   const testing::ProcessResult none =
       testing::RunProcess(RUBATO_BINARY, {"generate", "--model", kModel, "--prompt", "Once",
                                           "--max-tokens", "4", "--policy", "offload_dense",

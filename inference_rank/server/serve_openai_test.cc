@@ -46,22 +46,6 @@ constexpr const char* kModelDir = "models/tiny-qwen3-longctx";
 constexpr const char* kModel = "tiny-qwen3-longctx";
 constexpr const char* kOrigin = "https://app.example";
 
-// A TCP port that was free a moment ago (bound to 0, then closed).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
 double MetricValue(const std::string& exposition, const std::string& sample) {
   const size_t at = exposition.find("\n" + sample + " ");
   if (at == std::string::npos) return -1;
@@ -74,7 +58,7 @@ class ServeOpenAiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TestTempDir("serve_openai");
-    metrics_port_ = FreePort();
+    metrics_port_ = testing::FreePort();
     const std::filesystem::path config = dir_->WriteFile(
         "rubato.yaml", "engine:\n  max_batch: 1\nserver:\n  metrics_port: " +
                            std::to_string(metrics_port_) + "\n  cors_allowed_origins: [\"" +
