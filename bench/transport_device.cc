@@ -112,13 +112,16 @@ Status MemcpyPeer(size_t bytes, int rounds, Json& point) {
 
 // ---- NCCL: Enqueue, a captured graph, Post / Wait -----------------------------------------
 
-Result<std::array<std::unique_ptr<NcclTransport>, 2>> MakeNccl() {
+// blocking: posts on the blocking data communicator (the default) or the non-blocking one.
+Result<std::array<std::unique_ptr<NcclTransport>, 2>> MakeNccl(bool blocking) {
   RUBATO_ASSIGN_OR_RETURN(std::string id, NcclTransport::NewUniqueId());
   std::array<std::unique_ptr<NcclTransport>, 2> ranks;
   RUBATO_RETURN_IF_ERROR(OnTwoThreads([&](int r, std::barrier<>&) -> Status {
-    RUBATO_ASSIGN_OR_RETURN(
-        ranks[r],
-        NcclTransport::Create({.unique_id = id, .rank = r, .world_size = 2, .device = r}));
+    RUBATO_ASSIGN_OR_RETURN(ranks[r], NcclTransport::Create({.unique_id = id,
+                                                             .rank = r,
+                                                             .world_size = 2,
+                                                             .device = r,
+                                                             .blocking_data_comm = blocking}));
     return Status::Ok();
   }));
   return ranks;
@@ -203,6 +206,27 @@ Status NcclSeries(std::array<std::unique_ptr<NcclTransport>, 2>& nccl, size_t by
   return Status::Ok();
 }
 
+// The stream-ordered ping-pong alone on a transport that posts on its non-blocking
+// communicator: what every post cost before the blocking data communicator.
+Status NcclNonBlockingSeries(std::array<std::unique_ptr<NcclTransport>, 2>& nccl, size_t bytes,
+                             int rounds, Json& point) {
+  double seconds = 0;
+  RUBATO_RETURN_IF_ERROR(OnTwoThreads([&](int r, std::barrier<>& start) -> Status {
+    DeviceSide side;
+    RUBATO_RETURN_IF_ERROR(side.Init(r, bytes));
+    RUBATO_RETURN_IF_ERROR(EnqueueRound(*nccl[r], r, side, bytes));  // warm-up
+    RUBATO_RETURN_IF_ERROR(side.Sync());
+    start.arrive_and_wait();
+    const auto begin = Clock::now();
+    for (int i = 0; i < rounds; ++i) RUBATO_RETURN_IF_ERROR(EnqueueRound(*nccl[r], r, side, bytes));
+    RUBATO_RETURN_IF_ERROR(side.Sync());
+    if (r == 0) seconds = Since(begin) / (2.0 * rounds);
+    return Status::Ok();
+  }));
+  point["nccl_nonblocking_stream_one_way_us"] = seconds * 1e6;
+  return Status::Ok();
+}
+
 // ---- cuda_peer ----------------------------------------------------------------------------
 
 // Stream-ordered ping-pong and pipelined bandwidth, both endpoints driven from this thread:
@@ -282,6 +306,7 @@ constexpr Series kSeries[] = {
     {"nccl_stream", "nccl_stream_one_way_us", "nccl_gbps", true},
     {"nccl_graph", "nccl_graph_one_way_us", nullptr, true},
     {"nccl_post", "nccl_post_one_way_us", nullptr, true},
+    {"nccl_nonblocking", "nccl_nonblocking_stream_one_way_us", nullptr, true},
     {"cuda_peer_stream", "cuda_peer_stream_one_way_us", "cuda_peer_gbps", false},
     {"cuda_peer_post", "cuda_peer_post_one_way_us", nullptr, false},
 };
@@ -314,7 +339,7 @@ Status RunDevicePacks(const std::vector<size_t>& sizes, const DeviceBenchOptions
       std::printf("not run: %s (needs two CUDA devices, found 1)\n", series.name);
     }
   }
-  std::array<std::unique_ptr<NcclTransport>, 2> nccl;
+  std::array<std::unique_ptr<NcclTransport>, 2> nccl, nccl_nonblocking;
   if (two) {
     int access = 0;
     (void)cudaDeviceCanAccessPeer(&access, 0, 1);
@@ -323,7 +348,8 @@ Status RunDevicePacks(const std::vector<size_t>& sizes, const DeviceBenchOptions
       (void)cudaSetDevice(d);
       if (cudaDeviceEnablePeerAccess(1 - d, 0) != cudaSuccess) (void)cudaGetLastError();
     }
-    RUBATO_ASSIGN_OR_RETURN(nccl, MakeNccl());
+    RUBATO_ASSIGN_OR_RETURN(nccl, MakeNccl(true));
+    RUBATO_ASSIGN_OR_RETURN(nccl_nonblocking, MakeNccl(false));
   }
   Status status;
   json["points"] = Json::array();
@@ -333,6 +359,9 @@ Status RunDevicePacks(const std::vector<size_t>& sizes, const DeviceBenchOptions
     if (two) {
       if (status.ok()) status = MemcpyPeer(bytes, rounds, point);
       if (status.ok()) status = NcclSeries(nccl, bytes, rounds, options, point);
+      if (status.ok() && bytes <= (size_t{1} << 20)) {
+        status = NcclNonBlockingSeries(nccl_nonblocking, bytes, rounds, point);
+      }
     }
     if (status.ok()) status = CudaPeerSeries({0, two ? 1 : 0}, bytes, rounds, point);
     json["points"].push_back(point);

@@ -121,7 +121,43 @@ Result<std::unique_ptr<NcclTransport>> NcclTransport::Create(const NcclTransport
       options.init_timeout - (std::chrono::steady_clock::now() - started));
   RUBATO_RETURN_IF_ERROR(
       transport->ConnectPeers(std::max(left, std::chrono::milliseconds(1)), options.give_up));
+  if (options.blocking_data_comm) {
+    const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
+        options.init_timeout - (std::chrono::steady_clock::now() - started));
+    RUBATO_RETURN_IF_ERROR(transport->SplitDataComm(
+        std::max(remaining, std::chrono::milliseconds(1)), options.give_up));
+  }
   return transport;
+}
+
+// A non-blocking communicator launches every group from a thread that NCCL creates for it
+// (tens of microseconds per group); a blocking one launches on the caller's thread. The split
+// itself runs in the parent's non-blocking mode (it can time out and be given up on); sharing
+// the parent's resources, the child reuses the connections ConnectPeers set up, so none of its
+// calls waits for a peer on the host.
+Status NcclTransport::SplitDataComm(std::chrono::milliseconds timeout,
+                                    const std::atomic<bool>* give_up) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  config.splitShare = 1;
+  ncclComm_t child = nullptr;
+  Status status = NcclStatus(ncclCommSplit(AsComm(comm_), 0, rank_, &child, &config),
+                             "ncclCommSplit");
+  if (status.ok()) {
+    status = AwaitCommReady(AsComm(comm_), timeout, "splitting the data communicator", give_up);
+  }
+  if (status.ok() && child == nullptr) {
+    status = UnavailableError("nccl: ncclCommSplit gave no communicator");
+  }
+  if (!status.ok()) {
+    if (child != nullptr) (void)ncclCommAbort(child);
+    (void)ncclCommAbort(AsComm(comm_));
+    comm_ = nullptr;
+    return status;
+  }
+  setup_comm_ = comm_;
+  comm_ = child;
+  return ConnectPeers(timeout, give_up);
 }
 
 Status NcclTransport::ConnectPeers(std::chrono::milliseconds timeout,
@@ -163,8 +199,7 @@ Status NcclTransport::ConnectPeers(std::chrono::milliseconds timeout,
   }
   if (!status.ok()) {
     // The exchange may still be on the stream: abort before its buffer goes.
-    (void)ncclCommAbort(AsComm(comm_));
-    comm_ = nullptr;
+    AbortComms();
     (void)cudaStreamSynchronize(AsStream(stream_));
   }
   (void)cudaFree(bytes);
@@ -173,11 +208,9 @@ Status NcclTransport::ConnectPeers(std::chrono::milliseconds timeout,
 
 NcclTransport::~NcclTransport() {
   if (device_ >= 0) (void)cudaSetDevice(device_);
-  if (comm_ != nullptr) {
-    // Abort, not finalize: finalize waits for outstanding operations, which may never end
-    // when the peer is gone.
-    (void)ncclCommAbort(AsComm(comm_));
-  }
+  // Abort, not finalize: finalize waits for outstanding operations, which may never end when
+  // the peer is gone.
+  AbortComms();
   for (const Group& group : groups_) events_.push_back(group.done);
   for (void* event : events_) (void)cudaEventDestroy(AsEvent(event));
   if (stream_ != nullptr) (void)cudaStreamDestroy(AsStream(stream_));
@@ -215,10 +248,15 @@ void NcclTransport::Fail(Status why) {
                        " is aborted: " + why.message());
   ++stats_.transfers_failed;
   std::lock_guard lock(comm_mutex_);
-  if (comm_ != nullptr) {
-    (void)ncclCommAbort(AsComm(comm_));
-    comm_ = nullptr;
-  }
+  AbortComms();
+}
+
+void NcclTransport::AbortComms() {
+  // The data communicator first: it shares the setup communicator's resources.
+  if (comm_ != nullptr) (void)ncclCommAbort(AsComm(comm_));
+  if (setup_comm_ != nullptr) (void)ncclCommAbort(AsComm(setup_comm_));
+  comm_ = nullptr;
+  setup_comm_ = nullptr;
 }
 
 void NcclTransport::AbortFromAnyThread(const Status& why) {
@@ -228,8 +266,7 @@ void NcclTransport::AbortFromAnyThread(const Status& why) {
                   why.message());
   abort_reason_ = UnavailableError("aborted: " + why.message());
   (void)cudaSetDevice(device_);
-  (void)ncclCommAbort(AsComm(comm_));
-  comm_ = nullptr;
+  AbortComms();
 }
 
 Status NcclTransport::EnqueueOps(std::span<const TransferOp> ops, void* stream,

@@ -2,8 +2,10 @@
 // NCCL group of sends / receives on the transport's own CUDA stream (PostOnStream, Enqueue: on
 // the caller's), completion tracked by a pooled event. Device memory only; Create is
 // collective; Create, the posts and the destructor leave `device` current. NCCL sees neither
-// message sizes nor dead peers: the communicator is non-blocking so that a timeout or Cancel can
-// abort it, after which every call returns kUnavailable. Enqueue is capturable in a CUDA graph.
+// message sizes nor dead peers: the ranks join and connect on a non-blocking communicator, so
+// that a timeout can abort it, and post on a blocking one split from it (NCCL launches its groups
+// on the caller's thread); an abort ends both, after which every call returns kUnavailable.
+// Enqueue is capturable in a CUDA graph.
 // Narrative and usage: docs/transport.md "NCCL" and "Stream-ordered transfers".
 #pragma once
 
@@ -32,6 +34,11 @@ struct NcclTransportOptions {
   // When set, Create gives up (kUnavailable) as soon as it reads true: another thread learned
   // that the other ranks will not come (the RPC Hello that carried the id failed).
   const std::atomic<bool>* give_up = nullptr;
+  // Posts go through a blocking communicator split from the non-blocking one that joined and
+  // connected the peers: NCCL launches a blocking communicator's groups on the caller's thread,
+  // a non-blocking one's from a new thread per group. false keeps the non-blocking one (the
+  // transport benchmark measures both).
+  bool blocking_data_comm = true;
 };
 
 class NcclTransport final : public StreamOrderedTransport {
@@ -98,6 +105,10 @@ class NcclTransport final : public StreamOrderedTransport {
   // before the peer joins in; a cache rank's first receive would otherwise wait (and block its
   // thread) until the inference rank's first pack, however late that comes.
   Status ConnectPeers(std::chrono::milliseconds timeout, const std::atomic<bool>* give_up);
+  // Splits the blocking data communicator off comm_ (which becomes setup_comm_) and connects it.
+  Status SplitDataComm(std::chrono::milliseconds timeout, const std::atomic<bool>* give_up);
+  // Aborts the data and the setup communicators (callers hold comm_mutex_ or own the transport).
+  void AbortComms();
   // kUnavailable once the communicator is aborted, else the communicator's asynchronous error.
   Status Health();
   // Marks the transport failed with `why` and aborts the communicator (idempotent).
@@ -113,11 +124,12 @@ class NcclTransport final : public StreamOrderedTransport {
   int rank_ = 0;
   int world_size_ = 0;
   int device_ = 0;
-  std::mutex comm_mutex_;   // guards comm_ against AbortFromAnyThread
-  void* comm_ = nullptr;    // ncclComm_t; null once aborted
-  Status abort_reason_;     // under comm_mutex_: why AbortFromAnyThread ran
-  void* stream_ = nullptr;  // cudaStream_t
-  Status failed_;           // ok until the communicator is aborted
+  std::mutex comm_mutex_;       // guards comm_ against AbortFromAnyThread
+  void* comm_ = nullptr;        // ncclComm_t of every post; null once aborted
+  void* setup_comm_ = nullptr;  // the non-blocking parent of a blocking comm_, or null
+  Status abort_reason_;         // under comm_mutex_: why AbortFromAnyThread ran
+  void* stream_ = nullptr;      // cudaStream_t
+  Status failed_;               // ok until the communicator is aborted
   TransferId next_id_ = 1;
   // Groups in flight, in no order (few: a linear search beats a map's allocation per Post).
   std::vector<Group> groups_;
