@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 LATENCY = ["memcpy_peer", "nccl_stream", "nccl_graph", "nccl_post", "cuda_peer_stream",
-           "cuda_peer_post"]
+           "cuda_peer_post", "nccl_nonblocking_stream"]
 BANDWIDTH = {"memcpy_peer": "memcpy_peer_gbps", "nccl_stream": "nccl_gbps",
              "cuda_peer_stream": "cuda_peer_gbps"}
 
