@@ -10,15 +10,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
-#include <string_view>
 #include <unordered_map>
 #include <utility>
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/small_rows_linear.cuh"
 
 namespace rubato::cuda {
 namespace {
@@ -121,8 +118,8 @@ Status ValidateLinearArgs(const LinearArgs& a) {
 
 class CublasLtGemmImpl final : public CublasLtGemm {
  public:
-  CublasLtGemmImpl(cublasLtHandle_t handle, DeviceBuffer<uint8_t> workspace, bool small_rows)
-      : handle_(handle), workspace_(std::move(workspace)), small_rows_(small_rows) {}
+  CublasLtGemmImpl(cublasLtHandle_t handle, DeviceBuffer<uint8_t> workspace)
+      : handle_(handle), workspace_(std::move(workspace)) {}
   ~CublasLtGemmImpl() override {
     plans_.clear();  // descriptors before the handle
     cublasLtDestroy(handle_);
@@ -131,7 +128,6 @@ class CublasLtGemmImpl final : public CublasLtGemm {
   Status Linear(const LinearArgs& args, cudaStream_t stream) override {
     RUBATO_RETURN_IF_ERROR(ValidateLinearArgs(args));
     if (args.rows == 0) return Status::Ok();
-    if (small_rows_ && SmallRowsLinearApplies(args)) return SmallRowsLinear(args, stream);
     const bool f32_bias = args.bias != nullptr && args.y_dtype == DType::kF32;
     const PlanKey key{args.rows, args.in_features, args.out_features, args.bias != nullptr,
                       args.y_dtype, AlignmentOf(args.x), AlignmentOf(args.weight),
@@ -269,27 +265,19 @@ class CublasLtGemmImpl final : public CublasLtGemm {
 
   cublasLtHandle_t handle_;
   DeviceBuffer<uint8_t> workspace_;  // [workspace bytes], shared by every call (calls are ordered)
-  bool small_rows_;                  // whether a few rows go to SmallRowsLinear
   std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(size_t workspace_bytes,
-                                                           SmallRows small_rows) {
+Result<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(size_t workspace_bytes) {
   // The workspace first: on a machine without a GPU its cudaMalloc names the missing device.
   RUBATO_ASSIGN_OR_RETURN(
       DeviceBuffer<uint8_t> workspace,
       DeviceBuffer<uint8_t>::Allocate(workspace_bytes, "the cuBLASLt workspace"));
   cublasLtHandle_t handle = nullptr;
   RUBATO_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle), "creating the handle");
-  bool use_small_rows = small_rows == SmallRows::kUse;
-  if (small_rows == SmallRows::kFromEnvironment) {
-    const char* choice = std::getenv("RUBATO_GEMM");
-    use_small_rows = choice == nullptr || std::string_view(choice) != "cublas";
-  }
-  return std::unique_ptr<CublasLtGemm>(
-      new CublasLtGemmImpl(handle, std::move(workspace), use_small_rows));
+  return std::unique_ptr<CublasLtGemm>(new CublasLtGemmImpl(handle, std::move(workspace)));
 }
 
 }  // namespace rubato::cuda

@@ -3,8 +3,7 @@
 //
 // One CublasLtGemm per stream owner (model); it keeps the handle, a workspace and the chosen
 // algorithm per shape, so that repeated shapes (every decode step) skip the heuristic query and
-// the calls can be captured in a CUDA graph. A few rows (a small decode batch) go to a
-// vector-load kernel that streams the weights at the copy bandwidth (small_rows_linear.cuh).
+// the calls can be captured in a CUDA graph.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -31,12 +30,7 @@ struct LinearArgs {
 
 class CublasLtGemm {
  public:
-  // Whether Linear sends a few rows (<= kSmallRowsMax, kernels/cuda/small_rows_linear.cuh) to the
-  // vector-load kernel instead of cuBLASLt. kFromEnvironment: yes unless RUBATO_GEMM=cublas (the
-  // decode benchmark's ablation).
-  enum class SmallRows { kFromEnvironment, kUse, kCublas };
-  static Result<std::unique_ptr<CublasLtGemm>> Create(
-      size_t workspace_bytes = 32u << 20, SmallRows small_rows = SmallRows::kFromEnvironment);
+  static Result<std::unique_ptr<CublasLtGemm>> Create(size_t workspace_bytes = 32u << 20);
   virtual ~CublasLtGemm() = default;
 
   // Asynchronous on `stream`; rows == 0 is a no-op.
