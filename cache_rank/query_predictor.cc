@@ -94,6 +94,27 @@ void PredictNextQuery(std::span<const float> window, int n, int dim, int max_win
   for (int d = 0; d < dim; ++d) predicted[d] = static_cast<float>(sum[d] / m);
 }
 
+void PredictQueriesFromRings(std::span<const float> rings, std::span<const int32_t> next,
+                             std::span<const int32_t> count, int heads, int capacity, int dim,
+                             int max_window, double ridge_lambda, std::span<float> predicted) {
+  std::vector<float> ordered;
+  for (int h = 0; h < heads; ++h) {
+    const std::span<float> out = predicted.subspan(size_t(h) * dim, size_t(dim));
+    const int n = count[h];
+    if (n < 1 || n > capacity || next[h] < 0 || next[h] >= capacity) {
+      std::fill(out.begin(), out.end(), 0.0f);
+      continue;
+    }
+    ordered.resize(size_t(n) * dim);
+    for (int i = 0; i < n; ++i) {
+      const int slot = (next[h] - n + i + 2 * capacity) % capacity;
+      std::memcpy(&ordered[size_t(i) * dim], &rings[(size_t(h) * capacity + slot) * dim],
+                  size_t(dim) * sizeof(float));
+    }
+    PredictNextQuery(ordered, n, dim, max_window, ridge_lambda, out);
+  }
+}
+
 QueryWindow::QueryWindow(int heads, int window, int dim)
     : heads_(heads), window_(window), dim_(dim), capacity_(window + 1) {
   ring_.assign(size_t(heads) * capacity_ * dim, 0.0f);

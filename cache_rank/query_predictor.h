@@ -31,6 +31,15 @@ void SolveRidgeWeights(std::span<const float> history, std::span<const float> ta
 void PredictNextQuery(std::span<const float> window, int n, int dim, int max_window,
                       double ridge_lambda, std::span<float> predicted);
 
+// Every head's prediction from its ring, the CPU twin of the device predictor
+// (kernels/cuda/query_predictor.cuh, the same contract): `rings` [heads][capacity][dim], per head
+// the slot the next query goes to (`next`) and the queries held (`count`, the newest at next - 1,
+// cyclic); PredictNextQuery of each head's queries, oldest first, into `predicted` [heads][dim].
+// A head whose count is outside [1, capacity] or next outside [0, capacity) gets zeros.
+void PredictQueriesFromRings(std::span<const float> rings, std::span<const int32_t> next,
+                             std::span<const int32_t> count, int heads, int capacity, int dim,
+                             int max_window, double ridge_lambda, std::span<float> predicted);
+
 // The last W + 1 queries of `heads` query heads (the newest and the W before it), a ring per
 // head: [heads][W + 1][dim] fp32.
 class QueryWindow {

@@ -1,7 +1,8 @@
 // AsyncSpade's query predictor (query_predictor.h) against a double-precision reference written
 // here (Gaussian elimination, not Cholesky): the ridge weights, the assembled prediction on random
-// and exactly linear query sequences, W = 1 and a single query repeating the newest, and the
-// window's ring. Every element within atol + rtol |ref|; the seed is printed.
+// and exactly linear query sequences, W = 1 and a single query repeating the newest, the
+// window's ring, and the rings of the device predictor's CPU twin. Every element within atol +
+// rtol |ref|; the seed is printed.
 #include "cache_rank/query_predictor.h"
 
 #include <gtest/gtest.h>
@@ -188,6 +189,36 @@ TEST(QueryPredictor, WindowKeepsTheLastWPlusOneQueriesPerHead) {
     PredictNextQuery(ordered, window.size(), dim, w, 1e-2, one);
     EXPECT_EQ(std::vector<float>(predicted.begin() + h * dim, predicted.begin() + (h + 1) * dim),
               one);
+  }
+}
+
+TEST(QueryPredictor, RingsGiveTheWindowsPredictionPerHead) {
+  // PredictQueriesFromRings, the device predictor's twin: heads at different fill levels and
+  // ring positions predict what PredictNextQuery gives on their queries oldest first; a head
+  // with a count or next slot outside its ring gets zeros.
+  std::mt19937 rng(Seed());
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const int heads = 5, capacity = 7, dim = 24, w = capacity - 1;
+  std::vector<float> rings(size_t(heads) * capacity * dim);
+  for (float& x : rings) x = normal(rng);
+  const std::vector<int32_t> next = {0, 3, 6, 2, 7};
+  const std::vector<int32_t> count = {7, 1, 4, 7, 3};  // head 4: next outside the ring
+  std::vector<float> got(size_t(heads) * dim, -1.0f);
+  PredictQueriesFromRings(rings, next, count, heads, capacity, dim, w, 1e-2, got);
+  for (int h = 0; h < heads; ++h) {
+    const std::vector<float> head_got(got.begin() + h * dim, got.begin() + (h + 1) * dim);
+    if (h == 4) {
+      EXPECT_EQ(head_got, std::vector<float>(dim, 0.0f));
+      continue;
+    }
+    std::vector<float> ordered(size_t(count[h]) * dim);
+    for (int i = 0; i < count[h]; ++i) {
+      const int slot = ((next[h] - count[h] + i) % capacity + capacity) % capacity;
+      std::copy_n(&rings[(size_t(h) * capacity + slot) * dim], dim, &ordered[size_t(i) * dim]);
+    }
+    std::vector<float> want(dim);
+    PredictNextQuery(ordered, count[h], dim, w, 1e-2, want);
+    EXPECT_EQ(head_got, want) << "head " << h;
   }
 }
 
