@@ -34,6 +34,11 @@ class GpuCacheResidency final : public Residency {
   Status Check(const AttentionPolicy* policy) const override;
   // Makes the store on the cache GPU and installs the CUDA half; Unsupported on another model.
   Status Attach(Model& model, const AttentionPolicy* policy, int max_batch) override;
+  // -1 (every position stays in the model GPU's paged cache) unless set_local_window(0): the
+  // placed residency's cache tier, whose requests' decode rows are attended on the cache GPU
+  // and read nothing locally (docs/residency.md "Placement").
+  int LocalWindow() const override { return local_window_; }
+  void set_local_window(int window) { local_window_ = window; }
   Result<std::unique_ptr<ResidencyRequest>> Open(uint64_t request_id, int reserved_tokens) override;
   Status Close(ResidencyRequest& request) override;
 
@@ -51,6 +56,7 @@ class GpuCacheResidency final : public Residency {
   int max_context_ = 0;
   int max_step_rows_ = 0;
   int block_tokens_ = 16;
+  int local_window_ = -1;
   std::shared_ptr<GpuCacheAttention> attention_;  // shared with the model half
   Counter* bytes_out_metric_ = nullptr;
   Counter* bytes_back_metric_ = nullptr;
