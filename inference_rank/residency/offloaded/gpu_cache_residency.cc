@@ -78,7 +78,9 @@ class GpuCacheCudaBackend final : public CudaResidencyBackend {
       }
     }
     // The key splits of one dense launch over the plan's dense decode rows, on the model GPU.
+    // Without such rows the model never calls AttendDecodeRows: each layer joins at once.
     const int dense_rows = plan.decode_rows - plan.backend_rows;
+    join_in_attend_ = dense_rows > 0;
     num_splits_ = dense_rows > 0 ? cuda::DecodeAttentionDefaultSplits(
                                        dense_rows, caches_.front()->num_kv_heads(),
                                        std::max(plan.decode_max_seq_len, 1))
@@ -123,6 +125,9 @@ class GpuCacheCudaBackend final : public CudaResidencyBackend {
       if (rows_[c].empty()) continue;
       RUBATO_RETURN_IF_ERROR(
           caches_[c]->Send(layer.layer, layer.qkv, layer.attention, layer.stream));
+      // The cache GPU reads this layer's q|k|v rows, which the next layer overwrites: the model
+      // stream waits for it within the layer, after its own attention when it has some.
+      if (!join_in_attend_) RUBATO_RETURN_IF_ERROR(caches_[c]->Join(layer.layer, layer.stream));
     }
     return Status::Ok();
   }
@@ -158,6 +163,7 @@ class GpuCacheCudaBackend final : public CudaResidencyBackend {
   std::vector<LocalRun> local_runs_;                       // the model GPU's decode rows, in runs
   std::vector<int> decode_owner_;  // [decode rows] -1 local, else the cache index
   int num_splits_ = 0;
+  bool join_in_attend_ = false;  // the step has dense decode rows: AttendDecodeRows joins
 };
 
 }  // namespace
