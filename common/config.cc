@@ -93,9 +93,9 @@ Status ReadEngine(YamlMapReader& reader, EngineSection* engine) {
   RUBATO_RETURN_IF_ERROR(reader.ReadString("kv_residency", &engine->kv_residency));
   if (engine->kv_residency != "auto" && engine->kv_residency != "local" &&
       engine->kv_residency != "offloaded" && engine->kv_residency != "evicting" &&
-      engine->kv_residency != "split_by_head") {
+      engine->kv_residency != "split_by_head" && engine->kv_residency != "placed") {
     return reader.Error("kv_residency",
-                        "must be auto, local, offloaded, evicting or split_by_head, got '" +
+                        "must be auto, local, offloaded, evicting, split_by_head or placed, got '" +
                             engine->kv_residency + "'");
   }
   return reader.Finish();

@@ -39,10 +39,10 @@ Result<RubatoConfig> ResolveConfig(const ConfigOverrides& overrides) {
   if (overrides.kv_residency) {
     if (*overrides.kv_residency != "auto" && *overrides.kv_residency != "local" &&
         *overrides.kv_residency != "offloaded" && *overrides.kv_residency != "evicting" &&
-        *overrides.kv_residency != "split_by_head") {
+        *overrides.kv_residency != "split_by_head" && *overrides.kv_residency != "placed") {
       return InvalidArgumentError("--kv-residency: '" + Excerpt(*overrides.kv_residency) +
                                   "' is not one of auto, local, offloaded, evicting, "
-                                  "split_by_head");
+                                  "split_by_head, placed");
     }
     config.engine.kv_residency = *overrides.kv_residency;
   }
@@ -134,7 +134,9 @@ Result<std::shared_ptr<Residency>> MakeResidency(const RubatoConfig& config,
   setup.policy = policy.policy.get();
   setup.model = &model;
   setup.config = &config;
-  return CreateResidency(KvResidencyName(policy.residency), setup);
+  return CreateResidency(
+      policy.residency_name.empty() ? KvResidencyName(policy.residency) : policy.residency_name,
+      setup);
 }
 
 Result<std::unique_ptr<Model>> LoadModel(const RubatoConfig& config,

@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
   generate->add_option("--policy", gen.policy, "Attention policy (overrides policy.name)");
   generate->add_option("--kv-residency", gen.kv_residency,
                        "Where the KV lives: local | offloaded (a cache rank) | evicting (a "
-                       "fixed budget, --policy longflow) | split_by_head (--policy synckv); "
+                       "fixed budget, --policy longflow) | split_by_head (--policy synckv) | "
+                       "placed (each request local or on a cache rank by free memory); "
                        "overrides engine.kv_residency");
   generate->add_option("--config", gen.config_file, "YAML config file");
   generate->add_option("--threads", gen.threads, "CPU threads (overrides engine.threads)")
@@ -98,8 +99,8 @@ int main(int argc, char** argv) {
   serve->add_option("--policy", serve_args.overrides.policy,
                     "Attention policy (overrides policy.name)");
   serve->add_option("--kv-residency", serve_args.overrides.kv_residency,
-                    "Where requests' KV lives: local | offloaded | evicting (overrides "
-                    "engine.kv_residency)");
+                    "Where requests' KV lives: local | offloaded | evicting | placed "
+                    "(overrides engine.kv_residency)");
   serve->add_option("--host", serve_args.host, "Address to listen on (overrides server.host)");
   serve
       ->add_option("--port", serve_args.port,

@@ -130,7 +130,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model,
     RUBATO_LOG_INFO(kLogSubsystem,
                     "{} KV: a request holds its prompt, then a local window of {} positions "
                     "before the one it writes ({} blocks)",
-                    KvResidencyName(residency), engine->local_window_, engine->WindowBlocks());
+                    KvResidencyName(residency), engine->local_window_,
+                    engine->WindowBlocks(engine->local_window_));
   }
   if (options.metrics != nullptr) {
     RUBATO_ASSIGN_OR_RETURN(
@@ -250,10 +251,10 @@ Result<uint64_t> Engine::Submit(GenerationRequest request) {
   // A request alone always fits (a running one then never waits for blocks it cannot get); with
   // a local window, what it holds at most: its prompt, then its window.
   const int full_blocks = kv_cache_->BlocksFor(ReservedTokens(request));
-  const int blocks =
-      local_window_ < 0
-          ? full_blocks
-          : std::min(full_blocks, std::max(kv_cache_->BlocksFor(prompt_tokens), WindowBlocks()));
+  const int blocks = local_window_ < 0
+                         ? full_blocks
+                         : std::min(full_blocks, std::max(kv_cache_->BlocksFor(prompt_tokens),
+                                                          WindowBlocks(local_window_)));
   const int pool_blocks = kv_cache_->shape().num_blocks;
   if (options_.residency != nullptr && blocks > pool_blocks) {
     RUBATO_RETURN_IF_ERROR(options_.residency->ExplainTooLarge(prompt_tokens, blocks, pool_blocks));
@@ -302,17 +303,19 @@ Status Engine::AdmitWaiting(std::vector<TokenEvent>& events) {
     // With a local window it takes the blocks of its prompt, and admission keeps free what it
     // and the running requests may still take within their bounds (LocalBlocksBound).
     const int reserved = ReservedTokens(next.params);
-    const int tokens =
+    int tokens =
         preemptible_ || local_window_ >= 0 ? static_cast<int>(PrefillIds(next).size()) : reserved;
     if (kv_cache_->BlocksFor(tokens) > kv_cache_->free_blocks()) break;  // FCFS: wait
-    if (local_window_ >= 0 &&
-        LocalBlocksBound(next) > kv_cache_->free_blocks() - PromisedBlocks()) {
-      break;
-    }
+    next.window = local_window_;
+    // With a local window: the blocks the request may still take beyond the running requests'.
+    const int room_blocks =
+        local_window_ >= 0 ? kv_cache_->free_blocks() - PromisedBlocks() : kv_cache_->free_blocks();
+    if (local_window_ >= 0 && LocalBlocksBound(next) > room_blocks) break;
     if (options_.residency != nullptr) {
-      // Its storage holds the whole sequence, whatever the paged cache keeps.
-      Result<std::unique_ptr<ResidencyRequest>> opened =
-          options_.residency->Open(next.id, preemptible_ ? tokens : reserved);
+      // Its storage holds the whole sequence, whatever the paged cache keeps; a residency that
+      // places requests may keep it whole in the paged cache instead, where it has room.
+      Result<std::unique_ptr<ResidencyRequest>> opened = options_.residency->Admit(
+          next.id, preemptible_ ? tokens : reserved, room_blocks * kv_cache_->shape().block_tokens);
       if (!opened.ok()) {
         const Status error = opened.status().WithContext("request " + std::to_string(next.id));
         RUBATO_LOG_WARN(kLogSubsystem, "{}", error.message());
@@ -321,6 +324,14 @@ Status Engine::AdmitWaiting(std::vector<TokenEvent>& events) {
         continue;
       }
       next.residency = std::move(opened).value();
+      if (next.residency != nullptr && next.residency->WhollyLocal() && local_window_ >= 0) {
+        if (kv_cache_->BlocksFor(reserved) > room_blocks) {
+          return InternalError("engine: request " + std::to_string(next.id) +
+                               " was placed wholly in the paged cache, which has no room for it");
+        }
+        tokens = reserved;
+        next.window = -1;
+      }
     }
     RUBATO_RETURN_IF_ERROR(kv_cache_->Reserve(next.kv, tokens));
     if (options_.policy != nullptr) {
@@ -554,7 +565,8 @@ Status Engine::Retire(Request& request) {
 
 void Engine::FailResidencyRequests(const Status& why, std::vector<TokenEvent>& events) {
   for (auto it = running_.begin(); it != running_.end();) {
-    if (it->residency == nullptr) {
+    // A request kept wholly in the paged cache lost nothing with the peer.
+    if (it->residency == nullptr || it->residency->WhollyLocal()) {
       ++it;
       continue;
     }

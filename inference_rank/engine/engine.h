@@ -194,6 +194,8 @@ class Engine {
     std::unique_ptr<PolicyRequest> policy;  // the policy's state of it, or null (dense)
     // Its storage in options.residency (opened at admission), or null.
     std::unique_ptr<ResidencyRequest> residency;
+    // Its local window: the engine's (local_window_), or -1 when its storage is WhollyLocal.
+    int window = -1;
   };
 
   Engine(std::unique_ptr<Model> model, std::unique_ptr<PagedKvCache> kv_cache,
@@ -214,18 +216,17 @@ class Engine {
   // the block its next position needs, oldest first; when none is free, preempts the newest
   // running request (possibly the one asking), until the block is there.
   Status GrowDecodingRequests();
-  // A local window (local_window_ >= 0, engine_kv_pool.cc): the blocks positions [p - W, p]
-  // span at most.
-  int WindowBlocks() const;
+  // A local window W >= 0 (engine_kv_pool.cc): the blocks positions [p - W, p] span at most.
+  int WindowBlocks(int window) const;
   // A local window: the most blocks `request` may hold from now on: its prompt's (or the
   // window's, the larger) while it prefills, then the window's; never more than its whole
-  // sequence's.
+  // sequence's (all of them for a request without a window of its own).
   int LocalBlocksBound(const Request& request) const;
   // A local window: the blocks running requests may still take within their bounds (what
   // admission keeps free for them).
   int PromisedBlocks() const;
-  // A local window: for every request that decodes this step, releases the blocks before its
-  // window and takes the block of its next position (within its bound: never short).
+  // A local window: for every request with one that decodes this step, releases the blocks
+  // before its window and takes the block of its next position (within its bound: never short).
   Status SlideLocalWindows();
   // Frees the newest running request's KV and residency storage and puts it first in the queue,
   // to prefill its prompt and generated tokens again when it is admitted.

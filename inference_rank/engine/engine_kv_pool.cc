@@ -65,17 +65,18 @@ Status Engine::GrowDecodingRequests() {
   return Status::Ok();
 }
 
-int Engine::WindowBlocks() const {
+int Engine::WindowBlocks(int window) const {
   // Positions [a, a + W] span blocks a / bt .. (a + W) / bt: at most ceil(W / bt) + 1.
-  return kv_cache_->BlocksFor(local_window_) + 1;
+  return kv_cache_->BlocksFor(window) + 1;
 }
 
 int Engine::LocalBlocksBound(const Request& request) const {
   const int full = kv_cache_->BlocksFor(ReservedTokens(request.params));
+  if (request.window < 0) return full;  // its whole sequence, reserved at admission
   const int prefill = static_cast<int>(PrefillIds(request).size());
   const int bound = request.prompt_done < prefill
-                        ? std::max(kv_cache_->BlocksFor(prefill), WindowBlocks())
-                        : WindowBlocks();
+                        ? std::max(kv_cache_->BlocksFor(prefill), WindowBlocks(request.window))
+                        : WindowBlocks(request.window);
   return std::min(full, bound);
 }
 
@@ -89,9 +90,10 @@ int Engine::PromisedBlocks() const {
 
 Status Engine::SlideLocalWindows() {
   for (Request& request : running_) {
+    if (request.window < 0) continue;  // wholly local: every position reserved at admission
     if (request.prompt_done < static_cast<int>(PrefillIds(request).size())) continue;
     const int position = request.kv.num_tokens;  // its next decode token's
-    RUBATO_RETURN_IF_ERROR(kv_cache_->ReleaseBefore(request.kv, position - local_window_)
+    RUBATO_RETURN_IF_ERROR(kv_cache_->ReleaseBefore(request.kv, position - request.window)
                                .WithContext("engine step: request " + std::to_string(request.id)));
     // Within its bound, which admission kept free: never short.
     RUBATO_RETURN_IF_ERROR(

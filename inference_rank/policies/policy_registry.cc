@@ -137,10 +137,17 @@ Result<PolicyChoice> ResolvePolicy(const RubatoConfig& config) {
     }
     return ResolvePolicy(config.policy, std::nullopt);
   }
+  if (config.engine.kv_residency == "placed") {
+    RUBATO_ASSIGN_OR_RETURN(PolicyChoice choice,
+                            ResolvePolicy(config.policy, KvResidency::kOffloaded));
+    choice.residency_name = "placed";
+    return choice;
+  }
   const std::optional<KvResidency> residency = ParseKvResidency(config.engine.kv_residency);
   if (!residency.has_value()) {
     return InvalidArgumentError("engine.kv_residency: '" + config.engine.kv_residency +
-                                "' is not one of auto, local, offloaded, evicting, split_by_head");
+                                "' is not one of auto, local, offloaded, evicting, split_by_head, "
+                                "placed");
   }
   return ResolvePolicy(config.policy, *residency);
 }

@@ -29,6 +29,9 @@ struct PolicyChoice {
   std::shared_ptr<AttentionPolicy> policy;
   // Offloaded KV: what the cache rank selects for the policy (its cache-rank half).
   std::optional<CacheSelectorSpec> offload;
+  // The residency table's name when it is not the kind's own ("placed": offloaded KV with this
+  // rank's paged cache as one more tier); empty otherwise.
+  std::string residency_name;
 };
 
 // The policy an old spelling names ("dense" for "offload_dense"); nullopt for any other name.
@@ -45,8 +48,10 @@ std::vector<std::string> KnownPolicyNames();
 Result<PolicyChoice> ResolvePolicy(const PolicySection& section,
                                    std::optional<KvResidency> residency = std::nullopt);
 
-// engine.kv_residency ("auto" | "local" | "offloaded" | "evicting"), then ResolvePolicy; "auto"
-// is offloaded with a cache rank (topology.mode disaggregated), else the policy's default.
+// engine.kv_residency ("auto" | "local" | "offloaded" | "evicting" | "split_by_head" |
+// "placed"), then ResolvePolicy; "auto" is offloaded with a cache rank (topology.mode
+// disaggregated), else the policy's default; "placed" is offloaded KV placed per request
+// (residency_name "placed").
 Result<PolicyChoice> ResolvePolicy(const RubatoConfig& config);
 
 }  // namespace rubato

@@ -218,9 +218,16 @@ TEST(PolicyRegistry, ResidencyIsCheckedAgainstThePolicysTraits) {
   auto bad = ParseConfig("engine: {kv_residency: remote}\n", "r.yaml");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("engine.kv_residency: must be auto, local, offloaded, "
-                                        "evicting or split_by_head"),
+                                        "evicting, split_by_head or placed"),
             std::string::npos)
       << bad.status().message();
+  // Placement: offloaded KV under the table name "placed".
+  auto placed = ParseConfig("engine: {kv_residency: placed}\n", "r.yaml");
+  ASSERT_TRUE(placed.ok()) << placed.status().message();
+  auto placed_choice = ResolvePolicy(*placed);
+  ASSERT_TRUE(placed_choice.ok()) << placed_choice.status().message();
+  EXPECT_EQ(placed_choice->residency, KvResidency::kOffloaded);
+  EXPECT_EQ(placed_choice->residency_name, "placed");
 }
 
 TEST(PolicyRegistry, SfiDefaults) {

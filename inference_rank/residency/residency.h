@@ -28,6 +28,10 @@ class ResidencyRequest {
   // Sets the request's handles on its next forward entry (ForwardEntry::residency, ::slots); they
   // live as long as this object.
   virtual void AttachTo(ForwardEntry& entry) const = 0;
+  // Whether the request's whole KV lives in this rank's paged cache although the residency
+  // keeps a local window (a residency that places each request on a tier, docs/residency.md
+  // "Placement"): the engine then reserves its whole sequence and releases nothing.
+  virtual bool WhollyLocal() const { return false; }
 };
 
 class Residency {
@@ -76,6 +80,14 @@ class Residency {
   virtual Result<std::unique_ptr<ResidencyRequest>> Open(uint64_t /*request_id*/,
                                                          int /*reserved_tokens*/) {
     return std::unique_ptr<ResidencyRequest>();
+  }
+  // Admission, what the engine calls: Open, unless the residency places each request on a tier
+  // (docs/residency.md "Placement"). `local_room_tokens`: the positions this rank's paged cache
+  // can still hold whole for the request, beyond what the running requests may take; a request
+  // whose storage says WhollyLocal must have reserved_tokens <= local_room_tokens.
+  virtual Result<std::unique_ptr<ResidencyRequest>> Admit(uint64_t request_id, int reserved_tokens,
+                                                          int /*local_room_tokens*/) {
+    return Open(request_id, reserved_tokens);
   }
   // Retirement (finished, cancelled or failed): hands the storage back.
   virtual Status Close(ResidencyRequest& /*request*/) { return Status::Ok(); }

@@ -4,6 +4,7 @@
 #include "inference_rank/residency/evicting/evicting_residency.h"
 #include "inference_rank/residency/local/local_residency.h"
 #include "inference_rank/residency/offloaded/offloaded_residency.h"
+#include "inference_rank/residency/placed/placed_residency.h"
 #include "inference_rank/residency/split_by_head/split_by_head_residency.h"
 
 namespace rubato {
@@ -22,6 +23,7 @@ constexpr ResidencyRegistration kResidencies[] = {
     {"evicting", KvResidency::kEvicting, &CreateEvictingResidency},
     {"offloaded", KvResidency::kOffloaded, &CreateOffloadedResidency},
     {"split_by_head", KvResidency::kSplitByHead, &CreateSplitByHeadResidency},
+    {"placed", KvResidency::kOffloaded, &CreatePlacedResidency},
 };
 
 std::string Joined(const std::vector<std::string>& names) {

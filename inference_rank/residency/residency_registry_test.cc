@@ -48,15 +48,17 @@ class ResidencyRegistryTest : public ::testing::Test {
 };
 
 TEST_F(ResidencyRegistryTest, TheTableNamesEveryResidencyAndWhichAreBuilt) {
-  EXPECT_EQ(KnownResidencyNames(),
-            (std::vector<std::string>{"local", "evicting", "offloaded", "split_by_head"}));
-  EXPECT_EQ(BuiltResidencyNames(),
-            (std::vector<std::string>{"local", "evicting", "offloaded", "split_by_head"}));
+  EXPECT_EQ(KnownResidencyNames(), (std::vector<std::string>{"local", "evicting", "offloaded",
+                                                             "split_by_head", "placed"}));
+  EXPECT_EQ(BuiltResidencyNames(), (std::vector<std::string>{"local", "evicting", "offloaded",
+                                                             "split_by_head", "placed"}));
   for (const char* name : {"local", "evicting", "offloaded", "split_by_head"}) {
     auto kind = LookUpResidency(name);
     ASSERT_TRUE(kind.ok()) << name << ": " << kind.status().message();
     EXPECT_EQ(KvResidencyName(*kind), name);
   }
+  // Placement is offloaded KV with this rank's paged cache as one more tier.
+  EXPECT_EQ(*LookUpResidency("placed"), KvResidency::kOffloaded);
 }
 
 TEST_F(ResidencyRegistryTest, MadeResidenciesNameThemselvesAndTheirKind) {
@@ -72,7 +74,8 @@ TEST_F(ResidencyRegistryTest, MadeResidenciesNameThemselvesAndTheirKind) {
                {"local", nullptr, KvResidency::kLocal},
                {"evicting", longflow.get(), KvResidency::kEvicting},
                {"offloaded", dense.get(), KvResidency::kOffloaded},
-               {"offloaded", nullptr, KvResidency::kOffloaded}};
+               {"offloaded", nullptr, KvResidency::kOffloaded},
+               {"placed", dense.get(), KvResidency::kOffloaded}};
   for (const auto& c : cases) {
     auto residency = CreateResidency(c.name, Setup(c.policy));
     ASSERT_TRUE(residency.ok()) << c.name << ": " << residency.status().message();
@@ -88,7 +91,7 @@ TEST_F(ResidencyRegistryTest, AnUnknownResidencyIsRefusedByName) {
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(unknown.status().message(),
             "engine.kv_residency: unknown residency 'remote' (known: local, evicting, offloaded, "
-            "split_by_head)");
+            "split_by_head, placed)");
   EXPECT_EQ(LookUpResidency("").status().code(), StatusCode::kInvalidArgument);
 }
 

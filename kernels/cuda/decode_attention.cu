@@ -560,6 +560,12 @@ size_t DecodeScoresOnlyWorkspaceBytes(int batch, int num_heads, int max_seq_len)
   return LayoutWorkspace(batch, num_heads, 0, max_seq_len, false).total;
 }
 
+int DecodeAttentionDefaultSplits(int batch, int num_kv_heads, int max_seq_len) {
+  if (batch < 1 || num_kv_heads < 1 || max_seq_len < 1) return 1;
+  // Launch's choice for a dense launch: its visible keys and its key bound are max_seq_len.
+  return std::min(ChooseSplits(batch * num_kv_heads, max_seq_len), MaxSplits(max_seq_len));
+}
+
 Status DecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream) {
   RUBATO_DISPATCH_HEAD_DIM(params.head_dim, kHeadDim, {
     RUBATO_RETURN_IF_ERROR(Validate(params));

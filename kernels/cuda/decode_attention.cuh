@@ -143,6 +143,13 @@ size_t DecodeAttentionWorkspaceBytes(int batch, int num_heads, int head_dim, int
 // Device scratch of a scores-only launch that also writes the lse (the splits' partial lse).
 size_t DecodeScoresOnlyWorkspaceBytes(int batch, int num_heads, int max_seq_len);
 
+// The key splits per sequence that a dense launch (no window, no compact segment, num_splits 0)
+// of `batch` sequences bounded by `max_seq_len` keys chooses on the current device. A caller that
+// attends the rows of one batch in several launches (some of them on another GPU of the same
+// kind) passes it as num_splits to each, so that every row's output has the bits of one launch
+// over the whole batch.
+int DecodeAttentionDefaultSplits(int batch, int num_kv_heads, int max_seq_len);
+
 Status DecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream);
 
 }  // namespace rubato::cuda

@@ -106,14 +106,13 @@ Result<std::unique_ptr<GpuCacheAttention>> GpuCacheAttention::Create(
     RUBATO_ASSIGN_OR_RETURN(
         staging, PinnedBuffer::Allocate(input_ints * sizeof(int32_t), "cache step inputs (host)"));
   }
+  // Compact row buffers on the cache GPU: the step's rows gathered from the model's (also on one
+  // GPU, when the step's rows are not all the model's rows).
   const size_t qkv_dim = static_cast<size_t>(config.q_dim() + 2 * config.kv_dim());
-  if (!self->same_device_) {
-    RUBATO_ASSIGN_OR_RETURN(self->rows_buffer_, cuda::DeviceBuffer<__nv_bfloat16>::Allocate(
-                                                    rows * qkv_dim, "cache q|k|v rows"));
-    RUBATO_ASSIGN_OR_RETURN(
-        self->output_buffer_,
-        cuda::DeviceBuffer<__nv_bfloat16>::Allocate(rows * config.q_dim(), "cache attention rows"));
-  }
+  RUBATO_ASSIGN_OR_RETURN(self->rows_buffer_, cuda::DeviceBuffer<__nv_bfloat16>::Allocate(
+                                                  rows * qkv_dim, "cache q|k|v rows"));
+  RUBATO_ASSIGN_OR_RETURN(self->output_buffer_, cuda::DeviceBuffer<__nv_bfloat16>::Allocate(
+                                                    rows * config.q_dim(), "cache attention rows"));
   const size_t workspace = cuda::DecodeAttentionWorkspaceBytes(
       options.max_rows, config.num_heads, config.head_dim, self->max_seq_len_bound_, false);
   RUBATO_ASSIGN_OR_RETURN(self->workspace_,
@@ -231,12 +230,35 @@ Status GpuCacheAttention::CloseSession(int session) {
 }
 
 Status GpuCacheAttention::PlanStep(std::span<const Row> rows, int decode_rows, cudaStream_t main,
-                                   int max_seq_len) {
+                                   int max_seq_len, int num_splits) {
   if (rows.empty() || static_cast<int>(rows.size()) > options_.max_rows || decode_rows < 0 ||
-      decode_rows > static_cast<int>(rows.size())) {
+      decode_rows > static_cast<int>(rows.size()) || num_splits < 0) {
     return InvalidArgumentError("GPU cache attention: a step of " + std::to_string(rows.size()) +
                                 " rows (" + std::to_string(decode_rows) + " decode; at most " +
-                                std::to_string(options_.max_rows) + ")");
+                                std::to_string(options_.max_rows) + "), " +
+                                std::to_string(num_splits) + " splits");
+  }
+  // The copies each way: runs of rows that are consecutive model rows.
+  in_runs_.clear();
+  out_runs_.clear();
+  model_rows_are_rows_ = true;
+  for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
+    const int model_row =
+        rows[static_cast<size_t>(r)].model_row < 0 ? r : rows[static_cast<size_t>(r)].model_row;
+    if (r > 0 && model_row <= in_runs_.back().model_row + in_runs_.back().count - 1) {
+      return InvalidArgumentError("GPU cache attention: row " + std::to_string(r) +
+                                  " is model row " + std::to_string(model_row) +
+                                  ", not after the row before it");
+    }
+    model_rows_are_rows_ = model_rows_are_rows_ && model_row == r;
+    for (std::vector<Run>* runs : {&in_runs_, &out_runs_}) {
+      if (runs == &out_runs_ && r >= decode_rows) continue;
+      if (!runs->empty() && runs->back().model_row + runs->back().count == model_row) {
+        ++runs->back().count;
+      } else {
+        runs->push_back(Run{r, model_row, 1});
+      }
+    }
   }
   const int bt = store_->shape().block_tokens;
   const size_t max_rows = static_cast<size_t>(options_.max_rows);
@@ -284,6 +306,7 @@ Status GpuCacheAttention::PlanStep(std::span<const Row> rows, int decode_rows, c
   }
   rows_ = static_cast<int>(rows.size());
   decode_rows_ = decode_rows;
+  num_splits_ = num_splits;
   total_bytes_out_ += step_bytes_out();
   total_bytes_back_ += step_bytes_back();
   if (step_observer_) step_observer_(step_bytes_out(), step_bytes_back());
@@ -309,6 +332,12 @@ Status GpuCacheAttention::PlanStep(std::span<const Row> rows, int decode_rows, c
 
 Status GpuCacheAttention::Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat16* attention,
                                 cudaStream_t main) {
+  RUBATO_RETURN_IF_ERROR(Send(layer, qkv, attention, main));
+  return Join(layer, main);
+}
+
+Status GpuCacheAttention::Send(int layer, const __nv_bfloat16* qkv, __nv_bfloat16* attention,
+                               cudaStream_t main) {
   if (layer < 0 || layer >= config_.num_layers || rows_ == 0) {
     return InvalidArgumentError("GPU cache attention: layer " + std::to_string(layer) +
                                 " outside a planned step");
@@ -321,14 +350,20 @@ Status GpuCacheAttention::Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat
   DeviceScope scope(options_.cache_device);
   RUBATO_RETURN_IF_ERROR(scope.status());
   RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(cache_stream_, rows_ready_, 0), where);
+  // On one GPU with the model's rows, in place; else gathered into the cache GPU's buffers, one
+  // copy per run of consecutive model rows.
+  const bool in_place = same_device_ && model_rows_are_rows_;
   const __nv_bfloat16* rows = qkv;
   __nv_bfloat16* output = attention;
-  if (!same_device_) {
-    RUBATO_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(rows_buffer_.data(), qkv,
-                        static_cast<size_t>(rows_) * qkv_dim * sizeof(__nv_bfloat16),
-                        cudaMemcpyDefault, cache_stream_),
-        where + ": q|k|v rows to the cache GPU");
+  if (!in_place) {
+    for (const Run& run : in_runs_) {
+      RUBATO_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(rows_buffer_.data() + static_cast<size_t>(run.first) * qkv_dim,
+                          qkv + static_cast<size_t>(run.model_row) * qkv_dim,
+                          static_cast<size_t>(run.count) * qkv_dim * sizeof(__nv_bfloat16),
+                          cudaMemcpyDefault, cache_stream_),
+          where + ": q|k|v rows to the cache GPU");
+    }
     rows = rows_buffer_.data();
     output = output_buffer_.data();
   }
@@ -371,16 +406,27 @@ Status GpuCacheAttention::Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat
     p.out_row_stride = q_dim;
     p.workspace = workspace_.data();
     p.workspace_bytes = workspace_.bytes();
+    p.num_splits = num_splits_;
     RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(p, cache_stream_).WithContext(where));
-    if (!same_device_) {
+    for (const Run& run : out_runs_) {
+      if (in_place) break;  // the kernel wrote the model's rows
       RUBATO_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(attention, output,
-                          static_cast<size_t>(decode_rows_) * q_dim * sizeof(__nv_bfloat16),
+          cudaMemcpyAsync(attention + static_cast<size_t>(run.model_row) * q_dim,
+                          output + static_cast<size_t>(run.first) * q_dim,
+                          static_cast<size_t>(run.count) * q_dim * sizeof(__nv_bfloat16),
                           cudaMemcpyDefault, cache_stream_),
           where + ": attention rows back to the model GPU");
     }
   }
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecord(output_ready_, cache_stream_), where);
+  return cuda::CudaStatus(cudaEventRecord(output_ready_, cache_stream_), where);
+}
+
+Status GpuCacheAttention::Join(int layer, cudaStream_t main) {
+  if (layer < 0 || layer >= config_.num_layers || rows_ == 0) {
+    return InvalidArgumentError("GPU cache attention: joining layer " + std::to_string(layer) +
+                                " outside a planned step");
+  }
+  const std::string where = "cache attention of layer " + std::to_string(layer);
   // Inside a capture a timing event must be an external record node to stay a real record.
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   if (measure_waits_) {

@@ -55,25 +55,34 @@ class GpuCacheAttention {
   // Returns the session's blocks. Only call between steps (no layer of it in flight).
   Status CloseSession(int session);
 
-  // One row of a step's batch, in the model's row order.
+  // One row of a step, in the model's row order.
   struct Row {
     int session = 0;
     int position = 0;
+    // The row of the model's q|k|v and attention buffers it is (increasing over a step's
+    // rows); -1: its index among the step's rows (every model row is the cache's).
+    int model_row = -1;
   };
   // Host, outside any capture: the step's rows. The first `decode_rows` rows are decode tokens
   // (attended; their output written back), the rest prefill rows (appended only). Uploads the
   // step inputs on the cache stream; `main` waits for them before its next work.
   // `max_seq_len`: a bound of the decode rows' keys (position + 1) that fixes the attention
   // grid (the model's graph-stable bucket, DecodeSeqLenBucket, at most that of max_context);
-  // 0: their maximum.
+  // 0: their maximum. `num_splits`: the attention's key splits per row (0: chosen from this
+  // step's decode rows; a batch attended partly elsewhere passes the whole batch's,
+  // DecodeAttentionDefaultSplits, so that every row has the bits of one launch).
   Status PlanStep(std::span<const Row> rows, int decode_rows, cudaStream_t main,
-                  int max_seq_len = 0);
+                  int max_seq_len = 0, int num_splits = 0);
 
   // Device, on `main` after the layer's q|k|v rows are final (after RoPE):
-  //   qkv        [rows][q_dim + 2 kv_dim] bf16 on the model device (the rows of PlanStep)
-  //   attention  [decode rows][q_dim] bf16 on the model device: written
+  //   qkv        [model rows][q_dim + 2 kv_dim] bf16 on the model device (holding PlanStep's)
+  //   attention  [model rows][q_dim] bf16 on the model device: the decode rows' written
   // Every row's K/V is appended to its session; every decode row attends [0, position] of its
-  // session. `main` waits for the output.
+  // session. Send enqueues the cache GPU's work, ordered after `main`'s work so far, and returns
+  // at once; Join makes `main` wait for the layer's output (main may attend other rows of the
+  // same buffers in between: the cache GPU writes only its decode rows). Layer is both.
+  Status Send(int layer, const __nv_bfloat16* qkv, __nv_bfloat16* attention, cudaStream_t main);
+  Status Join(int layer, cudaStream_t main);
   Status Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat16* attention, cudaStream_t main);
 
   // Bytes the last planned step moves each way (every layer): q|k|v rows to the cache GPU and
@@ -99,6 +108,7 @@ class GpuCacheAttention {
   // Device bytes this holds on the cache GPU (store, buffers, workspace).
   size_t device_bytes() const;
   int free_blocks() const { return store_->free_blocks(); }
+  int num_kv_heads() const { return config_.num_kv_heads; }
   int block_tokens() const { return store_->shape().block_tokens; }
 
  private:
@@ -130,6 +140,16 @@ class GpuCacheAttention {
   int rows_ = 0;
   int decode_rows_ = 0;
   int max_seq_len_ = 0;
+  int num_splits_ = 0;  // PlanStep's (0: the kernel's choice)
+  // Consecutive rows of the step that are consecutive model rows: the copies each way. `in`
+  // covers every row, `out` the decode rows; one run each when the rows are the model's.
+  struct Run {
+    int first = 0;      // row of the step (of rows_buffer_, output_buffer_)
+    int model_row = 0;  // row of the model's buffers
+    int count = 0;
+  };
+  std::vector<Run> in_runs_, out_runs_;
+  bool model_rows_are_rows_ = true;  // the step's rows are model rows [0, rows_)
   uint64_t total_bytes_out_ = 0;
   uint64_t total_bytes_back_ = 0;
   std::function<void(size_t, size_t)> step_observer_;

@@ -4,83 +4,177 @@
 #include "inference_rank/residency/offloaded/gpu_cache_residency.h"
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <cstdio>
 #include <utility>
 #include <vector>
 
 #include "inference_rank/model/cuda_model.h"
 #include "inference_rank/residency/cuda_residency_backend.h"
+#include "inference_rank/residency/offloaded/cache_placement.h"
 #include "inference_rank/residency/offloaded/gpu_cache_session.h"
 #include "inference_rank/residency/offloaded/offloaded_residency.h"
+#include "kernels/cuda/decode_attention.cuh"
 
 namespace rubato {
 namespace {
 
-// The CUDA half: every row of the step is the residency's (an offloaded engine offloads every
-// request), so every decode row's attention comes from the cache GPU.
+// The CUDA half over the residency's cache GPUs. An entry with a session is attended on its
+// cache GPU; one without (placement keeps it wholly in the model GPU's paged cache) by the
+// local dense kernel on the model's stream, while the cache GPUs attend theirs: per layer each
+// cache GPU gets its rows' q|k|v after the local append (Send), the model stream attends the
+// local decode rows, then waits for every cache GPU's output (Join). All launches of a step
+// use the whole batch's key splits, so every row has local dense's bits.
 class GpuCacheCudaBackend final : public CudaResidencyBackend {
  public:
-  GpuCacheCudaBackend(std::shared_ptr<GpuCacheAttention> attention, cudaStream_t model_stream)
-      : attention_(std::move(attention)), model_stream_(model_stream) {}
+  GpuCacheCudaBackend(std::vector<std::shared_ptr<GpuCacheAttention>> caches,
+                      cudaStream_t model_stream)
+      : caches_(std::move(caches)), model_stream_(model_stream), rows_(caches_.size()) {}
 
   std::string_view residency_name() const override { return "offloaded"; }
   bool graph_replayable() const override { return true; }
 
   Status CheckBatch(std::span<const ForwardEntry> batch,
                     const AttentionWindow& window) const override {
-    return CheckGpuCacheBatch(batch, window);
+    RUBATO_RETURN_IF_ERROR(CheckGpuCacheBatch(batch, window, /*local_entries=*/true));
+    for (size_t e = 0; e < batch.size(); ++e) {
+      if (batch[e].residency == nullptr) continue;
+      const int cache = static_cast<const GpuCacheSession&>(*batch[e].residency).cache;
+      if (cache < 0 || cache >= static_cast<int>(caches_.size())) {
+        return InvalidArgumentError("batch entry " + std::to_string(e) + ": cache GPU " +
+                                    std::to_string(cache) + " of " +
+                                    std::to_string(caches_.size()));
+      }
+    }
+    return Status::Ok();
   }
 
   Status PlanStep(std::span<const ForwardEntry> batch, const ForwardPlan& plan) override {
-    rows_.resize(static_cast<size_t>(plan.entry_first_row.empty() ? 0 : TotalRows(batch)));
+    for (std::vector<GpuCacheAttention::Row>& rows : rows_) rows.clear();
+    local_runs_.clear();
+    // The model rows each cache GPU serves (decode rows first: the plan's rows are), and which
+    // rows of the step are whose: -1 the model GPU's, else the cache index.
+    std::vector<int> owner(static_cast<size_t>(plan.tokens), -1);
     for (size_t e = 0; e < batch.size(); ++e) {
       const ForwardEntry& entry = batch[e];
-      const int session = static_cast<int>(GpuCacheSessionOf(entry));
+      if (entry.residency == nullptr) continue;
+      const auto& session = static_cast<const GpuCacheSession&>(*entry.residency);
       const int first = plan.entry_first_row[e];
       for (size_t t = 0; t < entry.tokens.size(); ++t) {
-        rows_[static_cast<size_t>(first) + t] = {session,
-                                                 entry.start_position + static_cast<int>(t)};
+        const int row = first + static_cast<int>(t);
+        owner[static_cast<size_t>(row)] = session.cache;
+        rows_[static_cast<size_t>(session.cache)].push_back(
+            {static_cast<int>(session.session), entry.start_position + static_cast<int>(t), row});
       }
     }
-    // The plan's bound of the decode rows' keys fixes the attention grid, as for local dense
-    // (a captured step keeps it while the sequences grow within the bucket).
-    return attention_->PlanStep(rows_, plan.decode_rows, model_stream_, plan.decode_max_seq_len);
+    decode_owner_.assign(owner.begin(), owner.begin() + plan.decode_rows);
+    for (int row = 0; row < plan.decode_rows; ++row) {
+      if (owner[static_cast<size_t>(row)] >= 0) continue;
+      if (!local_runs_.empty() && local_runs_.back().first + local_runs_.back().count == row) {
+        ++local_runs_.back().count;
+      } else {
+        local_runs_.push_back({row, 1});
+      }
+    }
+    // The key splits of one dense launch over the plan's dense decode rows, on the model GPU.
+    // Without such rows the model never calls AttendDecodeRows: each layer joins at once.
+    const int dense_rows = plan.decode_rows - plan.backend_rows;
+    join_in_attend_ = dense_rows > 0;
+    num_splits_ = dense_rows > 0 ? cuda::DecodeAttentionDefaultSplits(
+                                       dense_rows, caches_.front()->num_kv_heads(),
+                                       std::max(plan.decode_max_seq_len, 1))
+                                 : 0;
+    for (size_t c = 0; c < caches_.size(); ++c) {
+      std::vector<GpuCacheAttention::Row>& rows = rows_[c];
+      if (rows.empty()) continue;
+      std::sort(rows.begin(), rows.end(),
+                [](const auto& a, const auto& b) { return a.model_row < b.model_row; });
+      const int decode =
+          static_cast<int>(std::count_if(rows.begin(), rows.end(), [&](const auto& row) {
+            return row.model_row < plan.decode_rows;
+          }));
+      // The plan's bound of the decode rows' keys fixes the attention grid, as for local dense
+      // (a captured step keeps it while the sequences grow within the bucket).
+      RUBATO_RETURN_IF_ERROR(caches_[c]->PlanStep(
+          rows, decode, model_stream_, decode > 0 ? plan.decode_max_seq_len : 0, num_splits_));
+    }
+    return Status::Ok();
+  }
+
+  // A captured step bakes in which decode rows go where (the copies' runs, each side's
+  // launches): 4 bits per row (0 the model GPU, 1 + the cache index), the first 112 rows
+  // exactly, the rest hashed into the last word. The splits follow from the key's batch and
+  // bucket.
+  void AddToGraphKey(const ForwardPlan& /*plan*/, DecodeGraphKey& key) const override {
+    constexpr size_t kExactRows = 112;
+    std::array<uint64_t, 8> words{};
+    for (size_t row = 0; row < decode_owner_.size(); ++row) {
+      const uint64_t code = static_cast<uint64_t>(decode_owner_[row] + 1) & 0xf;
+      if (row < kExactRows) {
+        words[row / 16] |= code << (4 * (row % 16));
+      } else {
+        words[7] = words[7] * 1000003u + code + 1;
+      }
+    }
+    for (size_t i = 0; i < words.size(); ++i) key.policy[i] = static_cast<int64_t>(words[i]);
   }
 
   Status LayerComputed(const CudaLayerContext& layer) override {
-    return attention_->Layer(layer.layer, layer.qkv, layer.attention, layer.stream);
+    for (size_t c = 0; c < caches_.size(); ++c) {
+      if (rows_[c].empty()) continue;
+      RUBATO_RETURN_IF_ERROR(
+          caches_[c]->Send(layer.layer, layer.qkv, layer.attention, layer.stream));
+      // The cache GPU reads this layer's q|k|v rows, which the next layer overwrites: the model
+      // stream waits for it within the layer, after its own attention when it has some.
+      if (!join_in_attend_) RUBATO_RETURN_IF_ERROR(caches_[c]->Join(layer.layer, layer.stream));
+    }
+    return Status::Ok();
   }
 
-  Status AttendDecodeRows(const CudaLayerContext& /*layer*/, int first_row, int rows,
-                          const AttentionWindow& /*window*/) override {
-    // LayerComputed wrote rows [0, decode rows): all of them are the residency's.
-    if (first_row != 0) {
-      return InternalError("GPU cache rank: decode rows from " + std::to_string(first_row) + " (" +
-                           std::to_string(rows) + "), expected all from 0");
+  Status AttendDecodeRows(const CudaLayerContext& layer, int first_row, int rows,
+                          const AttentionWindow& window) override {
+    // The local decode rows, while the cache GPUs attend theirs.
+    for (const LocalRun& run : local_runs_) {
+      const int begin = std::max(run.first, first_row);
+      const int end = std::min(run.first + run.count, first_row + rows);
+      if (begin >= end) continue;
+      cuda::DecodeAttentionParams dense = layer.DecodeRows(begin, end - begin);
+      dense.sink_tokens = window.sink_tokens;
+      dense.recent_tokens = window.recent_tokens;
+      dense.num_splits = num_splits_;
+      RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(dense, layer.stream));
+    }
+    for (size_t c = 0; c < caches_.size(); ++c) {
+      if (!rows_[c].empty()) RUBATO_RETURN_IF_ERROR(caches_[c]->Join(layer.layer, layer.stream));
     }
     return Status::Ok();
   }
 
  private:
-  static int TotalRows(std::span<const ForwardEntry> batch) {
-    int rows = 0;
-    for (const ForwardEntry& entry : batch) rows += static_cast<int>(entry.tokens.size());
-    return rows;
-  }
+  struct LocalRun {
+    int first = 0;
+    int count = 0;
+  };
 
-  std::shared_ptr<GpuCacheAttention> attention_;
+  std::vector<std::shared_ptr<GpuCacheAttention>> caches_;
   cudaStream_t model_stream_ = nullptr;
-  std::vector<GpuCacheAttention::Row> rows_;  // the step's, in the plan's row order
+  std::vector<std::vector<GpuCacheAttention::Row>> rows_;  // [cache] the step's, model order
+  std::vector<LocalRun> local_runs_;                       // the model GPU's decode rows, in runs
+  std::vector<int> decode_owner_;  // [decode rows] -1 local, else the cache index
+  int num_splits_ = 0;
+  bool join_in_attend_ = false;  // the step has dense decode rows: AttendDecodeRows joins
 };
 
 }  // namespace
 
 GpuCacheResidency::GpuCacheResidency(const CacheSection& cache, int max_context, int max_step_rows,
-                                     int block_tokens)
+                                     int block_tokens, std::vector<int> cache_devices)
     : cache_(cache),
       max_context_(max_context),
       max_step_rows_(max_step_rows),
-      block_tokens_(block_tokens) {}
+      block_tokens_(block_tokens),
+      cache_devices_(std::move(cache_devices)) {}
 
 Status GpuCacheResidency::Check(const AttentionPolicy* policy) const {
   return CheckGpuCachePolicy(policy);
@@ -95,36 +189,54 @@ Status GpuCacheResidency::Attach(Model& model, const AttentionPolicy* policy, in
         "not the " +
         std::string(model.backend_name()) + " model");
   }
-  GpuCacheAttentionOptions options;
-  options.model_device = cuda_model->device();
-  options.cache_device = cache_.device >= 0 ? cache_.device : options.model_device;
-  options.budget_bytes = cache_.budget_bytes();
-  options.max_context = max_context_;
-  options.max_rows = std::max(max_step_rows_, max_batch);
-  options.block_tokens = block_tokens_;
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<GpuCacheAttention> made,
-                          GpuCacheAttention::Create(model.config(), options));
-  attention_ = std::move(made);
+  std::vector<int> devices = cache_devices_;
+  if (devices.empty()) devices.push_back(cache_.device);
+  caches_.clear();
+  for (const int device : devices) {
+    GpuCacheAttentionOptions options;
+    options.model_device = cuda_model->device();
+    options.cache_device = device >= 0 ? device : options.model_device;
+    options.budget_bytes = cache_.budget_bytes();
+    options.max_context = max_context_;
+    options.max_rows = std::max(max_step_rows_, max_batch);
+    options.block_tokens = block_tokens_;
+    RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<GpuCacheAttention> made,
+                            GpuCacheAttention::Create(model.config(), options));
+    caches_.push_back(std::move(made));
+  }
   ObserveSteps();  // metrics registered before Attach
   return model.SetResidencyBackend(
-      std::make_unique<GpuCacheCudaBackend>(attention_, cuda_model->stream()));
+      std::make_unique<GpuCacheCudaBackend>(caches_, cuda_model->stream()));
 }
 
 Result<std::unique_ptr<ResidencyRequest>> GpuCacheResidency::Open(uint64_t /*request_id*/,
                                                                   int reserved_tokens) {
-  if (attention_ == nullptr) return FailedPreconditionError("GPU cache rank: not attached");
-  // Positions 0..reserved_tokens: the last sampled token is never fed back.
-  Result<int> session = attention_->OpenSession(reserved_tokens + 1);
-  if (!session.ok()) return session.status().WithContext("opening its GPU cache-rank session");
-  if (device_bytes_metric_ != nullptr) {
-    device_bytes_metric_->Set(static_cast<double>(attention_->device_bytes()));
+  if (caches_.empty()) return FailedPreconditionError("GPU cache rank: not attached");
+  // The cache GPU with the most free blocks (ties to the lower index): the placement rule of
+  // several cache ranks (cache_placement.h).
+  std::vector<CacheRankBudget> budgets;
+  for (const auto& cache : caches_) {
+    budgets.push_back({true, static_cast<uint64_t>(cache->free_blocks())});
   }
-  return std::unique_ptr<ResidencyRequest>(std::make_unique<GpuCacheRequest>(*session));
+  const int pick = PickCacheRank(budgets);
+  // Positions 0..reserved_tokens: the last sampled token is never fed back.
+  Result<int> session = caches_[static_cast<size_t>(pick)]->OpenSession(reserved_tokens + 1);
+  if (!session.ok()) return session.status().WithContext("opening its GPU cache-rank session");
+  if (device_bytes_metric_ != nullptr)
+    device_bytes_metric_->Set(static_cast<double>(device_bytes()));
+  return std::unique_ptr<ResidencyRequest>(std::make_unique<GpuCacheRequest>(*session, pick));
 }
 
 Status GpuCacheResidency::Close(ResidencyRequest& request) {
-  return attention_->CloseSession(
-      static_cast<int>(static_cast<GpuCacheRequest&>(request).session()));
+  const auto& gpu_request = static_cast<GpuCacheRequest&>(request);
+  return caches_[static_cast<size_t>(gpu_request.cache())]->CloseSession(
+      static_cast<int>(gpu_request.session()));
+}
+
+size_t GpuCacheResidency::device_bytes() const {
+  size_t bytes = 0;
+  for (const auto& cache : caches_) bytes += cache->device_bytes();
+  return bytes;
 }
 
 Status GpuCacheResidency::RegisterMetrics(MetricsRegistry& registry) {
@@ -147,24 +259,30 @@ Status GpuCacheResidency::RegisterMetrics(MetricsRegistry& registry) {
 }
 
 void GpuCacheResidency::ObserveSteps() {
-  if (attention_ == nullptr || bytes_out_metric_ == nullptr) return;
-  device_bytes_metric_->Set(static_cast<double>(attention_->device_bytes()));
+  if (caches_.empty() || bytes_out_metric_ == nullptr) return;
+  device_bytes_metric_->Set(static_cast<double>(device_bytes()));
   Counter* out = bytes_out_metric_;
   Counter* back = bytes_back_metric_;
-  attention_->SetStepObserver([out, back](size_t bytes_out, size_t bytes_back) {
-    out->Increment(static_cast<double>(bytes_out));
-    back->Increment(static_cast<double>(bytes_back));
-  });
+  for (const auto& cache : caches_) {
+    cache->SetStepObserver([out, back](size_t bytes_out, size_t bytes_back) {
+      out->Increment(static_cast<double>(bytes_out));
+      back->Increment(static_cast<double>(bytes_back));
+    });
+  }
 }
 
 std::string GpuCacheResidency::StatsLine() const {
-  if (attention_ == nullptr) return "";
+  if (caches_.empty()) return "";
+  uint64_t out = 0, back = 0;
+  for (const auto& cache : caches_) {
+    out += cache->total_bytes_out();
+    back += cache->total_bytes_back();
+  }
   char text[200];
   std::snprintf(text, sizeof(text),
                 " cache_bytes_out=%llu cache_bytes_back=%llu cache_device_mib=%.0f",
-                static_cast<unsigned long long>(attention_->total_bytes_out()),
-                static_cast<unsigned long long>(attention_->total_bytes_back()),
-                attention_->device_bytes() / 1048576.0);
+                static_cast<unsigned long long>(out), static_cast<unsigned long long>(back),
+                device_bytes() / 1048576.0);
   return text;
 }
 

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "common/hf_config.h"
@@ -24,8 +25,10 @@ class GpuCacheResidency final : public Residency {
   // budget and GPU (-1: the model's), `max_context` the longest session, `max_step_rows` the
   // most tokens of one forward (decode tokens + prefill chunk tokens), `block_tokens` the
   // store's block (the engine's, so that the cache GPU's attention runs local dense's shapes).
+  // `cache_devices`: several cache GPUs, each with the section's budget, a request on the one
+  // with the most free blocks (empty: the section's one device).
   GpuCacheResidency(const CacheSection& cache, int max_context, int max_step_rows,
-                    int block_tokens = 16);
+                    int block_tokens = 16, std::vector<int> cache_devices = {});
 
   std::string_view name() const override { return "offloaded"; }
   KvResidency kind() const override { return KvResidency::kOffloaded; }
@@ -34,6 +37,11 @@ class GpuCacheResidency final : public Residency {
   Status Check(const AttentionPolicy* policy) const override;
   // Makes the store on the cache GPU and installs the CUDA half; Unsupported on another model.
   Status Attach(Model& model, const AttentionPolicy* policy, int max_batch) override;
+  // -1 (every position stays in the model GPU's paged cache) unless set_local_window(0): the
+  // placed residency's cache tier, whose requests' decode rows are attended on the cache GPU
+  // and read nothing locally (docs/residency.md "Placement").
+  int LocalWindow() const override { return local_window_; }
+  void set_local_window(int window) { local_window_ = window; }
   Result<std::unique_ptr<ResidencyRequest>> Open(uint64_t request_id, int reserved_tokens) override;
   Status Close(ResidencyRequest& request) override;
 
@@ -41,7 +49,13 @@ class GpuCacheResidency final : public Residency {
   // " cache_bytes_out=... cache_bytes_back=... cache_device_mib=...".
   std::string StatsLine() const override;
 
-  GpuCacheAttention* attention() { return attention_.get(); }
+  // The first cache GPU's store, or null before Attach; attention(i) the i-th.
+  GpuCacheAttention* attention(int i = 0) {
+    return i < static_cast<int>(caches_.size()) ? caches_[static_cast<size_t>(i)].get() : nullptr;
+  }
+  int num_caches() const { return static_cast<int>(caches_.size()); }
+  // Device bytes of every cache GPU's store, buffers and workspace.
+  size_t device_bytes() const;
 
  private:
   // Counts every planned step's bytes in the metrics, once both exist.
@@ -51,7 +65,9 @@ class GpuCacheResidency final : public Residency {
   int max_context_ = 0;
   int max_step_rows_ = 0;
   int block_tokens_ = 16;
-  std::shared_ptr<GpuCacheAttention> attention_;  // shared with the model half
+  int local_window_ = -1;
+  std::vector<int> cache_devices_;
+  std::vector<std::shared_ptr<GpuCacheAttention>> caches_;  // shared with the model half
   Counter* bytes_out_metric_ = nullptr;
   Counter* bytes_back_metric_ = nullptr;
   Gauge* device_bytes_metric_ = nullptr;
