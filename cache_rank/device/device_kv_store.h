@@ -69,8 +69,8 @@ struct DeviceStepEntry {
   int sink_tokens = 0;    // >= 0
   int recent_tokens = 1;  // >= 1
   // SelectTopKDelta only: the peer's pools of this session are empty, so this step's deltas are
-  // full replies (every row entering, slot i taking the i-th position). A session's first step
-  // is one anyway.
+  // full replies (every row entering, slot i taking the i-th position). A session's steps up to
+  // its first SelectTopKDelta are such anyway.
   bool delta_reset = false;
 };
 

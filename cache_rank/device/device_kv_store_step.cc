@@ -132,7 +132,6 @@ Status DeviceKvStore::BeginStep(std::span<const DeviceStepEntry> entries, cudaSt
   for (int b = 0; b < batch; ++b) {
     step.session_ids.push_back(entries[b].session_id);
     sessions[b]->length += entries[b].new_tokens;
-    sessions[b]->delta_fresh = false;
   }
   step.batch = batch;
   step.rows = static_cast<int>(rows);
@@ -371,6 +370,9 @@ Status DeviceKvStore::SelectTopKDelta(int layer, const DeviceQueries& queries,
   update.entering_slots = outputs.slots;
   update.entering_positions = outputs.positions;
   RUBATO_RETURN_IF_ERROR(cuda::CompactSlotUpdate(update, stream));
+  // The maps now hold this step's selections: later steps send deltas. (This step's other
+  // layers still reset: the flag went up with the step's tables.)
+  for (const uint64_t id : step.session_ids) sessions_.at(id)->delta_fresh = false;
 
   // Only the entering rows: compact gather with them as the selection and no sink rows.
   cuda::CompactGatherParams gather;
