@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cache_rank/device/device_step_tables.h"
+#include "kernels/cuda/compact_slot_update.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/pooled_top_k.cuh"
@@ -36,6 +37,13 @@ Result<std::unique_ptr<DeviceKvStore>> DeviceKvStore::Create(const DeviceKvStore
   if (o.max_step_tokens < 0 || o.max_top_k < 0) {
     return invalid(fmt::format("max_step_tokens {} and max_top_k {} must be >= 0",
                                o.max_step_tokens, o.max_top_k));
+  }
+  if (o.delta_capacity < 0 || o.delta_capacity > cuda::kMaxCompactSlots ||
+      (o.delta_capacity > 0 && (o.max_top_k < 1 || o.max_delta_sessions < 1))) {
+    return invalid(
+        fmt::format("delta_capacity {} (max {}) with max_top_k {} and "
+                    "max_delta_sessions {}: deltas need a selection and a session",
+                    o.delta_capacity, cuda::kMaxCompactSlots, o.max_top_k, o.max_delta_sessions));
   }
   std::unique_ptr<DeviceKvStore> store(new DeviceKvStore());
   store->options_ = o;
@@ -72,6 +80,20 @@ Result<std::unique_ptr<DeviceKvStore>> DeviceKvStore::Create(const DeviceKvStore
   // Validates block_tokens (16 or 64).
   RUBATO_ASSIGN_OR_RETURN(store->cache_, PagedKvCache::CreateWithStorage(shape, std::move(pools)));
 
+  if (o.delta_capacity > 0) {
+    const size_t map_ints = static_cast<size_t>(o.num_layers) * o.max_delta_sessions *
+                            o.num_kv_heads * (1 + static_cast<size_t>(o.delta_capacity));
+    RUBATO_ASSIGN_OR_RETURN(store->delta_maps_, cuda::DeviceBuffer<int32_t>::Allocate(
+                                                    map_ints, "the device KV store's slot maps"));
+    RUBATO_CUDA_RETURN_IF_ERROR(
+        cudaMemset(store->delta_maps_.data(), 0, store->delta_maps_.bytes()),
+        "zeroing the slot maps");
+    RUBATO_ASSIGN_OR_RETURN(
+        store->delta_gathered_,
+        cuda::DeviceBuffer<int32_t>::Allocate(static_cast<size_t>(o.max_batch) * o.num_kv_heads,
+                                              "the device KV store's delta gather counts"));
+    for (int m = o.max_delta_sessions - 1; m >= 0; --m) store->free_delta_maps_.push_back(m);
+  }
   store->step_ = std::make_unique<StepTables>();
   for (cudaEvent_t& event : store->step_->uploaded) {
     RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
@@ -176,9 +198,18 @@ Result<uint64_t> DeviceKvStore::OpenSession(uint64_t request_id, const SessionSh
         capacity, block_bytes * cache_->BlocksFor(capacity), cache_->BlocksFor(capacity),
         block_bytes * cache_->used_blocks(), cache_->pool_bytes(), cache_->free_blocks()));
   }
+  if (o.delta_capacity > 0 && free_delta_maps_.empty()) {
+    (void)cache_->Release(session->sequence);
+    return ResourceExhaustedError(fmt::format(
+        "device KV store: all max_delta_sessions {} slot maps are in use", o.max_delta_sessions));
+  }
   if (Status grown = GrowWorkspaces(capacity); !grown.ok()) {
     (void)cache_->Release(session->sequence);
     return grown;
+  }
+  if (o.delta_capacity > 0) {
+    session->delta_map = free_delta_maps_.back();
+    free_delta_maps_.pop_back();
   }
   const uint64_t id = next_session_id_++;
   sessions_.emplace(id, std::move(session));
@@ -196,6 +227,7 @@ Status DeviceKvStore::CloseSession(uint64_t session_id) {
     step_->active = false;  // its blocks may be handed out again
   }
   RUBATO_RETURN_IF_ERROR(cache_->Release(it->second->sequence));
+  if (it->second->delta_map >= 0) free_delta_maps_.push_back(it->second->delta_map);
   session_of_request_.erase(it->second->request_id);
   sessions_.erase(it);
   return Status::Ok();
@@ -252,7 +284,7 @@ DeviceKvStoreStats DeviceKvStore::Stats() const {
   stats.bytes_reserved = cache_->pool_bytes() / cache_->shape().num_blocks * cache_->used_blocks();
   stats.device_bytes = cache_->pool_bytes() + step_->device.bytes() + attention_workspace_.bytes() +
                        scores_.bytes() + top_k_workspace_.bytes() + selected_.bytes() +
-                       selected_count_.bytes();
+                       selected_count_.bytes() + delta_maps_.bytes() + delta_gathered_.bytes();
   stats.steps = steps_;
   stats.tokens_appended = tokens_appended_;
   return stats;

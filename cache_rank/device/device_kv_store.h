@@ -6,8 +6,10 @@
 // on the host once (BeginStep: one upload of its tables) and its ops run per layer on the
 // caller's stream without host synchronization: append a layer's new K/V from a layer pack's
 // sections, decode attention over each session's [0, L) (o and lse, for attention on the cache
-// rank), and oracle_topk's selection with the gather of its rows. CPU twin: the host store
-// (cache_rank/kv_store.h), exact_top_k.h and the CPU attention ops. Narrative:
+// rank), and oracle_topk's selection with the gather of its rows, whole (SelectTopK) or as the
+// delta to a peer's persistent compact pool (SelectTopKDelta: a device slot map per session,
+// layer and KV head). CPU twin: the host store (cache_rank/kv_store.h), exact_top_k.h,
+// CompactSlotMap (transport/compact_delta.h) and the CPU attention ops. Narrative:
 // docs/disaggregated.md "The GPU cache rank's store".
 #pragma once
 
@@ -43,6 +45,11 @@ struct DeviceKvStoreOptions {
   // budget, so that OpenSession never synchronizes the device (a cache rank whose data plane
   // keeps a receive posted on this device, device_attention_server.h, would wait for it).
   bool fixed_workspaces = false;
+  // SelectTopKDelta: slots of each (session, layer, KV head) slot map (the peer's pool: >= every
+  // step's sink_end + top_k, <= cuda::kMaxCompactSlots) and the sessions that may hold maps at
+  // once (the maps are allocated at Create). 0: no SelectTopKDelta.
+  int delta_capacity = 0;
+  int max_delta_sessions = 0;
 };
 
 // One request of a step. Positions [first_position, first_position + new_tokens) are written.
@@ -61,6 +68,10 @@ struct DeviceStepEntry {
   int top_k = 0;          // in [0, max_top_k]
   int sink_tokens = 0;    // >= 0
   int recent_tokens = 1;  // >= 1
+  // SelectTopKDelta only: the peer's pools of this session are empty, so this step's deltas are
+  // full replies (every row entering, slot i taking the i-th position). A session's steps up to
+  // its first SelectTopKDelta are such anyway.
+  bool delta_reset = false;
 };
 
 // The step's queries: entry e's [num_query_heads][head_dim] bf16 (after RoPE) at
@@ -84,6 +95,18 @@ struct DeviceSelectOutputs {
   int32_t* positions = nullptr;     // [batch][num_kv_heads][capacity]; rows >= count untouched
   __nv_bfloat16* keys = nullptr;    // [batch][num_kv_heads][capacity][head_dim], bf16
   __nv_bfloat16* values = nullptr;  // [batch][num_kv_heads][capacity][head_dim], bf16
+};
+
+// SelectTopKDelta's outputs, rows per (entry, KV head) = options().delta_capacity (C). The
+// delta of entry e's KV head h turns its peer's pool into the new selection's
+// (compact_slot_update.cuh; the rule of CompactSlotMap::Update).
+struct DeviceDeltaOutputs {
+  int32_t* counts = nullptr;        // [batch][num_kv_heads]: the pool's rows in use after it
+  int32_t* entering = nullptr;      // [batch][num_kv_heads]: rows entering
+  int32_t* slots = nullptr;         // [batch][num_kv_heads][C]: their slots, -1 past them
+  int32_t* positions = nullptr;     // [batch][num_kv_heads][C]: their positions, -1 past them
+  __nv_bfloat16* keys = nullptr;    // [batch][num_kv_heads][C][head_dim], rows >= entering
+  __nv_bfloat16* values = nullptr;  // untouched; same layout
 };
 
 struct DeviceKvStoreStats {
@@ -133,6 +156,12 @@ class DeviceKvStore {
   // the gather of the selected rows' K and V.
   Status SelectTopK(int layer, const DeviceQueries& queries, const DeviceSelectOutputs& outputs,
                     cudaStream_t stream);
+  // The same selection as the delta to each session's peer pool: the session's slot map of
+  // `layer` is updated on the device and only the entering rows' K and V are gathered. A caller
+  // of deltas runs it on every layer of every step (a skipped layer's map no longer says what
+  // the peer's pool holds: reset it with DeviceStepEntry::delta_reset).
+  Status SelectTopKDelta(int layer, const DeviceQueries& queries, const DeviceDeltaOutputs& outputs,
+                         cudaStream_t stream);
 
   // One layer's pools, [block][kv_head][block_tokens][head_dim] bf16, and a session's block
   // table (position p is row p % block_tokens of block table[p / block_tokens]).
@@ -161,6 +190,9 @@ class DeviceKvStore {
   Status GrowWorkspaces(int capacity_tokens);
   Status CheckStepOp(const char* op, int layer, bool needs_append) const;
   Status CheckQueries(const char* op, const DeviceQueries& queries) const;
+  // Scores and pooled top-k of the step's entries at `layer` into selected_ / selected_count_
+  // (row stride `budget`); nothing when budget is 0.
+  Status ScoreAndSelect(int layer, const DeviceQueries& queries, int budget, cudaStream_t stream);
 
   DeviceKvStoreOptions options_;
   std::unique_ptr<PagedKvCache> cache_;  // block accounting; owns the device pools (Pools)
@@ -176,6 +208,11 @@ class DeviceKvStore {
   cuda::DeviceBuffer<std::byte> top_k_workspace_;  // PooledTopKWorkspaceBytes
   cuda::DeviceBuffer<int32_t> selected_;           // [max_batch][num_kv_heads][max_top_k]
   cuda::DeviceBuffer<int32_t> selected_count_;     // [max_batch][num_kv_heads]
+  // Slot maps: [num_layers][max_delta_sessions][num_kv_heads][1 + delta_capacity] int32 (the
+  // count, then the position in each slot), zeroed at Create; free map indices.
+  cuda::DeviceBuffer<int32_t> delta_maps_;
+  cuda::DeviceBuffer<int32_t> delta_gathered_;  // [max_batch][num_kv_heads], gather's counts
+  std::vector<int> free_delta_maps_;
   uint64_t steps_ = 0;
   uint64_t tokens_appended_ = 0;
 };

@@ -12,6 +12,7 @@
 #include "cache_rank/device/device_kv_store.h"
 #include "cache_rank/device/device_step_tables.h"
 #include "kernels/cuda/compact_gather.cuh"
+#include "kernels/cuda/compact_slot_update.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/decode_scores.cuh"
@@ -103,9 +104,13 @@ Status DeviceKvStore::BeginStep(std::span<const DeviceStepEntry> entries, cudaSt
     const int length = static_cast<int>(e.first_position + e.new_tokens);
     const int recent_begin = std::max(0, length - e.recent_tokens);
     const int sink_end = std::min(e.sink_tokens, recent_begin);
-    const int32_t per_entry[5] = {length, sink_end, sink_end, recent_begin - sink_end, e.top_k};
-    const size_t sections[5] = {t.seq_lens, t.sink_end, t.begin, t.count, t.row_k};
-    for (int i = 0; i < 5; ++i) {
+    const int32_t reset = e.delta_reset || sessions[b]->delta_fresh ? 1 : 0;
+    const int32_t per_entry[8] = {
+        length, sink_end, sink_end, recent_begin - sink_end, e.top_k, sessions[b]->delta_map,
+        reset,  0};
+    const size_t sections[8] = {t.seq_lens, t.sink_end,  t.begin, t.count,
+                                t.row_k,    t.map_index, t.reset, t.zeros};
+    for (int i = 0; i < 8; ++i) {
       std::memcpy(at(sections[i] + b * sizeof(int32_t)), &per_entry[i], sizeof(int32_t));
     }
     int32_t* block_row = reinterpret_cast<int32_t*>(at(t.block_tables)) + b * stride;
@@ -225,29 +230,11 @@ Status DeviceKvStore::Attend(int layer, const DeviceQueries& queries,
   return cuda::DecodeAttention(p, stream);
 }
 
-Status DeviceKvStore::SelectTopK(int layer, const DeviceQueries& queries,
-                                 const DeviceSelectOutputs& outputs, cudaStream_t stream) {
-  RUBATO_RETURN_IF_ERROR(CheckStepOp("SelectTopK", layer, true));
-  RUBATO_RETURN_IF_ERROR(CheckQueries("SelectTopK", queries));
-  if (options_.max_top_k < 1) {
-    return FailedPreconditionError(
-        "device KV store: SelectTopK: the store was created with max_top_k 0 (no selection)");
-  }
+Status DeviceKvStore::ScoreAndSelect(int layer, const DeviceQueries& queries, int budget,
+                                     cudaStream_t stream) {
   const StepTables& step = *step_;
-  if (outputs.capacity < step.max_sink_end + step.max_top_k) {
-    return InvalidArgumentError(fmt::format(
-        "device KV store: SelectTopK: outputs.capacity {} < the step's sink rows {} + top_k {}",
-        outputs.capacity, step.max_sink_end, step.max_top_k));
-  }
-  if (outputs.counts == nullptr || outputs.positions == nullptr || outputs.keys == nullptr ||
-      outputs.values == nullptr) {
-    return InvalidArgumentError(
-        "device KV store: SelectTopK: outputs.counts, positions, keys and values must be set");
-  }
   const int block_tokens = cache_->shape().block_tokens;
   const int32_t* block_tables = step.Device<int32_t>(step.layout.block_tables);
-  // Nothing to choose among (no candidates or top_k 0 everywhere): the sink rows alone.
-  const int budget = step.max_top_k > 0 && step.max_candidates > 0 ? step.max_top_k : 0;
   if (budget > 0) {
     // Raw scores of every position [0, L) in log2 units, then the pooled top-k of each
     // entry's candidates [sink_end, recent_begin).
@@ -287,6 +274,33 @@ Status DeviceKvStore::SelectTopK(int layer, const DeviceQueries& queries,
     top.workspace_bytes = top_k_workspace_.bytes();
     RUBATO_RETURN_IF_ERROR(cuda::PooledTopK(top, stream));
   }
+  return Status::Ok();
+}
+
+Status DeviceKvStore::SelectTopK(int layer, const DeviceQueries& queries,
+                                 const DeviceSelectOutputs& outputs, cudaStream_t stream) {
+  RUBATO_RETURN_IF_ERROR(CheckStepOp("SelectTopK", layer, true));
+  RUBATO_RETURN_IF_ERROR(CheckQueries("SelectTopK", queries));
+  if (options_.max_top_k < 1) {
+    return FailedPreconditionError(
+        "device KV store: SelectTopK: the store was created with max_top_k 0 (no selection)");
+  }
+  const StepTables& step = *step_;
+  if (outputs.capacity < step.max_sink_end + step.max_top_k) {
+    return InvalidArgumentError(fmt::format(
+        "device KV store: SelectTopK: outputs.capacity {} < the step's sink rows {} + top_k {}",
+        outputs.capacity, step.max_sink_end, step.max_top_k));
+  }
+  if (outputs.counts == nullptr || outputs.positions == nullptr || outputs.keys == nullptr ||
+      outputs.values == nullptr) {
+    return InvalidArgumentError(
+        "device KV store: SelectTopK: outputs.counts, positions, keys and values must be set");
+  }
+  const int block_tokens = cache_->shape().block_tokens;
+  const int32_t* block_tables = step.Device<int32_t>(step.layout.block_tables);
+  // Nothing to choose among (no candidates or top_k 0 everywhere): the sink rows alone.
+  const int budget = step.max_top_k > 0 && step.max_candidates > 0 ? step.max_top_k : 0;
+  RUBATO_RETURN_IF_ERROR(ScoreAndSelect(layer, queries, budget, stream));
   cuda::CompactGatherParams gather;
   gather.key_pool = layer_keys(layer);
   gather.value_pool = layer_values(layer);
@@ -307,6 +321,79 @@ Status DeviceKvStore::SelectTopK(int layer, const DeviceQueries& queries,
   gather.compact_capacity = outputs.capacity;
   gather.compact_counts = outputs.counts;
   gather.compact_positions = outputs.positions;
+  return cuda::GatherCompactKv(gather, stream);
+}
+
+Status DeviceKvStore::SelectTopKDelta(int layer, const DeviceQueries& queries,
+                                      const DeviceDeltaOutputs& outputs, cudaStream_t stream) {
+  RUBATO_RETURN_IF_ERROR(CheckStepOp("SelectTopKDelta", layer, true));
+  RUBATO_RETURN_IF_ERROR(CheckQueries("SelectTopKDelta", queries));
+  const DeviceKvStoreOptions& o = options_;
+  if (o.delta_capacity < 1) {
+    return FailedPreconditionError(
+        "device KV store: SelectTopKDelta: the store was created with delta_capacity 0 (no "
+        "slot maps)");
+  }
+  const StepTables& step = *step_;
+  if (o.delta_capacity < step.max_sink_end + step.max_top_k) {
+    return InvalidArgumentError(fmt::format(
+        "device KV store: SelectTopKDelta: delta_capacity {} < the step's sink rows {} + top_k {}",
+        o.delta_capacity, step.max_sink_end, step.max_top_k));
+  }
+  if (outputs.counts == nullptr || outputs.entering == nullptr || outputs.slots == nullptr ||
+      outputs.positions == nullptr || outputs.keys == nullptr || outputs.values == nullptr) {
+    return InvalidArgumentError(
+        "device KV store: SelectTopKDelta: outputs.counts, entering, slots, positions, keys and "
+        "values must be set");
+  }
+  const int budget = step.max_top_k > 0 && step.max_candidates > 0 ? step.max_top_k : 0;
+  RUBATO_RETURN_IF_ERROR(ScoreAndSelect(layer, queries, budget, stream));
+
+  // The delta to each session's pool: its slot map of this layer updated in place.
+  const size_t map_ints = 1 + static_cast<size_t>(o.delta_capacity);
+  cuda::CompactSlotUpdateParams update;
+  update.maps = delta_maps_.data() +
+                static_cast<size_t>(layer) * o.max_delta_sessions * o.num_kv_heads * map_ints;
+  update.num_maps = o.max_delta_sessions;
+  update.map_index = step.Device<int32_t>(step.layout.map_index);
+  update.reset = step.Device<int32_t>(step.layout.reset);
+  update.sink_end = step.Device<int32_t>(step.layout.sink_end);
+  update.max_sink_tokens = step.max_sink_end;
+  update.selected = selected_.data();
+  update.selected_count = selected_count_.data();
+  update.budget = budget;
+  update.batch = step.batch;
+  update.num_kv_heads = o.num_kv_heads;
+  update.capacity = o.delta_capacity;
+  update.counts = outputs.counts;
+  update.entering = outputs.entering;
+  update.entering_slots = outputs.slots;
+  update.entering_positions = outputs.positions;
+  RUBATO_RETURN_IF_ERROR(cuda::CompactSlotUpdate(update, stream));
+  // The maps now hold this step's selections: later steps send deltas. (This step's other
+  // layers still reset: the flag went up with the step's tables.)
+  for (const uint64_t id : step.session_ids) sessions_.at(id)->delta_fresh = false;
+
+  // Only the entering rows: compact gather with them as the selection and no sink rows.
+  cuda::CompactGatherParams gather;
+  gather.key_pool = layer_keys(layer);
+  gather.value_pool = layer_values(layer);
+  gather.num_pool_blocks = cache_->shape().num_blocks;
+  gather.block_tables = step.Device<int32_t>(step.layout.block_tables);
+  gather.block_table_stride = step.stride;
+  gather.sink_end = step.Device<int32_t>(step.layout.zeros);
+  gather.max_sink_tokens = 0;
+  gather.selected = outputs.positions;
+  gather.selected_count = outputs.entering;
+  gather.budget = o.delta_capacity;
+  gather.batch = step.batch;
+  gather.num_kv_heads = o.num_kv_heads;
+  gather.head_dim = o.head_dim;
+  gather.block_tokens = cache_->shape().block_tokens;
+  gather.compact_keys = outputs.keys;
+  gather.compact_values = outputs.values;
+  gather.compact_capacity = o.delta_capacity;
+  gather.compact_counts = delta_gathered_.data();
   return cuda::GatherCompactKv(gather, stream);
 }
 

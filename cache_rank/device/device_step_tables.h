@@ -28,8 +28,10 @@ class DeviceKvStore::Pools : public KvStorage {
 struct DeviceKvStore::Session {
   uint64_t request_id = 0;
   uint32_t capacity_tokens = 0;
-  uint32_t length = 0;  // positions written (steps begun)
-  KvSequence sequence;  // the blocks of the whole capacity
+  uint32_t length = 0;      // positions written (steps begun)
+  int delta_map = -1;       // its slot maps' index (SelectTopKDelta), -1: none
+  bool delta_fresh = true;  // no step yet: the peer's pools are empty
+  KvSequence sequence;      // the blocks of the whole capacity
 };
 
 // Byte offsets of the step tables' sections; the block tables come last so that the others do
@@ -44,6 +46,9 @@ struct TablesLayout {
   size_t begin = 0;          // int32 [max_batch]: first candidate (= sink_end)
   size_t count = 0;          // int32 [max_batch]: candidates, recent_begin - sink_end
   size_t row_k = 0;          // int32 [max_batch]: top_k
+  size_t map_index = 0;      // int32 [max_batch]: the session's slot maps (-1: none)
+  size_t reset = 0;          // int32 [max_batch]: 1, the deltas are full replies
+  size_t zeros = 0;          // int32 [max_batch]: 0 (no sink rows in a delta gather)
   size_t block_tables = 0;   // int32 [batch][stride], the step's stride
   size_t total = 0;          // with max_batch x max_stride block tables
 };
@@ -60,7 +65,8 @@ inline TablesLayout LayoutTables(int max_batch, int max_rows, int max_stride) {
   take(t.value_offsets, rows * sizeof(int64_t));
   take(t.head_strides, rows * sizeof(int32_t));
   take(t.slots, rows * sizeof(int32_t));
-  for (size_t* field : {&t.seq_lens, &t.sink_end, &t.begin, &t.count, &t.row_k}) {
+  for (size_t* field :
+       {&t.seq_lens, &t.sink_end, &t.begin, &t.count, &t.row_k, &t.map_index, &t.reset, &t.zeros}) {
     take(*field, batch * sizeof(int32_t));
   }
   take(t.block_tables, batch * static_cast<size_t>(max_stride) * sizeof(int32_t));

@@ -3,8 +3,9 @@
 // prefill pack (every layer, one chunk each) and decode packs with queries; after each decode
 // step the device pages equal the host rows bit for bit, Attend matches two-segment attention
 // over the host rows (o and lse), and SelectTopK matches exact_top_k.h (positions, up to
-// near-ties, and the gathered rows bit for bit). GQA groups 1 to 8, head_dim 64 and 128, blocks
-// of 16 and 64. Plus the budget refusal and the step's preconditions.
+// near-ties, and the gathered rows bit for bit), and SelectTopKDelta's deltas equal
+// CompactSlotMap's over SelectTopK's selections (entering rows bit for bit). GQA groups 1 to 8,
+// head_dim 64 and 128, blocks of 16 and 64. Plus the budget refusal and the step's preconditions.
 #include "cache_rank/device/device_kv_store.h"
 
 #include <gtest/gtest.h>
@@ -21,6 +22,7 @@
 #include "common/dtype.h"
 #include "kernels/cpu/two_segment_attention.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "transport/compact_delta.h"
 
 namespace rubato {
 namespace {
@@ -121,6 +123,12 @@ TEST_P(DeviceKvStoreTest, MatchesHostStore) {
   const int batch = static_cast<int>(c.prompts.size());
   DeviceKvStoreOptions options{c.layers,           c.kv_heads, heads, c.head_dim, c.block_tokens,
                                uint64_t{64} << 20, batch,      1024,  c.top_k};
+  const int delta_capacity = c.sink + c.top_k;
+  options.delta_capacity = delta_capacity;
+  options.max_delta_sessions = batch + 1;
+  // The CPU twin of the device slot maps: [session][layer][kv head].
+  std::vector<CompactSlotMap> slot_maps(size_t(batch) * c.layers * c.kv_heads,
+                                        CompactSlotMap(delta_capacity));
   auto device = DeviceKvStore::Create(options);
   ASSERT_TRUE(device.ok()) << device.status().message();
   DeviceKvStore& store = **device;
@@ -325,6 +333,56 @@ TEST_P(DeviceKvStoreTest, MatchesHostStore) {
         }
       }
       if (near_ties > 0) std::cout << "[ near-ties ] " << near_ties << " heads differ at the cut\n";
+
+      // SelectTopKDelta: the same selection as SelectTopK's, as the delta CompactSlotMap gives.
+      const size_t pairs = size_t(batch) * c.kv_heads;
+      auto d_counts = Poisoned<int32_t>(pairs), d_entering = Poisoned<int32_t>(pairs);
+      auto d_slots = Poisoned<int32_t>(pairs * delta_capacity);
+      auto d_positions = Poisoned<int32_t>(pairs * delta_capacity);
+      auto d_keys = Poisoned<__nv_bfloat16>(pairs * delta_capacity * c.head_dim);
+      auto d_values = Poisoned<__nv_bfloat16>(d_keys.size());
+      ASSERT_STATUS_OK(store.SelectTopKDelta(l, queries,
+                                             {d_counts.data(), d_entering.data(), d_slots.data(),
+                                              d_positions.data(), d_keys.data(), d_values.data()},
+                                             stream));
+      ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+      const std::vector<int32_t> delta_counts = Download(d_counts);
+      const std::vector<int32_t> delta_entering = Download(d_entering);
+      const std::vector<int32_t> delta_slots = Download(d_slots);
+      const std::vector<int32_t> delta_positions = Download(d_positions);
+      std::vector<uint16_t> delta_keys(d_keys.size()), delta_values(d_values.size());
+      ASSERT_CUDA_OK(
+          cudaMemcpy(delta_keys.data(), d_keys.data(), d_keys.bytes(), cudaMemcpyDeviceToHost));
+      ASSERT_CUDA_OK(cudaMemcpy(delta_values.data(), d_values.data(), d_values.bytes(),
+                                cudaMemcpyDeviceToHost));
+      for (int s = 0; s < batch; ++s) {
+        for (int h = 0; h < c.kv_heads; ++h) {
+          SCOPED_TRACE("delta: session " + std::to_string(s) + " layer " + std::to_string(l) +
+                       " head " + std::to_string(h));
+          const size_t pair = size_t(s) * c.kv_heads + h;
+          const int32_t* chosen = got_positions.data() + pair * capacity;
+          CompactSlotMap& map = slot_maps[(size_t(s) * c.layers + l) * c.kv_heads + h];
+          const auto delta = map.Update({chosen, size_t(got_counts[pair])});
+          ASSERT_TRUE(delta.ok()) << delta.status().message();
+          ASSERT_EQ(delta_counts[pair], delta->count);
+          const int entering = static_cast<int>(delta->slots.size());
+          ASSERT_EQ(delta_entering[pair], entering);
+          for (int i = 0; i < delta_capacity; ++i) {
+            const size_t at = pair * delta_capacity + i;
+            ASSERT_EQ(delta_slots[at], i < entering ? delta->slots[i] : -1) << "row " << i;
+            ASSERT_EQ(delta_positions[at], i < entering ? delta->positions[i] : -1) << "row " << i;
+          }
+          if (entering == 0) continue;
+          std::vector<std::byte> host_keys(size_t(entering) * c.head_dim * 2),
+              host_values(host_keys.size());
+          ASSERT_STATUS_OK(
+              host.Gather(host_ids[s], l, h, delta->positions, host_keys, host_values));
+          const size_t row0 = pair * delta_capacity * c.head_dim;
+          EXPECT_EQ(0, std::memcmp(delta_keys.data() + row0, host_keys.data(), host_keys.size()));
+          EXPECT_EQ(
+              0, std::memcmp(delta_values.data() + row0, host_values.data(), host_values.size()));
+        }
+      }
     }
   }
   const DeviceKvStoreStats stats = store.Stats();
@@ -395,6 +453,8 @@ TEST(DeviceKvStoreRefusalsTest, BudgetAndStepPreconditions) {
   EXPECT_TRUE(
       FailsWith(store.SelectTopK(0, queries, {3, nullptr, nullptr, nullptr, nullptr}, nullptr),
                 StatusCode::kInvalidArgument, "capacity 3"));
+  EXPECT_TRUE(FailsWith(store.SelectTopKDelta(0, queries, {}, nullptr),
+                        StatusCode::kFailedPrecondition, "delta_capacity 0"));
   ASSERT_STATUS_OK(store.CloseSession(b));
   EXPECT_TRUE(FailsWith(store.Attend(0, queries, {out.data(), 4 * 64, lse.data()}, nullptr),
                         StatusCode::kFailedPrecondition, "no step"));
