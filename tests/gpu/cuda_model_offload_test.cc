@@ -116,7 +116,10 @@ class CudaOffloadTest : public ::testing::TestWithParam<OffloadCase> {
     section.memory = CacheSection::Memory::kDevice;
     section.device = devices > 1 ? 1 : 0;
     section.budget_gib = 0.25;
-    return std::make_shared<GpuCacheResidency>(section, max_context, kMaxBatch + kPrefillChunk);
+    auto residency =
+        std::make_shared<GpuCacheResidency>(section, max_context, kMaxBatch + kPrefillChunk);
+    residency->set_exact_splits(true);  // every row with local dense's bits
+    return residency;
   }
 
   // A colocated cache rank over the loopback transport, or over `transports` (ranks 0 and 1)

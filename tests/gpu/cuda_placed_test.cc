@@ -87,6 +87,7 @@ TEST_P(CudaPlacedTest, MixedPlacementGivesTheLocalDenseTokens) {
   section.budget_gib = 0.25;
   auto gpu = std::make_shared<GpuCacheResidency>(section, 512, 4 + 32, 16);
   gpu->set_local_window(0);
+  gpu->set_exact_splits(true);  // local dense's bits in every row: the tokens compare exactly
   auto placed = std::make_shared<PlacedResidency>(gpu);
   const std::map<uint64_t, std::vector<int>> mixed = Generate(placed, kPoolBlocks);
   EXPECT_EQ(placed->placed_local(), 2u);

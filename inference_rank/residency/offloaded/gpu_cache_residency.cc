@@ -24,13 +24,18 @@ namespace {
 // cache GPU; one without (placement keeps it wholly in the model GPU's paged cache) by the
 // local dense kernel on the model's stream, while the cache GPUs attend theirs: per layer each
 // cache GPU gets its rows' q|k|v after the local append (Send), the model stream attends the
-// local decode rows, then waits for every cache GPU's output (Join). All launches of a step
-// use the whole batch's key splits, so every row has local dense's bits.
+// local decode rows, then waits for every cache GPU's output (Join). Each GPU's launches split
+// the keys as one launch over its own decode rows would (a launch sized for the whole batch
+// would leave half of each GPU idle when the rows are shared); with `exact_splits` every launch
+// uses the whole batch's splits instead, so every row has local dense's bits (the tests).
 class GpuCacheCudaBackend final : public CudaResidencyBackend {
  public:
   GpuCacheCudaBackend(std::vector<std::shared_ptr<GpuCacheAttention>> caches,
-                      cudaStream_t model_stream)
-      : caches_(std::move(caches)), model_stream_(model_stream), rows_(caches_.size()) {}
+                      cudaStream_t model_stream, bool exact_splits)
+      : caches_(std::move(caches)),
+        model_stream_(model_stream),
+        rows_(caches_.size()),
+        exact_splits_(exact_splits) {}
 
   std::string_view residency_name() const override { return "offloaded"; }
   bool graph_replayable() const override { return true; }
@@ -77,14 +82,20 @@ class GpuCacheCudaBackend final : public CudaResidencyBackend {
         local_runs_.push_back({row, 1});
       }
     }
-    // The key splits of one dense launch over the plan's dense decode rows, on the model GPU.
-    // Without such rows the model never calls AttendDecodeRows: each layer joins at once.
+    // The key splits of one dense launch over the plan's dense decode rows (exact_splits), or
+    // over the model GPU's own decode rows. Without dense rows the model never calls
+    // AttendDecodeRows: each layer joins at once.
     const int dense_rows = plan.decode_rows - plan.backend_rows;
     join_in_attend_ = dense_rows > 0;
-    num_splits_ = dense_rows > 0 ? cuda::DecodeAttentionDefaultSplits(
-                                       dense_rows, caches_.front()->num_kv_heads(),
-                                       std::max(plan.decode_max_seq_len, 1))
-                                 : 0;
+    int local_rows = 0;
+    for (const LocalRun& run : local_runs_) local_rows += run.count;
+    const auto splits = [&](int rows) {
+      return rows > 0 ? cuda::DecodeAttentionDefaultSplits(rows, caches_.front()->num_kv_heads(),
+                                                           std::max(plan.decode_max_seq_len, 1))
+                      : 0;
+    };
+    const int whole_batch_splits = splits(dense_rows);
+    num_splits_ = exact_splits_ ? whole_batch_splits : splits(local_rows);
     for (size_t c = 0; c < caches_.size(); ++c) {
       std::vector<GpuCacheAttention::Row>& rows = rows_[c];
       if (rows.empty()) continue;
@@ -97,7 +108,8 @@ class GpuCacheCudaBackend final : public CudaResidencyBackend {
       // The plan's bound of the decode rows' keys fixes the attention grid, as for local dense
       // (a captured step keeps it while the sequences grow within the bucket).
       RUBATO_RETURN_IF_ERROR(caches_[c]->PlanStep(
-          rows, decode, model_stream_, decode > 0 ? plan.decode_max_seq_len : 0, num_splits_));
+          rows, decode, model_stream_, decode > 0 ? plan.decode_max_seq_len : 0,
+          exact_splits_ ? whole_batch_splits : splits(decode)));
     }
     return Status::Ok();
   }
@@ -162,8 +174,9 @@ class GpuCacheCudaBackend final : public CudaResidencyBackend {
   std::vector<std::vector<GpuCacheAttention::Row>> rows_;  // [cache] the step's, model order
   std::vector<LocalRun> local_runs_;                       // the model GPU's decode rows, in runs
   std::vector<int> decode_owner_;  // [decode rows] -1 local, else the cache index
-  int num_splits_ = 0;
-  bool join_in_attend_ = false;  // the step has dense decode rows: AttendDecodeRows joins
+  int num_splits_ = 0;             // the model GPU's launches'
+  bool join_in_attend_ = false;    // the step has dense decode rows: AttendDecodeRows joins
+  bool exact_splits_ = false;
 };
 
 }  // namespace
@@ -206,7 +219,7 @@ Status GpuCacheResidency::Attach(Model& model, const AttentionPolicy* policy, in
   }
   ObserveSteps();  // metrics registered before Attach
   return model.SetResidencyBackend(
-      std::make_unique<GpuCacheCudaBackend>(caches_, cuda_model->stream()));
+      std::make_unique<GpuCacheCudaBackend>(caches_, cuda_model->stream(), exact_splits_));
 }
 
 Result<std::unique_ptr<ResidencyRequest>> GpuCacheResidency::Open(uint64_t /*request_id*/,

@@ -42,6 +42,11 @@ class GpuCacheResidency final : public Residency {
   // and read nothing locally (docs/residency.md "Placement").
   int LocalWindow() const override { return local_window_; }
   void set_local_window(int window) { local_window_ = window; }
+  // Before Attach: every attention launch of a step (the model GPU's and each cache GPU's) splits
+  // the keys as one dense launch over the whole batch, so that each row has local dense's bits
+  // (the tests); by default each GPU splits for its own rows, which keeps both GPUs busy when
+  // placement shares the batch.
+  void set_exact_splits(bool exact) { exact_splits_ = exact; }
   Result<std::unique_ptr<ResidencyRequest>> Open(uint64_t request_id, int reserved_tokens) override;
   Status Close(ResidencyRequest& request) override;
 
@@ -66,6 +71,7 @@ class GpuCacheResidency final : public Residency {
   int max_step_rows_ = 0;
   int block_tokens_ = 16;
   int local_window_ = -1;
+  bool exact_splits_ = false;
   std::vector<int> cache_devices_;
   std::vector<std::shared_ptr<GpuCacheAttention>> caches_;  // shared with the model half
   Counter* bytes_out_metric_ = nullptr;
