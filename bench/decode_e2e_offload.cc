@@ -1,16 +1,19 @@
-// rubato_bench_decode_e2e_offload: end-to-end dense decode of the CUDA model at real shapes
-// (random weights from a config.json), local KV against offloaded KV with attention on a GPU
-// cache rank of this process (GpuCacheResidency: the cache GPU keeps the KV and attends it; the
-// model GPU sends each layer's q|k|v rows and takes the attention rows back), at batch x context
-// points, in one process and one run, steps replayed as CUDA graphs: TPOT, tok/s, bytes per step
-// each way and the exposed wait (the model stream's time blocked on the cache GPU). A point
-// that does not fit the cards is reported as such. No prefill: the KV is random bf16 on both
-// sides. A benchmark, not a test. docs/benchmarks.md "Offloaded decode".
+// rubato_bench_decode_e2e_offload: end-to-end decode of the CUDA model at real shapes (random
+// weights from a config.json), local KV against offloaded KV on a GPU cache rank of this process
+// (GpuCacheResidency), at batch x context points, in one process and one run, steps replayed as
+// CUDA graphs: TPOT, tok/s, bytes per step each way and the exposed wait (the model stream's time
+// blocked on the cache GPU). --policy dense: the cache GPU keeps the KV and attends it (the model
+// GPU sends each layer's q|k|v rows and takes the attention rows back). --policy oracle_topk:
+// local oracle_topk against oracle_topk on the cache GPU (it selects; only the rows entering
+// each selection come back into the model GPU's compact pools), with delta replies and with full
+// ones. A point that does not fit the cards is reported as such. No prefill: the KV is random
+// bf16 on both sides. A benchmark, not a test. docs/benchmarks.md "Offloaded decode".
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -20,7 +23,9 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "inference_rank/model/cuda_model.h"
+#include "inference_rank/policies/oracle_topk/oracle_topk_policy.h"
 #include "inference_rank/residency/offloaded/gpu_cache_residency.h"
+#include "inference_rank/residency/offloaded/gpu_cache_session.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace rubato {
@@ -34,7 +39,9 @@ struct Options {
   std::string points = "8x32768,16x32768,4x131072";
   int steps = 20;
   int warmup = 3;
-  int cache_device = -1;  // -1: device 1 when there are two GPUs, else the model's
+  int cache_device = -1;         // -1: device 1 when there are two GPUs, else the model's
+  std::string policy = "dense";  // dense | oracle_topk
+  OracleTopKConfig topk;         // --top-k, --sink-tokens, --recent-window
 };
 
 struct StepTimes {
@@ -43,12 +50,16 @@ struct StepTimes {
   int64_t graph_steps = 0;
 };
 
-// Decode steps of `sequences` (one token each), `requests` attached when offloaded; the median
-// device time of the timed steps.
+// Decode steps of `sequences` (one token each), `requests` attached when offloaded, `plans`
+// (local oracle_topk) planning each decode entry; `after_step` runs after every timed step (its
+// device work done). The median device time of the timed steps.
 Result<StepTimes> RunSteps(CudaModel& model, PagedKvCache& cache,
                            std::vector<KvSequence>& sequences,
                            const std::vector<std::unique_ptr<ResidencyRequest>>& requests,
-                           GpuCacheAttention* attention, const Options& options, uint64_t seed) {
+                           const std::vector<std::unique_ptr<PolicyRequest>>& plans,
+                           const std::function<Result<double>()>& wait_ms_of_step,
+                           const std::function<void()>& after_step, const Options& options,
+                           uint64_t seed) {
   const ModelConfig& config = model.config();
   std::mt19937_64 rng(seed);
   std::vector<int> next(sequences.size());
@@ -68,6 +79,7 @@ Result<StepTimes> RunSteps(CudaModel& model, PagedKvCache& cache,
       batch[i] = ForwardEntry{
           &sequences[i], {&next[i], 1}, sequences[i].num_tokens, LogitsWanted::kLast, &greedy};
       if (!requests.empty()) requests[i]->AttachTo(batch[i]);
+      if (!plans.empty()) batch[i].attention = plans[i]->PlanDecode(sequences[i].num_tokens);
     }
     cudaEventRecord(start, model.stream());
     status = model.Forward(batch, cache, result);
@@ -77,11 +89,12 @@ Result<StepTimes> RunSteps(CudaModel& model, PagedKvCache& cache,
     cudaEventElapsedTime(&ms, start, stop);
     if (step >= options.warmup && status.ok()) {
       device_ms.push_back(ms);
-      if (attention != nullptr) {
-        Result<double> waited = attention->LastStepWaitMs();
+      if (wait_ms_of_step) {
+        Result<double> waited = wait_ms_of_step();
         if (!waited.ok()) status = waited.status();
         if (waited.ok()) wait_ms.push_back(*waited);
       }
+      if (after_step) after_step();
     }
     for (size_t i = 0; i < sequences.size() && status.ok(); ++i) next[i] = result.sampled_tokens[i];
   }
@@ -96,6 +109,25 @@ Result<StepTimes> RunSteps(CudaModel& model, PagedKvCache& cache,
   return times;
 }
 
+nlohmann::json TimesJson(const StepTimes& times, int batch) {
+  return {{"tpot_ms", times.median_ms},
+          {"step_ms_p90", times.p90_ms},
+          {"tokens_per_s", batch / (times.median_ms / 1e3)},
+          {"graph_replayed_steps", times.graph_steps}};
+}
+
+// The cache GPU's budget for `batch` sessions of `longest` positions (and a block's slack).
+CacheSection CacheFor(const ModelConfig& config, int cache_device, int batch, int longest) {
+  CacheSection section;
+  section.memory = CacheSection::Memory::kDevice;
+  section.device = cache_device;
+  const KvCacheShape one_token{config.num_layers, config.num_kv_heads, config.head_dim, 1, 1};
+  const size_t bytes_per_token = DeviceKvStorage::PoolBytes(one_token);
+  section.budget_gib = static_cast<double>(bytes_per_token) * batch * (longest + 64) /
+                       static_cast<double>(1ull << 30);
+  return section;
+}
+
 // Local dense, then offloaded dense, of one point; both into `json`.
 Status RunPoint(CudaModel& model, PagedKvCache& cache, const Point& point, const Options& options,
                 int cache_device, uint64_t seed, nlohmann::json& json) {
@@ -108,26 +140,18 @@ Status RunPoint(CudaModel& model, PagedKvCache& cache, const Point& point, const
   auto release = [&] {
     for (KvSequence& s : sequences) (void)cache.Release(s);
   };
-  Result<StepTimes> local = RunSteps(model, cache, sequences, {}, nullptr, options, seed);
+  Result<StepTimes> local =
+      RunSteps(model, cache, sequences, {}, {}, nullptr, nullptr, options, seed);
   if (!local.ok()) {
     release();
     return local.status();
   }
-  json["local"] = {{"tpot_ms", local->median_ms},
-                   {"step_ms_p90", local->p90_ms},
-                   {"tokens_per_s", point.batch / (local->median_ms / 1e3)},
-                   {"graph_replayed_steps", local->graph_steps}};
+  json["local"] = TimesJson(*local, point.batch);
   // The same sequences go on from where the local run left them; the cache rank holds every
   // position up to the last one this point decodes.
   const int longest = sequences.front().num_tokens + options.warmup + options.steps + 1;
-  CacheSection section;
-  section.memory = CacheSection::Memory::kDevice;
-  section.device = cache_device;
-  const KvCacheShape one_token{config.num_layers, config.num_kv_heads, config.head_dim, 1, 1};
-  const size_t bytes_per_token = DeviceKvStorage::PoolBytes(one_token);
-  section.budget_gib = static_cast<double>(bytes_per_token) * point.batch * (longest + 64) /
-                       static_cast<double>(1ull << 30);
-  GpuCacheResidency residency(section, longest, point.batch, options.common.block_size);
+  GpuCacheResidency residency(CacheFor(config, cache_device, point.batch, longest), longest,
+                              point.batch, options.common.block_size);
   Status attached = residency.Attach(model, nullptr, point.batch);
   if (!attached.ok()) {
     release();
@@ -147,7 +171,10 @@ Status RunPoint(CudaModel& model, PagedKvCache& cache, const Point& point, const
   if (status.ok()) status = residency.attention()->SetMeasureWaits(true);
   Result<StepTimes> offloaded = status;
   if (status.ok()) {
-    offloaded = RunSteps(model, cache, sequences, requests, residency.attention(), options, seed);
+    GpuCacheAttention* attention = residency.attention();
+    offloaded = RunSteps(
+        model, cache, sequences, requests, {}, [attention] { return attention->LastStepWaitMs(); },
+        nullptr, options, seed);
   }
   const size_t out = residency.attention()->step_bytes_out();
   const size_t back = residency.attention()->step_bytes_back();
@@ -157,16 +184,13 @@ Status RunPoint(CudaModel& model, PagedKvCache& cache, const Point& point, const
   release();
   RUBATO_RETURN_IF_ERROR(offloaded.status());
   RUBATO_RETURN_IF_ERROR(detached);
-  json["offloaded"] = {{"tpot_ms", offloaded->median_ms},
-                       {"step_ms_p90", offloaded->p90_ms},
-                       {"tokens_per_s", point.batch / (offloaded->median_ms / 1e3)},
-                       {"graph_replayed_steps", offloaded->graph_steps},
-                       {"exposed_wait_ms_per_step", offloaded->wait_ms},
-                       {"bytes_to_cache_per_step", out},
-                       {"bytes_from_cache_per_step", back},
-                       {"bytes_to_cache_per_sequence", out / point.batch},
-                       {"bytes_from_cache_per_sequence", back / point.batch},
-                       {"cache_device_bytes", device_bytes}};
+  json["offloaded"] = TimesJson(*offloaded, point.batch);
+  json["offloaded"].update(nlohmann::json{{"exposed_wait_ms_per_step", offloaded->wait_ms},
+                                          {"bytes_to_cache_per_step", out},
+                                          {"bytes_from_cache_per_step", back},
+                                          {"bytes_to_cache_per_sequence", out / point.batch},
+                                          {"bytes_from_cache_per_sequence", back / point.batch},
+                                          {"cache_device_bytes", device_bytes}});
   json["tpot_ratio_offloaded_to_local"] = offloaded->median_ms / local->median_ms;
   std::printf(
       "%dx%d: local %.3f ms, offloaded %.3f ms (%.3fx), exposed wait %.3f ms/step, "
@@ -174,6 +198,136 @@ Status RunPoint(CudaModel& model, PagedKvCache& cache, const Point& point, const
       point.batch, point.context, local->median_ms, offloaded->median_ms,
       offloaded->median_ms / local->median_ms, offloaded->wait_ms, out / 1e3 / point.batch,
       back / 1e3 / point.batch);
+  return Status::Ok();
+}
+
+// One offloaded oracle_topk run on `residency`'s sessions: times, exposed wait and the mean bytes
+// of its timed steps.
+Result<nlohmann::json> RunTopKOffloaded(
+    CudaModel& model, PagedKvCache& cache, std::vector<KvSequence>& sequences,
+    const std::vector<std::unique_ptr<ResidencyRequest>>& requests, GpuCacheTopK& topk,
+    const Options& options, uint64_t seed) {
+  GpuCacheTopKBytes sum;
+  int steps = 0;
+  RUBATO_ASSIGN_OR_RETURN(const StepTimes times, RunSteps(
+                                                     model, cache, sequences, requests, {},
+                                                     [&topk] { return topk.LastStepWaitMs(); },
+                                                     [&] {
+                                                       const GpuCacheTopKBytes& step =
+                                                           topk.last_step();
+                                                       sum.out += step.out;
+                                                       sum.back += step.back;
+                                                       sum.full_back += step.full_back;
+                                                       sum.rows_back += step.rows_back;
+                                                       sum.rows_full += step.rows_full;
+                                                       ++steps;
+                                                     },
+                                                     options, seed));
+  const double n = std::max(steps, 1);
+  const int batch = static_cast<int>(sequences.size());
+  nlohmann::json json = TimesJson(times, batch);
+  json.update(nlohmann::json{{"exposed_wait_ms_per_step", times.wait_ms},
+                             {"bytes_to_cache_per_step", sum.out / n},
+                             {"bytes_from_cache_per_step", sum.back / n},
+                             {"full_reply_bytes_per_step", sum.full_back / n},
+                             {"bytes_back_to_full", sum.back / std::max<double>(sum.full_back, 1)},
+                             {"rows_entering_per_step", sum.rows_back / n},
+                             {"rows_selected_per_step", sum.rows_full / n},
+                             {"delta_replies", topk.delta_replies()}});
+  return json;
+}
+
+// oracle_topk: local, then offloaded with delta replies, then with full ones (the same sessions
+// going on), of one point; all into `json`.
+Status RunTopKPoint(CudaModel& model, PagedKvCache& cache, const Point& point,
+                    const Options& options, int cache_device, uint64_t seed, nlohmann::json& json) {
+  const ModelConfig& config = model.config();
+  json = {{"batch", point.batch},
+          {"context", point.context},
+          {"policy", "oracle_topk"},
+          {"top_k", options.topk.top_k},
+          {"sink_tokens", options.topk.sink_tokens},
+          {"recent_window", options.topk.recent_window}};
+  std::vector<KvSequence> sequences(static_cast<size_t>(point.batch));
+  std::vector<KvSequence*> pointers;
+  for (KvSequence& s : sequences) pointers.push_back(&s);
+  RUBATO_RETURN_IF_ERROR(bench::FillRandomKv(model, cache, pointers, point.context, seed));
+  OracleTopKPolicy policy(options.topk);
+  std::vector<std::unique_ptr<PolicyRequest>> plans;
+  for (int i = 0; i < point.batch; ++i) plans.push_back(policy.Admit(KvResidency::kLocal));
+  auto release = [&] {
+    (void)model.SetAttentionBackend(nullptr);
+    (void)model.SetResidencyBackend(nullptr);
+    for (KvSequence& s : sequences) (void)cache.Release(s);
+  };
+  Result<std::unique_ptr<AttentionBackend>> backend = policy.MakeBackend(model, point.batch);
+  Status status = backend.status();
+  if (status.ok()) status = model.SetAttentionBackend(std::move(backend).value());
+  Result<StepTimes> local = status;
+  if (status.ok()) {
+    local = RunSteps(model, cache, sequences, {}, plans, nullptr, nullptr, options, seed);
+  }
+  if (status.ok()) status = model.SetAttentionBackend(nullptr);
+  if (!local.ok() || !status.ok()) {
+    release();
+    return !local.ok() ? local.status() : status;
+  }
+  json["local"] = TimesJson(*local, point.batch);
+  // Two offloaded runs follow on the same sequences.
+  const int longest = sequences.front().num_tokens + 2 * (options.warmup + options.steps) + 1;
+  GpuCacheResidency residency(CacheFor(config, cache_device, point.batch, longest), longest,
+                              point.batch, options.common.block_size);
+  status = residency.Attach(model, &policy, point.batch);
+  if (!status.ok()) {
+    release();
+    json["offloaded"] = {{"not_run", status.message()}};
+    std::printf("%dx%d: offloaded does not fit: %s\n", point.batch, point.context,
+                status.message().c_str());
+    return Status::Ok();
+  }
+  GpuCacheTopK& topk = *residency.topk();
+  std::vector<std::unique_ptr<ResidencyRequest>> requests;
+  status = topk.FillRandom(seed + 7);
+  for (size_t i = 0; i < sequences.size() && status.ok(); ++i) {
+    Result<std::unique_ptr<ResidencyRequest>> opened = residency.Open(i, longest - 1);
+    status = opened.status();
+    if (!opened.ok()) break;
+    const int session = static_cast<int>(static_cast<GpuCacheRequest&>(**opened).session());
+    status = topk.SetSessionLength(session, sequences[i].num_tokens);
+    requests.push_back(std::move(*opened));
+  }
+  if (status.ok()) status = topk.SetMeasureWaits(true);
+  Result<nlohmann::json> deltas = status, full = status;
+  if (status.ok()) {
+    deltas = RunTopKOffloaded(model, cache, sequences, requests, topk, options, seed + 1);
+  }
+  if (deltas.ok()) {
+    topk.set_delta_replies(false);
+    full = RunTopKOffloaded(model, cache, sequences, requests, topk, options, seed + 2);
+  }
+  const size_t cache_bytes = topk.cache_device_bytes();
+  const size_t pool_bytes = topk.model_device_bytes();
+  for (auto& request : requests) (void)residency.Close(*request);
+  release();
+  RUBATO_RETURN_IF_ERROR(deltas.status());
+  RUBATO_RETURN_IF_ERROR(full.status());
+  json["offloaded"] = *deltas;
+  json["offloaded_full_replies"] = *full;
+  json["cache_device_bytes"] = cache_bytes;
+  json["compact_pool_bytes"] = pool_bytes;
+  const double local_ms = local->median_ms;
+  json["tpot_ratio_offloaded_to_local"] = (*deltas)["tpot_ms"].get<double>() / local_ms;
+  json["tpot_ratio_full_replies_to_local"] = (*full)["tpot_ms"].get<double>() / local_ms;
+  std::printf(
+      "%dx%d: local oracle_topk %.3f ms, offloaded %.3f ms (%.3fx; full replies %.3f ms, %.3fx), "
+      "exposed wait %.3f ms/step, %.0f KB out / %.0f KB back per step (full replies %.0f KB)\n",
+      point.batch, point.context, local_ms, (*deltas)["tpot_ms"].get<double>(),
+      json["tpot_ratio_offloaded_to_local"].get<double>(), (*full)["tpot_ms"].get<double>(),
+      json["tpot_ratio_full_replies_to_local"].get<double>(),
+      (*deltas)["exposed_wait_ms_per_step"].get<double>(),
+      (*deltas)["bytes_to_cache_per_step"].get<double>() / 1e3,
+      (*deltas)["bytes_from_cache_per_step"].get<double>() / 1e3,
+      (*deltas)["full_reply_bytes_per_step"].get<double>() / 1e3);
   return Status::Ok();
 }
 
@@ -190,8 +344,14 @@ Status Run(const Options& options, nlohmann::json& report) {
                                                      : options.common.device;
   RUBATO_ASSIGN_OR_RETURN(bench::BenchModel loaded, bench::LoadBenchModel(options.common));
   CudaModel* model = loaded.model;
-  const int num_blocks = bench::BlocksForPoints(points, 2 * (options.warmup + options.steps) + 1,
-                                                options.common.block_size);
+  if (options.policy != "dense" && options.policy != "oracle_topk") {
+    return InvalidArgumentError("--policy must be dense or oracle_topk, got '" + options.policy +
+                                "'");
+  }
+  const bool topk = options.policy == "oracle_topk";
+  // Each point's sequences go through two runs (dense) or three (oracle_topk).
+  const int num_blocks = bench::BlocksForPoints(
+      points, (topk ? 3 : 2) * (options.warmup + options.steps) + 1, options.common.block_size);
   RUBATO_ASSIGN_OR_RETURN(
       std::unique_ptr<PagedKvCache> cache,
       bench::CreateBenchKvCache(*model, options.common.block_size, num_blocks, 0, ""));
@@ -201,6 +361,7 @@ Status Run(const Options& options, nlohmann::json& report) {
   report["model_device"] = options.common.device;
   report["gpus"] = devices;
   report["same_gpu"] = cache_device == options.common.device;
+  report["policy"] = options.policy;
   report["steps"] = options.steps;
   report["warmup"] = options.warmup;
   std::printf("model on GPU %d, cache rank on GPU %d (%d GPUs)%s\n", options.common.device,
@@ -210,8 +371,10 @@ Status Run(const Options& options, nlohmann::json& report) {
                   : "");
   for (size_t i = 0; i < points.size(); ++i) {
     nlohmann::json point;
-    RUBATO_RETURN_IF_ERROR(RunPoint(*model, *cache, points[i], options, cache_device,
-                                    options.common.seed + 1 + i, point));
+    const uint64_t seed = options.common.seed + 1 + i;
+    RUBATO_RETURN_IF_ERROR(
+        topk ? RunTopKPoint(*model, *cache, points[i], options, cache_device, seed, point)
+             : RunPoint(*model, *cache, points[i], options, cache_device, seed, point));
     report["points"].push_back(point);
   }
   return Status::Ok();
@@ -229,6 +392,12 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", options.warmup, "untimed steps per point and side (>= 2)");
   app.add_option("--cache-device", options.cache_device,
                  "the cache rank's GPU (default: 1 with two GPUs, else the model's)");
+  app.add_option("--policy", options.policy,
+                 "dense (attention on the cache GPU) or oracle_topk (local against offloaded, "
+                 "with and without delta replies)");
+  app.add_option("--top-k", options.topk.top_k, "oracle_topk: positions per layer and KV head");
+  app.add_option("--sink-tokens", options.topk.sink_tokens, "oracle_topk: sink positions");
+  app.add_option("--recent-window", options.topk.recent_window, "oracle_topk: recent positions");
   return rubato::bench::BenchMain(
       "rubato_bench_decode_e2e_offload", app, options.common, argc, argv,
       [&](nlohmann::json& report) { return rubato::Run(options, report); });

@@ -99,10 +99,14 @@ Result<std::unique_ptr<DeviceKvStore>> DeviceKvStore::Create(const DeviceKvStore
     RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
                                 "creating the step upload events");
   }
-  RUBATO_RETURN_IF_ERROR(store->GrowWorkspaces(
-      o.fixed_workspaces ? static_cast<int>(std::min<int64_t>(
-                               int64_t{shape.num_blocks} * o.block_tokens, INT32_MAX))
-                         : o.block_tokens));
+  if (o.max_session_tokens < 0) {
+    return invalid(fmt::format("max_session_tokens {} must be >= 0", o.max_session_tokens));
+  }
+  const int budget_tokens =
+      static_cast<int>(std::min<int64_t>(int64_t{shape.num_blocks} * o.block_tokens, INT32_MAX));
+  RUBATO_RETURN_IF_ERROR(store->GrowWorkspaces(!o.fixed_workspaces        ? o.block_tokens
+                                               : o.max_session_tokens > 0 ? o.max_session_tokens
+                                                                          : budget_tokens));
   return store;
 }
 
@@ -182,6 +186,12 @@ Result<uint64_t> DeviceKvStore::OpenSession(uint64_t request_id, const SessionSh
     return InvalidArgumentError(fmt::format("device KV store: capacity_tokens {} outside [1, {}]",
                                             shape.capacity_tokens, INT32_MAX));
   }
+  if (o.fixed_workspaces && shape.capacity_tokens > static_cast<uint32_t>(workspace_capacity_)) {
+    return InvalidArgumentError(fmt::format(
+        "device KV store: a session of {} tokens is longer than the {} its fixed workspaces hold "
+        "(max_session_tokens)",
+        shape.capacity_tokens, workspace_capacity_));
+  }
   if (session_of_request_.contains(request_id)) {
     return InvalidArgumentError(
         fmt::format("device KV store: request {} already has a session", request_id));
@@ -239,6 +249,20 @@ Result<const DeviceKvStore::Session*> DeviceKvStore::Find(uint64_t session_id) c
     return NotFoundError(fmt::format("device KV store: no session {}", session_id));
   }
   return it->second.get();
+}
+
+Status DeviceKvStore::SetSessionLength(uint64_t session_id, uint32_t length) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return NotFoundError(fmt::format("device KV store: no session {}", session_id));
+  }
+  if (length > it->second->capacity_tokens) {
+    return InvalidArgumentError(
+        fmt::format("device KV store: length {} past session {}'s capacity {}", length, session_id,
+                    it->second->capacity_tokens));
+  }
+  it->second->length = length;
+  return Status::Ok();
 }
 
 Result<uint32_t> DeviceKvStore::SessionLength(uint64_t session_id) const {

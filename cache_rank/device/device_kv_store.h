@@ -45,11 +45,19 @@ struct DeviceKvStoreOptions {
   // budget, so that OpenSession never synchronizes the device (a cache rank whose data plane
   // keeps a receive posted on this device, device_attention_server.h, would wait for it).
   bool fixed_workspaces = false;
+  // With fixed_workspaces: > 0 sizes the workspaces and tables for sessions of this many tokens
+  // instead of the whole budget (OpenSession then refuses a longer session by name).
+  int max_session_tokens = 0;
   // SelectTopKDelta: slots of each (session, layer, KV head) slot map (the peer's pool: >= every
   // step's sink_end + top_k, <= cuda::kMaxCompactSlots) and the sessions that may hold maps at
   // once (the maps are allocated at Create). 0: no SelectTopKDelta.
   int delta_capacity = 0;
   int max_delta_sessions = 0;
+  // true: a session's deltas restart only when its entry says so (DeviceStepEntry::delta_reset),
+  // for a caller that tracks the peer's pools itself and may replay a step's ops from a CUDA
+  // graph (the host then never sees the step's SelectTopKDelta); false: also at a session's
+  // steps up to its first SelectTopKDelta.
+  bool delta_resets_by_caller = false;
 };
 
 // One request of a step. Positions [first_position, first_position + new_tokens) are written.
@@ -61,6 +69,10 @@ struct DeviceStepEntry {
   // [num_kv_heads][new_tokens][head_dim] bf16 (a KV pack's sections; 16-byte multiples).
   uint64_t key_offset = 0;
   uint64_t value_offset = 0;
+  // 0: the sections above are head-major ([num_kv_heads][new_tokens][head_dim]). > 0: they are
+  // token-major rows, token t's heads at key_offset / value_offset + t * token_stride elements
+  // (a model's q|k|v rows: token_stride = q_dim + 2 kv_dim), a multiple of 8.
+  uint32_t token_stride = 0;
   // SelectTopK only (the oracle_topk rule, cache_rank/selectors/oracle_topk_selector.h): with
   // L = first_position + new_tokens, recent_begin = max(0, L - recent_tokens), sink_end =
   // min(sink_tokens, recent_begin): rows [0, sink_end), then the top_k of [sink_end,
@@ -142,6 +154,14 @@ class DeviceKvStore {
   // on `stream` (or after it). Waits on the host only for the upload of two steps before. A
   // refused step changes nothing.
   Status BeginStep(std::span<const DeviceStepEntry> entries, cudaStream_t stream);
+  // The same, with the ops' grids fixed for CUDA graphs: `max_seq_len` bounds every entry's L
+  // (within the workspaces: fixed_workspaces) and fixes the grids of scoring and selection, the
+  // block tables take the store's widest stride and the sink and top-k bounds are the entries'
+  // configured ones, so a step captured once replays while its sessions grow up to the bound.
+  Status BeginStep(std::span<const DeviceStepEntry> entries, cudaStream_t stream, int max_seq_len);
+  // Takes positions [0, length) of the session as written (within its capacity), with no step:
+  // a caller whose planned step never ran, or a benchmark whose pools hold random KV.
+  Status SetSessionLength(uint64_t session_id, uint32_t length);
 
   // Copies the step's new K and V of `layer` from `source` (device, 16-byte aligned; entry e's
   // sections at its key_offset / value_offset) into the sessions' pages.

@@ -22,6 +22,11 @@
 namespace rubato {
 
 Status DeviceKvStore::BeginStep(std::span<const DeviceStepEntry> entries, cudaStream_t stream) {
+  return BeginStep(entries, stream, 0);
+}
+
+Status DeviceKvStore::BeginStep(std::span<const DeviceStepEntry> entries, cudaStream_t stream,
+                                int max_seq_len) {
   const auto invalid = [](const std::string& what) {
     return InvalidArgumentError("device KV store: step: " + what);
   };
@@ -52,6 +57,15 @@ Status DeviceKvStore::BeginStep(std::span<const DeviceStepEntry> entries, cudaSt
       return invalid(fmt::format("session {}: {} new tokens at {} (need >= 1, within capacity {})",
                                  e.session_id, e.new_tokens, e.first_position, s.capacity_tokens));
     }
+    if (max_seq_len > 0 && e.first_position + e.new_tokens > static_cast<uint64_t>(max_seq_len)) {
+      return invalid(
+          fmt::format("session {}: {} tokens after the step, past the grid's max_seq_len {}",
+                      e.session_id, e.first_position + e.new_tokens, max_seq_len));
+    }
+    if (e.token_stride % 8 != 0) {
+      return invalid(fmt::format("session {}: token_stride {} is not a multiple of 8", e.session_id,
+                                 e.token_stride));
+    }
     if (e.key_offset % 16 != 0 || e.value_offset % 16 != 0) {
       return invalid(fmt::format("session {}: key_offset {} / value_offset {} not 16-byte aligned",
                                  e.session_id, e.key_offset, e.value_offset));
@@ -69,6 +83,12 @@ Status DeviceKvStore::BeginStep(std::span<const DeviceStepEntry> entries, cudaSt
   if (rows > o.max_step_tokens) {
     return invalid(fmt::format("{} new tokens; max_step_tokens is {}", rows, o.max_step_tokens));
   }
+  if (max_seq_len < 0 ||
+      (max_seq_len > 0 && (!o.fixed_workspaces || max_seq_len > workspace_capacity_))) {
+    return invalid(
+        fmt::format("max_seq_len {} needs fixed_workspaces and at most the {} tokens they hold",
+                    max_seq_len, workspace_capacity_));
+  }
 
   // Fill a pinned slot once its previous upload ran (two steps ago: normally long done).
   step.active = false;
@@ -84,6 +104,7 @@ Status DeviceKvStore::BeginStep(std::span<const DeviceStepEntry> entries, cudaSt
   for (const Session* s : sessions) {
     stride = std::max(stride, static_cast<int>(s->sequence.block_table.size()));
   }
+  if (max_seq_len > 0) stride = step.max_stride;  // every session's table fits the widest
   step.max_len = step.max_sink_end = step.max_top_k = step.max_candidates = 0;
   int row = 0;
   for (int b = 0; b < batch; ++b) {
@@ -91,9 +112,13 @@ Status DeviceKvStore::BeginStep(std::span<const DeviceStepEntry> entries, cudaSt
     const std::vector<int32_t>& table = sessions[b]->sequence.block_table;
     for (uint32_t token = 0; token < e.new_tokens; ++token, ++row) {
       const int position = static_cast<int>(e.first_position + token);
-      const int64_t key = static_cast<int64_t>(e.key_offset / 2) + int64_t{token} * o.head_dim;
-      const int64_t value = static_cast<int64_t>(e.value_offset / 2) + int64_t{token} * o.head_dim;
-      const int32_t head_stride = static_cast<int32_t>(e.new_tokens) * o.head_dim;
+      // Head-major sections: token t's head h at t * head_dim + h * new_tokens * head_dim;
+      // token-major rows: at t * token_stride + h * head_dim.
+      const int64_t token_step = e.token_stride > 0 ? int64_t{e.token_stride} : o.head_dim;
+      const int64_t key = static_cast<int64_t>(e.key_offset / 2) + int64_t{token} * token_step;
+      const int64_t value = static_cast<int64_t>(e.value_offset / 2) + int64_t{token} * token_step;
+      const int32_t head_stride =
+          e.token_stride > 0 ? o.head_dim : static_cast<int32_t>(e.new_tokens) * o.head_dim;
       const int32_t slot_id =
           table[position / block_tokens] * block_tokens + position % block_tokens;
       std::memcpy(at(t.key_offsets + row * sizeof(int64_t)), &key, sizeof(key));
@@ -104,7 +129,8 @@ Status DeviceKvStore::BeginStep(std::span<const DeviceStepEntry> entries, cudaSt
     const int length = static_cast<int>(e.first_position + e.new_tokens);
     const int recent_begin = std::max(0, length - e.recent_tokens);
     const int sink_end = std::min(e.sink_tokens, recent_begin);
-    const int32_t reset = e.delta_reset || sessions[b]->delta_fresh ? 1 : 0;
+    const bool fresh = !o.delta_resets_by_caller && sessions[b]->delta_fresh;
+    const int32_t reset = e.delta_reset || fresh ? 1 : 0;
     const int32_t per_entry[8] = {
         length, sink_end, sink_end, recent_begin - sink_end, e.top_k, sessions[b]->delta_map,
         reset,  0};
@@ -117,9 +143,13 @@ Status DeviceKvStore::BeginStep(std::span<const DeviceStepEntry> entries, cudaSt
     std::copy(table.begin(), table.end(), block_row);
     std::fill(block_row + table.size(), block_row + stride, table.back());  // never read
     step.max_len = std::max(step.max_len, length);
-    step.max_sink_end = std::max(step.max_sink_end, sink_end);
+    step.max_sink_end = std::max(step.max_sink_end, max_seq_len > 0 ? e.sink_tokens : sink_end);
     step.max_top_k = std::max(step.max_top_k, e.top_k);
     step.max_candidates = std::max(step.max_candidates, recent_begin - sink_end);
+  }
+  if (max_seq_len > 0) {  // the grids a captured step keeps (BeginStep's overload)
+    step.max_len = max_seq_len;
+    step.max_candidates = max_seq_len;
   }
   const size_t bytes = t.block_tables + static_cast<size_t>(batch) * stride * sizeof(int32_t);
   RUBATO_CUDA_RETURN_IF_ERROR(

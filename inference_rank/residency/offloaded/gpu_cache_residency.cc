@@ -7,13 +7,16 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "cache_rank/cache_selector.h"
 #include "inference_rank/model/cuda_model.h"
 #include "inference_rank/residency/cuda_residency_backend.h"
 #include "inference_rank/residency/offloaded/cache_placement.h"
 #include "inference_rank/residency/offloaded/gpu_cache_session.h"
+#include "inference_rank/residency/offloaded/gpu_cache_topk.h"
 #include "inference_rank/residency/offloaded/offloaded_residency.h"
 #include "kernels/cuda/decode_attention.cuh"
 
@@ -179,6 +182,78 @@ class GpuCacheCudaBackend final : public CudaResidencyBackend {
   bool exact_splits_ = false;
 };
 
+// The CUDA half of oracle_topk on the cache GPU: every layer's rows go there, its delta pack
+// comes back into the compact pools, and the decode rows attend the pools and their recent
+// window in place (GpuCacheTopK).
+class GpuCacheTopKCudaBackend final : public CudaResidencyBackend {
+ public:
+  GpuCacheTopKCudaBackend(std::shared_ptr<GpuCacheTopK> topk, cudaStream_t model_stream)
+      : topk_(std::move(topk)), model_stream_(model_stream) {}
+
+  std::string_view residency_name() const override { return "offloaded"; }
+  bool graph_replayable() const override { return true; }
+
+  Status CheckBatch(std::span<const ForwardEntry> batch,
+                    const AttentionWindow& window) const override {
+    return CheckGpuCacheBatch(batch, window);
+  }
+
+  Status PlanStep(std::span<const ForwardEntry> batch, const ForwardPlan& plan) override {
+    // Decode entries first, in row order (entry i at row i), then the chunks.
+    entries_.clear();
+    int rows = 0;
+    for (size_t e = 0; e < batch.size(); ++e) {
+      const int first = plan.entry_first_row[e];
+      const int tokens = static_cast<int>(batch[e].tokens.size());
+      rows = std::max(rows, first + tokens);
+      entries_.push_back(
+          {static_cast<int>(GpuCacheSessionOf(batch[e])), batch[e].start_position, tokens, first});
+    }
+    std::stable_sort(entries_.begin(), entries_.end(),
+                     [](const GpuCacheTopK::Entry& a, const GpuCacheTopK::Entry& b) {
+                       return a.first_row < b.first_row;
+                     });
+    int decode = 0;
+    while (decode < static_cast<int>(entries_.size()) &&
+           entries_[static_cast<size_t>(decode)].first_row < plan.decode_rows) {
+      ++decode;
+    }
+    return topk_->PlanStep(entries_, decode, rows, model_stream_, plan.decode_max_seq_len);
+  }
+
+  Status LayerComputed(const CudaLayerContext& layer) override {
+    return topk_->Layer(layer.layer, layer.qkv, layer.stream);
+  }
+
+  Status AttendDecodeRows(const CudaLayerContext& layer, int first_row, int rows,
+                          const AttentionWindow& /*window*/) override {
+    if (first_row != 0) {
+      return InternalError("GPU cache top-k: decode rows from " + std::to_string(first_row) + " (" +
+                           std::to_string(rows) + "), expected all from 0");
+    }
+    // Local oracle_topk's second launch: compact rows (here the pools), then the recent window.
+    cuda::DecodeAttentionParams sparse = layer.DecodeRows(0, rows);
+    topk_->SetAttention(layer.layer, sparse);
+    return cuda::DecodeAttention(sparse, layer.stream);
+  }
+
+  Status FinishStep() override { return topk_->FinishStep(); }
+  void AbortStep() override { topk_->AbortStep(); }
+
+ private:
+  std::shared_ptr<GpuCacheTopK> topk_;
+  cudaStream_t model_stream_ = nullptr;
+  std::vector<GpuCacheTopK::Entry> entries_;
+};
+
+// The oracle_topk selection a policy asks of the cache rank, or nothing (dense).
+std::optional<CacheSelectorSpec> TopKSelection(const AttentionPolicy* policy) {
+  if (policy == nullptr) return std::nullopt;
+  Result<CacheSelectorSpec> spec = policy->MakeCacheSelector();
+  if (!spec.ok() || spec->name != "oracle_topk") return std::nullopt;
+  return *spec;
+}
+
 }  // namespace
 
 GpuCacheResidency::GpuCacheResidency(const CacheSection& cache, int max_context, int max_step_rows,
@@ -202,6 +277,31 @@ Status GpuCacheResidency::Attach(Model& model, const AttentionPolicy* policy, in
         "not the " +
         std::string(model.backend_name()) + " model");
   }
+  if (const std::optional<CacheSelectorSpec> selection = TopKSelection(policy)) {
+    if (cache_devices_.size() > 1 || local_window_ == 0) {
+      return UnsupportedError(
+          "oracle_topk on a GPU cache rank of this process: one cache GPU and every request "
+          "offloaded (several cache GPUs and placement serve dense attention only)");
+    }
+    GpuCacheTopKOptions options;
+    options.model_device = cuda_model->device();
+    options.cache_device = cache_.device >= 0 ? cache_.device : options.model_device;
+    options.block_tokens = block_tokens_;
+    options.budget_bytes = cache_.budget_bytes();
+    options.max_rows = std::max(max_step_rows_, max_batch);
+    options.max_requests = max_batch;
+    options.max_context = max_context_;
+    options.top_k = selection->top_k;
+    options.sink_tokens = selection->sink_tokens;
+    options.recent_tokens = selection->recent_tokens;
+    options.delta_replies = delta_replies_;
+    RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<GpuCacheTopK> made,
+                            GpuCacheTopK::Create(model.config(), options));
+    topk_ = std::move(made);
+    ObserveSteps();
+    return model.SetResidencyBackend(
+        std::make_unique<GpuCacheTopKCudaBackend>(topk_, cuda_model->stream()));
+  }
   std::vector<int> devices = cache_devices_;
   if (devices.empty()) devices.push_back(cache_.device);
   caches_.clear();
@@ -222,8 +322,13 @@ Status GpuCacheResidency::Attach(Model& model, const AttentionPolicy* policy, in
       std::make_unique<GpuCacheCudaBackend>(caches_, cuda_model->stream(), exact_splits_));
 }
 
-Result<std::unique_ptr<ResidencyRequest>> GpuCacheResidency::Open(uint64_t /*request_id*/,
+Result<std::unique_ptr<ResidencyRequest>> GpuCacheResidency::Open(uint64_t request_id,
                                                                   int reserved_tokens) {
+  if (topk_ != nullptr) {
+    Result<int> session = topk_->OpenSession(request_id, reserved_tokens + 1);
+    if (!session.ok()) return session.status().WithContext("opening its GPU cache-rank session");
+    return std::unique_ptr<ResidencyRequest>(std::make_unique<GpuCacheRequest>(*session));
+  }
   if (caches_.empty()) return FailedPreconditionError("GPU cache rank: not attached");
   // The cache GPU with the most free blocks (ties to the lower index): the placement rule of
   // several cache ranks (cache_placement.h).
@@ -241,6 +346,9 @@ Result<std::unique_ptr<ResidencyRequest>> GpuCacheResidency::Open(uint64_t /*req
 }
 
 Status GpuCacheResidency::Close(ResidencyRequest& request) {
+  if (topk_ != nullptr) {
+    return topk_->CloseSession(static_cast<int>(static_cast<GpuCacheRequest&>(request).session()));
+  }
   const auto& gpu_request = static_cast<GpuCacheRequest&>(request);
   return caches_[static_cast<size_t>(gpu_request.cache())]->CloseSession(
       static_cast<int>(gpu_request.session()));
@@ -272,6 +380,16 @@ Status GpuCacheResidency::RegisterMetrics(MetricsRegistry& registry) {
 }
 
 void GpuCacheResidency::ObserveSteps() {
+  if (topk_ != nullptr && bytes_out_metric_ != nullptr) {
+    device_bytes_metric_->Set(static_cast<double>(topk_->cache_device_bytes()));
+    Counter* out = bytes_out_metric_;
+    Counter* back = bytes_back_metric_;
+    topk_->SetStepObserver([out, back](const GpuCacheTopKBytes& step) {
+      out->Increment(static_cast<double>(step.out));
+      back->Increment(static_cast<double>(step.back));
+    });
+    return;
+  }
   if (caches_.empty() || bytes_out_metric_ == nullptr) return;
   device_bytes_metric_->Set(static_cast<double>(device_bytes()));
   Counter* out = bytes_out_metric_;
@@ -285,6 +403,23 @@ void GpuCacheResidency::ObserveSteps() {
 }
 
 std::string GpuCacheResidency::StatsLine() const {
+  if (topk_ != nullptr) {
+    // The client's names (offloaded_residency.cc) where they mean the same.
+    const GpuCacheTopKBytes& t = topk_->totals();
+    const double steps = static_cast<double>(std::max<uint64_t>(topk_->steps(), 1));
+    char text[400];
+    std::snprintf(text, sizeof(text),
+                  " cache_bytes_out=%llu cache_bytes_back=%llu cache_device_mib=%.0f "
+                  "offload_steps=%llu step_bytes_sent=%.0f step_bytes_received=%.0f "
+                  "delta_replies=%d compact_rows_received=%llu compact_rows_full=%llu "
+                  "step_full_reply_bytes=%.0f",
+                  static_cast<unsigned long long>(t.out), static_cast<unsigned long long>(t.back),
+                  topk_->cache_device_bytes() / 1048576.0,
+                  static_cast<unsigned long long>(topk_->steps()), t.out / steps, t.back / steps,
+                  topk_->delta_replies() ? 1 : 0, static_cast<unsigned long long>(t.rows_back),
+                  static_cast<unsigned long long>(t.rows_full), t.full_back / steps);
+    return text;
+  }
   if (caches_.empty()) return "";
   uint64_t out = 0, back = 0;
   for (const auto& cache : caches_) {

@@ -1,11 +1,13 @@
 // The offloaded residency with its cache rank on a GPU of this process (`cache.memory: device`,
-// the colocated mode, the CUDA model): both halves over one GpuCacheAttention. Each request
-// gets a session in the cache GPU's paged store at admission; the model half sends every
-// layer's q|k|v rows there and receives the decode rows' attention output (attention on the
-// cache rank: the KV is read by the cache GPU, never shipped), with stream waits on events
-// only, so its decode steps replay as CUDA graphs. Dense attention only: a policy with a cache-
-// rank selector of its own (oracle_topk) is refused by name. docs/disaggregated.md "Attention on
-// a GPU cache rank in this process".
+// the colocated mode, the CUDA model). Each request gets a session in the cache GPU's paged store
+// at admission; the model half sends every layer's q|k|v rows there, with stream waits on events
+// only, so its decode steps replay as CUDA graphs. Dense (GpuCacheAttention): the cache GPU
+// attends and the decode rows' attention output comes back (the KV is never shipped).
+// oracle_topk (GpuCacheTopK): the cache GPU selects and sends only the rows entering each
+// selection into persistent compact pools on the model GPU, which attends them with its recent
+// window. Another policy with a cache-rank selector (asyncspade) is refused by name.
+// docs/disaggregated.md "Attention on a GPU cache rank in this process", "oracle_topk on a GPU
+// cache rank in this process".
 #pragma once
 
 #include <memory>
@@ -15,6 +17,7 @@
 #include "common/config.h"
 #include "common/hf_config.h"
 #include "inference_rank/residency/offloaded/gpu_cache_attention.h"
+#include "inference_rank/residency/offloaded/gpu_cache_topk.h"
 #include "inference_rank/residency/residency.h"
 
 namespace rubato {
@@ -33,7 +36,8 @@ class GpuCacheResidency final : public Residency {
   std::string_view name() const override { return "offloaded"; }
   KvResidency kind() const override { return KvResidency::kOffloaded; }
 
-  // Dense only (no policy, or one whose cache-rank selector is attention on the cache rank).
+  // Dense (no policy, or one whose cache-rank selector is attention on the cache rank) or
+  // oracle_topk (its selector); another policy is refused by name.
   Status Check(const AttentionPolicy* policy) const override;
   // Makes the store on the cache GPU and installs the CUDA half; Unsupported on another model.
   Status Attach(Model& model, const AttentionPolicy* policy, int max_batch) override;
@@ -54,6 +58,10 @@ class GpuCacheResidency final : public Residency {
   // " cache_bytes_out=... cache_bytes_back=... cache_device_mib=...".
   std::string StatsLine() const override;
 
+  // false: oracle_topk's replies are full ones every step (topology.delta_replies); before
+  // Attach.
+  void set_delta_replies(bool on) { delta_replies_ = on; }
+
   // The first cache GPU's store, or null before Attach; attention(i) the i-th.
   GpuCacheAttention* attention(int i = 0) {
     return i < static_cast<int>(caches_.size()) ? caches_[static_cast<size_t>(i)].get() : nullptr;
@@ -61,6 +69,8 @@ class GpuCacheResidency final : public Residency {
   int num_caches() const { return static_cast<int>(caches_.size()); }
   // Device bytes of every cache GPU's store, buffers and workspace.
   size_t device_bytes() const;
+  // oracle_topk's exchange, or null before Attach or for dense.
+  GpuCacheTopK* topk() { return topk_.get(); }
 
  private:
   // Counts every planned step's bytes in the metrics, once both exist.
@@ -72,8 +82,10 @@ class GpuCacheResidency final : public Residency {
   int block_tokens_ = 16;
   int local_window_ = -1;
   bool exact_splits_ = false;
+  bool delta_replies_ = true;
   std::vector<int> cache_devices_;
   std::vector<std::shared_ptr<GpuCacheAttention>> caches_;  // shared with the model half
+  std::shared_ptr<GpuCacheTopK> topk_;  // oracle_topk: shared with the model half
   Counter* bytes_out_metric_ = nullptr;
   Counter* bytes_back_metric_ = nullptr;
   Gauge* device_bytes_metric_ = nullptr;

@@ -285,15 +285,17 @@ std::string OffloadedResidency::StatsLine() const {
 
 Status CheckGpuCachePolicy(const AttentionPolicy* policy) {
   if (policy == nullptr) return Status::Ok();
-  // What the policy asks of a cache rank, by its selector's traits: attention there.
+  // What the policy asks of a cache rank, by its selector's traits: attention there, or the
+  // exact top-k (selected and sent as deltas on the cache GPU).
   Result<CacheSelectorSpec> spec = policy->MakeCacheSelector();
   const CacheSelector* selector = spec.ok() ? FindCacheSelector(spec->name) : nullptr;
   if (selector != nullptr && selector->traits().partial_attention) return Status::Ok();
+  if (spec.ok() && spec->name == "oracle_topk" && spec->dense_steps == 0) return Status::Ok();
   return UnsupportedError(
-      "cache.memory: device (a GPU cache rank in this process) runs "
-      "attention on the cache GPU; policy '" +
+      "cache.memory: device (a GPU cache rank in this process) runs attention or the exact "
+      "top-k (oracle_topk) on the cache GPU; policy '" +
       std::string(policy->name()) +
-      "' selects rows there, which needs cache.memory pageable or pinned");
+      "' selects rows there otherwise, which needs cache.memory pageable or pinned");
 }
 
 Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup& setup) {
@@ -307,14 +309,21 @@ Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup
   const RubatoConfig config = setup.config != nullptr ? *setup.config : DefaultConfig();
   if (config.cache.memory == CacheSection::Memory::kDevice &&
       config.topology.mode == TopologySection::Mode::kColocated) {
-    // The cache rank on a GPU of this process: its store, its attention, no host in the step.
+    // The cache rank on a GPU of this process: its store, its attention or selection, no host
+    // in the step.
     RUBATO_RETURN_IF_ERROR(CheckGpuCachePolicy(setup.policy));
+    if (selection.name != "attention" && config.engine.backend != EngineSection::Backend::kCuda) {
+      return UnsupportedError(
+          "cache.memory: device (a GPU cache rank in this process) with policy '" +
+          std::string(setup.policy->name()) + "' needs the CUDA model (engine.backend: cuda)");
+    }
 #ifdef RUBATO_HAS_CUDA
     const int max_context = config.engine.max_context > 0 ? config.engine.max_context
                                                           : setup.model->max_position_embeddings;
     auto residency = std::make_shared<GpuCacheResidency>(
         config.cache, max_context, config.engine.max_batch + config.engine.prefill_chunk,
         config.engine.block_size);
+    residency->set_delta_replies(config.topology.delta_replies);
     return std::shared_ptr<Residency>(std::move(residency));
 #else
     return UnsupportedError("cache.memory: device needs a CUDA build of rubato");
