@@ -186,12 +186,6 @@ Result<uint64_t> DeviceKvStore::OpenSession(uint64_t request_id, const SessionSh
     return InvalidArgumentError(fmt::format("device KV store: capacity_tokens {} outside [1, {}]",
                                             shape.capacity_tokens, INT32_MAX));
   }
-  if (o.fixed_workspaces && shape.capacity_tokens > static_cast<uint32_t>(workspace_capacity_)) {
-    return InvalidArgumentError(fmt::format(
-        "device KV store: a session of {} tokens is longer than the {} its fixed workspaces hold "
-        "(max_session_tokens)",
-        shape.capacity_tokens, workspace_capacity_));
-  }
   if (session_of_request_.contains(request_id)) {
     return InvalidArgumentError(
         fmt::format("device KV store: request {} already has a session", request_id));
@@ -207,6 +201,14 @@ Result<uint64_t> DeviceKvStore::OpenSession(uint64_t request_id, const SessionSh
         "of {} bytes are in use ({} blocks free)",
         capacity, block_bytes * cache_->BlocksFor(capacity), cache_->BlocksFor(capacity),
         block_bytes * cache_->used_blocks(), cache_->pool_bytes(), cache_->free_blocks()));
+  }
+  // After the budget, so that a session over both is refused naming the budget.
+  if (o.fixed_workspaces && shape.capacity_tokens > static_cast<uint32_t>(workspace_capacity_)) {
+    (void)cache_->Release(session->sequence);
+    return InvalidArgumentError(fmt::format(
+        "device KV store: a session of {} tokens is longer than the {} its fixed workspaces hold "
+        "(max_session_tokens)",
+        shape.capacity_tokens, workspace_capacity_));
   }
   if (o.delta_capacity > 0 && free_delta_maps_.empty()) {
     (void)cache_->Release(session->sequence);
