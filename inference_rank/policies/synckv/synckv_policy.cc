@@ -139,8 +139,7 @@ Result<std::unique_ptr<AttentionBackend>> SyncKvPolicy::MakeBackend(Model& model
   }
 #endif
   return UnsupportedError("policy synckv: no backend half for the " +
-                          std::string(model.backend_name()) +
-                          " model");
+                          std::string(model.backend_name()) + " model");
 }
 
 HeadSplitStore SyncKvPolicy::store() const {
