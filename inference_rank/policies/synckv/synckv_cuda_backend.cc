@@ -53,6 +53,10 @@ class SyncKvCudaBackend final : public CudaAttentionBackend {
  public:
   SyncKvCudaBackend(const CudaModel& model, const SyncKvPolicy& policy)
       : owner_(&model), model_(model.config()), policy_(policy) {}
+  ~SyncKvCudaBackend() override {
+    if (kv_ != nullptr) cudaStreamSynchronize(kv_->copy_stream());  // the fetches read our arrays
+    for (cudaEvent_t event : ready_) cudaEventDestroy(event);
+  }
 
   const Model* made_for_model() const override { return owner_; }
   bool graph_replayable() const override { return false; }
