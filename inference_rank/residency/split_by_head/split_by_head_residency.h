@@ -58,6 +58,8 @@ class SplitByHeadResidency final : public Residency {
   // CUDA: the device bytes of the residency's storage (R-heads' pools, compact pools, books);
   // 0 on the CPU model.
   size_t device_bytes() const;
+  // CUDA: the device storage (benchmarks fill it); null on the CPU model.
+  SplitByHeadDeviceKv* device_kv() const { return device_kv_.get(); }
 
  private:
   std::shared_ptr<KvFetcher> fetcher_;
