@@ -105,9 +105,10 @@ class SyncKvCudaBackend final : public CudaAttentionBackend {
   DecodeRowGroup rows_;
   std::vector<int> anticipating_, prompt_ends_;  // batch entries selecting, in selection order
   std::vector<int> prompt_end_slots_;
-  int max_length_ = 0;  // the selection rows' longest context
-  int max_recent_ = 1;  // decode rows: the most recent positions
-  int64_t stride_ = 0;  // the score rows' stride
+  int prompt_end_chunks_ = 0;  // prompt_ends_ whose last chunk has several tokens (first)
+  int max_length_ = 0;         // the selection rows' longest context
+  int max_recent_ = 1;         // decode rows: the most recent positions
+  int64_t stride_ = 0;         // the score rows' stride
   // Scratch, [rows] leading.
   cuda::DeviceBuffer<__nv_bfloat16> queries_;   // [sel][qkv_dim]
   cuda::DeviceBuffer<float> scores_;            // [sel][group][stride], log2 units
@@ -144,6 +145,14 @@ Status SyncKvCudaBackend::Reserve(std::span<const ForwardEntry> batch, const For
         std::max(max_length_, batch[e].start_position + static_cast<int>(batch[e].tokens.size()));
   }
   if (kv_ == nullptr) return Status::Ok();
+  // Prompts that end with a chunk of several tokens first (their paged rows are read through
+  // the prefill block tables), then those whose last chunk is one token (a decode row).
+  std::stable_partition(prompt_ends_.begin(), prompt_ends_.end(),
+                        [&](int e) { return batch[static_cast<size_t>(e)].tokens.size() > 1; });
+  prompt_end_chunks_ =
+      static_cast<int>(std::count_if(prompt_ends_.begin(), prompt_ends_.end(), [&](int e) {
+        return batch[static_cast<size_t>(e)].tokens.size() > 1;
+      }));
   if (ready_.empty()) {
     ready_.assign(static_cast<size_t>(model_.num_layers), nullptr);
     for (cudaEvent_t& event : ready_) {
@@ -157,6 +166,9 @@ Status SyncKvCudaBackend::Reserve(std::span<const ForwardEntry> batch, const For
       4, static_cast<int>(std::bit_ceil(static_cast<unsigned>(std::max({rows_.rows, sel, 1})))));
   if (rows > row_capacity_) {
     drop_graphs();
+    // The per-layer arrays' layout follows the row capacity: no fetch may still read them.
+    RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(kv_->copy_stream()),
+                                "policy synckv: waiting for the fetches");
     row_capacity_ = rows;
   }
   stride_ = (static_cast<int64_t>(max_length_) + 63) / 64 * 64;
@@ -267,7 +279,8 @@ void SyncKvCudaBackend::FillStepInputs(std::span<const ForwardEntry> batch, cons
     array(kSelK1)[s] = statics;
     array(kSelK2)[s] = k0 - statics;
     array(kSelLocalFrom)[s] = 0;  // the whole prompt is still in the paged cache
-    array(kSelTable)[s] = plan.entry_prefill_index[e];
+    array(kSelTable)[s] =
+        batch[e].tokens.size() > 1 ? plan.entry_prefill_index[e] : plan.entry_first_row[e];
     array(kSelZero)[s] = 0;
     fill_table(sel_tables + static_cast<size_t>(s) * blocks_, request.slot);
     request.installed = true;
@@ -496,18 +509,28 @@ Status SyncKvCudaBackend::UpdatePools(const CudaLayerContext& layer) {
     update.move_positions = move_positions + first * per_row;
     update.move_count = move_count + first * clusters;
     RUBATO_RETURN_IF_ERROR(cuda::HeadPoolUpdate(update, layer.stream));
-    copy.rows = rows;
-    copy.slot = update.slot;
-    copy.move_rows = update.move_rows;
-    copy.move_positions = update.move_positions;
-    copy.move_count = update.move_count;
-    copy.local_from = Input(layer, kSelLocalFrom) + first;
-    copy.source = cuda::HeadPoolSource::kLocal;
-    copy.table_index = Input(layer, kSelTable) + first;
-    copy.block_tables = part == 0 ? layer.decode_block_tables : layer.prefill_block_tables;
-    copy.block_table_stride =
-        part == 0 ? layer.plan->decode_table_stride : layer.plan->prefill_table_stride;
-    RUBATO_RETURN_IF_ERROR(cuda::HeadPoolCopy(copy, layer.stream));
+    // The rows still local, from the paged cache: an anticipation's recent rows through the
+    // decode tables; a prompt's end, every row, through the prefill tables (a chunk of several
+    // tokens) or the decode tables (a last chunk of one token, a decode row).
+    for (int tables = 0; tables < (part == 0 ? 1 : 2); ++tables) {
+      const bool prefill = part == 1 && tables == 0;
+      const int begin = part == 0 ? 0 : (tables == 0 ? 0 : prompt_end_chunks_);
+      const int count = part == 0 ? rows : (tables == 0 ? prompt_end_chunks_ : rows - begin);
+      if (count == 0) continue;
+      const int at = first + begin;
+      copy.rows = count;
+      copy.slot = Input(layer, kSelSlot) + at;
+      copy.move_rows = move_rows + at * per_row;
+      copy.move_positions = move_positions + at * per_row;
+      copy.move_count = move_count + at * clusters;
+      copy.local_from = Input(layer, kSelLocalFrom) + at;
+      copy.source = cuda::HeadPoolSource::kLocal;
+      copy.table_index = Input(layer, kSelTable) + at;
+      copy.block_tables = prefill ? layer.prefill_block_tables : layer.decode_block_tables;
+      copy.block_table_stride =
+          prefill ? layer.plan->prefill_table_stride : layer.plan->decode_table_stride;
+      RUBATO_RETURN_IF_ERROR(cuda::HeadPoolCopy(copy, layer.stream));
+    }
   }
   if (anticipations == 0) return Status::Ok();
   // The fetch: the anticipation rows' store rows, on the copy stream once this layer's local
