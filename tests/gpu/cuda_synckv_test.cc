@@ -71,7 +71,7 @@ struct EngineRun {
 
 // Greedy, 40 new tokens per prompt, every prompt at once.
 EngineRun Generate(std::unique_ptr<Model> model, std::shared_ptr<AttentionPolicy> policy,
-             std::shared_ptr<Residency> residency) {
+                   std::shared_ptr<Residency> residency) {
   EngineOptions options;
   options.max_batch = 3;
   options.max_context = kContext;
@@ -187,9 +187,10 @@ TEST(CudaSyncKv, TheStoreOnASecondGpuGivesTheHostStoresTokens) {
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   if (devices < 2) GTEST_SKIP() << "one GPU: run on nvidia-h200-x2";
   const EngineRun host = Generate(MakeModelPair(Config(), 15).cuda, Policy(30.0, 5),
-                            std::make_shared<SplitByHeadResidency>(nullptr, kContext));
-  const EngineRun device = Generate(MakeModelPair(Config(), 15).cuda, Policy(30.0, 5, 2, 0, "device"),
-                              std::make_shared<SplitByHeadResidency>(nullptr, kContext));
+                                  std::make_shared<SplitByHeadResidency>(nullptr, kContext));
+  const EngineRun device =
+      Generate(MakeModelPair(Config(), 15).cuda, Policy(30.0, 5, 2, 0, "device"),
+               std::make_shared<SplitByHeadResidency>(nullptr, kContext));
   EXPECT_EQ(device.tokens, host.tokens);
 }
 
