@@ -1,6 +1,7 @@
 // SyncKV on the CUDA engine (split_by_head KV with its device storage): with Mem% = 100 % the
 // tokens equal dense's (m = 1 and m = 5); at Mem% 30 the CUDA tokens against the CPU engine's,
-// each divergence listed with both engines' top-2 log-probability margins there; a fetch
+// each divergence listed with both engines' top-2 log-probability margins there (a divergence
+// must be a near tie of the CPU engine's logits); a fetch
 // delayed on its copy stream changes no token and shows as exposed wait; the store on a second
 // GPU gives the tokens of the host store; the device bytes of the residency are the Mem% share
 // of the full KV, measured with cudaMemGetInfo.
@@ -142,23 +143,31 @@ TEST(CudaSyncKv, MemPercent100GivesTheDenseTokens) {
 }
 
 TEST(CudaSyncKv, TokensAgainstTheCpuEngine) {
-  ModelPair pair = MakeModelPair(Config(), 11);
+  // q/k-norm weights x2: attention logits x4, so that the R-heads' top-k is decided by margins
+  // far above bf16 rounding (random weights attend almost uniformly otherwise).
+  ModelPair pair = MakeModelPair(Config(), 11, /*use_cuda_graph=*/true, [](ModelWeights& w) {
+    for (LayerWeights& layer : w.layers) {
+      for (float& x : layer.q_norm) x *= 2.0f;
+      for (float& x : layer.k_norm) x *= 2.0f;
+    }
+  });
   auto cpu_policy = Policy(30.0, 5);
   auto cuda_policy = Policy(30.0, 5);
   const EngineRun cpu =
       Generate(std::move(pair.cpu), cpu_policy, std::make_shared<SplitByHeadResidency>());
   auto residency = std::make_shared<SplitByHeadResidency>(nullptr, kContext);
   const EngineRun cuda = Generate(std::move(pair.cuda), cuda_policy, residency);
-  const EngineRun dense = Generate(MakeModelPair(Config(), 11).cuda, nullptr, nullptr);
-  EXPECT_NE(cuda.tokens, dense.tokens) << "at 30 % the sets change the tokens";
-  const int diverging = ListDivergences("CUDA vs CPU synckv, Mem 30 %", cuda, cpu);
-  // bf16 against f32: a prompt may part at a near tie, not at its first tokens.
-  EXPECT_LE(diverging, 1);
+  ListDivergences("CUDA vs CPU synckv, Mem 30 %", cuda, cpu);
+  // bf16 against f32: a prompt may part only at a near tie of the CPU engine's logits.
   for (size_t i = 0; i < cpu.tokens.size(); ++i) {
-    ASSERT_GE(cuda.tokens[i].size(), 8u);
-    EXPECT_EQ(std::vector<int>(cuda.tokens[i].begin(), cuda.tokens[i].begin() + 8),
-              std::vector<int>(cpu.tokens[i].begin(), cpu.tokens[i].begin() + 8))
-        << "prompt " << i;
+    ASSERT_EQ(cuda.tokens[i].size(), cpu.tokens[i].size()) << "prompt " << i;
+    for (size_t t = 0; t < cpu.tokens[i].size(); ++t) {
+      if (cuda.tokens[i][t] == cpu.tokens[i][t]) continue;
+      EXPECT_LT(cpu.margins[i][t], 0.25f)
+          << "prompt " << i << " parts at token " << t << " where the CPU engine's top-2 margin is "
+          << cpu.margins[i][t];
+      break;
+    }
   }
   EXPECT_EQ(cuda_policy->counters().anticipation_steps, cpu_policy->counters().anticipation_steps);
   const SplitByHeadCounters& counters = residency->counters();
@@ -176,6 +185,8 @@ TEST(CudaSyncKv, ALateFetchChangesNoToken) {
   const EngineRun late =
       Generate(MakeModelPair(Config(), 13).cuda, Policy(30.0, 5, 2, 20000), late_residency);
   EXPECT_EQ(late.tokens, on_time.tokens);
+  const EngineRun dense = Generate(MakeModelPair(Config(), 13).cuda, nullptr, nullptr);
+  EXPECT_NE(on_time.tokens, dense.tokens) << "at 30 % the sets change the tokens";
   EXPECT_GT(late_residency->counters().exposed_wait_ns, 0);
   std::printf("exposed fetch wait: %.3f s on time, %.3f s delayed\n",
               residency->counters().exposed_wait_ns * 1e-9,

@@ -346,6 +346,8 @@ Status SyncKvCudaBackend::Attend(const CudaLayerContext& layer) {
       whole.block_tokens = SplitByHeadDeviceKv::kRBlockTokens;
       whole.block_tables = DecodeTables(layer);
       whole.block_table_stride = blocks_;
+      // The model's bucket may pass the pool's positions; no sequence does.
+      whole.max_seq_len = std::min(whole.max_seq_len, blocks_ * SplitByHeadDeviceKv::kRBlockTokens);
       RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(whole, layer.stream));
     }
   }
