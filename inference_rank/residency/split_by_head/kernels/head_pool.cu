@@ -145,7 +145,12 @@ __global__ void HeadPoolUpdateKernel(HeadPoolUpdateParams p) {
   }
 }
 
-// One block per (row, cluster); its threads walk (move, NR-head, 16-byte vector).
+// kCopyBlocks blocks per (row, cluster) (blockIdx.y); their threads walk (move, 16-byte
+// vector) for each NR-head of the cluster: enough loads in flight to keep a fetch over PCIe or
+// NVLink busy (one block alone is latency-bound), while a short move list leaves most blocks
+// idle at once.
+constexpr int kCopyBlocks = 32;
+
 __global__ void HeadPoolCopyKernel(HeadPoolCopyParams p) {
   const int row = blockIdx.x / p.clusters, cluster = blockIdx.x % p.clusters;
   if (p.delay_ns > 0 && threadIdx.x == 0) {
@@ -162,8 +167,9 @@ __global__ void HeadPoolCopyKernel(HeadPoolCopyParams p) {
     if (p.cluster_of[h] != cluster) continue;
     const int64_t pool_head =
         (static_cast<int64_t>(slot) * p.kv_heads + h) * p.pool_capacity * p.head_dim;
-    for (int64_t work = threadIdx.x; work < static_cast<int64_t>(moves) * vectors;
-         work += blockDim.x) {
+    for (int64_t work = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+         work < static_cast<int64_t>(moves) * vectors;
+         work += static_cast<int64_t>(gridDim.y) * blockDim.x) {
       const int m = static_cast<int>(work / vectors), v = static_cast<int>(work % vectors);
       const int target = p.move_rows[pair * p.move_stride + m];
       const int position = p.move_positions[pair * p.move_stride + m];
@@ -263,7 +269,7 @@ Status HeadPoolCopy(const HeadPoolCopyParams& p, cudaStream_t stream) {
        p.context_capacity < 1 || p.store_rows < p.context_capacity)) {
     return InvalidArgumentError(op + "a fetch needs the store, store_index and its shape");
   }
-  HeadPoolCopyKernel<<<p.rows * p.clusters, kThreads, 0, stream>>>(p);
+  HeadPoolCopyKernel<<<dim3(p.rows * p.clusters, kCopyBlocks), kThreads, 0, stream>>>(p);
   return LaunchStatus("head_pool_copy");
 }
 

@@ -107,7 +107,7 @@ struct HeadPoolCopyParams {
   int pool_capacity = 0;
   // Optional: adds the rows this launch copied (summed over heads).
   unsigned long long* copied_rows = nullptr;
-  // Tests: each block sleeps this long before it copies (a late fetch).
+  // Tests: each block sleeps this long before it copies (a late fetch; the blocks sleep at once).
   unsigned int delay_ns = 0;
 };
 
