@@ -54,7 +54,9 @@ class SyncKvCudaBackend final : public CudaAttentionBackend {
   SyncKvCudaBackend(const CudaModel& model, const SyncKvPolicy& policy)
       : owner_(&model), model_(model.config()), policy_(policy) {}
   ~SyncKvCudaBackend() override {
-    if (kv_ != nullptr) cudaStreamSynchronize(kv_->copy_stream());  // the fetches read our arrays
+    // A fetch in flight reads our arrays; the residency's storage may already be gone, so the
+    // whole device is waited for rather than its copy stream.
+    if (kv_ != nullptr) cudaDeviceSynchronize();
     for (cudaEvent_t event : ready_) cudaEventDestroy(event);
   }
 
