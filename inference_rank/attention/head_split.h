@@ -5,6 +5,7 @@
 // know which heads' KV it offloads, and refuses a policy that names none.
 #pragma once
 
+#include <string>
 #include <vector>
 
 namespace rubato {
@@ -25,11 +26,27 @@ struct HeadSplit {
   }
 };
 
+// Where the NR-heads' full KV lives on the CUDA model: pinned host memory of this process
+// ("host"), or the memory of another GPU of this process ("device", `device`), read by peer
+// access. `fetch_delay_ns`: tests, each fetch waits this long on its copy stream.
+struct HeadSplitStore {
+  std::string where = "host";
+  int device = 1;
+  unsigned int fetch_delay_ns = 0;
+};
+
 // The capability a policy adds to declare its split (the residency asks by dynamic_cast).
 class HeadSplitPolicy {
  public:
   virtual ~HeadSplitPolicy() = default;
   virtual const HeadSplit& head_split() const = 0;
+  // Positions each NR-head keeps locally (static + dynamic) for a context of `context`: the
+  // device pool's rows (CUDA).
+  virtual int KeptPositions(int context) const = 0;
+  // The most positions before the current one that the NR-heads read in place (the recent
+  // segment since the last selection): the CUDA model's local window.
+  virtual int RecentPositions() const = 0;
+  virtual HeadSplitStore store() const { return HeadSplitStore(); }
 };
 
 }  // namespace rubato

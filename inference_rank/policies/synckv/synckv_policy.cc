@@ -7,6 +7,9 @@
 #include "common/yaml_map_reader.h"
 #include "inference_rank/model/model.h"
 #include "inference_rank/policies/synckv/synckv_cpu_backend.h"
+#ifdef RUBATO_HAS_CUDA
+#include "inference_rank/policies/synckv/synckv_cuda_backend.h"
+#endif
 
 namespace rubato {
 namespace {
@@ -91,7 +94,8 @@ Result<std::unique_ptr<SyncKvPolicy>> SyncKvPolicy::Create(const SyncKvConfig& c
 }
 
 const PolicyTraits& SyncKvPolicy::traits() const {
-  // Not graph-replayable: no CUDA half, and its steps fetch on the host.
+  // Not graph-replayable: its CUDA steps plan on the host which rows select and where the
+  // rows of each selection come from, and the residency's steps run eagerly.
   static const PolicyTraits traits{ResidencySet{KvResidency::kSplitByHead}, false};
   return traits;
 }
@@ -129,9 +133,21 @@ Result<std::unique_ptr<AttentionBackend>> SyncKvPolicy::MakeBackend(Model& model
         " KV heads per layer); raise it or use mem_basis nr_heads");
   }
   if (model.backend_name() == "cpu") return MakeSyncKvCpuBackend(shape, *this);
+#ifdef RUBATO_HAS_CUDA
+  if (model.backend_name() == "cuda") {
+    return MakeSyncKvCudaBackend(static_cast<CudaModel&>(model), *this);
+  }
+#endif
   return UnsupportedError("policy synckv: no backend half for the " +
-                          std::string(model.backend_name()) +
-                          " model yet (engine.backend: cpu runs it)");
+                          std::string(model.backend_name()) + " model");
+}
+
+HeadSplitStore SyncKvPolicy::store() const {
+  HeadSplitStore store;
+  store.where = config_.store;
+  store.device = config_.store_device;
+  store.fetch_delay_ns = static_cast<unsigned int>(config_.fetch_delay_us) * 1000u;
+  return store;
 }
 
 std::unique_ptr<PolicyRequest> SyncKvPolicy::Admit(KvResidency /*residency*/) {
@@ -176,6 +192,9 @@ Result<SyncKvConfig> ParseSyncKvConfig(const PolicySection& section) {
   percent.max = 100.0;
   RUBATO_RETURN_IF_ERROR(params.ReadDouble("mem_percent", percent, &config.mem_percent));
   RUBATO_RETURN_IF_ERROR(params.ReadString("mem_basis", &config.mem_basis));
+  RUBATO_RETURN_IF_ERROR(params.ReadString("store", &config.store));
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("store_device", 0, 1023, &config.store_device));
+  RUBATO_RETURN_IF_ERROR(params.ReadInt("fetch_delay_us", 0, 1000000, &config.fetch_delay_us));
   RUBATO_RETURN_IF_ERROR(params.Finish());
   if (config.calibration.empty()) {
     return InvalidArgumentError(
@@ -184,6 +203,9 @@ Result<SyncKvConfig> ParseSyncKvConfig(const PolicySection& section) {
   if (config.mem_basis != "nr_heads" && config.mem_basis != "total") {
     return InvalidArgumentError("policy.mem_basis: '" + config.mem_basis +
                                 "' is not one of nr_heads, total");
+  }
+  if (config.store != "host" && config.store != "device") {
+    return InvalidArgumentError("policy.store: '" + config.store + "' is not one of host, device");
   }
   return config;
 }

@@ -28,6 +28,12 @@ struct SyncKvConfig {
   // nr_heads: each NR-head keeps ceil(Mem% x context) positions; total: the local KV (R-heads
   // whole and NR-heads' sets) is Mem% of the full KV.
   std::string mem_basis = "total";
+  // The CUDA model's store of the NR-heads' full KV: "host" (pinned host memory) or "device"
+  // (GPU `store_device` of this process, by peer access). `fetch_delay_us`: every fetch waits
+  // this long on its copy stream first (tests and benchmarks of a late fetch).
+  std::string store = "host";
+  int store_device = 1;
+  int fetch_delay_us = 0;
 };
 
 struct SyncKvCounters {
@@ -44,8 +50,11 @@ class SyncKvPolicy final : public AttentionPolicy, public HeadSplitPolicy {
   std::string_view name() const override { return "synckv"; }
   const PolicyTraits& traits() const override;
   const HeadSplit& head_split() const override { return split_; }
+  int KeptPositions(int context) const override { return Budget(context); }
+  int RecentPositions() const override { return config_.stride - 1; }
+  HeadSplitStore store() const override;
   // InvalidArgument for a model the calibration was not made for, or a Mem% of basis total at
-  // or below the R-heads' own share; Unsupported on the CUDA model (not built).
+  // or below the R-heads' own share.
   Result<std::unique_ptr<AttentionBackend>> MakeBackend(Model& model, int max_batch) const override;
   std::unique_ptr<PolicyRequest> Admit(KvResidency residency) override;
   Status RegisterMetrics(MetricsRegistry& registry) override;
@@ -77,7 +86,8 @@ struct SyncKvStep {
 };
 
 // `policy: {name: synckv, calibration: FILE, representatives: 1, stride: 5, static_ratio: 0.5,
-// mem_percent: 30, mem_basis: total}`; loads and validates the calibration file.
+// mem_percent: 30, mem_basis: total, store: host, store_device: 1, fetch_delay_us: 0}`; loads
+// and validates the calibration file.
 Result<SyncKvConfig> ParseSyncKvConfig(const PolicySection& section);
 Result<std::unique_ptr<AttentionPolicy>> CreateSyncKvPolicy(const PolicySection& section);
 
