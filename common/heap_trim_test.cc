@@ -1,7 +1,8 @@
 // The heap trimmer: its trigger (bytes noted since the last trim against the threshold), and on
 // glibc that a trim gives back what 20 threads freed: each parses a large request into small
 // pieces in its own arena, keeps a few (fragmenting the arena so that free() alone cannot
-// shrink it) and frees the rest. RSS from /proc/self/statm; the bound is half of what was freed.
+// shrink it) and frees the rest. RSS from /proc/self/statm; after the trim at most an eighth of
+// what was freed may stay resident.
 #include "common/heap_trim.h"
 
 #include <gtest/gtest.h>
@@ -42,6 +43,7 @@ TEST(HeapTrimmer, GivesBackWhatTwentyLargeRequestsFreed) {
   constexpr int kThreads = 20;
   constexpr size_t kPiece = 4096, kPieces = (size_t{8} << 20) / kPiece;  // 8 MiB per request
   std::vector<std::vector<std::unique_ptr<char[]>>> kept(kThreads);
+  const size_t baseline = RssBytes();
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&kept, t] {
@@ -55,14 +57,20 @@ TEST(HeapTrimmer, GivesBackWhatTwentyLargeRequestsFreed) {
   }
   for (std::thread& thread : threads) thread.join();
   const size_t freed = kThreads * kPieces * kPiece * 63 / 64;
+  const size_t kept_bytes = kThreads * kPieces * kPiece / 64;
   const size_t before = RssBytes();
   HeapTrimmer trimmer(1);
   trimmer.NoteReleased(freed);
   ASSERT_TRUE(trimmer.TrimIfDue());
   const size_t after = RssBytes();
-  EXPECT_LT(after + freed / 2, before)
-      << "RSS " << (before >> 20) << " MiB before the trim, " << (after >> 20) << " MiB after; "
-      << (freed >> 20) << " MiB were freed";
+  // glibc may already have returned part of the freed memory before the trim (how much depends on
+  // the order the threads freed in), so the bound is on what stays after it: at most an eighth of
+  // the freed bytes above the baseline and the kept pieces. Without the trim most of it stays
+  // (RSS before the trim is printed to show how much).
+  EXPECT_LT(after, baseline + kept_bytes + freed / 8)
+      << "RSS " << (baseline >> 20) << " MiB at the start, " << (before >> 20)
+      << " MiB before the trim, " << (after >> 20) << " MiB after; " << (freed >> 20)
+      << " MiB were freed, " << (kept_bytes >> 20) << " MiB kept";
 }
 #endif
 
