@@ -31,6 +31,7 @@
 #include "common/heap_trim.h"
 #include "common/logging.h"
 #include "inference_rank/server/openai_api.h"
+#include "inference_rank/server/request_id.h"
 
 namespace rubato::server {
 
@@ -177,12 +178,19 @@ class Session : public std::enable_shared_from_this<Session> {
       Close();
       return Forget();
     }
+    // These replies never reach the router: they carry the x-request-id it would have given
+    // (the client's when its headers were read and it sent a valid one).
     if (error == http::error::body_limit) {
+      const auto& header = parser_->get();
+      const auto sent = header.find("x-request-id");
+      const std::string id = EchoedRequestId(
+          sent == header.end() ? std::string_view()
+                               : std::string_view(sent->value().data(), sent->value().size()));
       return WriteWhole(413, "application/json",
                         JsonError(413, "the request body is larger than the server's limit of " +
                                            std::to_string(state_->options.max_body_bytes) +
                                            " bytes", "invalid_request_error"),
-                        /*keep_alive=*/false);
+                        /*keep_alive=*/false, {{"x-request-id", id}});
     }
     if (error == http::error::header_limit) {
       return WriteWhole(431, "application/json",
@@ -190,13 +198,13 @@ class Session : public std::enable_shared_from_this<Session> {
                                        "server's limit of " +
                                            std::to_string(state_->options.max_header_bytes) +
                                            " bytes", "invalid_request_error"),
-                        false);
+                        false, {{"x-request-id", NewRequestId()}});
     }
     if (error.category() == http::make_error_code(http::error::bad_method).category()) {
       return WriteWhole(400, "application/json",
                         JsonError(400, "malformed HTTP request: " + error.message(),
                                   "invalid_request_error"),
-                        false);
+                        false, {{"x-request-id", NewRequestId()}});
     }
     Close();
     Forget();

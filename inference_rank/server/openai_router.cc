@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "inference_rank/server/request_id.h"
 
 namespace rubato::server {
 namespace {
@@ -24,28 +25,9 @@ int64_t UnixSeconds() {
       .count();
 }
 
-// 24 random hex digits: a request id when the client sent none (OpenAI's ids look alike).
-std::string NewRequestId() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  char hex[32];
-  std::snprintf(hex, sizeof(hex), "%016llx%08x", static_cast<unsigned long long>(rng()),
-                static_cast<unsigned>(rng() & 0xffffffffu));
-  return hex;
-}
-
 // "cmpl-<request id>" / "chatcmpl-<request id>", as vLLM names a completion after x-request-id.
 std::string CompletionId(CompletionKind kind, const std::string& request_id) {
   return (kind == CompletionKind::kText ? "cmpl-" : "chatcmpl-") + request_id;
-}
-
-// The longest x-request-id echoed; longer ones are refused (a header of kilobytes would be
-// copied into every reply and log line).
-constexpr size_t kMaxRequestIdLength = 128;
-
-// Whether the client's x-request-id can be echoed: 1..128 visible ASCII characters.
-bool ValidRequestId(std::string_view id) {
-  if (id.empty() || id.size() > kMaxRequestIdLength) return false;
-  return std::all_of(id.begin(), id.end(), [](char c) { return c > 0x20 && c < 0x7f; });
 }
 
 // Compares a presented secret with the expected one in time that depends only on the expected

@@ -233,13 +233,28 @@ TEST_F(ServeHttpTest, BadRequestsGetJsonErrors) {
   ExpectError(Request(port_, "GET", "/v2/nothing"), 404, "");
   ExpectError(Request(port_, "GET", "/v1/completions"), 405, "");
   ExpectError(Request(port_, "DELETE", "/v1/models"), 405, "");
-  // A body over the 16 MiB limit is refused from its Content-Length.
+  // A body over the 16 MiB limit is refused from its Content-Length, with the client's
+  // x-request-id echoed (the HTTP layer answers it, not the router).
   const int fd = Connect(port_);
   ASSERT_GE(fd, 0);
-  SendAll(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 17000000\r\n\r\n{");
+  SendAll(fd,
+          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-request-id: big-1\r\n"
+          "Content-Length: 17000000\r\n\r\n{");
   const HttpResponse too_large = ParseResponse(ReadToEof(fd));
   ::close(fd);
   ExpectError(too_large, 413, "");
+  ASSERT_EQ(too_large.headers.count("x-request-id"), 1u);
+  EXPECT_EQ(too_large.headers.at("x-request-id"), "big-1");
+  // Headers over the 64 KiB limit: 431, with an id of the server's own.
+  const int big_fd = Connect(port_);
+  ASSERT_GE(big_fd, 0);
+  SendAll(big_fd, "GET /v1/models HTTP/1.1\r\nHost: x\r\nx-padding: " +
+                      std::string(70 << 10, 'a') + "\r\n\r\n");
+  const HttpResponse too_many_headers = ParseResponse(ReadToEof(big_fd));
+  ::close(big_fd);
+  ExpectError(too_many_headers, 431, "");
+  ASSERT_EQ(too_many_headers.headers.count("x-request-id"), 1u);
+  EXPECT_EQ(too_many_headers.headers.at("x-request-id").size(), 24u);
 }
 
 TEST_F(ServeHttpTest, ModelsAndHealth) {
