@@ -7,12 +7,14 @@ JSON with --out; exits 1 when fewer than --min-same instances agree (default: al
   compare.py RUN_A.json RUN_B.json [--out FILE] [--min-same N] [--command "..."]
 """
 import argparse
+import gzip
 import json
 import sys
 
 
 def load(path):
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         run = json.load(f)
     return run, {inst["id"]: inst for inst in run["instances"]}
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Pools accuracy reports of independent draws (bench/results/accuracy_<name>.json written with
+"""Pools accuracy reports of independent draws (bench/results/accuracy_<name>.json.gz written with
 different --seed values) per policy x task x length and prints one markdown table of the pooled
 accuracy with its 95 % Wilson interval, for estimates tighter than one draw's 25 a cell.
 
-  pool.py [--label dense] REPORT.json REPORT.json ...
+  pool.py [--label dense] REPORT.json.gz REPORT.json.gz ...
 
 Refuses, naming the file: two reports of the same seed (the same instances counted twice),
 reports of different models, and a label missing from a report.
@@ -23,8 +23,7 @@ def load(paths, label):
     """(seeds, model, {(task, length): [correct, n]}) of the label's cells over the reports."""
     cells, seeds, model = {}, {}, None
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = report.load_json(path)
         seed = data.get("seed")
         if seed is None:
             raise ValueError(f"{path}: no 'seed' (not an accuracy report of bench/accuracy/run)")

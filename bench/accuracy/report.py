@@ -1,17 +1,25 @@
 #!/usr/bin/env python3
-"""Merges rubato_accuracy outputs (one per policy) into bench/results/accuracy_<name>.json,
+"""Merges rubato_accuracy outputs (one per policy) into bench/results/accuracy_<name>.json.gz,
 prints the policy x task x length table with each cell's 95 % binomial interval (Wilson score)
 and draws accuracy_<name>.png with gnuplot (one bar per policy in each task x length group).
 
   report.py --name NAME --out-dir bench/results --command "..." --meta KEY=VALUE ... RUN.json...
 """
 import argparse
+import gzip
 import json
 import math
 import os
 import shutil
 import subprocess
 import sys
+
+
+def load_json(path):
+    """A JSON file, gzip-compressed when its name ends in .gz."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
 
 
 def wilson_interval(correct, n, z=1.959964):
@@ -28,8 +36,7 @@ def wilson_interval(correct, n, z=1.959964):
 def merge(run_files, name, command, meta):
     runs = []
     for path in run_files:
-        with open(path, encoding="utf-8") as f:
-            runs.append(json.load(f))
+        runs.append(load_json(path))
     summary = []
     for run in runs:
         for cell in run["summary"]:
@@ -103,8 +110,9 @@ def main():
     meta = dict(item.split("=", 1) for item in args.meta)
     merged = merge(args.runs, args.name, args.command, meta)
     os.makedirs(args.out_dir, exist_ok=True)
-    json_path = os.path.join(args.out_dir, f"accuracy_{args.name}.json")
-    with open(json_path, "w", encoding="utf-8") as f:
+    # Per-instance records: compressed (a run of the suite is 0.1-0.8 MB of JSON).
+    json_path = os.path.join(args.out_dir, f"accuracy_{args.name}.json.gz")
+    with gzip.open(json_path, "wt", encoding="utf-8") as f:
         json.dump(merged, f, indent=1)
         f.write("\n")
     print_table(merged["summary"])
