@@ -45,6 +45,9 @@ struct Options {
   int max_batch = 64;  // bounds the step workspaces and the batches
   double utilization = 0.9;
   int cache_device = -1;  // -1: device 1 when there are two GPUs
+  // Several cache GPUs (each a GPU cache rank of this process, a sequence on the one with the
+  // most free blocks); empty: cache_device alone.
+  std::vector<int> cache_devices;
 };
 
 // One decode sequence of the run: its KV on the model GPU (whole, or only the block being
@@ -65,7 +68,8 @@ struct StepTimes {
 // next position needs before each step, as the engine does. Median device time of the timed
 // steps.
 Result<StepTimes> RunSteps(CudaModel& model, PagedKvCache& cache, std::vector<Sequence>& sequences,
-                           size_t count, bool placed, GpuCacheAttention* attention,
+                           size_t count, bool placed,
+                           const std::vector<GpuCacheAttention*>& attentions,
                            const Options& options, uint64_t seed) {
   const ModelConfig& config = model.config();
   std::mt19937_64 rng(seed);
@@ -100,11 +104,14 @@ Result<StepTimes> RunSteps(CudaModel& model, PagedKvCache& cache, std::vector<Se
     cudaEventElapsedTime(&ms, start, stop);
     if (step >= options.warmup && status.ok()) {
       device_ms.push_back(ms);
-      if (attention != nullptr) {
+      // The model stream's waits for every cache GPU, one after the other: their sum.
+      double waited_ms = 0;
+      for (GpuCacheAttention* attention : attentions) {
         Result<double> waited = attention->LastStepWaitMs();
         if (!waited.ok()) status = waited.status();
-        if (waited.ok()) wait_ms.push_back(*waited);
+        if (waited.ok()) waited_ms += *waited;
       }
+      if (!attentions.empty()) wait_ms.push_back(waited_ms);
     }
     for (size_t i = 0; i < count && status.ok(); ++i) next[i] = result.sampled_tokens[i];
   }
@@ -181,7 +188,19 @@ Status Run(const Options& options, nlohmann::json& report) {
   report["warmup"] = options.warmup;
   report["gpu_memory_utilization"] = options.utilization;
   report["model_device"] = options.common.device;
-  report["cache_device"] = cache_device;
+  std::vector<int> cache_devices = options.cache_devices;
+  if (cache_devices.empty() && cache_device >= 0) cache_devices.push_back(cache_device);
+  for (const int device : cache_devices) {
+    if (device < 0 || device >= devices) {
+      return InvalidArgumentError("--cache-devices: GPU " + std::to_string(device) + " of " +
+                                  std::to_string(devices));
+    }
+    if (std::count(cache_devices.begin(), cache_devices.end(), device) > 1) {
+      return InvalidArgumentError("--cache-devices: GPU " + std::to_string(device) + " twice");
+    }
+  }
+  report["cache_device"] = cache_devices.empty() ? -1 : cache_devices.front();
+  report["cache_devices"] = cache_devices;
   report["gpus"] = devices;
   const double kv_bytes_per_token = static_cast<double>(memory.bytes_per_block) / block;
 
@@ -190,20 +209,31 @@ Status Run(const Options& options, nlohmann::json& report) {
   std::unique_ptr<PlacedResidency> placed;
   std::string placed_not_run;
   double cache_budget_gib = 0;
-  if (cache_device < 0 || cache_device == options.common.device) {
-    placed_not_run = "placement needs a second GPU (" + std::to_string(devices) + " found)";
+  const bool model_gpu_caches =
+      std::count(cache_devices.begin(), cache_devices.end(), options.common.device) > 0;
+  if (cache_devices.empty() || model_gpu_caches) {
+    placed_not_run = "placement needs a cache GPU other than the model's (" +
+                     std::to_string(devices) + " found)";
   } else {
     CacheSection section;
     section.memory = CacheSection::Memory::kDevice;
-    section.device = cache_device;
-    Result<double> budget = CacheBudgetGiB(config, cache_device, longest, options);
+    section.device = cache_devices.front();
+    // Every cache GPU gets the section's budget: the smallest any of them has room for.
+    Result<double> budget = CacheBudgetGiB(config, cache_devices.front(), longest, options);
+    for (size_t c = 1; c < cache_devices.size() && budget.ok(); ++c) {
+      Result<double> other = CacheBudgetGiB(config, cache_devices[c], longest, options);
+      if (!other.ok() || *other < *budget) budget = other;
+    }
     if (budget.ok()) {
       section.budget_gib = cache_budget_gib = *budget;
-      gpu = std::make_shared<GpuCacheResidency>(section, longest, options.max_batch, block);
+      gpu = std::make_shared<GpuCacheResidency>(section, longest, options.max_batch, block,
+                                                cache_devices);
       gpu->set_local_window(0);
       placed = std::make_unique<PlacedResidency>(gpu);
       Status attached = placed->Attach(model, nullptr, options.max_batch);
-      if (attached.ok()) attached = gpu->attention()->FillRandom(options.common.seed + 7);
+      for (int c = 0; c < gpu->num_caches() && attached.ok(); ++c) {
+        attached = gpu->attention(c)->FillRandom(options.common.seed + 7 + c);
+      }
       if (!attached.ok()) placed_not_run = attached.message();
     } else {
       placed_not_run = budget.status().message();
@@ -264,10 +294,10 @@ Status Run(const Options& options, nlohmann::json& report) {
   }
   for (size_t i = local_batch; i < placed_batch; ++i) sequences[i].kv.num_tokens = options.context;
   std::printf(
-      "model on GPU %d, cache rank on GPU %d (%d GPUs); context %d: one card holds %zu "
+      "model on GPU %d, %zu cache GPU(s) from GPU %d (%d GPUs); context %d: one card holds %zu "
       "sequences (%d blocks of %d tokens)\n",
-      options.common.device, cache_device, devices, options.context, local_batch, size.num_blocks,
-      block);
+      options.common.device, cache_devices.size(), cache_devices.empty() ? -1 : cache_devices[0],
+      devices, options.context, local_batch, size.num_blocks, block);
 
   nlohmann::json local_json = {{"batch", local_batch}, {"kv_pool_blocks", size.num_blocks}};
   StepTimes local;
@@ -275,7 +305,7 @@ Status Run(const Options& options, nlohmann::json& report) {
     local_json["not_run"] = "no sequence of " + std::to_string(longest) + " positions fits";
   } else {
     // The local side has no residency step: no entry carries a handle.
-    RUBATO_ASSIGN_OR_RETURN(local, RunSteps(model, *cache, sequences, local_batch, false, nullptr,
+    RUBATO_ASSIGN_OR_RETURN(local, RunSteps(model, *cache, sequences, local_batch, false, {},
                                             options, options.common.seed + 2));
     local_json.update({{"tpot_ms", local.median_ms},
                        {"step_ms_p90", local.p90_ms},
@@ -296,12 +326,18 @@ Status Run(const Options& options, nlohmann::json& report) {
     std::printf("placed: does not run: %s\n", placed_not_run.c_str());
   } else {
     placed_json["batch_ended_by"] = placed_stop;
-    GpuCacheAttention* attention = gpu->attention();
-    RUBATO_RETURN_IF_ERROR(attention->SetMeasureWaits(true));
-    Result<StepTimes> run = RunSteps(model, *cache, sequences, placed_batch, true, attention,
+    std::vector<GpuCacheAttention*> attentions;
+    for (int c = 0; c < gpu->num_caches(); ++c) {
+      attentions.push_back(gpu->attention(c));
+      RUBATO_RETURN_IF_ERROR(attentions.back()->SetMeasureWaits(true));
+    }
+    Result<StepTimes> run = RunSteps(model, *cache, sequences, placed_batch, true, attentions,
                                      options, options.common.seed + 3);
-    const size_t out = attention->step_bytes_out();
-    const size_t back = attention->step_bytes_back();
+    size_t out = 0, back = 0;
+    for (GpuCacheAttention* attention : attentions) {
+      out += attention->step_bytes_out();
+      back += attention->step_bytes_back();
+    }
     for (size_t i = 0; i < placed_batch; ++i) {
       if (sequences[i].request != nullptr) (void)placed->Close(*sequences[i].request);
     }
@@ -321,7 +357,7 @@ Status Run(const Options& options, nlohmann::json& report) {
           tokens_per_s / (local_batch / (local.median_ms / 1e3));
     }
     std::printf(
-        "placed: batch %zu (%zu local + %zu on the cache GPU), TPOT %.3f ms, %.1f tokens/s "
+        "placed: batch %zu (%zu local + %zu on the cache GPUs), TPOT %.3f ms, %.1f tokens/s "
         "(%.2fx local), exposed wait %.3f ms/step, %.0f KB out / %.0f KB back per step\n",
         placed_batch, local_batch, placed_batch - local_batch, run->median_ms, tokens_per_s,
         local_batch > 0 ? tokens_per_s / (local_batch / (local.median_ms / 1e3)) : 0.0,
@@ -348,6 +384,9 @@ int main(int argc, char** argv) {
                  "share of each card's memory the process may use (the engine's rule)");
   app.add_option("--cache-device", options.cache_device,
                  "the cache rank's GPU (default: 1 with two GPUs)");
+  app.add_option("--cache-devices", options.cache_devices,
+                 "several cache GPUs, e.g. 1,2,3 (overrides --cache-device)")
+      ->delimiter(',');
   return rubato::bench::BenchMain(
       "rubato_bench_decode_e2e_capacity", app, options.common, argc, argv,
       [&](nlohmann::json& report) { return rubato::Run(options, report); });
