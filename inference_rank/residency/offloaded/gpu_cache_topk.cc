@@ -466,6 +466,7 @@ Status GpuCacheTopK::FinishStep() {
 
 void GpuCacheTopK::AbortStep() {
   planned_ = false;
+  if (side_stream_ != nullptr) (void)cudaStreamSynchronize(side_stream_);
   DeviceScope scope(options_.cache_device);
   if (cache_stream_ != nullptr) (void)cudaStreamSynchronize(cache_stream_);
 }
