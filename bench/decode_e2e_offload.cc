@@ -6,14 +6,18 @@
 // GPU sends each layer's q|k|v rows and takes the attention rows back). --policy oracle_topk:
 // local oracle_topk against oracle_topk on the cache GPU (it selects; only the rows entering
 // each selection come back into the model GPU's compact pools), with delta replies and with full
-// ones. A point that does not fit the cards is reported as such. No prefill: the KV is random
-// bf16 on both sides. A benchmark, not a test. docs/benchmarks.md "Offloaded decode".
+// ones. --policy asyncspade: the same, then AsyncSpade on the cache GPU (the same C, selected one
+// step ahead from predicted queries, its pack scattered after each layer's attention; one warm-up
+// step with the real query, the timed ones all ahead). A point that does not fit the cards is
+// reported as such. No prefill: the KV is random bf16 on both sides. A benchmark, not a test.
+// docs/benchmarks.md "Offloaded decode".
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -23,6 +27,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "inference_rank/model/cuda_model.h"
+#include "inference_rank/policies/asyncspade/asyncspade_policy.h"
 #include "inference_rank/policies/oracle_topk/oracle_topk_policy.h"
 #include "inference_rank/residency/offloaded/gpu_cache_residency.h"
 #include "inference_rank/residency/offloaded/gpu_cache_session.h"
@@ -40,8 +45,9 @@ struct Options {
   int steps = 20;
   int warmup = 3;
   int cache_device = -1;         // -1: device 1 when there are two GPUs, else the model's
-  std::string policy = "dense";  // dense | oracle_topk
+  std::string policy = "dense";  // dense | oracle_topk | asyncspade
   OracleTopKConfig topk;         // --top-k, --sink-tokens, --recent-window
+  int query_window = 16;         // asyncspade's W
 };
 
 struct StepTimes {
@@ -237,14 +243,58 @@ Result<nlohmann::json> RunTopKOffloaded(
   return json;
 }
 
+// AsyncSpade on the cache GPU over `sequences` (after the oracle_topk runs): options.topk's C,
+// sink and recent window selected one step ahead from predicted queries; one warm-up step (and
+// the first step after the store's random fill) selects with the real query (dense_steps 1).
+Result<nlohmann::json> RunSpadeOffloaded(CudaModel& model, PagedKvCache& cache,
+                                         std::vector<KvSequence>& sequences, const Point& point,
+                                         const Options& options, int cache_device, uint64_t seed) {
+  AsyncSpadeConfig config;
+  config.top_k = options.topk.top_k;
+  config.sink_tokens = options.topk.sink_tokens;
+  config.recent_window = options.topk.recent_window;
+  config.query_window = options.query_window;
+  config.dense_steps = 1;
+  AsyncSpadePolicy policy(config);
+  const int longest = sequences.front().num_tokens + options.warmup + options.steps + 1;
+  GpuCacheResidency residency(CacheFor(model.config(), cache_device, point.batch, longest), longest,
+                              point.batch, options.common.block_size);
+  RUBATO_RETURN_IF_ERROR(residency.Attach(model, &policy, point.batch));
+  GpuCacheTopK& topk = *residency.topk();
+  std::vector<std::unique_ptr<ResidencyRequest>> requests;
+  Status status = topk.FillRandom(seed + 11);
+  for (size_t i = 0; i < sequences.size() && status.ok(); ++i) {
+    Result<std::unique_ptr<ResidencyRequest>> opened = residency.Open(i, longest - 1);
+    status = opened.status();
+    if (!opened.ok()) break;
+    const int session = static_cast<int>(static_cast<GpuCacheRequest&>(**opened).session());
+    status = topk.SetSessionLength(session, sequences[i].num_tokens);
+    requests.push_back(std::move(*opened));
+  }
+  Result<nlohmann::json> run = status;
+  if (status.ok()) run = RunTopKOffloaded(model, cache, sequences, requests, topk, options, seed);
+  const uint64_t predicted = topk.predicted_steps();
+  const uint64_t steps = topk.steps();
+  const size_t cache_bytes = topk.cache_device_bytes();
+  for (auto& request : requests) (void)residency.Close(*request);
+  (void)model.SetResidencyBackend(nullptr);
+  RUBATO_RETURN_IF_ERROR(run.status());
+  nlohmann::json json = *run;
+  json["query_window"] = options.query_window;
+  json["steps_ahead"] = predicted;  // every step of the run, warm-up included
+  json["steps_run"] = steps;
+  json["cache_device_bytes"] = cache_bytes;
+  return json;
+}
+
 // oracle_topk: local, then offloaded with delta replies, then with full ones (the same sessions
-// going on), of one point; all into `json`.
+// going on), of one point; with --policy asyncspade then AsyncSpade offloaded; all into `json`.
 Status RunTopKPoint(CudaModel& model, PagedKvCache& cache, const Point& point,
                     const Options& options, int cache_device, uint64_t seed, nlohmann::json& json) {
   const ModelConfig& config = model.config();
   json = {{"batch", point.batch},
           {"context", point.context},
-          {"policy", "oracle_topk"},
+          {"policy", options.policy},
           {"top_k", options.topk.top_k},
           {"sink_tokens", options.topk.sink_tokens},
           {"recent_window", options.topk.recent_window}};
@@ -273,10 +323,13 @@ Status RunTopKPoint(CudaModel& model, PagedKvCache& cache, const Point& point,
     return !local.ok() ? local.status() : status;
   }
   json["local"] = TimesJson(*local, point.batch);
-  // Two offloaded runs follow on the same sequences.
+  // Two offloaded runs follow on the same sequences (AsyncSpade's after them).
+  const bool spade = options.policy == "asyncspade";
   const int longest = sequences.front().num_tokens + 2 * (options.warmup + options.steps) + 1;
-  GpuCacheResidency residency(CacheFor(config, cache_device, point.batch, longest), longest,
-                              point.batch, options.common.block_size);
+  auto owned =
+      std::make_unique<GpuCacheResidency>(CacheFor(config, cache_device, point.batch, longest),
+                                          longest, point.batch, options.common.block_size);
+  GpuCacheResidency& residency = *owned;
   status = residency.Attach(model, &policy, point.batch);
   if (!status.ok()) {
     release();
@@ -308,9 +361,16 @@ Status RunTopKPoint(CudaModel& model, PagedKvCache& cache, const Point& point,
   const size_t cache_bytes = topk.cache_device_bytes();
   const size_t pool_bytes = topk.model_device_bytes();
   for (auto& request : requests) (void)residency.Close(*request);
+  (void)model.SetResidencyBackend(nullptr);
+  owned.reset();  // the cache GPU's store, before AsyncSpade's
+  Result<nlohmann::json> ahead = nlohmann::json();
+  if (spade && deltas.ok() && full.ok()) {
+    ahead = RunSpadeOffloaded(model, cache, sequences, point, options, cache_device, seed + 3);
+  }
   release();
   RUBATO_RETURN_IF_ERROR(deltas.status());
   RUBATO_RETURN_IF_ERROR(full.status());
+  RUBATO_RETURN_IF_ERROR(ahead.status());
   json["offloaded"] = *deltas;
   json["offloaded_full_replies"] = *full;
   json["cache_device_bytes"] = cache_bytes;
@@ -328,6 +388,22 @@ Status RunTopKPoint(CudaModel& model, PagedKvCache& cache, const Point& point,
       (*deltas)["bytes_to_cache_per_step"].get<double>() / 1e3,
       (*deltas)["bytes_from_cache_per_step"].get<double>() / 1e3,
       (*deltas)["full_reply_bytes_per_step"].get<double>() / 1e3);
+  if (spade) {
+    json["asyncspade"] = *ahead;
+    const double ms = (*ahead)["tpot_ms"].get<double>();
+    json["tpot_ratio_asyncspade_to_local"] = ms / local_ms;
+    json["tpot_ratio_asyncspade_to_offloaded"] = ms / (*deltas)["tpot_ms"].get<double>();
+    std::printf(
+        "%dx%d: asyncspade %.3f ms (%.3fx local oracle_topk, %.3fx offloaded), exposed wait %.3f "
+        "ms/step, %.0f KB back per step (full replies %.0f KB), %llu of %llu steps ahead\n",
+        point.batch, point.context, ms, ms / local_ms,
+        json["tpot_ratio_asyncspade_to_offloaded"].get<double>(),
+        (*ahead)["exposed_wait_ms_per_step"].get<double>(),
+        (*ahead)["bytes_from_cache_per_step"].get<double>() / 1e3,
+        (*ahead)["full_reply_bytes_per_step"].get<double>() / 1e3,
+        static_cast<unsigned long long>((*ahead)["steps_ahead"].get<uint64_t>()),
+        static_cast<unsigned long long>((*ahead)["steps_run"].get<uint64_t>()));
+  }
   return Status::Ok();
 }
 
@@ -344,14 +420,16 @@ Status Run(const Options& options, nlohmann::json& report) {
                                                      : options.common.device;
   RUBATO_ASSIGN_OR_RETURN(bench::BenchModel loaded, bench::LoadBenchModel(options.common));
   CudaModel* model = loaded.model;
-  if (options.policy != "dense" && options.policy != "oracle_topk") {
-    return InvalidArgumentError("--policy must be dense or oracle_topk, got '" + options.policy +
-                                "'");
+  if (options.policy != "dense" && options.policy != "oracle_topk" &&
+      options.policy != "asyncspade") {
+    return InvalidArgumentError("--policy must be dense, oracle_topk or asyncspade, got '" +
+                                options.policy + "'");
   }
-  const bool topk = options.policy == "oracle_topk";
-  // Each point's sequences go through two runs (dense) or three (oracle_topk).
-  const int num_blocks = bench::BlocksForPoints(
-      points, (topk ? 3 : 2) * (options.warmup + options.steps) + 1, options.common.block_size);
+  const bool topk = options.policy != "dense";
+  // Each point's sequences go through two runs (dense), three (oracle_topk) or four.
+  const int runs = options.policy == "asyncspade" ? 4 : topk ? 3 : 2;
+  const int num_blocks = bench::BlocksForPoints(points, runs * (options.warmup + options.steps) + 1,
+                                                options.common.block_size);
   RUBATO_ASSIGN_OR_RETURN(
       std::unique_ptr<PagedKvCache> cache,
       bench::CreateBenchKvCache(*model, options.common.block_size, num_blocks, 0, ""));
@@ -393,8 +471,11 @@ int main(int argc, char** argv) {
   app.add_option("--cache-device", options.cache_device,
                  "the cache rank's GPU (default: 1 with two GPUs, else the model's)");
   app.add_option("--policy", options.policy,
-                 "dense (attention on the cache GPU) or oracle_topk (local against offloaded, "
-                 "with and without delta replies)");
+                 "dense (attention on the cache GPU), oracle_topk (local against offloaded, "
+                 "with and without delta replies) or asyncspade (those, then AsyncSpade "
+                 "offloaded)");
+  app.add_option("--query-window", options.query_window,
+                 "asyncspade: W, the past queries a prediction regresses on (at most 16)");
   app.add_option("--top-k", options.topk.top_k, "oracle_topk: positions per layer and KV head");
   app.add_option("--sink-tokens", options.topk.sink_tokens, "oracle_topk: sink positions");
   app.add_option("--recent-window", options.topk.recent_window, "oracle_topk: recent positions");

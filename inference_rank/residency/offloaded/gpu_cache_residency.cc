@@ -19,6 +19,7 @@
 #include "inference_rank/residency/offloaded/gpu_cache_topk.h"
 #include "inference_rank/residency/offloaded/offloaded_residency.h"
 #include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/query_predictor.cuh"
 
 namespace rubato {
 namespace {
@@ -234,7 +235,15 @@ class GpuCacheTopKCudaBackend final : public CudaResidencyBackend {
     // Local oracle_topk's second launch: compact rows (here the pools), then the recent window.
     cuda::DecodeAttentionParams sparse = layer.DecodeRows(0, rows);
     topk_->SetAttention(layer.layer, sparse);
-    return cuda::DecodeAttention(sparse, layer.stream);
+    RUBATO_RETURN_IF_ERROR(cuda::DecodeAttention(sparse, layer.stream));
+    // AsyncSpade: the pack selected ahead goes into the pools once they are read.
+    return topk_->AfterAttention(layer.layer, layer.stream);
+  }
+
+  // A step ahead (AsyncSpade) has other launches and stream branches than one selected with
+  // the step's query.
+  void AddToGraphKey(const ForwardPlan& /*plan*/, DecodeGraphKey& key) const override {
+    key.policy[0] = topk_->step_ahead() ? 1 : 0;
   }
 
   Status FinishStep() override { return topk_->FinishStep(); }
@@ -246,11 +255,14 @@ class GpuCacheTopKCudaBackend final : public CudaResidencyBackend {
   std::vector<GpuCacheTopK::Entry> entries_;
 };
 
-// The oracle_topk selection a policy asks of the cache rank, or nothing (dense).
+// The selection a policy asks of the cache rank (oracle_topk, or asyncspade: the same selection
+// one step ahead with predicted queries), or nothing (dense).
 std::optional<CacheSelectorSpec> TopKSelection(const AttentionPolicy* policy) {
   if (policy == nullptr) return std::nullopt;
   Result<CacheSelectorSpec> spec = policy->MakeCacheSelector();
-  if (!spec.ok() || spec->name != "oracle_topk") return std::nullopt;
+  if (!spec.ok() || (spec->name != "oracle_topk" && spec->name != "asyncspade")) {
+    return std::nullopt;
+  }
   return *spec;
 }
 
@@ -280,7 +292,8 @@ Status GpuCacheResidency::Attach(Model& model, const AttentionPolicy* policy, in
   if (const std::optional<CacheSelectorSpec> selection = TopKSelection(policy)) {
     if (cache_devices_.size() > 1 || local_window_ == 0) {
       return UnsupportedError(
-          "oracle_topk on a GPU cache rank of this process: one cache GPU and every request "
+          selection->name +
+          " on a GPU cache rank of this process: one cache GPU and every request "
           "offloaded (several cache GPUs and placement serve dense attention only)");
     }
     GpuCacheTopKOptions options;
@@ -295,6 +308,16 @@ Status GpuCacheResidency::Attach(Model& model, const AttentionPolicy* policy, in
     options.sink_tokens = selection->sink_tokens;
     options.recent_tokens = selection->recent_tokens;
     options.delta_replies = delta_replies_;
+    options.predict = selection->name == "asyncspade";
+    options.query_window = selection->query_window;
+    options.ridge_lambda = selection->ridge_lambda;
+    options.dense_steps = selection->dense_steps;
+    if (options.predict && options.query_window > cuda::kDeviceQueryWindowMax) {
+      return UnsupportedError("policy asyncspade on a GPU cache rank: query_window " +
+                              std::to_string(options.query_window) + " exceeds the " +
+                              std::to_string(cuda::kDeviceQueryWindowMax) +
+                              " the device predictor takes");
+    }
     RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<GpuCacheTopK> made,
                             GpuCacheTopK::Create(model.config(), options));
     topk_ = std::move(made);
@@ -407,17 +430,24 @@ std::string GpuCacheResidency::StatsLine() const {
     // The client's names (offloaded_residency.cc) where they mean the same.
     const GpuCacheTopKBytes& t = topk_->totals();
     const double steps = static_cast<double>(std::max<uint64_t>(topk_->steps(), 1));
-    char text[400];
+    char ahead[160] = "";
+    if (topk_->options().predict) {
+      std::snprintf(ahead, sizeof(ahead),
+                    " predicted_steps=%llu step_wait_ms=%.3f total_wait_ms=%.3f",
+                    static_cast<unsigned long long>(topk_->predicted_steps()),
+                    topk_->total_wait_ms() / steps, topk_->total_wait_ms());
+    }
+    char text[560];
     std::snprintf(text, sizeof(text),
                   " cache_bytes_out=%llu cache_bytes_back=%llu cache_device_mib=%.0f "
                   "offload_steps=%llu step_bytes_sent=%.0f step_bytes_received=%.0f "
                   "delta_replies=%d compact_rows_received=%llu compact_rows_full=%llu "
-                  "step_full_reply_bytes=%.0f",
+                  "step_full_reply_bytes=%.0f%s",
                   static_cast<unsigned long long>(t.out), static_cast<unsigned long long>(t.back),
                   topk_->cache_device_bytes() / 1048576.0,
                   static_cast<unsigned long long>(topk_->steps()), t.out / steps, t.back / steps,
                   topk_->delta_replies() ? 1 : 0, static_cast<unsigned long long>(t.rows_back),
-                  static_cast<unsigned long long>(t.rows_full), t.full_back / steps);
+                  static_cast<unsigned long long>(t.rows_full), t.full_back / steps, ahead);
     return text;
   }
   if (caches_.empty()) return "";

@@ -12,6 +12,7 @@
 #include "kernels/cuda/compact_slot_update.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/peer_access.h"
+#include "kernels/cuda/query_predictor.cuh"
 #include "kernels/cuda/random_fill.cuh"
 
 namespace rubato {
@@ -50,6 +51,13 @@ Result<std::unique_ptr<GpuCacheTopK>> GpuCacheTopK::Create(const ModelConfig& co
         "{}, sink_tokens {}, recent_tokens {}: need positive sizes, sink >= 0",
         o.max_rows, o.max_requests, o.max_context, o.budget_bytes, o.top_k, o.sink_tokens,
         o.recent_tokens));
+  }
+  if (o.predict && (o.query_window < 1 || o.query_window > cuda::kDeviceQueryWindowMax ||
+                    !(o.ridge_lambda > 0) || o.dense_steps < 0)) {
+    return InvalidArgumentError(fmt::format(
+        "asyncspade on a GPU cache rank: query_window {} must be in [1, {}] (the device "
+        "predictor's window), ridge_lambda {} > 0, dense_steps {} >= 0",
+        o.query_window, cuda::kDeviceQueryWindowMax, o.ridge_lambda, o.dense_steps));
   }
   auto self = std::unique_ptr<GpuCacheTopK>(new GpuCacheTopK());
   self->config_ = config;
@@ -141,6 +149,7 @@ Result<std::unique_ptr<GpuCacheTopK>> GpuCacheTopK::Create(const ModelConfig& co
     RUBATO_ASSIGN_OR_RETURN(
         staging, PinnedBuffer::Allocate(inputs * sizeof(int32_t), "top-k step inputs (host)"));
   }
+  if (o.predict) RUBATO_RETURN_IF_ERROR(self->CreatePrediction());
   return self;
 }
 
@@ -149,14 +158,16 @@ GpuCacheTopK::~GpuCacheTopK() {
   (void)cudaGetDevice(&previous);
   (void)cudaSetDevice(options_.cache_device);
   if (cache_stream_ != nullptr) (void)cudaStreamSynchronize(cache_stream_);
-  for (cudaEvent_t event : {pack_ready_, inputs_ready_}) {
+  for (cudaEvent_t event : {pack_ready_, inputs_ready_, rows_copied_}) {
     if (event != nullptr) (void)cudaEventDestroy(event);
   }
   if (cache_stream_ != nullptr) (void)cudaStreamDestroy(cache_stream_);
   (void)cudaSetDevice(options_.model_device);
-  for (cudaEvent_t event : {rows_ready_, staged_[0], staged_[1]}) {
+  if (side_stream_ != nullptr) (void)cudaStreamSynchronize(side_stream_);
+  for (cudaEvent_t event : {rows_ready_, staged_[0], staged_[1], attended_, scattered_}) {
     if (event != nullptr) (void)cudaEventDestroy(event);
   }
+  if (side_stream_ != nullptr) (void)cudaStreamDestroy(side_stream_);
   for (std::vector<cudaEvent_t>* events : {&wait_begin_, &wait_end_}) {
     for (cudaEvent_t event : *events) (void)cudaEventDestroy(event);
   }
@@ -271,6 +282,12 @@ Status GpuCacheTopK::PlanStep(std::span<const Entry> entries, int decode_entries
     recent_begin[b] = std::max(0, length - options_.recent_tokens);
     if (decode) keys = std::max(keys, length);
   }
+  // AsyncSpade: a step ahead attends the selection made at the last step, one position shorter,
+  // so its recent window reaches one position further back.
+  RUBATO_RETURN_IF_ERROR(PlanPrediction(entries, decode_entries));
+  if (ahead_) {
+    for (int b = 0; b < count; ++b) recent_begin[b] = std::max(0, recent_begin[b] - 1);
+  }
   if (max_seq_len != 0 && (max_seq_len < keys || max_seq_len > max_bound_)) {
     return InvalidArgumentError(
         fmt::format("GPU cache top-k: max_seq_len {} below the decode rows' {} keys or past {}",
@@ -311,9 +328,8 @@ Status GpuCacheTopK::Layer(int layer, const __nv_bfloat16* qkv, cudaStream_t mai
     return InvalidArgumentError(
         fmt::format("GPU cache top-k: layer {} outside a planned step", layer));
   }
+  if (ahead_) return LayerAhead(layer, qkv, main);
   const std::string where = "cache top-k of layer " + std::to_string(layer);
-  const int kv_heads = config_.num_kv_heads;
-  const size_t pairs = static_cast<size_t>(entries_) * kv_heads;
   const int64_t qkv_dim = config_.q_dim() + 2 * config_.kv_dim();
   RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecord(rows_ready_, main), where);
   {
@@ -330,30 +346,10 @@ Status GpuCacheTopK::Layer(int layer, const __nv_bfloat16* qkv, cudaStream_t mai
       rows = rows_buffer_.data();
     }
     RUBATO_RETURN_IF_ERROR(store_->AppendLayer(layer, rows, cache_stream_).WithContext(where));
-    DeviceDeltaOutputs out;
-    out.counts = pack_counts_.data();
-    out.entering = pack_entering_.data();
-    out.slots = pack_slots_.data();
-    out.positions = pack_positions_.data();
-    out.keys = pack_keys_.data();
-    out.values = pack_values_.data();
+    if (options_.predict) RUBATO_RETURN_IF_ERROR(PushQueries(layer, rows).WithContext(where));
     // Entry b's query is row b: decode entries come first, one row each (a prefill entry's
     // selects nothing: top_k 0).
-    RUBATO_RETURN_IF_ERROR(
-        store_->SelectTopKDelta(layer, DeviceQueries{rows, qkv_dim}, out, cache_stream_)
-            .WithContext(where));
-    // The layer's counts and entering rows for FinishStep's bytes.
-    int32_t* tally = tallies_.data() + static_cast<size_t>(layer) * 2 * options_.max_requests *
-                                           static_cast<size_t>(kv_heads);
-    RUBATO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tally, pack_counts_.data(), pairs * sizeof(int32_t),
-                                                cudaMemcpyDeviceToDevice, cache_stream_),
-                                where);
-    RUBATO_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(tally + static_cast<size_t>(options_.max_requests) * kv_heads,
-                        pack_entering_.data(), pairs * sizeof(int32_t), cudaMemcpyDeviceToDevice,
-                        cache_stream_),
-        where);
-    RUBATO_CUDA_RETURN_IF_ERROR(cudaEventRecord(pack_ready_, cache_stream_), where);
+    RUBATO_RETURN_IF_ERROR(SelectIntoPack(layer, DeviceQueries{rows, qkv_dim}, where));
   }
   // Inside a capture a timing event must be an external record node to stay a real record.
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -373,6 +369,35 @@ Status GpuCacheTopK::Layer(int layer, const __nv_bfloat16* qkv, cudaStream_t mai
   }
   // The entering rows, read on the cache GPU in place, into the pools. The next layer's
   // selection rewrites the pack only after this (it waits for that layer's rows on `main`).
+  return pools_->Apply(layer, Pack(), step_inputs_.data(), main).WithContext(where);
+}
+
+Status GpuCacheTopK::SelectIntoPack(int layer, DeviceQueries queries, const std::string& where) {
+  const size_t pairs = static_cast<size_t>(entries_) * config_.num_kv_heads;
+  DeviceDeltaOutputs out;
+  out.counts = pack_counts_.data();
+  out.entering = pack_entering_.data();
+  out.slots = pack_slots_.data();
+  out.positions = pack_positions_.data();
+  out.keys = pack_keys_.data();
+  out.values = pack_values_.data();
+  RUBATO_RETURN_IF_ERROR(
+      store_->SelectTopKDelta(layer, queries, out, cache_stream_).WithContext(where));
+  // The layer's counts and entering rows for FinishStep's bytes.
+  int32_t* tally = tallies_.data() + static_cast<size_t>(layer) * 2 * options_.max_requests *
+                                         static_cast<size_t>(config_.num_kv_heads);
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tally, pack_counts_.data(), pairs * sizeof(int32_t),
+                                              cudaMemcpyDeviceToDevice, cache_stream_),
+                              where);
+  RUBATO_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(tally + static_cast<size_t>(options_.max_requests) * config_.num_kv_heads,
+                      pack_entering_.data(), pairs * sizeof(int32_t), cudaMemcpyDeviceToDevice,
+                      cache_stream_),
+      where);
+  return cuda::CudaStatus(cudaEventRecord(pack_ready_, cache_stream_), where);
+}
+
+DeviceDeltaPack GpuCacheTopK::Pack() const {
   DeviceDeltaPack pack;
   pack.counts = pack_counts_.data();
   pack.slots = pack_slots_.data();
@@ -381,13 +406,15 @@ Status GpuCacheTopK::Layer(int layer, const __nv_bfloat16* qkv, cudaStream_t mai
   pack.values = pack_values_.data();
   pack.rows = capacity_;
   pack.batch = entries_;
-  return pools_->Apply(layer, pack, step_inputs_.data(), main).WithContext(where);
+  return pack;
 }
 
 void GpuCacheTopK::SetAttention(int layer, cuda::DecodeAttentionParams& params) const {
   pools_->SetCompactSegment(layer, step_inputs_.data(), params);
   params.recent_begin = step_inputs_.data() + options_.max_rows;
-  params.max_recent_tokens = std::min(options_.recent_tokens, max_seq_len_);
+  // Predicting, a step ahead reads one position more of the recent window (PlanStep).
+  params.max_recent_tokens =
+      std::min(options_.recent_tokens + (options_.predict ? 1 : 0), max_seq_len_);
 }
 
 Status GpuCacheTopK::FinishStep() {
@@ -414,7 +441,18 @@ Status GpuCacheTopK::FinishStep() {
   const uint64_t headers = static_cast<uint64_t>(config_.num_layers) * pairs * sizeof(int32_t);
   step.back = step.rows_back * (kv_row + 2 * sizeof(int32_t)) + headers;
   step.full_back = step.rows_full * (kv_row + sizeof(int32_t)) + headers;
-  for (int session : step_sessions_) sessions_[static_cast<size_t>(session)].filled = true;
+  for (int b = 0; b < entries_; ++b) {
+    Session& s = sessions_[static_cast<size_t>(step_sessions_[static_cast<size_t>(b)])];
+    s.filled = true;
+    s.fresh = false;
+    s.decode_steps = b < decode_entries_ ? s.decode_steps + 1 : 0;
+  }
+  last_ahead_ = ahead_;
+  if (ahead_) ++predicted_steps_;
+  if (options_.predict && measure_waits_) {
+    RUBATO_ASSIGN_OR_RETURN(const double wait_ms, LastStepWaitMs());
+    wait_ms_total_ += wait_ms;
+  }
   last_step_ = step;
   totals_.out += step.out;
   totals_.back += step.back;
@@ -428,6 +466,7 @@ Status GpuCacheTopK::FinishStep() {
 
 void GpuCacheTopK::AbortStep() {
   planned_ = false;
+  if (side_stream_ != nullptr) (void)cudaStreamSynchronize(side_stream_);
   DeviceScope scope(options_.cache_device);
   if (cache_stream_ != nullptr) (void)cudaStreamSynchronize(cache_stream_);
 }
@@ -449,7 +488,9 @@ Status GpuCacheTopK::SetMeasureWaits(bool on) {
 Result<double> GpuCacheTopK::LastStepWaitMs() const {
   if (!measure_waits_) return FailedPreconditionError("GPU cache top-k: waits not measured");
   double total = 0;
-  for (size_t layer = 0; layer < wait_begin_.size(); ++layer) {
+  // A step ahead times only its join, at the last layer.
+  for (size_t layer = last_ahead_ ? wait_begin_.size() - 1 : 0; layer < wait_begin_.size();
+       ++layer) {
     float ms = 0;
     RUBATO_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, wait_begin_[layer], wait_end_[layer]),
                                 "reading a layer's exposed wait");

@@ -9,7 +9,9 @@
 // local oracle_topk does). Only stream waits on events order the two GPUs: no host
 // synchronisation inside a step, and a decode step can be captured as a CUDA graph. Not
 // thread-safe: the model's thread drives it. docs/disaggregated.md "oracle_topk on a GPU cache
-// rank in this process".
+// rank in this process". With `predict` (AsyncSpade, gpu_cache_topk_ahead.cc) each layer's
+// selection is made one step ahead from a predicted query and scattered after the layer's
+// attention on a side stream: docs/asyncspade.md "On a GPU cache rank".
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cache_rank/device/device_kv_store.h"
@@ -49,6 +52,14 @@ struct GpuCacheTopKOptions {
   // false: every step's reply is a full one (every selected row rewritten into slots 0..n-1),
   // for comparing bytes and time with deltas.
   bool delta_replies = true;
+  // AsyncSpade: the cache GPU keeps each session's last W + 1 queries per layer and query head,
+  // and once a session has run `dense_steps` decode steps after its prompt (at least one),
+  // selects for the next step with the predicted query while the model attends the selection
+  // made at the last step (docs/asyncspade.md "On a GPU cache rank").
+  bool predict = false;
+  int query_window = 16;       // W, in [1, cuda::kDeviceQueryWindowMax]
+  double ridge_lambda = 1e-2;  // > 0
+  int dense_steps = 0;         // >= 0: steps selected with the step's real query
 };
 
 // Bytes of one step (or their sums): q|k|v rows to the cache GPU, and the delta packs back
@@ -99,6 +110,11 @@ class GpuCacheTopK {
   // the rows to the cache GPU, append, selection and delta there, then on `main` the scatter of
   // the entering rows into the pools.
   Status Layer(int layer, const __nv_bfloat16* qkv, cudaStream_t main);
+  // Device, on `main` right after the decode rows' attention of the layer (AttendDecodeRows): in
+  // a step ahead, the layer's pack is scattered into the pools on a side stream once that
+  // attention has read them, and the last layer joins the side stream (the exposed wait);
+  // otherwise nothing.
+  Status AfterAttention(int layer, cudaStream_t main);
   // Points the decode rows' attention (the model's dense launch of rows [0, decode entries)) at
   // the layer's compact pools and the recent window.
   void SetAttention(int layer, cuda::DecodeAttentionParams& params) const;
@@ -112,6 +128,12 @@ class GpuCacheTopK {
   const GpuCacheTopKBytes& last_step() const { return last_step_; }
   const GpuCacheTopKBytes& totals() const { return totals_; }
   uint64_t steps() const { return steps_; }
+  // Whether the planned step runs ahead (a captured step bakes in which: the graph key), the
+  // finished steps that did, and their summed exposed wait (timed when predicting).
+  bool step_ahead() const { return ahead_; }
+  uint64_t predicted_steps() const { return predicted_steps_; }
+  double total_wait_ms() const { return wait_ms_total_; }
+  const GpuCacheTopKOptions& options() const { return options_; }
   bool delta_replies() const { return options_.delta_replies; }
   // Between steps: false makes every later step's replies full ones (benchmarks compare both).
   void set_delta_replies(bool on) { options_.delta_replies = on; }
@@ -134,8 +156,22 @@ class GpuCacheTopK {
     bool open = false;
     uint64_t store_session = 0;
     int pool = -1;
-    bool filled = false;  // a step of it finished: its pools hold its slot maps' rows
+    bool filled = false;   // a step of it finished: its pools hold its slot maps' rows
+    bool fresh = true;     // no step finished yet: its query rings restart
+    int decode_steps = 0;  // decode steps finished since its last prompt chunk
   };
+
+  // AsyncSpade (gpu_cache_topk_ahead.cc).
+  Status CreatePrediction();
+  // Host, in PlanStep after the entries are checked: whether the step runs ahead, and the ring
+  // ops' entry tables uploaded on the cache stream.
+  Status PlanPrediction(std::span<const Entry> entries, int decode_entries);
+  // Cache stream: each entry's last query of `rows` into its session's ring of `layer`.
+  Status PushQueries(int layer, const __nv_bfloat16* rows);
+  Status LayerAhead(int layer, const __nv_bfloat16* qkv, cudaStream_t main);
+  // Cache stream: the selection into the pack, the layer's tallies, pack_ready_.
+  Status SelectIntoPack(int layer, DeviceQueries queries, const std::string& where);
+  DeviceDeltaPack Pack() const;
 
   ModelConfig config_;
   GpuCacheTopKOptions options_;
@@ -177,6 +213,29 @@ class GpuCacheTopK {
   int rows_ = 0;
   int max_seq_len_ = 0;
   bool planned_ = false;
+
+  // AsyncSpade's state: on the cache device each layer's rings [layer][max_requests][query
+  // heads][W + 1][head_dim] fp32 (slot = session), next and count [layer][2][max_requests][query
+  // heads], the predictions [max_requests][query heads][head_dim] and their bf16 rows
+  // [max_requests][predicted_stride_], the ring ops' entry tables [3][max_requests] (slot, row,
+  // restart); on the model device the scatter's side stream and its events.
+  int ring_capacity_ = 0;
+  cuda::DeviceBuffer<float> rings_;
+  cuda::DeviceBuffer<int32_t> ring_state_;
+  cuda::DeviceBuffer<float> predicted_;
+  cuda::DeviceBuffer<__nv_bfloat16> predicted_rows_;
+  int64_t predicted_stride_ = 0;
+  cuda::DeviceBuffer<int32_t> ring_entries_;
+  std::vector<int32_t> ring_entries_host_;
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t rows_copied_ = nullptr;  // cache device: the layer's rows are in rows_buffer_
+  cudaEvent_t attended_ = nullptr;     // model device: the layer's attention read the pools
+  cudaEvent_t scattered_ = nullptr;    // model device: the layer's pack is in the pools
+  bool ahead_ = false;
+  bool last_ahead_ = false;        // the last finished step's
+  bool scatter_recorded_ = false;  // scattered_ holds this step's last scatter
+  uint64_t predicted_steps_ = 0;
+  double wait_ms_total_ = 0;
 
   GpuCacheTopKBytes last_step_, totals_;
   uint64_t steps_ = 0;

@@ -291,9 +291,12 @@ Status CheckGpuCachePolicy(const AttentionPolicy* policy) {
   const CacheSelector* selector = spec.ok() ? FindCacheSelector(spec->name) : nullptr;
   if (selector != nullptr && selector->traits().partial_attention) return Status::Ok();
   if (spec.ok() && spec->name == "oracle_topk" && spec->dense_steps == 0) return Status::Ok();
+  // AsyncSpade: the same selection one step ahead from predicted queries (its warm-up steps
+  // select with the real query; docs/asyncspade.md "On a GPU cache rank").
+  if (spec.ok() && spec->name == "asyncspade") return Status::Ok();
   return UnsupportedError(
-      "cache.memory: device (a GPU cache rank in this process) runs attention or the exact "
-      "top-k (oracle_topk) on the cache GPU; policy '" +
+      "cache.memory: device (a GPU cache rank in this process) runs attention, the exact "
+      "top-k (oracle_topk) or asyncspade on the cache GPU; policy '" +
       std::string(policy->name()) +
       "' selects rows there otherwise, which needs cache.memory pageable or pinned");
 }

@@ -99,8 +99,9 @@ class OffloadedResidency final : public Residency {
 Result<int> LocalWindowFor(const CacheSelectorSpec& selection);
 
 // Ok when `policy` (null: dense) runs on a GPU cache rank of this process, which computes the
-// attention itself (its cache selector's partial_attention trait) or selects oracle_topk's rows
-// (gpu_cache_topk.h); else Unsupported naming the policy and cache.memory.
+// attention itself (its cache selector's partial_attention trait) or selects oracle_topk's rows,
+// or asyncspade's one step ahead (gpu_cache_topk.h); else Unsupported naming the policy and
+// cache.memory.
 Status CheckGpuCachePolicy(const AttentionPolicy* policy);
 
 // The residency table's factory (residency_registry.cc): ConnectOffload with the policy's
