@@ -248,6 +248,11 @@ nlohmann::json StepJson(const ProbeStep& step, int layers, int kv_heads, size_t 
   }
   out["hop_dense"] = dense;
   out["hop_kept"] = kept;
+  if (step.twin) {  // an evicting policy: how much of each fact the slots still held
+    nlohmann::json held = nlohmann::json::array();
+    for (size_t s = 0; s < spans; ++s) held.push_back(cut(step.span_held, s * layers * kv_heads));
+    out["hop_held"] = held;
+  }
   return out;
 }
 

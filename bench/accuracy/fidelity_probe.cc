@@ -132,6 +132,7 @@ void ProbeBackend::Measure(const CpuLayerContext& layer, size_t e, int t,
     step.share.assign(static_cast<size_t>(layers) * kv_heads, 1.0);
     step.span_dense.assign(static_cast<size_t>(spans) * layers * kv_heads, 0.0);
     step.span_kept.assign(step.span_dense.size(), 0.0);
+    step.span_held.assign(step.span_dense.size(), 0.0);
   }
   const AttentionOp op =
       rows.attention != nullptr ? rows.attention->ActionFor(layer.layer).op : AttentionOp::kDense;
@@ -190,13 +191,17 @@ void ProbeBackend::Measure(const CpuLayerContext& layer, size_t e, int t,
     for (int s = 0; s < spans; ++s) {
       const auto [begin, end] = recorder_->spans[static_cast<size_t>(s)];
       double on_span = 0.0, kept_span = 0.0;
+      int rows_in = 0, rows_held = 0;
       for (int j = std::max(0, begin); j < std::min(end, length); ++j) {
         on_span += pooled_[j];
         kept_span += mask_[j] ? pooled_[j] : 0.0;
+        ++rows_in;
+        rows_held += mask_[j] ? 1 : 0;
       }
       const size_t at = static_cast<size_t>(s) * layers * kv_heads + cell;
       step.span_dense[at] = on_span;
       step.span_kept[at] = kept_span;
+      step.span_held[at] = rows_in > 0 ? static_cast<double>(rows_held) / rows_in : 1.0;
     }
   }
 }

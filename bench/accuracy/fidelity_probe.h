@@ -29,6 +29,7 @@ struct ProbeStep {
   // [span][layer][kv_head]: dense mass on the span, and on its rows the policy attended.
   std::vector<double> span_dense;
   std::vector<double> span_kept;
+  std::vector<double> span_held;  // [span][layer][kv_head]: the share of its rows attended
 };
 
 // The steps of the request being probed; the caller sets the spans before it runs.
