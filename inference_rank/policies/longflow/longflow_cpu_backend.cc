@@ -227,9 +227,9 @@ Status LongFlowCpuBackend::MovePrompt(const CpuLayerContext& context, const CpuE
   }
   const float* last_query =
       context.q + static_cast<size_t>(entry.first_token + entry.tokens - 1) * q_dim;
-  // Slot i of head h takes position positions(h)[i].
   int32_t* slot_positions = Positions(state, context.layer);
   std::fill(slot_positions, slot_positions + static_cast<size_t>(kv_heads) * budget, -1);
+  // Slot i of head h takes position positions(h)[i].
   auto copy_positions = [&](int h, const std::vector<int>& positions) {
     for (size_t i = 0; i < positions.size(); ++i) {
       slot_positions[static_cast<size_t>(h) * budget + i] = positions[i];
