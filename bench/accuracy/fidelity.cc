@@ -3,9 +3,12 @@
 // wrapped in the probe (fidelity_probe.h): at each generated token, per layer and KV head, the
 // share of the query's dense attention mass on the rows the policy attended, and for vartrack
 // the dense mass on each fact of the asked chain (hop 0: "VAR A = 41297.", hop i: "VAR B = VAR
-// A.") and how much of it the policy kept. Writes JSON and prints markdown tables. A benchmark
-// tool, not a test. Flags and output: bench/accuracy/README.md "Fidelity".
+// A.") and how much of it the policy kept. A policy whose KV evicts (LongFlow) is measured by
+// a teacher-forced dense twin: a dense engine fed the run's tokens, its queries' attention
+// compared with the positions the run's slots held. Writes JSON and prints markdown tables. A
+// benchmark tool, not a test. Flags and output: bench/accuracy/README.md "Fidelity".
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -150,6 +153,76 @@ std::string Markdown(const Args& args, const Totals& t, int instances, int corre
   return md;
 }
 
+// An engine on the CPU model under `config`'s policy, wrapped in the probe.
+Result<std::unique_ptr<Engine>> MakeProbedEngine(const RubatoConfig& config,
+                                                 const Tokenizer& tokenizer,
+                                                 ProbeRecorder* recorder) {
+  RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolveAndCheck(config));
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(config, config.model.path));
+  const ModelConfig model_config = model->config();
+  EngineOptions options = EngineOptionsFromConfig(config);
+  options.max_batch = 1;  // one request at a time: the recorder follows it
+  RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, &tokenizer, options));
+  RUBATO_ASSIGN_OR_RETURN(options.residency, MakeResidency(config, policy, model_config));
+  options.policy = MakeProbedPolicy(options.policy, recorder);
+  return Engine::Create(std::move(model), options);
+}
+
+// Runs `prompt` greedily for up to `max_new_tokens`; the tokens generated (the stop token not).
+Result<std::vector<int>> Generate(Engine& engine, std::vector<int> prompt, int max_new_tokens) {
+  GenerationRequest request;
+  request.prompt_ids = std::move(prompt);
+  request.max_new_tokens = max_new_tokens;
+  RUBATO_RETURN_IF_ERROR(engine.Submit(std::move(request)).status());
+  std::vector<int> generated;
+  while (engine.HasWork()) {
+    RUBATO_ASSIGN_OR_RETURN(std::vector<TokenEvent> events, engine.Step());
+    for (const TokenEvent& event : events) {
+      if (event.finish == FinishReason::kError) return event.error;
+      if (event.finish != FinishReason::kStop) generated.push_back(event.token);
+    }
+  }
+  return generated;
+}
+
+// The teacher-forced dense twin of a run whose steps the probe could not measure (evicted KV):
+// a dense engine (local KV) prefills the run's prompt and generated tokens, and the probe
+// measures each of those positions' queries against the positions the run's slots held there.
+// The twin's queries are dense attention's on the same tokens, the question the yardstick asks:
+// how much of the mass a dense model puts there did the policy keep. Replaces the run's steps.
+class DenseTwin {
+ public:
+  static Result<std::unique_ptr<DenseTwin>> Create(RubatoConfig config,
+                                                   const Tokenizer& tokenizer) {
+    config.policy = PolicySection();  // dense
+    config.engine.kv_residency = "auto";
+    auto twin = std::unique_ptr<DenseTwin>(new DenseTwin());
+    RUBATO_ASSIGN_OR_RETURN(twin->engine_, MakeProbedEngine(config, tokenizer, &twin->recorder_));
+    return twin;
+  }
+  Status Measure(std::vector<int> prompt, const std::vector<int>& generated, ProbeRecorder& run) {
+    recorder_.Reset(run.spans);
+    recorder_.teacher = &run.steps;
+    prompt.insert(prompt.end(), generated.begin(), generated.end());
+    RUBATO_RETURN_IF_ERROR(Generate(*engine_, std::move(prompt), 1).status());
+    for (auto& [position, step] : run.steps) {
+      if (step.kept.empty()) continue;
+      const auto found = recorder_.steps.find(position);
+      if (found == recorder_.steps.end()) {
+        return InternalError("rubato_fidelity: the dense twin did not reach position " +
+                             std::to_string(position));
+      }
+      step = std::move(found->second);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  DenseTwin() = default;
+  ProbeRecorder recorder_;
+  std::unique_ptr<Engine> engine_;
+};
+
 nlohmann::json StepJson(const ProbeStep& step, int layers, int kv_heads, size_t spans) {
   auto cut = [&](const std::vector<double>& v, size_t offset) {
     nlohmann::json rows = nlohmann::json::array();
@@ -165,6 +238,7 @@ nlohmann::json StepJson(const ProbeStep& step, int layers, int kv_heads, size_t 
   };
   nlohmann::json out = {
       {"position", step.position}, {"dense", step.dense}, {"measured", step.measured}};
+  if (step.twin) out["twin"] = true;
   if (!step.measured) return out;
   out["share"] = cut(step.share, 0);
   nlohmann::json dense = nlohmann::json::array(), kept = nlohmann::json::array();
@@ -174,6 +248,11 @@ nlohmann::json StepJson(const ProbeStep& step, int layers, int kv_heads, size_t 
   }
   out["hop_dense"] = dense;
   out["hop_kept"] = kept;
+  if (step.twin) {  // an evicting policy: how much of each fact the slots still held
+    nlohmann::json held = nlohmann::json::array();
+    for (size_t s = 0; s < spans; ++s) held.push_back(cut(step.span_held, s * layers * kv_heads));
+    out["hop_held"] = held;
+  }
   return out;
 }
 
@@ -198,17 +277,12 @@ Status Run(const Args& args) {
   RUBATO_ASSIGN_OR_RETURN(PolicyChoice policy, ResolveAndCheck(config));
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
                           Tokenizer::LoadFromDirectory(config.model.path));
-  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(config, config.model.path));
-  const int layers = model->config().num_layers;
-  const int kv_heads = model->config().num_kv_heads;
-  EngineOptions options = EngineOptionsFromConfig(config);
-  options.max_batch = 1;  // one request at a time: the recorder follows it
-  RUBATO_RETURN_IF_ERROR(ApplyPolicy(policy, tokenizer.get(), options));
-  RUBATO_ASSIGN_OR_RETURN(options.residency, MakeResidency(config, policy, model->config()));
   ProbeRecorder recorder;
-  options.policy = MakeProbedPolicy(options.policy, &recorder);
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                          Engine::Create(std::move(model), options));
+                          MakeProbedEngine(config, *tokenizer, &recorder));
+  const int layers = engine->model().config().num_layers;
+  const int kv_heads = engine->model().config().num_kv_heads;
+  std::unique_ptr<DenseTwin> twin;  // made at the first run that needs it
 
   Totals totals;
   totals.Init(layers, kv_heads);
@@ -219,18 +293,17 @@ Status Run(const Args& args) {
     std::vector<std::pair<int, int>> spans = ChainSpans(*tokenizer, instance);
     any_hops = any_hops || !spans.empty();
     recorder.Reset(spans);
-    GenerationRequest request;
-    request.prompt_ids = tokenizer->Encode(instance.prompt, /*add_special_tokens=*/true);
-    request.max_new_tokens = args.max_new_tokens;
-    const int prompt_tokens = static_cast<int>(request.prompt_ids.size());
-    RUBATO_RETURN_IF_ERROR(engine->Submit(std::move(request)).status());
-    std::vector<int> generated;
-    while (engine->HasWork()) {
-      RUBATO_ASSIGN_OR_RETURN(std::vector<TokenEvent> events, engine->Step());
-      for (const TokenEvent& event : events) {
-        if (event.finish == FinishReason::kError) return event.error;
-        if (event.finish != FinishReason::kStop) generated.push_back(event.token);
+    const std::vector<int> prompt = tokenizer->Encode(instance.prompt, true);
+    const int prompt_tokens = static_cast<int>(prompt.size());
+    RUBATO_ASSIGN_OR_RETURN(std::vector<int> generated,
+                            Generate(*engine, prompt, args.max_new_tokens));
+    const bool evicted = std::any_of(recorder.steps.begin(), recorder.steps.end(),
+                                     [](const auto& step) { return !step.second.kept.empty(); });
+    if (evicted) {
+      if (twin == nullptr) {
+        RUBATO_ASSIGN_OR_RETURN(twin, DenseTwin::Create(config, *tokenizer));
       }
+      RUBATO_RETURN_IF_ERROR(twin->Measure(prompt, generated, recorder));
     }
     const std::string continuation = tokenizer->Decode(generated, true);
     const bool correct = ScoreContinuation(continuation, instance.answer);

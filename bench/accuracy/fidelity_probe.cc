@@ -59,11 +59,32 @@ class ProbeBackend final : public CpuAttentionBackend {
     return positions;
   }
   Status AttendFixedBudget(const CpuLayerContext& layer, int entry) override {
-    return Inner()->AttendFixedBudget(layer, entry);
+    RUBATO_RETURN_IF_ERROR(Inner()->AttendFixedBudget(layer, entry));
+    RUBATO_ASSIGN_OR_RETURN(std::span<const int32_t> slots, Inner()->SlotPositions(layer, entry));
+    std::vector<std::vector<int>>& lists = attended_[static_cast<size_t>(entry)];
+    lists.assign(static_cast<size_t>(model_.num_kv_heads), {});
+    const size_t per_head = slots.size() / static_cast<size_t>(model_.num_kv_heads);
+    for (int h = 0; h < model_.num_kv_heads; ++h) {
+      for (size_t i = 0; i < per_head; ++i) {
+        const int32_t position = slots[static_cast<size_t>(h) * per_head + i];
+        if (position >= 0) lists[static_cast<size_t>(h)].push_back(position);
+      }
+    }
+    return Status::Ok();
   }
   Status AfterAttention(const CpuLayerContext& layer) override {
     for (size_t e = 0; e < layer.entries.size(); ++e) {
-      if (layer.entries[e].tokens == 1) Measure(layer, e);
+      const CpuEntryRows& rows = layer.entries[e];
+      if (recorder_->teacher == nullptr) {
+        if (rows.tokens == 1) Measure(layer, e, 0, nullptr);
+        continue;
+      }
+      for (int t = 0; t < rows.tokens; ++t) {  // the twin: the teacher's positions only
+        const auto found = recorder_->teacher->find(rows.start_position + t);
+        if (found != recorder_->teacher->end() && !found->second.kept.empty()) {
+          Measure(layer, e, t, &found->second.kept);
+        }
+      }
     }
     return inner_ != nullptr ? inner_->AfterAttention(layer) : Status::Ok();
   }
@@ -81,7 +102,10 @@ class ProbeBackend final : public CpuAttentionBackend {
     // Only plans of the policy reach the calls above, and a policy that plans has a backend.
     return inner_.get();
   }
-  void Measure(const CpuLayerContext& layer, size_t e);
+  // Row `t` of entry `e`; `teacher_kept` set: the twin's row, measured against those positions
+  // ([layer * kv_heads + kv_head]) instead of what this backend attended.
+  void Measure(const CpuLayerContext& layer, size_t e, int t,
+               const std::vector<std::vector<int>>* teacher_kept);
 
   std::unique_ptr<CpuAttentionBackend> inner_;  // null: the policy is dense
   ModelConfig model_;
@@ -92,9 +116,10 @@ class ProbeBackend final : public CpuAttentionBackend {
   std::vector<char> mask_;
 };
 
-void ProbeBackend::Measure(const CpuLayerContext& layer, size_t e) {
+void ProbeBackend::Measure(const CpuLayerContext& layer, size_t e, int t,
+                           const std::vector<std::vector<int>>* teacher_kept) {
   const CpuEntryRows& rows = layer.entries[e];
-  const int position = rows.start_position;
+  const int position = rows.start_position + t;
   const int length = position + 1;
   const int kv_heads = model_.num_kv_heads;
   const int layers = model_.num_layers;
@@ -107,21 +132,36 @@ void ProbeBackend::Measure(const CpuLayerContext& layer, size_t e) {
     step.share.assign(static_cast<size_t>(layers) * kv_heads, 1.0);
     step.span_dense.assign(static_cast<size_t>(spans) * layers * kv_heads, 0.0);
     step.span_kept.assign(step.span_dense.size(), 0.0);
+    step.span_held.assign(step.span_dense.size(), 0.0);
   }
   const AttentionOp op =
       rows.attention != nullptr ? rows.attention->ActionFor(layer.layer).op : AttentionOp::kDense;
-  if (op == AttentionOp::kFixedBudget) {  // the full KV is not kept: nothing to compare with
+  if (op == AttentionOp::kFixedBudget) {  // the full KV is not kept: the twin measures it
     step.measured = false;
     step.dense = false;
+    step.kept.resize(static_cast<size_t>(layers) * kv_heads);
+    for (int h = 0; h < kv_heads; ++h) {
+      step.kept[static_cast<size_t>(layer.layer) * kv_heads + h] = attended_[e][h];
+    }
     return;
   }
-  const bool dense = op == AttentionOp::kDense || attended_[e].empty();
-  if (!dense) step.dense = false;
+  const std::vector<int>* lists = nullptr;  // [kv_head]; null: every position
+  if (teacher_kept != nullptr) {
+    step.twin = true;
+    lists = &(*teacher_kept)[static_cast<size_t>(layer.layer) * kv_heads];
+    for (int h = 0; h < kv_heads; ++h) {
+      if (static_cast<int>(lists[h].size()) < length) step.dense = false;
+    }
+  } else if (op != AttentionOp::kDense && !attended_[e].empty()) {
+    lists = attended_[e].data();
+    step.dense = false;
+  }
+  const bool dense = lists == nullptr;
   const int group = model_.num_heads / kv_heads;
   const int head_dim = model_.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const PagedKvView kv = layer.cache->LayerView(layer.layer, *rows.sequence);
-  const float* query = layer.q + static_cast<size_t>(rows.first_token) * model_.q_dim();
+  const float* query = layer.q + static_cast<size_t>(rows.first_token + t) * model_.q_dim();
   pooled_.resize(static_cast<size_t>(length));
   logits_.resize(static_cast<size_t>(length));
   mask_.resize(static_cast<size_t>(length));
@@ -140,7 +180,7 @@ void ProbeBackend::Measure(const CpuLayerContext& layer, size_t e) {
     }
     std::fill(mask_.begin(), mask_.end(), dense ? 1 : 0);
     if (!dense) {
-      for (int p : attended_[e][static_cast<size_t>(h)]) {
+      for (int p : lists[h]) {
         if (p >= 0 && p < length) mask_[p] = 1;
       }
     }
@@ -151,13 +191,17 @@ void ProbeBackend::Measure(const CpuLayerContext& layer, size_t e) {
     for (int s = 0; s < spans; ++s) {
       const auto [begin, end] = recorder_->spans[static_cast<size_t>(s)];
       double on_span = 0.0, kept_span = 0.0;
+      int rows_in = 0, rows_held = 0;
       for (int j = std::max(0, begin); j < std::min(end, length); ++j) {
         on_span += pooled_[j];
         kept_span += mask_[j] ? pooled_[j] : 0.0;
+        ++rows_in;
+        rows_held += mask_[j] ? 1 : 0;
       }
       const size_t at = static_cast<size_t>(s) * layers * kv_heads + cell;
       step.span_dense[at] = on_span;
       step.span_kept[at] = kept_span;
+      step.span_held[at] = rows_in > 0 ? static_cast<double>(rows_held) / rows_in : 1.0;
     }
   }
 }

@@ -21,16 +21,25 @@ struct ProbeStep {
   int position = 0;           // the query's position
   bool dense = false;         // the policy attended every position (e.g. an SFI slow step)
   bool measured = true;       // false: an op the probe cannot see (kFixedBudget: evicted KV)
+  bool twin = false;          // measured by the teacher-forced dense twin (fidelity.cc)
   std::vector<double> share;  // [layer][kv_head]: dense mass on the attended rows
+  // kFixedBudget steps: [layer * kv_heads + kv_head] the positions the slots held (what the
+  // step attended), for the dense twin to measure.
+  std::vector<std::vector<int>> kept;
   // [span][layer][kv_head]: dense mass on the span, and on its rows the policy attended.
   std::vector<double> span_dense;
   std::vector<double> span_kept;
+  std::vector<double> span_held;  // [span][layer][kv_head]: the share of its rows attended
 };
 
 // The steps of the request being probed; the caller sets the spans before it runs.
 struct ProbeRecorder {
   std::vector<std::pair<int, int>> spans;  // [begin, end) token positions, e.g. chain facts
   std::map<int, ProbeStep> steps;          // by position: a redone step replaces its first try
+  // Set: this recorder probes a teacher-forced dense twin (a dense policy fed the probed run's
+  // tokens): every row, prefill chunks included, at a position where `teacher` holds a step
+  // with kept positions is measured against those positions, and no other row is.
+  const std::map<int, ProbeStep>* teacher = nullptr;
   void Reset(std::vector<std::pair<int, int>> new_spans) {
     spans = std::move(new_spans);
     steps.clear();

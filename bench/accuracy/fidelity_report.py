@@ -2,7 +2,8 @@
 """Tables (markdown) and a plot (gnuplot PNG) from rubato_fidelity outputs (docs/fidelity.md):
 accuracy with its 95 % Wilson interval, the guard's stats line, and per layer the share of the
 dense attention mass each policy's rows kept at its sparse steps, and the part of the dense mass
-on the asked chain's first fact and on its later facts that they kept.
+on the asked chain's first fact and on its later facts that they kept; for an evicting policy
+(LongFlow, measured by the dense twin), the share of each fact's rows its slots still held.
 
   fidelity_report.py [--png OUT.png] [--title TITLE] RUN.json[.gz]...
 """
@@ -73,6 +74,39 @@ def by_hop(run):
     return out
 
 
+def held(run):
+    """Evicting runs (steps with hop_held): per chain fact, the share of its rows the slots held
+    (mean over layers and KV heads, then instances) at the first decode step (after the prompt's
+    compression) and at the last; and per layer, that share over every fact, first step / last."""
+    hops, layers_first, layers_last = {}, [], []
+    for instance in run["instances"]:
+        steps = [step for step in instance["steps"] if step.get("hop_held")]
+        if not steps:
+            continue
+        first, last = steps[0]["hop_held"], steps[-1]["hop_held"]
+        for h in range(len(first)):
+            cells = [sum(map(sum, which[h])) / sum(map(len, which[h])) for which in (first, last)]
+            hops.setdefault(h, []).append(cells)
+        layers_first.append([sum(sum(f[layer]) / len(f[layer]) for f in first) / len(first)
+                             for layer in range(run["layers"])])
+        layers_last.append([sum(sum(f[layer]) / len(f[layer]) for f in last) / len(last)
+                            for layer in range(run["layers"])])
+    if not hops:
+        return []
+    out = ["", f"{run['label']}: the share of each chain fact's rows the slots held, first decode "
+           "step / last (mean over layers, KV heads and instances).", "",
+           "| fact | instances | held at the first step | held at the last |", "|---|---|---|---|"]
+    for h in sorted(hops):
+        rows = hops[h]
+        out.append(f"| {h} | {len(rows)} | {sum(r[0] for r in rows) / len(rows):.2f} | "
+                   f"{sum(r[1] for r in rows) / len(rows):.2f} |")
+    out += ["", "| layer | chain rows held, first step | last step |", "|---|---|---|"]
+    for layer in range(run["layers"]):
+        out.append(f"| {layer} | {sum(r[layer] for r in layers_first) / len(layers_first):.2f} | "
+                   f"{sum(r[layer] for r in layers_last) / len(layers_last):.2f} |")
+    return out
+
+
 def table(runs):
     out = ["| run | correct / n | accuracy [95 % CI] | sparse steps | guard |",
            "|---|---|---|---|---|"]
@@ -101,6 +135,8 @@ def table(runs):
             "most of the lost part |", "|---|---|---|---|---|---|"]
     for run in runs:
         out += by_hop(run)
+    for run in runs:
+        out += held(run)
     return "\n".join(out)
 
 

@@ -4,6 +4,7 @@
 // context below), not emitted by the attention op: the reference has no fused path to keep.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -86,6 +87,13 @@ class CpuAttentionBackend : public AttentionBackend {
   // writes the token's output rows and each KV head's next_slot for the next token.
   virtual Status AttendFixedBudget(const CpuLayerContext& /*layer*/, int /*entry*/) {
     return UnsupportedError("this policy's CPU backend has no fixed-budget attention");
+  }
+  // The position each slot of kFixedBudget entry `entry` holds in `layer`, [num_kv_heads][slots]
+  // (-1: empty), once AttendFixedBudget ran: the rows the token attended, for tools that measure
+  // what a policy keeps (bench/accuracy/fidelity.cc); valid until the entry's next forward.
+  virtual Result<std::span<const int32_t>> SlotPositions(const CpuLayerContext& /*layer*/,
+                                                         int /*entry*/) {
+    return UnsupportedError("this policy's CPU backend does not report its slot positions");
   }
   // After the layer's attention: the policy's work on its evidence (e.g. refresh a selection).
   virtual Status AfterAttention(const CpuLayerContext& /*layer*/) { return Status::Ok(); }

@@ -126,10 +126,18 @@ class LongFlowCpuBackend final : public CpuAttentionBackend {
     Occupied(*state);
     int& occupied = state->occupied[static_cast<size_t>(context.layer)];
     const size_t row = static_cast<size_t>(entry.first_token) * model_.q_dim();
+    const SlotKvView slots = entry.slots->pool->LayerView(context.layer, entry.slots->arrays);
+    // The model wrote the token into next_slot (before the step below chooses the next one).
+    int32_t* positions = Positions(*state, context.layer);
+    for (int h = 0; h < model_.num_kv_heads; ++h) {
+      const int32_t slot = slots.next_slot[h];
+      if (slot >= 0 && slot < config_.budget) {
+        positions[static_cast<size_t>(h) * config_.budget + slot] = entry.start_position;
+      }
+    }
     RUBATO_ASSIGN_OR_RETURN(
         const bool evicted,
-        LongFlowDecodeStep(entry.slots->pool->LayerView(context.layer, entry.slots->arrays),
-                           occupied, config_.sink_tokens, model_.num_heads, context.q + row,
+        LongFlowDecodeStep(slots, occupied, config_.sink_tokens, model_.num_heads, context.q + row,
                            context.output + row, *context.pool, scratch_));
     if (evicted) {
       state->evictions += model_.num_kv_heads;
@@ -137,6 +145,16 @@ class LongFlowCpuBackend final : public CpuAttentionBackend {
       ++occupied;
     }
     return Status::Ok();
+  }
+
+  Result<std::span<const int32_t>> SlotPositions(const CpuLayerContext& context, int e) override {
+    LongFlowRequestState* state = StateOf(context.entries[static_cast<size_t>(e)]);
+    if (state == nullptr) {
+      return InvalidArgumentError("longflow: batch entry " + std::to_string(e) +
+                                  " has no LongFlow state");
+    }
+    const size_t layer_size = static_cast<size_t>(model_.num_kv_heads) * config_.budget;
+    return std::span<const int32_t>(Positions(*state, context.layer), layer_size);
   }
 
   Status AfterAttention(const CpuLayerContext& context) override {
@@ -161,6 +179,12 @@ class LongFlowCpuBackend final : public CpuAttentionBackend {
   std::vector<int>& Occupied(LongFlowRequestState& state) const {
     state.occupied.resize(static_cast<size_t>(model_.num_layers), 0);
     return state.occupied;
+  }
+  // Layer `layer`'s slot positions, [num_kv_heads][budget]; every slot empty (-1) at first.
+  int32_t* Positions(LongFlowRequestState& state, int layer) const {
+    const size_t layer_size = static_cast<size_t>(model_.num_kv_heads) * config_.budget;
+    state.slot_positions.resize(layer_size * model_.num_layers, -1);
+    return state.slot_positions.data() + layer_size * layer;
   }
   void RecordQueries(const CpuLayerContext& context, const CpuEntryRows& entry,
                      LongFlowRequestState& state) const;
@@ -203,9 +227,12 @@ Status LongFlowCpuBackend::MovePrompt(const CpuLayerContext& context, const CpuE
   }
   const float* last_query =
       context.q + static_cast<size_t>(entry.first_token + entry.tokens - 1) * q_dim;
+  int32_t* slot_positions = Positions(state, context.layer);
+  std::fill(slot_positions, slot_positions + static_cast<size_t>(kv_heads) * budget, -1);
   // Slot i of head h takes position positions(h)[i].
   auto copy_positions = [&](int h, const std::vector<int>& positions) {
     for (size_t i = 0; i < positions.size(); ++i) {
+      slot_positions[static_cast<size_t>(h) * budget + i] = positions[i];
       const size_t offset = kv.Offset(positions[i], h);
       std::copy_n(kv.keys + offset, head_dim, slots.Key(h, static_cast<int>(i)));
       std::copy_n(kv.values + offset, head_dim, slots.Value(h, static_cast<int>(i)));

@@ -4,7 +4,8 @@
 // decode token evicts, with the counters, stats line and metrics to show it and the paged cache
 // empty after prefill; admission reserves the prompt and B (not max_new_tokens), refuses a
 // prompt whose prefill cannot be reserved with a clear error and serves on; residency and plan
-// errors are refused by name.
+// errors are refused by name; the positions the backend records per slot name the tokens the
+// slots hold.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -96,6 +97,88 @@ TEST(LongFlowModel, BudgetCoveringTheContextEqualsDenseBitForBit) {
     EXPECT_EQ(policy.counters().evictions, 0);
     EXPECT_EQ(policy.counters().prompt_evictions, 0);
   }
+}
+
+// The positions the backend records per slot (for rubato_fidelity) name the tokens the slots
+// hold. Both runs are fed the same tokens: after the prompt's compression every layer's slot keys
+// equal the dense run's keys at the recorded positions, and after each decode step layer 0's do
+// (deeper keys depend on what was evicted); every valid slot has a position, each once, the
+// sinks and the latest token among them, and no invalid slot has one.
+TEST(LongFlowModel, SlotPositionsNameTheTokensTheSlotsHold) {
+  TestTempDir dir("longflow");
+  const int prompt_length = 40, steps = 20, budget = 24;
+  const std::vector<int> tokens = engine_test::Prompt(prompt_length + steps, 4);
+  const std::span<const int> prompt = std::span<const int>(tokens).first(prompt_length);
+  auto dense_model = LoadTinyModel(TinyModelKind::kQwen3, dir.path(), /*seed=*/3).value();
+  auto dense_cache = dense_model->CreateKvCache(16, 16).value();
+  KvSequence dense_sequence;
+  ForwardResult result;
+  for (int start = 0; start < prompt_length + steps;) {
+    const ForwardEntry entry =
+        longflow_test::StepEntry(dense_sequence, prompt, start, &tokens[start], nullptr, nullptr);
+    ASSERT_TRUE(
+        dense_model->Forward(std::span<const ForwardEntry>(&entry, 1), *dense_cache, result).ok());
+    start += static_cast<int>(entry.tokens.size());
+  }
+  const ModelConfig& config = dense_model->config();
+  const int head_dim = config.head_dim, kv_heads = config.num_kv_heads;
+
+  LongFlowPolicy policy(SmallConfig(budget));
+  auto model = LoadTinyModel(TinyModelKind::kQwen3, dir.path(), /*seed=*/3).value();
+  ASSERT_TRUE(model->SetAttentionBackend(policy.MakeBackend(*model, 1).value()).ok());
+  auto cache = model->CreateKvCache(16, 16).value();
+  auto pool = model->CreateSlotKvPool(budget, 1).value();
+  SlotKvForward evicting{pool.get(), {}};
+  ASSERT_TRUE(pool->Reserve(evicting.arrays).ok());
+  std::unique_ptr<PolicyRequest> request = policy.Admit(KvResidency::kEvicting);
+  KvSequence sequence;
+  int checked_keys = 0;
+  const LongFlowRequestState* state = nullptr;
+  for (int start = 0; start < prompt_length + steps;) {
+    const ForwardEntry entry =
+        longflow_test::StepEntry(sequence, prompt, start, &tokens[start], request.get(), &evicting);
+    ASSERT_TRUE(model->Forward(std::span<const ForwardEntry>(&entry, 1), *cache, result).ok());
+    start += static_cast<int>(entry.tokens.size());
+    if (start < prompt_length) continue;
+    if (entry.tokens.size() > 1) {
+      ASSERT_TRUE(cache->Release(sequence).ok());
+      sequence.num_tokens = prompt_length;
+    }
+    state = static_cast<const LongFlowRequestState*>(entry.attention->state);
+    ASSERT_EQ(state->slot_positions.size(),
+              static_cast<size_t>(config.num_layers) * kv_heads * budget);
+    const int layers_to_compare = entry.tokens.size() > 1 ? config.num_layers : 1;
+    for (int layer = 0; layer < config.num_layers; ++layer) {
+      const SlotKvView slots = pool->LayerView(layer, evicting.arrays);
+      const PagedKvView dense = dense_cache->LayerView(layer, dense_sequence);
+      for (int h = 0; h < kv_heads; ++h) {
+        const int32_t* positions =
+            state->slot_positions.data() + (static_cast<size_t>(layer) * kv_heads + h) * budget;
+        std::vector<int> seen(static_cast<size_t>(start), 0);
+        for (int slot = 0; slot < budget; ++slot) {
+          const int p = positions[slot];
+          ASSERT_EQ(p >= 0, slots.valid[slot] != 0) << "layer " << layer << " slot " << slot;
+          if (p < 0) continue;
+          ASSERT_LT(p, start);
+          EXPECT_EQ(++seen[static_cast<size_t>(p)], 1) << "position " << p << " held twice";
+          if (layer < layers_to_compare) {
+            EXPECT_EQ(std::memcmp(slots.Key(h, slot), dense.keys + dense.Offset(p, h),
+                                  static_cast<size_t>(head_dim) * sizeof(float)),
+                      0)
+                << "layer " << layer << ", head " << h << ", slot " << slot << ", position " << p
+                << ", context " << start;
+            ++checked_keys;
+          }
+        }
+        for (int p = 0; p < 4; ++p) EXPECT_EQ(seen[static_cast<size_t>(p)], 1) << "sink " << p;
+        EXPECT_EQ(seen[static_cast<size_t>(start - 1)], 1) << "the latest token, " << start - 1;
+      }
+    }
+  }
+  // The prompt's move in every layer and head, then one layer a step; every slot full.
+  EXPECT_EQ(checked_keys, (config.num_layers + steps) * kv_heads * budget);
+  ASSERT_NE(state, nullptr);
+  EXPECT_EQ(state->evictions, steps * config.num_layers * kv_heads);  // every step evicted
 }
 
 struct EngineRun {

@@ -38,6 +38,9 @@ struct LongFlowRequestState {
   // row position % snapkv_window (a ring, so chunk borders do not matter).
   std::vector<float> window_queries;
   std::vector<int> occupied;  // backend: [num_layers] valid slots
+  // Backend: the position each slot holds, [num_layers][num_kv_heads][budget] (-1: empty), for
+  // tools that measure what LongFlow keeps (bench/accuracy/fidelity.cc); tokens never read it.
+  std::vector<int32_t> slot_positions;
   // Backend, drained by the host half after each token: tokens evicted, per (layer, KV head).
   int64_t evictions = 0;         // by decode tokens
   int64_t prompt_evictions = 0;  // by the prompt's compression
