@@ -92,4 +92,14 @@ Status GrowTo(DeviceBuffer<T>& buffer, size_t count, std::string_view what) {
   return Status::Ok();
 }
 
+// Allocates max(count, 1) elements into `buffer` (so that an empty table still has a pointer
+// a kernel argument can carry); the error names `what`.
+template <typename T>
+Status AllocateAtLeastOne(DeviceBuffer<T>& buffer, size_t count, const std::string& what) {
+  auto allocated = DeviceBuffer<T>::Allocate(count > 0 ? count : 1, what);
+  if (!allocated.ok()) return allocated.status();
+  buffer = std::move(allocated).value();
+  return Status::Ok();
+}
+
 }  // namespace rubato::cuda

@@ -9,6 +9,7 @@
 #include "inference_rank/model/cuda_forward_plan.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/device_scope.h"
 #include "kernels/cuda/kv_append.cuh"
 #include "kernels/cuda/peer_access.h"
 #include "kernels/cuda/random_fill.cuh"
@@ -16,20 +17,7 @@
 namespace rubato {
 namespace {
 
-// Makes `device` current for its lifetime and restores the previous one.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    (void)cudaGetDevice(&previous_);
-    status_ = cuda::CudaStatus(cudaSetDevice(device), "selecting device " + std::to_string(device));
-  }
-  ~DeviceScope() { (void)cudaSetDevice(previous_); }
-  const Status& status() const { return status_; }
-
- private:
-  int previous_ = 0;
-  Status status_;
-};
+using cuda::DeviceScope;
 
 int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 

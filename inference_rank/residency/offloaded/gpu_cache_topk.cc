@@ -11,6 +11,7 @@
 #include "inference_rank/model/cuda_forward_plan.h"
 #include "kernels/cuda/compact_slot_update.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_scope.h"
 #include "kernels/cuda/peer_access.h"
 #include "kernels/cuda/query_predictor.cuh"
 #include "kernels/cuda/random_fill.cuh"
@@ -18,27 +19,7 @@
 namespace rubato {
 namespace {
 
-// Makes `device` current for its lifetime and restores the previous one.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    (void)cudaGetDevice(&previous_);
-    status_ = cuda::CudaStatus(cudaSetDevice(device), "selecting device " + std::to_string(device));
-  }
-  ~DeviceScope() { (void)cudaSetDevice(previous_); }
-  const Status& status() const { return status_; }
-
- private:
-  int previous_ = 0;
-  Status status_;
-};
-
-template <typename T>
-Status Allocate(cuda::DeviceBuffer<T>& buffer, size_t count, const std::string& what) {
-  RUBATO_ASSIGN_OR_RETURN(buffer,
-                          cuda::DeviceBuffer<T>::Allocate(std::max<size_t>(count, 1), what));
-  return Status::Ok();
-}
+using cuda::DeviceScope;
 
 }  // namespace
 
@@ -111,22 +92,29 @@ Result<std::unique_ptr<GpuCacheTopK>> GpuCacheTopK::Create(const ModelConfig& co
     RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(event, cudaEventDisableTiming),
                                 "creating a cache GPU event");
   }
-  RUBATO_RETURN_IF_ERROR(Allocate(self->pack_counts_, pairs, "the delta pack's counts"));
-  RUBATO_RETURN_IF_ERROR(Allocate(self->pack_entering_, pairs, "the delta pack's entering rows"));
-  RUBATO_RETURN_IF_ERROR(Allocate(self->pack_slots_, pack_rows, "the delta pack's slots"));
-  RUBATO_RETURN_IF_ERROR(Allocate(self->pack_positions_, pack_rows, "the delta pack's positions"));
+  RUBATO_RETURN_IF_ERROR(
+      cuda::AllocateAtLeastOne(self->pack_counts_, pairs, "the delta pack's counts"));
+  RUBATO_RETURN_IF_ERROR(
+      cuda::AllocateAtLeastOne(self->pack_entering_, pairs, "the delta pack's entering rows"));
+  RUBATO_RETURN_IF_ERROR(
+      cuda::AllocateAtLeastOne(self->pack_slots_, pack_rows, "the delta pack's slots"));
+  RUBATO_RETURN_IF_ERROR(
+      cuda::AllocateAtLeastOne(self->pack_positions_, pack_rows, "the delta pack's positions"));
   const size_t row_elements = pack_rows * static_cast<size_t>(config.head_dim);
-  RUBATO_RETURN_IF_ERROR(Allocate(self->pack_keys_, row_elements, "the delta pack's K rows"));
-  RUBATO_RETURN_IF_ERROR(Allocate(self->pack_values_, row_elements, "the delta pack's V rows"));
+  RUBATO_RETURN_IF_ERROR(
+      cuda::AllocateAtLeastOne(self->pack_keys_, row_elements, "the delta pack's K rows"));
+  RUBATO_RETURN_IF_ERROR(
+      cuda::AllocateAtLeastOne(self->pack_values_, row_elements, "the delta pack's V rows"));
   const size_t tallies = static_cast<size_t>(config.num_layers) * 2 * pairs;
-  RUBATO_RETURN_IF_ERROR(Allocate(self->tallies_, tallies, "the delta packs' counts per layer"));
+  RUBATO_RETURN_IF_ERROR(
+      cuda::AllocateAtLeastOne(self->tallies_, tallies, "the delta packs' counts per layer"));
   RUBATO_CUDA_RETURN_IF_ERROR(cudaMemset(self->tallies_.data(), 0, self->tallies_.bytes()),
                               "zeroing the delta packs' counts");
   self->tallies_host_.assign(tallies, 0);
   const size_t qkv_dim = static_cast<size_t>(config.q_dim() + 2 * config.kv_dim());
   if (!self->same_device_) {
-    RUBATO_RETURN_IF_ERROR(Allocate(self->rows_buffer_, static_cast<size_t>(o.max_rows) * qkv_dim,
-                                    "cache q|k|v rows"));
+    RUBATO_RETURN_IF_ERROR(cuda::AllocateAtLeastOne(
+        self->rows_buffer_, static_cast<size_t>(o.max_rows) * qkv_dim, "cache q|k|v rows"));
   }
 
   RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.model_device), "selecting the model's GPU");
@@ -144,7 +132,7 @@ Result<std::unique_ptr<GpuCacheTopK>> GpuCacheTopK::Create(const ModelConfig& co
   pools.max_requests = o.max_requests;
   RUBATO_ASSIGN_OR_RETURN(self->pools_, DeviceCompactPools::Create(pools));
   const size_t inputs = 2 * static_cast<size_t>(o.max_rows);
-  RUBATO_RETURN_IF_ERROR(Allocate(self->step_inputs_, inputs, "top-k step inputs"));
+  RUBATO_RETURN_IF_ERROR(cuda::AllocateAtLeastOne(self->step_inputs_, inputs, "top-k step inputs"));
   for (PinnedBuffer& staging : self->staging_) {
     RUBATO_ASSIGN_OR_RETURN(
         staging, PinnedBuffer::Allocate(inputs * sizeof(int32_t), "top-k step inputs (host)"));

@@ -9,33 +9,14 @@
 
 #include "inference_rank/residency/offloaded/gpu_cache_topk.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_scope.h"
 #include "kernels/cuda/query_predictor.cuh"
 #include "kernels/cuda/query_rings.cuh"
 
 namespace rubato {
 namespace {
 
-// Makes `device` current for its lifetime and restores the previous one.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    (void)cudaGetDevice(&previous_);
-    status_ = cuda::CudaStatus(cudaSetDevice(device), "selecting device " + std::to_string(device));
-  }
-  ~DeviceScope() { (void)cudaSetDevice(previous_); }
-  const Status& status() const { return status_; }
-
- private:
-  int previous_ = 0;
-  Status status_;
-};
-
-template <typename T>
-Status Allocate(cuda::DeviceBuffer<T>& buffer, size_t count, const std::string& what) {
-  RUBATO_ASSIGN_OR_RETURN(buffer,
-                          cuda::DeviceBuffer<T>::Allocate(std::max<size_t>(count, 1), what));
-  return Status::Ok();
-}
+using cuda::DeviceScope;
 
 // The entry tables' columns in ring_entries_.
 enum Column { kSlot = 0, kRow = 1, kRestart = 2 };
@@ -52,24 +33,25 @@ Status GpuCacheTopK::CreatePrediction() {
     DeviceScope scope(o.cache_device);
     RUBATO_RETURN_IF_ERROR(scope.status());
     const size_t layers = static_cast<size_t>(config_.num_layers);
-    RUBATO_RETURN_IF_ERROR(Allocate(rings_, layers * slots * heads * ring_capacity_ * dim,
-                                    "AsyncSpade's query rings"));
-    RUBATO_RETURN_IF_ERROR(
-        Allocate(ring_state_, layers * 2 * slots * heads, "AsyncSpade's ring positions"));
+    RUBATO_RETURN_IF_ERROR(cuda::AllocateAtLeastOne(
+        rings_, layers * slots * heads * ring_capacity_ * dim, "AsyncSpade's query rings"));
+    RUBATO_RETURN_IF_ERROR(cuda::AllocateAtLeastOne(ring_state_, layers * 2 * slots * heads,
+                                                    "AsyncSpade's ring positions"));
     RUBATO_CUDA_RETURN_IF_ERROR(cudaMemset(ring_state_.data(), 0, ring_state_.bytes()),
                                 "zeroing AsyncSpade's ring positions");
-    RUBATO_RETURN_IF_ERROR(
-        Allocate(predicted_, slots * heads * dim, "AsyncSpade's predicted queries"));
+    RUBATO_RETURN_IF_ERROR(cuda::AllocateAtLeastOne(predicted_, slots * heads * dim,
+                                                    "AsyncSpade's predicted queries"));
     predicted_stride_ = static_cast<int64_t>((heads * dim + 7) / 8 * 8);  // DeviceQueries' rule
+    RUBATO_RETURN_IF_ERROR(cuda::AllocateAtLeastOne(predicted_rows_, slots * predicted_stride_,
+                                                    "AsyncSpade's predicted query rows"));
     RUBATO_RETURN_IF_ERROR(
-        Allocate(predicted_rows_, slots * predicted_stride_, "AsyncSpade's predicted query rows"));
-    RUBATO_RETURN_IF_ERROR(Allocate(ring_entries_, 3 * slots, "AsyncSpade's ring entries"));
+        cuda::AllocateAtLeastOne(ring_entries_, 3 * slots, "AsyncSpade's ring entries"));
     ring_entries_host_.assign(3 * slots, 0);
     if (rows_buffer_.data() == nullptr) {
       // A step ahead reads the layer's rows on the cache GPU after the model has moved on.
       const size_t qkv_dim = static_cast<size_t>(config_.q_dim() + 2 * config_.kv_dim());
-      RUBATO_RETURN_IF_ERROR(
-          Allocate(rows_buffer_, static_cast<size_t>(o.max_rows) * qkv_dim, "cache q|k|v rows"));
+      RUBATO_RETURN_IF_ERROR(cuda::AllocateAtLeastOne(
+          rows_buffer_, static_cast<size_t>(o.max_rows) * qkv_dim, "cache q|k|v rows"));
     }
     RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&rows_copied_, cudaEventDisableTiming),
                                 "creating a cache GPU event");
