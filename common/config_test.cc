@@ -109,7 +109,9 @@ TEST(Config, DefaultYamlFileEqualsDefaultConfig) {
 TEST(Config, TheShippedLaunchConfigsLoad) {
   for (const auto& [path, ranks] :
        {std::pair{"configs/disagg-mpi.yaml", 2u}, std::pair{"configs/disagg-mpi-nccl.yaml", 2u},
-        std::pair{"configs/disagg-mpi-3cache.yaml", 4u}}) {
+        std::pair{"configs/disagg-mpi-3cache.yaml", 4u},
+        std::pair{"configs/disagg-mpi-device.yaml", 2u},
+        std::pair{"configs/disagg-mpi-device-3cache.yaml", 4u}}) {
     auto config = LoadConfigFile(path);
     ASSERT_TRUE(config.ok()) << path << ": " << config.status().message();
     EXPECT_EQ(config->topology.mode, TopologySection::Mode::kDisaggregated) << path;
@@ -118,6 +120,10 @@ TEST(Config, TheShippedLaunchConfigsLoad) {
   auto nccl = LoadConfigFile("configs/disagg-mpi-nccl.yaml");
   ASSERT_TRUE(nccl.ok());
   EXPECT_EQ(nccl->topology.transport, TopologySection::Transport::kNccl);
+  auto device = LoadConfigFile("configs/disagg-mpi-device-3cache.yaml");
+  ASSERT_TRUE(device.ok());
+  EXPECT_EQ(device->topology.transport, TopologySection::Transport::kNccl);
+  EXPECT_EQ(device->cache.memory, CacheSection::Memory::kDevice);
 }
 
 // Collects "section.key" for every key of a two-level YAML map.

@@ -22,7 +22,8 @@ Status Invalid(const std::string& what) {
 // The rules both Encode and Decode enforce, on the decoded form.
 Status CheckStep(const DeviceStep& step, const DevicePlaneLimits& limits) {
   if (step.kind == DeviceStep::Kind::kStop) {
-    if (!step.runs.empty() || step.decode_rows != 0 || step.max_seq_len != 0) {
+    if (!step.runs.empty() || step.decode_rows != 0 || step.max_seq_len != 0 ||
+        step.num_splits != 0) {
       return Invalid("a stop descriptor carries no runs");
     }
     return Status::Ok();
@@ -63,6 +64,11 @@ Status CheckStep(const DeviceStep& step, const DevicePlaneLimits& limits) {
   if (step.decode_rows < 0 || step.decode_rows > rows || decode_runs != step.decode_rows) {
     return Invalid(fmt::format("decode_rows {} of {} rows is not a whole number of leading runs",
                                step.decode_rows, rows));
+  }
+  if (step.num_splits < 0 || step.num_splits > static_cast<int>(kMaxDeviceStepSplits) ||
+      (step.decode_rows == 0 && step.num_splits != 0)) {
+    return Invalid(fmt::format("num_splits {} with {} decode rows (0 to {}, 0 without)",
+                               step.num_splits, step.decode_rows, kMaxDeviceStepSplits));
   }
   if (step.decode_rows == 0 ? step.max_seq_len != 0
                             : step.max_seq_len < longest_decode || step.max_seq_len < 1) {
@@ -116,6 +122,7 @@ Status EncodeDeviceStep(const DeviceStep& step, const DevicePlaneLimits& limits,
   header.rows = static_cast<uint32_t>(step.rows());
   header.decode_rows = static_cast<uint32_t>(step.decode_rows);
   header.max_seq_len = static_cast<uint32_t>(step.max_seq_len);
+  header.num_splits = static_cast<uint32_t>(step.num_splits);
   std::memcpy(out.data(), &header, sizeof(header));
   for (size_t r = 0; r < step.runs.size(); ++r) {
     const DeviceStepRunEntry entry{step.runs[r].session_id, step.runs[r].first_position,
@@ -144,6 +151,10 @@ Result<DeviceStep> DecodeDeviceStep(std::span<const std::byte> in,
   if (header.runs > static_cast<uint32_t>(limits.max_runs)) {
     return Invalid(fmt::format("{} runs; max_runs is {}", header.runs, limits.max_runs));
   }
+  if (header.num_splits > kMaxDeviceStepSplits) {
+    return Invalid(
+        fmt::format("num_splits {} (at most {})", header.num_splits, kMaxDeviceStepSplits));
+  }
   if (header.decode_rows > static_cast<uint32_t>(limits.max_rows) ||
       header.max_seq_len > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
     return Invalid(fmt::format("decode_rows {} / max_seq_len {} out of range", header.decode_rows,
@@ -154,6 +165,7 @@ Result<DeviceStep> DecodeDeviceStep(std::span<const std::byte> in,
   step.step = header.step;
   step.decode_rows = static_cast<int>(header.decode_rows);
   step.max_seq_len = static_cast<int>(header.max_seq_len);
+  step.num_splits = static_cast<int>(header.num_splits);
   step.runs.resize(header.runs);
   for (size_t r = 0; r < step.runs.size(); ++r) {
     DeviceStepRunEntry entry;

@@ -19,7 +19,10 @@
 namespace rubato {
 
 inline constexpr char kDeviceStepMagic[4] = {'R', 'B', 'D', 'S'};
-inline constexpr uint16_t kDeviceStepVersion = 1;
+inline constexpr uint16_t kDeviceStepVersion = 2;
+// The most key splits a descriptor may ask for (the attention kernel caps them further by its
+// workspace).
+inline constexpr uint32_t kMaxDeviceStepSplits = 1024;
 
 // Tags of the device data plane's messages (matched in order per tag).
 inline constexpr uint64_t kDeviceStepTag = 11;
@@ -51,12 +54,16 @@ struct DeviceStep {
   // The decode rows' key bound that fixes the attention's launch shape (the inference rank's
   // own, so that the output has local dense's bits), >= every decode row's position + 1.
   int max_seq_len = 0;
+  // The attention's key splits per decode row (0: the cache rank's choice for its rows). An
+  // inference rank whose batch is attended by several cache ranks passes the whole batch's
+  // (DecodeAttentionDefaultSplits), so that each row has the bits of one launch.
+  int num_splits = 0;
   std::vector<DeviceStepRun> runs;
 
   int rows() const;
 };
 
-// The descriptor on the wire: a 32-byte header, then max_runs run slots of 16 bytes (the first
+// The descriptor on the wire: a 40-byte header, then max_runs run slots of 16 bytes (the first
 // header.runs are read).
 struct DeviceStepHeader {
   char magic[4];     // "RBDS"
@@ -67,8 +74,10 @@ struct DeviceStepHeader {
   uint32_t rows;         // the runs' tokens summed
   uint32_t decode_rows;  // <= rows
   uint32_t max_seq_len;  // 0 when decode_rows is 0
+  uint32_t num_splits;   // 0: the cache rank's choice
+  uint32_t reserved;     // 0
 };
-static_assert(sizeof(DeviceStepHeader) == 32, "DeviceStepHeader is 32 bytes on the wire");
+static_assert(sizeof(DeviceStepHeader) == 40, "DeviceStepHeader is 40 bytes on the wire");
 
 struct DeviceStepRunEntry {
   uint64_t session_id;

@@ -17,6 +17,7 @@ DeviceStep MixedStep() {
   step.step = 7;
   step.decode_rows = 2;
   step.max_seq_len = 4096;
+  step.num_splits = 3;
   step.runs = {{11, 100, 1}, {12, 3000, 1}, {13, 0, 17}};
   return step;
 }
@@ -37,6 +38,7 @@ TEST(DeviceStepTest, RoundTripsAStepAndAStop) {
   EXPECT_EQ(back->step, 7u);
   EXPECT_EQ(back->decode_rows, 2);
   EXPECT_EQ(back->max_seq_len, 4096);
+  EXPECT_EQ(back->num_splits, 3);
   ASSERT_EQ(back->runs.size(), 3u);
   EXPECT_EQ(back->runs[1].session_id, 12u);
   EXPECT_EQ(back->runs[1].first_position, 3000u);
@@ -52,9 +54,9 @@ TEST(DeviceStepTest, RoundTripsAStepAndAStop) {
 }
 
 TEST(DeviceStepTest, SizesDependOnTheLimitsAndRowsOnly) {
-  EXPECT_EQ(DeviceStepBytes(kLimits), 32u + 4u * 16u);
+  EXPECT_EQ(DeviceStepBytes(kLimits), 40u + 4u * 16u);
   DeviceStep step = MixedStep();
-  EXPECT_EQ(DeviceStepUsedBytes(step), 32u + 3u * 16u);
+  EXPECT_EQ(DeviceStepUsedBytes(step), 40u + 3u * 16u);
   // A layer's bytes follow from the rows, whatever the sessions hold.
   EXPECT_EQ(DeviceRowsBytes(19, 4096, 1024), 19u * 6144u * 2u);
   EXPECT_EQ(DeviceOutputBytes(2, 4096), 2u * 4096u * 2u);
@@ -82,6 +84,9 @@ TEST(DeviceStepTest, RefusesBrokenFieldsByName) {
   Poke<uint16_t>(wire, 4, 9);
   ExpectRefused(wire, "version 9");
   wire = good;
+  Poke<uint16_t>(wire, 4, 1);  // a peer of the first version (no num_splits)
+  ExpectRefused(wire, "version 1; this rank speaks 2");
+  wire = good;
   Poke<uint16_t>(wire, 6, 5);
   ExpectRefused(wire, "kind 5");
   wire = good;
@@ -97,11 +102,14 @@ TEST(DeviceStepTest, RefusesBrokenFieldsByName) {
   Poke<uint32_t>(wire, 28, 3000);  // below a decode row's keys
   ExpectRefused(wire, "max_seq_len 3000");
   wire = good;
-  Poke<uint32_t>(wire, 32 + 2 * 16 + 12, 0);  // a run of no tokens
+  Poke<uint32_t>(wire, 32, 5000);
+  ExpectRefused(wire, "num_splits 5000");
+  wire = good;
+  Poke<uint32_t>(wire, 40 + 2 * 16 + 12, 0);  // a run of no tokens
   ExpectRefused(wire, "run 2: 0 tokens");
   ExpectRefused(std::vector<std::byte>(good.begin(), good.end() - 1), "bytes; the descriptor");
   wire = good;
-  Poke<uint32_t>(wire, 32 + 2 * 16 + 12, 63);  // 2 decode rows + 63: one past max_rows
+  Poke<uint32_t>(wire, 40 + 2 * 16 + 12, 63);  // 2 decode rows + 63: one past max_rows
   Poke<uint32_t>(wire, 20, 65);
   ExpectRefused(wire, "65 rows; max_rows is 64");
 }
@@ -120,6 +128,15 @@ TEST(DeviceStepTest, EncodeRefusesWhatDecodeWould) {
   EXPECT_FALSE(EncodeDeviceStep(step, kLimits, wire).ok());  // 5 runs
   EXPECT_FALSE(EncodeDeviceStep(MixedStep(), kLimits, {wire.data(), wire.size() - 1}).ok());
   EXPECT_FALSE((DevicePlaneLimits{.max_runs = 8, .max_rows = 4}.Check().ok()));
+  step = MixedStep();
+  step.num_splits = -1;
+  EXPECT_FALSE(EncodeDeviceStep(step, kLimits, wire).ok());
+  DeviceStep prefill;
+  prefill.runs = {{13, 0, 17}};
+  prefill.num_splits = 2;  // splits without decode rows
+  EXPECT_FALSE(EncodeDeviceStep(prefill, kLimits, wire).ok());
+  prefill.num_splits = 0;
+  EXPECT_TRUE(EncodeDeviceStep(prefill, kLimits, wire).ok());
 }
 
 }  // namespace

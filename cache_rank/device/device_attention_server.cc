@@ -269,6 +269,7 @@ Status DeviceAttentionServer::EnqueueLayer(int layer) {
   p.head_dim = shape.head_dim;
   p.block_tokens = store_.pool_shape().block_tokens;
   p.max_seq_len = step_.max_seq_len;
+  p.num_splits = step_.num_splits;  // the inference rank's whole batch's, or 0
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
   p.out = output_.data();
   p.out_row_stride = q_dim_;

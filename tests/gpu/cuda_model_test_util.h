@@ -178,7 +178,8 @@ inline std::unique_ptr<PagedKvCache> NewCache(Model& model, int block_tokens, in
 // any event reported.
 inline std::vector<std::vector<int>> EngineGreedyTokens(
     std::unique_ptr<Model> model, const EngineOptions& options,
-    const std::vector<std::vector<int>>& prompts, double* min_retained = nullptr) {
+    const std::vector<std::vector<int>>& prompts, double* min_retained = nullptr,
+    bool ignore_eos = false) {
   auto engine = Engine::Create(std::move(model), options);
   EXPECT_TRUE(engine.ok()) << engine.status().message();
   if (!engine.ok()) return {};
@@ -187,6 +188,7 @@ inline std::vector<std::vector<int>> EngineGreedyTokens(
     GenerationRequest request;
     request.prompt_ids = prompts[i];
     request.max_new_tokens = 40;
+    request.ignore_eos = ignore_eos;
     auto id = (*engine)->Submit(request);
     EXPECT_TRUE(id.ok()) << id.status().message();
     if (id.ok()) index[*id] = i;

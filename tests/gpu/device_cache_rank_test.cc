@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <map>
 #include <mutex>
 #include <random>
 #include <string>
@@ -82,6 +84,13 @@ class CacheRankThread final : public DeviceSessionControl {
   }
   ~CacheRankThread() override { (void)Join(); }
 
+  // The cache rank goes away between steps: its loop ends, Health reports it lost.
+  void Lose() {
+    (void)Join();
+    std::lock_guard lock(mutex_);
+    ended_ = UnavailableError("cache rank lost on purpose");
+  }
+
   // Ends the loop (after a stop descriptor it has ended already) and returns its status.
   Status Join() {
     stop_ = true;
@@ -109,6 +118,11 @@ class CacheRankThread final : public DeviceSessionControl {
   Status Health() override {
     std::lock_guard lock(mutex_);
     return ended_;
+  }
+  Result<uint64_t> FreeBytes() override {
+    std::lock_guard lock(mutex_);
+    const DeviceKvStoreStats stats = store_->Stats();
+    return stats.budget_bytes - stats.bytes_reserved;
   }
 
  private:
@@ -350,6 +364,127 @@ TEST_P(DeviceCacheRankTest, EngineTokensEqualLocalDenseEagerly) {
 
 TEST_P(DeviceCacheRankTest, EngineTokensEqualLocalDenseWithGraphs) {
   ExpectLocalDenseTokens(GetParam(), cache_device_, /*use_graphs=*/true);
+}
+
+// Three cache ranks on the cache GPU, each with a data plane of its own to the model's GPU 0.
+struct ThreeCacheRanks {
+  std::vector<std::unique_ptr<transport::PeerHub>> hubs;
+  std::vector<std::unique_ptr<transport::StreamOrderedTransport>> model_ends;
+  std::vector<std::unique_ptr<CacheRankThread>> threads;
+  std::vector<std::unique_ptr<DevicePlaneClient>> clients;
+  std::shared_ptr<DeviceCacheRankResidency> residency;
+};
+
+void MakeThreeCacheRanks(const std::string& kind, const ModelConfig& config, int cache_device,
+                         ThreeCacheRanks& ranks) {
+  const DevicePlaneLimits limits{.max_runs = 4, .max_rows = 4 * 32};
+  std::vector<DeviceCacheRankPeer> peers;
+  for (int r = 0; r < 3; ++r) {
+    ranks.hubs.emplace_back();
+    Endpoints ends = MakeEndpoints(kind, 0, cache_device, ranks.hubs.back());
+    ASSERT_NE(ends[0], nullptr);
+    ranks.threads.push_back(std::make_unique<CacheRankThread>(config, cache_device, limits,
+                                                              std::move(ends[kCacheRank])));
+    ASSERT_TRUE(ranks.threads.back()->ready());
+    ranks.model_ends.push_back(std::move(ends[kModelRank]));
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    auto client = DevicePlaneClient::Create(
+        config, *ranks.model_ends.back(),
+        {.limits = limits, .transfer_timeout = std::chrono::milliseconds(5000)});
+    ASSERT_TRUE(client.ok()) << client.status().message();
+    ranks.clients.push_back(std::move(client).value());
+    peers.push_back({ranks.clients.back().get(), ranks.threads.back().get(),
+                     "cache rank " + std::to_string(r)});
+  }
+  ranks.residency = std::make_shared<DeviceCacheRankResidency>(std::move(peers));
+}
+
+// Three requests over three cache ranks (placed by free budget: one each) give local dense's
+// tokens; with `lose_after` >= 0, cache rank 1 goes away after that engine step and only its
+// request ends, with an error naming it.
+void ExpectThreeCacheRanks(const std::string& kind, int cache_device, bool use_graphs,
+                           int lose_after) {
+  const char* model_dir = "models/tiny-qwen3-random";
+  auto config = LoadModelConfig(model_dir);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  auto load = [&] {
+    auto model = LoadCudaModel(model_dir, {.device = 0, .use_cuda_graph = use_graphs});
+    EXPECT_TRUE(model.ok()) << model.status().message();
+    return model.ok() ? std::move(model).value() : nullptr;
+  };
+  EngineOptions options;
+  options.max_batch = 4;
+  options.max_context = 512;
+  options.block_size = 16;
+  options.prefill_chunk = 32;
+  std::vector<int> ids = golden::LoadGoldenReference("tiny-qwen3-random").prompt_ids;
+  const std::vector<std::vector<int>> prompts = {
+      ids, std::vector<int>(ids.begin(), ids.begin() + ids.size() / 2),
+      std::vector<int>(ids.begin(), ids.begin() + std::min<size_t>(7, ids.size()))};
+  const auto dense = cuda_model_test::EngineGreedyTokens(load(), options, prompts);
+
+  ThreeCacheRanks ranks;
+  MakeThreeCacheRanks(kind, *config, cache_device, ranks);
+  ASSERT_NE(ranks.residency, nullptr);
+  options.residency = ranks.residency;
+  auto engine = Engine::Create(load(), options);
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  std::map<uint64_t, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest request;
+    request.prompt_ids = prompts[i];
+    request.max_new_tokens = 40;
+    auto id = (*engine)->Submit(request);
+    ASSERT_TRUE(id.ok()) << id.status().message();
+    index[*id] = i;
+  }
+  std::vector<std::vector<int>> tokens(prompts.size());
+  std::vector<std::string> errors(prompts.size());
+  for (int step = 0; (*engine)->HasWork() && step < 10000; ++step) {
+    auto events = (*engine)->Step();
+    ASSERT_TRUE(events.ok()) << events.status().message();
+    for (const TokenEvent& event : *events) {
+      const size_t r = index[event.request_id];
+      if (!event.error.ok()) errors[r] = event.error.message();
+      if (event.error.ok()) tokens[r].push_back(event.token);
+    }
+    if (step == lose_after) ranks.threads[1]->Lose();
+  }
+  int failed = 0;
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    if (!errors[r].empty()) {
+      ++failed;
+      EXPECT_NE(errors[r].find("cache rank 1 of 3"), std::string::npos) << errors[r];
+      EXPECT_NE(errors[r].find("lost on purpose"), std::string::npos) << errors[r];
+      continue;
+    }
+    EXPECT_EQ(tokens[r], dense[r]) << kind << " request " << r;
+  }
+  EXPECT_EQ(failed, lose_after >= 0 ? 1 : 0);
+  std::printf("[ device    ] %s graphs %d, three cache ranks%s:%s\n", kind.c_str(), use_graphs,
+              lose_after >= 0 ? ", rank 1 lost" : "", ranks.residency->StatsLine().c_str());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (int r = 0; r < 3; ++r) {
+    if (r == 1 && lose_after >= 0) continue;
+    ASSERT_STATUS_OK(ranks.clients[static_cast<size_t>(r)]->Stop(stream));
+    ASSERT_STATUS_OK(ranks.threads[static_cast<size_t>(r)]->Join());
+    // Placement gave every rank a request.
+    EXPECT_GT(ranks.threads[static_cast<size_t>(r)]->server().stats().steps.load(), 5u);
+  }
+  (void)cudaStreamDestroy(stream);
+}
+
+TEST_P(DeviceCacheRankTest, ThreeCacheRanksGiveLocalDenseTokensEagerly) {
+  ExpectThreeCacheRanks(GetParam(), cache_device_, /*use_graphs=*/false, /*lose_after=*/-1);
+}
+
+TEST_P(DeviceCacheRankTest, ThreeCacheRanksGiveLocalDenseTokensWithGraphs) {
+  ExpectThreeCacheRanks(GetParam(), cache_device_, /*use_graphs=*/true, /*lose_after=*/-1);
+}
+
+TEST_P(DeviceCacheRankTest, LosingOneOfThreeCacheRanksEndsOnlyItsRequest) {
+  ExpectThreeCacheRanks(GetParam(), cache_device_, /*use_graphs=*/true, /*lose_after=*/12);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, DeviceCacheRankTest, ::testing::Values("cuda_peer", "nccl"),

@@ -1,6 +1,7 @@
-// The offloaded residency over a GPU cache rank reached by the device data plane
-// (device_cache_rank_residency.h): the engine half (sessions through DeviceSessionControl) and
-// the CUDA half (the step's runs, every layer through DevicePlaneClient::Layer).
+// The offloaded residency over GPU cache ranks reached by the device data plane
+// (device_cache_rank_residency.h): the engine half (placement, sessions through
+// DeviceSessionControl) and the CUDA half with one cache rank (the step's runs, every layer
+// through DevicePlaneClient::Layer); with several, device_cache_ranks_backend.cc.
 #include "inference_rank/residency/offloaded/device_cache_rank_residency.h"
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include "cache_rank/cache_selector.h"
 #include "inference_rank/model/cuda_model.h"
 #include "inference_rank/residency/cuda_residency_backend.h"
+#include "inference_rank/residency/offloaded/cache_placement.h"
+#include "inference_rank/residency/offloaded/device_cache_ranks_backend.h"
 #include "inference_rank/residency/offloaded/gpu_cache_session.h"
 
 namespace rubato {
@@ -20,7 +23,7 @@ namespace rubato {
 class DeviceCacheRankBackend final : public CudaResidencyBackend {
  public:
   DeviceCacheRankBackend(DeviceCacheRankResidency& residency, cudaStream_t model_stream)
-      : residency_(residency), client_(residency.client_), model_stream_(model_stream) {}
+      : residency_(residency), client_(*residency.ranks_[0].client), model_stream_(model_stream) {}
 
   std::string_view residency_name() const override { return "offloaded"; }
   bool graph_replayable() const override { return client_.capturable(); }
@@ -43,7 +46,7 @@ class DeviceCacheRankBackend final : public CudaResidencyBackend {
   }
 
   Status PlanStep(std::span<const ForwardEntry> batch, const ForwardPlan& plan) override {
-    RUBATO_RETURN_IF_ERROR(residency_.control_.Health());
+    RUBATO_RETURN_IF_ERROR(residency_.Broken());
     // Runs in the plan's row order: the decode rows first.
     order_.resize(batch.size());
     for (size_t e = 0; e < batch.size(); ++e) order_[e] = e;
@@ -69,7 +72,7 @@ class DeviceCacheRankBackend final : public CudaResidencyBackend {
 
   // A cache rank lost during the step (its data plane aborted under the model's stream
   // waits): the step's attention rows are not the cache rank's.
-  Status FinishStep() override { return residency_.control_.Health(); }
+  Status FinishStep() override { return residency_.Broken(); }
 
   Status AttendDecodeRows(const CudaLayerContext& /*layer*/, int first_row, int rows,
                           const AttentionWindow& /*window*/) override {
@@ -92,15 +95,20 @@ class DeviceCacheRankBackend final : public CudaResidencyBackend {
 DeviceCacheRankResidency::DeviceCacheRankResidency(DevicePlaneClient& client,
                                                    DeviceSessionControl& control,
                                                    std::string cache_name)
-    : client_(client), control_(control), cache_name_(std::move(cache_name)) {}
+    : DeviceCacheRankResidency(std::vector<DeviceCacheRankPeer>{
+          DeviceCacheRankPeer{&client, &control, std::move(cache_name)}}) {}
+
+DeviceCacheRankResidency::DeviceCacheRankResidency(std::vector<DeviceCacheRankPeer> ranks)
+    : ranks_(std::move(ranks)), failed_(ranks_.size()) {}
 
 Status DeviceCacheRankResidency::Check(const AttentionPolicy* policy) const {
+  if (ranks_.empty()) return InvalidArgumentError("the offloaded residency has no cache rank");
   if (policy == nullptr) return Status::Ok();
   // What the policy asks of a cache rank, by its selector's traits: attention there.
   Result<CacheSelectorSpec> spec = policy->MakeCacheSelector();
   const CacheSelector* selector = spec.ok() ? FindCacheSelector(spec->name) : nullptr;
   if (selector != nullptr && selector->traits().partial_attention) return Status::Ok();
-  return UnsupportedError(cache_name_ +
+  return UnsupportedError(ranks_[0].name +
                           " keeps the KV on its GPU (cache.memory: device) and runs attention "
                           "there; policy '" +
                           std::string(policy->name()) +
@@ -113,32 +121,112 @@ Status DeviceCacheRankResidency::Attach(Model& model, const AttentionPolicy* pol
   RUBATO_RETURN_IF_ERROR(Check(policy));
   auto* cuda_model = dynamic_cast<CudaModel*>(&model);
   if (cuda_model == nullptr) {
-    return UnsupportedError(cache_name_ +
+    return UnsupportedError(ranks_[0].name +
                             " keeps the KV on its GPU: it needs the CUDA model "
                             "(engine.backend: cuda), not the " +
                             std::string(model.backend_name()) + " model");
   }
-  if (max_batch > client_.limits().max_runs) {
-    return InvalidArgumentError("engine max_batch " + std::to_string(max_batch) + " exceeds " +
-                                cache_name_ + "'s data plane (max_runs " +
-                                std::to_string(client_.limits().max_runs) + ")");
+  for (const DeviceCacheRankPeer& rank : ranks_) {
+    const DevicePlaneLimits& limits = rank.client->limits();
+    if (limits.max_rows != ranks_[0].client->limits().max_rows ||
+        limits.max_runs != ranks_[0].client->limits().max_runs) {
+      return InvalidArgumentError(rank.name + "'s data plane limits differ from " + ranks_[0].name +
+                                  "'s");
+    }
+    if (max_batch > rank.client->limits().max_runs) {
+      return InvalidArgumentError("engine max_batch " + std::to_string(max_batch) + " exceeds " +
+                                  rank.name + "'s data plane (max_runs " +
+                                  std::to_string(rank.client->limits().max_runs) + ")");
+    }
   }
-  return model.SetResidencyBackend(
-      std::make_unique<DeviceCacheRankBackend>(*this, cuda_model->stream()));
+  if (ranks_.size() == 1) {
+    return model.SetResidencyBackend(
+        std::make_unique<DeviceCacheRankBackend>(*this, cuda_model->stream()));
+  }
+  RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<CudaResidencyBackend> backend,
+                          MakeDeviceCacheRanksBackend(*this, *cuda_model));
+  return model.SetResidencyBackend(std::move(backend));
 }
 
 Result<std::unique_ptr<ResidencyRequest>> DeviceCacheRankResidency::Open(uint64_t request_id,
                                                                          int reserved_tokens) {
-  // Positions 0..reserved_tokens: the last sampled token is never fed back.
-  Result<uint64_t> session = control_.OpenSession(request_id, reserved_tokens + 1);
-  if (!session.ok()) {
-    return session.status().WithContext("opening its session on " + cache_name_);
+  // With several ranks, the one with the most free budget: one FreeBytes call per working rank.
+  int rank = 0;
+  if (ranks_.size() > 1) {
+    std::vector<CacheRankBudget> budgets(ranks_.size());
+    std::string why_none;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      Status lost = RankLost(static_cast<int>(r));
+      if (lost.ok()) {
+        const Result<uint64_t> free_bytes = ranks_[r].control->FreeBytes();
+        if (free_bytes.ok()) budgets[r] = {true, *free_bytes};
+        if (!free_bytes.ok()) lost = free_bytes.status().WithContext(ranks_[r].name);
+      }
+      if (!lost.ok()) why_none += (why_none.empty() ? "" : "; ") + lost.message();
+    }
+    rank = PickCacheRank(budgets);
+    if (rank < 0) {
+      return UnavailableError("no cache rank can take request " + std::to_string(request_id) +
+                              ": " + why_none);
+    }
   }
-  return std::unique_ptr<ResidencyRequest>(std::make_unique<GpuCacheRequest>(*session));
+  const DeviceCacheRankPeer& peer = ranks_[static_cast<size_t>(rank)];
+  // Positions 0..reserved_tokens: the last sampled token is never fed back.
+  Result<uint64_t> session = peer.control->OpenSession(request_id, reserved_tokens + 1);
+  if (!session.ok()) {
+    return session.status().WithContext("opening its session on " + peer.name);
+  }
+  return std::unique_ptr<ResidencyRequest>(std::make_unique<GpuCacheRequest>(*session, rank));
 }
 
 Status DeviceCacheRankResidency::Close(ResidencyRequest& request) {
-  return control_.CloseSession(static_cast<GpuCacheRequest&>(request).session());
+  const auto& held = static_cast<GpuCacheRequest&>(request);
+  return ranks_[static_cast<size_t>(held.cache())].control->CloseSession(held.session());
+}
+
+Status DeviceCacheRankResidency::RankLost(int rank) const {
+  const DeviceCacheRankPeer& peer = ranks_[static_cast<size_t>(rank)];
+  Status lost = peer.control->Health();
+  if (lost.ok()) {
+    std::lock_guard lock(mutex_);
+    lost = failed_[static_cast<size_t>(rank)];
+  }
+  if (lost.ok() || ranks_.size() == 1) return lost;
+  return Status(lost.code(), "cache rank " + std::to_string(rank) + " of " +
+                                 std::to_string(ranks_.size()) + ": " + lost.message());
+}
+
+void DeviceCacheRankResidency::MarkFailed(int rank, const Status& why) {
+  std::lock_guard lock(mutex_);
+  Status& failed = failed_[static_cast<size_t>(rank)];
+  if (failed.ok()) failed = why.WithContext(ranks_[static_cast<size_t>(rank)].name);
+}
+
+Status DeviceCacheRankResidency::Broken() const {
+  if (ranks_.size() == 1) return ranks_[0].control->Health();
+  std::string why;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const Status lost = RankLost(static_cast<int>(r));
+    if (lost.ok()) return Status::Ok();
+    why += (why.empty() ? "" : "; ") + lost.message();
+  }
+  return UnavailableError("every cache rank is lost: " + why);
+}
+
+Status DeviceCacheRankResidency::RequestBroken(const ResidencyRequest& request) const {
+  return RankLost(static_cast<const GpuCacheRequest&>(request).cache());
+}
+
+uint64_t DeviceCacheRankResidency::TotalBytesOut() const {
+  uint64_t total = 0;
+  for (const DeviceCacheRankPeer& rank : ranks_) total += rank.client->total_bytes_out();
+  return total;
+}
+
+uint64_t DeviceCacheRankResidency::TotalBytesBack() const {
+  uint64_t total = 0;
+  for (const DeviceCacheRankPeer& rank : ranks_) total += rank.client->total_bytes_back();
+  return total;
 }
 
 Status DeviceCacheRankResidency::RegisterMetrics(MetricsRegistry& registry) {
@@ -155,17 +243,19 @@ Status DeviceCacheRankResidency::RegisterMetrics(MetricsRegistry& registry) {
 
 void DeviceCacheRankResidency::CountSteps() {
   if (bytes_out_metric_ == nullptr) return;
-  bytes_out_metric_->Increment(static_cast<double>(client_.total_bytes_out() - counted_out_));
-  bytes_back_metric_->Increment(static_cast<double>(client_.total_bytes_back() - counted_back_));
-  counted_out_ = client_.total_bytes_out();
-  counted_back_ = client_.total_bytes_back();
+  const uint64_t out = TotalBytesOut();
+  const uint64_t back = TotalBytesBack();
+  bytes_out_metric_->Increment(static_cast<double>(out - counted_out_));
+  bytes_back_metric_->Increment(static_cast<double>(back - counted_back_));
+  counted_out_ = out;
+  counted_back_ = back;
 }
 
 std::string DeviceCacheRankResidency::StatsLine() const {
   char text[160];
   std::snprintf(text, sizeof(text), " cache_bytes_out=%llu cache_bytes_back=%llu",
-                static_cast<unsigned long long>(client_.total_bytes_out()),
-                static_cast<unsigned long long>(client_.total_bytes_back()));
+                static_cast<unsigned long long>(TotalBytesOut()),
+                static_cast<unsigned long long>(TotalBytesBack()));
   return text;
 }
 

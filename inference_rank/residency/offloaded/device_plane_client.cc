@@ -78,7 +78,7 @@ Status DevicePlaneClient::SendDescriptor(const DeviceStep& step, cudaStream_t ma
 }
 
 Status DevicePlaneClient::PlanStep(std::span<const DeviceStepRun> runs, int decode_rows,
-                                   int max_seq_len, cudaStream_t main) {
+                                   int max_seq_len, cudaStream_t main, int num_splits) {
   // The last step's transfers (in-process transports keep their groups until now).
   RUBATO_RETURN_IF_ERROR(exchange_.Drain());
   rows_ = 0;
@@ -86,6 +86,7 @@ Status DevicePlaneClient::PlanStep(std::span<const DeviceStepRun> runs, int deco
   scratch_.step = ++step_;
   scratch_.decode_rows = decode_rows;
   scratch_.max_seq_len = decode_rows > 0 ? max_seq_len : 0;
+  scratch_.num_splits = decode_rows > 0 ? num_splits : 0;
   scratch_.runs.assign(runs.begin(), runs.end());
   RUBATO_RETURN_IF_ERROR(SendDescriptor(scratch_, main).WithContext("GPU cache rank"));
   rows_ = scratch_.rows();
@@ -99,12 +100,17 @@ Status DevicePlaneClient::PlanStep(std::span<const DeviceStepRun> runs, int deco
   return Status::Ok();
 }
 
-Status DevicePlaneClient::Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat16* attention,
-                                cudaStream_t main) {
+Status DevicePlaneClient::CheckLayer(int layer) const {
   if (rows_ == 0 || layer < 0 || layer >= config_.num_layers) {
     return FailedPreconditionError("GPU cache rank: layer " + std::to_string(layer) +
                                    " outside a planned step");
   }
+  return Status::Ok();
+}
+
+Status DevicePlaneClient::Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat16* attention,
+                                cudaStream_t main) {
+  RUBATO_RETURN_IF_ERROR(CheckLayer(layer));
   const TransferOp ops[2] = {
       TransferOp::Send(options_.peer, kDeviceRowsTag, qkv,
                        DeviceRowsBytes(rows_, config_.q_dim(), config_.kv_dim()),
@@ -114,6 +120,25 @@ Status DevicePlaneClient::Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat
   const size_t count = decode_rows_ > 0 ? 2 : 1;
   return exchange_.Exchange({ops, count}, main)
       .WithContext("GPU cache rank: layer " + std::to_string(layer));
+}
+
+Status DevicePlaneClient::Send(int layer, const __nv_bfloat16* qkv, cudaStream_t main) {
+  RUBATO_RETURN_IF_ERROR(CheckLayer(layer));
+  const TransferOp send = TransferOp::Send(
+      options_.peer, kDeviceRowsTag, qkv, DeviceRowsBytes(rows_, config_.q_dim(), config_.kv_dim()),
+      MemoryKind::kCuda);
+  return exchange_.Exchange({&send, 1}, main)
+      .WithContext("GPU cache rank: sending layer " + std::to_string(layer));
+}
+
+Status DevicePlaneClient::Receive(int layer, __nv_bfloat16* attention, cudaStream_t main) {
+  RUBATO_RETURN_IF_ERROR(CheckLayer(layer));
+  if (decode_rows_ == 0) return Status::Ok();
+  const TransferOp recv =
+      TransferOp::Recv(options_.peer, kDeviceOutputTag, attention,
+                       DeviceOutputBytes(decode_rows_, config_.q_dim()), MemoryKind::kCuda);
+  return exchange_.Exchange({&recv, 1}, main)
+      .WithContext("GPU cache rank: receiving layer " + std::to_string(layer));
 }
 
 Status DevicePlaneClient::Stop(cudaStream_t main) {

@@ -49,12 +49,18 @@ class DevicePlaneClient {
   // Host, outside any capture, once the last step's work is done: the step's runs in the
   // model's row order (the first decode_rows rows decode tokens, a run each), and the decode
   // rows' key bound of the model's own attention launch. Sends the descriptor on `main`.
+  // `num_splits`: the attention's key splits per decode row (0: the cache rank's choice).
   Status PlanStep(std::span<const DeviceStepRun> runs, int decode_rows, int max_seq_len,
-                  cudaStream_t main);
+                  cudaStream_t main, int num_splits = 0);
   // Device, on `main` after the layer's q|k|v rows are final (eager or captured where
   // capturable()): rows out, and with decode rows their attention into `attention` (rows [0,
   // decode rows), stride q_dim); `main` orders after both.
   Status Layer(int layer, const __nv_bfloat16* qkv, __nv_bfloat16* attention, cudaStream_t main);
+  // Layer in two groups, for several cache ranks on one stream: Send the rows to every rank,
+  // then Receive from every rank, so that their GPUs attend at the same time (one group each
+  // would make each rank's attention wait for the previous rank's reply).
+  Status Send(int layer, const __nv_bfloat16* qkv, cudaStream_t main);
+  Status Receive(int layer, __nv_bfloat16* attention, cudaStream_t main);
   // Tells the cache rank's loop to end (a stop descriptor); the data plane serves no more steps.
   Status Stop(cudaStream_t main);
 
@@ -72,6 +78,7 @@ class DevicePlaneClient {
   DevicePlaneClient(const ModelConfig& config, transport::StreamOrderedTransport& transport,
                     const DevicePlaneClientOptions& options);
   Status SendDescriptor(const DeviceStep& step, cudaStream_t main);
+  Status CheckLayer(int layer) const;
 
   const ModelConfig config_;
   const DevicePlaneClientOptions options_;

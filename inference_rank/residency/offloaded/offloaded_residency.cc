@@ -337,15 +337,8 @@ Result<std::shared_ptr<Residency>> CreateOffloadedResidency(const ResidencySetup
       config.topology.transport == TopologySection::Transport::kNccl &&
       config.engine.backend == EngineSection::Backend::kCuda && selection.name == "attention") {
     // A cache rank that keeps the KV on its GPU says so in its Hello: the device data plane,
-    // attention there; one in host memory is connected again for layer packs. That plane
-    // reaches one cache rank: several (placed by free budget) are served by layer packs only.
-    if (config.topology.cache_endpoints.size() > 1) {
-      return UnsupportedError(
-          "topology.cache_endpoints names " +
-          std::to_string(config.topology.cache_endpoints.size()) +
-          " cache ranks: with topology.transport nccl, the CUDA model and dense attention the "
-          "device data plane reaches one cache rank; use topology.transport ucx for several");
-    }
+    // attention there, requests placed over several by free budget; one in host memory is
+    // connected again for layer packs.
     RUBATO_ASSIGN_OR_RETURN(std::shared_ptr<Residency> device,
                             ConnectDeviceCacheRank(config, *setup.model));
     if (device != nullptr) return device;

@@ -9,6 +9,7 @@
 
 #include "common/dtype.h"
 #include "common/logging.h"
+#include "inference_rank/residency/offloaded/gpu_cache_session.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace rubato {
@@ -19,11 +20,12 @@ using std::chrono::milliseconds;
 // How often the watchdog asks the cache rank how its side of the data plane is.
 constexpr milliseconds kHealthCallInterval{200};
 
-// Keeps the connection alive as long as the residency that reads it.
+// Keeps the connections alive as long as the residency that reads them.
 class OwningDeviceCacheRankResidency final : public Residency {
  public:
-  explicit OwningDeviceCacheRankResidency(std::unique_ptr<RemoteDeviceCacheRank> cache)
-      : cache_(std::move(cache)), residency_(cache_->client(), *cache_, cache_->name()) {}
+  explicit OwningDeviceCacheRankResidency(
+      std::vector<std::unique_ptr<RemoteDeviceCacheRank>> caches)
+      : caches_(std::move(caches)), residency_(Peers(caches_)) {}
   std::string_view name() const override { return residency_.name(); }
   KvResidency kind() const override { return residency_.kind(); }
   Status Check(const AttentionPolicy* policy) const override { return residency_.Check(policy); }
@@ -37,19 +39,32 @@ class OwningDeviceCacheRankResidency final : public Residency {
   Status Close(ResidencyRequest& request) override {
     // Closed even on a lost cache rank, which then only forgets it.
     const Status closed = residency_.Close(request);
-    if (!closed.ok() && cache_->Health().ok()) {
-      RUBATO_LOG_WARN("engine", "closing a session on {}: {}", cache_->name(), closed.message());
+    RemoteDeviceCacheRank& cache =
+        *caches_[static_cast<size_t>(static_cast<const GpuCacheRequest&>(request).cache())];
+    if (!closed.ok() && cache.Health().ok()) {
+      RUBATO_LOG_WARN("engine", "closing a session on {}: {}", cache.name(), closed.message());
     }
     return Status::Ok();
   }
   Status Broken() const override { return residency_.Broken(); }
+  Status RequestBroken(const ResidencyRequest& request) const override {
+    return residency_.RequestBroken(request);
+  }
   Status RegisterMetrics(MetricsRegistry& registry) override {
     return residency_.RegisterMetrics(registry);
   }
   std::string StatsLine() const override { return residency_.StatsLine(); }
 
  private:
-  std::unique_ptr<RemoteDeviceCacheRank> cache_;  // before residency_: outlives it
+  static std::vector<DeviceCacheRankPeer> Peers(
+      const std::vector<std::unique_ptr<RemoteDeviceCacheRank>>& caches) {
+    std::vector<DeviceCacheRankPeer> peers;
+    for (const auto& cache : caches)
+      peers.push_back({&cache->client(), cache.get(), cache->name()});
+    return peers;
+  }
+
+  std::vector<std::unique_ptr<RemoteDeviceCacheRank>> caches_;  // before residency_: outlive it
   DeviceCacheRankResidency residency_;
 };
 
@@ -178,6 +193,14 @@ Result<uint64_t> RemoteDeviceCacheRank::OpenSession(uint64_t request_id, int cap
   return response.session_id();
 }
 
+Result<uint64_t> RemoteDeviceCacheRank::FreeBytes() {
+  RUBATO_RETURN_IF_ERROR(Health());
+  RUBATO_ASSIGN_OR_RETURN(const rpc::StatsResponse stats, rpc_->Stats());
+  return stats.bytes_capacity() > stats.bytes_in_use()
+             ? stats.bytes_capacity() - stats.bytes_in_use()
+             : 0;
+}
+
 Status RemoteDeviceCacheRank::CloseSession(uint64_t session_id) {
   rpc::CloseSessionRequest request;
   request.set_session_id(session_id);
@@ -186,18 +209,29 @@ Status RemoteDeviceCacheRank::CloseSession(uint64_t session_id) {
 
 Result<std::shared_ptr<Residency>> ConnectDeviceCacheRank(const RubatoConfig& config,
                                                           const ModelConfig& model) {
-  const std::string& endpoint = config.topology.cache_endpoints.front();
+  const std::vector<std::string>& endpoints = config.topology.cache_endpoints;
   // A step holds at most max_batch requests and their tokens: one decode token each, or a
   // prefill chunk beside the decode rows.
   const DevicePlaneLimits plane{config.engine.max_batch,
                                 config.engine.max_batch + config.engine.prefill_chunk};
   RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(config.engine.device), "selecting the model's GPU");
-  RUBATO_ASSIGN_OR_RETURN(
-      std::unique_ptr<RemoteDeviceCacheRank> cache,
-      RemoteDeviceCacheRank::Connect(endpoint, model, config.limits, config.engine.device, plane));
-  if (cache == nullptr) return std::shared_ptr<Residency>();
+  // Every cache rank must answer now: the device data plane does not reconnect.
+  std::vector<std::unique_ptr<RemoteDeviceCacheRank>> caches;
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<RemoteDeviceCacheRank> cache,
+                            RemoteDeviceCacheRank::Connect(endpoints[i], model, config.limits,
+                                                           config.engine.device, plane));
+    if (cache == nullptr && i == 0) return std::shared_ptr<Residency>();  // host memory
+    if (cache == nullptr) {
+      return InvalidArgumentError("cache rank " + endpoints[i] +
+                                  " keeps the KV in host memory while cache rank " + endpoints[0] +
+                                  " keeps it on its GPU: the cache ranks of one inference rank "
+                                  "must agree on cache.memory");
+    }
+    caches.push_back(std::move(cache));
+  }
   return std::shared_ptr<Residency>(
-      std::make_shared<OwningDeviceCacheRankResidency>(std::move(cache)));
+      std::make_shared<OwningDeviceCacheRankResidency>(std::move(caches)));
 }
 
 }  // namespace rubato

@@ -4,9 +4,9 @@
 // DevicePlaneClient on the model's GPU, sessions over the RPC, and a watchdog that learns of a
 // lost cache rank from the heartbeat or the Health call and aborts the communicator, so that
 // the model's stream, waiting inside an NCCL receive, runs on and the step fails with that
-// error (DeviceCacheRankResidency::FinishStep). Not reconnected: a lost cache rank leaves the
-// engine's offloaded requests failing until the process restarts. docs/disaggregated.md "A GPU
-// cache rank in its own process".
+// error (DeviceCacheRankResidency::FinishStep). Not reconnected: a lost cache rank takes no
+// request until the inference rank restarts (with several, the others serve on).
+// docs/disaggregated.md "A GPU cache rank in its own process".
 #pragma once
 
 #include <atomic>
@@ -42,6 +42,8 @@ class RemoteDeviceCacheRank final : public DeviceSessionControl {
 
   Result<uint64_t> OpenSession(uint64_t request_id, int capacity_tokens) override;
   Status CloseSession(uint64_t session_id) override;
+  // Its budget less what open sessions reserve (its Stats RPC).
+  Result<uint64_t> FreeBytes() override;
   // The loss the watchdog saw, or ok.
   Status Health() override;
 
@@ -62,8 +64,9 @@ class RemoteDeviceCacheRank final : public DeviceSessionControl {
 };
 
 // What the residency table's factory uses for topology.mode disaggregated, topology.transport
-// nccl and the CUDA engine with dense attention: the offloaded residency over the cache rank of
-// topology.cache_endpoints when it keeps the KV on its GPU, or null when it does not.
+// nccl and the CUDA engine with dense attention: the offloaded residency over the cache ranks of
+// topology.cache_endpoints (each answering now) when they keep the KV on their GPUs, or null
+// when the first keeps it in host memory; cache ranks that disagree are refused by name.
 Result<std::shared_ptr<Residency>> ConnectDeviceCacheRank(const RubatoConfig& config,
                                                           const ModelConfig& model);
 
