@@ -49,12 +49,14 @@ def health_code(port):
 
 def stream(port, prompt, max_tokens, out, started):
     """One streaming completion: its text, its error events, whether it ended with [DONE]."""
-    body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0, "stream": True, "ignore_eos": True}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
     out.update(text="", errors=[], done=False, finish=None, chunks=0)
     try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
+            model = json.load(r)["data"][0]["id"]
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                           "temperature": 0, "stream": True, "ignore_eos": True}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=300) as response:
             for raw in response:
                 line = raw.decode().strip()
@@ -90,7 +92,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rubato", default="build-gpu/inference_rank/rubato")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs to use (0: nvidia-smi's count)")
-    parser.add_argument("--max-tokens", type=int, default=3000)
+    parser.add_argument("--max-tokens", type=int, default=1500)
     parser.add_argument("--logs", default=os.environ.get("OUT", "/tmp"))
     args = parser.parse_args()
     gpus = args.gpus or len(subprocess.run(["nvidia-smi", "-L"], capture_output=True,

@@ -377,14 +377,19 @@ struct ThreeCacheRanks {
 
 void MakeThreeCacheRanks(const std::string& kind, const ModelConfig& config, int cache_device,
                          ThreeCacheRanks& ranks) {
+  // NCCL: each cache rank on a GPU of its own (1, 2, 3). Three servers of one process on one GPU
+  // share a CUDA context, where one's device-synchronising call (a workspace cudaFree) waits for
+  // another's NCCL kernel, which waits for the model: separate processes (the launch) or GPUs.
+  const bool own_gpus = kind == "nccl";
   const DevicePlaneLimits limits{.max_runs = 4, .max_rows = 4 * 32};
   std::vector<DeviceCacheRankPeer> peers;
   for (int r = 0; r < 3; ++r) {
     ranks.hubs.emplace_back();
-    Endpoints ends = MakeEndpoints(kind, 0, cache_device, ranks.hubs.back());
+    const int device = own_gpus ? 1 + r : cache_device;
+    Endpoints ends = MakeEndpoints(kind, 0, device, ranks.hubs.back());
     ASSERT_NE(ends[0], nullptr);
-    ranks.threads.push_back(std::make_unique<CacheRankThread>(config, cache_device, limits,
-                                                              std::move(ends[kCacheRank])));
+    ranks.threads.push_back(
+        std::make_unique<CacheRankThread>(config, device, limits, std::move(ends[kCacheRank])));
     ASSERT_TRUE(ranks.threads.back()->ready());
     ranks.model_ends.push_back(std::move(ends[kModelRank]));
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
@@ -404,6 +409,10 @@ void MakeThreeCacheRanks(const std::string& kind, const ModelConfig& config, int
 // request ends, with an error naming it.
 void ExpectThreeCacheRanks(const std::string& kind, int cache_device, bool use_graphs,
                            int lose_after) {
+  if (kind == "nccl" && DeviceCount() < 4) {
+    GTEST_SKIP() << "three NCCL cache ranks of one process need GPUs 1-3 (nvidia-h200-x4); "
+                    "scripts/gpu/lose_cache_rank.py runs three cache processes on two GPUs";
+  }
   const char* model_dir = "models/tiny-qwen3-random";
   auto config = LoadModelConfig(model_dir);
   ASSERT_TRUE(config.ok()) << config.status().message();
