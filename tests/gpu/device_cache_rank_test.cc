@@ -308,27 +308,40 @@ TEST_P(DeviceCacheRankTest, AttentionRowsEqualTheInProcessCacheRanksBits) {
   (void)cudaStreamDestroy(stream);
 }
 
+// The engine runs of the tests below: tiny-qwen3-random on GPU 0, three prompts of the golden
+// reference's ids (whole, half, seven tokens), 4 requests of 512 positions, chunks of 32.
+struct EngineRun {
+  explicit EngineRun(bool use_graphs) : use_graphs(use_graphs), config(LoadModelConfig(kModelDir)) {
+    options.max_batch = 4;
+    options.max_context = 512;
+    options.block_size = 16;
+    options.prefill_chunk = 32;
+    const std::vector<int> ids = golden::LoadGoldenReference("tiny-qwen3-random").prompt_ids;
+    prompts = {ids, std::vector<int>(ids.begin(), ids.begin() + ids.size() / 2),
+               std::vector<int>(ids.begin(), ids.begin() + std::min<size_t>(7, ids.size()))};
+  }
+  std::unique_ptr<Model> Load() const {
+    auto model = LoadCudaModel(kModelDir, {.device = 0, .use_cuda_graph = use_graphs});
+    EXPECT_TRUE(model.ok()) << model.status().message();
+    return model.ok() ? std::move(model).value() : nullptr;
+  }
+  static constexpr const char* kModelDir = "models/tiny-qwen3-random";
+  bool use_graphs;
+  Result<ModelConfig> config;
+  EngineOptions options;
+  std::vector<std::vector<int>> prompts;
+};
+
 // The engine's greedy tokens through the cache rank equal local dense's exactly (the same
 // kernel attends the same K/V in the same launch shape), eagerly and with decode steps replayed
 // as CUDA graphs where the transport allows it (nccl).
 void ExpectLocalDenseTokens(const std::string& kind, int cache_device, bool use_graphs) {
-  const char* model_dir = "models/tiny-qwen3-random";
-  auto config = LoadModelConfig(model_dir);
-  ASSERT_TRUE(config.ok()) << config.status().message();
-  auto load = [&] {
-    auto model = LoadCudaModel(model_dir, {.device = 0, .use_cuda_graph = use_graphs});
-    EXPECT_TRUE(model.ok()) << model.status().message();
-    return model.ok() ? std::move(model).value() : nullptr;
-  };
-  EngineOptions options;
-  options.max_batch = 4;
-  options.max_context = 512;
-  options.block_size = 16;
-  options.prefill_chunk = 32;
-  std::vector<int> ids = golden::LoadGoldenReference("tiny-qwen3-random").prompt_ids;
-  const std::vector<std::vector<int>> prompts = {
-      ids, std::vector<int>(ids.begin(), ids.begin() + ids.size() / 2),
-      std::vector<int>(ids.begin(), ids.begin() + std::min<size_t>(7, ids.size()))};
+  EngineRun run(use_graphs);
+  ASSERT_TRUE(run.config.ok()) << run.config.status().message();
+  const ModelConfig* config = &*run.config;
+  EngineOptions& options = run.options;
+  const std::vector<std::vector<int>>& prompts = run.prompts;
+  auto load = [&] { return run.Load(); };
   const auto dense = cuda_model_test::EngineGreedyTokens(load(), options, prompts);
 
   const DevicePlaneLimits limits{.max_runs = 4, .max_rows = 4 * 32};
@@ -413,23 +426,12 @@ void ExpectThreeCacheRanks(const std::string& kind, int cache_device, bool use_g
     GTEST_SKIP() << "three NCCL cache ranks of one process need GPUs 1-3 (nvidia-h200-x4); "
                     "scripts/gpu/lose_cache_rank.py runs three cache processes on two GPUs";
   }
-  const char* model_dir = "models/tiny-qwen3-random";
-  auto config = LoadModelConfig(model_dir);
-  ASSERT_TRUE(config.ok()) << config.status().message();
-  auto load = [&] {
-    auto model = LoadCudaModel(model_dir, {.device = 0, .use_cuda_graph = use_graphs});
-    EXPECT_TRUE(model.ok()) << model.status().message();
-    return model.ok() ? std::move(model).value() : nullptr;
-  };
-  EngineOptions options;
-  options.max_batch = 4;
-  options.max_context = 512;
-  options.block_size = 16;
-  options.prefill_chunk = 32;
-  std::vector<int> ids = golden::LoadGoldenReference("tiny-qwen3-random").prompt_ids;
-  const std::vector<std::vector<int>> prompts = {
-      ids, std::vector<int>(ids.begin(), ids.begin() + ids.size() / 2),
-      std::vector<int>(ids.begin(), ids.begin() + std::min<size_t>(7, ids.size()))};
+  EngineRun run(use_graphs);
+  ASSERT_TRUE(run.config.ok()) << run.config.status().message();
+  const ModelConfig* config = &*run.config;
+  EngineOptions& options = run.options;
+  const std::vector<std::vector<int>>& prompts = run.prompts;
+  auto load = [&] { return run.Load(); };
   const auto dense = cuda_model_test::EngineGreedyTokens(load(), options, prompts);
 
   ThreeCacheRanks ranks;
