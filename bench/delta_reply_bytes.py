@@ -11,7 +11,7 @@ Usage:
       --tasks vartrack --lengths 4096,16384 --context 16384 --depths 0.5 --instances 1 --seed 0 \
       --out /tmp/vt.jsonl
   bench/delta_reply_bytes.py --rubato build/inference_rank/rubato --model models/qwen3-yardstick-16k \
-      --tasks /tmp/vt.jsonl --out bench/results/delta_reply_bytes_yardstick.json
+      --tasks /tmp/vt.jsonl --out bench/results/delta_reply_bytes_yardstick.json [--decode-only]
 """
 import argparse
 import json
@@ -52,6 +52,9 @@ def main():
     parser.add_argument("--recent", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=26)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--decode-only", action="store_true",
+                        help="also run with --max-tokens 1 (prefill only) and report the decode "
+                             "steps' bytes alone: the difference of the two runs' totals")
     parser.add_argument("--full-too", action="store_true",
                         help="also run with delta_replies false (checks the tokens and bytes)")
     args = parser.parse_args()
@@ -74,6 +77,31 @@ def main():
         point["bytes_fraction"] = point["bytes_back_per_step_delta"] / point[
             "bytes_back_per_step_full"]
         point["rows_fraction"] = point["compact_rows_received"] / point["compact_rows_full"]
+        if args.decode_only:
+            # The same prompt with one generated token: its steps are the prefill chunks alone
+            # (the first token comes from the last chunk's logits), so the difference of the
+            # totals is what the decode steps moved.
+            one = argparse.Namespace(**{**vars(args), "max_tokens": 1})
+            _, prefill, _ = run(one, task["prompt"], True)
+            prefill_steps = int(prefill["offload_steps"])
+
+            def total(stats, key, count):
+                return float(stats[key]) * count
+
+            delta = (total(stats, "step_bytes_received", steps) -
+                     total(prefill, "step_bytes_received", prefill_steps))
+            full = (total(stats, "step_full_reply_bytes", steps) -
+                    total(prefill, "step_full_reply_bytes", prefill_steps))
+            decode_steps = steps - prefill_steps
+            point.update({
+                "prefill_steps": prefill_steps, "decode_steps": decode_steps,
+                "decode_bytes_back_per_step_delta": delta / max(decode_steps, 1),
+                "decode_bytes_back_per_step_full": full / max(decode_steps, 1),
+                "decode_bytes_fraction": delta / full if full > 0 else None,
+                "decode_rows_fraction":
+                    (int(stats["compact_rows_received"]) - int(prefill["compact_rows_received"])) /
+                    max(1, int(stats["compact_rows_full"]) - int(prefill["compact_rows_full"])),
+            })
         if args.full_too:
             full_tokens, full_stats, full_seconds = run(args, task["prompt"], False)
             point["full_run_bytes_back_per_step"] = float(full_stats["step_bytes_received"])
