@@ -85,8 +85,8 @@ def main():
             _, prefill, _ = run(one, task["prompt"], True)
             prefill_steps = int(prefill["offload_steps"])
 
-            def total(stats, key, count):
-                return float(stats[key]) * count
+            def total(stats, key, count):  # a run without decode steps prints no reply bytes
+                return float(stats.get(key, 0)) * count
 
             delta = (total(stats, "step_bytes_received", steps) -
                      total(prefill, "step_bytes_received", prefill_steps))
@@ -99,8 +99,9 @@ def main():
                 "decode_bytes_back_per_step_full": full / max(decode_steps, 1),
                 "decode_bytes_fraction": delta / full if full > 0 else None,
                 "decode_rows_fraction":
-                    (int(stats["compact_rows_received"]) - int(prefill["compact_rows_received"])) /
-                    max(1, int(stats["compact_rows_full"]) - int(prefill["compact_rows_full"])),
+                    (int(stats["compact_rows_received"]) -
+                     int(prefill.get("compact_rows_received", 0))) /
+                    max(1, int(stats["compact_rows_full"]) - int(prefill.get("compact_rows_full", 0))),
             })
         if args.full_too:
             full_tokens, full_stats, full_seconds = run(args, task["prompt"], False)
