@@ -2,6 +2,7 @@
 // asyncspade_policy.h).
 #include "inference_rank/policies/asyncspade/asyncspade_policy.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "common/yaml_map_reader.h"
@@ -42,8 +43,41 @@ Result<CacheSelectorSpec> AsyncSpadePolicy::MakeCacheSelector() const {
   return spec;
 }
 
+namespace {
+
+// A request's host half: the selection lives on the cache rank, so it plans nothing (the
+// residency attends) and only counts decode steps for the share the engine reports
+// (retained_kv_ratio): the first dense_steps after a prompt as the whole context (the CPU half
+// attends densely there; a GPU cache rank selects the real query's top C, reported as dense all
+// the same), later ones sink + C + recent of it.
+class AsyncSpadeRequest final : public PolicyRequest {
+ public:
+  explicit AsyncSpadeRequest(const AsyncSpadeConfig& config) : config_(config) {}
+  const EntryAttention* PlanPrefill(int /*start_position*/, int /*chunk_tokens*/,
+                                    bool /*last_chunk*/) override {
+    return nullptr;
+  }
+  const EntryAttention* PlanDecode(int /*position*/) override { return nullptr; }
+  Verdict Observe(bool decode, int /*token*/, float /*probability*/) override {
+    decode_steps_ = decode ? decode_steps_ + 1 : 0;  // the prompt's last chunk starts over
+    return Verdict::kAccept;
+  }
+  double RetainedKvRatio(int context) const override {
+    if (decode_steps_ <= config_.dense_steps || context <= 0) return 1.0;
+    const double kept =
+        static_cast<double>(config_.sink_tokens) + config_.top_k + config_.recent_window;
+    return std::min(1.0, kept / context);
+  }
+
+ private:
+  const AsyncSpadeConfig config_;
+  int decode_steps_ = 0;  // accepted since the prompt's last chunk
+};
+
+}  // namespace
+
 std::unique_ptr<PolicyRequest> AsyncSpadePolicy::Admit(KvResidency /*residency*/) {
-  return nullptr;
+  return std::make_unique<AsyncSpadeRequest>(config_);
 }
 
 Result<AsyncSpadeConfig> ParseAsyncSpadeConfig(const PolicySection& section) {

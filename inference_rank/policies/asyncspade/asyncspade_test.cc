@@ -151,6 +151,30 @@ Result<PolicyChoice> Resolve(const std::string& yaml, std::optional<KvResidency>
   return ResolvePolicy(config->policy, residency);
 }
 
+// The share the engine reports: the whole context during the warm-up, then sink + C + recent.
+TEST(AsyncSpade, ReportsWhatItsSelectionKeeps) {
+  AsyncSpadeConfig config;
+  config.top_k = 100;
+  config.sink_tokens = 4;
+  config.recent_window = 16;
+  config.dense_steps = 2;
+  AsyncSpadePolicy policy(config);
+  std::unique_ptr<PolicyRequest> request = policy.Admit(KvResidency::kOffloaded);
+  ASSERT_NE(request, nullptr);
+  EXPECT_EQ(request->PlanPrefill(0, 1000, true), nullptr);  // the residency attends
+  EXPECT_EQ(request->PlanDecode(1000), nullptr);
+  EXPECT_EQ(request->Observe(false, 7, -1.f), PolicyRequest::Verdict::kAccept);
+  EXPECT_DOUBLE_EQ(request->RetainedKvRatio(1000), 1.0);  // the prompt's token
+  request->Observe(true, 7, -1.f);
+  request->Observe(true, 7, -1.f);
+  EXPECT_DOUBLE_EQ(request->RetainedKvRatio(1002), 1.0);  // still warming up
+  request->Observe(true, 7, -1.f);
+  EXPECT_DOUBLE_EQ(request->RetainedKvRatio(1003), 120.0 / 1003);
+  EXPECT_DOUBLE_EQ(request->RetainedKvRatio(100), 1.0);  // C covers a short context
+  request->Observe(false, 7, -1.f);                      // a new prompt: warming up again
+  EXPECT_DOUBLE_EQ(request->RetainedKvRatio(1003), 1.0);
+}
+
 TEST(AsyncSpade, NeedsOffloadedKvAndRefusesBadValuesByName) {
   auto choice = Resolve("policy:\n  name: asyncspade\n", std::nullopt);
   ASSERT_TRUE(choice.ok()) << choice.status().message();
