@@ -30,19 +30,7 @@ class DeviceCacheRankBackend final : public CudaResidencyBackend {
 
   Status CheckBatch(std::span<const ForwardEntry> batch,
                     const AttentionWindow& window) const override {
-    RUBATO_RETURN_IF_ERROR(CheckGpuCacheBatch(batch, window));
-    size_t rows = 0;
-    for (const ForwardEntry& entry : batch) rows += entry.tokens.size();
-    const DevicePlaneLimits& limits = client_.limits();
-    if (batch.size() > static_cast<size_t>(limits.max_runs) ||
-        rows > static_cast<size_t>(limits.max_rows)) {
-      return InvalidArgumentError(
-          "a step of " + std::to_string(batch.size()) + " requests and " + std::to_string(rows) +
-          " tokens exceeds the GPU cache rank's "
-          "data plane (max_runs " +
-          std::to_string(limits.max_runs) + ", max_rows " + std::to_string(limits.max_rows) + ")");
-    }
-    return Status::Ok();
+    return CheckDevicePlaneBatch(batch, window, client_.limits());
   }
 
   Status PlanStep(std::span<const ForwardEntry> batch, const ForwardPlan& plan) override {
@@ -74,14 +62,10 @@ class DeviceCacheRankBackend final : public CudaResidencyBackend {
   // waits): the step's attention rows are not the cache rank's.
   Status FinishStep() override { return residency_.Broken(); }
 
+  // LayerComputed received rows [0, decode rows): all of them are the residency's.
   Status AttendDecodeRows(const CudaLayerContext& /*layer*/, int first_row, int rows,
                           const AttentionWindow& /*window*/) override {
-    // LayerComputed received rows [0, decode rows): all of them are the residency's.
-    if (first_row != 0) {
-      return InternalError("GPU cache rank: decode rows from " + std::to_string(first_row) + " (" +
-                           std::to_string(rows) + "), expected all from 0");
-    }
-    return Status::Ok();
+    return CheckDecodeRowsFromZero(first_row, rows);
   }
 
  private:

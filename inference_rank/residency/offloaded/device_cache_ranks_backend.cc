@@ -74,18 +74,7 @@ class DeviceCacheRanksBackend final : public CudaResidencyBackend {
 
   Status CheckBatch(std::span<const ForwardEntry> batch,
                     const AttentionWindow& window) const override {
-    RUBATO_RETURN_IF_ERROR(CheckGpuCacheBatch(batch, window));
-    size_t rows = 0;
-    for (const ForwardEntry& entry : batch) rows += entry.tokens.size();
-    if (batch.size() > static_cast<size_t>(limits_.max_runs) ||
-        rows > static_cast<size_t>(limits_.max_rows)) {
-      return InvalidArgumentError("a step of " + std::to_string(batch.size()) + " requests and " +
-                                  std::to_string(rows) +
-                                  " tokens exceeds the GPU cache ranks' data plane (max_runs " +
-                                  std::to_string(limits_.max_runs) + ", max_rows " +
-                                  std::to_string(limits_.max_rows) + ")");
-    }
-    return Status::Ok();
+    return CheckDevicePlaneBatch(batch, window, limits_);
   }
 
   Status PlanStep(std::span<const ForwardEntry> batch, const ForwardPlan& plan) override {
@@ -179,11 +168,7 @@ class DeviceCacheRanksBackend final : public CudaResidencyBackend {
 
   Status AttendDecodeRows(const CudaLayerContext& /*layer*/, int first_row, int rows,
                           const AttentionWindow& /*window*/) override {
-    if (first_row != 0) {
-      return InternalError("GPU cache ranks: decode rows from " + std::to_string(first_row) + " (" +
-                           std::to_string(rows) + "), expected all from 0");
-    }
-    return Status::Ok();
+    return CheckDecodeRowsFromZero(first_row, rows);
   }
 
  private:
@@ -229,6 +214,27 @@ class DeviceCacheRanksBackend final : public CudaResidencyBackend {
   cudaEvent_t staged_[2] = {nullptr, nullptr};
   int slot_ = 0;
 };
+
+Status CheckDevicePlaneBatch(std::span<const ForwardEntry> batch, const AttentionWindow& window,
+                             const DevicePlaneLimits& limits) {
+  RUBATO_RETURN_IF_ERROR(CheckGpuCacheBatch(batch, window));
+  size_t rows = 0;
+  for (const ForwardEntry& entry : batch) rows += entry.tokens.size();
+  if (batch.size() > static_cast<size_t>(limits.max_runs) ||
+      rows > static_cast<size_t>(limits.max_rows)) {
+    return InvalidArgumentError(
+        "a step of " + std::to_string(batch.size()) + " requests and " + std::to_string(rows) +
+        " tokens exceeds the GPU cache ranks' data plane (max_runs " +
+        std::to_string(limits.max_runs) + ", max_rows " + std::to_string(limits.max_rows) + ")");
+  }
+  return Status::Ok();
+}
+
+Status CheckDecodeRowsFromZero(int first_row, int rows) {
+  if (first_row == 0) return Status::Ok();
+  return InternalError("GPU cache rank: decode rows from " + std::to_string(first_row) + " (" +
+                       std::to_string(rows) + "), expected all from 0");
+}
 
 Result<std::unique_ptr<CudaResidencyBackend>> MakeDeviceCacheRanksBackend(
     DeviceCacheRankResidency& residency, CudaModel& model) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 
 #include "common/status.h"
 #include "inference_rank/model/cuda_model.h"
@@ -15,6 +16,14 @@
 #include "inference_rank/residency/offloaded/device_cache_rank_residency.h"
 
 namespace rubato {
+
+// The batch check of both CUDA halves over the device data plane (one rank or several):
+// CheckGpuCacheBatch, and the step within the plane's limits.
+Status CheckDevicePlaneBatch(std::span<const ForwardEntry> batch, const AttentionWindow& window,
+                             const DevicePlaneLimits& limits);
+// Both halves' AttendDecodeRows: LayerComputed wrote every decode row, so it is called once,
+// from row 0.
+Status CheckDecodeRowsFromZero(int first_row, int rows);
 
 // Buffers on the model's GPU sized by the ranks' limits (max_rows, max_runs; Attach checked
 // they agree).
