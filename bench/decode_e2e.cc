@@ -4,6 +4,7 @@
 // copy bandwidth measured in this process); with --policy FILE, each point again with that
 // attention policy's decode plans, and the ratio. No prefill: the KV is random bf16. A
 // benchmark, not a test. docs/benchmarks.md "End-to-end dense decode".
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -41,6 +42,7 @@ struct Options {
   int steps = 20;
   int warmup = 3;
   std::string policy;  // YAML with a `policy:` section: also run each point with it
+  int profile_steps = 0;  // steps after the timed ones, bracketed for ncu --profile-from-start off
 };
 
 struct PointResult {
@@ -78,8 +80,10 @@ Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point&
   std::vector<double> device_ms, host_ms;
   int64_t replays_before = 0;
   Status status;
-  for (int step = 0; step < options.warmup + options.steps && status.ok(); ++step) {
+  const int timed_end = options.warmup + options.steps;
+  for (int step = 0; step < timed_end + options.profile_steps && status.ok(); ++step) {
     if (step == options.warmup) replays_before = model.graph_replays();
+    if (step == timed_end) cudaProfilerStart();  // the profiled steps run after the timed ones
     for (size_t i = 0; i < sequences.size(); ++i) {
       batch[i] = ForwardEntry{
           &sequences[i], {&next[i], 1}, sequences[i].num_tokens, LogitsWanted::kLast, &greedy};
@@ -96,7 +100,7 @@ Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point&
     const auto host_end = std::chrono::steady_clock::now();
     float ms = 0;
     cudaEventElapsedTime(&ms, start, stop);
-    if (step >= options.warmup) {
+    if (step >= options.warmup && step < timed_end) {
       device_ms.push_back(ms);
       host_ms.push_back(std::chrono::duration<double, std::milli>(host_end - host_start).count());
     }
@@ -105,6 +109,7 @@ Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point&
       if (requests[i] != nullptr) requests[i]->Observe(true, next[i], -1.f);
     }
   }
+  if (options.profile_steps > 0) cudaProfilerStop();
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   for (KvSequence& s : sequences) {
@@ -116,6 +121,7 @@ Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point&
   PointResult r;
   r.point = point;
   r.graph_steps = model.graph_replays() - replays_before;
+  if (options.profile_steps > 0) r.graph_steps -= options.profile_steps;
   r.median_ms = Percentile(device_ms, 0.5);
   r.p90_ms = Percentile(device_ms, 0.9);
   r.min_ms = *std::min_element(device_ms.begin(), device_ms.end());
@@ -131,10 +137,10 @@ Result<PointResult> RunPoint(CudaModel& model, PagedKvCache& cache, const Point&
 Status Run(const Options& options, nlohmann::json& report, std::vector<PointResult>& results) {
   RUBATO_ASSIGN_OR_RETURN(const std::vector<Point> points,
                           bench::ParsePoints(options.points, options.batch, options.context));
-  if (options.steps < 1 || options.warmup < 2) {
+  if (options.steps < 1 || options.warmup < 2 || options.profile_steps < 0) {
     return InvalidArgumentError(
         "--steps must be >= 1 and --warmup >= 2 (the first step of a shape runs eagerly, the "
-        "second captures its graph)");
+        "second captures its graph), --profile-steps >= 0");
   }
   RUBATO_ASSIGN_OR_RETURN(bench::BenchModel loaded, bench::LoadBenchModel(options.common));
   CudaModel* model = loaded.model;
@@ -148,7 +154,8 @@ Status Run(const Options& options, nlohmann::json& report, std::vector<PointResu
 
   // One pool for the largest point; points run one after the other and release their blocks.
   const int num_blocks =
-      bench::BlocksForPoints(points, options.warmup + options.steps, options.common.block_size);
+      bench::BlocksForPoints(points, options.warmup + options.steps + options.profile_steps,
+                             options.common.block_size);
   RUBATO_ASSIGN_OR_RETURN(
       std::unique_ptr<PagedKvCache> cache,
       bench::CreateBenchKvCache(*model, options.common.block_size, num_blocks, 0, ""));
@@ -238,6 +245,9 @@ int main(int argc, char** argv) {
   app.add_option("--points", options.points, "BATCHxCONTEXT list, e.g. 8x12288,16x32768");
   app.add_option("--steps", options.steps, "timed decode steps per point");
   app.add_option("--warmup", options.warmup, "untimed steps per point (>= 2: eager, capture)");
+  app.add_option("--profile-steps", options.profile_steps,
+                 "steps after the timed ones, between cudaProfilerStart/Stop, per point (for ncu "
+                 "--profile-from-start off: bench/kernel_breakdown.py)");
   app.add_option("--policy", options.policy,
                  "YAML config whose policy section also runs each point (e.g. "
                  "bench/configs/kascade_qwen3_8b.yaml)");
