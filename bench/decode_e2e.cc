@@ -41,7 +41,7 @@ struct Options {
   std::string points;  // "8x12288,16x32768": overrides batch / context
   int steps = 20;
   int warmup = 3;
-  std::string policy;  // YAML with a `policy:` section: also run each point with it
+  std::string policy;     // YAML with a `policy:` section: also run each point with it
   int profile_steps = 0;  // steps after the timed ones, bracketed for ncu --profile-from-start off
 };
 
@@ -153,9 +153,8 @@ Status Run(const Options& options, nlohmann::json& report, std::vector<PointResu
       model->weight_bytes() / 1e9);
 
   // One pool for the largest point; points run one after the other and release their blocks.
-  const int num_blocks =
-      bench::BlocksForPoints(points, options.warmup + options.steps + options.profile_steps,
-                             options.common.block_size);
+  const int num_blocks = bench::BlocksForPoints(
+      points, options.warmup + options.steps + options.profile_steps, options.common.block_size);
   RUBATO_ASSIGN_OR_RETURN(
       std::unique_ptr<PagedKvCache> cache,
       bench::CreateBenchKvCache(*model, options.common.block_size, num_blocks, 0, ""));

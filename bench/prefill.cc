@@ -31,7 +31,8 @@ struct Options {
   std::string chunks = "512,8192";     // prefill chunk sizes (engine.prefill_chunk)
   int repeats = 3;
   double peak_tflops = 0;  // 0: from the device name (H100 / H200 SXM: 989.4 dense bf16)
-  bool profile = false;    // bracket one prefill per (prompt, chunk) for `ncu --profile-from-start off`
+  bool profile =
+      false;  // bracket one prefill per (prompt, chunk) for `ncu --profile-from-start off`
 };
 
 Result<std::vector<int>> ParseList(const std::string& text, const char* flag) {
@@ -54,7 +55,7 @@ Result<std::vector<int>> ParseList(const std::string& text, const char* flag) {
 // of `length` tokens (QK^T and PV over the lower triangle, diagonal included).
 double LinearFlopsPerToken(const ModelConfig& c) {
   const double qkv = static_cast<double>(c.q_dim()) + 2.0 * c.kv_dim();
-  const double per_layer = 2.0 * c.hidden_size * (qkv + c.q_dim()) +  // qkv, o
+  const double per_layer = 2.0 * c.hidden_size * (qkv + c.q_dim()) +         // qkv, o
                            2.0 * c.hidden_size * 3.0 * c.intermediate_size;  // gate|up, down
   return per_layer * c.num_layers;
 }
@@ -74,7 +75,8 @@ Result<double> TimePrefill(CudaModel& model, PagedKvCache& cache, int length, in
                            int repeats, bool profile) {
   std::mt19937_64 rng(static_cast<uint64_t>(length) * 7919 + chunk);
   std::vector<int> tokens(static_cast<size_t>(length));
-  for (int& t : tokens) t = static_cast<int>(rng() % static_cast<uint64_t>(model.config().vocab_size));
+  for (int& t : tokens)
+    t = static_cast<int>(rng() % static_cast<uint64_t>(model.config().vocab_size));
   const TokenSampling greedy;
   ForwardResult result;
   cudaEvent_t start, stop;
@@ -90,9 +92,12 @@ Result<double> TimePrefill(CudaModel& model, PagedKvCache& cache, int length, in
     cudaEventRecord(start, model.stream());
     for (int begin = 0; begin < length && status.ok(); begin += chunk) {
       const int n = std::min(chunk, length - begin);
-      const ForwardEntry entry{&sequence, {tokens.data() + begin, static_cast<size_t>(n)}, begin,
-                               begin + n == length ? LogitsWanted::kLast : LogitsWanted::kNone,
-                               &greedy};
+      const bool last = begin + n == length;  // only the prompt's last chunk samples
+      const ForwardEntry entry{&sequence,
+                               {tokens.data() + begin, static_cast<size_t>(n)},
+                               begin,
+                               last ? LogitsWanted::kLast : LogitsWanted::kNone,
+                               last ? &greedy : nullptr};
       status = model.Forward({&entry, 1}, cache, result);
     }
     cudaEventRecord(stop, model.stream());
@@ -192,8 +197,7 @@ Status Run(const Options& options, nlohmann::json& report) {
   RUBATO_ASSIGN_OR_RETURN(
       std::unique_ptr<PagedKvCache> cache,
       bench::CreateBenchKvCache(model, options.common.block_size, blocks, 0, ""));
-  bench::AddReportHeader(report, options.common, loaded, *cache,
-                         "written by the prefill itself");
+  bench::AddReportHeader(report, options.common, loaded, *cache, "written by the prefill itself");
   report["peak_bf16_tflops"] = peak;
   report["peak_source"] = options.peak_tflops > 0 ? "--peak-tflops" : "device name (dense bf16)";
   report["repeats"] = options.repeats;
@@ -202,8 +206,7 @@ Status Run(const Options& options, nlohmann::json& report) {
   std::printf("%8s %7s %10s %12s %10s %8s\n", "prompt", "chunk", "ms", "tokens/s", "TFLOP/s",
               "of peak");
   for (int chunk : chunks) {
-    RUBATO_ASSIGN_OR_RETURN(nlohmann::json gemms,
-                            TimeGemms(config, chunk, model.stream(), peak));
+    RUBATO_ASSIGN_OR_RETURN(nlohmann::json gemms, TimeGemms(config, chunk, model.stream(), peak));
     report["gemms"].push_back(gemms);
     for (int length : prompts) {
       RUBATO_ASSIGN_OR_RETURN(const double ms, TimePrefill(model, *cache, length, chunk,
@@ -241,6 +244,7 @@ int main(int argc, char** argv) {
   app.add_flag("--profile", options.profile,
                "bracket the last prefill of each point with cudaProfilerStart/Stop (ncu "
                "--profile-from-start off)");
-  return rubato::bench::BenchMain("rubato_bench_prefill", app, options.common, argc, argv,
-                                  [&](nlohmann::json& report) { return rubato::Run(options, report); });
+  return rubato::bench::BenchMain(
+      "rubato_bench_prefill", app, options.common, argc, argv,
+      [&](nlohmann::json& report) { return rubato::Run(options, report); });
 }

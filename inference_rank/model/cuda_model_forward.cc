@@ -8,12 +8,10 @@
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/gather_rows.cuh"
-#include "kernels/cuda/kv_append.cuh"
 #include "kernels/cuda/logit_adjust.cuh"
 #include "kernels/cuda/prefill_attention.cuh"
-#include "kernels/cuda/qk_norm.cuh"
+#include "kernels/cuda/qk_rope_append.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
-#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/sampling.cuh"
 #include "kernels/cuda/swiglu.cuh"
 
@@ -135,45 +133,28 @@ Status CudaModel::SelfAttention(int layer, DeviceKvStorage& kv, const AttentionW
       Linear(normed_.data(), w.qkv, &w.qkv_bias, qkv_.data(), tokens, config_.hidden_size, qkv_dim),
       stream));
 
+  // [q/k norm] -> RoPE -> KV append, one launch (cuda::QkNormRopeAppend is bit for bit the three
+  // separate ops).
+  cuda::QkRopeAppendParams fused;
+  fused.qkv = qkv_.data();
+  fused.row_stride = qkv_dim;
+  fused.tokens = tokens;
+  fused.num_heads = heads;
+  fused.num_kv_heads = kv_heads;
+  fused.head_dim = head_dim;
   if (config_.qk_norm) {
-    cuda::HeadRmsNormParams qk;
-    qk.x = qkv_.data();
-    qk.row_stride = qkv_dim;
-    qk.tokens = tokens;
-    qk.heads = heads;
-    qk.head_dim = head_dim;
-    qk.weight = w.q_norm.data();
-    qk.eps = eps;
-    RUBATO_RETURN_IF_ERROR(cuda::HeadRmsNormInPlace(qk, stream));
-    qk.x = qkv_.data() + q_dim;
-    qk.heads = kv_heads;
-    qk.weight = w.k_norm.data();
-    RUBATO_RETURN_IF_ERROR(cuda::HeadRmsNormInPlace(qk, stream));
+    fused.q_norm_weight = w.q_norm.data();
+    fused.k_norm_weight = w.k_norm.data();
   }
-
-  cuda::RopeParams rope;  // q and k heads are adjacent: one call rotates both
-  rope.x = qkv_.data();
-  rope.row_stride = qkv_dim;
-  rope.tokens = tokens;
-  rope.heads = heads + kv_heads;
-  rope.head_dim = head_dim;
-  rope.positions = StepInput<const int32_t>(input_layout_.positions);
-  rope.inv_freq = inv_freq_.data();
-  RUBATO_RETURN_IF_ERROR(cuda::ApplyRope(rope, stream));
-
+  fused.eps = eps;
+  fused.positions = StepInput<const int32_t>(input_layout_.positions);
+  fused.inv_freq = inv_freq_.data();
+  fused.slots = StepInput<const int32_t>(input_layout_.kv_slots);
   const int block_tokens = kv.shape().block_tokens;
-  cuda::KvAppendParams append;
-  append.keys = qkv_.data() + q_dim;
-  append.values = qkv_.data() + q_dim + kv_dim;
-  append.row_stride = qkv_dim;
-  append.slots = StepInput<const int32_t>(input_layout_.kv_slots);
-  append.tokens = tokens;
-  append.num_kv_heads = kv_heads;
-  append.head_dim = head_dim;
-  append.block_tokens = block_tokens;
-  append.key_pool = kv.layer_keys(layer);
-  append.value_pool = kv.layer_values(layer);
-  RUBATO_RETURN_IF_ERROR(cuda::AppendToPagedKv(append, stream));
+  fused.block_tokens = block_tokens;
+  fused.key_pool = kv.layer_keys(layer);
+  fused.value_pool = kv.layer_values(layer);
+  RUBATO_RETURN_IF_ERROR(cuda::QkNormRopeAppend(fused, stream));
   const CudaLayerContext context = LayerContext(layer, kv, stream);
   // The residency's entries' new K/V and queries, after the local append.
   if (residency_step_) RUBATO_RETURN_IF_ERROR(residency_->LayerComputed(context));

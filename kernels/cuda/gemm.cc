@@ -1,8 +1,9 @@
 // CublasLtGemm (gemm.h): y = x W^T (+ bias) through cuBLASLt, bf16 A/B, fp32 accumulation, bf16
 // or f32 D, computed as the column-major transpose ("TN") with nothing moved. Plans are cached
 // per (shape, bias, y dtype, pointer alignments): a new key's first call queries the heuristic
-// (and may allocate the f32 bias copy), so make it outside graph capture. Not thread-safe: calls
-// must be ordered (one stream, or streams ordered by events).
+// (and may allocate the f32 bias copy), and for a weight-bound shape times the heuristic's answers
+// and keeps the fastest (a host sync, once per key), so make it outside graph capture. Not
+// thread-safe: calls must be ordered (one stream, or streams ordered by events).
 // Narrative (the layouts, plan keys, bias widening): docs/cuda_model.md "GEMM".
 #include "kernels/cuda/gemm.h"
 
@@ -10,9 +11,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
@@ -81,7 +84,10 @@ struct Plan {
   cublasLtMatrixLayout_t x_layout = nullptr;       // B: col-major [in x rows], ld in, bf16
   cublasLtMatrixLayout_t y_layout = nullptr;       // C = D: col-major [out x rows], ld out
   cublasLtMatmulAlgo_t algo{};
-  size_t workspace_bytes = 0;    // what the chosen algorithm uses (<= the gemm's workspace)
+  size_t workspace_bytes = 0;  // what the chosen algorithm uses (<= the gemm's workspace)
+  // The heuristic's other answers, timed at the plan's first call outside capture (Tune).
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates;
+  bool tuned = false;
   DeviceBuffer<float> bias_f32;  // [out_features], f32: the bias widened, f32 output only
 
   Plan() = default;
@@ -156,6 +162,7 @@ class CublasLtGemmImpl final : public CublasLtGemm {
                                          sizeof(bias)),
           what + ": setting the bias pointer");
     }
+    if (!plan.tuned) RUBATO_RETURN_IF_ERROR(Tune(args, plan, stream));
     const float alpha = 1.0f, beta = 0.0f;
     RUBATO_CUBLAS_RETURN_IF_ERROR(
         cublasLtMatmul(handle_, plan.matmul, &alpha, args.weight, plan.weight_layout, args.x,
@@ -228,12 +235,13 @@ class CublasLtGemmImpl final : public CublasLtGemm {
       status = cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i],
                                                     &alignments[i], sizeof(alignments[i]));
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    const bool tunable = Tunable(key);
+    std::vector<cublasLtMatmulHeuristicResult_t> results(tunable ? kTuneCandidates : 1);
     int returned = 0;
     if (status == CUBLAS_STATUS_SUCCESS) {
-      status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->matmul, plan->weight_layout,
-                                              plan->x_layout, plan->y_layout, plan->y_layout,
-                                              preference, 1, &result, &returned);
+      status = cublasLtMatmulAlgoGetHeuristic(
+          handle_, plan->matmul, plan->weight_layout, plan->x_layout, plan->y_layout,
+          plan->y_layout, preference, static_cast<int>(results.size()), results.data(), &returned);
     }
     cublasLtMatmulPreferenceDestroy(preference);
     RUBATO_CUBLAS_RETURN_IF_ERROR(status, what + ": cublasLtMatmulAlgoGetHeuristic");
@@ -243,10 +251,84 @@ class CublasLtGemmImpl final : public CublasLtGemm {
                               std::to_string(key.align_weight) + ", y " +
                               std::to_string(key.align_y) + " bytes)");
     }
-    plan->algo = result.algo;
-    plan->workspace_bytes = result.workspaceSize;
+    plan->algo = results[0].algo;
+    plan->workspace_bytes = results[0].workspaceSize;
+    results.resize(static_cast<size_t>(returned));
+    if (returned > 1) plan->candidates = std::move(results);
+    plan->tuned = plan->candidates.empty();
     return plan;
   }
+
+  // Weight-bound shapes (a decode step's few rows against a large weight) are where cuBLASLt's
+  // first answer can leave bandwidth unused; everything else keeps it. RUBATO_GEMM_TUNE=0 turns
+  // tuning off.
+  static bool Tunable(const PlanKey& key) {
+    static const bool enabled = [] {
+      const char* flag = std::getenv("RUBATO_GEMM_TUNE");
+      return flag == nullptr || std::string(flag) != "0";
+    }();
+    const double weight_bytes = 2.0 * key.in_features * static_cast<double>(key.out_features);
+    return enabled && key.rows <= kTuneMaxRows && weight_bytes >= kTuneMinWeightBytes;
+  }
+
+  // Times every candidate on the call's own operands (y is written, then the real call rewrites
+  // it) and keeps the fastest when it beats the heuristic's first answer by kTuneMargin: a
+  // margin, so that timing noise does not make runs pick different algorithms (and round
+  // differently) for a few percent. Inside stream capture nothing can be timed: the plan keeps
+  // the first answer for good, so eager and replayed steps always run one algorithm.
+  Status Tune(const LinearArgs& args, Plan& plan, cudaStream_t stream) {
+    plan.tuned = true;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture), "querying capture");
+    if (capture != cudaStreamCaptureStatusNone) return Status::Ok();
+    cudaEvent_t start = nullptr, stop = nullptr;
+    RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "creating a GEMM tuning event");
+    RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "creating a GEMM tuning event");
+    const float alpha = 1.0f, beta = 0.0f;
+    std::vector<float> mean_ms(plan.candidates.size(), -1.0f);
+    Status status;
+    for (size_t i = 0; i < plan.candidates.size() && status.ok(); ++i) {
+      const cublasLtMatmulHeuristicResult_t& c = plan.candidates[i];
+      if (c.state != CUBLAS_STATUS_SUCCESS || c.workspaceSize > workspace_.bytes()) continue;
+      bool ran = true;
+      for (int call = 0; call < kTuneWarmup + kTuneCalls && ran; ++call) {
+        if (call == kTuneWarmup) cudaEventRecord(start, stream);
+        ran = cublasLtMatmul(handle_, plan.matmul, &alpha, args.weight, plan.weight_layout, args.x,
+                             plan.x_layout, &beta, args.y, plan.y_layout, args.y, plan.y_layout,
+                             &c.algo, workspace_.data(), c.workspaceSize,
+                             stream) == CUBLAS_STATUS_SUCCESS;
+      }
+      cudaEventRecord(stop, stream);
+      status = CudaStatus(cudaEventSynchronize(stop), "timing a GEMM candidate");
+      float ms = 0;
+      if (status.ok() && ran && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess) {
+        mean_ms[i] = ms / kTuneCalls;
+      }
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    RUBATO_RETURN_IF_ERROR(status);
+    size_t best = 0;
+    for (size_t i = 1; i < mean_ms.size(); ++i) {
+      if (mean_ms[i] > 0 && (mean_ms[best] <= 0 || mean_ms[i] < mean_ms[best])) best = i;
+    }
+    if (best != 0 && mean_ms[0] > 0 && mean_ms[best] > mean_ms[0] * (1.0f - kTuneMargin)) {
+      best = 0;
+    }
+    if (mean_ms[best] > 0) {
+      plan.algo = plan.candidates[best].algo;
+      plan.workspace_bytes = plan.candidates[best].workspaceSize;
+    }
+    plan.candidates.clear();
+    return Status::Ok();
+  }
+
+  static constexpr int kTuneCandidates = 16;
+  static constexpr int kTuneMaxRows = 64;
+  static constexpr double kTuneMinWeightBytes = 8.0 * (1 << 20);
+  static constexpr int kTuneWarmup = 2;
+  static constexpr int kTuneCalls = 10;
+  static constexpr float kTuneMargin = 0.03f;
 
   // plan.bias_f32 = f32(args.bias), exactly: zero the low halves, copy the bf16 bits into the
   // high halves (little-endian: bytes 2..3 of each float).

@@ -8,8 +8,8 @@ pool line serve printed at start, the device, the commit and the command.
   python3 scripts/gpu/serve_scale.py --rubato build-gpu/inference_rank/rubato \
       --config-dir configs/models/qwen3-8b --out bench/results/serve_scale_qwen3-8b_h200.json
 
-The model directory is a temporary copy of the config's config.json beside a tokenizer borrowed
-from --tokenizer-from (serve needs one; prompts travel as token ids, so it only detokenises).
+The model directory is a temporary copy of the config's config.json beside a tokenizer grown from
+--tokenizer-from's to the config's vocabulary (serve needs one; prompts travel as token ids).
 """
 import argparse
 import json
@@ -21,6 +21,33 @@ import tempfile
 import threading
 import time
 import urllib.request
+
+
+def synthetic_tokenizer(template, vocab_size):
+    """The template's byte-level BPE tokenizer grown to `vocab_size` ids: its special tokens and
+    byte symbols, then every pair and as many triples of printable ASCII (space included) as fill
+    the rest, each with its merge. Random ids then detokenise to text almost always, so the
+    server streams a chunk per token, as it does with a real model's tokenizer."""
+    vocab = {k: v for k, v in template["model"]["vocab"].items()
+             if len(k) == 1 or k in {t["content"] for t in template.get("added_tokens", [])}}
+    symbols = [chr(c) for c in range(33, 127)] + ["\u0120"]  # GPT-2's byte map: 'Ġ' is a space
+    merges = []
+    def add(left, right):
+        if len(vocab) < vocab_size:
+            vocab[left + right] = len(vocab)
+            merges.append([left, right])
+    pairs = [a + b for a in symbols for b in symbols]
+    for a in symbols:
+        for b in symbols:
+            add(a, b)
+    for pair in pairs:
+        for c in symbols:
+            add(pair, c)
+    if len(vocab) != vocab_size:
+        sys.exit(f"synthetic tokenizer: {len(vocab)} ids, not {vocab_size}")
+    tokenizer = dict(template)
+    tokenizer["model"] = dict(template["model"], vocab=vocab, merges=merges)
+    return tokenizer
 
 
 def wait_listening(proc, lines, seconds):
@@ -69,10 +96,11 @@ def main():
     shutil.copy(os.path.join(args.config_dir, "config.json"), model)
     with open(os.path.join(model, "config.json")) as f:
         vocab = int(json.load(f)["vocab_size"])
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        source = os.path.join(args.tokenizer_from, name)
-        if os.path.exists(source):
-            shutil.copy(source, model)
+    shutil.copy(os.path.join(args.tokenizer_from, "tokenizer_config.json"), model)
+    with open(os.path.join(args.tokenizer_from, "tokenizer.json")) as f:
+        template = json.load(f)
+    with open(os.path.join(model, "tokenizer.json"), "w") as f:
+        json.dump(synthetic_tokenizer(template, vocab), f)
     config = os.path.join(work, "serve.yaml")
     with open(config, "w") as f:
         f.write(f"model:\n  path: {model}\n  random_weights: true\n"
