@@ -260,27 +260,37 @@ class CublasLtGemmImpl final : public CublasLtGemm {
   }
 
   // Weight-bound shapes (a decode step's few rows against a large weight) are where cuBLASLt's
-  // first answer can leave bandwidth unused; everything else keeps it. RUBATO_GEMM_TUNE=0 turns
-  // tuning off.
+  // first answer can leave bandwidth unused; everything else keeps it. Off unless
+  // RUBATO_GEMM_TUNE=1 (docs/cuda_model.md "GEMM": measured no faster on an H200).
   static bool Tunable(const PlanKey& key) {
     static const bool enabled = [] {
       const char* flag = std::getenv("RUBATO_GEMM_TUNE");
-      return flag == nullptr || std::string(flag) != "0";
+      return flag != nullptr && std::string(flag) == "1";
     }();
     const double weight_bytes = 2.0 * key.in_features * static_cast<double>(key.out_features);
     return enabled && key.rows <= kTuneMaxRows && weight_bytes >= kTuneMinWeightBytes;
   }
 
   // Times every candidate on the call's own operands (y is written, then the real call rewrites
-  // it) and keeps the fastest when it beats the heuristic's first answer by kTuneMargin: a
-  // margin, so that timing noise does not make runs pick different algorithms (and round
-  // differently) for a few percent. Inside stream capture nothing can be timed: the plan keeps
-  // the first answer for good, so eager and replayed steps always run one algorithm.
+  // it), one call at a time after an L2 flush, and keeps the fastest when it beats the heuristic's
+  // first answer by kTuneMargin: a margin, so that timing noise does not make runs pick different
+  // algorithms (and round differently) for a few percent. Inside stream capture nothing can be
+  // timed: the plan keeps the first answer for good, so eager and replayed steps always run one
+  // algorithm.
   Status Tune(const LinearArgs& args, Plan& plan, cudaStream_t stream) {
     plan.tuned = true;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture), "querying capture");
     if (capture != cudaStreamCaptureStatusNone) return Status::Ok();
+    if (flush_.bytes() == 0) {
+      int device = 0, l2_bytes = 0;
+      RUBATO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "querying the device");
+      RUBATO_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device),
+                                  "querying the L2");
+      RUBATO_ASSIGN_OR_RETURN(
+          flush_, DeviceBuffer<uint8_t>::Allocate(2 * static_cast<size_t>(l2_bytes) + (1 << 20),
+                                                  "the GEMM tuning's L2 flush buffer"));
+    }
     cudaEvent_t start = nullptr, stop = nullptr;
     RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "creating a GEMM tuning event");
     RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "creating a GEMM tuning event");
@@ -291,19 +301,27 @@ class CublasLtGemmImpl final : public CublasLtGemm {
       const cublasLtMatmulHeuristicResult_t& c = plan.candidates[i];
       if (c.state != CUBLAS_STATUS_SUCCESS || c.workspaceSize > workspace_.bytes()) continue;
       bool ran = true;
-      for (int call = 0; call < kTuneWarmup + kTuneCalls && ran; ++call) {
-        if (call == kTuneWarmup) cudaEventRecord(start, stream);
+      float total_ms = 0;
+      for (int call = 0; call < kTuneWarmup + kTuneCalls && ran && status.ok(); ++call) {
+        // The weights must come from HBM as in a step, not from the L2 the previous call left
+        // them in (an o_proj fits in an H200's L2): overwrite a buffer twice the L2's size first.
+        RUBATO_RETURN_IF_ERROR(
+            CudaStatus(cudaMemsetAsync(flush_.data(), call & 0xff, flush_.bytes(), stream),
+                       "flushing the L2 between GEMM candidates"));
+        cudaEventRecord(start, stream);
         ran = cublasLtMatmul(handle_, plan.matmul, &alpha, args.weight, plan.weight_layout, args.x,
                              plan.x_layout, &beta, args.y, plan.y_layout, args.y, plan.y_layout,
                              &c.algo, workspace_.data(), c.workspaceSize,
                              stream) == CUBLAS_STATUS_SUCCESS;
+        cudaEventRecord(stop, stream);
+        status = CudaStatus(cudaEventSynchronize(stop), "timing a GEMM candidate");
+        float ms = 0;
+        if (status.ok() && ran && call >= kTuneWarmup &&
+            cudaEventElapsedTime(&ms, start, stop) == cudaSuccess) {
+          total_ms += ms;
+        }
       }
-      cudaEventRecord(stop, stream);
-      status = CudaStatus(cudaEventSynchronize(stop), "timing a GEMM candidate");
-      float ms = 0;
-      if (status.ok() && ran && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess) {
-        mean_ms[i] = ms / kTuneCalls;
-      }
+      if (status.ok() && ran) mean_ms[i] = total_ms / kTuneCalls;
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
@@ -347,6 +365,7 @@ class CublasLtGemmImpl final : public CublasLtGemm {
 
   cublasLtHandle_t handle_;
   DeviceBuffer<uint8_t> workspace_;  // [workspace bytes], shared by every call (calls are ordered)
+  DeviceBuffer<uint8_t> flush_;      // twice the L2, allocated at the first tuning (Tune)
   std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans_;
 };
 
