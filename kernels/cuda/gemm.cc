@@ -1,9 +1,8 @@
 // CublasLtGemm (gemm.h): y = x W^T (+ bias) through cuBLASLt, bf16 A/B, fp32 accumulation, bf16
 // or f32 D, computed as the column-major transpose ("TN") with nothing moved. Plans are cached
 // per (shape, bias, y dtype, pointer alignments): a new key's first call queries the heuristic
-// (and may allocate the f32 bias copy), and for a weight-bound shape times the heuristic's answers
-// and keeps the fastest (a host sync, once per key), so make it outside graph capture. Not
-// thread-safe: calls must be ordered (one stream, or streams ordered by events).
+// (and may allocate the f32 bias copy), so make it outside graph capture. Not thread-safe: calls
+// must be ordered (one stream, or streams ordered by events).
 // Narrative (the layouts, plan keys, bias widening): docs/cuda_model.md "GEMM".
 #include "kernels/cuda/gemm.h"
 
@@ -11,11 +10,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <unordered_map>
 #include <utility>
-#include <vector>
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
@@ -84,10 +81,7 @@ struct Plan {
   cublasLtMatrixLayout_t x_layout = nullptr;       // B: col-major [in x rows], ld in, bf16
   cublasLtMatrixLayout_t y_layout = nullptr;       // C = D: col-major [out x rows], ld out
   cublasLtMatmulAlgo_t algo{};
-  size_t workspace_bytes = 0;  // what the chosen algorithm uses (<= the gemm's workspace)
-  // The heuristic's other answers, timed at the plan's first call outside capture (Tune).
-  std::vector<cublasLtMatmulHeuristicResult_t> candidates;
-  bool tuned = false;
+  size_t workspace_bytes = 0;    // what the chosen algorithm uses (<= the gemm's workspace)
   DeviceBuffer<float> bias_f32;  // [out_features], f32: the bias widened, f32 output only
 
   Plan() = default;
@@ -162,7 +156,6 @@ class CublasLtGemmImpl final : public CublasLtGemm {
                                          sizeof(bias)),
           what + ": setting the bias pointer");
     }
-    if (!plan.tuned) RUBATO_RETURN_IF_ERROR(Tune(args, plan, stream));
     const float alpha = 1.0f, beta = 0.0f;
     RUBATO_CUBLAS_RETURN_IF_ERROR(
         cublasLtMatmul(handle_, plan.matmul, &alpha, args.weight, plan.weight_layout, args.x,
@@ -235,13 +228,12 @@ class CublasLtGemmImpl final : public CublasLtGemm {
       status = cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i],
                                                     &alignments[i], sizeof(alignments[i]));
     }
-    const bool tunable = Tunable(key);
-    std::vector<cublasLtMatmulHeuristicResult_t> results(tunable ? kTuneCandidates : 1);
+    cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
     if (status == CUBLAS_STATUS_SUCCESS) {
-      status = cublasLtMatmulAlgoGetHeuristic(
-          handle_, plan->matmul, plan->weight_layout, plan->x_layout, plan->y_layout,
-          plan->y_layout, preference, static_cast<int>(results.size()), results.data(), &returned);
+      status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->matmul, plan->weight_layout,
+                                              plan->x_layout, plan->y_layout, plan->y_layout,
+                                              preference, 1, &result, &returned);
     }
     cublasLtMatmulPreferenceDestroy(preference);
     RUBATO_CUBLAS_RETURN_IF_ERROR(status, what + ": cublasLtMatmulAlgoGetHeuristic");
@@ -251,102 +243,10 @@ class CublasLtGemmImpl final : public CublasLtGemm {
                               std::to_string(key.align_weight) + ", y " +
                               std::to_string(key.align_y) + " bytes)");
     }
-    plan->algo = results[0].algo;
-    plan->workspace_bytes = results[0].workspaceSize;
-    results.resize(static_cast<size_t>(returned));
-    if (returned > 1) plan->candidates = std::move(results);
-    plan->tuned = plan->candidates.empty();
+    plan->algo = result.algo;
+    plan->workspace_bytes = result.workspaceSize;
     return plan;
   }
-
-  // Weight-bound shapes (a decode step's few rows against a large weight) are where cuBLASLt's
-  // first answer can leave bandwidth unused; everything else keeps it. Off unless
-  // RUBATO_GEMM_TUNE=1 (docs/cuda_model.md "GEMM": measured no faster on an H200).
-  static bool Tunable(const PlanKey& key) {
-    static const bool enabled = [] {
-      const char* flag = std::getenv("RUBATO_GEMM_TUNE");
-      return flag != nullptr && std::string(flag) == "1";
-    }();
-    const double weight_bytes = 2.0 * key.in_features * static_cast<double>(key.out_features);
-    return enabled && key.rows <= kTuneMaxRows && weight_bytes >= kTuneMinWeightBytes;
-  }
-
-  // Times every candidate on the call's own operands (y is written, then the real call rewrites
-  // it), one call at a time after an L2 flush, and keeps the fastest when it beats the heuristic's
-  // first answer by kTuneMargin: a margin, so that timing noise does not make runs pick different
-  // algorithms (and round differently) for a few percent. Inside stream capture nothing can be
-  // timed: the plan keeps the first answer for good, so eager and replayed steps always run one
-  // algorithm.
-  Status Tune(const LinearArgs& args, Plan& plan, cudaStream_t stream) {
-    plan.tuned = true;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    RUBATO_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture), "querying capture");
-    if (capture != cudaStreamCaptureStatusNone) return Status::Ok();
-    if (flush_.bytes() == 0) {
-      int device = 0, l2_bytes = 0;
-      RUBATO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "querying the device");
-      RUBATO_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device),
-                                  "querying the L2");
-      RUBATO_ASSIGN_OR_RETURN(
-          flush_, DeviceBuffer<uint8_t>::Allocate(2 * static_cast<size_t>(l2_bytes) + (1 << 20),
-                                                  "the GEMM tuning's L2 flush buffer"));
-    }
-    cudaEvent_t start = nullptr, stop = nullptr;
-    RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "creating a GEMM tuning event");
-    RUBATO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "creating a GEMM tuning event");
-    const float alpha = 1.0f, beta = 0.0f;
-    std::vector<float> mean_ms(plan.candidates.size(), -1.0f);
-    Status status;
-    for (size_t i = 0; i < plan.candidates.size() && status.ok(); ++i) {
-      const cublasLtMatmulHeuristicResult_t& c = plan.candidates[i];
-      if (c.state != CUBLAS_STATUS_SUCCESS || c.workspaceSize > workspace_.bytes()) continue;
-      bool ran = true;
-      float total_ms = 0;
-      for (int call = 0; call < kTuneWarmup + kTuneCalls && ran && status.ok(); ++call) {
-        // The weights must come from HBM as in a step, not from the L2 the previous call left
-        // them in (an o_proj fits in an H200's L2): overwrite a buffer twice the L2's size first.
-        RUBATO_RETURN_IF_ERROR(
-            CudaStatus(cudaMemsetAsync(flush_.data(), call & 0xff, flush_.bytes(), stream),
-                       "flushing the L2 between GEMM candidates"));
-        cudaEventRecord(start, stream);
-        ran = cublasLtMatmul(handle_, plan.matmul, &alpha, args.weight, plan.weight_layout, args.x,
-                             plan.x_layout, &beta, args.y, plan.y_layout, args.y, plan.y_layout,
-                             &c.algo, workspace_.data(), c.workspaceSize,
-                             stream) == CUBLAS_STATUS_SUCCESS;
-        cudaEventRecord(stop, stream);
-        status = CudaStatus(cudaEventSynchronize(stop), "timing a GEMM candidate");
-        float ms = 0;
-        if (status.ok() && ran && call >= kTuneWarmup &&
-            cudaEventElapsedTime(&ms, start, stop) == cudaSuccess) {
-          total_ms += ms;
-        }
-      }
-      if (status.ok() && ran) mean_ms[i] = total_ms / kTuneCalls;
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    RUBATO_RETURN_IF_ERROR(status);
-    size_t best = 0;
-    for (size_t i = 1; i < mean_ms.size(); ++i) {
-      if (mean_ms[i] > 0 && (mean_ms[best] <= 0 || mean_ms[i] < mean_ms[best])) best = i;
-    }
-    if (best != 0 && mean_ms[0] > 0 && mean_ms[best] > mean_ms[0] * (1.0f - kTuneMargin)) {
-      best = 0;
-    }
-    if (mean_ms[best] > 0) {
-      plan.algo = plan.candidates[best].algo;
-      plan.workspace_bytes = plan.candidates[best].workspaceSize;
-    }
-    plan.candidates.clear();
-    return Status::Ok();
-  }
-
-  static constexpr int kTuneCandidates = 16;
-  static constexpr int kTuneMaxRows = 64;
-  static constexpr double kTuneMinWeightBytes = 8.0 * (1 << 20);
-  static constexpr int kTuneWarmup = 2;
-  static constexpr int kTuneCalls = 10;
-  static constexpr float kTuneMargin = 0.03f;
 
   // plan.bias_f32 = f32(args.bias), exactly: zero the low halves, copy the bf16 bits into the
   // high halves (little-endian: bytes 2..3 of each float).
@@ -365,7 +265,6 @@ class CublasLtGemmImpl final : public CublasLtGemm {
 
   cublasLtHandle_t handle_;
   DeviceBuffer<uint8_t> workspace_;  // [workspace bytes], shared by every call (calls are ordered)
-  DeviceBuffer<uint8_t> flush_;      // twice the L2, allocated at the first tuning (Tune)
   std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans_;
 };
 
