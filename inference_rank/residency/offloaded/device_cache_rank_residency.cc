@@ -1,7 +1,8 @@
 // The offloaded residency over GPU cache ranks reached by the device data plane
 // (device_cache_rank_residency.h): the engine half (placement, sessions through
 // DeviceSessionControl) and the CUDA half with one cache rank (the step's runs, every layer
-// through DevicePlaneClient::Layer); with several, device_cache_ranks_backend.cc.
+// through DevicePlaneClient::Layer); with several, device_cache_ranks_backend.cc; reconnecting
+// a lost rank, device_cache_rank_reconnect.cc.
 #include "inference_rank/residency/offloaded/device_cache_rank_residency.h"
 
 #include <algorithm>
@@ -23,14 +24,14 @@ namespace rubato {
 class DeviceCacheRankBackend final : public CudaResidencyBackend {
  public:
   DeviceCacheRankBackend(DeviceCacheRankResidency& residency, cudaStream_t model_stream)
-      : residency_(residency), client_(*residency.ranks_[0].client), model_stream_(model_stream) {}
+      : residency_(residency), model_stream_(model_stream) {}
 
   std::string_view residency_name() const override { return "offloaded"; }
-  bool graph_replayable() const override { return client_.capturable(); }
+  bool graph_replayable() const override { return client().capturable(); }
 
   Status CheckBatch(std::span<const ForwardEntry> batch,
                     const AttentionWindow& window) const override {
-    return CheckDevicePlaneBatch(batch, window, client_.limits());
+    return CheckDevicePlaneBatch(batch, window, client().limits());
   }
 
   Status PlanStep(std::span<const ForwardEntry> batch, const ForwardPlan& plan) override {
@@ -49,13 +50,18 @@ class DeviceCacheRankBackend final : public CudaResidencyBackend {
     }
     // The plan's bound of the decode rows' keys fixes the attention grid, as for local dense.
     RUBATO_RETURN_IF_ERROR(
-        client_.PlanStep(runs_, plan.decode_rows, plan.decode_max_seq_len, model_stream_));
+        client().PlanStep(runs_, plan.decode_rows, plan.decode_max_seq_len, model_stream_));
     residency_.CountSteps();
     return Status::Ok();
   }
 
+  // The rows are in the key already; the connection is not.
+  void AddToGraphKey(const ForwardPlan& /*plan*/, DecodeGraphKey& key) const override {
+    key.policy[0] = residency_.GraphKeySlot(0, 0, 0);
+  }
+
   Status LayerComputed(const CudaLayerContext& layer) override {
-    return client_.Layer(layer.layer, layer.qkv, layer.attention, layer.stream);
+    return client().Layer(layer.layer, layer.qkv, layer.attention, layer.stream);
   }
 
   // A cache rank lost during the step (its data plane aborted under the model's stream
@@ -69,21 +75,56 @@ class DeviceCacheRankBackend final : public CudaResidencyBackend {
   }
 
  private:
+  // The current connection's (a reconnect replaces it between steps).
+  DevicePlaneClient& client() const { return *residency_.ranks_[0].client; }
+
   DeviceCacheRankResidency& residency_;
-  DevicePlaneClient& client_;
   cudaStream_t model_stream_ = nullptr;
   std::vector<size_t> order_;
   std::vector<DeviceStepRun> runs_;
 };
 
+namespace {
+
+std::vector<DeviceCacheRankPeer> OnePeer(DevicePlaneClient& client, DeviceSessionControl& control,
+                                         std::string name) {
+  std::vector<DeviceCacheRankPeer> peers;
+  peers.push_back({&client, &control, std::move(name)});
+  return peers;
+}
+
+}  // namespace
+
 DeviceCacheRankResidency::DeviceCacheRankResidency(DevicePlaneClient& client,
                                                    DeviceSessionControl& control,
                                                    std::string cache_name)
-    : DeviceCacheRankResidency(std::vector<DeviceCacheRankPeer>{
-          DeviceCacheRankPeer{&client, &control, std::move(cache_name)}}) {}
+    : DeviceCacheRankResidency(OnePeer(client, control, std::move(cache_name))) {}
 
-DeviceCacheRankResidency::DeviceCacheRankResidency(std::vector<DeviceCacheRankPeer> ranks)
-    : ranks_(std::move(ranks)), failed_(ranks_.size()) {}
+DeviceCacheRankResidency::DeviceCacheRankResidency(std::vector<DeviceCacheRankPeer> ranks,
+                                                   ReconnectBackoff backoff)
+    : ranks_(std::move(ranks)),
+      backoff_(backoff),
+      generation_(ranks_.size(), 0),
+      failed_(ranks_.size()),
+      open_(ranks_.size(), 0),
+      ready_(ranks_.size()) {
+  bool reconnects = false;
+  for (DeviceCacheRankPeer& rank : ranks_) {
+    if (rank.owned != nullptr) rank.control = rank.owned.get();
+    reconnects = reconnects || rank.reconnect != nullptr;
+  }
+  if (reconnects) watcher_ = std::thread([this] { Watch(); });
+}
+
+DeviceCacheRankResidency::~DeviceCacheRankResidency() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  abandon_ = true;  // an attempt in progress gives up instead of waiting out a stalled peer
+  wake_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+}
 
 Status DeviceCacheRankResidency::Check(const AttentionPolicy* policy) const {
   if (ranks_.empty()) return InvalidArgumentError("the offloaded residency has no cache rank");
@@ -134,9 +175,13 @@ Status DeviceCacheRankResidency::Attach(Model& model, const AttentionPolicy* pol
 
 Result<std::unique_ptr<ResidencyRequest>> DeviceCacheRankResidency::Open(uint64_t request_id,
                                                                          int reserved_tokens) {
+  InstallReconnected();
   // With several ranks, the one with the most free budget: one FreeBytes call per working rank.
   int rank = 0;
-  if (ranks_.size() > 1) {
+  if (ranks_.size() == 1) {
+    const Status lost = RankLost(0);
+    if (!lost.ok()) return lost.WithContext("opening its session on " + ranks_[0].name);
+  } else {
     std::vector<CacheRankBudget> budgets(ranks_.size());
     std::string why_none;
     for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -160,20 +205,38 @@ Result<std::unique_ptr<ResidencyRequest>> DeviceCacheRankResidency::Open(uint64_
   if (!session.ok()) {
     return session.status().WithContext("opening its session on " + peer.name);
   }
+  {
+    std::lock_guard lock(mutex_);
+    ++open_[static_cast<size_t>(rank)];
+  }
   return std::unique_ptr<ResidencyRequest>(std::make_unique<GpuCacheRequest>(*session, rank));
 }
 
 Status DeviceCacheRankResidency::Close(ResidencyRequest& request) {
   const auto& held = static_cast<GpuCacheRequest&>(request);
-  return ranks_[static_cast<size_t>(held.cache())].control->CloseSession(held.session());
+  const size_t rank = static_cast<size_t>(held.cache());
+  // Its rank is replaced only once none of its sessions is open: still the one that opened it.
+  const Status closed = ranks_[rank].control->CloseSession(held.session());
+  {
+    std::lock_guard lock(mutex_);
+    --open_[rank];
+  }
+  wake_.notify_all();  // the last one of a lost rank: the watcher may reconnect it
+  return closed.WithContext("closing a session on " + ranks_[rank].name);
+}
+
+Status DeviceCacheRankResidency::RankLostLocked(size_t rank) const {
+  // A new connection waits for the next admission: the rank is back unless that one is lost.
+  if (ready_[rank].has_value()) return ready_[rank]->control->Health();
+  const Status lost = ranks_[rank].control->Health();
+  return lost.ok() ? failed_[rank] : lost;
 }
 
 Status DeviceCacheRankResidency::RankLost(int rank) const {
-  const DeviceCacheRankPeer& peer = ranks_[static_cast<size_t>(rank)];
-  Status lost = peer.control->Health();
-  if (lost.ok()) {
+  Status lost;
+  {
     std::lock_guard lock(mutex_);
-    lost = failed_[static_cast<size_t>(rank)];
+    lost = RankLostLocked(static_cast<size_t>(rank));
   }
   if (lost.ok() || ranks_.size() == 1) return lost;
   return Status(lost.code(), "cache rank " + std::to_string(rank) + " of " +
@@ -187,7 +250,7 @@ void DeviceCacheRankResidency::MarkFailed(int rank, const Status& why) {
 }
 
 Status DeviceCacheRankResidency::Broken() const {
-  if (ranks_.size() == 1) return ranks_[0].control->Health();
+  if (ranks_.size() == 1) return RankLost(0);
   std::string why;
   for (size_t r = 0; r < ranks_.size(); ++r) {
     const Status lost = RankLost(static_cast<int>(r));
@@ -202,15 +265,22 @@ Status DeviceCacheRankResidency::RequestBroken(const ResidencyRequest& request) 
 }
 
 uint64_t DeviceCacheRankResidency::TotalBytesOut() const {
-  uint64_t total = 0;
+  uint64_t total = retired_out_;
   for (const DeviceCacheRankPeer& rank : ranks_) total += rank.client->total_bytes_out();
   return total;
 }
 
 uint64_t DeviceCacheRankResidency::TotalBytesBack() const {
-  uint64_t total = 0;
+  uint64_t total = retired_back_;
   for (const DeviceCacheRankPeer& rank : ranks_) total += rank.client->total_bytes_back();
   return total;
+}
+
+int64_t DeviceCacheRankResidency::GraphKeySlot(size_t rank, int64_t rows,
+                                               int64_t decode_rows) const {
+  // rows <= 2^24 (25 bits from bit 24), decode rows <= 2^20 (DevicePlaneLimits::Check); the
+  // generation's low 14 bits above them (a graph of 16384 connections ago is long evicted).
+  return (static_cast<int64_t>(generation_[rank] & 0x3fff) << 49) | (rows << 24) | decode_rows;
 }
 
 Status DeviceCacheRankResidency::RegisterMetrics(MetricsRegistry& registry) {
@@ -222,6 +292,11 @@ Status DeviceCacheRankResidency::RegisterMetrics(MetricsRegistry& registry) {
                                                     {"role", "direction", "backend"}));
   RUBATO_ASSIGN_OR_RETURN(bytes_out_metric_, bytes->WithLabels({"inference", "tx", "device"}));
   RUBATO_ASSIGN_OR_RETURN(bytes_back_metric_, bytes->WithLabels({"inference", "rx", "device"}));
+  RUBATO_ASSIGN_OR_RETURN(Gauge * link_up,
+                          registry.AddGauge("rubato:cache_link_up",
+                                            "1 while a cache rank answers heartbeats and its data "
+                                            "plane works, else 0."));
+  registry.AddCollector([this, link_up] { link_up->Set(Broken().ok() ? 1.0 : 0.0); });
   return Status::Ok();
 }
 

@@ -121,10 +121,11 @@ class DeviceCacheRanksBackend final : public CudaResidencyBackend {
     return Status::Ok();
   }
 
-  // Every rank's rows and decode rows, one slot each (graph_replayable: at most 8 ranks).
+  // Every rank's rows, decode rows and connection, one slot each (graph_replayable: at most 8
+  // ranks).
   void AddToGraphKey(const ForwardPlan& /*plan*/, DecodeGraphKey& key) const override {
     for (size_t r = 0; r < split_.parts.size() && r < key.policy.size(); ++r) {
-      key.policy[r] = (split_.shape[2 * r] << 32) | split_.shape[2 * r + 1];
+      key.policy[r] = residency_.GraphKeySlot(r, split_.shape[2 * r], split_.shape[2 * r + 1]);
     }
   }
 

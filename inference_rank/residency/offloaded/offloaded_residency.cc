@@ -63,8 +63,7 @@ Result<OffloadTarget> ConnectOffload(const RubatoConfig& config, const CacheSele
     const RemoteDataPlane plane{config.topology.transport, config.engine.device};
     // A lost cache rank is reconnected at once, then after the heartbeat period, doubling up
     // to 10 s.
-    const ReconnectBackoff backoff{std::chrono::milliseconds(limits.heartbeat_ms),
-                                   std::chrono::milliseconds(10000)};
+    const ReconnectBackoff backoff = ReconnectBackoffFromLimits(limits);
     // One cache rank must answer at start; with several, those not up yet (pods that start
     // together) are connected in the background and take requests once they answer.
     const std::vector<std::string>& endpoints = config.topology.cache_endpoints;

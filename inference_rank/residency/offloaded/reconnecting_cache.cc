@@ -1,21 +1,11 @@
 // ReconnectingCacheRank (reconnecting_cache.h): forwarding, loss detection and the watcher.
 #include "inference_rank/residency/offloaded/reconnecting_cache.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "common/logging.h"
 
 namespace rubato {
-
-std::chrono::milliseconds ReconnectDelay(const ReconnectBackoff& backoff, int failed_attempts) {
-  if (failed_attempts <= 0) return std::chrono::milliseconds(0);
-  std::chrono::milliseconds delay = std::min(backoff.first, backoff.max);
-  for (int i = 1; i < failed_attempts && delay < backoff.max; ++i) {
-    delay = std::min(delay * 2, backoff.max);
-  }
-  return delay;
-}
 
 Result<std::unique_ptr<ReconnectingCacheRank>> ReconnectingCacheRank::Connect(
     Connector connect, ReconnectBackoff backoff) {

@@ -23,19 +23,10 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "inference_rank/residency/offloaded/kv_offload.h"
+#include "inference_rank/residency/offloaded/reconnect_backoff.h"
 #include "inference_rank/residency/offloaded/remote_cache.h"
 
 namespace rubato {
-
-struct ReconnectBackoff {
-  std::chrono::milliseconds first{200};  // the wait after the first failed attempt
-  std::chrono::milliseconds max{10000};  // doubling up to this
-};
-
-// The wait before the next attempt after `failed_attempts` attempts have failed since the loss:
-// none before the first, then backoff.first, doubling, never more than backoff.max. What the
-// watcher waits and what its log line says.
-std::chrono::milliseconds ReconnectDelay(const ReconnectBackoff& backoff, int failed_attempts);
 
 class ReconnectingCacheRank final : public KvOffloadClient {
  public:

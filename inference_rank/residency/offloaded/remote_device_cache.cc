@@ -1,15 +1,16 @@
 // RemoteDeviceCacheRank (remote_device_cache.h): the Hello that forms the device data plane,
-// sessions over the RPC, the watchdog.
+// sessions over the RPC, the watchdog; the residency over several, each reconnected when lost.
 #include "inference_rank/residency/offloaded/remote_device_cache.h"
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "common/dtype.h"
 #include "common/logging.h"
-#include "inference_rank/residency/offloaded/gpu_cache_session.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace rubato {
@@ -20,12 +21,12 @@ using std::chrono::milliseconds;
 // How often the watchdog asks the cache rank how its side of the data plane is.
 constexpr milliseconds kHealthCallInterval{200};
 
-// Keeps the connections alive as long as the residency that reads them.
+// The residency over the connections, which it owns; a session that fails to close on a rank
+// still working is logged, not returned (the engine's request ends either way).
 class OwningDeviceCacheRankResidency final : public Residency {
  public:
-  explicit OwningDeviceCacheRankResidency(
-      std::vector<std::unique_ptr<RemoteDeviceCacheRank>> caches)
-      : caches_(std::move(caches)), residency_(Peers(caches_)) {}
+  OwningDeviceCacheRankResidency(std::vector<DeviceCacheRankPeer> peers, ReconnectBackoff backoff)
+      : residency_(std::move(peers), backoff) {}
   std::string_view name() const override { return residency_.name(); }
   KvResidency kind() const override { return residency_.kind(); }
   Status Check(const AttentionPolicy* policy) const override { return residency_.Check(policy); }
@@ -39,10 +40,8 @@ class OwningDeviceCacheRankResidency final : public Residency {
   Status Close(ResidencyRequest& request) override {
     // Closed even on a lost cache rank, which then only forgets it.
     const Status closed = residency_.Close(request);
-    RemoteDeviceCacheRank& cache =
-        *caches_[static_cast<size_t>(static_cast<const GpuCacheRequest&>(request).cache())];
-    if (!closed.ok() && cache.Health().ok()) {
-      RUBATO_LOG_WARN("engine", "closing a session on {}: {}", cache.name(), closed.message());
+    if (!closed.ok() && residency_.RequestBroken(request).ok()) {
+      RUBATO_LOG_WARN("engine", "{}", closed.message());
     }
     return Status::Ok();
   }
@@ -56,15 +55,6 @@ class OwningDeviceCacheRankResidency final : public Residency {
   std::string StatsLine() const override { return residency_.StatsLine(); }
 
  private:
-  static std::vector<DeviceCacheRankPeer> Peers(
-      const std::vector<std::unique_ptr<RemoteDeviceCacheRank>>& caches) {
-    std::vector<DeviceCacheRankPeer> peers;
-    for (const auto& cache : caches)
-      peers.push_back({&cache->client(), cache.get(), cache->name()});
-    return peers;
-  }
-
-  std::vector<std::unique_ptr<RemoteDeviceCacheRank>> caches_;  // before residency_: outlive it
   DeviceCacheRankResidency residency_;
 };
 
@@ -72,14 +62,16 @@ class OwningDeviceCacheRankResidency final : public Residency {
 
 Result<std::unique_ptr<RemoteDeviceCacheRank>> RemoteDeviceCacheRank::Connect(
     const std::string& endpoint, const ModelConfig& model, const LimitsSection& limits, int device,
-    const DevicePlaneLimits& plane) {
+    const DevicePlaneLimits& plane, const std::atomic<bool>* abandon) {
   RUBATO_RETURN_IF_ERROR(plane.Check());
   std::unique_ptr<RemoteDeviceCacheRank> cache(new RemoteDeviceCacheRank());
   cache->name_ = "cache rank " + endpoint;
   cache->model_ = model;
-  RUBATO_ASSIGN_OR_RETURN(cache->rpc_,
-                          rpc::RpcClient::Connect(endpoint, milliseconds(limits.rpc_timeout_ms),
-                                                  rpc::RpcClientOptions::FromLimits(limits)));
+  rpc::RpcClientOptions rpc_options = rpc::RpcClientOptions::FromLimits(limits);
+  rpc_options.abandon = abandon;
+  RUBATO_ASSIGN_OR_RETURN(
+      cache->rpc_,
+      rpc::RpcClient::Connect(endpoint, milliseconds(limits.rpc_timeout_ms), rpc_options));
   rpc::HelloRequest hello;
   hello.set_role(rpc::ROLE_INFERENCE);
   hello.set_rank(1);
@@ -214,24 +206,41 @@ Result<std::shared_ptr<Residency>> ConnectDeviceCacheRank(const RubatoConfig& co
   // prefill chunk beside the decode rows.
   const DevicePlaneLimits plane{config.engine.max_batch,
                                 config.engine.max_batch + config.engine.prefill_chunk};
-  RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(config.engine.device), "selecting the model's GPU");
-  // Every cache rank must answer now: the device data plane does not reconnect.
-  std::vector<std::unique_ptr<RemoteDeviceCacheRank>> caches;
+  const LimitsSection limits = config.limits;
+  const int device = config.engine.device;
+  RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "selecting the model's GPU");
+  const auto host_memory = [&](const std::string& endpoint) {
+    return InvalidArgumentError("cache rank " + endpoint +
+                                " keeps the KV in host memory while cache rank " + endpoints[0] +
+                                " keeps it on its GPU: the cache ranks of one inference rank "
+                                "must agree on cache.memory");
+  };
+  // Every cache rank must answer now; a lost one is connected again on the residency's watcher
+  // thread (on the model's GPU, as here).
+  std::vector<DeviceCacheRankPeer> peers;
   for (size_t i = 0; i < endpoints.size(); ++i) {
+    const std::string& endpoint = endpoints[i];
     RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<RemoteDeviceCacheRank> cache,
-                            RemoteDeviceCacheRank::Connect(endpoints[i], model, config.limits,
-                                                           config.engine.device, plane));
+                            RemoteDeviceCacheRank::Connect(endpoint, model, limits, device, plane));
     if (cache == nullptr && i == 0) return std::shared_ptr<Residency>();  // host memory
-    if (cache == nullptr) {
-      return InvalidArgumentError("cache rank " + endpoints[i] +
-                                  " keeps the KV in host memory while cache rank " + endpoints[0] +
-                                  " keeps it on its GPU: the cache ranks of one inference rank "
-                                  "must agree on cache.memory");
-    }
-    caches.push_back(std::move(cache));
+    if (cache == nullptr) return host_memory(endpoint);
+    DeviceCacheRankPeer& peer = peers.emplace_back();
+    peer.client = &cache->client();
+    peer.name = cache->name();
+    peer.owned = std::move(cache);
+    peer.reconnect = [endpoint, model, limits, device, plane, refused = host_memory(endpoint)](
+                         const std::atomic<bool>* abandon) -> Result<DeviceCacheRankConnection> {
+      RUBATO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "selecting the model's GPU");
+      RUBATO_ASSIGN_OR_RETURN(
+          std::unique_ptr<RemoteDeviceCacheRank> again,
+          RemoteDeviceCacheRank::Connect(endpoint, model, limits, device, plane, abandon));
+      if (again == nullptr) return refused;
+      DevicePlaneClient* client = &again->client();
+      return DeviceCacheRankConnection{std::move(again), client};
+    };
   }
-  return std::shared_ptr<Residency>(
-      std::make_shared<OwningDeviceCacheRankResidency>(std::move(caches)));
+  return std::shared_ptr<Residency>(std::make_shared<OwningDeviceCacheRankResidency>(
+      std::move(peers), ReconnectBackoffFromLimits(limits)));
 }
 
 }  // namespace rubato

@@ -4,9 +4,10 @@
 // DevicePlaneClient on the model's GPU, sessions over the RPC, and a watchdog that learns of a
 // lost cache rank from the heartbeat or the Health call and aborts the communicator, so that
 // the model's stream, waiting inside an NCCL receive, runs on and the step fails with that
-// error (DeviceCacheRankResidency::FinishStep). Not reconnected: a lost cache rank takes no
-// request until the inference rank restarts (with several, the others serve on).
-// docs/disaggregated.md "A GPU cache rank in its own process".
+// error (DeviceCacheRankResidency::FinishStep). A lost one is replaced by a new connection to
+// its endpoint once its requests have ended (DeviceCacheRankResidency's watcher; with several,
+// the others serve on meanwhile).
+// docs/disaggregated.md "A GPU cache rank in its own process", "Several GPU cache ranks".
 #pragma once
 
 #include <atomic>
@@ -29,12 +30,12 @@ class RemoteDeviceCacheRank final : public DeviceSessionControl {
   // Connects (within limits.rpc_timeout_ms), says Hello with the model's shape, a new NCCL
   // unique id and `plane`'s limits, and joins the communicator on `device` while the cache rank
   // does on its GPU. A null result (not an error): the cache rank keeps the KV in host memory
-  // (its response has no cache_memory "device"); connect for layer packs instead.
-  static Result<std::unique_ptr<RemoteDeviceCacheRank>> Connect(const std::string& endpoint,
-                                                                const ModelConfig& model,
-                                                                const LimitsSection& limits,
-                                                                int device,
-                                                                const DevicePlaneLimits& plane);
+  // (its response has no cache_memory "device"); connect for layer packs instead. Once
+  // `*abandon` is true the connect and the Hello give up at once, and so does the join with
+  // them (rpc::RpcClientOptions::abandon; it must outlive the connection).
+  static Result<std::unique_ptr<RemoteDeviceCacheRank>> Connect(
+      const std::string& endpoint, const ModelConfig& model, const LimitsSection& limits,
+      int device, const DevicePlaneLimits& plane, const std::atomic<bool>* abandon = nullptr);
   ~RemoteDeviceCacheRank() override;
 
   DevicePlaneClient& client() { return *client_; }
@@ -65,8 +66,9 @@ class RemoteDeviceCacheRank final : public DeviceSessionControl {
 
 // What the residency table's factory uses for topology.mode disaggregated, topology.transport
 // nccl and the CUDA engine with dense attention: the offloaded residency over the cache ranks of
-// topology.cache_endpoints (each answering now) when they keep the KV on their GPUs, or null
-// when the first keeps it in host memory; cache ranks that disagree are refused by name.
+// topology.cache_endpoints (each answering now; each reconnected when lost) when they keep the
+// KV on their GPUs, or null when the first keeps it in host memory; cache ranks that disagree
+// are refused by name.
 Result<std::shared_ptr<Residency>> ConnectDeviceCacheRank(const RubatoConfig& config,
                                                           const ModelConfig& model);
 
