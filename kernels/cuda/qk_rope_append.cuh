@@ -3,7 +3,8 @@
 // heads per op otherwise). Bit for bit the results of HeadRmsNormInPlace (q and k), ApplyRope
 // (q and k heads) and AppendToPagedKv in that order: the same fp32 arithmetic, with the normed
 // heads rounded to bf16 before the rotation as the separate ops store them.
-// CPU twin: kernels/cpu/qk_rope_append.h. Narrative: docs/cuda_model.md "Fused ops".
+// CPU twin: kernels/cpu/qk_rope_append.h. Narrative: docs/cuda_model.md "Fused q/k-norm, RoPE
+// and KV append".
 #pragma once
 
 #include <cuda_bf16.h>
