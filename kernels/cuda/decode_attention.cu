@@ -33,6 +33,7 @@ __global__ void __launch_bounds__(128)
     DecodeAttentionMergeKernel(const DecodeAttentionParams params, const SplitOutputs outputs) {
   extern __shared__ float split_weight[];  // [num_splits]
   __shared__ float reduce[32];
+  WaitForPriorGrids();
   const int sequence = blockIdx.x / params.num_heads;
   const int head = blockIdx.x % params.num_heads;
   const size_t row = static_cast<size_t>(sequence) * params.num_heads + head;
@@ -277,9 +278,9 @@ Status LaunchSplits(const DecodeAttentionParams& params, const SplitOutputs& out
     RUBATO_RETURN_IF_ERROR(EncodeBf16RowsMap(params.slot_values, slots, compact_value_map));
   }
   const dim3 grid(outputs.num_splits, params.num_kv_heads, params.batch);
-  DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies, Variant>
-      <<<grid, kThreads, smem, stream>>>(params, outputs, key_map, value_map, compact_key_map,
-                                         compact_value_map);
+  LaunchPdl(DecodeAttentionSplitKernel<kHeadDim, kGroup, kTensorCopies, Variant>, grid,
+            dim3(kThreads), smem, stream, params, outputs, key_map, value_map, compact_key_map,
+            compact_value_map);
   return LaunchStatus("decode_attention_split");
 }
 
@@ -368,9 +369,9 @@ Status Launch(const DecodeAttentionParams& params, const WorkspaceLayout& layout
   if (params.scores_only && params.lse == nullptr) return Status::Ok();
 
   // The merge: the output and the lse (a scores-only launch: the lse alone).
-  DecodeAttentionMergeKernel<kHeadDim>
-      <<<params.batch * params.num_heads, 128, MergeSharedBytes(outputs.num_splits), stream>>>(
-          params, outputs);
+  LaunchPdl(DecodeAttentionMergeKernel<kHeadDim>,
+            dim3(static_cast<unsigned>(params.batch * params.num_heads)), dim3(128),
+            MergeSharedBytes(outputs.num_splits), stream, params, outputs);
   RUBATO_RETURN_IF_ERROR(LaunchStatus("decode_attention_merge"));
 
   if (params.kv_head_probs != nullptr) {

@@ -16,6 +16,7 @@
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/decode_attention_keys.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/slot_choice.cuh"
 
 namespace rubato::cuda::decode_attention {
@@ -143,6 +144,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   static_assert(!(kTensorCopies && Variant::kList), "listed positions come by row copies");
   static_assert(Variant::kValues || Variant::kScores, "a pass without values writes scores");
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  WaitForPriorGrids();
   unsigned char* smem = smem_raw;
   // After the tiles (and the tensor copies' alignment slack): a slot launch's raw scores.
   [[maybe_unused]] float* shared_scores = reinterpret_cast<float*>(smem_raw + Tiles::kSmemBytes);

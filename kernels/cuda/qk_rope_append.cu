@@ -15,6 +15,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/launch_checks.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/qk_rope_append.cuh"
 
 namespace rubato::cuda {
@@ -29,6 +30,7 @@ __global__ void __launch_bounds__(kThreads) QkRopeAppendKernel(QkRopeAppendParam
   constexpr int kHeadsPerBlock = kThreads / kLanes;
   static_assert(kLanes >= 2 && kLanes <= 32 && 32 % kLanes == 0, "a head must fit in a warp");
   __shared__ float cos_table[kHalf], sin_table[kHalf];
+  WaitForPriorGrids();
 
   const int64_t token = blockIdx.x;
   if (threadIdx.x < kHalf) {  // as RopeKernel: one fp32 product, then precise sincosf
@@ -107,7 +109,7 @@ Status QkNormRopeAppend(const QkRopeAppendParams& params, cudaStream_t stream) {
     const int heads = params.num_heads + 2 * params.num_kv_heads;
     const dim3 grid(static_cast<unsigned>(params.tokens),
                     static_cast<unsigned>((heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
-    QkRopeAppendKernel<kHeadDim><<<grid, kThreads, 0, stream>>>(params);
+    LaunchPdl(QkRopeAppendKernel<kHeadDim>, grid, dim3(kThreads), 0, stream, params);
     return LaunchStatus("QkRopeAppendKernel");
   });
 }

@@ -13,6 +13,7 @@
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch_checks.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 
 namespace rubato::cuda {
@@ -45,6 +46,7 @@ __device__ __forceinline__ float BlockSum(float value) {
 // last ones possibly past the row end), so every load and store is coalesced across the block.
 template <int kVectorsPerThread, bool kAddDelta>
 __global__ void __launch_bounds__(kMaxThreads) RmsNormKernel(RmsNormParams p) {
+  WaitForPriorGrids();
   const int vectors = p.dim / 8;
   const int64_t row_offset = static_cast<int64_t>(blockIdx.x) * p.dim;
   float* residual = p.residual + row_offset;
@@ -94,10 +96,11 @@ __global__ void __launch_bounds__(kMaxThreads) RmsNormKernel(RmsNormParams p) {
 
 template <int kVectorsPerThread>
 void LaunchRmsNorm(const RmsNormParams& params, int threads, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(params.rows));
   if (params.delta != nullptr) {
-    RmsNormKernel<kVectorsPerThread, true><<<params.rows, threads, 0, stream>>>(params);
+    LaunchPdl(RmsNormKernel<kVectorsPerThread, true>, grid, dim3(threads), 0, stream, params);
   } else {
-    RmsNormKernel<kVectorsPerThread, false><<<params.rows, threads, 0, stream>>>(params);
+    LaunchPdl(RmsNormKernel<kVectorsPerThread, false>, grid, dim3(threads), 0, stream, params);
   }
 }
 

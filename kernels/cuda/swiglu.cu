@@ -10,6 +10,7 @@
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch_checks.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/swiglu.cuh"
 
 namespace rubato::cuda {
@@ -24,6 +25,7 @@ constexpr int64_t kMaxBlocks = int64_t{1} << 20;
 // The output is [tokens][intermediate / 8] vectors, flattened; vector (t, c) reads gate at
 // gate_up[t][8c..] and up at gate_up[t][intermediate + 8c..].
 __global__ void SwiGluKernel(SwiGluParams p) {
+  WaitForPriorGrids();
   const int vectors_per_row = p.intermediate / 8;
   const int64_t total = static_cast<int64_t>(p.tokens) * vectors_per_row;
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < total;
@@ -56,7 +58,7 @@ Status SwiGlu(const SwiGluParams& params, cudaStream_t stream) {
   if (params.tokens == 0) return Status::Ok();
   const int64_t vectors = static_cast<int64_t>(params.tokens) * (params.intermediate / 8);
   const int64_t blocks = std::min<int64_t>((vectors + kThreads - 1) / kThreads, kMaxBlocks);
-  SwiGluKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
+  LaunchPdl(SwiGluKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, params);
   return LaunchStatus("SwiGluKernel");
 }
 
