@@ -16,7 +16,6 @@
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/gemv.cuh"
 
 namespace rubato::cuda {
 namespace {
@@ -129,7 +128,6 @@ class CublasLtGemmImpl final : public CublasLtGemm {
   Status Linear(const LinearArgs& args, cudaStream_t stream) override {
     RUBATO_RETURN_IF_ERROR(ValidateLinearArgs(args));
     if (args.rows == 0) return Status::Ok();
-    if (GemvApplies(args)) return SmallRowsLinear(args, stream);  // few rows, large weight
     const bool f32_bias = args.bias != nullptr && args.y_dtype == DType::kF32;
     const PlanKey key{args.rows, args.in_features, args.out_features, args.bias != nullptr,
                       args.y_dtype, AlignmentOf(args.x), AlignmentOf(args.weight),

@@ -17,7 +17,6 @@
 
 #include "kernels/cpu/linear.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/gemv.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace rubato::gpu_test {
@@ -277,22 +276,6 @@ TEST_F(GemmOpTest, LargeModelShapes) {
     CheckAllVariants(Problem::Make(rng, rows, 4096, 12288));
     if (HasFatalFailure()) return;
     CheckAllVariants(Problem::Make(rng, rows, 12288, 4096));
-    if (HasFatalFailure()) return;
-  }
-}
-
-TEST_F(GemmOpTest, FewRowsOfALargeWeightTakeTheGemv) {
-  // 1-4 rows, bf16 output, >= 8 MiB of weights: SmallRowsLinear (kernels/cuda/gemv.cuh), here
-  // with in_features not a multiple of 256 (a partial last round of vectors) and an odd
-  // out_features (a partial last block); the f32 variants stay on cuBLASLt.
-  std::mt19937_64 rng = FreshRng();
-  for (int rows = 1; rows <= cuda::kGemvMaxRows; ++rows) {
-    const Problem p = Problem::Make(rng, rows, 4104, 2049);
-    DeviceBuffer<__nv_bfloat16> x = UploadBf16(p.x), weight = UploadBf16(p.weight);
-    const LinearArgs args{x.data(),     weight.data(), nullptr, nullptr,
-                          DType::kBF16, p.rows,        p.in,    p.out};
-    EXPECT_TRUE(cuda::GemvApplies(args)) << "rows " << rows;
-    CheckAllVariants(p);
     if (HasFatalFailure()) return;
   }
 }
