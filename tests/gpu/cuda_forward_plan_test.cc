@@ -292,6 +292,15 @@ TEST(CudaForwardPlanTest, SfiRowGroupsSelectionsAndTheirStepInputs) {
   EXPECT_EQ(std::vector<int>(slow_slots, slow_slots + 2), (std::vector<int>{2, 0}));
   EXPECT_EQ(std::vector<int>(sink_end, sink_end + 2), (std::vector<int>{4, 4}));
   EXPECT_EQ(std::vector<int>(j_count, j_count + 2), (std::vector<int>{85 - 4, 44 - 4}));
+  // The fidelity guard's: the fast rows' positions; the query each selection answers (the slow
+  // decode row's own, the prompt chunk's last at row 53) and its position.
+  const int32_t* fast_positions = ints(sfi_layout.fast_positions);
+  const int32_t* selection_q_rows = ints(sfi_layout.selection_q_rows);
+  const int32_t* selection_positions = ints(sfi_layout.selection_positions);
+  EXPECT_EQ(std::vector<int>(fast_positions, fast_positions + 2), (std::vector<int>{40, 60}));
+  EXPECT_EQ(std::vector<int>(selection_q_rows, selection_q_rows + 2), (std::vector<int>{2, 53}));
+  EXPECT_EQ(std::vector<int>(selection_positions, selection_positions + 2),
+            (std::vector<int>{100, 59}));
   const int32_t* lens = packed.Ints(packed.layout.decode_seq_lens);
   EXPECT_EQ(std::vector<int>(lens, lens + 4), (std::vector<int>{41, 61, 101, 51}));
   const int32_t* window_lens = ints(sfi_layout.window_seq_lens);
@@ -421,8 +430,9 @@ TEST(CudaForwardPlanTest, LayoutIsAlignedAndCapacityOnlyGrows) {
   EXPECT_EQ(sfi_grown.window_rows, 32);
   const SfiStepInputLayout sfi = SfiStepInputLayout::For(sfi_grown);
   for (size_t offset :
-       {sfi.fast_slots, sfi.recent_begin, sfi.slow_slots, sfi.sink_end, sfi.j_count,
-        sfi.window_seq_lens, sfi.window_q_rows, sfi.window_block_tables, sfi.bytes}) {
+       {sfi.fast_slots, sfi.recent_begin, sfi.fast_positions, sfi.slow_slots, sfi.sink_end,
+        sfi.j_count, sfi.selection_q_rows, sfi.selection_positions, sfi.window_seq_lens,
+        sfi.window_q_rows, sfi.window_block_tables, sfi.bytes}) {
     EXPECT_EQ(offset % 16, 0u);
   }
   EXPECT_GE(sfi.bytes, sfi.window_block_tables + 64 * sizeof(int32_t));

@@ -45,8 +45,10 @@ class CudaSfiPool::Handle final : public SfiBackendHandle {
 size_t CudaSfiPoolShape::Bytes() const {
   const size_t rows = static_cast<size_t>(num_layers) * slots * num_kv_heads * capacity;
   const size_t pairs = static_cast<size_t>(num_layers) * slots * num_kv_heads;
+  const size_t guard = static_cast<size_t>(num_layers) * slots * guard_query_dim * sizeof(float) +
+                       (guard_query_dim > 0 ? slots * sizeof(float) : 0);
   return 2 * rows * head_dim * sizeof(__nv_bfloat16) + rows * sizeof(int32_t) +
-         pairs * sizeof(int32_t);
+         pairs * sizeof(int32_t) + guard;
 }
 
 CudaSfiPool::CudaSfiPool(const CudaSfiPoolShape& shape)
@@ -56,12 +58,13 @@ CudaSfiPool::~CudaSfiPool() = default;
 
 Result<std::unique_ptr<CudaSfiPool>> CudaSfiPool::Create(const CudaSfiPoolShape& shape) {
   if (shape.num_layers < 1 || shape.num_kv_heads < 1 || shape.head_dim < 1 || shape.capacity < 1 ||
-      shape.slots < 1) {
+      shape.slots < 1 || shape.guard_query_dim < 0) {
     return InvalidArgumentError(
-        "SFI compact pool: every dimension must be >= 1 (layers " +
+        "SFI compact pool: every dimension must be >= 1, the guard's >= 0 (layers " +
         std::to_string(shape.num_layers) + ", KV heads " + std::to_string(shape.num_kv_heads) +
         ", head_dim " + std::to_string(shape.head_dim) + ", capacity " +
-        std::to_string(shape.capacity) + ", slots " + std::to_string(shape.slots) + ")");
+        std::to_string(shape.capacity) + ", slots " + std::to_string(shape.slots) +
+        ", guard query dim " + std::to_string(shape.guard_query_dim) + ")");
   }
   std::unique_ptr<CudaSfiPool> pool(new CudaSfiPool(shape));
   const size_t rows = static_cast<size_t>(shape.num_layers) * pool->LayerRows();
@@ -83,6 +86,12 @@ Result<std::unique_ptr<CudaSfiPool>> CudaSfiPool::Create(const CudaSfiPoolShape&
   RUBATO_RETURN_IF_ERROR(allocate(pool->values_, rows * shape.head_dim, "values"));
   RUBATO_RETURN_IF_ERROR(allocate(pool->counts_, pairs, "counts"));
   RUBATO_RETURN_IF_ERROR(allocate(pool->positions_, rows, "positions"));
+  if (shape.guard_query_dim > 0) {
+    const size_t references =
+        static_cast<size_t>(shape.num_layers) * shape.slots * shape.guard_query_dim;
+    RUBATO_RETURN_IF_ERROR(allocate(pool->guard_references_, references, "guard references"));
+    RUBATO_RETURN_IF_ERROR(allocate(pool->guard_cosine_sums_, shape.slots, "guard cosine sums"));
+  }
   return pool;
 }
 

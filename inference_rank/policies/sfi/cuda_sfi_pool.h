@@ -1,7 +1,8 @@
 // SFI's per-request compact buffers on the GPU: one pool, a slot per request holding a
 // selection, found by a per-row slot id in the step inputs (one launch serves any mix; graphs
 // stay valid while requests come and go). Layer-major arrays; slots handed out as handles whose
-// destructor gives them back (docs/sfi.md "SFI compact pool").
+// destructor gives them back (docs/sfi.md "SFI compact pool"). With the fidelity guard on, each
+// slot also holds its reference queries and its step's cosine sum (docs/fidelity.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,8 +24,10 @@ struct CudaSfiPoolShape {
   int head_dim = 0;
   int capacity = 0;  // rows per (slot, layer, KV head): sink_tokens + budget
   int slots = 0;     // requests holding a selection at once
+  // num_heads * head_dim with policy.fidelity_guard > 0, else 0 (no guard arrays).
+  int guard_query_dim = 0;
 
-  size_t Bytes() const;  // all four arrays
+  size_t Bytes() const;  // every array
 };
 
 class CudaSfiPool {
@@ -60,6 +63,15 @@ class CudaSfiPool {
   // Every layer's counts, [layer][slot][kv_head] int32 (one copy back after a slow step).
   const cuda::DeviceBuffer<int32_t>& counts() const { return counts_; }
   const cuda::DeviceBuffer<int32_t>& positions() const { return positions_; }
+  // The fidelity guard (guard_query_dim > 0; empty otherwise): one layer's reference queries,
+  // [slot][guard_query_dim] f32, and every slot's cosine sum over the layers of its last fast
+  // step, [slot] f32 (one copy back after a fast step).
+  float* layer_guard_references(int layer) {
+    return guard_references_.data() +
+           static_cast<size_t>(layer) * shape_.slots * static_cast<size_t>(shape_.guard_query_dim);
+  }
+  float* guard_cosine_sums() { return guard_cosine_sums_.data(); }
+  const cuda::DeviceBuffer<float>& guard_cosine_sums_buffer() const { return guard_cosine_sums_; }
 
  private:
   class FreeList;  // the free slots, shared with the handles (cuda_sfi_pool.cc)
@@ -77,6 +89,9 @@ class CudaSfiPool {
   cuda::DeviceBuffer<__nv_bfloat16> values_;  // [layer][slot][kv_head][capacity][head_dim]
   cuda::DeviceBuffer<int32_t> counts_;        // [layer][slot][kv_head]
   cuda::DeviceBuffer<int32_t> positions_;     // [layer][slot][kv_head][capacity]
+  // The fidelity guard's: RoPE taken out, written at the slot's slow steps.
+  cuda::DeviceBuffer<float> guard_references_;   // [layer][slot][num_heads][head_dim] f32
+  cuda::DeviceBuffer<float> guard_cosine_sums_;  // [slot] f32, summed over the layers
 };
 
 }  // namespace rubato

@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/sizes.h"
 #include "inference_rank/policies/sfi/kernels/sfi_selector.cuh"
+#include "kernels/cpu/rope.h"
 #include "kernels/cuda/compact_gather.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
@@ -50,27 +51,49 @@ Result<std::unique_ptr<AttentionBackend>> MakeSfiCudaBackend(CudaModel& model,
   RUBATO_RETURN_IF_ERROR(cuda::CudaStatus(
       cudaSetDevice(model.device()), "selecting CUDA device " + std::to_string(model.device())));
   const ModelConfig& shape = model.config();
-  const CudaSfiPoolShape pool_shape{shape.num_layers, shape.num_kv_heads, shape.head_dim,
-                                    static_cast<int>(capacity), max_batch};
+  const bool guard = config.fidelity_guard > 0.0;
+  const CudaSfiPoolShape pool_shape{shape.num_layers, shape.num_kv_heads,
+                                    shape.head_dim,   static_cast<int>(capacity),
+                                    max_batch,        guard ? shape.q_dim() : 0};
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<CudaSfiPool> pool, CudaSfiPool::Create(pool_shape));
   RUBATO_ASSIGN_OR_RETURN(PinnedBuffer counts_host,
                           PinnedBuffer::Allocate(pool->counts().bytes(), "SFI counts"));
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<SfiMaintenanceRing> ring, SfiMaintenanceRing::Create());
+  cuda::DeviceBuffer<float> guard_inv_freq;
+  PinnedBuffer guard_sums_host;
+  if (guard) {  // the model's frequencies (same function, same fp32 values), uploaded once
+    const std::vector<float> inv_freq =
+        RopeInverseFrequencies(shape.head_dim, shape.rope_theta, shape.rope_scaling);
+    RUBATO_ASSIGN_OR_RETURN(guard_inv_freq, cuda::DeviceBuffer<float>::Allocate(
+                                                inv_freq.size(), "SFI guard RoPE frequencies"));
+    RUBATO_RETURN_IF_ERROR(
+        guard_inv_freq.CopyFromHost(inv_freq.data(), inv_freq.size(), model.stream()));
+    RUBATO_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(model.stream()),
+                                            "uploading the SFI guard's RoPE frequencies"));
+    RUBATO_ASSIGN_OR_RETURN(
+        guard_sums_host,
+        PinnedBuffer::Allocate(pool->guard_cosine_sums_buffer().bytes(), "SFI guard cosine sums"));
+  }
   RUBATO_LOG_INFO(
       "policy", "SFI compact pool: {} requests x {} layers x {} KV heads x {} rows, {} MiB",
       max_batch, shape.num_layers, shape.num_kv_heads, capacity, pool_shape.Bytes() >> 20);
   return std::unique_ptr<AttentionBackend>(
-      new SfiCudaBackend(model, config, std::move(pool), std::move(ring), std::move(counts_host)));
+      new SfiCudaBackend(model, config, std::move(pool), std::move(ring), std::move(counts_host),
+                         std::move(guard_inv_freq), std::move(guard_sums_host)));
 }
 
 SfiCudaBackend::SfiCudaBackend(CudaModel& model, const SfiPolicyConfig& config,
                                std::unique_ptr<CudaSfiPool> pool,
-                               std::unique_ptr<SfiMaintenanceRing> ring, PinnedBuffer counts_host)
+                               std::unique_ptr<SfiMaintenanceRing> ring, PinnedBuffer counts_host,
+                               cuda::DeviceBuffer<float> guard_inv_freq,
+                               PinnedBuffer guard_sums_host)
     : model_(model),
       config_(config),
       pool_(std::move(pool)),
       ring_(std::move(ring)),
-      counts_host_(std::move(counts_host)) {}
+      counts_host_(std::move(counts_host)),
+      guard_inv_freq_(std::move(guard_inv_freq)),
+      guard_sums_host_(std::move(guard_sums_host)) {}
 
 SfiCudaBackend::~SfiCudaBackend() = default;  // the ring waits for its aux stream
 
@@ -234,6 +257,12 @@ Status SfiCudaBackend::EndStep() {
 }
 
 Status SfiCudaBackend::EnqueueReadBack(cudaStream_t stream) {
+  if (guard_on() && step_.fast_rows > 0) {  // every slot's cosine sum: a few bytes per request
+    RUBATO_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(guard_sums_host_.data(), pool_->guard_cosine_sums(),
+                        pool_->guard_cosine_sums_buffer().bytes(), cudaMemcpyDeviceToHost, stream),
+        "copying the SFI guard's cosine sums to the host");
+  }
   if (step_.selections == 0) return Status::Ok();
   // Every layer's counts, for the states (FinishStep).
   return cuda::CudaStatus(cudaMemcpyAsync(counts_host_.data(), pool_->counts().data(),
@@ -244,6 +273,7 @@ Status SfiCudaBackend::EnqueueReadBack(cudaStream_t stream) {
 void SfiCudaBackend::AbortStep() { ring_->SynchronizeAux(); }
 
 Status SfiCudaBackend::FinishStep(std::span<const ForwardEntry> batch) {
+  FinishGuard(batch);
   if (step_.selections == 0) return Status::Ok();
   const int layers = model_.config().num_layers;
   const int kv_heads = model_.config().num_kv_heads;
@@ -353,8 +383,12 @@ Status SfiCudaBackend::Attend(const CudaLayerContext& layer) {
   if (step_.selections > 0) {
     RUBATO_RETURN_IF_ERROR(SlowAttention(layer));
     RUBATO_RETURN_IF_ERROR(Maintenance(layer));
+    if (guard_on()) RUBATO_RETURN_IF_ERROR(RememberGuardQueries(layer));
   }
-  if (step_.fast_rows > 0) RUBATO_RETURN_IF_ERROR(FastAttention(layer));
+  if (step_.fast_rows > 0) {
+    RUBATO_RETURN_IF_ERROR(FastAttention(layer));
+    if (guard_on()) RUBATO_RETURN_IF_ERROR(AddGuardDrift(layer));
+  }
   return Status::Ok();
 }
 

@@ -3,8 +3,11 @@
 // their slot and the recent segment in one two-segment launch per layer; slow rows
 // (kSfiSlowRows), and the last W queries of a prompt's last chunk ("window rows"), attend densely
 // and write the raw scores the Selector reads; then per layer the Selector and the compact gather
-// run on the maintenance ring's low-priority aux stream (cuda_sfi_ring.h). Decode steps of any
-// SFI mix replay as CUDA graphs. The step planning below is host-only (tested without a GPU).
+// run on the maintenance ring's low-priority aux stream (cuda_sfi_ring.h). With
+// policy.fidelity_guard, slow entries remember their query per layer and fast rows add their
+// query's drift into their slot's sum, read back with the step's tokens (docs/fidelity.md).
+// Decode steps of any SFI mix replay as CUDA graphs. The step planning below is host-only
+// (tested without a GPU).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -54,11 +57,16 @@ struct SfiStepInputCapacity {
 // Byte offsets of SFI's arrays in its step-input region (the paper's "packed descriptor"),
 // 16-byte aligned.
 struct SfiStepInputLayout {
-  size_t fast_slots = 0;           // [fast rows] int32: compact-pool slot
-  size_t recent_begin = 0;         // [fast rows] int32: the state's anchor
-  size_t slow_slots = 0;           // [selections] int32: compact-pool slot
-  size_t sink_end = 0;             // [selections] int32: SfiSinkEnd = J's first position
-  size_t j_count = 0;              // [selections] int32: |J| = SfiAnchor - SfiSinkEnd
+  size_t fast_slots = 0;      // [fast rows] int32: compact-pool slot
+  size_t recent_begin = 0;    // [fast rows] int32: the state's anchor
+  size_t fast_positions = 0;  // [fast rows] int32: the query's position (the guard's)
+  size_t slow_slots = 0;      // [selections] int32: compact-pool slot
+  size_t sink_end = 0;        // [selections] int32: SfiSinkEnd = J's first position
+  size_t j_count = 0;         // [selections] int32: |J| = SfiAnchor - SfiSinkEnd
+  // [selections] int32: the batch row and position of the query the selection answers (the
+  // entry's last), which the fidelity guard remembers.
+  size_t selection_q_rows = 0;
+  size_t selection_positions = 0;
   size_t window_seq_lens = 0;      // [window rows] int32: the chunk's end (all its keys)
   size_t window_q_rows = 0;        // [window rows] int32: batch row of the query
   size_t window_block_tables = 0;  // [window rows][prefill_table_stride] int32
@@ -124,7 +132,8 @@ class SfiCudaBackend final : public CudaAttentionBackend {
   Status EndStep() override;
   Status EnqueueReadBack(cudaStream_t stream) override;
   void AbortStep() override;
-  // The slow entries' states: anchor, and every layer's counts copied back from the device.
+  // The slow entries' states: anchor, and every layer's counts copied back from the device; with
+  // the guard, the fast entries' cosine sums and guard_fired.
   Status FinishStep(std::span<const ForwardEntry> batch) override;
 
   // Slow steps' maintenance on the aux stream, overlapped with the next layers (the default), or
@@ -150,7 +159,8 @@ class SfiCudaBackend final : public CudaAttentionBackend {
   friend Result<std::unique_ptr<AttentionBackend>> MakeSfiCudaBackend(CudaModel&,
                                                                       const SfiPolicyConfig&, int);
   SfiCudaBackend(CudaModel& model, const SfiPolicyConfig& config, std::unique_ptr<CudaSfiPool> pool,
-                 std::unique_ptr<SfiMaintenanceRing> ring, PinnedBuffer counts_host);
+                 std::unique_ptr<SfiMaintenanceRing> ring, PinnedBuffer counts_host,
+                 cuda::DeviceBuffer<float> guard_inv_freq, PinnedBuffer guard_sums_host);
 
   // Per layer, on the main stream: fast rows' two-segment attention; slow rows' dense attention
   // with scores (+ the window rows'); then the Selector and the gather of the slow entries, on
@@ -158,6 +168,13 @@ class SfiCudaBackend final : public CudaAttentionBackend {
   Status FastAttention(const CudaLayerContext& layer);
   Status SlowAttention(const CudaLayerContext& layer);
   Status Maintenance(const CudaLayerContext& layer);
+  // The fidelity guard (policy.fidelity_guard > 0), on the main stream: the selections' queries
+  // become their slots' references; the fast rows' drift is added into their slots' sums.
+  Status RememberGuardQueries(const CudaLayerContext& layer);
+  Status AddGuardDrift(const CudaLayerContext& layer);
+  // The fast entries' states: the read-back cosine sum and whether the guard fired.
+  void FinishGuard(std::span<const ForwardEntry> batch);
+  bool guard_on() const { return config_.fidelity_guard > 0.0; }
   // The key norms (gamma > 0) of Selector call `selection` at `layer`, in the layer's ring slot:
   // [num_kv_heads][score stride] f32 indexed by position.
   float* KeyNorms(int layer, int selection);
@@ -168,6 +185,11 @@ class SfiCudaBackend final : public CudaAttentionBackend {
   std::unique_ptr<CudaSfiPool> pool_;         // per-request compact buffers
   std::unique_ptr<SfiMaintenanceRing> ring_;  // slow-step scratch, aux stream, events
   PinnedBuffer counts_host_;                  // [layer][slot][kv_head] int32, host copy
+  // The fidelity guard's (empty when it is off): RoPE's inverse frequencies, [head_dim / 2] f32
+  // on the device (the model's, kernels/cpu/rope.h), and the host copy of the pool's cosine sums,
+  // [slot] f32.
+  cuda::DeviceBuffer<float> guard_inv_freq_;
+  PinnedBuffer guard_sums_host_;
   // Per forward.
   SfiStepPlan step_;
   std::vector<int> slots_;  // [entries] pool slot of SFI entries, or -1
@@ -179,7 +201,9 @@ class SfiCudaBackend final : public CudaAttentionBackend {
 };
 
 // SFI's CUDA half for `model` and up to `max_batch` requests holding a selection at once: the
-// compact pool (sink + budget rows per layer and KV head and request) and the maintenance ring.
+// compact pool (sink + budget rows per layer and KV head and request), the maintenance ring and,
+// with policy.fidelity_guard, the guard's references (num_heads x head_dim f32 per layer and
+// request).
 // InvalidArgument for an invalid config, max_batch < 1 or more than 2^24 compact rows per head;
 // ResourceExhausted naming the bytes when the pool does not fit.
 Result<std::unique_ptr<AttentionBackend>> MakeSfiCudaBackend(CudaModel& model,

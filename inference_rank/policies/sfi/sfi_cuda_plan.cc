@@ -30,9 +30,12 @@ SfiStepInputLayout SfiStepInputLayout::For(const SfiStepInputCapacity& c) {
   };
   place(layout.fast_slots, c.fast_rows);
   place(layout.recent_begin, c.fast_rows);
+  place(layout.fast_positions, c.fast_rows);
   place(layout.slow_slots, c.selections);
   place(layout.sink_end, c.selections);
   place(layout.j_count, c.selections);
+  place(layout.selection_q_rows, c.selections);
+  place(layout.selection_positions, c.selections);
   place(layout.window_seq_lens, c.window_rows);
   place(layout.window_q_rows, c.window_rows);
   place(layout.window_block_tables, c.window_table_ints);
@@ -118,6 +121,9 @@ void FillSfiStepInputs(std::span<const ForwardEntry> batch, const ForwardPlan& p
   int32_t* slow_slots = ints(layout.slow_slots);
   int32_t* sink_end = ints(layout.sink_end);
   int32_t* j_count = ints(layout.j_count);
+  int32_t* fast_positions = ints(layout.fast_positions);
+  int32_t* selection_q_rows = ints(layout.selection_q_rows);
+  int32_t* selection_positions = ints(layout.selection_positions);
   for (size_t e = 0; e < batch.size(); ++e) {
     const ForwardEntry& entry = batch[e];
     if (entry.attention == nullptr) continue;
@@ -127,12 +133,18 @@ void FillSfiStepInputs(std::span<const ForwardEntry> batch, const ForwardPlan& p
       const int row = plan.entry_first_row[e] - sfi.fast_first_row;
       fast_slots[row] = slot;
       recent_begin[row] = entry.attention->action.recent_begin;
+      fast_positions[row] = entry.start_position;
       continue;
     }
-    const int length = entry.start_position + static_cast<int>(entry.tokens.size());
+    const int tokens = static_cast<int>(entry.tokens.size());
+    const int length = entry.start_position + tokens;
     slow_slots[selection] = slot;
     sink_end[selection] = SfiSinkEnd(config, length);
     j_count[selection] = SfiAnchor(config, length) - sink_end[selection];
+    // The query the selection answers: the entry's last (a decode row's only one, or the last of
+    // a prompt chunk's window rows), as the CPU backend remembers it.
+    selection_q_rows[selection] = plan.entry_first_row[e] + tokens - 1;
+    selection_positions[selection] = length - 1;
   }
   // Window rows: the chunk's last W queries, each attending all of the chunk's keys.
   int32_t* window_lens = ints(layout.window_seq_lens);

@@ -129,11 +129,6 @@ Result<std::unique_ptr<AttentionBackend>> SfiPolicy::MakeBackend(Model& model,
   if (model.backend_name() == "cpu") return MakeSfiCpuBackend(model.config(), config_);
 #ifdef RUBATO_HAS_CUDA
   if (model.backend_name() == "cuda") {
-    if (config_.fidelity_guard > 0.0) {
-      return UnsupportedError(
-          "policy sfi: policy.fidelity_guard is built on the CPU model only (engine.backend: "
-          "cpu runs it)");
-    }
     return MakeSfiCudaBackend(static_cast<CudaModel&>(model), config_, max_batch);
   }
 #endif

@@ -50,9 +50,10 @@ struct SfiSequenceState {
   int anchor = 0;                             // recent segment start: J's end at the last slow step
   bool has_selection = false;                 // a slow step has completed
   std::unique_ptr<SfiBackendHandle> backend;  // the backend's resources (see above), or null
-  // policy.fidelity_guard > 0 (CPU): each layer's query at the last slow step, the current fast
-  // step's cosines against them summed over its layers, and whether their mean fell below the
-  // threshold (the step is then recomputed as a slow one).
+  // policy.fidelity_guard > 0: each layer's query at the last slow step (the CPU backend keeps
+  // them here, the CUDA backend in its pool slot), the current fast step's cosines against them
+  // summed over its layers (the CUDA backend copies its device sum back here), and whether their
+  // mean fell below the threshold (the step is then recomputed as a slow one).
   QueryDriftGuard guard;
   double guard_cosine_sum = 0.0;
   bool guard_fired = false;
