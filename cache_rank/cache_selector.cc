@@ -1,6 +1,8 @@
 // The table of cache selectors (cache_selector.h) and the look-ups over it.
 #include "cache_rank/cache_selector.h"
 
+#include <fmt/format.h>
+
 #include "cache_rank/selectors/asyncspade_selector.h"
 #include "cache_rank/selectors/attention_selector.h"
 #include "cache_rank/selectors/oracle_topk_selector.h"
@@ -16,6 +18,19 @@ constexpr const CacheSelector* kCacheSelectors[] = {
 };
 
 }  // namespace
+
+std::string PredictionCountersText(const PredictionCounters& counters) {
+  std::string text;
+  if (counters.cosine_count > 0) {
+    text += fmt::format(" prediction_cosine={:.4f}",
+                        counters.cosine_sum / static_cast<double>(counters.cosine_count));
+  }
+  if (counters.overlap_total > 0) {
+    text += fmt::format(" prediction_overlap={:.4f}", static_cast<double>(counters.overlap_hits) /
+                                                          static_cast<double>(counters.overlap_total));
+  }
+  return text;
+}
 
 const CacheSelector* FindCacheSelector(std::string_view name) {
   for (const CacheSelector* selector : kCacheSelectors) {

@@ -62,6 +62,11 @@ struct PredictionCounters {
   }
 };
 
+// The stats line's fields for them (`rubato generate`, either cache rank): " prediction_cosine=
+// the mean cosine of predicted and real queries" and " prediction_overlap=the share of the real
+// query's exact top-k the predicted selection held", each only once counted; "" before.
+std::string PredictionCountersText(const PredictionCounters& counters);
+
 // A selector's state for one session (NewState), owned by the cache service's session.
 class CacheSelectorState {
  public:

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cache_rank/exact_top_k.h"
+#include "cache_rank/prediction_measure.h"
 #include "cache_rank/query_predictor.h"
 #include "common/dtype.h"
 
@@ -40,16 +41,6 @@ class AsyncSpadeState final : public CacheSelectorState {
   }
   std::vector<LayerPrediction> layers;  // [layer]
 };
-
-double Cosine(const float* a, const float* b, uint32_t n) {
-  double ab = 0, aa = 0, bb = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    ab += double{a[i]} * b[i];
-    aa += double{a[i]} * a[i];
-    bb += double{b[i]} * b[i];
-  }
-  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : (aa == bb ? 1.0 : 0.0);
-}
 
 }  // namespace
 
@@ -122,7 +113,7 @@ Result<KvHeadSelection> AsyncSpadeCacheSelector::Select(
     ++prediction.steps;
     for (uint32_t h = 0; h < heads; ++h) {
       sessions->counters.cosine_sum +=
-          Cosine(&prediction.predicted[size_t{h} * dim], &query[size_t{h} * dim], dim);
+          QueryCosine(&prediction.predicted[size_t{h} * dim], &query[size_t{h} * dim], dim);
       ++sessions->counters.cosine_count;
     }
     const int candidates = prediction.recent_begin - prediction.sink_end;
@@ -134,12 +125,7 @@ Result<KvHeadSelection> AsyncSpadeCacheSelector::Select(
                     static_cast<uint32_t>(prediction.sink_end),
                     static_cast<uint32_t>(prediction.recent_begin)));
       for (size_t g = 0; g < exact.size(); ++g) {
-        const std::vector<int32_t>& chosen = prediction.selected[g];
-        for (const int32_t position : exact[g]) {  // both ascending
-          if (std::binary_search(chosen.begin(), chosen.end(), position)) {
-            ++sessions->counters.overlap_hits;
-          }
-        }
+        sessions->counters.overlap_hits += SelectionHits(exact[g], prediction.selected[g]);
         sessions->counters.overlap_total += exact[g].size();
       }
     }

@@ -268,18 +268,7 @@ std::string OffloadedResidency::StatsLine() const {
                           selection_seconds * 1e3, peak_bytes);
     }
   }
-  // How well the next query was predicted: the mean cosine of predicted and real queries, and
-  // the share of the real query's exact top-k the predicted selection held.
-  if (predictions.cosine_count > 0) {
-    text += fmt::format(" prediction_cosine={:.4f}",
-                        predictions.cosine_sum / static_cast<double>(predictions.cosine_count));
-  }
-  if (predictions.overlap_total > 0) {
-    text += fmt::format(" prediction_overlap={:.4f}",
-                        static_cast<double>(predictions.overlap_hits) /
-                            static_cast<double>(predictions.overlap_total));
-  }
-  return text;
+  return text + PredictionCountersText(predictions);
 }
 
 Status CheckGpuCachePolicy(const AttentionPolicy* policy) {
