@@ -116,6 +116,9 @@ TEST(AccuracyCiSubset, SfiAtATightBudgetRecallsOutsideItsRecentWindow) {
   ASSERT_TRUE(sfi.ok()) << sfi.status().message();
   PrintOutcomes(*sfi);
   ASSERT_EQ(sfi->policy, "sfi");
+  // The run's policy stats line comes back with it (rubato_accuracy writes it as policy_stats).
+  EXPECT_NE(sfi->policy_stats.find(" sfi_slow_steps="), std::string::npos) << sfi->policy_stats;
+  EXPECT_EQ(sfi->policy_stats.find(" sfi_fast_steps=0 "), std::string::npos) << sfi->policy_stats;
   const auto outside_window = [](const InstanceOutcome& outcome) {
     return outcome.asked_token_distance > kRecentWindow;
   };

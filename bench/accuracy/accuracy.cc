@@ -75,6 +75,7 @@ Status WriteResults(const RunnerArgs& args, const RubatoConfig& config,
     std::printf("%-20s %-10s %6d %8.3f %4d %9.3f\n", args.label.c_str(), key.first.c_str(),
                 key.second, cell.accuracy(), cell.n, cell.mean_retained_kv_ratio());
   }
+  if (!result.policy_stats.empty()) std::printf("policy stats:%s\n", result.policy_stats.c_str());
   nlohmann::json instances = nlohmann::json::array();
   for (const InstanceOutcome& outcome : result.outcomes) instances.push_back(OutcomeJson(outcome));
   const nlohmann::json output = {
@@ -91,6 +92,7 @@ Status WriteResults(const RunnerArgs& args, const RubatoConfig& config,
       {"device",
        args.device_name.value_or(result.backend == "cpu" ? CpuModelName() : result.backend)},
       {"wall_seconds", wall_seconds},
+      {"policy_stats", result.policy_stats},
       {"summary", summary},
       {"instances", instances}};
   std::ofstream out(args.out_file);

@@ -110,6 +110,9 @@ Result<AccuracyEvalResult> RunAccuracyEval(const RubatoConfig& config,
       outcome.retained_kv_ratio = retained_sum[i] / tokens[i];
     }
   }
+  if (engine->options().policy != nullptr) {
+    result.policy_stats = engine->options().policy->StatsLine();
+  }
   return result;
 }
 

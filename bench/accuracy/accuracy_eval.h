@@ -38,6 +38,8 @@ struct AccuracyEvalResult {
   std::string policy;                     // the policy's name
   std::string backend;                    // "cpu" | "cuda"
   std::vector<InstanceOutcome> outcomes;  // in the order of the instances
+  // The policy's stats line after the run (its step counts; the fidelity guard's firings).
+  std::string policy_stats;
 };
 
 // Checks the config as `rubato generate` does (policy, backend of this build, residency),
