@@ -33,6 +33,7 @@ struct CudaLayerContext {
   DeviceKvStorage* kv = nullptr;
   const ForwardPlan* plan = nullptr;
   const __nv_bfloat16* qkv = nullptr;  // [tokens][q_dim + 2 kv_dim], bf16, after RoPE
+  const float* inv_freq = nullptr;     // [head_dim / 2], f32: the RoPE frequencies it rotated by
   __nv_bfloat16* attention = nullptr;  // [tokens][q_dim], bf16: the rows' attention output
   const int32_t* decode_block_tables = nullptr;      // [decode rows][plan decode_table_stride]
   const int32_t* decode_seq_lens = nullptr;          // [decode rows]

@@ -102,6 +102,7 @@ CudaLayerContext CudaModel::LayerContext(int layer, DeviceKvStorage& kv, cudaStr
   context.kv = &kv;
   context.plan = &plan_;
   context.qkv = qkv_.data();
+  context.inv_freq = inv_freq_.data();
   context.attention = attention_.data();
   context.decode_block_tables = StepInput<const int32_t>(input_layout_.decode_block_tables);
   context.decode_seq_lens = StepInput<const int32_t>(input_layout_.decode_seq_lens);

@@ -13,7 +13,6 @@
 #include "common/logging.h"
 #include "common/sizes.h"
 #include "inference_rank/policies/sfi/kernels/sfi_selector.cuh"
-#include "kernels/cpu/rope.h"
 #include "kernels/cuda/compact_gather.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.cuh"
@@ -59,17 +58,8 @@ Result<std::unique_ptr<AttentionBackend>> MakeSfiCudaBackend(CudaModel& model,
   RUBATO_ASSIGN_OR_RETURN(PinnedBuffer counts_host,
                           PinnedBuffer::Allocate(pool->counts().bytes(), "SFI counts"));
   RUBATO_ASSIGN_OR_RETURN(std::unique_ptr<SfiMaintenanceRing> ring, SfiMaintenanceRing::Create());
-  cuda::DeviceBuffer<float> guard_inv_freq;
   PinnedBuffer guard_sums_host;
-  if (guard) {  // the model's frequencies (same function, same fp32 values), uploaded once
-    const std::vector<float> inv_freq =
-        RopeInverseFrequencies(shape.head_dim, shape.rope_theta, shape.rope_scaling);
-    RUBATO_ASSIGN_OR_RETURN(guard_inv_freq, cuda::DeviceBuffer<float>::Allocate(
-                                                inv_freq.size(), "SFI guard RoPE frequencies"));
-    RUBATO_RETURN_IF_ERROR(
-        guard_inv_freq.CopyFromHost(inv_freq.data(), inv_freq.size(), model.stream()));
-    RUBATO_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(model.stream()),
-                                            "uploading the SFI guard's RoPE frequencies"));
+  if (guard) {
     RUBATO_ASSIGN_OR_RETURN(
         guard_sums_host,
         PinnedBuffer::Allocate(pool->guard_cosine_sums_buffer().bytes(), "SFI guard cosine sums"));
@@ -79,20 +69,18 @@ Result<std::unique_ptr<AttentionBackend>> MakeSfiCudaBackend(CudaModel& model,
       max_batch, shape.num_layers, shape.num_kv_heads, capacity, pool_shape.Bytes() >> 20);
   return std::unique_ptr<AttentionBackend>(
       new SfiCudaBackend(model, config, std::move(pool), std::move(ring), std::move(counts_host),
-                         std::move(guard_inv_freq), std::move(guard_sums_host)));
+                         std::move(guard_sums_host)));
 }
 
 SfiCudaBackend::SfiCudaBackend(CudaModel& model, const SfiPolicyConfig& config,
                                std::unique_ptr<CudaSfiPool> pool,
                                std::unique_ptr<SfiMaintenanceRing> ring, PinnedBuffer counts_host,
-                               cuda::DeviceBuffer<float> guard_inv_freq,
                                PinnedBuffer guard_sums_host)
     : model_(model),
       config_(config),
       pool_(std::move(pool)),
       ring_(std::move(ring)),
       counts_host_(std::move(counts_host)),
-      guard_inv_freq_(std::move(guard_inv_freq)),
       guard_sums_host_(std::move(guard_sums_host)) {}
 
 SfiCudaBackend::~SfiCudaBackend() = default;  // the ring waits for its aux stream

@@ -160,7 +160,7 @@ class SfiCudaBackend final : public CudaAttentionBackend {
                                                                       const SfiPolicyConfig&, int);
   SfiCudaBackend(CudaModel& model, const SfiPolicyConfig& config, std::unique_ptr<CudaSfiPool> pool,
                  std::unique_ptr<SfiMaintenanceRing> ring, PinnedBuffer counts_host,
-                 cuda::DeviceBuffer<float> guard_inv_freq, PinnedBuffer guard_sums_host);
+                 PinnedBuffer guard_sums_host);
 
   // Per layer, on the main stream: fast rows' two-segment attention; slow rows' dense attention
   // with scores (+ the window rows'); then the Selector and the gather of the slow entries, on
@@ -185,10 +185,8 @@ class SfiCudaBackend final : public CudaAttentionBackend {
   std::unique_ptr<CudaSfiPool> pool_;         // per-request compact buffers
   std::unique_ptr<SfiMaintenanceRing> ring_;  // slow-step scratch, aux stream, events
   PinnedBuffer counts_host_;                  // [layer][slot][kv_head] int32, host copy
-  // The fidelity guard's (empty when it is off): RoPE's inverse frequencies, [head_dim / 2] f32
-  // on the device (the model's, kernels/cpu/rope.h), and the host copy of the pool's cosine sums,
-  // [slot] f32.
-  cuda::DeviceBuffer<float> guard_inv_freq_;
+  // The fidelity guard's host copy of the pool's cosine sums, [slot] f32 (empty when it is off).
+  // It un-rotates queries with the model's RoPE frequencies (CudaLayerContext::inv_freq).
   PinnedBuffer guard_sums_host_;
   // Per forward.
   SfiStepPlan step_;

@@ -26,7 +26,7 @@ Status SfiCudaBackend::RememberGuardQueries(const CudaLayerContext& layer) {
   remember.positions = StepInts(layer, input_layout_.selection_positions);
   remember.slots = StepInts(layer, input_layout_.slow_slots);
   remember.num_slots = pool_->shape().slots;
-  remember.inv_freq = guard_inv_freq_.data();
+  remember.inv_freq = layer.inv_freq;
   remember.references = pool_->layer_guard_references(layer.layer);
   remember.batch = step_.selections;
   remember.num_heads = model.num_heads;
@@ -43,7 +43,7 @@ Status SfiCudaBackend::AddGuardDrift(const CudaLayerContext& layer) {
   drift.positions = StepInts(layer, input_layout_.fast_positions);
   drift.slots = StepInts(layer, input_layout_.fast_slots);
   drift.num_slots = pool_->shape().slots;
-  drift.inv_freq = guard_inv_freq_.data();
+  drift.inv_freq = layer.inv_freq;
   drift.references = pool_->layer_guard_references(layer.layer);
   drift.cosine_sums = pool_->guard_cosine_sums();
   drift.reset = layer.layer == 0;
